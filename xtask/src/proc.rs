@@ -1,0 +1,183 @@
+//! Running commands and finding the workspace.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context as _, Result};
+
+/// The workspace root (the directory of the root `Cargo.toml`).
+pub(crate) fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+/// Cargo's target directory.
+pub(crate) fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => {
+            let dir = PathBuf::from(dir);
+            if dir.is_absolute() {
+                dir
+            } else {
+                workspace_root().join(dir)
+            }
+        }
+        None => workspace_root().join("target"),
+    }
+}
+
+/// A `cargo` command (the same cargo that runs xtask), run in the workspace root.
+pub(crate) fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+/// Whether a program is on `PATH`.
+pub(crate) fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+        .unwrap_or(false)
+}
+
+/// Prints the command, runs it with inherited stdio, and returns whether it succeeded.
+pub(crate) fn status(cmd: &mut Command) -> Result<bool> {
+    eprintln!("$ {}", describe(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+    Ok(status.success())
+}
+
+/// Runs the command and fails unless it succeeds.
+pub(crate) fn check(cmd: &mut Command) -> Result<()> {
+    if !status(cmd)? {
+        bail!("command failed: {}", describe(cmd));
+    }
+    Ok(())
+}
+
+/// Runs the command quietly and returns its stdout; fails with its stderr.
+pub(crate) fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+    if !out.status.success() {
+        bail!(
+            "command failed: {}\n{}",
+            describe(cmd),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs the command, echoing its stdout as it comes (stderr inherited), and
+/// returns whether it succeeded and the stdout it printed.
+pub(crate) fn tee(cmd: &mut Command) -> Result<(bool, String)> {
+    eprintln!("$ {}", describe(cmd));
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+    let mut captured = String::new();
+    let reader = BufReader::new(child.stdout.take().expect("stdout is piped"));
+    let mut out = std::io::stdout().lock();
+    for line in reader.split(b'\n') {
+        let line = String::from_utf8_lossy(&line?).into_owned();
+        writeln!(out, "{line}")?;
+        captured.push_str(&line);
+        captured.push('\n');
+    }
+    drop(out);
+    Ok((child.wait()?.success(), captured))
+}
+
+/// How a command reads on a shell line.
+pub(crate) fn describe(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| shell_quote(&a.to_string_lossy()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Quotes a word for a POSIX shell.
+pub(crate) fn shell_quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// The totals of libtest's `test result:` lines in some output.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TestCounts {
+    pub(crate) passed: u64,
+    pub(crate) failed: u64,
+    pub(crate) ignored: u64,
+}
+
+impl TestCounts {
+    /// Sums every `test result: ok. 3 passed; 0 failed; 1 ignored; ...` line.
+    pub(crate) fn parse(output: &str) -> TestCounts {
+        let mut counts = TestCounts::default();
+        for line in output.lines() {
+            let Some(rest) = line.trim().strip_prefix("test result: ") else {
+                continue;
+            };
+            for part in rest.split(';') {
+                let mut words = part.split_whitespace().rev();
+                let (Some(label), Some(n)) = (words.next(), words.next()) else {
+                    continue;
+                };
+                let Ok(n) = n.parse::<u64>() else { continue };
+                match label {
+                    "passed" => counts.passed += n,
+                    "failed" => counts.failed += n,
+                    "ignored" => counts.ignored += n,
+                    _ => {}
+                }
+            }
+        }
+        counts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_libtest_result_lines() {
+        let out = "running 2 tests\n\
+            test a ... ok\n\
+            test result: ok. 2 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.00s\n\
+            test result: FAILED. 5 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.20s\n\
+            the test result: is not at the start\n";
+        assert_eq!(
+            TestCounts::parse(out),
+            TestCounts {
+                passed: 7,
+                failed: 2,
+                ignored: 1
+            }
+        );
+    }
+
+    #[test]
+    fn quotes_only_what_needs_it() {
+        assert_eq!(shell_quote("ibv_devinfo"), "ibv_devinfo");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+}

@@ -1,0 +1,174 @@
+//! `cargo xtask test`: every check and test, device tests included.
+//!
+//! Stages: deps, `cargo fmt --check`, `cargo clippy -D warnings`,
+//! `cargo test --workspace` on the host, then the device tests (the
+//! `#[ignore]`d ones) of every test binary with `--ignored` against a real
+//! verbs device: `rxe0` inside one boot of the SoftRoCE VM, or the host's
+//! device named by `MTRDMA_TEST_DEVICE` when that is set.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use crate::proc::{self, TestCounts};
+use crate::{deps, vm};
+
+/// The device tests' budget inside the VM.
+const VM_TIMEOUT: Duration = Duration::from_secs(40 * 60);
+
+struct Stage {
+    name: &'static str,
+    ok: bool,
+    detail: String,
+    counts: Option<TestCounts>,
+    took: Duration,
+}
+
+pub(crate) fn run() -> Result<ExitCode> {
+    let mut stages = Vec::new();
+    let mut stage = |name, f: &mut dyn FnMut() -> Result<(bool, String, Option<TestCounts>)>| {
+        println!("\n==== {name} ====");
+        let start = Instant::now();
+        let (ok, detail, counts) = f().unwrap_or_else(|e| (false, format!("{e:#}"), None));
+        if !ok {
+            eprintln!("xtask test: stage {name} FAILED: {detail}");
+        }
+        stages.push(Stage {
+            name,
+            ok,
+            detail,
+            counts,
+            took: start.elapsed(),
+        });
+        ok
+    };
+
+    // Without the packages nothing else can build.
+    if stage("deps", &mut || {
+        deps::ensure()?;
+        Ok((true, format!("{} packages", deps::PACKAGES.len()), None))
+    }) {
+        stage("fmt", &mut || {
+            let ok = proc::status(proc::cargo().args(["fmt", "--all", "--", "--check"]))?;
+            Ok((ok, String::new(), None))
+        });
+        stage("clippy", &mut || {
+            let ok = proc::status(proc::cargo().args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]))?;
+            Ok((ok, String::new(), None))
+        });
+        stage("host tests", &mut || {
+            let (ok, out) =
+                proc::tee(proc::cargo().args(["test", "--workspace", "--color", "never"]))?;
+            let counts = TestCounts::parse(&out);
+            Ok((ok && counts.failed == 0, String::new(), Some(counts)))
+        });
+        stage("device tests", &mut device_tests);
+    }
+
+    println!("\n==== summary ====");
+    let mut total = TestCounts::default();
+    for s in &stages {
+        let mut line = format!(
+            "{:<13} {:<6} {:>6.1} s",
+            s.name,
+            if s.ok { "ok" } else { "FAILED" },
+            s.took.as_secs_f64()
+        );
+        if let Some(c) = s.counts {
+            let _ = write!(
+                line,
+                "  {} passed, {} failed, {} ignored",
+                c.passed, c.failed, c.ignored
+            );
+            total.passed += c.passed;
+            total.failed += c.failed;
+        }
+        if !s.detail.is_empty() {
+            let _ = write!(line, "  ({})", s.detail.lines().next().unwrap_or_default());
+        }
+        println!("{line}");
+    }
+    println!("total: {} passed, {} failed", total.passed, total.failed);
+    let ok = stages.len() == 5 && stages.iter().all(|s| s.ok);
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Builds the test binaries and runs their ignored (device) tests, in the VM
+/// or on the host device named by `MTRDMA_TEST_DEVICE`.
+fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
+    let binaries = test_binaries()?;
+    let mut script = String::from("status=0\n");
+    for bin in &binaries {
+        let _ = writeln!(
+            script,
+            "echo '==> {name}'\n{bin} --ignored --test-threads=1 --color never || status=1",
+            name = bin.rsplit('/').next().unwrap_or(bin),
+            bin = proc::shell_quote(bin),
+        );
+    }
+    script.push_str("exit $status\n");
+
+    let (ok, out, where_) = match std::env::var("MTRDMA_TEST_DEVICE") {
+        Ok(device) if std::env::var_os("MTRDMA_VM").is_none() => {
+            let (ok, out) = proc::tee(std::process::Command::new("sh").arg("-c").arg(&script))?;
+            (ok, out, format!("host device {device}"))
+        }
+        _ => {
+            let script = format!("export MTRDMA_TEST_DEVICE=rxe0\n{script}");
+            let opts = vm::Options {
+                timeout: VM_TIMEOUT,
+                ..vm::Options::default()
+            };
+            let outcome = vm::run(&opts, &vm::Job::script(script))?;
+            (
+                outcome.exit_code == 0,
+                outcome.stdout,
+                "rxe0 in the SoftRoCE VM".to_string(),
+            )
+        }
+    };
+    let counts = TestCounts::parse(&out);
+    if counts.passed == 0 {
+        return Ok((false, format!("{where_}: no device test ran"), Some(counts)));
+    }
+    Ok((ok && counts.failed == 0, where_, Some(counts)))
+}
+
+/// The test executables of the workspace, built on the host.
+fn test_binaries() -> Result<Vec<String>> {
+    let out = proc::output(proc::cargo().args([
+        "test",
+        "--workspace",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]))?;
+    let mut bins = Vec::new();
+    for line in out.lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let is_test = msg["reason"] == "compiler-artifact" && msg["profile"]["test"] == true;
+        if let (true, Some(exe)) = (is_test, msg["executable"].as_str()) {
+            bins.push(exe.to_string());
+        }
+    }
+    bins.sort();
+    bins.dedup();
+    if bins.is_empty() {
+        anyhow::bail!("cargo test --no-run built no test binaries");
+    }
+    Ok(bins)
+}

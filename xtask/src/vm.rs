@@ -1,0 +1,311 @@
+//! `cargo xtask vm`: real RDMA verbs without RDMA hardware.
+//!
+//! Boots Debian's kernel in QEMU with the host's `/` shared read-only over
+//! 9p, loads SoftRoCE (`rdma_rxe`), creates `rxe0` on the guest's `eth0`
+//! (10.0.2.15, so GID index 1 is the RoCE v2 IPv4-mapped GID), and runs a
+//! command in the caller's working directory inside a chroot of the host
+//! root. The command's stdout and stderr come back through a writable job
+//! share and are streamed as they are written; its exit code becomes ours.
+//!
+//! The guest sees the host's files (so binaries built on the host run
+//! unchanged), a tmpfs `/dev/shm`, a tmpfs scratch directory in `TMPDIR`,
+//! and any `--rw` directories writable at their host paths. The rest of the
+//! host tree is read-only. `/tmp` is left as the host's (a checkout may live
+//! there).
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{kernel, proc};
+
+/// How to boot the VM.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    /// The VM is killed after this long.
+    pub(crate) timeout: Duration,
+    /// Use KVM (`-enable-kvm -cpu host`) instead of TCG.
+    pub(crate) kvm: bool,
+    /// Host directories shared writable at the same path.
+    pub(crate) rw_shares: Vec<PathBuf>,
+    /// Guest memory in MiB.
+    pub(crate) memory_mib: u32,
+    /// Guest vCPUs.
+    pub(crate) cpus: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            timeout: Duration::from_secs(600),
+            kvm: std::env::var("MTRDMA_VM_KVM").is_ok_and(|v| v == "1"),
+            rw_shares: Vec::new(),
+            memory_mib: 2048,
+            cpus: 2,
+        }
+    }
+}
+
+/// What to run in the guest: a POSIX shell script body.
+#[derive(Debug, Clone)]
+pub(crate) struct Job {
+    script: String,
+}
+
+impl Job {
+    /// Runs one command given as argv.
+    pub(crate) fn argv(argv: Vec<String>) -> Job {
+        Job {
+            script: argv
+                .iter()
+                .map(|a| proc::shell_quote(a))
+                .collect::<Vec<_>>()
+                .join(" "),
+        }
+    }
+
+    /// Runs a shell script (its exit status is the job's).
+    pub(crate) fn script(script: impl Into<String>) -> Job {
+        Job {
+            script: script.into(),
+        }
+    }
+}
+
+/// How the command ended.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    pub(crate) exit_code: i32,
+    /// Everything the command wrote to stdout (also streamed to ours).
+    pub(crate) stdout: String,
+}
+
+const QEMU: &str = "qemu-system-x86_64";
+
+/// Boots the VM, runs the job, and returns its exit code and stdout.
+pub(crate) fn run(opts: &Options, job: &Job) -> Result<Outcome> {
+    if !proc::on_path(QEMU) {
+        bail!("{QEMU} not found: run `cargo xtask deps` (installs qemu-system-x86)");
+    }
+    let kernel = kernel::ensure()?;
+    let initramfs = kernel::initramfs(&kernel)?;
+
+    let jobs = proc::target_dir().join("vm").join("jobs");
+    let dir = jobs.join(format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    fs::create_dir_all(dir.join("scratch"))?;
+    let dir = dir.canonicalize()?;
+    let cwd = std::env::current_dir()?;
+
+    let mut paths = format!("{}\n", dir.display());
+    let mut shares = Vec::new();
+    for (i, share) in opts.rw_shares.iter().enumerate() {
+        fs::create_dir_all(share)
+            .with_context(|| format!("cannot create --rw directory {}", share.display()))?;
+        let share = share.canonicalize()?;
+        let tag = format!("rw{i}");
+        paths.push_str(&format!("{tag} {}\n", share.display()));
+        shares.push((tag, share));
+    }
+    fs::write(dir.join("paths"), paths)?;
+    fs::write(dir.join("guest.sh"), guest_script(&dir, &cwd, &job.script))?;
+
+    let mut cmd = Command::new(QEMU);
+    cmd.args([
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+    ]);
+    if opts.kvm {
+        cmd.args(["-enable-kvm", "-cpu", "host"]);
+    } else {
+        cmd.args(["-accel", "tcg,thread=multi", "-cpu", "max"]);
+    }
+    cmd.arg("-m").arg(opts.memory_mib.to_string());
+    cmd.arg("-smp").arg(opts.cpus.to_string());
+    cmd.arg("-kernel").arg(&kernel.vmlinuz);
+    cmd.arg("-initrd").arg(&initramfs);
+    cmd.args(["-append", "console=ttyS0 panic=-1 loglevel=3"]);
+    cmd.arg("-serial")
+        .arg(format!("file:{}", dir.join("console.log").display()));
+    cmd.arg("-virtfs")
+        .arg(virtfs(Path::new("/"), "hostroot", true));
+    cmd.arg("-virtfs").arg(virtfs(&dir, "job", false));
+    for (tag, share) in &shares {
+        cmd.arg("-virtfs").arg(virtfs(share, tag, false));
+    }
+    // `restrict=on`: the guest reaches nothing outside itself; rxe0 only
+    // talks to its own address.
+    cmd.args(["-netdev", "user,id=n0,restrict=on"]);
+    cmd.args(["-device", "virtio-net-pci,netdev=n0"]);
+    cmd.stdin(Stdio::null());
+    cmd.stdout(fs::File::create(dir.join("qemu.log"))?);
+    cmd.stderr(fs::File::create(dir.join("qemu.log"))?);
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {QEMU}"))?;
+
+    let started = Instant::now();
+    let mut out = Stream::new(dir.join("stdout"));
+    let mut err = Stream::new(dir.join("stderr"));
+    let mut captured = Vec::new();
+    let status = loop {
+        out.forward(&mut std::io::stdout(), Some(&mut captured))?;
+        err.forward(&mut std::io::stderr(), None)?;
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if started.elapsed() > opts.timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            show_logs(&dir);
+            bail!(
+                "the VM did not finish within {} s and was killed (job kept in {})",
+                opts.timeout.as_secs(),
+                dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    out.forward(&mut std::io::stdout(), Some(&mut captured))?;
+    err.forward(&mut std::io::stderr(), None)?;
+
+    let rc = fs::read_to_string(dir.join("rc")).ok();
+    let Some(exit_code) = rc.and_then(|s| s.trim().parse::<i32>().ok()) else {
+        show_logs(&dir);
+        bail!(
+            "the VM stopped ({status}) before the command finished (job kept in {})",
+            dir.display()
+        );
+    };
+    if exit_code != 0 {
+        eprintln!(
+            "vm: command exited with {exit_code} after {:.1} s (job kept in {})",
+            started.elapsed().as_secs_f64(),
+            dir.display()
+        );
+    } else {
+        let _ = fs::remove_dir_all(&dir);
+    }
+    Ok(Outcome {
+        exit_code,
+        stdout: String::from_utf8_lossy(&captured).into_owned(),
+    })
+}
+
+fn virtfs(path: &Path, tag: &str, readonly: bool) -> String {
+    // QEMU's option parser takes `,,` for a literal comma in a value.
+    let path = path.display().to_string().replace(',', ",,");
+    let ro = if readonly { ",readonly=on" } else { "" };
+    format!("local,path={path},mount_tag={tag},security_model=none,multidevs=remap{ro}")
+}
+
+/// The script the guest runs in the chroot: SoftRoCE setup, then the job.
+fn guest_script(dir: &Path, cwd: &Path, script: &str) -> String {
+    let q = |p: &Path| proc::shell_quote(&p.display().to_string());
+    let job = q(dir);
+    let mut env = String::new();
+    for (key, value) in std::env::vars_os() {
+        let (Some(key), Some(value)) = (key.to_str(), value.to_str()) else {
+            continue;
+        };
+        let valid = key
+            .bytes()
+            .enumerate()
+            .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
+        if valid && !matches!(key, "TMPDIR" | "PWD" | "OLDPWD" | "SHLVL" | "_") {
+            env.push_str(&format!("export {key}={}\n", proc::shell_quote(value)));
+        }
+    }
+    format!(
+        r#"JOB={job}
+finish() {{ echo "$1" > "$JOB/rc.tmp" && mv "$JOB/rc.tmp" "$JOB/rc"; exit 0; }}
+ip link set lo up
+ip link set eth0 up
+ip addr add 10.0.2.15/24 dev eth0
+if ! rdma link add rxe0 type rxe netdev eth0; then
+    echo "mtrdma-vm: rdma link add rxe0 failed" | tee "$JOB/stderr"
+    finish 125
+fi
+i=0
+until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null; do
+    i=$((i + 1))
+    if [ $i -gt 200 ]; then
+        echo "mtrdma-vm: rxe0 port 1 did not become ACTIVE" | tee "$JOB/stderr"
+        finish 125
+    fi
+    sleep 0.05
+done
+ulimit -l unlimited
+{env}export TMPDIR="$JOB/scratch"
+export MTRDMA_VM=1
+cd {cwd} || finish 126
+(
+{script}
+) >"$JOB/stdout" 2>"$JOB/stderr"
+finish $?
+"#,
+        cwd = q(cwd),
+    )
+}
+
+/// Forwards what a file grows by since the last call.
+struct Stream {
+    path: PathBuf,
+    offset: u64,
+}
+
+impl Stream {
+    fn new(path: PathBuf) -> Self {
+        Stream { path, offset: 0 }
+    }
+
+    fn forward(&mut self, to: &mut dyn Write, mut capture: Option<&mut Vec<u8>>) -> Result<()> {
+        let Ok(mut f) = fs::File::open(&self.path) else {
+            return Ok(());
+        };
+        f.seek(SeekFrom::Start(self.offset))?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.offset += buf.len() as u64;
+        to.write_all(&buf)?;
+        to.flush()?;
+        if let Some(c) = capture.as_mut() {
+            c.extend_from_slice(&buf);
+        }
+        Ok(())
+    }
+}
+
+/// Prints what the guest and QEMU said, for a VM that failed.
+fn show_logs(dir: &Path) {
+    for (name, last) in [("qemu.log", 40), ("setup.log", 40), ("console.log", 80)] {
+        let Ok(text) = fs::read_to_string(dir.join(name)) else {
+            continue;
+        };
+        if text.trim().is_empty() {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        let start = lines.len().saturating_sub(last);
+        eprintln!("---- {name} (last {} lines) ----", lines.len() - start);
+        for line in &lines[start..] {
+            eprintln!("{line}");
+        }
+    }
+}
