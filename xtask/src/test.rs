@@ -66,8 +66,13 @@ pub(crate) fn run() -> Result<ExitCode> {
             Ok((ok, String::new(), None))
         });
         stage("host tests", &mut || {
-            let (ok, out) =
-                proc::tee(proc::cargo().args(["test", "--workspace", "--color", "never"]))?;
+            let (ok, out) = proc::tee(proc::cargo().args([
+                "test",
+                "--workspace",
+                "--no-fail-fast",
+                "--color",
+                "never",
+            ]))?;
             let counts = TestCounts::parse(&out);
             Ok((ok && counts.failed == 0, String::new(), Some(counts)))
         });
