@@ -295,10 +295,9 @@ impl Stream {
 /// Prints what the guest and QEMU said, for a VM that failed.
 fn show_logs(dir: &Path) {
     for (name, last) in [("qemu.log", 40), ("setup.log", 40), ("console.log", 80)] {
-        let Ok(text) = fs::read_to_string(dir.join(name)) else {
-            continue;
-        };
+        let text = fs::read_to_string(dir.join(name)).unwrap_or_default();
         if text.trim().is_empty() {
+            eprintln!("---- {name}: empty ----");
             continue;
         }
         let lines: Vec<&str> = text.lines().collect();
