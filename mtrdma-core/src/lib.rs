@@ -4,6 +4,19 @@
 //! tenant is ([`TenantId`]) and which traffic class a work request belongs to
 //! ([`TrafficClass`]).
 
+pub mod clock;
+pub mod coordinator;
+mod fairshare;
+mod gcra;
+pub mod policy;
+pub mod procinfo;
+pub mod table;
 mod tenant;
 
+pub use fairshare::{weighted_max_min, Demand};
+pub use gcra::{gcra_decide, gcra_shared, EmissionInterval};
+pub use policy::{
+    LinkConfig, MatchRule, PeerCredentials, Policy, PolicyError, RateCap, TenantPolicy, TenantRef,
+};
+pub use table::{AdmissionError, QuotaTable, TableError, TenantHandle};
 pub use tenant::{TenantId, TrafficClass};

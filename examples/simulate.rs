@@ -1,0 +1,235 @@
+//! Simulates one NIC port shared by a latency tenant, message-rate tenants
+//! and bulk tenants, with and without mtrdma's scheduler, and prints a
+//! table side by side.
+//!
+//! ```text
+//! cargo run --release --example simulate -- --bulk 16
+//! cargo run --release --example simulate -- --bulk 3 --weights 1,2,4 --msg-rate 1
+//! cargo run --release --example simulate -- --bulk 9999 --ms 100 --rows 10
+//! ```
+//!
+//! Flags (all optional):
+//! `--probes N` latency-probe tenants (16 B, latency class; default 1),
+//! `--msg-rate N` message-rate tenants (batches of 64 x 16 B; default 0),
+//! `--bulk N` bulk tenants (default 16),
+//! `--bulk-kib K` bulk message size (default 1024),
+//! `--outstanding N` bulk messages in flight per tenant (default 4),
+//! `--weights W,W,..` bulk weights, cycled (default all 1),
+//! `--cap-gbps G` cap on each bulk tenant (default none),
+//! `--link-gbps G` line rate (default 100),
+//! `--nic-depth N` NIC queue depth in work requests (default 16),
+//! `--chunk-kib K` scheduler chunk and quantum (default 8),
+//! `--ms T` simulated milliseconds (default 20; 1 ms warm-up),
+//! `--rows N` tenants shown (default 40).
+
+use std::process::ExitCode;
+
+use mtrdma::sched::sim::{run, Mode, Report, SimConfig, TenantReport, TenantSpec, Workload};
+use mtrdma::sched::{Nanos, RateLimit, TenantId, TenantPolicy};
+
+#[derive(Debug)]
+struct Args {
+    probes: u32,
+    msg_rate: u32,
+    bulk: u32,
+    bulk_kib: u64,
+    outstanding: u32,
+    weights: Vec<u32>,
+    cap_gbps: Option<u64>,
+    link_gbps: u64,
+    nic_depth: usize,
+    chunk_kib: u64,
+    ms: u64,
+    rows: usize,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        probes: 1,
+        msg_rate: 0,
+        bulk: 16,
+        bulk_kib: 1024,
+        outstanding: 4,
+        weights: vec![1],
+        cap_gbps: None,
+        link_gbps: 100,
+        nic_depth: 16,
+        chunk_kib: 8,
+        ms: 20,
+        rows: 40,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            return Err(String::new());
+        }
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let num = |v: &str| -> Result<u64, String> {
+            v.parse::<u64>().map_err(|e| format!("{flag} {v}: {e}"))
+        };
+        match flag.as_str() {
+            "--probes" => a.probes = num(&value)? as u32,
+            "--msg-rate" => a.msg_rate = num(&value)? as u32,
+            "--bulk" => a.bulk = num(&value)? as u32,
+            "--bulk-kib" => a.bulk_kib = num(&value)?,
+            "--outstanding" => a.outstanding = num(&value)? as u32,
+            "--weights" => {
+                a.weights = value
+                    .split(',')
+                    .map(|w| num(w).map(|w| w as u32))
+                    .collect::<Result<_, _>>()?;
+            }
+            "--cap-gbps" => a.cap_gbps = Some(num(&value)?),
+            "--link-gbps" => a.link_gbps = num(&value)?,
+            "--nic-depth" => a.nic_depth = num(&value)? as usize,
+            "--chunk-kib" => a.chunk_kib = num(&value)?,
+            "--ms" => a.ms = num(&value)?,
+            "--rows" => a.rows = num(&value)? as usize,
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if a.weights.is_empty() {
+        return Err("--weights needs at least one weight".into());
+    }
+    Ok(a)
+}
+
+fn us(n: Option<Nanos>) -> String {
+    n.map_or_else(|| "-".to_string(), |n| format!("{:.2}", n.0 as f64 / 1e3))
+}
+
+fn cells(t: &TenantReport) -> String {
+    format!(
+        "{:>8.2} {:>9} {:>9} {:>9}",
+        t.gbps,
+        us(t.p50),
+        us(t.p99),
+        us(t.p999)
+    )
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("error: {e}");
+            }
+            eprintln!("usage: simulate [--probes N] [--msg-rate N] [--bulk N] [--bulk-kib K] [--outstanding N] [--weights W,..] [--cap-gbps G] [--link-gbps G] [--nic-depth N] [--chunk-kib K] [--ms T] [--rows N]");
+            return if e.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            };
+        }
+    };
+    let mut tenants = Vec::new();
+    let mut id = 0u32;
+    for _ in 0..args.probes {
+        tenants.push(TenantSpec::probe(TenantId(id)));
+        id += 1;
+    }
+    for _ in 0..args.msg_rate {
+        tenants.push(TenantSpec::message_rate(TenantId(id)));
+        id += 1;
+    }
+    for i in 0..args.bulk {
+        let mut policy = TenantPolicy::weight(args.weights[i as usize % args.weights.len()]);
+        if let Some(g) = args.cap_gbps {
+            policy =
+                policy.with_byte_cap(RateLimit::gbits_per_sec(g).with_burst(args.chunk_kib << 10));
+        }
+        tenants.push(TenantSpec {
+            workload: Workload::Bulk {
+                bytes: args.bulk_kib << 10,
+                outstanding: args.outstanding,
+            },
+            ..TenantSpec::bulk(TenantId(id)).with_policy(policy)
+        });
+        id += 1;
+    }
+    let config = SimConfig {
+        link_bps: args.link_gbps.saturating_mul(1_000_000_000),
+        nic_queue_depth: args.nic_depth,
+        duration: Nanos::from_millis(args.ms),
+        warmup: Nanos::from_millis(1),
+        ..SimConfig::default()
+    };
+    let sched_config = mtrdma::sched::SchedulerConfig {
+        chunk_bytes: args.chunk_kib << 10,
+        quantum_bytes: args.chunk_kib << 10,
+        ..SimConfig::scheduler_config()
+    };
+    let alone: Vec<TenantSpec> = tenants
+        .iter()
+        .copied()
+        .filter(|t| !matches!(t.workload, Workload::Bulk { .. }))
+        .collect();
+    let results = (|| -> Result<(Report, Report, Report), mtrdma::sched::sim::SimError> {
+        Ok((
+            run(&config, &alone, &Mode::Fifo)?,
+            run(&config, &tenants, &Mode::Fifo)?,
+            run(&config, &tenants, &Mode::Scheduled(sched_config))?,
+        ))
+    })();
+    let (alone, without, with) = match results {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "one {} Gb/s port, NIC queue depth {}, {} ms ({} ms measured), {} tenants; latency in us",
+        args.link_gbps,
+        args.nic_depth,
+        args.ms,
+        args.ms - 1,
+        tenants.len()
+    );
+    println!(
+        "{:>6} {:>8} {:>7} {:>6} | {:^37} | {:^37}",
+        "tenant", "workload", "class", "weight", "without mtrdma (FIFO)", "with mtrdma"
+    );
+    println!(
+        "{:>6} {:>8} {:>7} {:>6} | {:>8} {:>9} {:>9} {:>9} | {:>8} {:>9} {:>9} {:>9}",
+        "", "", "", "", "Gb/s", "p50", "p99", "p99.9", "Gb/s", "p50", "p99", "p99.9"
+    );
+    for (w, s) in without.tenants.iter().zip(&with.tenants).take(args.rows) {
+        println!(
+            "{:>6} {:>8} {:>7} {:>6} | {} | {}",
+            w.id.0,
+            w.workload.name(),
+            w.class.to_string(),
+            w.weight,
+            cells(w),
+            cells(s)
+        );
+    }
+    if tenants.len() > args.rows {
+        println!("   ... {} more tenants", tenants.len() - args.rows);
+    }
+    println!(
+        "{:>30} | {:>8.2} {:>29} | {:>8.2}",
+        "total", without.total_gbps, "", with.total_gbps
+    );
+    println!(
+        "{:>30} | {:>38.4} | {:>37.4}",
+        "Jain's index (bulk, by weight)", without.jain_index, with.jain_index
+    );
+    for a in &alone.tenants {
+        let (w, s) = (without.tenant(a.id), with.tenant(a.id));
+        if let (Some(w), Some(s), Some(p)) = (w, s, a.p99) {
+            let ratio = |x: Option<Nanos>| x.map_or(f64::NAN, |x| x.0 as f64 / p.0 as f64);
+            println!(
+                "tenant {} ({}) p99 alone {} us: {:.1}x without mtrdma, {:.2}x with",
+                a.id.0,
+                a.workload.name(),
+                us(a.p99),
+                ratio(w.p99),
+                ratio(s.p99)
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,416 @@
+//! The coordinator's logic: it owns a shared quota table, decides who each
+//! registering process is, turns demand into weighted max-min fair rates,
+//! returns what dead processes held, and reloads its policy file.
+//!
+//! This is a library type; a daemon is a loop around
+//! [`Coordinator::tick`] (see `examples/coordinator.rs`). Tenants never need
+//! one: without it they use [`QuotaTable::embedded`] or attach to a table
+//! directly. When the coordinator dies, tenants keep the last policy and
+//! rates (fail-static); a restarted coordinator takes the table over
+//! ([`QuotaTable::open_writable`]) and they carry on.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::fairshare::{weighted_max_min, Demand};
+use crate::policy::{PeerCredentials, Policy, PolicyError};
+use crate::procinfo::{self, ProcessId};
+use crate::table::{QuotaTable, Reclaimed, TableError, TenantHandle, TenantUsage};
+use crate::TenantId;
+
+/// The first line a registering process sends.
+const HELLO: &str = "MTRDMA-REGISTER 1";
+
+/// Why the coordinator could not start or act, or a process could not register.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CoordinatorError {
+    /// The policy file is unreadable or invalid.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The quota table could not be created, opened or written.
+    #[error(transparent)]
+    Table(#[from] TableError),
+    /// The registration socket failed.
+    #[error("registration socket {path}: {source}")]
+    Socket {
+        /// The socket's path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another coordinator is listening on the socket.
+    #[error("another coordinator is already listening on {0}")]
+    AlreadyRunning(PathBuf),
+    /// The coordinator refused a registration.
+    #[error("the coordinator refused the registration: {0}")]
+    Refused(String),
+    /// The coordinator's answer could not be understood.
+    #[error("unexpected answer from the coordinator: {0:?}")]
+    Protocol(String),
+}
+
+/// How to run a coordinator.
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// The quota table's name (see [`QuotaTable::create`]).
+    pub table: String,
+    /// The registration socket's path.
+    pub socket: PathBuf,
+    /// The TOML policy file.
+    pub policy_path: PathBuf,
+    /// Tenant slots of the table.
+    pub capacity: u32,
+    /// Process slots of the table.
+    pub processes: u32,
+}
+
+/// What one [`Coordinator::tick`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct TickReport {
+    /// Processes registered.
+    pub registered: Vec<(u32, TenantId)>,
+    /// Registrations refused, with the reason.
+    pub refused: Vec<String>,
+    /// Resources returned from dead processes.
+    pub reclaimed: Vec<Reclaimed>,
+    /// Whether the policy was reloaded.
+    pub reloaded: bool,
+    /// A policy reload that failed (the previous policy stays).
+    pub reload_error: Option<String>,
+    /// Fair rates published (bytes/s), when they were recomputed.
+    pub rates: Vec<(TenantId, u64)>,
+}
+
+/// The coordinator (see the module docs).
+#[derive(Debug)]
+pub struct Coordinator {
+    config: CoordinatorConfig,
+    table: QuotaTable,
+    policy: Policy,
+    policy_mtime: Option<SystemTime>,
+    listener: UnixListener,
+    reload_requested: Arc<AtomicBool>,
+    /// Per tenant: bytes posted at the last recomputation.
+    last_posted: HashMap<TenantId, u64>,
+    last_recompute_ns: u64,
+}
+
+fn mtime(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+impl Coordinator {
+    /// Reads the policy, creates the table (or takes over an existing one
+    /// of the same name, so running tenants carry on), and listens for
+    /// registrations.
+    pub fn start(config: CoordinatorConfig) -> Result<Coordinator, CoordinatorError> {
+        let policy = Policy::from_file(&config.policy_path)?;
+        let policy_mtime = mtime(&config.policy_path);
+        let listener = bind(&config.socket)?;
+        let table = match QuotaTable::open_writable(&config.table) {
+            Ok(table) => {
+                tracing::info!(table = %config.table, "taking over an existing quota table");
+                table.publish(&policy)?;
+                table
+            }
+            Err(TableError::Io { ref source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                QuotaTable::create(&config.table, config.capacity, config.processes, &policy)?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        tracing::info!(
+            table = %config.table,
+            socket = %config.socket.display(),
+            tenants = policy.tenants.len(),
+            "coordinator started"
+        );
+        Ok(Coordinator {
+            config,
+            table,
+            policy,
+            policy_mtime,
+            listener,
+            reload_requested: Arc::new(AtomicBool::new(false)),
+            last_posted: HashMap::new(),
+            last_recompute_ns: 0,
+        })
+    }
+
+    /// The table it maintains.
+    pub fn table(&self) -> &QuotaTable {
+        &self.table
+    }
+
+    /// The policy in force (with its match rules).
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// A flag that makes the next tick reload the policy (set it from a
+    /// SIGHUP handler).
+    pub fn reload_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.reload_requested)
+    }
+
+    /// Re-reads the policy file and publishes it. Running tenants keep
+    /// their slots and live state. On error the previous policy stays.
+    pub fn reload(&mut self) -> Result<(), CoordinatorError> {
+        self.policy_mtime = mtime(&self.config.policy_path);
+        let policy = Policy::from_file(&self.config.policy_path)?;
+        self.table.publish(&policy)?;
+        tracing::info!(tenants = policy.tenants.len(), "policy reloaded");
+        self.policy = policy;
+        Ok(())
+    }
+
+    /// Accepts every pending registration and answers it.
+    pub fn serve_registrations(&mut self, report: &mut TickReport) {
+        loop {
+            let stream = match self.listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept on the registration socket failed");
+                    return;
+                }
+            };
+            match self.register_peer(&stream) {
+                Ok((slot, tenant)) => {
+                    let _ = writeln!(&stream, "OK {} {} {slot}", self.config.table, tenant.0);
+                    report.registered.push((slot, tenant));
+                }
+                Err(reason) => {
+                    tracing::warn!(%reason, "registration refused");
+                    let _ = writeln!(&stream, "ERR {}", reason.replace('\n', " "));
+                    report.refused.push(reason);
+                }
+            }
+        }
+    }
+
+    /// Identifies the peer from its credentials and claims a process slot.
+    fn register_peer(&self, stream: &UnixStream) -> Result<(u32, TenantId), String> {
+        stream
+            .set_nonblocking(false)
+            .and_then(|()| stream.set_read_timeout(Some(Duration::from_millis(200))))
+            .map_err(|e| format!("socket setup failed: {e}"))?;
+        let mut line = String::new();
+        BufReader::new(stream)
+            .take_line(&mut line)
+            .map_err(|e| format!("no greeting: {e}"))?;
+        if line.trim_end() != HELLO {
+            return Err(format!("unknown greeting {:?}", line.trim_end()));
+        }
+        let cred = rustix::net::sockopt::socket_peercred(stream)
+            .map_err(|e| format!("cannot read the peer's credentials: {e}"))?;
+        let pid = cred.pid.as_raw_nonzero().get().unsigned_abs();
+        let peer = PeerCredentials {
+            pid,
+            uid: cred.uid.as_raw(),
+            gid: cred.gid.as_raw(),
+            cgroup: procinfo::cgroup(pid),
+        };
+        let tenant = self
+            .policy
+            .tenant_for_peer(&peer)
+            .ok_or_else(|| {
+                format!(
+                    "no tenant of the policy matches uid {} gid {} cgroup {}",
+                    peer.uid,
+                    peer.gid,
+                    peer.cgroup.as_deref().unwrap_or("(none)")
+                )
+            })?
+            .id;
+        let process = ProcessId::of(pid).ok_or_else(|| format!("process {pid} is gone"))?;
+        let slot = self
+            .table
+            .claim_process_slot(tenant, process)
+            .map_err(|e| e.to_string())?;
+        tracing::info!(pid, uid = peer.uid, %tenant, slot, "registered process");
+        Ok((slot, tenant))
+    }
+
+    /// Recomputes the weighted max-min fair byte rates from each tenant's
+    /// demand over the last interval and publishes them.
+    ///
+    /// A tenant with bytes waiting in its backlog wants all it can get (up
+    /// to its cap); one without wants what it sent, with 25% headroom to
+    /// grow. An idle tenant is published the share it would get by becoming
+    /// active, so it can start at once without taking more.
+    pub fn recompute(&mut self, now_ns: u64) -> Vec<(TenantId, u64)> {
+        let Ok(usage) = self.table.usage() else {
+            return Vec::new();
+        };
+        let elapsed = now_ns.saturating_sub(self.last_recompute_ns).max(1);
+        let first = self.last_recompute_ns == 0;
+        self.last_recompute_ns = now_ns;
+        let snapshot = self.table.cached_snapshot();
+        let mut demands = Vec::with_capacity(usage.len());
+        for u in &usage {
+            let before = self.last_posted.insert(u.tenant, u.bytes_posted);
+            let sent = u
+                .bytes_posted
+                .saturating_sub(before.unwrap_or(u.bytes_posted));
+            let observed = (u128::from(sent) * 1_000_000_000 / u128::from(elapsed)) as u64;
+            let demand = if u.backlog_bytes > 0 {
+                u64::MAX
+            } else if first {
+                0
+            } else {
+                observed.saturating_add(observed / 4)
+            };
+            let t = snapshot.policy.tenant(u.tenant);
+            demands.push(Demand {
+                weight: t.map_or(1, |t| t.weight),
+                demand,
+                cap: t.and_then(|t| t.rate).map(|c| c.per_second),
+            });
+        }
+        let capacity = self.policy.link.capacity_bytes_per_sec;
+        let rates = weighted_max_min(capacity, &demands);
+        let active_weight: u128 = demands
+            .iter()
+            .filter(|d| d.effective() > 0)
+            .map(|d| u128::from(d.weight.max(1)))
+            .sum();
+        let mut out = Vec::with_capacity(usage.len());
+        for ((u, d), rate) in usage.iter().zip(&demands).zip(rates) {
+            let published = if d.effective() == 0 {
+                let w = u128::from(d.weight.max(1));
+                let entry = (u128::from(capacity) * w / (active_weight + w)) as u64;
+                d.cap.map_or(entry, |c| c.min(entry))
+            } else {
+                rate
+            };
+            if let Some(slot) = snapshot.slot_of(u.tenant) {
+                self.table.set_fair_rate(slot, published.max(1));
+            }
+            out.push((u.tenant, published));
+        }
+        self.table.heartbeat(now_ns);
+        out
+    }
+
+    /// Returns the resources of processes that died.
+    pub fn reclaim(&mut self) -> Vec<Reclaimed> {
+        self.table.reclaim_dead()
+    }
+
+    /// One round of the coordinator's work: reload on request or file
+    /// change, serve registrations, reclaim dead processes, and recompute
+    /// fair rates when the policy's interval has passed.
+    pub fn tick(&mut self, now_ns: u64) -> TickReport {
+        let mut report = TickReport::default();
+        let changed = mtime(&self.config.policy_path) != self.policy_mtime;
+        if self.reload_requested.swap(false, Ordering::AcqRel) || changed {
+            match self.reload() {
+                Ok(()) => report.reloaded = true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "policy reload failed; keeping the previous policy");
+                    report.reload_error = Some(e.to_string());
+                }
+            }
+        }
+        self.serve_registrations(&mut report);
+        report.reclaimed = self.reclaim();
+        let interval = u64::from(self.policy.link.recompute_interval_ms) * 1_000_000;
+        if now_ns.saturating_sub(self.last_recompute_ns) >= interval {
+            report.rates = self.recompute(now_ns);
+        }
+        report
+    }
+
+    /// Per-tenant usage for display.
+    pub fn usage(&self) -> Vec<TenantUsage> {
+        self.table.usage().unwrap_or_default()
+    }
+
+    /// Stops: removes the socket and, if `remove_table`, the table's names
+    /// (tenants keep their mappings and go on with the last policy).
+    pub fn shutdown(self, remove_table: bool) -> Result<(), CoordinatorError> {
+        let _ = std::fs::remove_file(&self.config.socket);
+        if remove_table {
+            QuotaTable::remove(&self.config.table)?;
+        }
+        Ok(())
+    }
+}
+
+/// Binds the registration socket, replacing a stale one nobody listens on.
+fn bind(path: &Path) -> Result<UnixListener, CoordinatorError> {
+    let sock_err = |source| CoordinatorError::Socket {
+        path: path.to_path_buf(),
+        source,
+    };
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(CoordinatorError::AlreadyRunning(path.to_path_buf()));
+        }
+        std::fs::remove_file(path).map_err(sock_err)?;
+    }
+    let listener = UnixListener::bind(path).map_err(sock_err)?;
+    // Any local process may ask to register; who it is comes from its
+    // credentials, not from anything it says.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(sock_err)?;
+    listener.set_nonblocking(true).map_err(sock_err)?;
+    Ok(listener)
+}
+
+trait TakeLine {
+    fn take_line(self, line: &mut String) -> std::io::Result<()>;
+}
+
+impl<R: BufRead> TakeLine for R {
+    /// Reads one line of at most 256 bytes.
+    fn take_line(self, line: &mut String) -> std::io::Result<()> {
+        self.take(256).read_line(line)?;
+        Ok(())
+    }
+}
+
+/// Registers the calling process with the coordinator listening on
+/// `socket`: the coordinator decides its tenant from its credentials and
+/// claims a process slot, and the process maps the table (policy
+/// read-only) and takes the slot over.
+pub fn register(socket: &Path) -> Result<TenantHandle, CoordinatorError> {
+    let sock_err = |source| CoordinatorError::Socket {
+        path: socket.to_path_buf(),
+        source,
+    };
+    let mut stream = UnixStream::connect(socket).map_err(sock_err)?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(sock_err)?;
+    writeln!(stream, "{HELLO}").map_err(sock_err)?;
+    let mut line = String::new();
+    BufReader::new(&stream)
+        .take_line(&mut line)
+        .map_err(sock_err)?;
+    let line = line.trim_end();
+    if let Some(reason) = line.strip_prefix("ERR ") {
+        return Err(CoordinatorError::Refused(reason.to_string()));
+    }
+    let mut words = line.split(' ');
+    let parsed = (|| {
+        let ok = words.next()?;
+        let table = words.next()?;
+        let tenant: u32 = words.next()?.parse().ok()?;
+        let slot: u32 = words.next()?.parse().ok()?;
+        (ok == "OK" && words.next().is_none()).then(|| (table.to_string(), tenant, slot))
+    })();
+    let (table, tenant, slot) =
+        parsed.ok_or_else(|| CoordinatorError::Protocol(line.to_string()))?;
+    let table = QuotaTable::open(&table)?;
+    Ok(table.adopt(TenantId(tenant), slot)?)
+}

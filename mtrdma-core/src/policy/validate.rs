@@ -1,0 +1,160 @@
+//! The rules every policy follows, whether read from a file or built in code.
+
+use std::collections::HashMap;
+
+use super::error::quote;
+use super::{LinkConfig, Policy, PolicyError, RateCap, TenantPolicy, TenantRef};
+
+/// The characters a tenant name may use, for messages.
+pub(super) const NAME_RULE: &str = "use 1 to 31 letters, digits, '_', '.' or '-'";
+
+pub(super) fn policy(policy: &Policy) -> Result<(), PolicyError> {
+    link(&policy.link)?;
+    if policy.tenants.is_empty() {
+        return Err(PolicyError::invalid(
+            None,
+            "tenant",
+            "the policy defines no tenants; add at least one [[tenant]] with an id and a name",
+        ));
+    }
+    let mut ids = HashMap::with_capacity(policy.tenants.len());
+    let mut names = HashMap::with_capacity(policy.tenants.len());
+    for t in &policy.tenants {
+        tenant(t)?;
+        if let Some(first) = ids.insert(t.id, t) {
+            return Err(PolicyError::invalid(
+                Some(&TenantRef::Name(t.name.clone())),
+                "id",
+                format!(
+                    "{} is already the id of tenant {}; give every tenant its own id",
+                    t.id.0,
+                    TenantRef::Name(first.name.clone())
+                ),
+            ));
+        }
+        if let Some(first) = names.insert(t.name.as_str(), t) {
+            return Err(PolicyError::invalid(
+                Some(&TenantRef::Id(t.id)),
+                "name",
+                format!(
+                    "{:?} is already the name of tenant {}; give every tenant its own name",
+                    t.name,
+                    TenantRef::Id(first.id)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn link(link: &LinkConfig) -> Result<(), PolicyError> {
+    if link.capacity_bytes_per_sec == 0 {
+        return Err(PolicyError::invalid(
+            None,
+            "link.capacity",
+            "0 is not a usable link capacity; give the link's rate, e.g. \"100Gbit\"",
+        ));
+    }
+    let range = LinkConfig::MIN_RECOMPUTE_INTERVAL_MS..=LinkConfig::MAX_RECOMPUTE_INTERVAL_MS;
+    if !range.contains(&link.recompute_interval_ms) {
+        return Err(PolicyError::invalid(
+            None,
+            "link.recompute_interval_ms",
+            format!(
+                "{} is out of range; use a whole number from {} to {}",
+                link.recompute_interval_ms,
+                range.start(),
+                range.end()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// How a tenant built in code is referred to: by name if it is a valid one.
+fn reference(t: &TenantPolicy) -> TenantRef {
+    if name_problem(&t.name).is_none() {
+        TenantRef::Name(t.name.clone())
+    } else {
+        TenantRef::Id(t.id)
+    }
+}
+
+/// Why `name` is not a valid tenant name, if it is not.
+pub(super) fn name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some(format!("the name is empty; {NAME_RULE}"));
+    }
+    if name.len() > TenantPolicy::MAX_NAME_LEN {
+        return Some(format!(
+            "{} is {} bytes long; {NAME_RULE}",
+            quote(name),
+            name.len()
+        ));
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+    name.chars().find(|&c| !allowed(c)).map(|c| {
+        format!(
+            "{} contains {c:?}, which is not allowed; {NAME_RULE}",
+            quote(name)
+        )
+    })
+}
+
+fn tenant(t: &TenantPolicy) -> Result<(), PolicyError> {
+    let who = reference(t);
+    if let Some(problem) = name_problem(&t.name) {
+        return Err(PolicyError::invalid(Some(&who), "name", problem));
+    }
+    if !(1..=TenantPolicy::MAX_WEIGHT).contains(&t.weight) {
+        return Err(PolicyError::invalid(
+            Some(&who),
+            "weight",
+            format!(
+                "{} is out of range; use a whole number from 1 to {}",
+                t.weight,
+                TenantPolicy::MAX_WEIGHT
+            ),
+        ));
+    }
+    let caps = [
+        ("rate", t.rate),
+        ("wr_rate", t.wr_rate),
+        ("qp_create_rate", t.qp_create_rate),
+        ("mr_reg_rate", t.mr_reg_rate),
+    ];
+    for (field, cap) in caps {
+        if let Some(RateCap { per_second: 0, .. }) = cap {
+            return Err(PolicyError::invalid(
+                Some(&who),
+                format!("{field}.rate"),
+                format!(
+                    "0 is not a usable rate; give a rate above 0, or remove {field} to leave it uncapped"
+                ),
+            ));
+        }
+    }
+    for (i, rule) in t.matches.iter().enumerate() {
+        let field = format!("match[{}]", i + 1);
+        if rule.is_empty() {
+            return Err(PolicyError::invalid(
+                Some(&who),
+                field,
+                "the rule sets no condition; set at least one of uid, gid or cgroup",
+            ));
+        }
+        if let Some(cgroup) = &rule.cgroup {
+            if !cgroup.starts_with('/') {
+                return Err(PolicyError::invalid(
+                    Some(&who),
+                    format!("{field}.cgroup"),
+                    format!(
+                        "{} is not an absolute cgroup path; start it with '/', e.g. \"/kubepods.slice\"",
+                        quote(cgroup)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}

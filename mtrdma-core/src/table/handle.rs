@@ -1,0 +1,537 @@
+//! A process's membership in a tenant: admission on the control path and
+//! shared rate limits on the data path.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::layout::*;
+use super::{QuotaTable, TableError};
+use crate::gcra::{gcra_shared, EmissionInterval};
+use crate::policy::{RateCap, TenantPolicy};
+use crate::table::AdmissionError;
+use crate::{TenantId, TrafficClass};
+
+/// Subtracts without wrapping below zero (a corrupted or double release
+/// must not turn into a huge "in use" count).
+pub(crate) fn sub_saturating(word: &AtomicU64, n: u64) {
+    let _ = word.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
+        Some(v.saturating_sub(n))
+    });
+}
+
+/// A rate limit as cached by a handle: the rate, its interval and burst
+/// tolerance (rate 0: no limit).
+#[derive(Debug, Default)]
+struct CachedCap {
+    per_second: AtomicU64,
+    interval: AtomicU64,
+    tolerance: AtomicU64,
+}
+
+impl CachedCap {
+    fn set(&self, cap: Option<RateCap>) {
+        match cap.and_then(|c| EmissionInterval::from_rate(c.per_second).map(|i| (c, i))) {
+            Some((c, i)) => {
+                self.interval.store(i.to_bits(), Ordering::Relaxed);
+                self.tolerance
+                    .store(i.increment(c.burst), Ordering::Relaxed);
+                self.per_second.store(c.per_second, Ordering::Relaxed);
+            }
+            None => self.per_second.store(0, Ordering::Relaxed),
+        }
+    }
+
+    /// Charges `cost` against the shared TAT; `Err(retry_at)` when it does not conform.
+    #[inline]
+    fn charge(&self, tat: &AtomicU64, now: u64, cost: u64) -> Result<(), u64> {
+        if self.per_second.load(Ordering::Relaxed) == 0 {
+            return Ok(());
+        }
+        gcra_shared(
+            tat,
+            now,
+            cost,
+            EmissionInterval::from_bits(self.interval.load(Ordering::Relaxed)),
+            self.tolerance.load(Ordering::Relaxed),
+        )
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    table: QuotaTable,
+    tenant: TenantId,
+    name: arc_swap::ArcSwap<String>,
+    class: AtomicU64,
+    slot: u32,
+    process: u32,
+    /// The policy seq the limits below were read at.
+    seen_seq: AtomicU64,
+    max_qps: AtomicU64,
+    max_mr_bytes: AtomicU64,
+    max_outstanding_wr: AtomicU64,
+    qp_create: CachedCap,
+    mr_reg: CachedCap,
+    wrs: CachedCap,
+    /// The byte cap of the policy, and the fair rate last seen.
+    byte_cap: AtomicU64,
+    byte_burst: AtomicU64,
+    seen_fair: AtomicU64,
+    bytes: CachedCap,
+}
+
+/// The calling process's membership in a tenant (cheap to clone).
+///
+/// Control path: [`acquire_qp`](Self::acquire_qp) and
+/// [`acquire_mr`](Self::acquire_mr) admit against the tenant's quota across
+/// all its processes, never above it under any interleaving, and return
+/// permits that give the resource back when dropped. Data path:
+/// [`check_rate`](Self::check_rate) applies the tenant's shared rate limits
+/// (its caps, and the coordinator's fair rate when one is published).
+///
+/// Dropping the last clone (and every permit) frees the process slot.
+#[derive(Debug, Clone)]
+pub struct TenantHandle {
+    inner: Arc<Inner>,
+}
+
+impl TenantHandle {
+    pub(crate) fn new(
+        table: QuotaTable,
+        tenant: TenantId,
+        process: u32,
+    ) -> Result<Self, TableError> {
+        let slot = table
+            .process_slot(process)
+            .tenant_slot
+            .load(Ordering::Relaxed);
+        let handle = TenantHandle {
+            inner: Arc::new(Inner {
+                table,
+                tenant,
+                name: arc_swap::ArcSwap::from_pointee(String::new()),
+                class: AtomicU64::new(1),
+                slot,
+                process,
+                seen_seq: AtomicU64::new(u64::MAX),
+                max_qps: AtomicU64::new(0),
+                max_mr_bytes: AtomicU64::new(0),
+                max_outstanding_wr: AtomicU64::new(0),
+                qp_create: CachedCap::default(),
+                mr_reg: CachedCap::default(),
+                wrs: CachedCap::default(),
+                byte_cap: AtomicU64::new(0),
+                byte_burst: AtomicU64::new(0),
+                seen_fair: AtomicU64::new(u64::MAX),
+                bytes: CachedCap::default(),
+            }),
+        };
+        handle.refresh_now()?;
+        Ok(handle)
+    }
+
+    /// The tenant.
+    pub fn tenant(&self) -> TenantId {
+        self.inner.tenant
+    }
+
+    /// The tenant's name in the policy.
+    pub fn name(&self) -> String {
+        self.inner.name.load().to_string()
+    }
+
+    /// The tenant's traffic class.
+    pub fn class(&self) -> TrafficClass {
+        if self.inner.class.load(Ordering::Relaxed) == 0 {
+            TrafficClass::Latency
+        } else {
+            TrafficClass::Bulk
+        }
+    }
+
+    /// The table this handle lives in.
+    pub fn table(&self) -> &QuotaTable {
+        &self.inner.table
+    }
+
+    /// The tenant's current policy (from the table's cached snapshot).
+    pub fn policy(&self) -> Option<TenantPolicy> {
+        self.inner
+            .table
+            .cached_snapshot()
+            .policy
+            .tenant(self.inner.tenant)
+            .cloned()
+    }
+
+    /// Re-reads the limits when the policy's generation changed. A policy
+    /// that cannot be read (mid-update for too long, invalid) leaves the
+    /// last limits in force: fail-static.
+    #[inline]
+    fn refresh(&self) {
+        let seq = self.inner.table.policy_header().seq.load(Ordering::Acquire);
+        if seq != self.inner.seen_seq.load(Ordering::Relaxed) {
+            if let Err(e) = self.refresh_now() {
+                tracing::warn!(tenant = %self.inner.tenant, error = %e, "keeping the last policy");
+            }
+        }
+    }
+
+    fn refresh_now(&self) -> Result<(), TableError> {
+        let i = &self.inner;
+        let seq = i.table.policy_header().seq.load(Ordering::Acquire);
+        let snapshot = i.table.snapshot()?;
+        let t = snapshot
+            .policy
+            .tenant(i.tenant)
+            .ok_or(TableError::UnknownTenant(i.tenant))?;
+        i.name.store(Arc::new(t.name.clone()));
+        i.class
+            .store(u64::from(t.class == TrafficClass::Bulk), Ordering::Relaxed);
+        i.max_qps.store(t.max_qps.into(), Ordering::Relaxed);
+        i.max_mr_bytes.store(t.max_mr_bytes, Ordering::Relaxed);
+        i.max_outstanding_wr
+            .store(t.max_outstanding_wr.into(), Ordering::Relaxed);
+        i.qp_create.set(t.qp_create_rate);
+        i.mr_reg.set(t.mr_reg_rate);
+        i.wrs.set(t.wr_rate);
+        let (cap, burst) = t.rate.map_or((0, 0), |c| (c.per_second, c.burst));
+        i.byte_cap.store(cap, Ordering::Relaxed);
+        i.byte_burst.store(burst, Ordering::Relaxed);
+        i.seen_fair.store(u64::MAX, Ordering::Relaxed);
+        i.seen_seq.store(seq, Ordering::Release);
+        Ok(())
+    }
+
+    fn state(&self) -> &TenantState {
+        self.inner.table.tenant_state(self.inner.slot)
+    }
+
+    fn process(&self) -> &ProcessSlot {
+        self.inner.table.process_slot(self.inner.process)
+    }
+
+    /// Adds `n` to the tenant's `word` unless that passes `limit`.
+    #[inline]
+    fn admit(
+        &self,
+        word: &AtomicU64,
+        n: u64,
+        limit: u64,
+        resource: &'static str,
+        field: &'static str,
+    ) -> Result<(), AdmissionError> {
+        let mut current = word.load(Ordering::Relaxed);
+        loop {
+            let next = current.saturating_add(n);
+            if next > limit {
+                self.state().refusals.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(tenant = %self.inner.tenant, resource, limit, in_use = current, requested = n, "admission refused");
+                return Err(AdmissionError::QuotaExceeded {
+                    tenant: self.inner.tenant,
+                    name: self.name(),
+                    resource,
+                    field,
+                    limit,
+                    in_use: current,
+                    requested: n,
+                });
+            }
+            match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    fn rate_limited(
+        &self,
+        operation: &'static str,
+        cap: &CachedCap,
+        retry_at: u64,
+        now: u64,
+    ) -> AdmissionError {
+        self.state().refusals.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(tenant = %self.inner.tenant, operation, "control-path rate limit");
+        AdmissionError::RateLimited {
+            tenant: self.inner.tenant,
+            name: self.name(),
+            operation,
+            per_second: cap.per_second.load(Ordering::Relaxed),
+            retry_after_ns: retry_at.saturating_sub(now),
+        }
+    }
+
+    /// Admits one queue pair: within `max_qps` and the QP-creation rate.
+    pub fn acquire_qp(&self) -> Result<QpPermit, AdmissionError> {
+        self.refresh();
+        let st = self.state();
+        self.admit(
+            &st.qps,
+            1,
+            self.inner.max_qps.load(Ordering::Relaxed),
+            "queue pairs",
+            "max_qps",
+        )?;
+        if self.inner.qp_create.per_second.load(Ordering::Relaxed) != 0 {
+            let now = crate::clock::monotonic_ns();
+            if let Err(retry_at) = self.inner.qp_create.charge(&st.tat[TAT_QP_CREATE], now, 1) {
+                sub_saturating(&st.qps, 1);
+                return Err(self.rate_limited("QP creation", &self.inner.qp_create, retry_at, now));
+            }
+        }
+        self.process().qps.fetch_add(1, Ordering::AcqRel);
+        Ok(QpPermit {
+            handle: self.clone(),
+        })
+    }
+
+    /// Admits `bytes` of memory registration: within `max_mr_bytes` and the
+    /// registration rate.
+    pub fn acquire_mr(&self, bytes: u64) -> Result<MrPermit, AdmissionError> {
+        self.refresh();
+        let st = self.state();
+        self.admit(
+            &st.mr_bytes,
+            bytes,
+            self.inner.max_mr_bytes.load(Ordering::Relaxed),
+            "memory-region bytes",
+            "max_mr_bytes",
+        )?;
+        if self.inner.mr_reg.per_second.load(Ordering::Relaxed) != 0 {
+            let now = crate::clock::monotonic_ns();
+            if let Err(retry_at) = self.inner.mr_reg.charge(&st.tat[TAT_MR_REG], now, 1) {
+                sub_saturating(&st.mr_bytes, bytes);
+                return Err(self.rate_limited(
+                    "MR registration",
+                    &self.inner.mr_reg,
+                    retry_at,
+                    now,
+                ));
+            }
+        }
+        self.process().mr_bytes.fetch_add(bytes, Ordering::AcqRel);
+        Ok(MrPermit {
+            handle: self.clone(),
+            bytes,
+        })
+    }
+
+    /// Admits `n` more outstanding work requests (within `max_outstanding_wr`).
+    pub fn acquire_wrs(&self, n: u64) -> Result<WrPermit, AdmissionError> {
+        self.refresh();
+        self.admit(
+            &self.state().outstanding_wr,
+            n,
+            self.inner.max_outstanding_wr.load(Ordering::Relaxed),
+            "outstanding work requests",
+            "max_outstanding_wr",
+        )?;
+        Ok(WrPermit {
+            handle: self.clone(),
+            n,
+        })
+    }
+
+    /// Applies the tenant's data-path rate limits, shared by all its
+    /// processes, to `bytes` in `wrs` work requests at `now_ns`
+    /// ([`crate::clock::monotonic_ns`]). `Err(retry_at)` names the time at
+    /// which the same request would conform; nothing is charged then
+    /// (except, when the work-request rate admits and the byte rate
+    /// refuses, the work-request budget: the caller is under-served, never
+    /// over).
+    ///
+    /// The byte rate is the smaller of the policy's cap and the fair rate
+    /// the coordinator publishes (none without a coordinator).
+    #[inline]
+    pub fn check_rate(&self, now_ns: u64, bytes: u64, wrs: u64) -> Result<(), u64> {
+        self.refresh();
+        let i = &self.inner;
+        let st = self.state();
+        let fair = i
+            .table
+            .policy_slot(i.slot)
+            .fair_rate
+            .load(Ordering::Acquire);
+        if fair != i.seen_fair.load(Ordering::Relaxed) {
+            let cap = i.byte_cap.load(Ordering::Relaxed);
+            let rate = match (cap, fair) {
+                (0, f) => f,
+                (c, 0) => c,
+                (c, f) => c.min(f),
+            };
+            i.bytes.set((rate != 0).then_some(RateCap {
+                per_second: rate,
+                burst: i.byte_burst.load(Ordering::Relaxed),
+            }));
+            i.seen_fair.store(fair, Ordering::Relaxed);
+        }
+        let result = i
+            .wrs
+            .charge(&st.tat[TAT_WRS], now_ns, wrs)
+            .and_then(|()| i.bytes.charge(&st.tat[TAT_BYTES], now_ns, bytes));
+        if let Err(retry_at) = result {
+            st.throttled_ns
+                .fetch_add(retry_at.saturating_sub(now_ns), Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// Counts traffic handed to the NIC (for usage and the coordinator's demand estimate).
+    #[inline]
+    pub fn record_posted(&self, bytes: u64, wrs: u64) {
+        let st = self.state();
+        st.bytes_posted.fetch_add(bytes, Ordering::Relaxed);
+        st.wrs_posted.fetch_add(wrs, Ordering::Relaxed);
+    }
+
+    /// Adds to (positive) or removes from (negative) the bytes this tenant
+    /// has waiting in software backlogs: the demand the coordinator sees.
+    #[inline]
+    pub fn add_backlog(&self, delta: i64) {
+        let st = self.state();
+        if delta >= 0 {
+            st.backlog_bytes
+                .fetch_add(delta.unsigned_abs(), Ordering::Relaxed);
+        } else {
+            sub_saturating(&st.backlog_bytes, delta.unsigned_abs());
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Every permit holds a handle, so nothing is held any more; return
+        // whatever the slot still counts (nothing, unless it was corrupted)
+        // and free it.
+        let p = self.table.process_slot(self.process);
+        let st = self.table.tenant_state(self.slot);
+        sub_saturating(&st.qps, p.qps.swap(0, Ordering::AcqRel));
+        sub_saturating(&st.mr_bytes, p.mr_bytes.swap(0, Ordering::AcqRel));
+        p.pid.store(0, Ordering::Relaxed);
+        p.state.store(PROC_FREE, Ordering::Release);
+    }
+}
+
+/// One admitted queue pair; returned to the quota when dropped.
+#[derive(Debug)]
+#[must_use = "dropping the permit releases the queue pair quota at once"]
+pub struct QpPermit {
+    handle: TenantHandle,
+}
+
+impl QpPermit {
+    /// The tenant it was admitted for.
+    pub fn tenant(&self) -> TenantId {
+        self.handle.tenant()
+    }
+}
+
+impl Drop for QpPermit {
+    fn drop(&mut self) {
+        sub_saturating(&self.handle.process().qps, 1);
+        sub_saturating(&self.handle.state().qps, 1);
+    }
+}
+
+/// Admitted memory-region bytes; returned to the quota when dropped.
+#[derive(Debug)]
+#[must_use = "dropping the permit releases the memory-region quota at once"]
+pub struct MrPermit {
+    handle: TenantHandle,
+    bytes: u64,
+}
+
+impl MrPermit {
+    /// The bytes admitted.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for MrPermit {
+    fn drop(&mut self) {
+        sub_saturating(&self.handle.process().mr_bytes, self.bytes);
+        sub_saturating(&self.handle.state().mr_bytes, self.bytes);
+    }
+}
+
+/// Admitted outstanding work requests; returned when dropped.
+#[derive(Debug)]
+#[must_use = "dropping the permit releases the work requests at once"]
+pub struct WrPermit {
+    handle: TenantHandle,
+    n: u64,
+}
+
+impl WrPermit {
+    /// Gives back `k` of the work requests now (as their completions arrive).
+    pub fn release(&mut self, k: u64) {
+        let k = k.min(self.n);
+        self.n -= k;
+        sub_saturating(&self.handle.state().outstanding_wr, k);
+    }
+}
+
+impl Drop for WrPermit {
+    fn drop(&mut self) {
+        sub_saturating(&self.handle.state().outstanding_wr, self.n);
+    }
+}
+
+/// One tenant's use of the table, for display.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantUsage {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// Its name.
+    pub name: String,
+    /// Its class.
+    pub class: TrafficClass,
+    /// Queue pairs in use / allowed.
+    pub qps: (u64, u64),
+    /// Memory-region bytes in use / allowed.
+    pub mr_bytes: (u64, u64),
+    /// Outstanding work requests.
+    pub outstanding_wr: u64,
+    /// Bytes handed to the NIC so far.
+    pub bytes_posted: u64,
+    /// Work requests handed to the NIC so far.
+    pub wrs_posted: u64,
+    /// Bytes waiting in software backlogs.
+    pub backlog_bytes: u64,
+    /// Total ns its callers were told to wait.
+    pub throttled_ns: u64,
+    /// Admission refusals so far.
+    pub refusals: u64,
+    /// The fair byte rate the coordinator publishes (0: none).
+    pub fair_rate: u64,
+    /// Live processes attached.
+    pub processes: u32,
+}
+
+impl TenantUsage {
+    pub(crate) fn read(table: &QuotaTable, t: &TenantPolicy, slot: u32) -> TenantUsage {
+        let st = table.tenant_state(slot);
+        let l = |w: &AtomicU64| w.load(Ordering::Relaxed);
+        TenantUsage {
+            tenant: t.id,
+            name: t.name.clone(),
+            class: t.class,
+            qps: (l(&st.qps), t.max_qps.into()),
+            mr_bytes: (l(&st.mr_bytes), t.max_mr_bytes),
+            outstanding_wr: l(&st.outstanding_wr),
+            bytes_posted: l(&st.bytes_posted),
+            wrs_posted: l(&st.wrs_posted),
+            backlog_bytes: l(&st.backlog_bytes),
+            throttled_ns: l(&st.throttled_ns),
+            refusals: l(&st.refusals),
+            fair_rate: table.policy_slot(slot).fair_rate.load(Ordering::Relaxed),
+            processes: table
+                .live_processes()
+                .iter()
+                .filter(|(s, _)| *s == slot)
+                .count() as u32,
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! The byte layout of the quota table, and its validation.
+//!
+//! Two shared-memory objects make a table:
+//!
+//! * the **policy region** (`NAME.policy`), written only by its creator (the
+//!   coordinator, or the embedding process) and mapped read-only by tenant
+//!   processes, so a tenant cannot raise its own quota. Readers take
+//!   consistent snapshots with a seqlock (`seq` is odd while a write is in
+//!   progress; `seq / 2` is the policy's generation). Each slot's
+//!   `fair_rate` is a single word published every few milliseconds outside
+//!   the seqlock.
+//! * the **state region** (`NAME.state`), written by tenant processes: per
+//!   tenant, the shared GCRA states, resources in use and traffic counters;
+//!   per process, what it holds (for reclamation when it dies).
+//!
+//! Every field is an atomic: other processes write concurrently, and every
+//! value read is validated before use.
+
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// `b"MTRDMAPL"` as a little-endian u64.
+pub(crate) const POLICY_MAGIC: u64 = u64::from_le_bytes(*b"MTRDMAPL");
+/// `b"MTRDMAST"` as a little-endian u64.
+pub(crate) const STATE_MAGIC: u64 = u64::from_le_bytes(*b"MTRDMAST");
+/// The layout version this code reads and writes.
+pub(crate) const VERSION: u32 = 1;
+/// The largest number of tenant slots a table may have.
+pub const MAX_TENANTS: u32 = 65_536;
+/// The largest number of process slots a table may have.
+pub const MAX_PROCESSES: u32 = 65_536;
+/// Bytes of a tenant name (NUL-padded).
+pub(crate) const NAME_BYTES: usize = 32;
+
+/// Header of the policy region.
+#[repr(C)]
+pub(crate) struct PolicyHeader {
+    pub(crate) magic: AtomicU64,
+    pub(crate) version: AtomicU32,
+    pub(crate) header_size: AtomicU32,
+    pub(crate) capacity: AtomicU32,
+    pub(crate) slot_size: AtomicU32,
+    /// Seqlock: odd while the creator writes the policy.
+    pub(crate) seq: AtomicU64,
+    pub(crate) link_capacity: AtomicU64,
+    pub(crate) recompute_interval_ms: AtomicU32,
+    pub(crate) tenant_count: AtomicU32,
+    pub(crate) coordinator_pid: AtomicU32,
+    pub(crate) _pad: AtomicU32,
+    pub(crate) coordinator_start: AtomicU64,
+    /// `CLOCK_MONOTONIC` ns of the coordinator's last recomputation.
+    pub(crate) heartbeat_ns: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 7],
+}
+
+/// Slot flag: the slot holds a tenant.
+pub(crate) const SLOT_IN_USE: u32 = 1;
+
+/// Indices into [`PolicySlot::caps`]: (rate, burst) pairs; a rate of 0 is "no cap".
+pub(crate) const CAP_BYTES: usize = 0;
+pub(crate) const CAP_WRS: usize = 2;
+pub(crate) const CAP_QP_CREATE: usize = 4;
+pub(crate) const CAP_MR_REG: usize = 6;
+
+/// One tenant's policy.
+#[repr(C)]
+pub(crate) struct PolicySlot {
+    pub(crate) id: AtomicU32,
+    pub(crate) flags: AtomicU32,
+    pub(crate) class: AtomicU32,
+    pub(crate) weight: AtomicU32,
+    pub(crate) max_qps: AtomicU32,
+    pub(crate) max_outstanding_wr: AtomicU32,
+    pub(crate) max_mr_bytes: AtomicU64,
+    pub(crate) name: [AtomicU64; NAME_BYTES / 8],
+    pub(crate) caps: [AtomicU64; 8],
+    /// The coordinator's current fair byte rate for the tenant (0: none
+    /// published). Outside the seqlock: one word, read on its own.
+    pub(crate) fair_rate: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 7],
+}
+
+/// Header of the state region.
+#[repr(C)]
+pub(crate) struct StateHeader {
+    pub(crate) magic: AtomicU64,
+    pub(crate) version: AtomicU32,
+    pub(crate) header_size: AtomicU32,
+    pub(crate) capacity: AtomicU32,
+    pub(crate) slot_size: AtomicU32,
+    pub(crate) process_slots: AtomicU32,
+    pub(crate) process_slot_size: AtomicU32,
+    pub(crate) _reserved: [AtomicU64; 4],
+}
+
+/// Indices into [`TenantState::tat`].
+pub(crate) const TAT_BYTES: usize = 0;
+pub(crate) const TAT_WRS: usize = 1;
+pub(crate) const TAT_QP_CREATE: usize = 2;
+pub(crate) const TAT_MR_REG: usize = 3;
+
+/// One tenant's live state, shared by all its processes.
+#[repr(C)]
+pub(crate) struct TenantState {
+    /// GCRA theoretical arrival times (ns of `CLOCK_MONOTONIC`).
+    pub(crate) tat: [AtomicU64; 4],
+    pub(crate) qps: AtomicU64,
+    pub(crate) mr_bytes: AtomicU64,
+    pub(crate) outstanding_wr: AtomicU64,
+    pub(crate) bytes_posted: AtomicU64,
+    pub(crate) wrs_posted: AtomicU64,
+    /// Bytes waiting in software backlogs (demand the coordinator sees).
+    pub(crate) backlog_bytes: AtomicU64,
+    /// Total ns callers were told to wait by the rate limits.
+    pub(crate) throttled_ns: AtomicU64,
+    /// Admission refusals.
+    pub(crate) refusals: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 4],
+}
+
+/// Process slot states.
+pub(crate) const PROC_FREE: u32 = 0;
+pub(crate) const PROC_CLAIMING: u32 = 1;
+pub(crate) const PROC_LIVE: u32 = 2;
+pub(crate) const PROC_RECLAIMING: u32 = 3;
+
+/// What one process holds, so its resources can be returned when it dies.
+#[repr(C)]
+pub(crate) struct ProcessSlot {
+    pub(crate) state: AtomicU32,
+    pub(crate) pid: AtomicU32,
+    pub(crate) tenant_slot: AtomicU32,
+    pub(crate) _pad: AtomicU32,
+    pub(crate) start_time: AtomicU64,
+    pub(crate) qps: AtomicU64,
+    pub(crate) mr_bytes: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 3],
+}
+
+pub(crate) const POLICY_HEADER: usize = std::mem::size_of::<PolicyHeader>();
+pub(crate) const POLICY_SLOT: usize = std::mem::size_of::<PolicySlot>();
+pub(crate) const STATE_HEADER: usize = std::mem::size_of::<StateHeader>();
+pub(crate) const STATE_SLOT: usize = std::mem::size_of::<TenantState>();
+pub(crate) const PROCESS_SLOT: usize = std::mem::size_of::<ProcessSlot>();
+
+/// Bytes of a policy region with `capacity` slots.
+pub(crate) fn policy_len(capacity: u32) -> usize {
+    POLICY_HEADER + capacity as usize * POLICY_SLOT
+}
+
+/// Bytes of a state region.
+pub(crate) fn state_len(capacity: u32, processes: u32) -> usize {
+    STATE_HEADER + capacity as usize * STATE_SLOT + processes as usize * PROCESS_SLOT
+}
+
+const _: () = {
+    assert!(POLICY_HEADER == 128);
+    assert!(POLICY_SLOT == 192);
+    assert!(STATE_HEADER == 64);
+    assert!(STATE_SLOT == 128);
+    assert!(PROCESS_SLOT == 64);
+};

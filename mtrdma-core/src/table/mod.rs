@@ -1,0 +1,1139 @@
+//! The quota table: policy and live state of every tenant, in shared memory.
+//!
+//! A table is two POSIX shared-memory objects (see the layout module docs):
+//! a policy region that only its creator writes and tenants map read-only,
+//! and a state region that tenant processes update with atomics. Opening
+//! validates everything: a truncated, foreign, other-version or
+//! other-capacity table, or one holding out-of-range values, is a
+//! [`TableError`], never undefined behaviour or a panic.
+//!
+//! Without a coordinator, [`QuotaTable::embedded`] gives the same API on
+//! process-local memory.
+//!
+//! ```
+//! use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantId, TenantPolicy};
+//!
+//! let mut tenant = TenantPolicy::new(TenantId(1), "kv");
+//! tenant.max_qps = 2;
+//! let policy = Policy::new(LinkConfig::new(12_500_000_000), vec![tenant]);
+//! let table = QuotaTable::embedded(&policy).unwrap();
+//! let kv = table.attach(TenantId(1)).unwrap();
+//! let a = kv.acquire_qp().unwrap();
+//! let _b = kv.acquire_qp().unwrap();
+//! let refused = kv.acquire_qp().unwrap_err();
+//! assert!(refused.to_string().contains("limit 2, in use 2"));
+//! drop(a);
+//! assert!(kv.acquire_qp().is_ok());
+//! ```
+
+mod error;
+mod handle;
+mod layout;
+mod shm;
+
+use std::collections::HashMap;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+pub use error::{AdmissionError, TableError};
+pub use handle::{MrPermit, QpPermit, TenantHandle, TenantUsage, WrPermit};
+pub use layout::{MAX_PROCESSES, MAX_TENANTS};
+
+use crate::policy::{LinkConfig, Policy, RateCap, TenantPolicy};
+use crate::procinfo::ProcessId;
+use crate::{TenantId, TrafficClass};
+use layout::*;
+use shm::Mapping;
+
+/// Process slots of a table made without an explicit count.
+pub const DEFAULT_PROCESSES: u32 = 256;
+
+/// A quota table (cheap to clone: clones share the mappings).
+#[derive(Clone)]
+pub struct QuotaTable {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// The table's name; `None` for an embedded table.
+    name: Option<String>,
+    policy: Mapping,
+    state: Mapping,
+    capacity: u32,
+    processes: u32,
+    cache: ArcSwap<PolicySnapshot>,
+}
+
+impl std::fmt::Debug for QuotaTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuotaTable")
+            .field("name", &self.inner.name)
+            .field("capacity", &self.inner.capacity)
+            .field("processes", &self.inner.processes)
+            .field("writable_policy", &self.inner.policy.writable())
+            .finish()
+    }
+}
+
+/// A consistent view of the table's policy, with the slot of each tenant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicySnapshot {
+    /// Bumped on every publication of a policy.
+    pub generation: u64,
+    /// The policy (match rules are not stored in the table and are empty).
+    pub policy: Policy,
+    slots: HashMap<TenantId, u32>,
+}
+
+impl PolicySnapshot {
+    /// The slot index of a tenant.
+    pub fn slot_of(&self, tenant: TenantId) -> Option<u32> {
+        self.slots.get(&tenant).copied()
+    }
+}
+
+/// The shared-memory object names of table `name`.
+fn object_names(name: &str) -> (String, String) {
+    (
+        format!("/mtrdma.{name}.policy"),
+        format!("/mtrdma.{name}.state"),
+    )
+}
+
+fn check_name(name: &str) -> Result<(), TableError> {
+    let ok = (1..=200).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(TableError::BadName(name.to_string()))
+    }
+}
+
+fn io_err(op: &'static str, object: &str, source: std::io::Error) -> TableError {
+    let hint = match source.kind() {
+        std::io::ErrorKind::NotFound => " (is the coordinator running? it creates the table)",
+        std::io::ErrorKind::AlreadyExists => {
+            " (a table of that name exists: open it, or remove it if its coordinator is gone)"
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            " (the policy region is writable only by its creator)"
+        }
+        _ => "",
+    };
+    TableError::Io {
+        op,
+        object: object.to_string(),
+        source,
+        hint,
+    }
+}
+
+impl QuotaTable {
+    /// Creates the shared-memory table `name` with room for `capacity`
+    /// tenants and `processes` attached processes, and publishes `policy`.
+    ///
+    /// The policy region is created with mode 0644 (only this process's
+    /// user may write it), the state region with mode 0666.
+    pub fn create(
+        name: &str,
+        capacity: u32,
+        processes: u32,
+        policy: &Policy,
+    ) -> Result<QuotaTable, TableError> {
+        check_name(name)?;
+        check_sizes(capacity, processes)?;
+        policy.validate()?;
+        let (pname, sname) = object_names(name);
+        let pmap = Mapping::create(&pname, policy_len(capacity), 0o644)
+            .map_err(|e| io_err("create", &pname, e))?;
+        let smap = match Mapping::create(&sname, state_len(capacity, processes), 0o666) {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = shm::unlink(&pname);
+                return Err(io_err("create", &sname, e));
+            }
+        };
+        let table = Self::init(
+            Some(name.to_string()),
+            pmap,
+            smap,
+            capacity,
+            processes,
+            policy,
+        );
+        if table.is_err() {
+            let _ = shm::unlink(&pname);
+            let _ = shm::unlink(&sname);
+        }
+        table
+    }
+
+    /// A process-local table (no coordinator, no shared memory name) with
+    /// the same API, sized for the policy's tenants (at least 64) and
+    /// [`DEFAULT_PROCESSES`] process slots.
+    pub fn embedded(policy: &Policy) -> Result<QuotaTable, TableError> {
+        let capacity = u32::try_from(policy.tenants.len())
+            .unwrap_or(MAX_TENANTS)
+            .clamp(64, MAX_TENANTS);
+        Self::embedded_with_capacity(policy, capacity, DEFAULT_PROCESSES)
+    }
+
+    /// A process-local table with explicit sizes.
+    pub fn embedded_with_capacity(
+        policy: &Policy,
+        capacity: u32,
+        processes: u32,
+    ) -> Result<QuotaTable, TableError> {
+        check_sizes(capacity, processes)?;
+        policy.validate()?;
+        let pmap = Mapping::anonymous(policy_len(capacity))
+            .map_err(|e| io_err("mmap", "(embedded)", e))?;
+        let smap = Mapping::anonymous(state_len(capacity, processes))
+            .map_err(|e| io_err("mmap", "(embedded)", e))?;
+        Self::init(None, pmap, smap, capacity, processes, policy)
+    }
+
+    fn init(
+        name: Option<String>,
+        pmap: Mapping,
+        smap: Mapping,
+        capacity: u32,
+        processes: u32,
+        policy: &Policy,
+    ) -> Result<QuotaTable, TableError> {
+        // SAFETY: headers are all atomics; both mappings are writable and
+        // large enough (they were sized from the same capacity).
+        let (ph, sh) = unsafe {
+            (
+                pmap.get::<PolicyHeader>(0).ok_or(TableError::Truncated {
+                    region: "policy",
+                    expected: POLICY_HEADER,
+                    actual: pmap.len(),
+                })?,
+                smap.get::<StateHeader>(0).ok_or(TableError::Truncated {
+                    region: "state",
+                    expected: STATE_HEADER,
+                    actual: smap.len(),
+                })?,
+            )
+        };
+        sh.version.store(VERSION, Ordering::Relaxed);
+        sh.header_size.store(STATE_HEADER as u32, Ordering::Relaxed);
+        sh.capacity.store(capacity, Ordering::Relaxed);
+        sh.slot_size.store(STATE_SLOT as u32, Ordering::Relaxed);
+        sh.process_slots.store(processes, Ordering::Relaxed);
+        sh.process_slot_size
+            .store(PROCESS_SLOT as u32, Ordering::Relaxed);
+        sh.magic.store(STATE_MAGIC, Ordering::Release);
+        ph.version.store(VERSION, Ordering::Relaxed);
+        ph.header_size
+            .store(POLICY_HEADER as u32, Ordering::Relaxed);
+        ph.capacity.store(capacity, Ordering::Relaxed);
+        ph.slot_size.store(POLICY_SLOT as u32, Ordering::Relaxed);
+        if let Some(me) = ProcessId::current() {
+            ph.coordinator_pid.store(me.pid, Ordering::Relaxed);
+            ph.coordinator_start.store(me.start_time, Ordering::Relaxed);
+        }
+        ph.magic.store(POLICY_MAGIC, Ordering::Release);
+        let table = QuotaTable {
+            inner: Arc::new(Inner {
+                name,
+                policy: pmap,
+                state: smap,
+                capacity,
+                processes,
+                cache: ArcSwap::from_pointee(PolicySnapshot {
+                    generation: 0,
+                    policy: Policy::new(LinkConfig::new(1), Vec::new()),
+                    slots: HashMap::new(),
+                }),
+            }),
+        };
+        table.publish(policy)?;
+        Ok(table)
+    }
+
+    /// Opens the table `name` as a tenant process: the policy region
+    /// read-only, the state region read-write. Everything is validated.
+    pub fn open(name: &str) -> Result<QuotaTable, TableError> {
+        Self::open_mode(name, false)
+    }
+
+    /// Opens the table `name` with a writable policy region, as a restarted
+    /// coordinator does to take over a table whose tenants are running.
+    pub fn open_writable(name: &str) -> Result<QuotaTable, TableError> {
+        Self::open_mode(name, true)
+    }
+
+    fn open_mode(name: &str, writable_policy: bool) -> Result<QuotaTable, TableError> {
+        check_name(name)?;
+        let (pname, sname) = object_names(name);
+        let pmap = Mapping::open(&pname, writable_policy).map_err(|e| io_err("open", &pname, e))?;
+        let smap = Mapping::open(&sname, true).map_err(|e| io_err("open", &sname, e))?;
+        Self::from_mappings(Some(name.to_string()), pmap, smap)
+    }
+
+    /// Validates two mapped regions and builds a table on them.
+    fn from_mappings(
+        name: Option<String>,
+        pmap: Mapping,
+        smap: Mapping,
+    ) -> Result<QuotaTable, TableError> {
+        let capacity = validate_policy_region(&pmap)?;
+        let processes = validate_state_region(&smap, capacity)?;
+        let table = QuotaTable {
+            inner: Arc::new(Inner {
+                name,
+                policy: pmap,
+                state: smap,
+                capacity,
+                processes,
+                cache: ArcSwap::from_pointee(PolicySnapshot {
+                    generation: u64::MAX,
+                    policy: Policy::new(LinkConfig::new(1), Vec::new()),
+                    slots: HashMap::new(),
+                }),
+            }),
+        };
+        table.snapshot()?;
+        Ok(table)
+    }
+
+    /// Validates `bytes` as a policy region followed by the matching state
+    /// region (as laid out by [`QuotaTable::to_bytes`]) and reads the policy:
+    /// what a fuzzer feeds arbitrary bytes to.
+    pub fn validate_bytes(policy: &[u8], state: &[u8]) -> Result<PolicySnapshot, TableError> {
+        let copy = |bytes: &[u8]| -> Result<Mapping, TableError> {
+            let map = Mapping::anonymous(bytes.len()).map_err(|e| io_err("mmap", "(bytes)", e))?;
+            for (i, chunk) in bytes.chunks(8).enumerate() {
+                let mut word = [0u8; 8];
+                word[..chunk.len()].copy_from_slice(chunk);
+                // SAFETY: an AtomicU64 inside the mapping (bounds checked by `get`).
+                if let Some(w) = unsafe { map.get::<AtomicU64>(i * 8) } {
+                    w.store(u64::from_le_bytes(word), Ordering::Relaxed);
+                } else {
+                    // A trailing partial word: the region's length is not a
+                    // multiple of 8 and validation reports it as truncated.
+                    break;
+                }
+            }
+            Ok(map)
+        };
+        let table = Self::from_mappings(None, copy(policy)?, copy(state)?)?;
+        Ok((*table.snapshot()?).clone())
+    }
+
+    /// The bytes of both regions (policy, state), for tests and tools.
+    pub fn to_bytes(&self) -> (Vec<u8>, Vec<u8>) {
+        let dump = |map: &Mapping| {
+            let mut out = Vec::with_capacity(map.len());
+            for i in 0..map.len() / 8 {
+                // SAFETY: an AtomicU64 inside the mapping (bounds checked by `get`).
+                let w = unsafe { map.get::<AtomicU64>(i * 8) }.expect("in bounds");
+                out.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+            }
+            out
+        };
+        (dump(&self.inner.policy), dump(&self.inner.state))
+    }
+
+    /// Removes table `name`'s shared-memory objects. Processes that mapped
+    /// them keep their mappings; new ones can no longer open it.
+    pub fn remove(name: &str) -> Result<(), TableError> {
+        check_name(name)?;
+        let (pname, sname) = object_names(name);
+        let a = shm::unlink(&pname).map_err(|e| io_err("unlink", &pname, e));
+        let b = shm::unlink(&sname).map_err(|e| io_err("unlink", &sname, e));
+        a.and(b)
+    }
+
+    /// The table's name (`None` when embedded).
+    pub fn name(&self) -> Option<&str> {
+        self.inner.name.as_deref()
+    }
+
+    /// How many tenant slots the table has.
+    pub fn capacity(&self) -> u32 {
+        self.inner.capacity
+    }
+
+    /// How many process slots the table has.
+    pub fn process_slots(&self) -> u32 {
+        self.inner.processes
+    }
+
+    pub(crate) fn policy_header(&self) -> &PolicyHeader {
+        // SAFETY: validated at open/create: the header is in bounds and
+        // aligned; it is all atomics.
+        unsafe { self.inner.policy.get(0) }.expect("policy header validated at open")
+    }
+
+    pub(crate) fn policy_slot(&self, slot: u32) -> &PolicySlot {
+        assert!(
+            slot < self.inner.capacity,
+            "policy slot {slot} out of range"
+        );
+        // SAFETY: the region holds `capacity` slots (validated at open).
+        unsafe {
+            self.inner
+                .policy
+                .get(POLICY_HEADER + slot as usize * POLICY_SLOT)
+        }
+        .expect("policy slots validated at open")
+    }
+
+    pub(crate) fn tenant_state(&self, slot: u32) -> &TenantState {
+        assert!(slot < self.inner.capacity, "state slot {slot} out of range");
+        // SAFETY: the state region holds `capacity` tenant slots (validated).
+        unsafe {
+            self.inner
+                .state
+                .get(STATE_HEADER + slot as usize * STATE_SLOT)
+        }
+        .expect("state slots validated at open")
+    }
+
+    pub(crate) fn process_slot(&self, slot: u32) -> &ProcessSlot {
+        assert!(
+            slot < self.inner.processes,
+            "process slot {slot} out of range"
+        );
+        let offset =
+            STATE_HEADER + self.inner.capacity as usize * STATE_SLOT + slot as usize * PROCESS_SLOT;
+        // SAFETY: the state region holds `processes` process slots after
+        // the tenant slots (validated at open).
+        unsafe { self.inner.state.get(offset) }.expect("process slots validated at open")
+    }
+
+    /// The generation of the policy now in the table (odd seq: mid-write).
+    pub fn generation(&self) -> u64 {
+        self.policy_header().seq.load(Ordering::Acquire) / 2
+    }
+
+    /// The current policy, re-read only when its generation changed.
+    ///
+    /// When the stored policy is mid-update for too long or fails
+    /// validation, this returns the error; callers that must go on (the data
+    /// path) keep using the last good snapshot (fail-static).
+    pub fn snapshot(&self) -> Result<Arc<PolicySnapshot>, TableError> {
+        let seq = self.policy_header().seq.load(Ordering::Acquire);
+        let cached = self.inner.cache.load_full();
+        if seq % 2 == 0 && cached.generation == seq / 2 {
+            return Ok(cached);
+        }
+        let fresh = Arc::new(self.read_snapshot()?);
+        self.inner.cache.store(Arc::clone(&fresh));
+        Ok(fresh)
+    }
+
+    /// The last snapshot read, without looking at the table.
+    pub fn cached_snapshot(&self) -> Arc<PolicySnapshot> {
+        self.inner.cache.load_full()
+    }
+
+    /// Reads the policy under the seqlock and validates it.
+    fn read_snapshot(&self) -> Result<PolicySnapshot, TableError> {
+        let h = self.policy_header();
+        for attempt in 0..10_000u32 {
+            let s1 = h.seq.load(Ordering::Acquire);
+            if s1 % 2 == 1 {
+                if attempt > 100 {
+                    std::thread::yield_now();
+                }
+                std::hint::spin_loop();
+                continue;
+            }
+            let link = h.link_capacity.load(Ordering::Relaxed);
+            let interval = h.recompute_interval_ms.load(Ordering::Relaxed);
+            let count = h.tenant_count.load(Ordering::Relaxed);
+            let mut raw = Vec::new();
+            for slot in 0..self.inner.capacity {
+                let s = self.policy_slot(slot);
+                if s.flags.load(Ordering::Relaxed) & SLOT_IN_USE != 0 {
+                    raw.push(RawSlot::load(slot, s));
+                }
+            }
+            fence(Ordering::Acquire);
+            if h.seq.load(Ordering::Relaxed) != s1 {
+                continue;
+            }
+            return decode(s1 / 2, link, interval, count, raw);
+        }
+        Err(TableError::Torn)
+    }
+
+    /// Publishes `policy` (creator or [`open_writable`](Self::open_writable)
+    /// only). Tenants already in the table keep their slot and live state;
+    /// new tenants get a free slot with fresh state.
+    pub fn publish(&self, policy: &Policy) -> Result<(), TableError> {
+        if !self.inner.policy.writable() {
+            return Err(TableError::ReadOnly);
+        }
+        policy.validate()?;
+        if policy.tenants.len() > self.inner.capacity as usize {
+            return Err(TableError::Full {
+                tenants: policy.tenants.len(),
+                capacity: self.inner.capacity,
+            });
+        }
+        // Where each tenant goes: its current slot, or a free one.
+        let mut current: HashMap<u32, u32> = HashMap::new();
+        for slot in 0..self.inner.capacity {
+            let s = self.policy_slot(slot);
+            if s.flags.load(Ordering::Relaxed) & SLOT_IN_USE != 0 {
+                current.insert(s.id.load(Ordering::Relaxed), slot);
+            }
+        }
+        let wanted: std::collections::HashSet<u32> =
+            policy.tenants.iter().map(|t| t.id.0).collect();
+        let referenced = self.referenced_slots();
+        // A new tenant gets a slot that holds no tenant being kept, that no
+        // process refers to, and whose counters are back to zero.
+        let mut free = (0..self.inner.capacity).filter(|&slot| {
+            let s = self.policy_slot(slot);
+            let keeps = s.flags.load(Ordering::Relaxed) & SLOT_IN_USE != 0
+                && wanted.contains(&s.id.load(Ordering::Relaxed));
+            let st = self.tenant_state(slot);
+            !keeps
+                && !referenced.contains(&slot)
+                && st.qps.load(Ordering::Relaxed) == 0
+                && st.mr_bytes.load(Ordering::Relaxed) == 0
+        });
+        let mut placement = Vec::with_capacity(policy.tenants.len());
+        for t in &policy.tenants {
+            match current.get(&t.id.0) {
+                Some(&slot) => placement.push((slot, t, false)),
+                None => {
+                    let slot = free.next().ok_or(TableError::Full {
+                        tenants: policy.tenants.len(),
+                        capacity: self.inner.capacity,
+                    })?;
+                    placement.push((slot, t, true));
+                }
+            }
+        }
+        drop(free);
+
+        let h = self.policy_header();
+        let seq = h.seq.load(Ordering::Relaxed);
+        // An odd seq is a write that never finished (its writer died):
+        // start from the next even value.
+        let start = seq | 1;
+        h.seq.store(start, Ordering::Relaxed);
+        fence(Ordering::Release);
+        for slot in 0..self.inner.capacity {
+            let s = self.policy_slot(slot);
+            if s.flags.load(Ordering::Relaxed) & SLOT_IN_USE != 0
+                && !wanted.contains(&s.id.load(Ordering::Relaxed))
+            {
+                s.flags.store(0, Ordering::Relaxed);
+                s.fair_rate.store(0, Ordering::Relaxed);
+            }
+        }
+        for &(slot, t, fresh) in &placement {
+            if fresh {
+                self.reset_state(slot);
+                self.policy_slot(slot).fair_rate.store(0, Ordering::Relaxed);
+            }
+            write_slot(self.policy_slot(slot), t);
+        }
+        h.link_capacity
+            .store(policy.link.capacity_bytes_per_sec, Ordering::Relaxed);
+        h.recompute_interval_ms
+            .store(policy.link.recompute_interval_ms, Ordering::Relaxed);
+        h.tenant_count
+            .store(policy.tenants.len() as u32, Ordering::Relaxed);
+        h.seq.store(start + 1, Ordering::Release);
+        tracing::info!(
+            table = ?self.inner.name,
+            generation = start / 2 + 1,
+            tenants = policy.tenants.len(),
+            "published policy"
+        );
+        self.snapshot()?;
+        Ok(())
+    }
+
+    /// Tenant slots that a live (or claiming) process refers to.
+    fn referenced_slots(&self) -> std::collections::HashSet<u32> {
+        (0..self.inner.processes)
+            .map(|p| self.process_slot(p))
+            .filter(|p| p.state.load(Ordering::Acquire) != PROC_FREE)
+            .map(|p| p.tenant_slot.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    fn reset_state(&self, slot: u32) {
+        let st = self.tenant_state(slot);
+        for w in st.tat.iter() {
+            w.store(0, Ordering::Relaxed);
+        }
+        for w in [
+            &st.qps,
+            &st.mr_bytes,
+            &st.outstanding_wr,
+            &st.bytes_posted,
+            &st.wrs_posted,
+            &st.backlog_bytes,
+            &st.throttled_ns,
+            &st.refusals,
+        ] {
+            w.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a coordinator heartbeat (`CLOCK_MONOTONIC` ns).
+    pub(crate) fn heartbeat(&self, now_ns: u64) {
+        self.policy_header()
+            .heartbeat_ns
+            .store(now_ns, Ordering::Release);
+    }
+
+    /// The coordinator's last heartbeat (0: never).
+    pub fn last_heartbeat_ns(&self) -> u64 {
+        self.policy_header().heartbeat_ns.load(Ordering::Acquire)
+    }
+
+    /// Publishes a tenant's fair byte rate (0 withdraws it).
+    pub(crate) fn set_fair_rate(&self, slot: u32, bytes_per_sec: u64) {
+        self.policy_slot(slot)
+            .fair_rate
+            .store(bytes_per_sec, Ordering::Release);
+    }
+
+    /// Returns the resources of processes that died without releasing them
+    /// (a process is identified by pid and start time, so a new process
+    /// that reuses a dead one's pid is not mistaken for it). Returns what
+    /// was reclaimed.
+    pub fn reclaim_dead(&self) -> Vec<Reclaimed> {
+        let mut out = Vec::new();
+        for p in 0..self.inner.processes {
+            let slot = self.process_slot(p);
+            if slot.state.load(Ordering::Acquire) != PROC_LIVE {
+                continue;
+            }
+            let who = ProcessId {
+                pid: slot.pid.load(Ordering::Relaxed),
+                start_time: slot.start_time.load(Ordering::Relaxed),
+            };
+            if who.is_alive() {
+                continue;
+            }
+            if slot
+                .state
+                .compare_exchange(
+                    PROC_LIVE,
+                    PROC_RECLAIMING,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+            {
+                continue;
+            }
+            let tenant_slot = slot.tenant_slot.load(Ordering::Relaxed);
+            let qps = slot.qps.swap(0, Ordering::AcqRel);
+            let mr_bytes = slot.mr_bytes.swap(0, Ordering::AcqRel);
+            if tenant_slot < self.inner.capacity {
+                let st = self.tenant_state(tenant_slot);
+                handle::sub_saturating(&st.qps, qps);
+                handle::sub_saturating(&st.mr_bytes, mr_bytes);
+            }
+            slot.pid.store(0, Ordering::Relaxed);
+            slot.state.store(PROC_FREE, Ordering::Release);
+            let tenant = TenantId(
+                self.policy_slot(tenant_slot.min(self.inner.capacity - 1))
+                    .id
+                    .load(Ordering::Relaxed),
+            );
+            tracing::info!(pid = who.pid, %tenant, qps, mr_bytes, "reclaimed resources of a dead process");
+            out.push(Reclaimed {
+                process: who,
+                tenant,
+                qps,
+                mr_bytes,
+            });
+        }
+        out
+    }
+
+    /// Claims a process slot for `process` as a member of `tenant`, and
+    /// returns its index. The coordinator does this for a registering
+    /// process; [`attach`](Self::attach) does it for the caller itself.
+    pub fn claim_process_slot(
+        &self,
+        tenant: TenantId,
+        process: ProcessId,
+    ) -> Result<u32, TableError> {
+        let snapshot = self.snapshot()?;
+        let tenant_slot = snapshot
+            .slot_of(tenant)
+            .ok_or(TableError::UnknownTenant(tenant))?;
+        for round in 0..2 {
+            for p in 0..self.inner.processes {
+                let slot = self.process_slot(p);
+                if slot
+                    .state
+                    .compare_exchange(
+                        PROC_FREE,
+                        PROC_CLAIMING,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+                {
+                    slot.pid.store(process.pid, Ordering::Relaxed);
+                    slot.start_time.store(process.start_time, Ordering::Relaxed);
+                    slot.tenant_slot.store(tenant_slot, Ordering::Relaxed);
+                    slot.qps.store(0, Ordering::Relaxed);
+                    slot.mr_bytes.store(0, Ordering::Relaxed);
+                    slot.state.store(PROC_LIVE, Ordering::Release);
+                    return Ok(p);
+                }
+            }
+            if round == 0 {
+                self.reclaim_dead();
+            }
+        }
+        Err(TableError::NoProcessSlot(self.inner.processes))
+    }
+
+    /// Attaches the calling process to the table as a member of `tenant`
+    /// (embedded mode, or a shared table used without a coordinator).
+    pub fn attach(&self, tenant: TenantId) -> Result<TenantHandle, TableError> {
+        let me = ProcessId::current().ok_or_else(|| TableError::NotOurSlot {
+            slot: 0,
+            reason: "cannot read this process's start time from /proc".into(),
+        })?;
+        let process = self.claim_process_slot(tenant, me)?;
+        TenantHandle::new(self.clone(), tenant, process)
+    }
+
+    /// Takes over the process slot a coordinator claimed for this process.
+    pub fn adopt(&self, tenant: TenantId, process_slot: u32) -> Result<TenantHandle, TableError> {
+        if process_slot >= self.inner.processes {
+            return Err(TableError::NotOurSlot {
+                slot: process_slot,
+                reason: format!("the table has {} process slots", self.inner.processes),
+            });
+        }
+        let me = ProcessId::current().ok_or_else(|| TableError::NotOurSlot {
+            slot: process_slot,
+            reason: "cannot read this process's start time from /proc".into(),
+        })?;
+        let slot = self.process_slot(process_slot);
+        let (state, pid, start) = (
+            slot.state.load(Ordering::Acquire),
+            slot.pid.load(Ordering::Relaxed),
+            slot.start_time.load(Ordering::Relaxed),
+        );
+        if state != PROC_LIVE || pid != me.pid || start != me.start_time {
+            return Err(TableError::NotOurSlot {
+                slot: process_slot,
+                reason: format!("it holds pid {pid} (state {state}), this is pid {}", me.pid),
+            });
+        }
+        let expected = self
+            .snapshot()?
+            .slot_of(tenant)
+            .ok_or(TableError::UnknownTenant(tenant))?;
+        if slot.tenant_slot.load(Ordering::Relaxed) != expected {
+            return Err(TableError::NotOurSlot {
+                slot: process_slot,
+                reason: format!("it belongs to another tenant than {tenant}"),
+            });
+        }
+        TenantHandle::new(self.clone(), tenant, process_slot)
+    }
+
+    /// Per-tenant usage, for display.
+    pub fn usage(&self) -> Result<Vec<TenantUsage>, TableError> {
+        let snapshot = self.snapshot()?;
+        let mut out: Vec<TenantUsage> = snapshot
+            .policy
+            .tenants
+            .iter()
+            .filter_map(|t| {
+                let slot = snapshot.slot_of(t.id)?;
+                Some(TenantUsage::read(self, t, slot))
+            })
+            .collect();
+        out.sort_by_key(|u| u.tenant);
+        Ok(out)
+    }
+
+    /// Live processes attached to each tenant slot.
+    pub(crate) fn live_processes(&self) -> Vec<(u32, ProcessId)> {
+        (0..self.inner.processes)
+            .map(|p| self.process_slot(p))
+            .filter(|p| p.state.load(Ordering::Acquire) == PROC_LIVE)
+            .map(|p| {
+                (
+                    p.tenant_slot.load(Ordering::Relaxed),
+                    ProcessId {
+                        pid: p.pid.load(Ordering::Relaxed),
+                        start_time: p.start_time.load(Ordering::Relaxed),
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
+/// Resources returned from a dead process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// The process that died.
+    pub process: ProcessId,
+    /// Its tenant.
+    pub tenant: TenantId,
+    /// Queue pairs returned.
+    pub qps: u64,
+    /// Memory-region bytes returned.
+    pub mr_bytes: u64,
+}
+
+fn check_sizes(capacity: u32, processes: u32) -> Result<(), TableError> {
+    if !(1..=MAX_TENANTS).contains(&capacity) {
+        return Err(TableError::OutOfRange {
+            region: "policy",
+            field: "capacity".into(),
+            value: capacity.into(),
+            range: "1..=65536",
+        });
+    }
+    if !(1..=MAX_PROCESSES).contains(&processes) {
+        return Err(TableError::OutOfRange {
+            region: "state",
+            field: "process_slots".into(),
+            value: processes.into(),
+            range: "1..=65536",
+        });
+    }
+    Ok(())
+}
+
+/// Checks the policy header and returns the capacity.
+fn validate_policy_region(map: &Mapping) -> Result<u32, TableError> {
+    const R: &str = "policy";
+    // SAFETY: the header is all atomics; `get` checks bounds and alignment.
+    let h = unsafe { map.get::<PolicyHeader>(0) }.ok_or(TableError::Truncated {
+        region: R,
+        expected: POLICY_HEADER,
+        actual: map.len(),
+    })?;
+    let magic = h.magic.load(Ordering::Acquire);
+    if magic != POLICY_MAGIC {
+        return Err(TableError::BadMagic {
+            region: R,
+            found: magic,
+        });
+    }
+    let version = h.version.load(Ordering::Relaxed);
+    if version != VERSION {
+        return Err(TableError::UnsupportedVersion {
+            region: R,
+            found: version,
+            supported: VERSION,
+        });
+    }
+    expect_field(
+        R,
+        "header_size",
+        h.header_size.load(Ordering::Relaxed),
+        POLICY_HEADER,
+    )?;
+    expect_field(
+        R,
+        "slot_size",
+        h.slot_size.load(Ordering::Relaxed),
+        POLICY_SLOT,
+    )?;
+    let capacity = h.capacity.load(Ordering::Relaxed);
+    check_sizes(capacity, 1)?;
+    let need = policy_len(capacity);
+    if map.len() < need {
+        return Err(TableError::Truncated {
+            region: R,
+            expected: need,
+            actual: map.len(),
+        });
+    }
+    Ok(capacity)
+}
+
+/// Checks the state header against the policy's capacity and returns the
+/// number of process slots.
+fn validate_state_region(map: &Mapping, capacity: u32) -> Result<u32, TableError> {
+    const R: &str = "state";
+    // SAFETY: the header is all atomics; `get` checks bounds and alignment.
+    let h = unsafe { map.get::<StateHeader>(0) }.ok_or(TableError::Truncated {
+        region: R,
+        expected: STATE_HEADER,
+        actual: map.len(),
+    })?;
+    let magic = h.magic.load(Ordering::Acquire);
+    if magic != STATE_MAGIC {
+        return Err(TableError::BadMagic {
+            region: R,
+            found: magic,
+        });
+    }
+    let version = h.version.load(Ordering::Relaxed);
+    if version != VERSION {
+        return Err(TableError::UnsupportedVersion {
+            region: R,
+            found: version,
+            supported: VERSION,
+        });
+    }
+    expect_field(
+        R,
+        "header_size",
+        h.header_size.load(Ordering::Relaxed),
+        STATE_HEADER,
+    )?;
+    expect_field(
+        R,
+        "slot_size",
+        h.slot_size.load(Ordering::Relaxed),
+        STATE_SLOT,
+    )?;
+    expect_field(
+        R,
+        "process_slot_size",
+        h.process_slot_size.load(Ordering::Relaxed),
+        PROCESS_SLOT,
+    )?;
+    expect_field(
+        R,
+        "capacity",
+        h.capacity.load(Ordering::Relaxed),
+        capacity as usize,
+    )?;
+    let processes = h.process_slots.load(Ordering::Relaxed);
+    check_sizes(capacity, processes)?;
+    let need = state_len(capacity, processes);
+    if map.len() < need {
+        return Err(TableError::Truncated {
+            region: R,
+            expected: need,
+            actual: map.len(),
+        });
+    }
+    Ok(processes)
+}
+
+fn expect_field(
+    region: &'static str,
+    field: &'static str,
+    found: u32,
+    expected: usize,
+) -> Result<(), TableError> {
+    if found as usize != expected {
+        return Err(TableError::Mismatch {
+            region,
+            field,
+            found: found.into(),
+            expected: expected as u64,
+        });
+    }
+    Ok(())
+}
+
+/// One policy slot as read under the seqlock (not yet validated).
+struct RawSlot {
+    slot: u32,
+    id: u32,
+    class: u32,
+    weight: u32,
+    max_qps: u32,
+    max_outstanding_wr: u32,
+    max_mr_bytes: u64,
+    name: [u8; NAME_BYTES],
+    caps: [u64; 8],
+}
+
+impl RawSlot {
+    fn load(slot: u32, s: &PolicySlot) -> RawSlot {
+        let mut name = [0u8; NAME_BYTES];
+        for (i, w) in s.name.iter().enumerate() {
+            name[i * 8..i * 8 + 8].copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        RawSlot {
+            slot,
+            id: s.id.load(Ordering::Relaxed),
+            class: s.class.load(Ordering::Relaxed),
+            weight: s.weight.load(Ordering::Relaxed),
+            max_qps: s.max_qps.load(Ordering::Relaxed),
+            max_outstanding_wr: s.max_outstanding_wr.load(Ordering::Relaxed),
+            max_mr_bytes: s.max_mr_bytes.load(Ordering::Relaxed),
+            name,
+            caps: std::array::from_fn(|i| s.caps[i].load(Ordering::Relaxed)),
+        }
+    }
+}
+
+fn write_slot(s: &PolicySlot, t: &TenantPolicy) {
+    s.id.store(t.id.0, Ordering::Relaxed);
+    s.class.store(
+        match t.class {
+            TrafficClass::Latency => 0,
+            TrafficClass::Bulk => 1,
+        },
+        Ordering::Relaxed,
+    );
+    s.weight.store(t.weight, Ordering::Relaxed);
+    s.max_qps.store(t.max_qps, Ordering::Relaxed);
+    s.max_outstanding_wr
+        .store(t.max_outstanding_wr, Ordering::Relaxed);
+    s.max_mr_bytes.store(t.max_mr_bytes, Ordering::Relaxed);
+    let mut name = [0u8; NAME_BYTES];
+    let bytes = t.name.as_bytes();
+    let n = bytes.len().min(NAME_BYTES - 1);
+    name[..n].copy_from_slice(&bytes[..n]);
+    for (i, w) in s.name.iter().enumerate() {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&name[i * 8..i * 8 + 8]);
+        w.store(u64::from_le_bytes(word), Ordering::Relaxed);
+    }
+    for (at, cap) in [
+        (CAP_BYTES, t.rate),
+        (CAP_WRS, t.wr_rate),
+        (CAP_QP_CREATE, t.qp_create_rate),
+        (CAP_MR_REG, t.mr_reg_rate),
+    ] {
+        let (rate, burst) = cap.map_or((0, 0), |c| (c.per_second, c.burst));
+        s.caps[at].store(rate, Ordering::Relaxed);
+        s.caps[at + 1].store(burst, Ordering::Relaxed);
+    }
+    s.flags.store(SLOT_IN_USE, Ordering::Relaxed);
+}
+
+/// Turns raw slots into a validated policy.
+fn decode(
+    generation: u64,
+    link: u64,
+    interval: u32,
+    count: u32,
+    raw: Vec<RawSlot>,
+) -> Result<PolicySnapshot, TableError> {
+    const R: &str = "policy";
+    if count as usize != raw.len() {
+        return Err(TableError::Mismatch {
+            region: R,
+            field: "tenant_count",
+            found: count.into(),
+            expected: raw.len() as u64,
+        });
+    }
+    let mut tenants = Vec::with_capacity(raw.len());
+    let mut slots = HashMap::with_capacity(raw.len());
+    for r in raw {
+        let class = match r.class {
+            0 => TrafficClass::Latency,
+            1 => TrafficClass::Bulk,
+            v => {
+                return Err(TableError::OutOfRange {
+                    region: R,
+                    field: format!("slot {} class", r.slot),
+                    value: v.into(),
+                    range: "0 (latency) or 1 (bulk)",
+                })
+            }
+        };
+        let len = r.name.iter().position(|&b| b == 0).unwrap_or(NAME_BYTES);
+        let name = std::str::from_utf8(&r.name[..len])
+            .map_err(|_| TableError::OutOfRange {
+                region: R,
+                field: format!("slot {} name", r.slot),
+                value: len as u64,
+                range: "UTF-8 text",
+            })?
+            .to_string();
+        let cap = |at: usize| {
+            (r.caps[at] != 0).then_some(RateCap {
+                per_second: r.caps[at],
+                burst: r.caps[at + 1],
+            })
+        };
+        let mut t = TenantPolicy::new(TenantId(r.id), name);
+        t.class = class;
+        t.weight = r.weight;
+        t.max_qps = r.max_qps;
+        t.max_outstanding_wr = r.max_outstanding_wr;
+        t.max_mr_bytes = r.max_mr_bytes;
+        t.rate = cap(CAP_BYTES);
+        t.wr_rate = cap(CAP_WRS);
+        t.qp_create_rate = cap(CAP_QP_CREATE);
+        t.mr_reg_rate = cap(CAP_MR_REG);
+        slots.insert(t.id, r.slot);
+        tenants.push(t);
+    }
+    tenants.sort_by_key(|t| t.id);
+    let policy = Policy {
+        link: LinkConfig {
+            capacity_bytes_per_sec: link,
+            recompute_interval_ms: interval,
+        },
+        tenants,
+    };
+    policy.validate()?;
+    Ok(PolicySnapshot {
+        generation,
+        policy,
+        slots,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::TenantPolicy;
+
+    #[test]
+    fn a_new_process_with_a_dead_ones_pid_is_not_confused_with_it() {
+        let policy = Policy::new(
+            LinkConfig::new(1_000_000),
+            vec![TenantPolicy::new(TenantId(1), "t")],
+        );
+        let table = QuotaTable::embedded(&policy).unwrap();
+        let me = ProcessId::current().unwrap();
+        // A slot left by an earlier process that had our pid: same pid,
+        // other start time. It held 2 QPs and 4 KiB.
+        let stale = ProcessId {
+            pid: me.pid,
+            start_time: me.start_time.wrapping_sub(1),
+        };
+        let slot = table.claim_process_slot(TenantId(1), stale).unwrap();
+        let st = table.tenant_state(0);
+        st.qps.store(2, Ordering::Relaxed);
+        st.mr_bytes.store(4096, Ordering::Relaxed);
+        table.process_slot(slot).qps.store(2, Ordering::Relaxed);
+        table
+            .process_slot(slot)
+            .mr_bytes
+            .store(4096, Ordering::Relaxed);
+        // We (the live process with that pid) hold one QP of our own.
+        let live = table.attach(TenantId(1)).unwrap();
+        let permit = live.acquire_qp().unwrap();
+
+        let reclaimed = table.reclaim_dead();
+        assert_eq!(reclaimed.len(), 1, "only the stale slot is reclaimed");
+        assert_eq!(reclaimed[0].process, stale);
+        assert_eq!((reclaimed[0].qps, reclaimed[0].mr_bytes), (2, 4096));
+        let usage = &table.usage().unwrap()[0];
+        assert_eq!((usage.qps.0, usage.mr_bytes.0, usage.processes), (1, 0, 1));
+        assert!(
+            table.reclaim_dead().is_empty(),
+            "the live process is left alone"
+        );
+        drop(permit);
+        assert_eq!(table.usage().unwrap()[0].qps.0, 0);
+    }
+}

@@ -1,0 +1,158 @@
+//! Memory mappings of POSIX shared-memory objects (and anonymous ones for
+//! the embedded, process-local table).
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::ptr::NonNull;
+
+use rustix::fs::{fchmod, fstat, ftruncate, Mode};
+use rustix::mm::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
+use rustix::shm;
+
+/// A shared mapping, unmapped on drop. Its memory is only ever accessed
+/// through atomics, since other processes write it concurrently.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    writable: bool,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; all access to
+// its contents goes through atomic types, which are Sync.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Creates the shared-memory object `name` (which must not exist) of
+    /// `len` zero bytes with permissions `mode`, and maps it read-write.
+    pub(crate) fn create(name: &str, len: usize, mode: u32) -> io::Result<Mapping> {
+        let fd = shm::open(
+            name,
+            shm::OFlags::CREATE | shm::OFlags::EXCL | shm::OFlags::RDWR,
+            Mode::from_raw_mode(mode),
+        )?;
+        let result = (|| {
+            // shm_open applies the umask; set the mode we were asked for.
+            fchmod(&fd, Mode::from_raw_mode(mode))?;
+            ftruncate(&fd, len as u64)?;
+            Self::map_fd(&fd, len, true)
+        })();
+        if result.is_err() {
+            let _ = shm::unlink(name);
+        }
+        result
+    }
+
+    /// Maps the existing object `name`, read-write or read-only, whatever
+    /// its size (the caller validates the contents).
+    pub(crate) fn open(name: &str, writable: bool) -> io::Result<Mapping> {
+        let flags = if writable {
+            shm::OFlags::RDWR
+        } else {
+            shm::OFlags::RDONLY
+        };
+        let fd = shm::open(name, flags, Mode::empty())?;
+        let len = usize::try_from(fstat(&fd)?.st_size).unwrap_or(0);
+        if len == 0 {
+            // Nothing to map; an empty object is reported as truncated.
+            return Ok(Mapping {
+                ptr: NonNull::dangling(),
+                len: 0,
+                writable,
+            });
+        }
+        Self::map_fd(&fd, len, writable)
+    }
+
+    /// A process-local shared mapping of `len` zero bytes.
+    pub(crate) fn anonymous(len: usize) -> io::Result<Mapping> {
+        if len == 0 {
+            return Ok(Mapping {
+                ptr: NonNull::dangling(),
+                len: 0,
+                writable: true,
+            });
+        }
+        // SAFETY: a fresh anonymous mapping aliases nothing.
+        let ptr = unsafe {
+            mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+            )?
+        };
+        Ok(Mapping {
+            ptr: NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?,
+            len,
+            writable: true,
+        })
+    }
+
+    fn map_fd(fd: &OwnedFd, len: usize, writable: bool) -> io::Result<Mapping> {
+        let prot = if writable {
+            ProtFlags::READ | ProtFlags::WRITE
+        } else {
+            ProtFlags::READ
+        };
+        // SAFETY: mapping a shared-memory object at an address of the
+        // kernel's choosing aliases no Rust object; the fd may be closed
+        // afterwards, the mapping stays valid.
+        let ptr = unsafe { mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0)? };
+        Ok(Mapping {
+            ptr: NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?,
+            len,
+            writable,
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn writable(&self) -> bool {
+        self.writable
+    }
+
+    /// A reference to a `T` at `offset`, if it lies inside the mapping and
+    /// is aligned.
+    ///
+    /// # Safety
+    /// `T` must be a type made only of atomics (and arrays of them), for
+    /// which every bit pattern is valid and which may be shared, and if
+    /// the mapping is read-only the caller must only load through it.
+    pub(crate) unsafe fn get<T>(&self, offset: usize) -> Option<&T> {
+        let end = offset.checked_add(std::mem::size_of::<T>())?;
+        if end > self.len {
+            return None;
+        }
+        // SAFETY: `offset + size_of::<T>() <= len`, so the pointer is in
+        // the mapping.
+        let ptr = unsafe { self.ptr.as_ptr().add(offset) };
+        if (ptr as usize) % std::mem::align_of::<T>() != 0 {
+            return None;
+        }
+        // SAFETY: in bounds and aligned (checked above); every bit pattern
+        // is a valid `T` and `T` is only atomics (the caller's promise); the
+        // mapping lives as long as `&self`.
+        Some(unsafe { &*ptr.cast::<T>() })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        // SAFETY: `ptr`/`len` are our own mapping, unmapped once; no
+        // reference into it outlives `self` (they borrow from it).
+        let _ = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Removes a shared-memory object's name (mappings stay valid).
+pub(crate) fn unlink(name: &str) -> io::Result<()> {
+    Ok(shm::unlink(name)?)
+}

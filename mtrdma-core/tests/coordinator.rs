@@ -1,0 +1,201 @@
+//! The coordinator's logic in one process: reloads, fair rates,
+//! registration refusals and taking over a table after a crash.
+
+use std::path::{Path, PathBuf};
+
+use mtrdma_core::clock::monotonic_ns;
+use mtrdma_core::coordinator::{self, Coordinator, CoordinatorConfig, CoordinatorError};
+use mtrdma_core::{QuotaTable, TenantId};
+
+struct Setup {
+    dir: PathBuf,
+    config: CoordinatorConfig,
+}
+
+impl Setup {
+    fn new(tag: &str, policy: &str) -> Setup {
+        let name = format!("coord-{tag}-{}", std::process::id());
+        let dir = std::env::temp_dir().join(&name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let policy_path = dir.join("policy.toml");
+        std::fs::write(&policy_path, policy).unwrap();
+        Setup {
+            config: CoordinatorConfig {
+                table: name,
+                socket: dir.join("sock"),
+                policy_path,
+                capacity: 8,
+                processes: 8,
+            },
+            dir,
+        }
+    }
+
+    fn write_policy(&self, policy: &str) {
+        // A new modification time even on coarse-grained file systems.
+        let path: &Path = &self.config.policy_path;
+        std::fs::write(path, policy).unwrap();
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(2);
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = QuotaTable::remove(&self.config.table);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const TWO: &str = r#"
+[link]
+capacity = 1000000000
+recompute_interval_ms = 1
+
+[[tenant]]
+id = 1
+name = "light"
+weight = 1
+max_qps = 2
+
+[[tenant]]
+id = 2
+name = "heavy"
+weight = 3
+"#;
+
+#[test]
+fn reloads_a_changed_policy_and_keeps_the_old_one_when_the_new_is_bad() {
+    let s = Setup::new("reload", TWO);
+    let mut c = Coordinator::start(s.config.clone()).unwrap();
+    let tenant = QuotaTable::open(&s.config.table)
+        .unwrap()
+        .attach(TenantId(1))
+        .unwrap();
+    let held: Vec<_> = (0..2).map(|_| tenant.acquire_qp().unwrap()).collect();
+    assert!(tenant.acquire_qp().is_err());
+
+    s.write_policy(&TWO.replace("max_qps = 2", "max_qps = 3"));
+    let report = c.tick(monotonic_ns());
+    assert!(report.reloaded, "{report:?}");
+    let third = tenant
+        .acquire_qp()
+        .expect("the raised quota applies to a running tenant");
+
+    s.write_policy("[link]\ncapacity = 0\n");
+    let report = c.tick(monotonic_ns());
+    assert!(!report.reloaded);
+    assert!(report.reload_error.unwrap().contains("capacity"));
+    assert_eq!(c.policy().tenants.len(), 2, "the previous policy stays");
+    assert!(tenant.acquire_qp().is_err(), "still max_qps = 3");
+    drop((held, third));
+}
+
+#[test]
+fn fair_rates_follow_demand_and_weights() {
+    let s = Setup::new("fair", TWO);
+    let mut c = Coordinator::start(s.config.clone()).unwrap();
+    let table = QuotaTable::open(&s.config.table).unwrap();
+    let light = table.attach(TenantId(1)).unwrap();
+    let heavy = table.attach(TenantId(2)).unwrap();
+    let t0 = monotonic_ns();
+    c.recompute(t0);
+
+    // Both backlogged: 1:3.
+    light.add_backlog(1 << 20);
+    heavy.add_backlog(1 << 20);
+    let rates = c.recompute(t0 + 1_000_000);
+    assert_eq!(
+        rates,
+        vec![(TenantId(1), 250_000_000), (TenantId(2), 750_000_000)]
+    );
+
+    // The light tenant goes idle: the heavy one gets the whole link, and
+    // the idle one is offered the share it would get by coming back.
+    light.add_backlog(-(1 << 20));
+    let rates = c.recompute(t0 + 2_000_000);
+    assert_eq!(
+        rates,
+        vec![(TenantId(1), 250_000_000), (TenantId(2), 1_000_000_000)]
+    );
+    let usage = c.usage();
+    assert_eq!(usage[1].fair_rate, 1_000_000_000);
+    assert!(table.last_heartbeat_ns() >= t0 + 2_000_000);
+
+    // The heavy tenant's shared limiter now runs at its fair rate: over
+    // 1 ms of virtual time it may send about 1 MB, not more.
+    let mut sent = 0u64;
+    let start = t0 + 3_000_000;
+    for step in 0..1_000u64 {
+        if heavy.check_rate(start + step * 1_000, 4096, 1).is_ok() {
+            sent += 4096;
+        }
+    }
+    assert!(sent <= 1_000_000 + 4096 * 2, "{sent}");
+}
+
+#[test]
+fn a_process_no_rule_matches_is_refused_with_the_reason() {
+    let s = Setup::new("refuse", TWO);
+    let mut c = Coordinator::start(s.config.clone()).unwrap();
+    let socket = s.config.socket.clone();
+    let client = std::thread::spawn(move || coordinator::register(&socket));
+    let mut refused = Vec::new();
+    for _ in 0..2000 {
+        refused = c.tick(monotonic_ns()).refused;
+        if !refused.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(refused.len(), 1);
+    match client.join().unwrap() {
+        Err(CoordinatorError::Refused(reason)) => {
+            assert!(
+                reason.contains("no tenant of the policy matches uid"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_restarted_coordinator_takes_over_and_tenants_carry_on() {
+    let s = Setup::new("takeover", TWO);
+    let first = Coordinator::start(s.config.clone()).unwrap();
+    let tenant = QuotaTable::open(&s.config.table)
+        .unwrap()
+        .attach(TenantId(1))
+        .unwrap();
+    let held = tenant.acquire_qp().unwrap();
+    // A second coordinator may not run beside the first.
+    assert!(matches!(
+        Coordinator::start(s.config.clone()),
+        Err(CoordinatorError::AlreadyRunning(_))
+    ));
+    drop(first); // dies without cleaning up: table and socket file stay
+
+    // The tenant goes on with the last policy (fail-static).
+    let second = tenant.acquire_qp().unwrap();
+    assert!(tenant.acquire_qp().is_err());
+
+    let c = Coordinator::start(s.config.clone()).unwrap();
+    let usage = c.usage();
+    assert_eq!(
+        usage[0].qps.0, 2,
+        "the new coordinator sees the running tenant's use"
+    );
+    drop((held, second));
+    assert_eq!(c.usage()[0].qps.0, 0);
+    c.shutdown(true).unwrap();
+    assert!(
+        QuotaTable::open(&s.config.table).is_err(),
+        "shutdown removed the table"
+    );
+}

@@ -1,0 +1,374 @@
+//! The quota table across processes: this test binary spawns copies of
+//! itself as tenant processes (selected by `MTRDMA_CHILD`), so quotas, rate
+//! limits, reclamation and permissions are tested between real processes.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mtrdma_core::clock::monotonic_ns;
+use mtrdma_core::coordinator::{self, Coordinator, CoordinatorConfig};
+use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateCap, TenantId, TenantPolicy};
+
+const TENANT: TenantId = TenantId(1);
+
+fn main() {
+    if let Ok(role) = std::env::var("MTRDMA_CHILD") {
+        child(&role);
+        return;
+    }
+    let tests: &[(&str, fn())] = &[
+        (
+            "eight_processes_race_for_eight_qps",
+            eight_processes_race_for_eight_qps,
+        ),
+        (
+            "eight_processes_race_for_mr_bytes",
+            eight_processes_race_for_mr_bytes,
+        ),
+        (
+            "killed_process_is_reclaimed_within_one_second",
+            killed_process_is_reclaimed_within_one_second,
+        ),
+        (
+            "two_processes_share_one_rate_cap",
+            two_processes_share_one_rate_cap,
+        ),
+        (
+            "tenant_uid_cannot_write_the_policy",
+            tenant_uid_cannot_write_the_policy,
+        ),
+    ];
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    if std::env::args().any(|a| a == "--ignored") {
+        // Nothing here needs a device.
+        println!("\nrunning 0 tests\n\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; {} filtered out\n", tests.len());
+        return;
+    }
+    let (mut passed, mut failed) = (0, 0);
+    println!("\nrunning {} tests", tests.len());
+    for (name, test) in tests {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        let ok = std::panic::catch_unwind(test).is_ok();
+        println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
+        if ok {
+            passed += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    println!(
+        "\ntest result: {}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out\n",
+        if failed == 0 { "ok" } else { "FAILED" }
+    );
+    if failed > 0 {
+        std::process::exit(101);
+    }
+}
+
+fn unique(tag: &str) -> String {
+    format!("proc-{tag}-{}", std::process::id())
+}
+
+fn policy(tenant: TenantPolicy) -> Policy {
+    Policy::new(LinkConfig::new(12_500_000_000), vec![tenant])
+}
+
+/// A child running `role` on table `table`; it waits for "go" on stdin.
+struct Kid {
+    child: Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Kid {
+    fn spawn(role: &str, table: &str, extra: &[(&str, String)]) -> Kid {
+        Self::spawn_with(
+            Command::new(std::env::current_exe().unwrap()),
+            role,
+            table,
+            extra,
+        )
+    }
+
+    fn spawn_with(mut cmd: Command, role: &str, table: &str, extra: &[(&str, String)]) -> Kid {
+        cmd.env("MTRDMA_CHILD", role)
+            .env("MTRDMA_TABLE", table)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn child");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Kid { child, out }
+    }
+
+    fn say(&mut self, line: &str) {
+        writeln!(self.child.stdin.as_mut().unwrap(), "{line}").unwrap();
+    }
+
+    fn hear(&mut self) -> String {
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    }
+
+    fn finish(mut self) -> std::process::ExitStatus {
+        drop(self.child.stdin.take());
+        self.child.wait().unwrap()
+    }
+}
+
+fn wait_line() -> String {
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    line.trim().to_string()
+}
+
+/// The child side. Reports on stdout, one line per answer.
+fn child(role: &str) {
+    let table = std::env::var("MTRDMA_TABLE").unwrap();
+    match role {
+        "qps" | "mr" => {
+            let t = QuotaTable::open(&table).unwrap().attach(TENANT).unwrap();
+            assert_eq!(wait_line(), "go");
+            let mut held_qps = Vec::new();
+            let mut held_mrs = Vec::new();
+            for _ in 0..4 {
+                if role == "qps" {
+                    held_qps.extend(t.acquire_qp().ok());
+                } else {
+                    held_mrs.extend(t.acquire_mr(1 << 20).ok());
+                }
+            }
+            println!("{}", held_qps.len() + held_mrs.len());
+            // Hold everything until the parent has counted.
+            let _ = wait_line();
+        }
+        "register-and-hold" => {
+            let socket = PathBuf::from(std::env::var("MTRDMA_SOCKET").unwrap());
+            let t = coordinator::register(&socket).unwrap();
+            let held: Vec<_> = (0..3).map(|_| t.acquire_qp().unwrap()).collect();
+            let mr = t.acquire_mr(5 << 20).unwrap();
+            println!("ready {}", held.len());
+            std::thread::sleep(Duration::from_secs(600));
+            drop((held, mr));
+        }
+        "rate" => {
+            let t = QuotaTable::open(&table).unwrap().attach(TENANT).unwrap();
+            let start: u64 = wait_line().parse().unwrap();
+            let end = start + 1_000_000_000;
+            while monotonic_ns() < start {
+                std::hint::spin_loop();
+            }
+            let mut sent = 0u64;
+            loop {
+                let now = monotonic_ns();
+                if now >= end {
+                    break;
+                }
+                match t.check_rate(now, 64 << 10, 1) {
+                    Ok(()) => sent += 64 << 10,
+                    Err(retry_at) => {
+                        while monotonic_ns() < retry_at.min(end) {
+                            std::hint::spin_loop();
+                        }
+                    }
+                }
+            }
+            println!("{sent}");
+        }
+        "open-policy-rw" => {
+            let name = format!("/mtrdma.{table}.policy");
+            let rw = rustix::shm::open(
+                name.as_str(),
+                rustix::shm::OFlags::RDWR,
+                rustix::fs::Mode::empty(),
+            );
+            let ro = QuotaTable::open(&table).map(|_| ());
+            let writable = QuotaTable::open_writable(&table).map(|_| ());
+            println!(
+                "rw={} ro={} writable={}",
+                rw.map_or_else(|e| e.to_string(), |_| "opened".into()),
+                ro.map_or_else(|e| e.to_string(), |()| "opened".into()),
+                writable.map_or_else(|e| e.to_string(), |()| "opened".into()),
+            );
+        }
+        other => panic!("unknown child role {other}"),
+    }
+}
+
+fn race(role: &str, tenant: TenantPolicy) -> (u64, u64) {
+    let name = unique(role);
+    let table = QuotaTable::create(&name, 4, 32, &policy(tenant)).unwrap();
+    let mut kids: Vec<Kid> = (0..8).map(|_| Kid::spawn(role, &name, &[])).collect();
+    for k in &mut kids {
+        k.say("go");
+    }
+    let won: u64 = kids
+        .iter_mut()
+        .map(|k| k.hear().parse::<u64>().unwrap())
+        .sum();
+    let usage = table.usage().unwrap()[0].clone();
+    let in_use = if role == "qps" {
+        usage.qps.0
+    } else {
+        usage.mr_bytes.0
+    };
+    for k in kids {
+        assert!(k.finish().success());
+    }
+    // Every process let go on exit: nothing is left in use.
+    let after = table.usage().unwrap()[0].clone();
+    assert_eq!((after.qps.0, after.mr_bytes.0, after.processes), (0, 0, 0));
+    QuotaTable::remove(&name).unwrap();
+    (won, in_use)
+}
+
+fn eight_processes_race_for_eight_qps() {
+    let (won, in_use) = race("qps", TenantPolicy::new(TENANT, "racer").with_max_qps(8));
+    assert_eq!(
+        (won, in_use),
+        (8, 8),
+        "8 processes x 4 attempts against max_qps = 8"
+    );
+}
+
+fn eight_processes_race_for_mr_bytes() {
+    let (won, in_use) = race(
+        "mr",
+        TenantPolicy::new(TENANT, "racer").with_max_mr_bytes(8 << 20),
+    );
+    assert_eq!(
+        (won, in_use),
+        (8, 8 << 20),
+        "8 processes x 4 MiB against 8 MiB"
+    );
+}
+
+fn killed_process_is_reclaimed_within_one_second() {
+    let dir = std::env::temp_dir().join(unique("coord"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy_path = dir.join("policy.toml");
+    let uid = rustix::process::getuid().as_raw();
+    std::fs::write(
+        &policy_path,
+        format!(
+            "[link]\ncapacity = \"100Gbit\"\n\n[[tenant]]\nid = 1\nname = \"holder\"\nmax_qps = 3\n\
+             [[tenant.match]]\nuid = {uid}\n"
+        ),
+    )
+    .unwrap();
+    let name = unique("coord");
+    let socket = dir.join("coordinator.sock");
+    let mut coord = Coordinator::start(CoordinatorConfig {
+        table: name.clone(),
+        socket: socket.clone(),
+        policy_path,
+        capacity: 4,
+        processes: 8,
+    })
+    .unwrap();
+    let mut kid = Kid::spawn(
+        "register-and-hold",
+        &name,
+        &[("MTRDMA_SOCKET", socket.display().to_string())],
+    );
+    // Serve the registration while the child waits for its answer.
+    let mut registered = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while registered.is_empty() && Instant::now() < deadline {
+        registered = coord.tick(monotonic_ns()).registered;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(registered.len(), 1, "the child registered");
+    assert_eq!(
+        registered[0].1, TENANT,
+        "identity came from the child's uid"
+    );
+    assert_eq!(kid.hear(), "ready 3");
+    let usage = coord.usage()[0].clone();
+    assert_eq!(
+        (usage.qps.0, usage.mr_bytes.0, usage.processes),
+        (3, 5 << 20, 1)
+    );
+
+    kid.child.kill().unwrap(); // SIGKILL: no destructor runs
+    let _ = kid.child.wait();
+    let killed = Instant::now();
+    let mut reclaimed = Vec::new();
+    while reclaimed.is_empty() && killed.elapsed() < Duration::from_secs(5) {
+        reclaimed = coord.tick(monotonic_ns()).reclaimed;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let took = killed.elapsed();
+    assert_eq!(reclaimed.len(), 1);
+    assert_eq!((reclaimed[0].qps, reclaimed[0].mr_bytes), (3, 5 << 20));
+    assert!(took < Duration::from_secs(1), "reclaimed after {took:?}");
+    let usage = coord.usage()[0].clone();
+    assert_eq!((usage.qps.0, usage.mr_bytes.0, usage.processes), (0, 0, 0));
+    coord.shutdown(true).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn two_processes_share_one_rate_cap() {
+    const CAP: u64 = 100_000_000; // 100 MB/s
+    let name = unique("rate");
+    let tenant = TenantPolicy::new(TENANT, "capped").with_rate(RateCap::new(CAP, 64 << 10));
+    let table = QuotaTable::create(&name, 4, 8, &policy(tenant)).unwrap();
+    let mut kids: Vec<Kid> = (0..2).map(|_| Kid::spawn("rate", &name, &[])).collect();
+    let start = monotonic_ns() + 200_000_000;
+    for k in &mut kids {
+        k.say(&start.to_string());
+    }
+    let sent: Vec<u64> = kids.iter_mut().map(|k| k.hear().parse().unwrap()).collect();
+    for k in kids {
+        assert!(k.finish().success());
+    }
+    drop(table);
+    QuotaTable::remove(&name).unwrap();
+    let total = sent.iter().sum::<u64>() as f64;
+    let ratio = total / CAP as f64;
+    println!(
+        "two processes sent {sent:?} bytes in 1 s: {:.4} of the cap",
+        ratio
+    );
+    assert!(sent.iter().all(|&s| s > 0), "both processes sent: {sent:?}");
+    assert!(
+        (0.98..=1.02).contains(&ratio),
+        "together {ratio:.4} of the cap"
+    );
+}
+
+fn tenant_uid_cannot_write_the_policy() {
+    if !rustix::process::geteuid().is_root() {
+        println!("(skipped: dropping to another uid needs root)");
+        return;
+    }
+    let name = unique("perm");
+    let table = QuotaTable::create(&name, 4, 4, &policy(TenantPolicy::new(TENANT, "t"))).unwrap();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.uid(65534).gid(65534);
+    let mut kid = Kid::spawn_with(cmd, "open-policy-rw", &name, &[]);
+    let answer = kid.hear();
+    assert!(kid.finish().success());
+    drop(table);
+    QuotaTable::remove(&name).unwrap();
+    assert!(answer.starts_with("rw=Permission denied"), "{answer}");
+    assert!(
+        answer.contains("ro=opened"),
+        "a tenant may read the policy: {answer}"
+    );
+    assert!(
+        answer.contains("writable=open of shared-memory object")
+            && answer.contains("Permission denied"),
+        "{answer}"
+    );
+}

@@ -1,0 +1,389 @@
+//! The quota table in one process: admission, publication, and every kind
+//! of corruption a table can show up with.
+
+use mtrdma_core::table::TableError;
+use mtrdma_core::{
+    AdmissionError, LinkConfig, Policy, QuotaTable, RateCap, TenantId, TenantPolicy, TrafficClass,
+};
+
+fn policy(tenants: Vec<TenantPolicy>) -> Policy {
+    Policy::new(LinkConfig::new(12_500_000_000), tenants)
+}
+
+fn two_tenants() -> Policy {
+    policy(vec![
+        TenantPolicy::new(TenantId(1), "kv")
+            .with_class(TrafficClass::Latency)
+            .with_max_qps(4)
+            .with_max_mr_bytes(1 << 20),
+        TenantPolicy::new(TenantId(2), "bulk").with_weight(3),
+    ])
+}
+
+/// A unique shared-memory table name for this test process.
+fn unique(tag: &str) -> String {
+    format!("test-{tag}-{}", std::process::id())
+}
+
+#[test]
+fn quota_refusal_names_tenant_limit_and_use() {
+    let table = QuotaTable::embedded(&two_tenants()).unwrap();
+    let kv = table.attach(TenantId(1)).unwrap();
+    let held: Vec<_> = (0..4).map(|_| kv.acquire_qp().unwrap()).collect();
+    let err = kv.acquire_qp().unwrap_err();
+    match &err {
+        AdmissionError::QuotaExceeded {
+            tenant,
+            limit,
+            in_use,
+            requested,
+            field,
+            ..
+        } => {
+            assert_eq!(
+                (*tenant, *limit, *in_use, *requested, *field),
+                (TenantId(1), 4, 4, 1, "max_qps")
+            );
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains("tenant 1 (kv)") && msg.contains("limit 4, in use 4"),
+        "{msg}"
+    );
+    drop(held);
+    assert!(kv.acquire_qp().is_ok());
+
+    // MR bytes: 1 MiB in all, whatever the split.
+    let a = kv.acquire_mr(700 << 10).unwrap();
+    let err = kv.acquire_mr(400 << 10).unwrap_err();
+    assert!(err.to_string().contains("memory-region bytes"), "{err}");
+    let b = kv.acquire_mr(324 << 10).unwrap();
+    assert_eq!(a.bytes() + b.bytes(), 1 << 20);
+    assert!(kv.acquire_mr(1).is_err());
+}
+
+#[test]
+fn control_path_rate_limits_storms() {
+    let p = policy(vec![TenantPolicy::new(TenantId(5), "stormy")
+        .with_qp_create_rate(RateCap::new(10, 3))
+        .with_max_qps(1000)]);
+    let table = QuotaTable::embedded(&p).unwrap();
+    let t = table.attach(TenantId(5)).unwrap();
+    let mut held = Vec::new();
+    let mut refused = None;
+    for _ in 0..10 {
+        match t.acquire_qp() {
+            Ok(permit) => held.push(permit),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    // The burst of 3 plus the one that is always let through, then a refusal.
+    assert_eq!(held.len(), 4);
+    match refused.unwrap() {
+        AdmissionError::RateLimited {
+            per_second,
+            retry_after_ns,
+            operation,
+            ..
+        } => {
+            assert_eq!((per_second, operation), (10, "QP creation"));
+            assert!(
+                retry_after_ns > 0 && retry_after_ns <= 100_000_000,
+                "{retry_after_ns}"
+            );
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // A refused creation does not count against max_qps.
+    let usage = table.usage().unwrap();
+    assert_eq!(usage[0].qps.0, 4);
+    assert!(usage[0].refusals >= 1);
+}
+
+#[test]
+fn publishing_keeps_live_state_and_handles_see_new_limits() {
+    let name = unique("publish");
+    let table = QuotaTable::create(&name, 8, 8, &two_tenants()).unwrap();
+    let tenant_view = QuotaTable::open(&name).unwrap();
+    let kv = tenant_view.attach(TenantId(1)).unwrap();
+    let held: Vec<_> = (0..4).map(|_| kv.acquire_qp().unwrap()).collect();
+    assert!(kv.acquire_qp().is_err());
+    let g0 = tenant_view.generation();
+
+    // The coordinator raises kv's quota and adds a tenant.
+    let mut p = two_tenants();
+    p.tenants[0].max_qps = 6;
+    p.tenants.push(TenantPolicy::new(TenantId(9), "new"));
+    table.publish(&p).unwrap();
+    assert_eq!(tenant_view.generation(), g0 + 1);
+    let more: Vec<_> = (0..2).map(|_| kv.acquire_qp().unwrap()).collect();
+    assert!(kv.acquire_qp().is_err());
+    let usage = tenant_view.usage().unwrap();
+    let kv_usage = usage.iter().find(|u| u.tenant == TenantId(1)).unwrap();
+    assert_eq!(kv_usage.qps, (6, 6), "live state survived the reload");
+    assert!(usage
+        .iter()
+        .any(|u| u.tenant == TenantId(9) && u.qps.0 == 0));
+
+    // A tenant process cannot publish: its policy mapping is read-only.
+    assert!(matches!(tenant_view.publish(&p), Err(TableError::ReadOnly)));
+    drop((held, more, kv));
+    QuotaTable::remove(&name).unwrap();
+}
+
+#[test]
+fn named_tables_exist_once_and_errors_say_what_to_do() {
+    let name = unique("exists");
+    let _table = QuotaTable::create(&name, 4, 4, &two_tenants()).unwrap();
+    let err = QuotaTable::create(&name, 4, 4, &two_tenants()).unwrap_err();
+    assert!(
+        err.to_string().contains("a table of that name exists"),
+        "{err}"
+    );
+    QuotaTable::remove(&name).unwrap();
+    let err = QuotaTable::open(&name).unwrap_err();
+    assert!(
+        err.to_string().contains("is the coordinator running"),
+        "{err}"
+    );
+    assert!(matches!(
+        QuotaTable::open("bad/name"),
+        Err(TableError::BadName(_))
+    ));
+    // Too many tenants for the capacity.
+    let many: Vec<_> = (0..5)
+        .map(|i| TenantPolicy::new(TenantId(i), format!("t{i}")))
+        .collect();
+    assert!(matches!(
+        QuotaTable::embedded_with_capacity(&policy(many), 4, 4),
+        Err(TableError::Full {
+            tenants: 5,
+            capacity: 4
+        })
+    ));
+}
+
+#[test]
+fn shared_rate_limit_holds_in_virtual_time() {
+    // 1 GB/s with 64 KiB of burst: over 10 ms of virtual time two handles
+    // of one tenant together send at most 10 MB + burst + one request.
+    let p =
+        policy(vec![TenantPolicy::new(TenantId(3), "capped")
+            .with_rate(RateCap::new(1_000_000_000, 64 << 10))]);
+    let table = QuotaTable::embedded(&p).unwrap();
+    let a = table.attach(TenantId(3)).unwrap();
+    let b = table.attach(TenantId(3)).unwrap();
+    let mut sent = 0u64;
+    let start = 1_000_000_000u64;
+    let mut now = start;
+    while now < start + 10_000_000 {
+        for h in [&a, &b] {
+            if h.check_rate(now, 4096, 1).is_ok() {
+                sent += 4096;
+            }
+        }
+        now += 1_000;
+    }
+    let max = 10_000_000 + (64 << 10) + 4096;
+    assert!(sent <= max, "{sent} > {max}");
+    assert!(sent >= 10_000_000 - 4096, "{sent}");
+}
+
+// ---- corruption: every kind gives its error, never a panic ----
+
+fn bytes() -> (Vec<u8>, Vec<u8>) {
+    QuotaTable::embedded_with_capacity(&two_tenants(), 4, 4)
+        .unwrap()
+        .to_bytes()
+}
+
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+#[test]
+fn intact_bytes_validate() {
+    let (p, s) = bytes();
+    let snap = QuotaTable::validate_bytes(&p, &s).unwrap();
+    assert_eq!(snap.policy.tenants.len(), 2);
+    assert_eq!(snap.policy.tenants[0].name, "kv");
+    assert_eq!(snap.policy.tenants[0].class, TrafficClass::Latency);
+    assert_eq!(snap.policy.tenants[1].weight, 3);
+}
+
+#[test]
+fn truncated_regions() {
+    let (p, s) = bytes();
+    for cut in [0, 7, 64, 127, p.len() - 8] {
+        let err = QuotaTable::validate_bytes(&p[..cut], &s).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TableError::Truncated {
+                    region: "policy",
+                    ..
+                }
+            ),
+            "{cut}: {err}"
+        );
+    }
+    let err = QuotaTable::validate_bytes(&p, &s[..s.len() - 64]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TableError::Truncated {
+                region: "state",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("truncated"));
+}
+
+#[test]
+fn foreign_bytes_are_not_a_table() {
+    let (mut p, s) = bytes();
+    p[..8].copy_from_slice(b"NOTMTRDM");
+    let err = QuotaTable::validate_bytes(&p, &s).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TableError::BadMagic {
+                region: "policy",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let (p, mut s) = bytes();
+    s[0] ^= 0xff;
+    assert!(matches!(
+        QuotaTable::validate_bytes(&p, &s),
+        Err(TableError::BadMagic {
+            region: "state",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn other_versions_are_refused() {
+    let (mut p, s) = bytes();
+    put_u32(&mut p, 8, 2);
+    let err = QuotaTable::validate_bytes(&p, &s).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TableError::UnsupportedVersion {
+                found: 2,
+                supported: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn other_capacities_and_layouts_are_refused() {
+    // The state region was made for another capacity than the policy region.
+    let (p, _) = bytes();
+    let (_, s8) = QuotaTable::embedded_with_capacity(&two_tenants(), 8, 4)
+        .unwrap()
+        .to_bytes();
+    let err = QuotaTable::validate_bytes(&p, &s8).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TableError::Mismatch {
+                field: "capacity",
+                found: 8,
+                expected: 4,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // A capacity out of range, and a slot size of another layout.
+    let (mut p, s) = bytes();
+    put_u32(&mut p, 16, 0);
+    assert!(matches!(
+        QuotaTable::validate_bytes(&p, &s),
+        Err(TableError::OutOfRange { .. })
+    ));
+    put_u32(&mut p, 16, u32::MAX);
+    assert!(matches!(
+        QuotaTable::validate_bytes(&p, &s),
+        Err(TableError::OutOfRange { .. })
+    ));
+    let (mut p, s) = bytes();
+    put_u32(&mut p, 20, 100);
+    assert!(matches!(
+        QuotaTable::validate_bytes(&p, &s),
+        Err(TableError::Mismatch {
+            field: "slot_size",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn out_of_range_values_are_refused() {
+    const SLOT0: usize = 128;
+    let (mut p, s) = bytes();
+    put_u32(&mut p, SLOT0 + 8, 7); // class
+    let err = QuotaTable::validate_bytes(&p, &s).unwrap_err();
+    assert!(
+        err.to_string().contains("class = 7 is out of range"),
+        "{err}"
+    );
+
+    let (mut p, s) = bytes();
+    put_u32(&mut p, SLOT0 + 12, 0); // weight
+    let err = QuotaTable::validate_bytes(&p, &s).unwrap_err();
+    assert!(matches!(err, TableError::InvalidPolicy(_)), "{err}");
+
+    let (mut p, s) = bytes();
+    p[SLOT0 + 32] = 0xff; // name: not UTF-8
+    assert!(matches!(
+        QuotaTable::validate_bytes(&p, &s),
+        Err(TableError::OutOfRange { .. })
+    ));
+
+    let (mut p, s) = bytes();
+    put_u32(&mut p, 44, 3); // tenant_count disagrees with the slots in use
+    assert!(matches!(
+        QuotaTable::validate_bytes(&p, &s),
+        Err(TableError::Mismatch {
+            field: "tenant_count",
+            ..
+        })
+    ));
+
+    let (mut p, s) = bytes();
+    put_u64(&mut p, 32, 0); // link capacity 0
+    assert!(matches!(
+        QuotaTable::validate_bytes(&p, &s),
+        Err(TableError::InvalidPolicy(_))
+    ));
+}
+
+#[test]
+fn a_writer_that_died_mid_update_is_reported_not_waited_on_forever() {
+    let (mut p, s) = bytes();
+    put_u64(&mut p, 24, 7); // odd seq: a write in progress that never ends
+    assert!(matches!(
+        QuotaTable::validate_bytes(&p, &s),
+        Err(TableError::Torn)
+    ));
+}

@@ -1,0 +1,184 @@
+//! The NIC-port simulator: isolation of a latency tenant from bulk tenants,
+//! with and without the scheduler, up to 10,000 tenants.
+
+use mtrdma_sched::sim::{run, Mode, Report, SimConfig, SimError, TenantSpec, Workload};
+use mtrdma_sched::{Nanos, TenantId, TenantPolicy, TrafficClass};
+
+fn probe_p99(r: &Report) -> u64 {
+    r.tenant(TenantId(0)).unwrap().p99.unwrap().0
+}
+
+fn isolation(bulk: u32) -> Vec<TenantSpec> {
+    let mut tenants = vec![TenantSpec::probe(TenantId(0))];
+    tenants.extend((1..=bulk).map(|t| TenantSpec::bulk(TenantId(t))));
+    tenants
+}
+
+#[test]
+fn latency_tenant_is_isolated_from_1_8_and_16_bulk_tenants() {
+    let config = SimConfig::default();
+    let scheduled = Mode::Scheduled(SimConfig::scheduler_config());
+    let alone = run(&config, &isolation(0), &Mode::Fifo).unwrap();
+    let alone_p99 = probe_p99(&alone);
+    assert!(alone.tenant(TenantId(0)).unwrap().messages > 1_000);
+    for bulk in [1u32, 8, 16] {
+        let tenants = isolation(bulk);
+        let with = run(&config, &tenants, &scheduled).unwrap();
+        let without = run(&config, &tenants, &Mode::Fifo).unwrap();
+        let (p_with, p_without) = (probe_p99(&with), probe_p99(&without));
+        assert!(
+            p_with as f64 <= 1.5 * alone_p99 as f64,
+            "{bulk} bulk: p99 {p_with} ns with the scheduler vs {alone_p99} ns alone"
+        );
+        if bulk == 16 {
+            assert!(
+                p_without as f64 >= 5.0 * p_with as f64,
+                "16 bulk: p99 {p_without} ns without vs {p_with} ns with the scheduler"
+            );
+        }
+        // Isolation does not cost the bulk tenants the link, and they share it evenly.
+        for r in [&with, &without] {
+            assert!(r.total_gbps > 99.0, "{bulk} bulk: {} Gb/s", r.total_gbps);
+        }
+        assert!(
+            with.jain_index >= 0.999,
+            "{bulk} bulk: Jain {}",
+            with.jain_index
+        );
+    }
+}
+
+#[test]
+fn weighted_bulk_tenants_share_in_proportion() {
+    let tenants: Vec<_> = (1..=3u32)
+        .map(|t| TenantSpec::bulk(TenantId(t)).with_policy(TenantPolicy::weight(1 << (t - 1))))
+        .collect();
+    let r = run(
+        &SimConfig::default(),
+        &tenants,
+        &Mode::Scheduled(SimConfig::scheduler_config()),
+    )
+    .unwrap();
+    for (t, w) in [(1u32, 1.0), (2, 2.0), (3, 4.0)] {
+        let share = r.tenant(TenantId(t)).unwrap().gbps / r.total_gbps;
+        assert!(
+            (share - w / 7.0).abs() / (w / 7.0) < 0.01,
+            "tenant {t}: share {share}"
+        );
+    }
+    assert!(r.jain_index >= 0.999, "Jain {}", r.jain_index);
+}
+
+#[test]
+fn ten_thousand_tenants() {
+    let mut tenants: Vec<_> = (0..100u32)
+        .map(|t| TenantSpec::probe(TenantId(t)))
+        .collect();
+    tenants.extend((100..200u32).map(|t| TenantSpec::message_rate(TenantId(t))));
+    tenants.extend((200..10_000u32).map(|t| TenantSpec {
+        workload: Workload::Bulk {
+            bytes: 64 << 10,
+            outstanding: 1,
+        },
+        ..TenantSpec::bulk(TenantId(t))
+    }));
+    let config = SimConfig {
+        duration: Nanos::from_millis(60),
+        warmup: Nanos::from_millis(10),
+        ..SimConfig::default()
+    };
+    let with = run(
+        &config,
+        &tenants,
+        &Mode::Scheduled(SimConfig::scheduler_config()),
+    )
+    .unwrap();
+    assert_eq!(with.tenants.len(), 10_000);
+    assert!(with.total_gbps > 99.0, "{} Gb/s", with.total_gbps);
+    // Every bulk tenant gets a fair cut of the link, within a chunk or so.
+    assert!(with.jain_index >= 0.99, "Jain {}", with.jain_index);
+    // Latency probes keep a tail near their unloaded latency.
+    for t in 0..100 {
+        let p = with.tenant(TenantId(t)).unwrap();
+        assert!(p.messages > 100);
+        assert!(p.p99.unwrap() < Nanos(10_000), "probe {t}: p99 {:?}", p.p99);
+    }
+    let without = run(&config, &tenants, &Mode::Fifo).unwrap();
+    assert_eq!(without.tenants.len(), 10_000);
+    let worst_probe = (0..100)
+        .filter_map(|t| without.tenant(TenantId(t)).unwrap().p99)
+        .max();
+    // Without the scheduler a probe waits behind ~10,000 x 64 KiB: ~50 ms.
+    assert!(worst_probe.is_none_or(|p| p > Nanos::from_millis(10)));
+}
+
+#[test]
+fn message_rate_tenant_keeps_its_rate_next_to_bulk_with_the_scheduler() {
+    let config = SimConfig::default();
+    let msg = TenantSpec::message_rate(TenantId(0)).with_class(TrafficClass::Latency);
+    let alone = run(&config, &[msg], &Mode::Fifo).unwrap();
+    let mut tenants = vec![msg];
+    tenants.extend((1..=16).map(|t| TenantSpec::bulk(TenantId(t))));
+    let with = run(
+        &config,
+        &tenants,
+        &Mode::Scheduled(SimConfig::scheduler_config()),
+    )
+    .unwrap();
+    let without = run(&config, &tenants, &Mode::Fifo).unwrap();
+    let rate = |r: &Report| r.tenant(TenantId(0)).unwrap().messages as f64;
+    assert!(
+        rate(&with) >= 0.6 * rate(&alone),
+        "{} vs {} alone",
+        rate(&with),
+        rate(&alone)
+    );
+    assert!(
+        rate(&with) >= 5.0 * rate(&without),
+        "{} vs {} without",
+        rate(&with),
+        rate(&without)
+    );
+}
+
+#[test]
+fn invalid_settings_are_errors() {
+    let t = isolation(1);
+    let bad = |c: SimConfig| run(&c, &t, &Mode::Fifo).unwrap_err();
+    assert_eq!(
+        bad(SimConfig {
+            link_bps: 0,
+            ..SimConfig::default()
+        }),
+        SimError::ZeroLink
+    );
+    assert_eq!(
+        bad(SimConfig {
+            nic_queue_depth: 0,
+            ..SimConfig::default()
+        }),
+        SimError::ZeroDepth
+    );
+    assert!(matches!(
+        bad(SimConfig {
+            warmup: Nanos::from_secs(1),
+            ..SimConfig::default()
+        }),
+        SimError::WarmupTooLong { .. }
+    ));
+    let dup = vec![TenantSpec::bulk(TenantId(1)), TenantSpec::bulk(TenantId(1))];
+    assert_eq!(
+        run(&SimConfig::default(), &dup, &Mode::Fifo).unwrap_err(),
+        SimError::DuplicateTenant(TenantId(1))
+    );
+    let zero = vec![TenantSpec::bulk(TenantId(1)).with_policy(TenantPolicy::weight(0))];
+    assert!(matches!(
+        run(
+            &SimConfig::default(),
+            &zero,
+            &Mode::Scheduled(SimConfig::scheduler_config())
+        )
+        .unwrap_err(),
+        SimError::Config(_)
+    ));
+}
