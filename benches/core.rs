@@ -2,13 +2,20 @@
 //! measured in the same run.
 //!
 //! * `admission/qp_acquire_release`: admit one queue pair against the
-//!   tenant's quota and give it back (two compare-and-swaps on the tenant's
-//!   shared counter plus the process slot's count), on a table in POSIX
-//!   shared memory.
+//!   tenant's quota and give it back (a compare-and-swap and an atomic
+//!   subtract on the tenant's shared counter, plus the calling thread's lane
+//!   of the process slot for reclamation), on a table in POSIX shared
+//!   memory.
 //! * `admission/mr_acquire_release`: the same for memory-region bytes.
+//! * `admission/floor_cas_plus_fetch_sub`: the baseline: one
+//!   compare-and-swap and one atomic subtract on a word, the least any
+//!   exact shared counter costs.
 //! * `shared_rate/table_check_rate`: one data-path rate decision through
-//!   the quota table (CLOCK_MONOTONIC read, policy-generation check, one CAS
-//!   on the tenant's shared TAT), as every process of a tenant does.
+//!   the quota table (a read of the table's shared clock, a
+//!   policy-generation check, one CAS on the tenant's shared TAT), as every
+//!   process of a tenant does.
+//! * `shared_rate/clock_*`: the clocks alone: `CLOCK_MONOTONIC` through the
+//!   vDSO, and the table's shared TSC clock.
 //! * `shared_rate/governor`: `governor`'s direct rate limiter `check`, same
 //!   rate and burst (one process only).
 //!
@@ -47,6 +54,17 @@ fn admission(c: &mut Criterion) {
     group.bench_function("mr_acquire_release", |b| {
         b.iter(|| drop(black_box(tenant.acquire_mr(4096).expect("within quota"))))
     });
+    // The floor: the two atomic read-modify-writes any exact shared
+    // counter needs (one to take, one to give back), and nothing else.
+    let word = std::sync::atomic::AtomicU64::new(0);
+    group.bench_function("floor_cas_plus_fetch_sub", |b| {
+        b.iter(|| {
+            use std::sync::atomic::Ordering::{AcqRel, Relaxed};
+            let v = word.load(Relaxed);
+            let _ = black_box(word.compare_exchange(v, v + 1, AcqRel, Relaxed));
+            black_box(word.fetch_sub(1, AcqRel))
+        })
+    });
     group.finish();
     drop(tenant);
     drop(table);
@@ -59,7 +77,7 @@ fn shared_rate(c: &mut Criterion) {
     let mut group = c.benchmark_group("shared_rate");
     group.throughput(Throughput::Elements(1));
     group.bench_function("table_check_rate", |b| {
-        b.iter(|| black_box(tenant.check_rate(monotonic_ns(), 1, 0).is_ok()))
+        b.iter(|| black_box(tenant.check_rate(tenant.now_ns(), 1, 0).is_ok()))
     });
     let quota = Quota::per_second(NonZeroU32::new(RATE).expect("non-zero"))
         .allow_burst(NonZeroU32::new(BURST).expect("non-zero"));
@@ -70,8 +88,9 @@ fn shared_rate(c: &mut Criterion) {
     group.bench_function("clock_monotonic_ns", |b| {
         b.iter(|| black_box(monotonic_ns()))
     });
-    let clock = quanta::Clock::new();
-    group.bench_function("clock_quanta", |b| b.iter(|| black_box(clock.now())));
+    group.bench_function("clock_table_now_ns", |b| {
+        b.iter(|| black_box(tenant.now_ns()))
+    });
     group.finish();
     drop(tenant);
     drop(table);

@@ -51,7 +51,8 @@ impl EmissionInterval {
     /// shaped flow never exceeds its rate), saturating at `u64::MAX`.
     #[inline]
     pub fn increment(self, cost: u64) -> u64 {
-        let ns = (u128::from(cost) * u128::from(self.0)).div_ceil(1u128 << FRAC_BITS);
+        // Rounding up: add 2^32 - 1 before the shift (no u128 division).
+        let ns = (u128::from(cost) * u128::from(self.0) + ((1u128 << FRAC_BITS) - 1)) >> FRAC_BITS;
         u64::try_from(ns).unwrap_or(u64::MAX)
     }
 }

@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 
-use mtrdma_core::clock::monotonic_ns;
 use mtrdma_core::coordinator::{self, Coordinator, CoordinatorConfig, CoordinatorError};
 use mtrdma_core::{QuotaTable, TenantId};
 
@@ -81,14 +80,14 @@ fn reloads_a_changed_policy_and_keeps_the_old_one_when_the_new_is_bad() {
     assert!(tenant.acquire_qp().is_err());
 
     s.write_policy(&TWO.replace("max_qps = 2", "max_qps = 3"));
-    let report = c.tick(monotonic_ns());
+    let report = c.tick(c.table().now_ns());
     assert!(report.reloaded, "{report:?}");
     let third = tenant
         .acquire_qp()
         .expect("the raised quota applies to a running tenant");
 
     s.write_policy("[link]\ncapacity = 0\n");
-    let report = c.tick(monotonic_ns());
+    let report = c.tick(c.table().now_ns());
     assert!(!report.reloaded);
     assert!(report.reload_error.unwrap().contains("capacity"));
     assert_eq!(c.policy().tenants.len(), 2, "the previous policy stays");
@@ -103,7 +102,7 @@ fn fair_rates_follow_demand_and_weights() {
     let table = QuotaTable::open(&s.config.table).unwrap();
     let light = table.attach(TenantId(1)).unwrap();
     let heavy = table.attach(TenantId(2)).unwrap();
-    let t0 = monotonic_ns();
+    let t0 = table.now_ns();
     c.recompute(t0);
 
     // Both backlogged: 1:3.
@@ -147,7 +146,7 @@ fn a_process_no_rule_matches_is_refused_with_the_reason() {
     let client = std::thread::spawn(move || coordinator::register(&socket));
     let mut refused = Vec::new();
     for _ in 0..2000 {
-        refused = c.tick(monotonic_ns()).refused;
+        refused = c.tick(c.table().now_ns()).refused;
         if !refused.is_empty() {
             break;
         }

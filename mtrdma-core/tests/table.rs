@@ -132,7 +132,8 @@ fn publishing_keeps_live_state_and_handles_see_new_limits() {
 
     // A tenant process cannot publish: its policy mapping is read-only.
     assert!(matches!(tenant_view.publish(&p), Err(TableError::ReadOnly)));
-    drop((held, more, kv));
+    drop((held, more));
+    drop(kv);
     QuotaTable::remove(&name).unwrap();
 }
 

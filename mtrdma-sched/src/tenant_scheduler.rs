@@ -36,6 +36,7 @@ fn cost(len: u64) -> i64 {
 
 /// One tenant's FIFO of one class, with its DRR state.
 #[derive(Debug)]
+#[repr(C)]
 struct ClassQueue<H> {
     items: VecDeque<Descriptor<H>>,
     /// Bytes of the head descriptor already granted.
@@ -61,11 +62,16 @@ impl<H> ClassQueue<H> {
     }
 }
 
-/// A tenant's GCRA shapers.
+/// A tenant's GCRA shapers, and whether they hold it back now.
 #[derive(Debug)]
 struct Caps {
     bytes: Option<Gcra>,
     wrs: Option<Gcra>,
+    /// When parked (not eligible under its caps), the time it may go again
+    /// and the generation of the timer entry that will wake it. Only a
+    /// tenant with caps can be parked, so this lives here, off the path of
+    /// uncapped tenants.
+    parked: Option<(u64, u64)>,
 }
 
 impl Caps {
@@ -73,16 +79,16 @@ impl Caps {
         old: Option<Box<Caps>>,
         policy: &TenantPolicy,
     ) -> Result<Option<Box<Caps>>, ConfigError> {
-        let (old_bytes, old_wrs) = match old {
-            Some(c) => (c.bytes, c.wrs),
-            None => (None, None),
+        let (old_bytes, old_wrs, parked) = match old {
+            Some(c) => (c.bytes, c.wrs, c.parked),
+            None => (None, None, None),
         };
         let bytes = update_cap(old_bytes, policy.byte_cap)?;
         let wrs = update_cap(old_wrs, policy.wr_cap)?;
         Ok(if bytes.is_none() && wrs.is_none() {
             None
         } else {
-            Some(Box::new(Caps { bytes, wrs }))
+            Some(Box::new(Caps { bytes, wrs, parked }))
         })
     }
 
@@ -109,18 +115,36 @@ impl Caps {
 }
 
 /// Everything the scheduler knows about one tenant.
+///
+/// Laid out for the common decision (a bulk piece of an uncapped tenant):
+/// `quantum`, `caps` and `queued` in the first cache line, the whole bulk
+/// queue in the third, the policy (read only when it changes) in between.
 #[derive(Debug)]
+#[repr(C, align(64))]
 struct Slot<H> {
-    policy: TenantPolicy,
     quantum: i64,
-    queues: [ClassQueue<H>; 2],
-    queued: usize,
-    /// Rate caps, boxed: most tenants have none, and the hot part of a
-    /// slot stays small.
+    /// Rate caps and the parked state, boxed: most tenants have none, and
+    /// the hot part of a slot stays small.
     caps: Option<Box<Caps>>,
-    /// When parked (not eligible under its caps), the time it may go again
-    /// and the generation of the timer entry that will wake it.
-    parked: Option<(u64, u64)>,
+    queued: usize,
+    policy: TenantPolicy,
+    queues: [ClassQueue<H>; 2],
+}
+
+impl<H> Slot<H> {
+    /// Whether the slot is parked by the timer entry `(at, gen)`.
+    #[inline]
+    fn parked_by(&self, at: u64, gen: u64) -> bool {
+        self.caps
+            .as_ref()
+            .is_some_and(|c| c.parked == Some((at, gen)))
+    }
+}
+
+/// Whether a slot with these caps waits for them (and is out of the rings).
+#[inline]
+fn is_parked(caps: Option<&Caps>) -> bool {
+    caps.is_some_and(|c| c.parked.is_some())
 }
 
 impl<H> Slot<H> {
@@ -131,7 +155,6 @@ impl<H> Slot<H> {
             queues: [ClassQueue::new(), ClassQueue::new()],
             queued: 0,
             caps: Caps::build(None, &policy)?,
-            parked: None,
         })
     }
 }
@@ -260,6 +283,8 @@ impl<H: Clone> TenantScheduler<H> {
             self.index.insert(tenant, s);
             return Ok(());
         };
+        // New caps may let it go now; if not, its next visit parks it again.
+        self.unpark(s);
         let slot = &mut self.slots[s as usize];
         // Validated above, so building the caps cannot fail half-way.
         slot.caps = Caps::build(slot.caps.take(), &policy)?;
@@ -268,8 +293,6 @@ impl<H: Clone> TenantScheduler<H> {
         for q in &mut slot.queues {
             q.deficit = q.deficit.min(slot.quantum);
         }
-        // New caps may let it go now; if not, its next visit parks it again.
-        self.unpark(s);
         Ok(())
     }
 
@@ -294,7 +317,9 @@ impl<H: Clone> TenantScheduler<H> {
         }
         self.len -= slot.queued;
         slot.queued = 0;
-        slot.parked = None;
+        if let Some(c) = slot.caps.as_mut() {
+            c.parked = None;
+        }
         self.free.push(s);
         Some(out)
     }
@@ -334,7 +359,7 @@ impl<H: Clone> TenantScheduler<H> {
     /// Puts a slot back into the rings of the classes it has work in.
     fn unpark(&mut self, s: u32) {
         let slot = &mut self.slots[s as usize];
-        if slot.parked.take().is_none() {
+        if slot.caps.as_mut().and_then(|c| c.parked.take()).is_none() {
             return;
         }
         for (c, q) in slot.queues.iter_mut().enumerate() {
@@ -353,7 +378,7 @@ impl<H: Clone> TenantScheduler<H> {
             return;
         }
         while let Some(&Reverse((at, s, gen))) = self.timers.peek() {
-            let current = self.slots[s as usize].parked == Some((at, gen));
+            let current = self.slots[s as usize].parked_by(at, gen);
             if current && at > now.0 {
                 break;
             }
@@ -364,23 +389,33 @@ impl<H: Clone> TenantScheduler<H> {
         }
     }
 
-    /// Serves one piece from `class`'s ring, if any tenant there may send.
-    fn serve(&mut self, class: usize, now: Nanos) -> Option<Grant<H>> {
+    /// Serves one piece from `CLASS`'s ring, if any tenant there may send.
+    ///
+    /// The class is a constant so that each of the two copies indexes its
+    /// ring and queues at fixed offsets.
+    #[inline(always)]
+    fn serve<const CLASS: usize>(&mut self, now: Nanos) -> Option<Grant<H>> {
         // Turns that ended in debt without serving; a whole ring of them
         // means every tenant is paying for a piece larger than its quantum.
         let mut misses = 0usize;
         loop {
-            if misses >= self.rings[class].len() && misses > 0 {
-                self.fast_forward(class);
+            if misses > 0 && misses >= self.rings[CLASS].len() {
+                self.fast_forward(CLASS);
                 misses = 0;
             }
-            let &s = self.rings[class].front()?;
+            let &s = self.rings[CLASS].front()?;
             let slot = &mut self.slots[s as usize];
-            let q = &mut slot.queues[class];
-            if q.items.is_empty() || slot.parked.is_some() {
-                // Idle, removed, or over its cap: leave the ring. A parked
-                // tenant keeps its deficit and its turn.
-                self.rings[class].pop_front();
+            let q = &mut slot.queues[CLASS];
+            let Some(head) = q.items.front() else {
+                // Idle or removed: leave the ring.
+                self.rings[CLASS].pop_front();
+                q.in_ring = false;
+                continue;
+            };
+            if is_parked(slot.caps.as_deref()) {
+                // Over its cap: leave the ring, keeping its deficit and its
+                // turn.
+                self.rings[CLASS].pop_front();
                 q.in_ring = false;
                 continue;
             }
@@ -391,25 +426,21 @@ impl<H: Clone> TenantScheduler<H> {
             if q.deficit <= 0 {
                 // Still paying for a piece larger than its quantum.
                 q.in_turn = false;
-                self.rings[class].rotate_left(1);
+                self.rings[CLASS].rotate_left(1);
                 misses += 1;
                 continue;
             }
-            let head = q.items.front()?;
-            let len = self.chunks.next_len(head.op, head.bytes - q.head_sent);
-            if let Err(at) = slot.caps.as_mut().map_or(Ok(()), |c| c.admit(now, len)) {
-                self.timer_gen += 1;
-                slot.parked = Some((at.0, self.timer_gen));
-                self.timers.push(Reverse((at.0, s, self.timer_gen)));
-                self.rings[class].pop_front();
-                slot.queues[class].in_ring = false;
-                continue;
+            let remaining = head.bytes - q.head_sent;
+            let len = self.chunks.next_len(head.op, remaining);
+            if let Some(caps) = slot.caps.as_mut() {
+                if let Err(at) = caps.admit(now, len) {
+                    self.park(CLASS, s, at);
+                    continue;
+                }
             }
-            let q = &mut slot.queues[class];
             q.deficit -= cost(len);
             let offset = q.head_sent;
-            q.head_sent += len;
-            let grant = if q.head_sent == q.items.front()?.bytes {
+            let grant = if len == remaining {
                 let d = q.items.pop_front()?;
                 q.head_sent = 0;
                 slot.queued -= 1;
@@ -424,12 +455,12 @@ impl<H: Clone> TenantScheduler<H> {
                     is_last: true,
                 }
             } else {
-                let d = q.items.front()?;
+                q.head_sent += len;
                 Grant {
-                    tenant: d.tenant,
-                    class: d.class,
-                    op: d.op,
-                    handle: d.handle.clone(),
+                    tenant: head.tenant,
+                    class: head.class,
+                    op: head.op,
+                    handle: head.handle.clone(),
                     offset,
                     len,
                     is_last: false,
@@ -440,12 +471,12 @@ impl<H: Clone> TenantScheduler<H> {
                 q.deficit = q.deficit.min(0);
                 q.in_turn = false;
                 q.in_ring = false;
-                self.rings[class].pop_front();
+                self.rings[CLASS].pop_front();
             } else if q.deficit <= 0 {
                 q.in_turn = false;
-                self.rings[class].rotate_left(1);
+                self.rings[CLASS].rotate_left(1);
             }
-            if class == LATENCY {
+            if CLASS == LATENCY {
                 let bulk_waiting = !self.rings[BULK].is_empty();
                 self.guard.on_latency(len, bulk_waiting);
             } else {
@@ -453,6 +484,21 @@ impl<H: Clone> TenantScheduler<H> {
             }
             return Some(grant);
         }
+    }
+
+    /// Takes slot `s`, over its caps until `at`, out of `class`'s ring (it
+    /// is at the front) and sets the timer that will wake it.
+    #[cold]
+    #[inline(never)]
+    fn park(&mut self, class: usize, s: u32, at: Nanos) {
+        self.timer_gen += 1;
+        let slot = &mut self.slots[s as usize];
+        if let Some(c) = slot.caps.as_mut() {
+            c.parked = Some((at.0, self.timer_gen));
+        }
+        self.timers.push(Reverse((at.0, s, self.timer_gen)));
+        self.rings[class].pop_front();
+        slot.queues[class].in_ring = false;
     }
 
     /// Skips the DRR rounds in which no tenant of `class` could send: when
@@ -480,13 +526,20 @@ impl<H: Clone> TenantScheduler<H> {
     /// The earliest time a parked tenant may send, dropping stale timers.
     fn next_wake(&mut self) -> Option<Nanos> {
         while let Some(&Reverse((at, s, gen))) = self.timers.peek() {
-            if self.slots[s as usize].parked == Some((at, gen)) {
+            if self.slots[s as usize].parked_by(at, gen) {
                 return Some(Nanos(at));
             }
             self.timers.pop();
         }
         None
     }
+}
+
+/// A refusal; out of line, so the accepting path of `enqueue` stays short.
+#[cold]
+#[inline(never)]
+fn reject<H>(reason: RejectReason, descriptor: Descriptor<H>) -> Rejected<H> {
+    Rejected { reason, descriptor }
 }
 
 fn update_cap(
@@ -506,25 +559,20 @@ fn update_cap(
 impl<H: Clone> Scheduler<H> for TenantScheduler<H> {
     fn enqueue(&mut self, d: Descriptor<H>, _now: Nanos) -> Result<(), Rejected<H>> {
         let Some(s) = self.index.get(d.tenant) else {
-            return Err(Rejected {
-                reason: RejectReason::UnknownTenant(d.tenant),
-                descriptor: d,
-            });
+            return Err(reject(RejectReason::UnknownTenant(d.tenant), d));
         };
         let slot = &mut self.slots[s as usize];
         if slot.queued >= self.config.max_queued_per_tenant {
-            return Err(Rejected {
-                reason: RejectReason::QueueFull {
-                    tenant: d.tenant,
-                    limit: self.config.max_queued_per_tenant,
-                },
-                descriptor: d,
-            });
+            let reason = RejectReason::QueueFull {
+                tenant: d.tenant,
+                limit: self.config.max_queued_per_tenant,
+            };
+            return Err(reject(reason, d));
         }
         let c = class_index(d.class);
         let q = &mut slot.queues[c];
         q.items.push_back(d);
-        if !q.in_ring && slot.parked.is_none() {
+        if !q.in_ring && !is_parked(slot.caps.as_deref()) {
             q.in_ring = true;
             self.rings[c].push_back(s);
         }
@@ -538,13 +586,21 @@ impl<H: Clone> Scheduler<H> for TenantScheduler<H> {
             return Dequeue::Empty;
         }
         self.wake(now);
-        let order = if self.guard.bulk_first() && !self.rings[BULK].is_empty() {
-            [BULK, LATENCY]
-        } else {
-            [LATENCY, BULK]
-        };
-        for class in order {
-            if let Some(g) = self.serve(class, now) {
+        // Latency first, unless the guard says bulk's share is due. With no
+        // latency work queued, serving latency first would find nothing, so
+        // the common case (bulk only) goes straight to the bulk ring.
+        let bulk_due = self.guard.bulk_first() && !self.rings[BULK].is_empty();
+        let latency_first = !bulk_due && !self.rings[LATENCY].is_empty();
+        if latency_first {
+            if let Some(g) = self.serve::<LATENCY>(now) {
+                return Dequeue::Ready(g);
+            }
+        }
+        if let Some(g) = self.serve::<BULK>(now) {
+            return Dequeue::Ready(g);
+        }
+        if !latency_first {
+            if let Some(g) = self.serve::<LATENCY>(now) {
                 return Dequeue::Ready(g);
             }
         }
@@ -556,5 +612,18 @@ impl<H: Clone> Scheduler<H> for TenantScheduler<H> {
 
     fn len(&self) -> usize {
         self.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_is_three_cache_lines_with_the_bulk_queue_in_the_last() {
+        assert_eq!(std::mem::size_of::<Slot<u64>>(), 192);
+        assert_eq!(std::mem::align_of::<Slot<u64>>(), 64);
+        let bulk = std::mem::offset_of!(Slot<u64>, queues) + std::mem::size_of::<ClassQueue<u64>>();
+        assert!(bulk >= 128);
     }
 }

@@ -293,6 +293,11 @@ impl Context {
         })
     }
 
+    /// The raw context (valid while `self` lives).
+    pub(crate) fn raw(&self) -> *mut ffi::ibv_context {
+        self.inner.ctx
+    }
+
     /// The device's name.
     pub fn name(&self) -> &str {
         &self.inner.name

@@ -66,6 +66,72 @@ pub enum Error {
         /// What was wrong with the GIDs that exist.
         reason: String,
     },
+    /// A queue pair state transition failed.
+    #[error("moving the queue pair to {to} failed (attributes: {attrs}): {source}{hint}")]
+    Transition {
+        /// The state it was moving to.
+        to: &'static str,
+        /// The attributes set in that transition.
+        attrs: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+        /// A likely cause, when one is known.
+        hint: &'static str,
+    },
+    /// The tenant's quota refused the operation.
+    #[error(transparent)]
+    Admission(#[from] mtrdma_core::AdmissionError),
+    /// A memory region of zero bytes was asked for.
+    #[error("a memory region must hold at least one byte")]
+    EmptyRegion,
+    /// The memlock limit is below the region's size.
+    #[error(
+        "registering {needed} bytes needs a memlock limit at least that large, but it is {limit} \
+         bytes; raise it (`ulimit -l unlimited`, or `memlock` in /etc/security/limits.conf, or \
+         LimitMEMLOCK= for a systemd service)"
+    )]
+    MemlockTooLow {
+        /// The current limit in bytes.
+        limit: u64,
+        /// The bytes needed.
+        needed: u64,
+    },
+    /// A local range does not lie inside the region.
+    #[error("local range {range:?} is outside the memory region of {len} bytes")]
+    LocalRangeOutOfBounds {
+        /// The range asked for.
+        range: std::ops::Range<usize>,
+        /// The region's length.
+        len: usize,
+    },
+    /// An RDMA WRITE or READ would reach past the end of the remote region.
+    #[error(
+        "{len} bytes do not fit the remote region of {} bytes at {:#x}; refused before posting",
+        remote.len,
+        remote.addr
+    )]
+    RemoteOutOfBounds {
+        /// The remote region given.
+        remote: crate::RemoteRegion,
+        /// The bytes to transfer.
+        len: u64,
+    },
+    /// The send queue is full.
+    #[error("the send queue is full ({depth} work requests in flight); poll completions first")]
+    SendQueueFull {
+        /// Its depth.
+        depth: u32,
+    },
+    /// The receive queue is full.
+    #[error("the receive queue is full ({depth} receives posted)")]
+    RecvQueueFull {
+        /// Its depth.
+        depth: u32,
+    },
+    /// The peer's handshake could not be exchanged or read.
+    #[error("endpoint exchange failed: {0}")]
+    Exchange(String),
     /// A libibverbs call failed.
     #[error("{call} failed on {device}: {source}")]
     Verbs {

@@ -19,10 +19,19 @@
 //! # }
 //! ```
 
+mod completion;
 mod device;
 mod error;
+pub mod exchange;
 mod gid;
+mod mr;
+mod pd;
+mod qp;
 
+pub use completion::{Completion, Opcode, WcStatus};
 pub use device::{device_names, Context, LinkLayer, Mtu, PortInfo, PortState};
 pub use error::Error;
 pub use gid::{Gid, GidEntry, GidSelection, GidType};
+pub use mr::{Access, MemoryRegion, RemoteRegion};
+pub use pd::ProtectionDomain;
+pub use qp::{Endpoint, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder, SendOp};

@@ -10,6 +10,7 @@
 mod cpio;
 mod demo;
 mod deps;
+mod fuzz;
 mod kernel;
 mod proc;
 mod test;
@@ -33,8 +34,9 @@ commands:
       --rw DIR            share host directory DIR writable at the same path (repeatable)
       --memory MIB        guest memory (default 2048)
       --cpus N            guest vCPUs (default 2)
-  test                    deps, cargo fmt --check, clippy -D warnings, cargo test, and the
-                          device tests (#[ignore]d on the host) inside one VM boot;
+  test                    deps, cargo fmt --check, clippy -D warnings, cargo test, every
+                          fuzz target for 30 s, and the device tests (#[ignore]d on the
+                          host) inside one VM boot;
                           with MTRDMA_TEST_DEVICE set, the device tests run on this host's
                           device instead of the VM
   demo                    list devices, ports and GIDs through mtrdma inside the VM

@@ -1,7 +1,8 @@
 //! `cargo xtask test`: every check and test, device tests included.
 //!
 //! Stages: deps, `cargo fmt --check`, `cargo clippy -D warnings`,
-//! `cargo test --workspace` on the host, then the device tests (the
+//! `cargo test --workspace` on the host, each cargo-fuzz target for 30 s,
+//! then the device tests (the
 //! `#[ignore]`d ones) of every test binary with `--ignored` against a real
 //! verbs device: `rxe0` inside one boot of the SoftRoCE VM, or the host's
 //! device named by `MTRDMA_TEST_DEVICE` when that is set.
@@ -13,7 +14,10 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::proc::{self, TestCounts};
-use crate::{deps, vm};
+use crate::{deps, fuzz, vm};
+
+/// How long each fuzz target runs.
+const FUZZ_TIME: Duration = Duration::from_secs(30);
 
 /// The device tests' budget inside the VM.
 const VM_TIMEOUT: Duration = Duration::from_secs(40 * 60);
@@ -76,6 +80,10 @@ pub(crate) fn run() -> Result<ExitCode> {
             let counts = TestCounts::parse(&out);
             Ok((ok && counts.failed == 0, String::new(), Some(counts)))
         });
+        stage("fuzz", &mut || {
+            let detail = fuzz::run(FUZZ_TIME)?;
+            Ok((true, detail, None))
+        });
         stage("device tests", &mut device_tests);
     }
 
@@ -103,7 +111,7 @@ pub(crate) fn run() -> Result<ExitCode> {
         println!("{line}");
     }
     println!("total: {} passed, {} failed", total.passed, total.failed);
-    let ok = stages.len() == 5 && stages.iter().all(|s| s.ok);
+    let ok = stages.len() == 6 && stages.iter().all(|s| s.ok);
     Ok(if ok {
         ExitCode::SUCCESS
     } else {

@@ -80,6 +80,12 @@ pub enum TableError {
     /// The policy stored in the table does not validate.
     #[error("the policy stored in the table is invalid: {0}")]
     InvalidPolicy(#[from] PolicyError),
+    /// The table's clock calibration cannot be used in this process.
+    #[error("the table's shared clock cannot be used here: {problem}")]
+    Clock {
+        /// What is wrong.
+        problem: String,
+    },
     /// The policy was being rewritten for too long (its writer may have died mid-write).
     #[error(
         "the policy region stayed mid-update; its writer may have died while writing \

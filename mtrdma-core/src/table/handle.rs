@@ -1,6 +1,8 @@
 //! A process's membership in a tenant: admission on the control path and
 //! shared rate limits on the data path.
 
+use std::cell::{Cell, RefCell};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -57,8 +59,26 @@ impl CachedCap {
     }
 }
 
+/// Unique ids of handles (never reused within a process), so a thread's
+/// lane cache cannot mistake a new handle for an old one.
+static NEXT_HANDLE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// How many (handle, lane) pairs a thread remembers.
+const LANE_CACHE: usize = 32;
+
+thread_local! {
+    /// The last (handle id, lane) this thread used: the fast path.
+    static LAST_LANE: Cell<(u64, u32)> = const { Cell::new((0, 0)) };
+    /// Every (handle id, lane) this thread owns.
+    static MY_LANES: RefCell<Vec<(u64, u32)>> = const { RefCell::new(Vec::new()) };
+}
+
 #[derive(Debug)]
 struct Inner {
+    id: u64,
+    /// Where this tenant's shared words live, resolved once: they stay
+    /// valid while `table` (which owns the mappings) does.
+    words: Words,
     table: QuotaTable,
     tenant: TenantId,
     name: arc_swap::ArcSwap<String>,
@@ -79,6 +99,22 @@ struct Inner {
     seen_fair: AtomicU64,
     bytes: CachedCap,
 }
+
+/// Pointers into the table's mappings.
+#[derive(Debug)]
+struct Words {
+    header: NonNull<PolicyHeader>,
+    policy: NonNull<PolicySlot>,
+    state: NonNull<TenantState>,
+    process: NonNull<ProcessSlot>,
+}
+
+// SAFETY: the pointers address atomics in shared mappings that live as long
+// as the `Inner` that holds them (it owns a `QuotaTable`); atomics may be
+// used from any thread.
+unsafe impl Send for Words {}
+// SAFETY: as above; only shared references to atomics are ever made.
+unsafe impl Sync for Words {}
 
 /// The calling process's membership in a tenant (cheap to clone).
 ///
@@ -105,8 +141,22 @@ impl TenantHandle {
             .process_slot(process)
             .tenant_slot
             .load(Ordering::Relaxed);
+        if slot >= table.capacity() {
+            return Err(TableError::NotOurSlot {
+                slot: process,
+                reason: format!("it names tenant slot {slot} of {}", table.capacity()),
+            });
+        }
+        let words = Words {
+            header: NonNull::from(table.policy_header()),
+            policy: NonNull::from(table.policy_slot(slot)),
+            state: NonNull::from(table.tenant_state(slot)),
+            process: NonNull::from(table.process_slot(process)),
+        };
         let handle = TenantHandle {
             inner: Arc::new(Inner {
+                id: NEXT_HANDLE_ID.fetch_add(1, Ordering::Relaxed),
+                words,
                 table,
                 tenant,
                 name: arc_swap::ArcSwap::from_pointee(String::new()),
@@ -169,7 +219,7 @@ impl TenantHandle {
     /// last limits in force: fail-static.
     #[inline]
     fn refresh(&self) {
-        let seq = self.inner.table.policy_header().seq.load(Ordering::Acquire);
+        let seq = self.header().seq.load(Ordering::Acquire);
         if seq != self.inner.seen_seq.load(Ordering::Relaxed) {
             if let Err(e) = self.refresh_now() {
                 tracing::warn!(tenant = %self.inner.tenant, error = %e, "keeping the last policy");
@@ -203,12 +253,93 @@ impl TenantHandle {
         Ok(())
     }
 
-    fn state(&self) -> &TenantState {
-        self.inner.table.tenant_state(self.inner.slot)
+    #[inline]
+    fn header(&self) -> &PolicyHeader {
+        // SAFETY: see `Words`: valid while `self.inner.table` lives.
+        unsafe { self.inner.words.header.as_ref() }
     }
 
+    #[inline]
+    fn policy_slot(&self) -> &PolicySlot {
+        // SAFETY: see `Words`.
+        unsafe { self.inner.words.policy.as_ref() }
+    }
+
+    #[inline]
+    fn state(&self) -> &TenantState {
+        // SAFETY: see `Words`.
+        unsafe { self.inner.words.state.as_ref() }
+    }
+
+    #[inline]
     fn process(&self) -> &ProcessSlot {
-        self.inner.table.process_slot(self.inner.process)
+        // SAFETY: see `Words`.
+        unsafe { self.inner.words.process.as_ref() }
+    }
+
+    /// This thread's lane of the process slot (taken on first use).
+    #[inline]
+    fn my_lane(&self) -> u32 {
+        let id = self.inner.id;
+        let (last_id, last_lane) = LAST_LANE.with(Cell::get);
+        if last_id == id {
+            return last_lane;
+        }
+        let lane = MY_LANES.with(|lanes| {
+            let mut lanes = lanes.borrow_mut();
+            if let Some(&(_, lane)) = lanes.iter().find(|(h, _)| *h == id) {
+                return lane;
+            }
+            let lane = self
+                .process()
+                .next_lane
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                    (n < SHARED_LANE).then_some(n + 1)
+                })
+                .unwrap_or(SHARED_LANE);
+            if lanes.len() == LANE_CACHE {
+                lanes.remove(0);
+            }
+            lanes.push((id, lane));
+            lane
+        });
+        LAST_LANE.with(|last| last.set((id, lane)));
+        lane
+    }
+
+    /// Adds `delta` (wrapping: a release adds the negation) to this
+    /// thread's lane: a plain load and store on a lane only this thread
+    /// writes, an atomic add on the shared lane.
+    #[inline]
+    fn lane_add(&self, field: fn(&Lane) -> &AtomicU64, delta: u64) {
+        let lane = self.my_lane();
+        let word = field(&self.process().lanes[lane as usize]);
+        if lane == SHARED_LANE {
+            word.fetch_add(delta, Ordering::AcqRel);
+        } else {
+            word.store(
+                word.load(Ordering::Relaxed).wrapping_add(delta),
+                Ordering::Release,
+            );
+        }
+    }
+
+    #[inline]
+    fn release_qp(&self) {
+        self.lane_add(|l| &l.qps, 1u64.wrapping_neg());
+        self.state().qps.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    #[inline]
+    fn release_mr(&self, bytes: u64) {
+        self.lane_add(|l| &l.mr_bytes, bytes.wrapping_neg());
+        self.state().mr_bytes.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Nanoseconds on the table's shared time base, for [`check_rate`](Self::check_rate).
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        self.inner.table.now_ns()
     }
 
     /// Adds `n` to the tenant's `word` unless that passes `limit`.
@@ -263,7 +394,7 @@ impl TenantHandle {
     }
 
     /// Admits one queue pair: within `max_qps` and the QP-creation rate.
-    pub fn acquire_qp(&self) -> Result<QpPermit, AdmissionError> {
+    pub fn acquire_qp(&self) -> Result<QpPermit<'_>, AdmissionError> {
         self.refresh();
         let st = self.state();
         self.admit(
@@ -274,21 +405,19 @@ impl TenantHandle {
             "max_qps",
         )?;
         if self.inner.qp_create.per_second.load(Ordering::Relaxed) != 0 {
-            let now = crate::clock::monotonic_ns();
+            let now = self.now_ns();
             if let Err(retry_at) = self.inner.qp_create.charge(&st.tat[TAT_QP_CREATE], now, 1) {
                 sub_saturating(&st.qps, 1);
                 return Err(self.rate_limited("QP creation", &self.inner.qp_create, retry_at, now));
             }
         }
-        self.process().qps.fetch_add(1, Ordering::AcqRel);
-        Ok(QpPermit {
-            handle: self.clone(),
-        })
+        self.lane_add(|l| &l.qps, 1);
+        Ok(QpPermit { handle: self })
     }
 
     /// Admits `bytes` of memory registration: within `max_mr_bytes` and the
     /// registration rate.
-    pub fn acquire_mr(&self, bytes: u64) -> Result<MrPermit, AdmissionError> {
+    pub fn acquire_mr(&self, bytes: u64) -> Result<MrPermit<'_>, AdmissionError> {
         self.refresh();
         let st = self.state();
         self.admit(
@@ -299,7 +428,7 @@ impl TenantHandle {
             "max_mr_bytes",
         )?;
         if self.inner.mr_reg.per_second.load(Ordering::Relaxed) != 0 {
-            let now = crate::clock::monotonic_ns();
+            let now = self.now_ns();
             if let Err(retry_at) = self.inner.mr_reg.charge(&st.tat[TAT_MR_REG], now, 1) {
                 sub_saturating(&st.mr_bytes, bytes);
                 return Err(self.rate_limited(
@@ -310,9 +439,9 @@ impl TenantHandle {
                 ));
             }
         }
-        self.process().mr_bytes.fetch_add(bytes, Ordering::AcqRel);
+        self.lane_add(|l| &l.mr_bytes, bytes);
         Ok(MrPermit {
-            handle: self.clone(),
+            handle: self,
             bytes,
         })
     }
@@ -334,8 +463,8 @@ impl TenantHandle {
     }
 
     /// Applies the tenant's data-path rate limits, shared by all its
-    /// processes, to `bytes` in `wrs` work requests at `now_ns`
-    /// ([`crate::clock::monotonic_ns`]). `Err(retry_at)` names the time at
+    /// processes, to `bytes` in `wrs` work requests at `now_ns` (on the
+    /// table's time base: [`now_ns`](Self::now_ns)). `Err(retry_at)` names the time at
     /// which the same request would conform; nothing is charged then
     /// (except, when the work-request rate admits and the byte rate
     /// refuses, the work-request budget: the caller is under-served, never
@@ -348,11 +477,7 @@ impl TenantHandle {
         self.refresh();
         let i = &self.inner;
         let st = self.state();
-        let fair = i
-            .table
-            .policy_slot(i.slot)
-            .fair_rate
-            .load(Ordering::Acquire);
+        let fair = self.policy_slot().fair_rate.load(Ordering::Acquire);
         if fair != i.seen_fair.load(Ordering::Relaxed) {
             let cap = i.byte_cap.load(Ordering::Relaxed);
             let rate = match (cap, fair) {
@@ -401,58 +526,116 @@ impl TenantHandle {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Every permit holds a handle, so nothing is held any more; return
-        // whatever the slot still counts (nothing, unless it was corrupted)
-        // and free it.
+        // Every permit borrowed or owned a handle, so none is left; return
+        // whatever the lanes still count (nothing, unless memory was
+        // corrupted) and free the slot.
         let p = self.table.process_slot(self.process);
         let st = self.table.tenant_state(self.slot);
-        sub_saturating(&st.qps, p.qps.swap(0, Ordering::AcqRel));
-        sub_saturating(&st.mr_bytes, p.mr_bytes.swap(0, Ordering::AcqRel));
+        let (qps, mr_bytes) = p.held();
+        sub_saturating(&st.qps, qps);
+        sub_saturating(&st.mr_bytes, mr_bytes);
+        p.clear();
         p.pid.store(0, Ordering::Relaxed);
         p.state.store(PROC_FREE, Ordering::Release);
     }
 }
 
-/// One admitted queue pair; returned to the quota when dropped.
+/// One admitted queue pair, borrowed from its [`TenantHandle`]; returned
+/// to the quota when dropped. [`into_owned`](Self::into_owned) makes one
+/// that can be stored anywhere.
 #[derive(Debug)]
 #[must_use = "dropping the permit releases the queue pair quota at once"]
-pub struct QpPermit {
+pub struct QpPermit<'h> {
+    handle: &'h TenantHandle,
+}
+
+impl QpPermit<'_> {
+    /// The tenant it was admitted for.
+    pub fn tenant(&self) -> TenantId {
+        self.handle.tenant()
+    }
+
+    /// The same permit, holding its own reference to the handle.
+    pub fn into_owned(self) -> OwnedQpPermit {
+        let handle = self.handle.clone();
+        std::mem::forget(self);
+        OwnedQpPermit { handle }
+    }
+}
+
+impl Drop for QpPermit<'_> {
+    fn drop(&mut self) {
+        self.handle.release_qp();
+    }
+}
+
+/// A [`QpPermit`] that owns a clone of its handle.
+#[derive(Debug)]
+#[must_use = "dropping the permit releases the queue pair quota at once"]
+pub struct OwnedQpPermit {
     handle: TenantHandle,
 }
 
-impl QpPermit {
+impl OwnedQpPermit {
     /// The tenant it was admitted for.
     pub fn tenant(&self) -> TenantId {
         self.handle.tenant()
     }
 }
 
-impl Drop for QpPermit {
+impl Drop for OwnedQpPermit {
     fn drop(&mut self) {
-        sub_saturating(&self.handle.process().qps, 1);
-        sub_saturating(&self.handle.state().qps, 1);
+        self.handle.release_qp();
     }
 }
 
-/// Admitted memory-region bytes; returned to the quota when dropped.
+/// Admitted memory-region bytes, borrowed from their [`TenantHandle`];
+/// returned to the quota when dropped.
 #[derive(Debug)]
 #[must_use = "dropping the permit releases the memory-region quota at once"]
-pub struct MrPermit {
+pub struct MrPermit<'h> {
+    handle: &'h TenantHandle,
+    bytes: u64,
+}
+
+impl MrPermit<'_> {
+    /// The bytes admitted.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The same permit, holding its own reference to the handle.
+    pub fn into_owned(self) -> OwnedMrPermit {
+        let (handle, bytes) = (self.handle.clone(), self.bytes);
+        std::mem::forget(self);
+        OwnedMrPermit { handle, bytes }
+    }
+}
+
+impl Drop for MrPermit<'_> {
+    fn drop(&mut self) {
+        self.handle.release_mr(self.bytes);
+    }
+}
+
+/// An [`MrPermit`] that owns a clone of its handle.
+#[derive(Debug)]
+#[must_use = "dropping the permit releases the memory-region quota at once"]
+pub struct OwnedMrPermit {
     handle: TenantHandle,
     bytes: u64,
 }
 
-impl MrPermit {
+impl OwnedMrPermit {
     /// The bytes admitted.
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
 }
 
-impl Drop for MrPermit {
+impl Drop for OwnedMrPermit {
     fn drop(&mut self) {
-        sub_saturating(&self.handle.process().mr_bytes, self.bytes);
-        sub_saturating(&self.handle.state().mr_bytes, self.bytes);
+        self.handle.release_mr(self.bytes);
     }
 }
 

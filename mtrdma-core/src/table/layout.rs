@@ -16,7 +16,7 @@
 //! Every field is an atomic: other processes write concurrently, and every
 //! value read is validated before use.
 
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// `b"MTRDMAPL"` as a little-endian u64.
 pub(crate) const POLICY_MAGIC: u64 = u64::from_le_bytes(*b"MTRDMAPL");
@@ -49,7 +49,12 @@ pub(crate) struct PolicyHeader {
     pub(crate) coordinator_start: AtomicU64,
     /// `CLOCK_MONOTONIC` ns of the coordinator's last recomputation.
     pub(crate) heartbeat_ns: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 7],
+    /// The shared clock's calibration (see `clock::SharedClock`), written
+    /// once by the creator.
+    pub(crate) clock_raw0: AtomicU64,
+    pub(crate) clock_ns0: AtomicU64,
+    pub(crate) clock_mult: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 4],
 }
 
 /// Slot flag: the slot holds a tenant.
@@ -123,17 +128,55 @@ pub(crate) const PROC_CLAIMING: u32 = 1;
 pub(crate) const PROC_LIVE: u32 = 2;
 pub(crate) const PROC_RECLAIMING: u32 = 3;
 
+/// Lanes of a process slot. Each thread of the process that admits or
+/// releases resources gets a lane of its own and updates it with a plain
+/// load and store (no locked instruction); threads beyond the last
+/// single-writer lane share [`SHARED_LANE`] with atomic read-modify-writes.
+pub(crate) const LANES: usize = 16;
+/// The lane threads share once the others are taken.
+pub(crate) const SHARED_LANE: u32 = LANES as u32 - 1;
+
+/// What one thread of a process has taken (+) and given back (-), as
+/// wrapping sums: a permit may be released on another thread than the one
+/// that took it, so one lane can go "negative"; the lanes add up.
+#[repr(C)]
+pub(crate) struct Lane {
+    pub(crate) qps: AtomicU64,
+    pub(crate) mr_bytes: AtomicU64,
+}
+
 /// What one process holds, so its resources can be returned when it dies.
 #[repr(C)]
 pub(crate) struct ProcessSlot {
     pub(crate) state: AtomicU32,
     pub(crate) pid: AtomicU32,
     pub(crate) tenant_slot: AtomicU32,
-    pub(crate) _pad: AtomicU32,
+    /// The next lane to hand to a thread.
+    pub(crate) next_lane: AtomicU32,
     pub(crate) start_time: AtomicU64,
-    pub(crate) qps: AtomicU64,
-    pub(crate) mr_bytes: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 3],
+    pub(crate) _reserved: [AtomicU64; 5],
+    pub(crate) lanes: [Lane; LANES],
+}
+
+impl ProcessSlot {
+    /// What the process holds: the sums of its lanes.
+    pub(crate) fn held(&self) -> (u64, u64) {
+        self.lanes.iter().fold((0u64, 0u64), |(q, m), lane| {
+            (
+                q.wrapping_add(lane.qps.load(Ordering::Acquire)),
+                m.wrapping_add(lane.mr_bytes.load(Ordering::Acquire)),
+            )
+        })
+    }
+
+    /// Empties every lane (a freshly claimed or reclaimed slot).
+    pub(crate) fn clear(&self) {
+        self.next_lane.store(0, Ordering::Relaxed);
+        for lane in &self.lanes {
+            lane.qps.store(0, Ordering::Relaxed);
+            lane.mr_bytes.store(0, Ordering::Relaxed);
+        }
+    }
 }
 
 pub(crate) const POLICY_HEADER: usize = std::mem::size_of::<PolicyHeader>();
@@ -157,5 +200,5 @@ const _: () = {
     assert!(POLICY_SLOT == 192);
     assert!(STATE_HEADER == 64);
     assert!(STATE_SLOT == 128);
-    assert!(PROCESS_SLOT == 64);
+    assert!(PROCESS_SLOT == 64 + 16 * LANES);
 };

@@ -38,9 +38,12 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 pub use error::{AdmissionError, TableError};
-pub use handle::{MrPermit, QpPermit, TenantHandle, TenantUsage, WrPermit};
+pub use handle::{
+    MrPermit, OwnedMrPermit, OwnedQpPermit, QpPermit, TenantHandle, TenantUsage, WrPermit,
+};
 pub use layout::{MAX_PROCESSES, MAX_TENANTS};
 
+use crate::clock::SharedClock;
 use crate::policy::{LinkConfig, Policy, RateCap, TenantPolicy};
 use crate::procinfo::ProcessId;
 use crate::{TenantId, TrafficClass};
@@ -64,6 +67,7 @@ struct Inner {
     capacity: u32,
     processes: u32,
     cache: ArcSwap<PolicySnapshot>,
+    clock: SharedClock,
 }
 
 impl std::fmt::Debug for QuotaTable {
@@ -239,7 +243,13 @@ impl QuotaTable {
             ph.coordinator_pid.store(me.pid, Ordering::Relaxed);
             ph.coordinator_start.store(me.start_time, Ordering::Relaxed);
         }
+        let (raw0, ns0, mult) = SharedClock::calibrate();
+        ph.clock_raw0.store(raw0, Ordering::Relaxed);
+        ph.clock_ns0.store(ns0, Ordering::Relaxed);
+        ph.clock_mult.store(mult, Ordering::Relaxed);
         ph.magic.store(POLICY_MAGIC, Ordering::Release);
+        let clock = SharedClock::from_params(raw0, ns0, mult)
+            .map_err(|problem| TableError::Clock { problem })?;
         let table = QuotaTable {
             inner: Arc::new(Inner {
                 name,
@@ -252,6 +262,7 @@ impl QuotaTable {
                     policy: Policy::new(LinkConfig::new(1), Vec::new()),
                     slots: HashMap::new(),
                 }),
+                clock,
             }),
         };
         table.publish(policy)?;
@@ -284,7 +295,7 @@ impl QuotaTable {
         pmap: Mapping,
         smap: Mapping,
     ) -> Result<QuotaTable, TableError> {
-        let capacity = validate_policy_region(&pmap)?;
+        let (capacity, clock) = validate_policy_region(&pmap)?;
         let processes = validate_state_region(&smap, capacity)?;
         let table = QuotaTable {
             inner: Arc::new(Inner {
@@ -298,6 +309,7 @@ impl QuotaTable {
                     policy: Policy::new(LinkConfig::new(1), Vec::new()),
                     slots: HashMap::new(),
                 }),
+                clock,
             }),
         };
         table.snapshot()?;
@@ -408,6 +420,15 @@ impl QuotaTable {
         // SAFETY: the state region holds `processes` process slots after
         // the tenant slots (validated at open).
         unsafe { self.inner.state.get(offset) }.expect("process slots validated at open")
+    }
+
+    /// Nanoseconds on the table's shared time base: the clock every rate
+    /// decision through this table must be given (close to
+    /// `CLOCK_MONOTONIC`, read from the TSC where there is one, and equal
+    /// in every process of the table).
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        self.inner.clock.now_ns()
     }
 
     /// The generation of the policy now in the table (odd seq: mid-write).
@@ -637,8 +658,9 @@ impl QuotaTable {
                 continue;
             }
             let tenant_slot = slot.tenant_slot.load(Ordering::Relaxed);
-            let qps = slot.qps.swap(0, Ordering::AcqRel);
-            let mr_bytes = slot.mr_bytes.swap(0, Ordering::AcqRel);
+            // The process is dead: nobody writes its lanes any more.
+            let (qps, mr_bytes) = slot.held();
+            slot.clear();
             if tenant_slot < self.inner.capacity {
                 let st = self.tenant_state(tenant_slot);
                 handle::sub_saturating(&st.qps, qps);
@@ -690,8 +712,7 @@ impl QuotaTable {
                     slot.pid.store(process.pid, Ordering::Relaxed);
                     slot.start_time.store(process.start_time, Ordering::Relaxed);
                     slot.tenant_slot.store(tenant_slot, Ordering::Relaxed);
-                    slot.qps.store(0, Ordering::Relaxed);
-                    slot.mr_bytes.store(0, Ordering::Relaxed);
+                    slot.clear();
                     slot.state.store(PROC_LIVE, Ordering::Release);
                     return Ok(p);
                 }
@@ -818,8 +839,8 @@ fn check_sizes(capacity: u32, processes: u32) -> Result<(), TableError> {
     Ok(())
 }
 
-/// Checks the policy header and returns the capacity.
-fn validate_policy_region(map: &Mapping) -> Result<u32, TableError> {
+/// Checks the policy header and returns the capacity and the shared clock.
+fn validate_policy_region(map: &Mapping) -> Result<(u32, SharedClock), TableError> {
     const R: &str = "policy";
     // SAFETY: the header is all atomics; `get` checks bounds and alignment.
     let h = unsafe { map.get::<PolicyHeader>(0) }.ok_or(TableError::Truncated {
@@ -864,7 +885,13 @@ fn validate_policy_region(map: &Mapping) -> Result<u32, TableError> {
             actual: map.len(),
         });
     }
-    Ok(capacity)
+    let clock = SharedClock::from_params(
+        h.clock_raw0.load(Ordering::Relaxed),
+        h.clock_ns0.load(Ordering::Relaxed),
+        h.clock_mult.load(Ordering::Relaxed),
+    )
+    .map_err(|problem| TableError::Clock { problem })?;
+    Ok((capacity, clock))
 }
 
 /// Checks the state header against the policy's capacity and returns the
@@ -1114,11 +1141,16 @@ mod tests {
         let st = table.tenant_state(0);
         st.qps.store(2, Ordering::Relaxed);
         st.mr_bytes.store(4096, Ordering::Relaxed);
-        table.process_slot(slot).qps.store(2, Ordering::Relaxed);
-        table
-            .process_slot(slot)
+        table.process_slot(slot).lanes[0]
+            .qps
+            .store(2, Ordering::Relaxed);
+        // Taken on one thread, partly given back on another: lanes add up.
+        table.process_slot(slot).lanes[3]
             .mr_bytes
-            .store(4096, Ordering::Relaxed);
+            .store(8192, Ordering::Relaxed);
+        table.process_slot(slot).lanes[5]
+            .mr_bytes
+            .store(4096u64.wrapping_neg(), Ordering::Relaxed);
         // We (the live process with that pid) hold one QP of our own.
         let live = table.attach(TenantId(1)).unwrap();
         let permit = live.acquire_qp().unwrap();
@@ -1135,5 +1167,45 @@ mod tests {
         );
         drop(permit);
         assert_eq!(table.usage().unwrap()[0].qps.0, 0);
+    }
+
+    #[test]
+    fn lanes_add_up_across_threads_that_take_and_give_back() {
+        let policy = Policy::new(
+            LinkConfig::new(1_000_000),
+            vec![TenantPolicy::new(TenantId(1), "t").with_max_mr_bytes(1 << 30)],
+        );
+        let table = QuotaTable::embedded(&policy).unwrap();
+        let handle = table.attach(TenantId(1)).unwrap();
+        // More threads than single-writer lanes: the last ones share a lane.
+        let permits: Vec<OwnedMrPermit> = std::thread::scope(|s| {
+            (0..24u64)
+                .map(|i| {
+                    let handle = &handle;
+                    s.spawn(move || {
+                        (0..5)
+                            .map(|j| handle.acquire_mr(1000 + i * 10 + j).unwrap().into_owned())
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect()
+        });
+        let expected: u64 = permits.iter().map(OwnedMrPermit::bytes).sum();
+        let process = table.process_slot(0);
+        assert_eq!(process.held().1, expected);
+        assert_eq!(table.usage().unwrap()[0].mr_bytes.0, expected);
+        // Give them back on other threads than took them.
+        let mut permits = permits;
+        std::thread::scope(|s| {
+            while !permits.is_empty() {
+                let batch: Vec<_> = permits.drain(..permits.len().min(7)).collect();
+                s.spawn(move || drop(batch));
+            }
+        });
+        assert_eq!(process.held(), (0, 0));
+        assert_eq!(table.usage().unwrap()[0].mr_bytes.0, 0);
     }
 }

@@ -1,0 +1,58 @@
+//! Arbitrary bytes as a quota table: an error or a valid snapshot, never a
+//! panic or undefined behaviour.
+//!
+//! The first byte picks the mode: raw bytes split into the two regions, or
+//! a valid table's bytes with patches (offset, value) applied, which gets
+//! past the magic numbers into the deeper checks.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateCap, TenantId, TenantPolicy, TrafficClass};
+
+fn valid() -> (Vec<u8>, Vec<u8>) {
+    let policy = Policy::new(
+        LinkConfig::new(12_500_000_000),
+        vec![
+            TenantPolicy::new(TenantId(1), "kv").with_class(TrafficClass::Latency),
+            TenantPolicy::new(TenantId(2), "bulk")
+                .with_weight(3)
+                .with_rate(RateCap::new(1_000_000, 4096)),
+        ],
+    );
+    QuotaTable::embedded_with_capacity(&policy, 4, 4)
+        .expect("a valid table")
+        .to_bytes()
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    if mode % 2 == 0 {
+        let split = rest
+            .first()
+            .map_or(0, |&b| usize::from(b) * 8)
+            .min(rest.len());
+        let _ = QuotaTable::validate_bytes(&rest[..split], &rest[split..]);
+    } else {
+        let (mut policy, mut state) = valid();
+        for patch in rest.chunks_exact(4) {
+            let region = if patch[0] & 1 == 0 {
+                &mut policy
+            } else {
+                &mut state
+            };
+            let at = usize::from(u16::from_le_bytes([patch[1], patch[2]]));
+            if let Some(byte) = region.get_mut(at) {
+                *byte = patch[3];
+            }
+        }
+        let cut = rest.len() % 3 == 0;
+        let policy = if cut {
+            &policy[..policy.len() - rest.len().min(policy.len())]
+        } else {
+            &policy[..]
+        };
+        let _ = QuotaTable::validate_bytes(policy, &state);
+    }
+});

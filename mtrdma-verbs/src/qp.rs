@@ -1,0 +1,753 @@
+//! Reliable-connected queue pairs: creation, connection, posting, polling
+//! and safe teardown.
+
+use std::fmt;
+use std::io;
+use std::mem::MaybeUninit;
+use std::ops::Range;
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use ibverbs_sys as ffi;
+use mtrdma_core::table::OwnedQpPermit;
+use mtrdma_core::TenantHandle;
+
+use crate::completion::{Completion, Opcode, WcStatus};
+use crate::mr::{Access, RemoteRegion};
+use crate::{Error, GidSelection, MemoryRegion, ProtectionDomain};
+
+/// What a peer needs to connect to a queue pair. Serialisable, to send it
+/// over any channel (see [`crate::exchange`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Endpoint {
+    /// Queue pair number.
+    pub qpn: u32,
+    /// First packet sequence number.
+    pub psn: u32,
+    /// The GID the queue pair is addressed by.
+    pub gid: [u8; 16],
+    /// The port's LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// The port's active MTU in bytes.
+    pub mtu: u32,
+}
+
+/// One send-side operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// SEND: consumes a receive the peer posted.
+    Send,
+    /// SEND with 32 bits of immediate data.
+    SendWithImm(u32),
+    /// RDMA WRITE into `remote`, which must be at least as long as the local range.
+    Write(RemoteRegion),
+    /// RDMA WRITE that also consumes a peer receive and delivers `imm`.
+    WriteWithImm(RemoteRegion, u32),
+    /// RDMA READ from `remote` into the local range.
+    Read(RemoteRegion),
+}
+
+/// A refused post: the error, and the region handed back.
+#[derive(Debug)]
+pub struct PostError {
+    /// Why it was refused.
+    pub error: Box<Error>,
+    /// The region, untouched.
+    pub region: MemoryRegion,
+}
+
+impl fmt::Display for PostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for PostError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// How to build a queue pair (see [`ProtectionDomain::queue_pair`]).
+#[derive(Debug)]
+pub struct QueuePairBuilder<'a> {
+    pd: &'a ProtectionDomain,
+    max_send_wr: u32,
+    max_recv_wr: u32,
+    port: u8,
+    gid: GidSelection,
+    access: Access,
+    tenant: Option<TenantHandle>,
+}
+
+impl ProtectionDomain {
+    /// Starts building a reliable-connected queue pair (with its own
+    /// completion queue).
+    pub fn queue_pair(&self) -> QueuePairBuilder<'_> {
+        QueuePairBuilder {
+            pd: self,
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            port: 1,
+            gid: GidSelection::Auto,
+            access: Access::REMOTE_READ_WRITE,
+            tenant: None,
+        }
+    }
+}
+
+impl QueuePairBuilder<'_> {
+    /// Send queue depth (default 128).
+    pub fn max_send_wr(mut self, n: u32) -> Self {
+        self.max_send_wr = n.max(1);
+        self
+    }
+
+    /// Receive queue depth (default 128).
+    pub fn max_recv_wr(mut self, n: u32) -> Self {
+        self.max_recv_wr = n.max(1);
+        self
+    }
+
+    /// The port (default 1).
+    pub fn port(mut self, port: u8) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// How to choose the GID (default [`GidSelection::Auto`]).
+    pub fn gid(mut self, gid: GidSelection) -> Self {
+        self.gid = gid;
+        self
+    }
+
+    /// What peers may do through this queue pair (default READ and WRITE;
+    /// each region grants its own rights too).
+    pub fn access(mut self, access: Access) -> Self {
+        self.access = access;
+        self
+    }
+
+    /// The tenant the queue pair belongs to: creation is admitted against
+    /// its quota (count and creation rate) and the queue pair gives its
+    /// place back when dropped.
+    pub fn tenant(mut self, tenant: &TenantHandle) -> Self {
+        self.tenant = Some(tenant.clone());
+        self
+    }
+
+    /// Creates the queue pair and moves it to INIT. Connect it with
+    /// [`PreparedQueuePair::connect`] once the peer's [`Endpoint`] is known.
+    pub fn build(self) -> Result<PreparedQueuePair, Error> {
+        let permit = match &self.tenant {
+            Some(t) => Some(t.acquire_qp()?.into_owned()),
+            None => None,
+        };
+        let ctx = self.pd.context();
+        let device = ctx.name().to_string();
+        let port = ctx.port(self.port)?;
+        let gid = ctx.select_gid(self.port, self.gid)?;
+        let cqe = i32::try_from(self.max_send_wr + self.max_recv_wr).unwrap_or(i32::MAX);
+        // SAFETY: the context is open; no channel, no context pointer.
+        let cq = unsafe {
+            ffi::ibv_create_cq(
+                ctx.raw(),
+                cqe,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        let Some(cq) = NonNull::new(cq) else {
+            return Err(Error::Verbs {
+                call: "ibv_create_cq",
+                device,
+                source: io::Error::last_os_error(),
+            });
+        };
+        let cq = Cq { cq };
+        let mut init = ffi::ibv_qp_init_attr {
+            send_cq: cq.cq.as_ptr(),
+            recv_cq: cq.cq.as_ptr(),
+            qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
+            sq_sig_all: 1,
+            cap: ffi::ibv_qp_cap {
+                max_send_wr: self.max_send_wr,
+                max_recv_wr: self.max_recv_wr,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            ..Default::default()
+        };
+        // SAFETY: the PD and CQ are alive; `init` is a valid attribute set.
+        let qp = unsafe { ffi::ibv_create_qp(self.pd.raw(), &mut init) };
+        let Some(qp) = NonNull::new(qp) else {
+            return Err(Error::Verbs {
+                call: "ibv_create_qp",
+                device,
+                source: io::Error::last_os_error(),
+            });
+        };
+        let psn = random_psn();
+        let qp = QueuePair {
+            qp,
+            cq,
+            pd: self.pd.clone(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            sends_in_flight: 0,
+            recvs_in_flight: 0,
+            max_send_wr: init.cap.max_send_wr,
+            max_recv_wr: init.cap.max_recv_wr,
+            port: self.port,
+            gid_index: gid.index,
+            _permit: permit,
+        };
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
+            pkey_index: 0,
+            port_num: self.port,
+            qp_access_flags: self.access.qp_flags(),
+            ..Default::default()
+        };
+        use ffi::ibv_qp_attr_mask as m;
+        qp.modify(
+            &mut attr,
+            m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS,
+            "INIT",
+            "port, P_Key index 0, access flags",
+        )?;
+        let endpoint = Endpoint {
+            // SAFETY: `qp` is a live queue pair.
+            qpn: unsafe { qp.qp.as_ref().qp_num },
+            psn,
+            gid: gid.gid.0,
+            lid: port.lid,
+            mtu: port.active_mtu.map_or(1024, |mtu| mtu.bytes()),
+        };
+        tracing::debug!(%device, qpn = endpoint.qpn, gid = %gid.gid, "created RC queue pair");
+        Ok(PreparedQueuePair { qp, endpoint })
+    }
+}
+
+/// A 24-bit packet sequence number that differs between queue pairs.
+fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(mtrdma_core::clock::monotonic_ns());
+    (h.finish() as u32) & 0x00ff_ffff
+}
+
+/// A queue pair in INIT, waiting for its peer's endpoint.
+#[derive(Debug)]
+pub struct PreparedQueuePair {
+    qp: QueuePair,
+    endpoint: Endpoint,
+}
+
+impl PreparedQueuePair {
+    /// What the peer needs to connect to this queue pair.
+    pub fn endpoint(&self) -> Endpoint {
+        self.endpoint
+    }
+
+    /// Posts a receive before connecting (so the first SEND finds it).
+    pub fn post_recv(
+        &mut self,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        self.qp.post_recv(region, range, context)
+    }
+
+    /// Connects to `remote`: INIT to RTR (path MTU, remote QPN and PSN,
+    /// address vector with the remote GID) and RTR to RTS.
+    pub fn connect(self, remote: &Endpoint) -> Result<QueuePair, Error> {
+        let qp = self.qp;
+        let local = self.endpoint;
+        let ctx = qp.pd.context();
+        let attrs = device_attrs(ctx)?;
+        let rd_atomic = u8::try_from(attrs.max_qp_rd_atom.clamp(1, 16)).unwrap_or(1);
+        let mtu = local.mtu.min(remote.mtu);
+        use ffi::ibv_qp_attr_mask as m;
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_RTR,
+            path_mtu: mtu_enum(mtu),
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: rd_atomic,
+            min_rnr_timer: 12,
+            ah_attr: ffi::ibv_ah_attr {
+                dlid: remote.lid,
+                sl: 0,
+                src_path_bits: 0,
+                is_global: 1,
+                port_num: qp.port,
+                grh: ffi::ibv_global_route {
+                    dgid: ffi::ibv_gid { raw: remote.gid },
+                    flow_label: 0,
+                    sgid_index: u8::try_from(qp.gid_index).unwrap_or(0),
+                    hop_limit: 64,
+                    traffic_class: 0,
+                },
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        qp.modify(
+            &mut attr,
+            m::IBV_QP_STATE
+                | m::IBV_QP_AV
+                | m::IBV_QP_PATH_MTU
+                | m::IBV_QP_DEST_QPN
+                | m::IBV_QP_RQ_PSN
+                | m::IBV_QP_MAX_DEST_RD_ATOMIC
+                | m::IBV_QP_MIN_RNR_TIMER,
+            "RTR",
+            "path MTU, remote QPN/PSN, address vector (remote GID, local GID index)",
+        )?;
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            sq_psn: local.psn,
+            max_rd_atomic: rd_atomic,
+            ..Default::default()
+        };
+        qp.modify(
+            &mut attr,
+            m::IBV_QP_STATE
+                | m::IBV_QP_TIMEOUT
+                | m::IBV_QP_RETRY_CNT
+                | m::IBV_QP_RNR_RETRY
+                | m::IBV_QP_SQ_PSN
+                | m::IBV_QP_MAX_QP_RD_ATOMIC,
+            "RTS",
+            "timeout, retry counts, local PSN, outstanding READs",
+        )?;
+        tracing::debug!(
+            qpn = local.qpn,
+            remote_qpn = remote.qpn,
+            mtu,
+            "queue pair connected"
+        );
+        Ok(qp)
+    }
+}
+
+fn device_attrs(ctx: &crate::Context) -> Result<ffi::ibv_device_attr, Error> {
+    let mut attr = ffi::ibv_device_attr::default();
+    // SAFETY: the context is open; `attr` is writable.
+    let rc = unsafe { ffi::ibv_query_device(ctx.raw(), &mut attr) };
+    if rc != 0 {
+        return Err(Error::Verbs {
+            call: "ibv_query_device",
+            device: ctx.name().to_string(),
+            source: io::Error::from_raw_os_error(rc),
+        });
+    }
+    Ok(attr)
+}
+
+fn mtu_enum(bytes: u32) -> ffi::ibv_mtu {
+    match bytes {
+        0..=256 => ffi::IBV_MTU_256,
+        257..=512 => ffi::IBV_MTU_512,
+        513..=1024 => ffi::IBV_MTU_1024,
+        1025..=2048 => ffi::IBV_MTU_2048,
+        _ => ffi::IBV_MTU_4096,
+    }
+}
+
+struct Cq {
+    cq: NonNull<ffi::ibv_cq>,
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // SAFETY: the CQ is ours; its QP was destroyed first (field order
+        // and `QueuePair::drop`).
+        let rc = unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(rc, "ibv_destroy_cq failed");
+        }
+    }
+}
+
+/// A work request in flight: its region stays here until it completes.
+struct Slot {
+    context: u64,
+    region: MemoryRegion,
+    send: bool,
+}
+
+/// A connected reliable queue pair.
+///
+/// Posting moves the region into the queue pair; [`poll`](Self::poll)
+/// returns it in the completion. Dropping the queue pair with work in flight
+/// moves it to the error state, waits for every request to be flushed, and
+/// only then frees the regions, so the NIC never touches freed memory.
+pub struct QueuePair {
+    qp: NonNull<ffi::ibv_qp>,
+    cq: Cq,
+    pd: ProtectionDomain,
+    slots: Vec<Option<Slot>>,
+    free: Vec<usize>,
+    sends_in_flight: u32,
+    recvs_in_flight: u32,
+    max_send_wr: u32,
+    max_recv_wr: u32,
+    port: u8,
+    gid_index: u32,
+    _permit: Option<OwnedQpPermit>,
+}
+
+// SAFETY: the queue pair owns its verbs objects and in-flight regions;
+// moving it to another thread moves all of it. It is not Sync: posting and
+// polling take `&mut self`.
+unsafe impl Send for QueuePair {}
+
+impl fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qpn", &self.qpn())
+            .field("sends_in_flight", &self.sends_in_flight)
+            .field("recvs_in_flight", &self.recvs_in_flight)
+            .finish()
+    }
+}
+
+impl QueuePair {
+    /// The queue pair number.
+    pub fn qpn(&self) -> u32 {
+        // SAFETY: `qp` is live while `self` is.
+        unsafe { self.qp.as_ref().qp_num }
+    }
+
+    /// Work requests posted and not yet polled (send, receive).
+    pub fn in_flight(&self) -> (u32, u32) {
+        (self.sends_in_flight, self.recvs_in_flight)
+    }
+
+    fn modify(
+        &self,
+        attr: &mut ffi::ibv_qp_attr,
+        mask: ffi::ibv_qp_attr_mask,
+        to: &'static str,
+        attrs: &'static str,
+    ) -> Result<(), Error> {
+        // SAFETY: `qp` is live; `attr` holds the fields `mask` names.
+        let rc = unsafe { ffi::ibv_modify_qp(self.qp.as_ptr(), attr, mask.0 as i32) };
+        if rc != 0 {
+            let source = io::Error::from_raw_os_error(rc);
+            let hint = match (to, rc) {
+                ("RTR", 22) => "; EINVAL at RTR usually means a wrong GID index or MTU for this port (RoCE needs a RoCE v2 GID, not index 0)",
+                ("RTR", 110) | ("RTS", 110) => "; a timeout usually means the peer's GID is unreachable from this port",
+                _ => "",
+            };
+            return Err(Error::Transition {
+                to,
+                attrs,
+                source,
+                hint,
+            });
+        }
+        Ok(())
+    }
+
+    fn park(&mut self, slot: Slot) -> usize {
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(slot);
+                i
+            }
+            None => {
+                self.slots.push(Some(slot));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn unpark(&mut self, i: usize) -> Option<Slot> {
+        let slot = self.slots.get_mut(i)?.take()?;
+        self.free.push(i);
+        Some(slot)
+    }
+
+    /// Posts a send-side operation on `range` of `region`. The region is
+    /// the queue pair's until its completion is polled; on refusal it comes
+    /// back in the [`PostError`].
+    pub fn post_send(
+        &mut self,
+        op: SendOp,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        let refuse = |error, region| {
+            Err(PostError {
+                error: Box::new(error),
+                region,
+            })
+        };
+        let Some(mut sge) = region.sge(&range) else {
+            let len = region.len();
+            return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
+        };
+        if self.sends_in_flight >= self.max_send_wr {
+            return refuse(
+                Error::SendQueueFull {
+                    depth: self.max_send_wr,
+                },
+                region,
+            );
+        }
+        let len = u64::from(sge.length);
+        let (opcode, remote, imm) = match op {
+            SendOp::Send => (ffi::ibv_wr_opcode::IBV_WR_SEND, None, None),
+            SendOp::SendWithImm(imm) => (ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, None, Some(imm)),
+            SendOp::Write(r) => (ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE, Some(r), None),
+            SendOp::WriteWithImm(r, imm) => (
+                ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+                Some(r),
+                Some(imm),
+            ),
+            SendOp::Read(r) => (ffi::ibv_wr_opcode::IBV_WR_RDMA_READ, Some(r), None),
+        };
+        if let Some(r) = remote {
+            if len > r.len {
+                return refuse(Error::RemoteOutOfBounds { remote: r, len }, region);
+            }
+        }
+        let slot = self.park(Slot {
+            context,
+            region,
+            send: true,
+        });
+        let mut wr = ffi::ibv_send_wr {
+            wr_id: slot as u64,
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: i32::from(sge.length > 0),
+            opcode,
+            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            // SAFETY: all-zero is a valid value of this plain C struct.
+            ..unsafe { MaybeUninit::zeroed().assume_init() }
+        };
+        if let Some(imm) = imm {
+            wr.__bindgen_anon_1.imm_data = imm.to_be();
+        }
+        if let Some(r) = remote {
+            wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                remote_addr: r.addr,
+                rkey: r.rkey,
+            };
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the QP is live; `wr` and `sge` outlive the call (the
+        // provider copies them into the send queue); the buffer `sge`
+        // points at is owned by the slot we just parked and stays there
+        // until the completion is polled.
+        let rc = unsafe {
+            let ctx = self.qp.as_ref().context;
+            match (*ctx).ops.post_send {
+                Some(post) => post(self.qp.as_ptr(), &mut wr, &mut bad),
+                None => libc_enosys(),
+            }
+        };
+        if rc != 0 {
+            let slot = self.unpark(slot).expect("just parked");
+            return refuse(
+                Error::Verbs {
+                    call: "ibv_post_send",
+                    device: self.pd.context().name().to_string(),
+                    source: io::Error::from_raw_os_error(rc),
+                },
+                slot.region,
+            );
+        }
+        self.sends_in_flight += 1;
+        Ok(())
+    }
+
+    /// Posts a receive into `range` of `region`.
+    pub fn post_recv(
+        &mut self,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        let refuse = |error, region| {
+            Err(PostError {
+                error: Box::new(error),
+                region,
+            })
+        };
+        let Some(mut sge) = region.sge(&range) else {
+            let len = region.len();
+            return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
+        };
+        if self.recvs_in_flight >= self.max_recv_wr {
+            return refuse(
+                Error::RecvQueueFull {
+                    depth: self.max_recv_wr,
+                },
+                region,
+            );
+        }
+        let slot = self.park(Slot {
+            context,
+            region,
+            send: false,
+        });
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id: slot as u64,
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: i32::from(sge.length > 0),
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: as for `post_send`: the buffer stays parked until polled.
+        let rc = unsafe {
+            let ctx = self.qp.as_ref().context;
+            match (*ctx).ops.post_recv {
+                Some(post) => post(self.qp.as_ptr(), &mut wr, &mut bad),
+                None => libc_enosys(),
+            }
+        };
+        if rc != 0 {
+            let slot = self.unpark(slot).expect("just parked");
+            return refuse(
+                Error::Verbs {
+                    call: "ibv_post_recv",
+                    device: self.pd.context().name().to_string(),
+                    source: io::Error::from_raw_os_error(rc),
+                },
+                slot.region,
+            );
+        }
+        self.recvs_in_flight += 1;
+        Ok(())
+    }
+
+    /// Polls up to 32 completions into `out`; returns how many.
+    pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
+        // SAFETY: all-zero is a valid `ibv_wc` (plain integers).
+        let mut wcs: [ffi::ibv_wc; 32] = unsafe { MaybeUninit::zeroed().assume_init() };
+        // SAFETY: the CQ is live; `wcs` has room for 32 entries.
+        let n = unsafe {
+            let ctx = self.qp.as_ref().context;
+            match (*ctx).ops.poll_cq {
+                Some(poll) => poll(self.cq.cq.as_ptr(), 32, wcs.as_mut_ptr()),
+                None => -libc_enosys(),
+            }
+        };
+        if n < 0 {
+            return Err(Error::Verbs {
+                call: "ibv_poll_cq",
+                device: self.pd.context().name().to_string(),
+                source: io::Error::from_raw_os_error(-n),
+            });
+        }
+        let n = n as usize;
+        for wc in &wcs[..n] {
+            let Some(slot) = usize::try_from(wc.wr_id())
+                .ok()
+                .and_then(|i| self.unpark(i))
+            else {
+                tracing::error!(wr_id = wc.wr_id(), "completion for an unknown work request");
+                continue;
+            };
+            if slot.send {
+                self.sends_in_flight -= 1;
+            } else {
+                self.recvs_in_flight -= 1;
+            }
+            let status = wc
+                .error()
+                .map_or(WcStatus::Success, |(s, _)| WcStatus::from_raw(s));
+            let opcode = if !status.is_success() {
+                Opcode::Unknown
+            } else {
+                use ffi::ibv_wc_opcode as o;
+                match wc.opcode() {
+                    o::IBV_WC_SEND => Opcode::Send,
+                    o::IBV_WC_RDMA_WRITE => Opcode::Write,
+                    o::IBV_WC_RDMA_READ => Opcode::Read,
+                    o::IBV_WC_RECV => Opcode::Recv,
+                    o::IBV_WC_RECV_RDMA_WITH_IMM => Opcode::RecvWithImm,
+                    _ => Opcode::Unknown,
+                }
+            };
+            out.push(Completion {
+                context: slot.context,
+                status,
+                opcode,
+                byte_len: u32::try_from(wc.len()).unwrap_or(u32::MAX),
+                imm: wc.imm_data().map(u32::from_be),
+                region: slot.region,
+            });
+        }
+        Ok(n)
+    }
+
+    /// Moves the queue pair to the error state: every outstanding request
+    /// completes with [`WcStatus::Flushed`] (or its real error).
+    pub fn set_error(&self) -> Result<(), Error> {
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        self.modify(
+            &mut attr,
+            ffi::ibv_qp_attr_mask::IBV_QP_STATE,
+            "ERR",
+            "state",
+        )
+    }
+}
+
+fn libc_enosys() -> i32 {
+    38
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let outstanding = self.sends_in_flight + self.recvs_in_flight;
+        let mut drained = true;
+        if outstanding > 0 {
+            // Flush everything and wait for the NIC to let go of it.
+            let _ = self.set_error();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let mut sink = Vec::new();
+            while self.sends_in_flight + self.recvs_in_flight > 0 && Instant::now() < deadline {
+                if self.poll(&mut sink).is_err() {
+                    break;
+                }
+                sink.clear();
+            }
+            drained = self.sends_in_flight + self.recvs_in_flight == 0;
+            tracing::debug!(
+                outstanding,
+                drained,
+                "queue pair dropped with work in flight"
+            );
+        }
+        // SAFETY: the QP is ours and destroyed once, before its CQ.
+        let rc = unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
+        if rc != 0 || !drained {
+            // The NIC may still reach the buffers: never free them.
+            tracing::error!(
+                rc,
+                drained,
+                "queue pair teardown incomplete; leaking in-flight buffers"
+            );
+            for slot in self.slots.drain(..).flatten() {
+                std::mem::forget(slot.region);
+            }
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! Reliable-connected queue pairs on a real device (loopback: both ends on
+//! the device named by MTRDMA_TEST_DEVICE). Ignored on a plain `cargo test`;
+//! `cargo xtask test` runs them in the SoftRoCE VM.
+
+use std::time::{Duration, Instant};
+
+use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantId, TenantPolicy};
+use mtrdma_verbs::{
+    Access, Completion, Context, Error, MemoryRegion, Opcode, ProtectionDomain, QueuePair, SendOp,
+    WcStatus,
+};
+
+fn device() -> Context {
+    let name = std::env::var("MTRDMA_TEST_DEVICE")
+        .expect("MTRDMA_TEST_DEVICE must name the RDMA device to test (e.g. rxe0)");
+    Context::open(&name).expect("open the test device")
+}
+
+/// Two queue pairs on one PD, connected to each other.
+fn pair(pd: &ProtectionDomain) -> (QueuePair, QueuePair) {
+    let a = pd.queue_pair().build().expect("build A");
+    let b = pd.queue_pair().build().expect("build B");
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    (
+        a.connect(&eb).expect("connect A"),
+        b.connect(&ea).expect("connect B"),
+    )
+}
+
+/// Polls until `n` completions arrive (10 s at most).
+fn wait(qp: &mut QueuePair, n: usize) -> Vec<Completion> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while out.len() < n {
+        qp.poll(&mut out).expect("poll");
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} completions",
+            out.len()
+        );
+    }
+    out
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+const SIZES: [usize; 9] = [
+    1,
+    2,
+    63,
+    4096,
+    65_535,
+    65_537,
+    1 << 20,
+    (1 << 20) + 7,
+    8 << 20,
+];
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn send_write_read_move_every_byte_for_sizes_from_1_b_to_8_mib() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let (mut a, mut b) = pair(&pd);
+    for (i, &len) in SIZES.iter().enumerate() {
+        let seed = i as u8;
+        // SEND / RECV.
+        let recv = pd.allocate(len, Access::LOCAL).unwrap();
+        b.post_recv(recv, 0..len, 1).unwrap();
+        let send = pd.register(pattern(len, seed), Access::LOCAL).unwrap();
+        a.post_send(SendOp::Send, send, 0..len, 2).unwrap();
+        let sent = wait(&mut a, 1).pop().unwrap();
+        assert_eq!(
+            (sent.status, sent.opcode, sent.context),
+            (WcStatus::Success, Opcode::Send, 2)
+        );
+        assert_eq!(
+            sent.region.as_slice(),
+            &pattern(len, seed)[..],
+            "the sender's buffer comes back intact"
+        );
+        let got = wait(&mut b, 1).pop().unwrap();
+        assert_eq!(
+            (got.status, got.opcode, got.byte_len as usize),
+            (WcStatus::Success, Opcode::Recv, len)
+        );
+        assert!(
+            got.region.as_slice() == &pattern(len, seed)[..],
+            "SEND of {len} B arrived intact"
+        );
+
+        // SEND with immediate.
+        b.post_recv(got.region, 0..len, 3).unwrap();
+        a.post_send(
+            SendOp::SendWithImm(0xdead_0000 + i as u32),
+            sent.region,
+            0..len,
+            4,
+        )
+        .unwrap();
+        wait(&mut a, 1);
+        let got = wait(&mut b, 1).pop().unwrap();
+        assert_eq!(got.imm, Some(0xdead_0000 + i as u32));
+
+        // WRITE into B's region, then READ it back into a fresh region.
+        let target = pd.allocate(len, Access::REMOTE_READ_WRITE).unwrap();
+        let remote = target.remote().unwrap();
+        let src = pd
+            .register(pattern(len, seed.wrapping_add(7)), Access::LOCAL)
+            .unwrap();
+        a.post_send(SendOp::Write(remote), src, 0..len, 5).unwrap();
+        let w = wait(&mut a, 1).pop().unwrap();
+        assert_eq!((w.status, w.opcode), (WcStatus::Success, Opcode::Write));
+        let back = pd.allocate(len, Access::LOCAL).unwrap();
+        a.post_send(SendOp::Read(remote), back, 0..len, 6).unwrap();
+        let r = wait(&mut a, 1).pop().unwrap();
+        assert_eq!((r.status, r.opcode), (WcStatus::Success, Opcode::Read));
+        assert!(
+            r.region.as_slice() == &pattern(len, seed.wrapping_add(7))[..],
+            "WRITE+READ of {len} B"
+        );
+        assert!(
+            target.as_slice() == &pattern(len, seed.wrapping_add(7))[..],
+            "the WRITE landed"
+        );
+
+        // WRITE with immediate: data lands and the peer's receive gets the value.
+        let note = pd.allocate(1, Access::LOCAL).unwrap();
+        b.post_recv(note, 0..1, 7).unwrap();
+        a.post_send(
+            SendOp::WriteWithImm(remote, 42 + i as u32),
+            w.region,
+            0..len,
+            8,
+        )
+        .unwrap();
+        wait(&mut a, 1);
+        let n = wait(&mut b, 1).pop().unwrap();
+        assert_eq!(
+            (n.opcode, n.imm, n.byte_len as usize),
+            (Opcode::RecvWithImm, Some(42 + i as u32), len)
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_write_outside_the_remote_region_is_refused_before_posting() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let (mut a, _b) = pair(&pd);
+    let target = pd.allocate(4096, Access::REMOTE_READ_WRITE).unwrap();
+    let remote = target.remote().unwrap();
+    assert!(
+        remote.slice(4000, 100).is_none(),
+        "a slice past the end does not exist"
+    );
+    let tail = remote.slice(4000, 96).unwrap();
+    let src = pd.register(pattern(200, 1), Access::LOCAL).unwrap();
+    let refused = a
+        .post_send(SendOp::Write(tail), src, 0..200, 1)
+        .unwrap_err();
+    assert!(
+        matches!(*refused.error, Error::RemoteOutOfBounds { len: 200, .. }),
+        "{}",
+        refused.error
+    );
+    assert!(refused.to_string().contains("refused before posting"));
+    assert_eq!(
+        refused.region.as_slice(),
+        &pattern(200, 1)[..],
+        "the region comes back untouched"
+    );
+    assert_eq!(a.in_flight(), (0, 0), "nothing was posted");
+    let err = a
+        .post_send(SendOp::Send, refused.region, 100..300, 2)
+        .unwrap_err();
+    assert!(
+        matches!(*err.error, Error::LocalRangeOutOfBounds { .. }),
+        "{}",
+        err.error
+    );
+    // Regions without remote rights have no remote descriptor.
+    assert!(pd.allocate(16, Access::LOCAL).unwrap().remote().is_none());
+}
+
+fn tenant_table(max_qps: u32, max_mr_bytes: u64) -> QuotaTable {
+    let tenant = TenantPolicy::new(TenantId(1), "t")
+        .with_max_qps(max_qps)
+        .with_max_mr_bytes(max_mr_bytes);
+    QuotaTable::embedded(&Policy::new(LinkConfig::new(1_000_000_000), vec![tenant])).unwrap()
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_tenant_gets_exactly_its_quota_of_qps_and_mr_bytes() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let table = tenant_table(4, 10 << 20);
+    let t = table.attach(TenantId(1)).unwrap();
+    let mut made = Vec::new();
+    let mut refused = 0;
+    for _ in 0..7 {
+        match pd.queue_pair().tenant(&t).build() {
+            Ok(qp) => made.push(qp),
+            Err(Error::Admission(e)) => {
+                assert!(e.to_string().contains("limit 4, in use 4"), "{e}");
+                refused += 1;
+            }
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert_eq!((made.len(), refused), (4, 3));
+    drop(made);
+    assert_eq!(
+        table.usage().unwrap()[0].qps.0,
+        0,
+        "dropped queue pairs give their quota back"
+    );
+
+    let mut regions = Vec::new();
+    let mut refused = 0;
+    for _ in 0..7 {
+        match pd.register_for(&t, vec![0u8; 3 << 20], Access::LOCAL) {
+            Ok(mr) => regions.push(mr),
+            Err(Error::Admission(_)) => refused += 1,
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert_eq!((regions.len(), refused), (3, 4), "3 x 3 MiB fit in 10 MiB");
+    drop(regions);
+    assert_eq!(table.usage().unwrap()[0].mr_bytes.0, 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn dropping_a_qp_with_100_requests_in_flight_frees_every_buffer() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let table = tenant_table(16, 1 << 30);
+    let t = table.attach(TenantId(1)).unwrap();
+    let (a, mut b) = pair(&pd);
+    for i in 0..100 {
+        let mr: MemoryRegion = pd.register_for(&t, vec![0u8; 4096], Access::LOCAL).unwrap();
+        b.post_recv(mr, 0..4096, i).unwrap();
+    }
+    assert_eq!(b.in_flight(), (0, 100));
+    assert_eq!(table.usage().unwrap()[0].mr_bytes.0, 100 * 4096);
+    drop(b);
+    // Every region was flushed, deregistered and freed: the tenant's
+    // memory-region count is back to zero.
+    assert_eq!(table.usage().unwrap()[0].mr_bytes.0, 0);
+    drop(a);
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn the_peer_destroyed_mid_transfer_gives_errors_and_buffers_back() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let (mut a, b) = pair(&pd);
+    let target = pd.allocate(1 << 20, Access::REMOTE_READ_WRITE).unwrap();
+    let remote = target.remote().unwrap();
+    // The first write completes while the peer lives; then the peer goes
+    // away with the rest still to be sent.
+    let first = pd.register(pattern(1 << 20, 0), Access::LOCAL).unwrap();
+    a.post_send(SendOp::Write(remote), first, 0..1 << 20, 0)
+        .unwrap();
+    let mut out = wait(&mut a, 1);
+    assert!(out[0].status.is_success());
+    drop(b);
+    let n = 20u64;
+    for i in 1..n {
+        let src = pd
+            .register(pattern(1 << 20, i as u8), Access::LOCAL)
+            .unwrap();
+        a.post_send(SendOp::Write(remote), src, 0..1 << 20, i)
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while out.len() < n as usize && Instant::now() < deadline {
+        a.poll(&mut out).unwrap();
+    }
+    let before_error_state = out.len();
+    if out.len() < n as usize {
+        // What an application does once it knows the peer is gone, instead
+        // of waiting out the transport's retries: flush everything.
+        a.set_error().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while out.len() < n as usize && Instant::now() < deadline {
+            a.poll(&mut out).unwrap();
+        }
+    }
+    println!("{before_error_state} of {n} completed before the error state");
+    assert_eq!(out.len(), n as usize, "every request completes");
+    assert_eq!(a.in_flight(), (0, 0));
+    assert!(
+        out[1..].iter().all(|c| !c.status.is_success()),
+        "every write to the dead peer failed"
+    );
+    let mut contexts: Vec<u64> = out.iter().map(|c| c.context).collect();
+    contexts.sort_unstable();
+    assert_eq!(
+        contexts,
+        (0..n).collect::<Vec<_>>(),
+        "each buffer came back once"
+    );
+    for c in &out {
+        assert_eq!(c.region.as_slice(), &pattern(1 << 20, c.context as u8)[..]);
+        if !c.status.is_success() {
+            assert!(
+                matches!(
+                    c.status,
+                    WcStatus::RetryExceeded
+                        | WcStatus::Flushed
+                        | WcStatus::RemoteInvalidRequest
+                        | WcStatus::RemoteAccess
+                ),
+                "{}",
+                c.status
+            );
+        }
+    }
+}
