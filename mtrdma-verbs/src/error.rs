@@ -129,6 +129,40 @@ pub enum Error {
         /// Its depth.
         depth: u32,
     },
+    /// A UD message is larger than the port's active MTU (UD does not
+    /// segment messages).
+    #[error(
+        "a UD message of {len} bytes exceeds the active MTU of {mtu} bytes; UD carries one \
+         packet per message: split it, or use an RC queue pair; refused before posting"
+    )]
+    MessageTooLarge {
+        /// The message length asked for.
+        len: usize,
+        /// The port's active MTU in bytes.
+        mtu: u32,
+    },
+    /// The device cannot give a UD receive the two scatter/gather entries
+    /// mtrdma needs (one for the 40-byte GRH, one for the payload).
+    #[error(
+        "device {device} allows {max_sge} scatter/gather entries per work request; a UD queue \
+         pair needs 2 (the 40-byte GRH goes to an internal buffer, the payload to yours)"
+    )]
+    TooFewSges {
+        /// The device.
+        device: String,
+        /// The most it allows.
+        max_sge: i32,
+    },
+    /// An address handle was used with a queue pair of another protection
+    /// domain (the NIC would fail the send).
+    #[error(
+        "the address handle belongs to another protection domain than the queue pair; create \
+         it from the queue pair (`UdQueuePair::address_handle`) or from its protection domain"
+    )]
+    ForeignAddressHandle,
+    /// The scheduler refused the configuration or the request.
+    #[error("scheduler: {0}")]
+    Schedule(String),
     /// The peer's handshake could not be exchanged or read.
     #[error("endpoint exchange failed: {0}")]
     Exchange(String),

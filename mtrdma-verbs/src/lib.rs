@@ -1,9 +1,57 @@
 //! Safe RDMA verbs for mtrdma.
 //!
-//! This crate is where mtrdma talks to `libibverbs`. It opens devices,
-//! reads their ports and GID tables, and picks a GID that works on RoCE
-//! (the IPv4-mapped RoCE v2 GID of the port's network device rather than
-//! the link-local entry at index 0, which fails to connect on RoCE).
+//! This crate is where mtrdma talks to `libibverbs`: devices, ports and
+//! GIDs (choosing the IPv4-mapped RoCE v2 GID rather than the link-local
+//! entry at index 0, which fails to connect on RoCE), protection domains,
+//! memory regions that own their buffer, and reliable-connected queue pairs
+//! whose posted buffers belong to the queue pair until their completion is
+//! polled. [`ScheduledQueuePair`] routes sends through mtrdma's per-tenant
+//! scheduler (chunking, bounded NIC occupancy, shared rate limits), and
+//! queue pair creation and memory registration can be admitted against a
+//! tenant's quota ([`QueuePairBuilder::tenant`],
+//! [`ProtectionDomain::register_for`]).
+//!
+//! Two queue pairs on one device, connected to each other: WRITE a buffer
+//! into the peer's region, then READ it back. A posted region belongs to
+//! the queue pair until its completion is polled, which hands it back.
+//!
+//! ```no_run
+//! use mtrdma_verbs::{Access, Completion, Context, QueuePair, SendOp};
+//!
+//! fn wait(qp: &mut QueuePair) -> Result<Completion, mtrdma_verbs::Error> {
+//!     let mut done = Vec::new();
+//!     while done.is_empty() {
+//!         qp.poll(&mut done)?;
+//!     }
+//!     Ok(done.remove(0))
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ctx = Context::open_first_active()?; // or Context::open("rxe0")
+//! let pd = ctx.alloc_pd()?;
+//! let (a, b) = (pd.queue_pair().build()?, pd.queue_pair().build()?);
+//! // Across hosts, swap endpoints with mtrdma_verbs::exchange over TCP.
+//! let (ea, eb) = (a.endpoint(), b.endpoint());
+//! let mut a = a.connect(&eb)?;
+//! let _b = b.connect(&ea)?;
+//!
+//! let target = pd.allocate(4096, Access::REMOTE_READ_WRITE)?;
+//! let remote = target.remote().expect("remote access was granted");
+//! let mut src = pd.allocate(4096, Access::LOCAL)?;
+//! src.as_mut_slice().fill(7);
+//! a.post_send(SendOp::Write(remote), src, 0..4096, 1)?;
+//! let written = wait(&mut a)?;
+//! assert!(written.status.is_success());
+//!
+//! let back = pd.allocate(4096, Access::LOCAL)?;
+//! a.post_send(SendOp::Read(remote), back, 0..4096, 2)?;
+//! let read = wait(&mut a)?;
+//! assert!(read.region.as_slice().iter().all(|&b| b == 7));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Devices, ports and GIDs:
 //!
 //! ```no_run
 //! use mtrdma_verbs::{Context, GidSelection};
@@ -27,6 +75,9 @@ mod gid;
 mod mr;
 mod pd;
 mod qp;
+mod scheduled;
+mod slab;
+mod ud;
 
 pub use completion::{Completion, Opcode, WcStatus};
 pub use device::{device_names, Context, LinkLayer, Mtu, PortInfo, PortState};
@@ -35,3 +86,8 @@ pub use gid::{Gid, GidEntry, GidSelection, GidType};
 pub use mr::{Access, MemoryRegion, RemoteRegion};
 pub use pd::ProtectionDomain;
 pub use qp::{Endpoint, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder, SendOp};
+pub use scheduled::{ScheduleConfig, ScheduledQueuePair};
+pub use ud::{
+    AddressHandle, UdCompletion, UdEndpoint, UdQueuePair, UdQueuePairBuilder, UdSource,
+    DEFAULT_QKEY, GRH_BYTES,
+};

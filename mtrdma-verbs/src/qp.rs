@@ -14,6 +14,7 @@ use mtrdma_core::TenantHandle;
 
 use crate::completion::{Completion, Opcode, WcStatus};
 use crate::mr::{Access, RemoteRegion};
+use crate::slab::Slab;
 use crate::{Error, GidSelection, MemoryRegion, ProtectionDomain};
 
 /// What a peer needs to connect to a queue pair. Serialisable, to send it
@@ -45,6 +46,60 @@ pub enum SendOp {
     WriteWithImm(RemoteRegion, u32),
     /// RDMA READ from `remote` into the local range.
     Read(RemoteRegion),
+}
+
+impl SendOp {
+    /// The verbs opcode, remote region and immediate of this operation, or
+    /// of one of its pieces (`last`: only the last piece of a WRITE with
+    /// immediate carries the immediate; RC delivers pieces in order, so
+    /// the peer sees it after all the data).
+    pub(crate) fn lower(
+        self,
+        last: bool,
+    ) -> (ffi::ibv_wr_opcode::Type, Option<RemoteRegion>, Option<u32>) {
+        use ffi::ibv_wr_opcode as o;
+        match self {
+            SendOp::Send => (o::IBV_WR_SEND, None, None),
+            SendOp::SendWithImm(imm) => (o::IBV_WR_SEND_WITH_IMM, None, Some(imm)),
+            SendOp::Write(r) => (o::IBV_WR_RDMA_WRITE, Some(r), None),
+            SendOp::WriteWithImm(r, imm) if last => {
+                (o::IBV_WR_RDMA_WRITE_WITH_IMM, Some(r), Some(imm))
+            }
+            SendOp::WriteWithImm(r, _) => (o::IBV_WR_RDMA_WRITE, Some(r), None),
+            SendOp::Read(r) => (o::IBV_WR_RDMA_READ, Some(r), None),
+        }
+    }
+
+    /// The completion opcode a whole operation reports.
+    pub(crate) fn completion_opcode(self) -> Opcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm(_) => Opcode::Send,
+            SendOp::Write(_) | SendOp::WriteWithImm(..) => Opcode::Write,
+            SendOp::Read(_) => Opcode::Read,
+        }
+    }
+}
+
+/// Checks a send-side request before anything is posted: the local range
+/// lies in the region, and a WRITE or READ fits the remote region.
+pub(crate) fn check_send(
+    op: SendOp,
+    region: &MemoryRegion,
+    range: &Range<usize>,
+) -> Result<ffi::ibv_sge, Error> {
+    let Some(sge) = region.sge(range) else {
+        return Err(Error::LocalRangeOutOfBounds {
+            range: range.clone(),
+            len: region.len(),
+        });
+    };
+    if let (_, Some(r), _) = op.lower(true) {
+        let len = u64::from(sge.length);
+        if len > r.len {
+            return Err(Error::RemoteOutOfBounds { remote: r, len });
+        }
+    }
+    Ok(sge)
 }
 
 /// A refused post: the error, and the region handed back.
@@ -147,25 +202,7 @@ impl QueuePairBuilder<'_> {
         let device = ctx.name().to_string();
         let port = ctx.port(self.port)?;
         let gid = ctx.select_gid(self.port, self.gid)?;
-        let cqe = i32::try_from(self.max_send_wr + self.max_recv_wr).unwrap_or(i32::MAX);
-        // SAFETY: the context is open; no channel, no context pointer.
-        let cq = unsafe {
-            ffi::ibv_create_cq(
-                ctx.raw(),
-                cqe,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
-        };
-        let Some(cq) = NonNull::new(cq) else {
-            return Err(Error::Verbs {
-                call: "ibv_create_cq",
-                device,
-                source: io::Error::last_os_error(),
-            });
-        };
-        let cq = Cq { cq };
+        let cq = Cq::new(ctx, self.max_send_wr + self.max_recv_wr)?;
         let mut init = ffi::ibv_qp_init_attr {
             send_cq: cq.cq.as_ptr(),
             recv_cq: cq.cq.as_ptr(),
@@ -194,14 +231,16 @@ impl QueuePairBuilder<'_> {
             qp,
             cq,
             pd: self.pd.clone(),
-            slots: Vec::new(),
-            free: Vec::new(),
+            slots: Slab::default(),
             sends_in_flight: 0,
             recvs_in_flight: 0,
-            max_send_wr: init.cap.max_send_wr,
-            max_recv_wr: init.cap.max_recv_wr,
+            // The requested depths, not the provider's (possibly rounded
+            // up) ones: the completion queue was sized for these.
+            max_send_wr: self.max_send_wr,
+            max_recv_wr: self.max_recv_wr,
             port: self.port,
             gid_index: gid.index,
+            destroyed: false,
             _permit: permit,
         };
         let mut attr = ffi::ibv_qp_attr {
@@ -232,7 +271,7 @@ impl QueuePairBuilder<'_> {
 }
 
 /// A 24-bit packet sequence number that differs between queue pairs.
-fn random_psn() -> u32 {
+pub(crate) fn random_psn() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(mtrdma_core::clock::monotonic_ns());
@@ -338,7 +377,7 @@ impl PreparedQueuePair {
     }
 }
 
-fn device_attrs(ctx: &crate::Context) -> Result<ffi::ibv_device_attr, Error> {
+pub(crate) fn device_attrs(ctx: &crate::Context) -> Result<ffi::ibv_device_attr, Error> {
     let mut attr = ffi::ibv_device_attr::default();
     // SAFETY: the context is open; `attr` is writable.
     let rc = unsafe { ffi::ibv_query_device(ctx.raw(), &mut attr) };
@@ -352,7 +391,7 @@ fn device_attrs(ctx: &crate::Context) -> Result<ffi::ibv_device_attr, Error> {
     Ok(attr)
 }
 
-fn mtu_enum(bytes: u32) -> ffi::ibv_mtu {
+pub(crate) fn mtu_enum(bytes: u32) -> ffi::ibv_mtu {
     match bytes {
         0..=256 => ffi::IBV_MTU_256,
         257..=512 => ffi::IBV_MTU_512,
@@ -362,8 +401,49 @@ fn mtu_enum(bytes: u32) -> ffi::ibv_mtu {
     }
 }
 
-struct Cq {
-    cq: NonNull<ffi::ibv_cq>,
+pub(crate) struct Cq {
+    pub(crate) cq: NonNull<ffi::ibv_cq>,
+}
+
+impl Cq {
+    /// A completion queue of at least `entries` entries.
+    pub(crate) fn new(ctx: &crate::Context, entries: u32) -> Result<Cq, Error> {
+        let cqe = i32::try_from(entries).unwrap_or(i32::MAX);
+        // SAFETY: the context is open; no channel, no context pointer.
+        let cq = unsafe {
+            ffi::ibv_create_cq(
+                ctx.raw(),
+                cqe,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        match NonNull::new(cq) {
+            Some(cq) => Ok(Cq { cq }),
+            None => Err(Error::Verbs {
+                call: "ibv_create_cq",
+                device: ctx.name().to_string(),
+                source: io::Error::last_os_error(),
+            }),
+        }
+    }
+
+    /// Polls up to `wcs.len()` completions into `wcs`; returns how many,
+    /// or the provider's error.
+    pub(crate) fn poll(&self, wcs: &mut [ffi::ibv_wc]) -> Result<usize, io::Error> {
+        let room = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
+        // SAFETY: the CQ is live while `self` is (and so is its context,
+        // kept open by the owner's PD); `wcs` has room for `room` entries.
+        let n = unsafe {
+            let ctx = self.cq.as_ref().context;
+            match (*ctx).ops.poll_cq {
+                Some(poll) => poll(self.cq.as_ptr(), room, wcs.as_mut_ptr()),
+                None => -libc_enosys(),
+            }
+        };
+        usize::try_from(n).map_err(|_| io::Error::from_raw_os_error(-n))
+    }
 }
 
 impl Drop for Cq {
@@ -375,6 +455,27 @@ impl Drop for Cq {
             tracing::warn!(rc, "ibv_destroy_cq failed");
         }
     }
+}
+
+/// `wr_id`s with this bit set belong to a layer above (the scheduled
+/// queue pair), which owns their buffers; [`QueuePair::poll_raw`] hands
+/// their completions back as they are.
+pub(crate) const RAW_WR: u64 = 1 << 63;
+
+/// A completion of a raw work request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawCompletion {
+    pub(crate) wr_id: u64,
+    pub(crate) status: WcStatus,
+}
+
+/// Where a raw send's data lives and goes.
+pub(crate) struct RawSend {
+    pub(crate) wr_id: u64,
+    pub(crate) opcode: ffi::ibv_wr_opcode::Type,
+    pub(crate) sge: ffi::ibv_sge,
+    pub(crate) remote: Option<(u64, u32)>,
+    pub(crate) imm: Option<u32>,
 }
 
 /// A work request in flight: its region stays here until it completes.
@@ -394,14 +495,14 @@ pub struct QueuePair {
     qp: NonNull<ffi::ibv_qp>,
     cq: Cq,
     pd: ProtectionDomain,
-    slots: Vec<Option<Slot>>,
-    free: Vec<usize>,
+    slots: Slab<Slot>,
     sends_in_flight: u32,
     recvs_in_flight: u32,
     max_send_wr: u32,
     max_recv_wr: u32,
     port: u8,
     gid_index: u32,
+    destroyed: bool,
     _permit: Option<OwnedQpPermit>,
 }
 
@@ -459,22 +560,11 @@ impl QueuePair {
     }
 
     fn park(&mut self, slot: Slot) -> usize {
-        match self.free.pop() {
-            Some(i) => {
-                self.slots[i] = Some(slot);
-                i
-            }
-            None => {
-                self.slots.push(Some(slot));
-                self.slots.len() - 1
-            }
-        }
+        self.slots.insert(slot)
     }
 
     fn unpark(&mut self, i: usize) -> Option<Slot> {
-        let slot = self.slots.get_mut(i)?.take()?;
-        self.free.push(i);
-        Some(slot)
+        self.slots.remove(i)
     }
 
     /// Posts a send-side operation on `range` of `region`. The region is
@@ -493,9 +583,9 @@ impl QueuePair {
                 region,
             })
         };
-        let Some(mut sge) = region.sge(&range) else {
-            let len = region.len();
-            return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
+        let sge = match check_send(op, &region, &range) {
+            Ok(sge) => sge,
+            Err(error) => return refuse(error, region),
         };
         if self.sends_in_flight >= self.max_send_wr {
             return refuse(
@@ -505,52 +595,66 @@ impl QueuePair {
                 region,
             );
         }
-        let len = u64::from(sge.length);
-        let (opcode, remote, imm) = match op {
-            SendOp::Send => (ffi::ibv_wr_opcode::IBV_WR_SEND, None, None),
-            SendOp::SendWithImm(imm) => (ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, None, Some(imm)),
-            SendOp::Write(r) => (ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE, Some(r), None),
-            SendOp::WriteWithImm(r, imm) => (
-                ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
-                Some(r),
-                Some(imm),
-            ),
-            SendOp::Read(r) => (ffi::ibv_wr_opcode::IBV_WR_RDMA_READ, Some(r), None),
-        };
-        if let Some(r) = remote {
-            if len > r.len {
-                return refuse(Error::RemoteOutOfBounds { remote: r, len }, region);
-            }
-        }
+        let (opcode, remote, imm) = op.lower(true);
         let slot = self.park(Slot {
             context,
             region,
             send: true,
         });
-        let mut wr = ffi::ibv_send_wr {
+        let raw = RawSend {
             wr_id: slot as u64,
+            opcode,
+            sge,
+            remote: remote.map(|r| (r.addr, r.rkey)),
+            imm,
+        };
+        // SAFETY: the buffer `sge` points at is owned by the slot just
+        // parked and stays there until the completion is polled.
+        if let Err(error) = unsafe { self.post_send_raw(raw) } {
+            let slot = self.unpark(slot).expect("just parked");
+            return refuse(error, slot.region);
+        }
+        Ok(())
+    }
+
+    /// Whether the send queue has room for another request.
+    pub(crate) fn send_room(&self) -> u32 {
+        self.max_send_wr.saturating_sub(self.sends_in_flight)
+    }
+
+    /// Posts one send-side work request.
+    ///
+    /// # Safety
+    /// The memory `raw.sge` names must stay valid and untouched by safe
+    /// code until the request's completion is polled (or the queue pair is
+    /// destroyed after being drained).
+    pub(crate) unsafe fn post_send_raw(&mut self, raw: RawSend) -> Result<(), Error> {
+        if self.sends_in_flight >= self.max_send_wr {
+            return Err(Error::SendQueueFull {
+                depth: self.max_send_wr,
+            });
+        }
+        let mut sge = raw.sge;
+        let mut wr = ffi::ibv_send_wr {
+            wr_id: raw.wr_id,
             next: std::ptr::null_mut(),
             sg_list: &mut sge,
             num_sge: i32::from(sge.length > 0),
-            opcode,
+            opcode: raw.opcode,
             send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
             // SAFETY: all-zero is a valid value of this plain C struct.
             ..unsafe { MaybeUninit::zeroed().assume_init() }
         };
-        if let Some(imm) = imm {
+        if let Some(imm) = raw.imm {
             wr.__bindgen_anon_1.imm_data = imm.to_be();
         }
-        if let Some(r) = remote {
-            wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                remote_addr: r.addr,
-                rkey: r.rkey,
-            };
+        if let Some((remote_addr, rkey)) = raw.remote {
+            wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
         }
         let mut bad = std::ptr::null_mut();
         // SAFETY: the QP is live; `wr` and `sge` outlive the call (the
-        // provider copies them into the send queue); the buffer `sge`
-        // points at is owned by the slot we just parked and stays there
-        // until the completion is polled.
+        // provider copies them into the send queue); the caller keeps the
+        // buffer alive until the completion.
         let rc = unsafe {
             let ctx = self.qp.as_ref().context;
             match (*ctx).ops.post_send {
@@ -559,15 +663,11 @@ impl QueuePair {
             }
         };
         if rc != 0 {
-            let slot = self.unpark(slot).expect("just parked");
-            return refuse(
-                Error::Verbs {
-                    call: "ibv_post_send",
-                    device: self.pd.context().name().to_string(),
-                    source: io::Error::from_raw_os_error(rc),
-                },
-                slot.region,
-            );
+            return Err(Error::Verbs {
+                call: "ibv_post_send",
+                device: self.pd.context().name().to_string(),
+                source: io::Error::from_raw_os_error(rc),
+            });
         }
         self.sends_in_flight += 1;
         Ok(())
@@ -635,6 +735,22 @@ impl QueuePair {
 
     /// Polls up to 32 completions into `out`; returns how many.
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
+        let mut raw = Vec::new();
+        let n = self.poll_inner(out, &mut raw)?;
+        debug_assert!(
+            raw.is_empty(),
+            "raw work requests are polled by their owner"
+        );
+        Ok(n)
+    }
+
+    /// Polls up to 32 completions: those of this queue pair's own work
+    /// requests into `out`, raw ones (see [`RAW_WR`]) into `raw`.
+    pub(crate) fn poll_inner(
+        &mut self,
+        out: &mut Vec<Completion>,
+        raw: &mut Vec<RawCompletion>,
+    ) -> Result<usize, Error> {
         // SAFETY: all-zero is a valid `ibv_wc` (plain integers).
         let mut wcs: [ffi::ibv_wc; 32] = unsafe { MaybeUninit::zeroed().assume_init() };
         // SAFETY: the CQ is live; `wcs` has room for 32 entries.
@@ -654,6 +770,17 @@ impl QueuePair {
         }
         let n = n as usize;
         for wc in &wcs[..n] {
+            let status = wc
+                .error()
+                .map_or(WcStatus::Success, |(s, _)| WcStatus::from_raw(s));
+            if wc.wr_id() & RAW_WR != 0 {
+                self.sends_in_flight -= 1;
+                raw.push(RawCompletion {
+                    wr_id: wc.wr_id(),
+                    status,
+                });
+                continue;
+            }
             let Some(slot) = usize::try_from(wc.wr_id())
                 .ok()
                 .and_then(|i| self.unpark(i))
@@ -666,9 +793,6 @@ impl QueuePair {
             } else {
                 self.recvs_in_flight -= 1;
             }
-            let status = wc
-                .error()
-                .map_or(WcStatus::Success, |(s, _)| WcStatus::from_raw(s));
             let opcode = if !status.is_success() {
                 Opcode::Unknown
             } else {
@@ -710,34 +834,38 @@ impl QueuePair {
     }
 }
 
-fn libc_enosys() -> i32 {
+pub(crate) fn libc_enosys() -> i32 {
     38
 }
 
-impl Drop for QueuePair {
-    fn drop(&mut self) {
+impl QueuePair {
+    /// Flushes every outstanding request, waits (5 s at most) for the NIC
+    /// to complete them all, and destroys the queue pair. Returns whether
+    /// everything was drained: only then may the buffers of raw requests be
+    /// freed. Runs once; later calls return the first answer.
+    pub(crate) fn shutdown(&mut self) -> bool {
+        if self.destroyed {
+            return self.sends_in_flight + self.recvs_in_flight == 0;
+        }
         let outstanding = self.sends_in_flight + self.recvs_in_flight;
-        let mut drained = true;
         if outstanding > 0 {
-            // Flush everything and wait for the NIC to let go of it.
             let _ = self.set_error();
             let deadline = Instant::now() + Duration::from_secs(5);
-            let mut sink = Vec::new();
+            let (mut sink, mut raw) = (Vec::new(), Vec::new());
             while self.sends_in_flight + self.recvs_in_flight > 0 && Instant::now() < deadline {
-                if self.poll(&mut sink).is_err() {
+                if self.poll_inner(&mut sink, &mut raw).is_err() {
                     break;
                 }
                 sink.clear();
+                raw.clear();
             }
-            drained = self.sends_in_flight + self.recvs_in_flight == 0;
-            tracing::debug!(
-                outstanding,
-                drained,
-                "queue pair dropped with work in flight"
-            );
         }
-        // SAFETY: the QP is ours and destroyed once, before its CQ.
+        let drained = self.sends_in_flight + self.recvs_in_flight == 0;
+        tracing::debug!(outstanding, drained, "destroying queue pair");
+        // SAFETY: the QP is ours and destroyed once (guarded by
+        // `destroyed`), before its CQ.
         let rc = unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
+        self.destroyed = true;
         if rc != 0 || !drained {
             // The NIC may still reach the buffers: never free them.
             tracing::error!(
@@ -745,9 +873,17 @@ impl Drop for QueuePair {
                 drained,
                 "queue pair teardown incomplete; leaking in-flight buffers"
             );
-            for slot in self.slots.drain(..).flatten() {
+            for slot in self.slots.drain() {
                 std::mem::forget(slot.region);
             }
+            return false;
         }
+        true
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }

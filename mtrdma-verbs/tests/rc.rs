@@ -2,51 +2,14 @@
 //! the device named by MTRDMA_TEST_DEVICE). Ignored on a plain `cargo test`;
 //! `cargo xtask test` runs them in the SoftRoCE VM.
 
+mod common;
+
+use common::{device, pair, pattern, wait};
+
 use std::time::{Duration, Instant};
 
 use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantId, TenantPolicy};
-use mtrdma_verbs::{
-    Access, Completion, Context, Error, MemoryRegion, Opcode, ProtectionDomain, QueuePair, SendOp,
-    WcStatus,
-};
-
-fn device() -> Context {
-    let name = std::env::var("MTRDMA_TEST_DEVICE")
-        .expect("MTRDMA_TEST_DEVICE must name the RDMA device to test (e.g. rxe0)");
-    Context::open(&name).expect("open the test device")
-}
-
-/// Two queue pairs on one PD, connected to each other.
-fn pair(pd: &ProtectionDomain) -> (QueuePair, QueuePair) {
-    let a = pd.queue_pair().build().expect("build A");
-    let b = pd.queue_pair().build().expect("build B");
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    (
-        a.connect(&eb).expect("connect A"),
-        b.connect(&ea).expect("connect B"),
-    )
-}
-
-/// Polls until `n` completions arrive (10 s at most).
-fn wait(qp: &mut QueuePair, n: usize) -> Vec<Completion> {
-    let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while out.len() < n {
-        qp.poll(&mut out).expect("poll");
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {n} completions",
-            out.len()
-        );
-    }
-    out
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
+use mtrdma_verbs::{Access, Error, MemoryRegion, Opcode, SendOp, WcStatus};
 
 const SIZES: [usize; 9] = [
     1,

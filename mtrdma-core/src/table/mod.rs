@@ -839,52 +839,86 @@ fn check_sizes(capacity: u32, processes: u32) -> Result<(), TableError> {
     Ok(())
 }
 
-/// Checks the policy header and returns the capacity and the shared clock.
-fn validate_policy_region(map: &Mapping) -> Result<(u32, SharedClock), TableError> {
-    const R: &str = "policy";
-    // SAFETY: the header is all atomics; `get` checks bounds and alignment.
-    let h = unsafe { map.get::<PolicyHeader>(0) }.ok_or(TableError::Truncated {
-        region: R,
-        expected: POLICY_HEADER,
+/// A region's header: `T` is [`PolicyHeader`] or [`StateHeader`].
+fn header<'m, T: Header>(map: &'m Mapping, region: &'static str) -> Result<&'m T, TableError> {
+    // SAFETY: both header types are made only of atomics; `get` checks
+    // bounds and alignment.
+    let h = unsafe { map.get::<T>(0) }.ok_or(TableError::Truncated {
+        region,
+        expected: std::mem::size_of::<T>(),
         actual: map.len(),
     })?;
-    let magic = h.magic.load(Ordering::Acquire);
-    if magic != POLICY_MAGIC {
+    let magic = h.magic().load(Ordering::Acquire);
+    if magic != T::MAGIC {
         return Err(TableError::BadMagic {
-            region: R,
+            region,
             found: magic,
         });
     }
-    let version = h.version.load(Ordering::Relaxed);
+    let version = h.version().load(Ordering::Relaxed);
     if version != VERSION {
         return Err(TableError::UnsupportedVersion {
-            region: R,
+            region,
             found: version,
             supported: VERSION,
         });
     }
-    expect_field(
-        R,
-        "header_size",
-        h.header_size.load(Ordering::Relaxed),
-        POLICY_HEADER,
-    )?;
-    expect_field(
-        R,
-        "slot_size",
-        h.slot_size.load(Ordering::Relaxed),
-        POLICY_SLOT,
-    )?;
-    let capacity = h.capacity.load(Ordering::Relaxed);
-    check_sizes(capacity, 1)?;
-    let need = policy_len(capacity);
+    Ok(h)
+}
+
+/// What the two headers share.
+trait Header {
+    const MAGIC: u64;
+    fn magic(&self) -> &AtomicU64;
+    fn version(&self) -> &std::sync::atomic::AtomicU32;
+}
+
+impl Header for PolicyHeader {
+    const MAGIC: u64 = POLICY_MAGIC;
+    fn magic(&self) -> &AtomicU64 {
+        &self.magic
+    }
+    fn version(&self) -> &std::sync::atomic::AtomicU32 {
+        &self.version
+    }
+}
+
+impl Header for StateHeader {
+    const MAGIC: u64 = STATE_MAGIC;
+    fn magic(&self) -> &AtomicU64 {
+        &self.magic
+    }
+    fn version(&self) -> &std::sync::atomic::AtomicU32 {
+        &self.version
+    }
+}
+
+/// Fails unless the region holds at least `need` bytes.
+fn check_len(map: &Mapping, region: &'static str, need: usize) -> Result<(), TableError> {
     if map.len() < need {
         return Err(TableError::Truncated {
-            region: R,
+            region,
             expected: need,
             actual: map.len(),
         });
     }
+    Ok(())
+}
+
+/// Checks the policy header and returns the capacity and the shared clock.
+fn validate_policy_region(map: &Mapping) -> Result<(u32, SharedClock), TableError> {
+    const R: &str = "policy";
+    let h: &PolicyHeader = header(map, R)?;
+    let sizes = [
+        ("header_size", &h.header_size, POLICY_HEADER),
+        ("slot_size", &h.slot_size, POLICY_SLOT),
+    ];
+    for (field, word, expected) in sizes {
+        expect_field(R, field, word.load(Ordering::Relaxed), expected)?;
+    }
+    let capacity = h.capacity.load(Ordering::Relaxed);
+    check_sizes(capacity, 1)?;
+    check_len(map, R, policy_len(capacity))?;
     let clock = SharedClock::from_params(
         h.clock_raw0.load(Ordering::Relaxed),
         h.clock_ns0.load(Ordering::Relaxed),
@@ -898,61 +932,19 @@ fn validate_policy_region(map: &Mapping) -> Result<(u32, SharedClock), TableErro
 /// number of process slots.
 fn validate_state_region(map: &Mapping, capacity: u32) -> Result<u32, TableError> {
     const R: &str = "state";
-    // SAFETY: the header is all atomics; `get` checks bounds and alignment.
-    let h = unsafe { map.get::<StateHeader>(0) }.ok_or(TableError::Truncated {
-        region: R,
-        expected: STATE_HEADER,
-        actual: map.len(),
-    })?;
-    let magic = h.magic.load(Ordering::Acquire);
-    if magic != STATE_MAGIC {
-        return Err(TableError::BadMagic {
-            region: R,
-            found: magic,
-        });
+    let h: &StateHeader = header(map, R)?;
+    let sizes = [
+        ("header_size", &h.header_size, STATE_HEADER),
+        ("slot_size", &h.slot_size, STATE_SLOT),
+        ("process_slot_size", &h.process_slot_size, PROCESS_SLOT),
+        ("capacity", &h.capacity, capacity as usize),
+    ];
+    for (field, word, expected) in sizes {
+        expect_field(R, field, word.load(Ordering::Relaxed), expected)?;
     }
-    let version = h.version.load(Ordering::Relaxed);
-    if version != VERSION {
-        return Err(TableError::UnsupportedVersion {
-            region: R,
-            found: version,
-            supported: VERSION,
-        });
-    }
-    expect_field(
-        R,
-        "header_size",
-        h.header_size.load(Ordering::Relaxed),
-        STATE_HEADER,
-    )?;
-    expect_field(
-        R,
-        "slot_size",
-        h.slot_size.load(Ordering::Relaxed),
-        STATE_SLOT,
-    )?;
-    expect_field(
-        R,
-        "process_slot_size",
-        h.process_slot_size.load(Ordering::Relaxed),
-        PROCESS_SLOT,
-    )?;
-    expect_field(
-        R,
-        "capacity",
-        h.capacity.load(Ordering::Relaxed),
-        capacity as usize,
-    )?;
     let processes = h.process_slots.load(Ordering::Relaxed);
     check_sizes(capacity, processes)?;
-    let need = state_len(capacity, processes);
-    if map.len() < need {
-        return Err(TableError::Truncated {
-            region: R,
-            expected: need,
-            actual: map.len(),
-        });
-    }
+    check_len(map, R, state_len(capacity, processes))?;
     Ok(processes)
 }
 

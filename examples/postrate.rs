@@ -1,0 +1,175 @@
+//! Message rate and bandwidth of RDMA WRITEs posted directly on a queue
+//! pair and through mtrdma's scheduled path, on the same device in the same
+//! run, with the ratio (a real device: run it on a NIC, or in the SoftRoCE
+//! VM with `cargo xtask vm -- target/release/examples/postrate`).
+//!
+//! ```text
+//! cargo run --release --example postrate -- [--device rxe0] [--size 4096]
+//!     [--iters 20000] [--outstanding 16] [--rounds 3]
+//! ```
+//!
+//! Both paths use loopback queue pairs on one device, keep the same number
+//! of WRITEs outstanding, and alternate for `--rounds` rounds; the best
+//! round of each is reported.
+
+use std::time::Instant;
+
+use mtrdma::verbs::{
+    Access, Completion, Context, MemoryRegion, ProtectionDomain, QueuePair, ScheduleConfig,
+    ScheduledQueuePair, SendOp,
+};
+
+struct Args {
+    device: Option<String>,
+    size: usize,
+    iters: u64,
+    outstanding: usize,
+    rounds: u32,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        device: None,
+        size: 4096,
+        iters: 20_000,
+        outstanding: 16,
+        rounds: 3,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--device" => args.device = Some(value()?),
+            "--size" => args.size = value()?.parse().map_err(|e| format!("--size: {e}"))?,
+            "--iters" => args.iters = value()?.parse().map_err(|e| format!("--iters: {e}"))?,
+            "--outstanding" => {
+                args.outstanding = value()?
+                    .parse()
+                    .map_err(|e| format!("--outstanding: {e}"))?
+            }
+            "--rounds" => args.rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?,
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if args.size == 0 || args.outstanding == 0 || args.iters == 0 {
+        return Err("--size, --iters and --outstanding must be at least 1".into());
+    }
+    Ok(args)
+}
+
+fn pair(pd: &ProtectionDomain, depth: u32) -> Result<(QueuePair, QueuePair), mtrdma::Error> {
+    let a = pd.queue_pair().max_send_wr(depth).build()?;
+    let b = pd.queue_pair().max_send_wr(depth).build()?;
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    Ok((a.connect(&eb)?, b.connect(&ea)?))
+}
+
+/// Either way of posting, driven the same way.
+trait Poster {
+    fn post(&mut self, op: SendOp, region: MemoryRegion, len: usize) -> Result<(), String>;
+    fn reap(&mut self, out: &mut Vec<Completion>) -> Result<(), String>;
+}
+
+impl Poster for QueuePair {
+    fn post(&mut self, op: SendOp, region: MemoryRegion, len: usize) -> Result<(), String> {
+        self.post_send(op, region, 0..len, 0)
+            .map_err(|e| e.to_string())
+    }
+    fn reap(&mut self, out: &mut Vec<Completion>) -> Result<(), String> {
+        self.poll(out).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+impl Poster for ScheduledQueuePair {
+    fn post(&mut self, op: SendOp, region: MemoryRegion, len: usize) -> Result<(), String> {
+        self.post_send(op, region, 0..len, 0)
+            .map_err(|e| e.to_string())
+    }
+    fn reap(&mut self, out: &mut Vec<Completion>) -> Result<(), String> {
+        self.poll(out).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+/// Posts `iters` WRITEs keeping `pool.len()` outstanding; returns seconds.
+fn run(
+    qp: &mut dyn Poster,
+    op: SendOp,
+    pool: &mut Vec<MemoryRegion>,
+    size: usize,
+    iters: u64,
+) -> Result<f64, String> {
+    let start = Instant::now();
+    let (mut posted, mut done) = (0u64, 0u64);
+    let mut out = Vec::new();
+    while done < iters {
+        while posted < iters {
+            let Some(region) = pool.pop() else { break };
+            qp.post(op, region, size)?;
+            posted += 1;
+        }
+        qp.reap(&mut out)?;
+        for c in out.drain(..) {
+            if !c.status.is_success() {
+                return Err(format!("a WRITE failed: {}", c.status));
+            }
+            done += 1;
+            pool.push(c.region);
+        }
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse()?;
+    let ctx = match &args.device {
+        Some(name) => Context::open(name)?,
+        None => Context::open_first_active()?,
+    };
+    let pd = ctx.alloc_pd()?;
+    let depth = u32::try_from(args.outstanding).unwrap_or(u32::MAX).max(1);
+    let target = pd.allocate(args.size, Access::REMOTE_READ_WRITE)?;
+    let remote = target.remote().expect("remote access granted");
+    let op = SendOp::Write(remote);
+    let mut pool: Vec<MemoryRegion> = (0..args.outstanding)
+        .map(|_| pd.allocate(args.size, Access::LOCAL))
+        .collect::<Result<_, _>>()?;
+
+    let (mut direct, _peer_a) = pair(&pd, depth)?;
+    let (sched_qp, _peer_b) = pair(&pd, depth)?;
+    let mut scheduled = sched_qp.scheduled(ScheduleConfig {
+        max_pieces_in_flight: depth,
+        ..ScheduleConfig::default()
+    })?;
+
+    let (mut best_direct, mut best_sched) = (f64::MAX, f64::MAX);
+    for _ in 0..args.rounds {
+        best_direct = best_direct.min(run(&mut direct, op, &mut pool, args.size, args.iters)?);
+        best_sched = best_sched.min(run(&mut scheduled, op, &mut pool, args.size, args.iters)?);
+    }
+    println!(
+        "device {}, RDMA WRITE, {} outstanding, best of {} rounds",
+        ctx.name(),
+        args.outstanding,
+        args.rounds
+    );
+    println!(
+        "{:<10} {:>8} {:>12} {:>16} {:>14}",
+        "path", "#bytes", "#iterations", "BW average[MB/s]", "MsgRate[Mpps]"
+    );
+    let line = |name: &str, secs: f64| {
+        let rate = args.iters as f64 / secs;
+        println!(
+            "{:<10} {:>8} {:>12} {:>16.2} {:>14.6}",
+            name,
+            args.size,
+            args.iters,
+            rate * args.size as f64 / 1e6,
+            rate / 1e6
+        );
+        rate
+    };
+    let d = line("direct", best_direct);
+    let s = line("mtrdma", best_sched);
+    println!("ratio mtrdma/direct: {:.3}", s / d);
+    Ok(())
+}

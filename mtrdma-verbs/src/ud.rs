@@ -1,0 +1,958 @@
+//! Unreliable-datagram (UD) queue pairs and address handles: one queue
+//! pair talks to many peers, one message per packet (the HERD / rdma-dpdk
+//! pattern of many clients and one server queue pair).
+//!
+//! Every UD receive starts with 40 bytes reserved for the Global Routing
+//! Header (GRH). mtrdma hides them: each receive is posted with two
+//! scatter/gather entries, the first pointing at a 40-byte cell of a small
+//! buffer the queue pair registers once (one cell per receive slot), the
+//! second at the caller's range. The payload therefore lands at the start
+//! of the caller's range, and [`UdCompletion::byte_len`] counts the
+//! payload only.
+
+use std::fmt;
+use std::io;
+use std::mem::MaybeUninit;
+use std::net::Ipv4Addr;
+use std::ops::Range;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ibverbs_sys as ffi;
+use mtrdma_core::table::OwnedQpPermit;
+use mtrdma_core::TenantHandle;
+
+use crate::completion::{Opcode, WcStatus};
+use crate::qp::{device_attrs, libc_enosys, random_psn, Cq, PostError};
+use crate::slab::Slab;
+use crate::{Access, Error, Gid, GidSelection, MemoryRegion, ProtectionDomain};
+
+/// Bytes at the start of every UD receive reserved for the Global Routing
+/// Header. mtrdma puts them in an internal buffer, never in the caller's.
+pub const GRH_BYTES: usize = 40;
+
+/// The Q_Key a UD queue pair uses unless told otherwise.
+pub const DEFAULT_QKEY: u32 = 0x1111_1111;
+
+/// What a peer needs to send to a UD queue pair. Serialisable, to send it
+/// over any channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UdEndpoint {
+    /// Queue pair number.
+    pub qpn: u32,
+    /// The Q_Key senders must use.
+    pub qkey: u32,
+    /// The GID the queue pair is addressed by.
+    pub gid: [u8; 16],
+    /// The port's LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+}
+
+struct AhInner {
+    ah: NonNull<ffi::ibv_ah>,
+    remote: UdEndpoint,
+    pd: ProtectionDomain,
+}
+
+// SAFETY: an address handle is immutable after creation; it is only handed
+// to `post_send` (which reads it) and destroyed once, by the last owner.
+unsafe impl Send for AhInner {}
+// SAFETY: as above; `&self` never mutates it.
+unsafe impl Sync for AhInner {}
+
+impl Drop for AhInner {
+    fn drop(&mut self) {
+        // SAFETY: `ah` came from `ibv_create_ah` and is destroyed once; no
+        // work request uses it any more (each in-flight send holds a clone
+        // of the handle until its completion is polled).
+        let rc = unsafe { ffi::ibv_destroy_ah(self.ah.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(rc, "ibv_destroy_ah failed");
+        }
+    }
+}
+
+/// Where UD sends go: the route to one peer port (GID, LID, local GID index
+/// and port). Cheap to clone; it keeps its protection domain alive, and a
+/// send in flight keeps its handle alive until its completion is polled.
+#[derive(Clone)]
+pub struct AddressHandle {
+    inner: Arc<AhInner>,
+}
+
+impl fmt::Debug for AddressHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AddressHandle")
+            .field("dgid", &Gid(self.inner.remote.gid))
+            .field("remote_qpn", &self.inner.remote.qpn)
+            .finish()
+    }
+}
+
+impl AddressHandle {
+    /// The endpoint it was made from (its QPN and Q_Key are what
+    /// [`UdQueuePair::post_send`] usually sends to).
+    pub fn endpoint(&self) -> UdEndpoint {
+        self.inner.remote
+    }
+
+    fn raw(&self) -> *mut ffi::ibv_ah {
+        self.inner.ah.as_ptr()
+    }
+}
+
+impl ProtectionDomain {
+    /// An address handle for sending from `port` of this domain's device to
+    /// `remote`, with the local GID chosen by `gid` (as for queue pairs).
+    pub fn address_handle(
+        &self,
+        remote: &UdEndpoint,
+        port: u8,
+        gid: GidSelection,
+    ) -> Result<AddressHandle, Error> {
+        let local = self.context().select_gid(port, gid)?;
+        create_ah(self, remote, port, local.index)
+    }
+
+    /// Starts building a UD queue pair (with its own completion queue).
+    pub fn ud_queue_pair(&self) -> UdQueuePairBuilder<'_> {
+        UdQueuePairBuilder {
+            pd: self,
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            port: 1,
+            gid: GidSelection::Auto,
+            qkey: DEFAULT_QKEY,
+            tenant: None,
+        }
+    }
+}
+
+fn create_ah(
+    pd: &ProtectionDomain,
+    remote: &UdEndpoint,
+    port: u8,
+    sgid_index: u32,
+) -> Result<AddressHandle, Error> {
+    let mut attr = ffi::ibv_ah_attr {
+        dlid: remote.lid,
+        sl: 0,
+        src_path_bits: 0,
+        is_global: 1,
+        port_num: port,
+        grh: ffi::ibv_global_route {
+            dgid: ffi::ibv_gid { raw: remote.gid },
+            flow_label: 0,
+            sgid_index: u8::try_from(sgid_index).unwrap_or(0),
+            hop_limit: 64,
+            traffic_class: 0,
+        },
+        ..Default::default()
+    };
+    // SAFETY: the PD is alive; `attr` is a complete attribute set that the
+    // call only reads.
+    let ah = unsafe { ffi::ibv_create_ah(pd.raw(), &mut attr) };
+    let Some(ah) = NonNull::new(ah) else {
+        return Err(Error::Verbs {
+            call: "ibv_create_ah",
+            device: pd.context().name().to_string(),
+            source: io::Error::last_os_error(),
+        });
+    };
+    Ok(AddressHandle {
+        inner: Arc::new(AhInner {
+            ah,
+            remote: *remote,
+            pd: pd.clone(),
+        }),
+    })
+}
+
+/// How to build a UD queue pair (see [`ProtectionDomain::ud_queue_pair`]).
+#[derive(Debug)]
+pub struct UdQueuePairBuilder<'a> {
+    pd: &'a ProtectionDomain,
+    max_send_wr: u32,
+    max_recv_wr: u32,
+    port: u8,
+    gid: GidSelection,
+    qkey: u32,
+    tenant: Option<TenantHandle>,
+}
+
+impl UdQueuePairBuilder<'_> {
+    /// Send queue depth (default 128).
+    pub fn max_send_wr(mut self, n: u32) -> Self {
+        self.max_send_wr = n.max(1);
+        self
+    }
+
+    /// Receive queue depth (default 128); the queue pair registers
+    /// `40 * n` bytes for the GRHs of its receives.
+    pub fn max_recv_wr(mut self, n: u32) -> Self {
+        self.max_recv_wr = n.max(1);
+        self
+    }
+
+    /// The port (default 1).
+    pub fn port(mut self, port: u8) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// How to choose the local GID (default [`GidSelection::Auto`]).
+    pub fn gid(mut self, gid: GidSelection) -> Self {
+        self.gid = gid;
+        self
+    }
+
+    /// The Q_Key incoming messages must carry (default [`DEFAULT_QKEY`]).
+    /// Keys with the top bit set are reserved for privileged use.
+    pub fn qkey(mut self, qkey: u32) -> Self {
+        self.qkey = qkey;
+        self
+    }
+
+    /// The tenant the queue pair belongs to: creation is admitted against
+    /// its quota, the internal GRH buffer counts against its memory-region
+    /// bytes, and both are given back when the queue pair is dropped.
+    pub fn tenant(mut self, tenant: &TenantHandle) -> Self {
+        self.tenant = Some(tenant.clone());
+        self
+    }
+
+    /// Creates the queue pair and moves it to INIT (P_Key index 0, port,
+    /// Q_Key), RTR and RTS (a random send PSN): a UD queue pair needs no
+    /// peer to be ready.
+    pub fn build(self) -> Result<UdQueuePair, Error> {
+        let permit = match &self.tenant {
+            Some(t) => Some(t.acquire_qp()?.into_owned()),
+            None => None,
+        };
+        let ctx = self.pd.context();
+        let device = ctx.name().to_string();
+        let port = ctx.port(self.port)?;
+        let gid = ctx.select_gid(self.port, self.gid)?;
+        let attrs = device_attrs(ctx)?;
+        if attrs.max_sge < 2 {
+            return Err(Error::TooFewSges {
+                device,
+                max_sge: attrs.max_sge,
+            });
+        }
+        let grh_len = GRH_BYTES * self.max_recv_wr as usize;
+        let grh = match &self.tenant {
+            Some(t) => self.pd.register_for(t, vec![0u8; grh_len], Access::LOCAL)?,
+            None => self.pd.allocate(grh_len, Access::LOCAL)?,
+        };
+        // The CQ holds one entry per request the queue pair lets in flight
+        // (its own limits below, not the provider's possibly larger caps).
+        let cq = Cq::new(ctx, self.max_send_wr + self.max_recv_wr)?;
+        let mut init = ffi::ibv_qp_init_attr {
+            send_cq: cq.cq.as_ptr(),
+            recv_cq: cq.cq.as_ptr(),
+            qp_type: ffi::ibv_qp_type::IBV_QPT_UD,
+            sq_sig_all: 1,
+            cap: ffi::ibv_qp_cap {
+                max_send_wr: self.max_send_wr,
+                max_recv_wr: self.max_recv_wr,
+                max_send_sge: 1,
+                max_recv_sge: 2,
+                max_inline_data: 0,
+            },
+            ..Default::default()
+        };
+        // SAFETY: the PD and CQ are alive; `init` is a valid attribute set.
+        let qp = unsafe { ffi::ibv_create_qp(self.pd.raw(), &mut init) };
+        let Some(qp) = NonNull::new(qp) else {
+            return Err(Error::Verbs {
+                call: "ibv_create_qp",
+                device,
+                source: io::Error::last_os_error(),
+            });
+        };
+        let recv_sges = init.cap.max_recv_sge;
+        let qp = UdQueuePair {
+            qp,
+            cq,
+            grh_addr: grh.addr(),
+            grh_lkey: grh.lkey(),
+            grh: Some(grh),
+            free_cells: (0..self.max_recv_wr as usize).rev().collect(),
+            slab: Slab::default(),
+            sends_in_flight: 0,
+            recvs_in_flight: 0,
+            max_send_wr: self.max_send_wr,
+            max_recv_wr: self.max_recv_wr,
+            port: self.port,
+            gid_index: gid.index,
+            gid: gid.gid,
+            lid: port.lid,
+            qkey: self.qkey,
+            mtu: port.active_mtu.map_or(1024, |mtu| mtu.bytes()),
+            destroyed: false,
+            pd: self.pd.clone(),
+            _permit: permit,
+        };
+        if recv_sges < 2 {
+            // Dropping `qp` destroys the queue pair.
+            return Err(Error::TooFewSges {
+                device,
+                max_sge: i32::try_from(recv_sges).unwrap_or(i32::MAX),
+            });
+        }
+        use ffi::ibv_qp_attr_mask as m;
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
+            pkey_index: 0,
+            port_num: self.port,
+            qkey: self.qkey,
+            ..Default::default()
+        };
+        qp.modify(
+            &mut attr,
+            m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_QKEY,
+            "INIT",
+            "port, P_Key index 0, Q_Key",
+        )?;
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_RTR,
+            ..Default::default()
+        };
+        qp.modify(&mut attr, m::IBV_QP_STATE, "RTR", "state")?;
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
+            sq_psn: random_psn(),
+            ..Default::default()
+        };
+        qp.modify(
+            &mut attr,
+            m::IBV_QP_STATE | m::IBV_QP_SQ_PSN,
+            "RTS",
+            "send PSN",
+        )?;
+        tracing::debug!(%device, qpn = qp.qpn(), gid = %qp.gid, mtu = qp.mtu, "created UD queue pair");
+        Ok(qp)
+    }
+}
+
+/// Where a received datagram came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdSource {
+    /// The sender's queue pair number.
+    pub qpn: u32,
+    /// The sender's GID, decoded from the GRH: the IPv4-mapped GID of the
+    /// IPv4 source address for RoCE v2 over IPv4, the GRH's source GID for
+    /// InfiniBand and RoCE over IPv6. `None` when the message carried no
+    /// GRH (the NIC reports none) or it could not be decoded.
+    pub gid: Option<Gid>,
+}
+
+/// A completed UD work request, with the buffer it used handed back.
+#[derive(Debug)]
+pub struct UdCompletion {
+    /// The caller's value given when posting.
+    pub context: u64,
+    /// How it ended.
+    pub status: WcStatus,
+    /// [`Opcode::Send`] or [`Opcode::Recv`] ([`Opcode::Unknown`] when it failed).
+    pub opcode: Opcode,
+    /// For a receive: the payload bytes, at the start of the posted range
+    /// (the 40 GRH bytes are not counted and not in the region). For a
+    /// send: the bytes posted.
+    pub byte_len: u32,
+    /// Immediate data, when the sender attached some.
+    pub imm: Option<u32>,
+    /// The sender, for a successful receive.
+    pub source: Option<UdSource>,
+    /// The region the request used, back in the caller's hands.
+    pub region: MemoryRegion,
+}
+
+/// The sender's GID from a UD receive's 40-byte GRH area, following
+/// rdma-core's `ibv_init_ah_from_wc`: for RoCE v2 over IPv4 the *last* 20
+/// bytes hold the IPv4 header (the first 20 are unused) and the source is
+/// its source address, IPv4-mapped; otherwise the area is an IPv6-style GRH
+/// (version 6, `sgid` at bytes 8..24). A version-6 area whose bytes 20..40
+/// also form a valid IPv4 header (IHL 5, correct checksum) is read as IPv4,
+/// as rdma-core does.
+pub(crate) fn grh_source_gid(grh: &[u8; GRH_BYTES]) -> Option<Gid> {
+    let ip6_version = grh[0] >> 4;
+    let ip4 = &grh[20..40];
+    let ipv4_source = || {
+        let src = Ipv4Addr::new(ip4[12], ip4[13], ip4[14], ip4[15]);
+        Some(Gid(src.to_ipv6_mapped().octets()))
+    };
+    if ip6_version != 6 {
+        return if ip4[0] >> 4 == 4 {
+            ipv4_source()
+        } else {
+            None
+        };
+    }
+    let ipv6_source = || {
+        let mut sgid = [0u8; 16];
+        sgid.copy_from_slice(&grh[8..24]);
+        Some(Gid(sgid))
+    };
+    if ip4[0] & 0x0f != 5 {
+        return ipv6_source();
+    }
+    let sum = ip4
+        .chunks_exact(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum::<u32>();
+    let folded = (sum & 0xffff) + (sum >> 16);
+    let folded = (folded & 0xffff) + (folded >> 16);
+    if folded == 0xffff {
+        ipv4_source()
+    } else {
+        ipv6_source()
+    }
+}
+
+enum Kind {
+    /// A send: the address handle must outlive the request.
+    Send { _ah: AddressHandle, len: u32 },
+    /// A receive: its GRH goes to this cell of the GRH buffer.
+    Recv { cell: usize },
+}
+
+/// A work request in flight: its region stays here until it completes.
+struct UdSlot {
+    context: u64,
+    region: MemoryRegion,
+    kind: Kind,
+}
+
+/// An unreliable-datagram queue pair, ready to send and receive.
+///
+/// Posting moves the region into the queue pair; [`poll`](Self::poll)
+/// returns it in the completion. Sends go to any peer through an
+/// [`AddressHandle`] (kept alive by the queue pair until the send
+/// completes); each message must fit the port's active MTU
+/// ([`mtu`](Self::mtu)). Receives get the payload at the start of the
+/// posted range: each receive is posted with two scatter/gather entries,
+/// the first a 40-byte cell (one per receive slot) of a buffer the queue
+/// pair registers once, which takes the GRH, the second the caller's range.
+/// Dropping the queue pair with work in
+/// flight moves it to the error state, waits for every request to be
+/// flushed, and only then frees the regions.
+///
+/// ```no_run
+/// use mtrdma_verbs::{Access, Context, UdCompletion};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = Context::open("rxe0")?;
+/// let pd = ctx.alloc_pd()?;
+/// let mut server = pd.ud_queue_pair().build()?;
+/// let mut client = pd.ud_queue_pair().build()?;
+/// // The server posts a receive; the client learns the server's endpoint
+/// // (it is serialisable) and sends to it through an address handle.
+/// server.post_recv(pd.allocate(server.mtu() as usize, Access::LOCAL)?, 0..64, 1)?;
+/// let to_server = client.address_handle(&server.endpoint())?;
+/// let mut msg = pd.allocate(5, Access::LOCAL)?;
+/// msg.as_mut_slice().copy_from_slice(b"hello");
+/// let ep = server.endpoint();
+/// client.post_send(&to_server, ep.qpn, ep.qkey, msg, 0..5, 2)?;
+/// let mut done: Vec<UdCompletion> = Vec::new();
+/// while done.is_empty() {
+///     server.poll(&mut done)?;
+/// }
+/// let c = &done[0];
+/// assert_eq!(&c.region.as_slice()[..c.byte_len as usize], b"hello");
+/// println!("from QP {}", c.source.unwrap().qpn);
+/// # Ok(())
+/// # }
+/// ```
+pub struct UdQueuePair {
+    qp: NonNull<ffi::ibv_qp>,
+    // Field order is drop order: the QP is destroyed in `drop`, then its
+    // CQ, then the GRH buffer and the parked regions.
+    cq: Cq,
+    grh: Option<MemoryRegion>,
+    grh_addr: u64,
+    grh_lkey: u32,
+    free_cells: Vec<usize>,
+    slab: Slab<UdSlot>,
+    sends_in_flight: u32,
+    recvs_in_flight: u32,
+    max_send_wr: u32,
+    max_recv_wr: u32,
+    port: u8,
+    gid_index: u32,
+    gid: Gid,
+    lid: u16,
+    qkey: u32,
+    mtu: u32,
+    destroyed: bool,
+    pd: ProtectionDomain,
+    _permit: Option<OwnedQpPermit>,
+}
+
+// SAFETY: the queue pair owns its verbs objects, GRH buffer and in-flight
+// regions; moving it to another thread moves all of it. It is not Sync:
+// posting and polling take `&mut self`.
+unsafe impl Send for UdQueuePair {}
+
+impl fmt::Debug for UdQueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UdQueuePair")
+            .field("qpn", &self.qpn())
+            .field("gid", &self.gid)
+            .field("mtu", &self.mtu)
+            .field("sends_in_flight", &self.sends_in_flight)
+            .field("recvs_in_flight", &self.recvs_in_flight)
+            .finish()
+    }
+}
+
+fn refuse<T>(error: Error, region: MemoryRegion) -> Result<T, PostError> {
+    Err(PostError {
+        error: Box::new(error),
+        region,
+    })
+}
+
+impl UdQueuePair {
+    /// The queue pair number.
+    pub fn qpn(&self) -> u32 {
+        // SAFETY: `qp` is live while `self` is.
+        unsafe { self.qp.as_ref().qp_num }
+    }
+
+    /// What peers need to send to this queue pair.
+    pub fn endpoint(&self) -> UdEndpoint {
+        UdEndpoint {
+            qpn: self.qpn(),
+            qkey: self.qkey,
+            gid: self.gid.0,
+            lid: self.lid,
+        }
+    }
+
+    /// The largest message it sends: the port's active MTU in bytes.
+    pub fn mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    /// Work requests posted and not yet polled (send, receive).
+    pub fn in_flight(&self) -> (u32, u32) {
+        (self.sends_in_flight, self.recvs_in_flight)
+    }
+
+    /// An address handle for sending from this queue pair's port and GID
+    /// to `remote`.
+    pub fn address_handle(&self, remote: &UdEndpoint) -> Result<AddressHandle, Error> {
+        create_ah(&self.pd, remote, self.port, self.gid_index)
+    }
+
+    fn modify(
+        &self,
+        attr: &mut ffi::ibv_qp_attr,
+        mask: ffi::ibv_qp_attr_mask,
+        to: &'static str,
+        attrs: &'static str,
+    ) -> Result<(), Error> {
+        // SAFETY: `qp` is live; `attr` holds the fields `mask` names.
+        let rc = unsafe { ffi::ibv_modify_qp(self.qp.as_ptr(), attr, mask.0 as i32) };
+        if rc != 0 {
+            let hint = match (to, rc) {
+                ("INIT", 22) => "; EINVAL at INIT usually means a wrong port number",
+                _ => "",
+            };
+            return Err(Error::Transition {
+                to,
+                attrs,
+                source: io::Error::from_raw_os_error(rc),
+                hint,
+            });
+        }
+        Ok(())
+    }
+
+    /// Sends `range` of `region` as one datagram to the queue pair
+    /// `remote_qpn` (with Q_Key `remote_qkey`) behind `dest`. The region is
+    /// the queue pair's until the completion is polled; on refusal (range
+    /// outside the region, message above the MTU, address handle of another
+    /// protection domain, full send queue) it comes back in the
+    /// [`PostError`] and nothing is posted.
+    pub fn post_send(
+        &mut self,
+        dest: &AddressHandle,
+        remote_qpn: u32,
+        remote_qkey: u32,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        let Some(mut sge) = region.sge(&range) else {
+            let len = region.len();
+            return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
+        };
+        if sge.length > self.mtu {
+            let error = Error::MessageTooLarge {
+                len: range.len(),
+                mtu: self.mtu,
+            };
+            return refuse(error, region);
+        }
+        if dest.inner.pd.raw() != self.pd.raw() {
+            return refuse(Error::ForeignAddressHandle, region);
+        }
+        if self.sends_in_flight >= self.max_send_wr {
+            let depth = self.max_send_wr;
+            return refuse(Error::SendQueueFull { depth }, region);
+        }
+        let len = sge.length;
+        let slot = self.slab.insert(UdSlot {
+            context,
+            region,
+            kind: Kind::Send {
+                _ah: dest.clone(),
+                len,
+            },
+        });
+        let mut wr = ffi::ibv_send_wr {
+            wr_id: slot as u64,
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: i32::from(len > 0),
+            opcode: ffi::ibv_wr_opcode::IBV_WR_SEND,
+            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            // SAFETY: all-zero is a valid value of this plain C struct.
+            ..unsafe { MaybeUninit::zeroed().assume_init() }
+        };
+        wr.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+            ah: dest.raw(),
+            remote_qpn,
+            remote_qkey,
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the QP is live; `wr` and `sge` outlive the call (the
+        // provider copies them); the buffer `sge` names and the address
+        // handle are owned by the slot just parked and stay there until the
+        // completion is polled.
+        let rc = unsafe {
+            let ctx = self.qp.as_ref().context;
+            match (*ctx).ops.post_send {
+                Some(post) => post(self.qp.as_ptr(), &mut wr, &mut bad),
+                None => libc_enosys(),
+            }
+        };
+        if rc != 0 {
+            let slot = self.slab.remove(slot).expect("just parked");
+            let error = Error::Verbs {
+                call: "ibv_post_send",
+                device: self.pd.context().name().to_string(),
+                source: io::Error::from_raw_os_error(rc),
+            };
+            return refuse(error, slot.region);
+        }
+        self.sends_in_flight += 1;
+        Ok(())
+    }
+
+    /// Posts a receive into `range` of `region`: the payload of the next
+    /// datagram lands at `range.start` (the GRH goes to an internal
+    /// buffer). A datagram longer than the range completes this receive
+    /// with an error status ([`WcStatus::LocalLength`], or
+    /// [`WcStatus::LocalQpOperation`] on rxe, which also moves the queue
+    /// pair to the error state), so post ranges of [`mtu`](Self::mtu)
+    /// bytes unless every sender is known.
+    pub fn post_recv(
+        &mut self,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        let Some(payload) = region.sge(&range) else {
+            let len = region.len();
+            return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
+        };
+        if self.recvs_in_flight >= self.max_recv_wr {
+            let depth = self.max_recv_wr;
+            return refuse(Error::RecvQueueFull { depth }, region);
+        }
+        let cell = self
+            .free_cells
+            .pop()
+            .expect("one GRH cell per receive slot, and a slot is free");
+        let mut sges = [
+            ffi::ibv_sge {
+                addr: self.grh_addr + (cell * GRH_BYTES) as u64,
+                length: GRH_BYTES as u32,
+                lkey: self.grh_lkey,
+            },
+            payload,
+        ];
+        let slot = self.slab.insert(UdSlot {
+            context,
+            region,
+            kind: Kind::Recv { cell },
+        });
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id: slot as u64,
+            next: std::ptr::null_mut(),
+            sg_list: sges.as_mut_ptr(),
+            num_sge: if payload.length > 0 { 2 } else { 1 },
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the QP is live; `wr` and `sges` outlive the call. The GRH
+        // cell is reserved for this request (off the free list until its
+        // completion is polled) inside the GRH buffer the queue pair owns;
+        // the payload buffer is owned by the slot just parked.
+        let rc = unsafe {
+            let ctx = self.qp.as_ref().context;
+            match (*ctx).ops.post_recv {
+                Some(post) => post(self.qp.as_ptr(), &mut wr, &mut bad),
+                None => libc_enosys(),
+            }
+        };
+        if rc != 0 {
+            self.free_cells.push(cell);
+            let slot = self.slab.remove(slot).expect("just parked");
+            let error = Error::Verbs {
+                call: "ibv_post_recv",
+                device: self.pd.context().name().to_string(),
+                source: io::Error::from_raw_os_error(rc),
+            };
+            return refuse(error, slot.region);
+        }
+        self.recvs_in_flight += 1;
+        Ok(())
+    }
+
+    /// Polls up to 32 completions into `out`; returns how many.
+    pub fn poll(&mut self, out: &mut Vec<UdCompletion>) -> Result<usize, Error> {
+        // SAFETY: all-zero is a valid `ibv_wc` (plain integers).
+        let mut wcs: [ffi::ibv_wc; 32] = unsafe { MaybeUninit::zeroed().assume_init() };
+        let n = self.cq.poll(&mut wcs).map_err(|source| Error::Verbs {
+            call: "ibv_poll_cq",
+            device: self.pd.context().name().to_string(),
+            source,
+        })?;
+        for wc in &wcs[..n] {
+            let status = wc
+                .error()
+                .map_or(WcStatus::Success, |(s, _)| WcStatus::from_raw(s));
+            let Some(slot) = usize::try_from(wc.wr_id())
+                .ok()
+                .and_then(|i| self.slab.remove(i))
+            else {
+                tracing::error!(wr_id = wc.wr_id(), "completion for an unknown work request");
+                continue;
+            };
+            let completion = match slot.kind {
+                Kind::Send { len, .. } => {
+                    self.sends_in_flight -= 1;
+                    UdCompletion {
+                        context: slot.context,
+                        status,
+                        opcode: if status.is_success() {
+                            Opcode::Send
+                        } else {
+                            Opcode::Unknown
+                        },
+                        byte_len: len,
+                        imm: None,
+                        source: None,
+                        region: slot.region,
+                    }
+                }
+                Kind::Recv { cell } => {
+                    self.recvs_in_flight -= 1;
+                    let source = status.is_success().then(|| {
+                        let has_grh = (wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_GRH).0 != 0;
+                        UdSource {
+                            qpn: wc.src_qp,
+                            gid: has_grh
+                                .then(|| grh_source_gid(&self.read_grh(cell)))
+                                .flatten(),
+                        }
+                    });
+                    self.free_cells.push(cell);
+                    UdCompletion {
+                        context: slot.context,
+                        status,
+                        opcode: if status.is_success() {
+                            Opcode::Recv
+                        } else {
+                            Opcode::Unknown
+                        },
+                        byte_len: u32::try_from(wc.len().saturating_sub(GRH_BYTES))
+                            .unwrap_or(u32::MAX),
+                        imm: wc.imm_data().map(u32::from_be),
+                        source,
+                        region: slot.region,
+                    }
+                }
+            };
+            out.push(completion);
+        }
+        Ok(n)
+    }
+
+    /// A copy of GRH cell `cell`, whose receive has completed.
+    fn read_grh(&self, cell: usize) -> [u8; GRH_BYTES] {
+        assert!(cell < self.max_recv_wr as usize);
+        let mut grh = [0u8; GRH_BYTES];
+        // SAFETY: the cell lies inside the GRH buffer (checked above), which
+        // lives as long as `self`; its receive has completed, so the NIC is
+        // done writing it, and it is not reposted before this copy. Only
+        // this cell is read (other cells may be written by the NIC).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (self.grh_addr as usize + cell * GRH_BYTES) as *const u8,
+                grh.as_mut_ptr(),
+                GRH_BYTES,
+            );
+        }
+        grh
+    }
+
+    /// Moves the queue pair to the error state: every outstanding request
+    /// completes with [`WcStatus::Flushed`] (or its real error).
+    pub fn set_error(&self) -> Result<(), Error> {
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        self.modify(
+            &mut attr,
+            ffi::ibv_qp_attr_mask::IBV_QP_STATE,
+            "ERR",
+            "state",
+        )
+    }
+
+    /// Flushes every outstanding request, waits (5 s at most) for the NIC
+    /// to complete them all, and destroys the queue pair. If that fails the
+    /// in-flight regions and the GRH buffer are leaked, never freed while
+    /// the NIC may reach them. Runs once.
+    fn shutdown(&mut self) {
+        if self.destroyed {
+            return;
+        }
+        let outstanding = self.sends_in_flight + self.recvs_in_flight;
+        if outstanding > 0 {
+            let _ = self.set_error();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let mut sink = Vec::new();
+            while self.sends_in_flight + self.recvs_in_flight > 0 && Instant::now() < deadline {
+                if self.poll(&mut sink).is_err() {
+                    break;
+                }
+                sink.clear();
+            }
+        }
+        let drained = self.sends_in_flight + self.recvs_in_flight == 0;
+        tracing::debug!(outstanding, drained, "destroying UD queue pair");
+        // SAFETY: the QP is ours and destroyed once (guarded by
+        // `destroyed`), before its CQ (a later field).
+        let rc = unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
+        self.destroyed = true;
+        if rc != 0 || !drained {
+            tracing::error!(
+                rc,
+                drained,
+                "UD queue pair teardown incomplete; leaking in-flight buffers"
+            );
+            for slot in self.slab.drain() {
+                std::mem::forget(slot);
+            }
+            std::mem::forget(self.grh.take());
+        }
+    }
+}
+
+impl Drop for UdQueuePair {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ipv4_grh(src: [u8; 4], dst: [u8; 4]) -> [u8; GRH_BYTES] {
+        // What rxe writes for RoCE v2 over IPv4: 20 unused bytes, then the
+        // IPv4 header.
+        let mut grh = [0u8; GRH_BYTES];
+        let ip = &mut grh[20..];
+        ip[0] = 0x45; // version 4, IHL 5
+        ip[2..4].copy_from_slice(&60u16.to_be_bytes());
+        ip[8] = 64; // TTL
+        ip[9] = 17; // UDP
+        ip[12..16].copy_from_slice(&src);
+        ip[16..20].copy_from_slice(&dst);
+        let sum: u32 = ip
+            .chunks_exact(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum();
+        let folded = (sum & 0xffff) + (sum >> 16);
+        let check = !((folded & 0xffff) + (folded >> 16)) as u16;
+        ip[10..12].copy_from_slice(&check.to_be_bytes());
+        grh
+    }
+
+    fn ipv6_grh(sgid: [u8; 16], dgid: [u8; 16]) -> [u8; GRH_BYTES] {
+        let mut grh = [0u8; GRH_BYTES];
+        grh[0] = 0x60; // version 6
+        grh[4..6].copy_from_slice(&100u16.to_be_bytes());
+        grh[6] = 0x1b; // next header: IB BTH
+        grh[7] = 64;
+        grh[8..24].copy_from_slice(&sgid);
+        grh[24..40].copy_from_slice(&dgid);
+        grh
+    }
+
+    #[test]
+    fn decodes_the_ipv4_source_of_a_roce_v2_ipv4_grh() {
+        let grh = ipv4_grh([10, 0, 2, 15], [10, 0, 2, 16]);
+        let gid = grh_source_gid(&grh).unwrap();
+        assert_eq!(gid.ipv4_mapped(), Some(Ipv4Addr::new(10, 0, 2, 15)));
+        assert_eq!(gid.to_string(), "::ffff:10.0.2.15");
+    }
+
+    #[test]
+    fn decodes_the_sgid_of_an_ipv6_or_ib_grh() {
+        let sgid = "fe80::5054:ff:fe12:3456"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets();
+        let dgid = [0xab; 16];
+        assert_eq!(grh_source_gid(&ipv6_grh(sgid, dgid)), Some(Gid(sgid)));
+    }
+
+    #[test]
+    fn a_version_6_grh_whose_tail_is_not_a_valid_ipv4_header_is_ipv6() {
+        // Bytes 20..40 are the last 4 bytes of the sgid and the dgid. An
+        // sgid whose byte 12 is 0x45 looks like IHL 5, but the checksum
+        // does not hold, so the GRH stays IPv6.
+        let sgid = [
+            0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0x45, 0, 0, 1,
+        ];
+        let grh = ipv6_grh(sgid, [0x11; 16]);
+        assert_eq!(grh[20], 0x45);
+        assert_eq!(grh_source_gid(&grh), Some(Gid(sgid)));
+        // With a valid IPv4 header there, rdma-core (and mtrdma) read it
+        // as IPv4 even though the version nibble says 6.
+        let mut grh = ipv4_grh([192, 0, 2, 1], [192, 0, 2, 2]);
+        grh[0] = 0x60;
+        assert_eq!(
+            grh_source_gid(&grh).and_then(|g| g.ipv4_mapped()),
+            Some(Ipv4Addr::new(192, 0, 2, 1))
+        );
+    }
+
+    #[test]
+    fn an_undecodable_grh_gives_no_source() {
+        assert_eq!(grh_source_gid(&[0u8; GRH_BYTES]), None);
+        let mut grh = ipv4_grh([1, 2, 3, 4], [5, 6, 7, 8]);
+        grh[20] = 0x55; // neither IPv4 nor an IPv6 GRH
+        assert_eq!(grh_source_gid(&grh), None);
+    }
+}

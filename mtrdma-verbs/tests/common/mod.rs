@@ -1,0 +1,71 @@
+//! Helpers shared by the device tests.
+// Each test file uses a different subset.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use mtrdma_verbs::{Completion, Context, ProtectionDomain, QueuePair, ScheduledQueuePair};
+
+/// The device the tests run on: the one MTRDMA_TEST_DEVICE names. Running
+/// device tests without naming one is a mistake worth failing on.
+pub(crate) fn device() -> Context {
+    let name = device_name();
+    Context::open(&name).expect("open the test device")
+}
+
+/// The name in MTRDMA_TEST_DEVICE.
+pub(crate) fn device_name() -> String {
+    std::env::var("MTRDMA_TEST_DEVICE")
+        .expect("MTRDMA_TEST_DEVICE must name the RDMA device to test (e.g. rxe0)")
+}
+
+/// Two queue pairs on one PD, connected to each other.
+pub(crate) fn pair(pd: &ProtectionDomain) -> (QueuePair, QueuePair) {
+    let a = pd.queue_pair().build().expect("build A");
+    let b = pd.queue_pair().build().expect("build B");
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    (
+        a.connect(&eb).expect("connect A"),
+        b.connect(&ea).expect("connect B"),
+    )
+}
+
+/// Something completions can be polled from.
+pub(crate) trait Poll {
+    /// Adds completions to `out`.
+    fn poll_into(&mut self, out: &mut Vec<Completion>);
+}
+
+impl Poll for QueuePair {
+    fn poll_into(&mut self, out: &mut Vec<Completion>) {
+        self.poll(out).expect("poll");
+    }
+}
+
+impl Poll for ScheduledQueuePair {
+    fn poll_into(&mut self, out: &mut Vec<Completion>) {
+        self.poll(out).expect("poll");
+    }
+}
+
+/// Polls until `n` completions arrive (30 s at most).
+pub(crate) fn wait(qp: &mut impl Poll, n: usize) -> Vec<Completion> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while out.len() < n {
+        qp.poll_into(&mut out);
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} completions",
+            out.len()
+        );
+    }
+    out
+}
+
+/// `len` bytes that differ with `seed` and position.
+pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}

@@ -1,0 +1,136 @@
+//! Endpoint exchange over TCP (loopback 127.0.0.1): on the host for the
+//! protocol, and on a device for a full connect-WRITE-SEND between two
+//! threads that only share a TCP connection.
+
+mod common;
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use mtrdma_verbs::exchange::{exchange, Handshake};
+use mtrdma_verbs::{Access, Context, Endpoint, Error, Opcode, RemoteRegion, SendOp};
+
+fn handshake(qpn: u32) -> Handshake {
+    Handshake {
+        endpoint: Endpoint {
+            qpn,
+            psn: 7,
+            gid: [0xfe; 16],
+            lid: 0,
+            mtu: 1024,
+        },
+        regions: vec![RemoteRegion {
+            addr: 0x1000,
+            len: 4096,
+            rkey: 42,
+        }],
+    }
+}
+
+#[test]
+fn both_sides_learn_each_others_handshake() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        exchange(&mut s, &handshake(1)).unwrap()
+    });
+    let mut c = TcpStream::connect(addr).unwrap();
+    let from_server = exchange(&mut c, &handshake(2)).unwrap();
+    assert_eq!(from_server, handshake(1));
+    assert_eq!(server.join().unwrap(), handshake(2));
+}
+
+#[test]
+fn a_garbled_or_missing_handshake_is_a_clear_error() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.write_all(b"{\"endpoint\": 12}\n").unwrap();
+        let (s2, _) = listener.accept().unwrap();
+        drop(s2); // closes without a word
+        drop(s);
+    });
+    let mut c = TcpStream::connect(addr).unwrap();
+    match exchange(&mut c, &handshake(2)) {
+        Err(Error::Exchange(msg)) => assert!(msg.contains("not valid"), "{msg}"),
+        other => panic!("expected an exchange error, got {other:?}"),
+    }
+    let mut c2 = TcpStream::connect(addr).unwrap();
+    server.join().unwrap();
+    match exchange(&mut c2, &handshake(3)) {
+        Err(Error::Exchange(msg)) => {
+            assert!(msg.contains("closed") || msg.contains("sending"), "{msg}")
+        }
+        other => panic!("expected an exchange error, got {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn two_threads_connect_through_tcp_and_write() {
+    let name = common::device_name();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server_name = name.clone();
+    let server = std::thread::spawn(move || {
+        let ctx = Context::open(&server_name).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let target = pd.allocate(1 << 16, Access::REMOTE_READ_WRITE).unwrap();
+        let mut qp = pd.queue_pair().build().unwrap();
+        let note = pd.allocate(8, Access::LOCAL).unwrap();
+        qp.post_recv(note, 0..8, 1).unwrap();
+        let (mut s, _) = listener.accept().unwrap();
+        let peer = exchange(
+            &mut s,
+            &Handshake {
+                endpoint: qp.endpoint(),
+                regions: vec![target.remote().unwrap()],
+            },
+        )
+        .unwrap();
+        let mut qp = qp.connect(&peer.endpoint).unwrap();
+        let mut out = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while out.is_empty() {
+            qp.poll(&mut out).unwrap();
+            assert!(Instant::now() < deadline, "no SEND arrived");
+        }
+        assert_eq!(out[0].opcode, Opcode::Recv);
+        assert_eq!(&out[0].region.as_slice()[..4], b"done");
+        assert!(
+            target.as_slice().iter().all(|&b| b == 0xab),
+            "the WRITE landed before the SEND"
+        );
+    });
+    let ctx = Context::open(&name).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let qp = pd.queue_pair().build().unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    let peer = exchange(
+        &mut s,
+        &Handshake {
+            endpoint: qp.endpoint(),
+            regions: vec![],
+        },
+    )
+    .unwrap();
+    let mut qp = qp.connect(&peer.endpoint).unwrap();
+    let mut data = pd.allocate(1 << 16, Access::LOCAL).unwrap();
+    data.as_mut_slice().fill(0xab);
+    qp.post_send(SendOp::Write(peer.regions[0]), data, 0..1 << 16, 1)
+        .unwrap();
+    let mut done = pd.allocate(8, Access::LOCAL).unwrap();
+    done.as_mut_slice()[..4].copy_from_slice(b"done");
+    qp.post_send(SendOp::Send, done, 0..4, 2).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while out.len() < 2 {
+        qp.poll(&mut out).unwrap();
+        assert!(Instant::now() < deadline);
+    }
+    assert!(out.iter().all(|c| c.status.is_success()));
+    server.join().unwrap();
+}
