@@ -38,7 +38,7 @@
 //! let target = pd.allocate(4096, Access::REMOTE_READ_WRITE)?;
 //! let remote = target.remote().expect("remote access was granted");
 //! let mut src = pd.allocate(4096, Access::LOCAL)?;
-//! src.as_mut_slice().fill(7);
+//! src.write_at(0, &[7; 4096])?;
 //! a.post_send(SendOp::Write(remote), src, 0..4096, 1)?;
 //! let written = wait(&mut a)?;
 //! assert!(written.status.is_success());
@@ -46,7 +46,7 @@
 //! let back = pd.allocate(4096, Access::LOCAL)?;
 //! a.post_send(SendOp::Read(remote), back, 0..4096, 2)?;
 //! let read = wait(&mut a)?;
-//! assert!(read.region.as_slice().iter().all(|&b| b == 7));
+//! assert!(read.region.read().iter().all(|&b| b == 7));
 //! # Ok(())
 //! # }
 //! ```
@@ -74,6 +74,7 @@ pub mod exchange;
 mod gid;
 mod mr;
 mod pd;
+mod progress;
 mod qp;
 mod scheduled;
 mod slab;
@@ -85,6 +86,7 @@ pub use error::Error;
 pub use gid::{Gid, GidEntry, GidSelection, GidType};
 pub use mr::{Access, MemoryRegion, RemoteRegion};
 pub use pd::ProtectionDomain;
+pub use progress::ProgressThread;
 pub use qp::{Endpoint, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder, SendOp};
 pub use scheduled::{ScheduleConfig, ScheduledQueuePair};
 pub use ud::{

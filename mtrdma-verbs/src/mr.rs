@@ -213,14 +213,66 @@ impl MemoryRegion {
         self.buf.is_empty()
     }
 
-    /// The bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        &self.buf
+    /// The bytes, unless the region grants remote write access: a peer
+    /// may then change it at any moment, so it is read with
+    /// [`read`](Self::read) / [`read_into`](Self::read_into) instead.
+    pub fn as_slice(&self) -> Option<&[u8]> {
+        (!self.access.remote_write).then_some(&*self.buf)
     }
 
-    /// The bytes, to fill before sending.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.buf
+    /// The bytes, to fill before sending, unless the region grants remote
+    /// write access (then use [`write_at`](Self::write_at)).
+    pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
+        (!self.access.remote_write).then_some(&mut *self.buf)
+    }
+
+    /// Copies the bytes at `offset` into `buf`, reading each byte once
+    /// (volatile), as memory a peer may write must be read.
+    pub fn read_into(&self, offset: usize, buf: &mut [u8]) -> Result<(), Error> {
+        let end = offset
+            .checked_add(buf.len())
+            .filter(|&e| e <= self.buf.len());
+        if end.is_none() {
+            return Err(Error::LocalRangeOutOfBounds {
+                range: offset..offset.saturating_add(buf.len()),
+                len: self.buf.len(),
+            });
+        }
+        let base = self.buf.as_ptr();
+        for (i, b) in buf.iter_mut().enumerate() {
+            // SAFETY: `offset + i < len` (checked above): in bounds of the
+            // buffer this region owns; a byte read is always valid.
+            *b = unsafe { base.add(offset + i).read_volatile() };
+        }
+        Ok(())
+    }
+
+    /// A copy of the whole region (see [`read_into`](Self::read_into)).
+    pub fn read(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.buf.len()];
+        self.read_into(0, &mut out)
+            .expect("the whole region is in bounds");
+        out
+    }
+
+    /// Writes `data` at `offset`, each byte once (volatile).
+    pub fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<(), Error> {
+        let end = offset
+            .checked_add(data.len())
+            .filter(|&e| e <= self.buf.len());
+        if end.is_none() {
+            return Err(Error::LocalRangeOutOfBounds {
+                range: offset..offset.saturating_add(data.len()),
+                len: self.buf.len(),
+            });
+        }
+        let base = self.buf.as_mut_ptr();
+        for (i, &b) in data.iter().enumerate() {
+            // SAFETY: in bounds (checked above) of the buffer this region
+            // owns exclusively (`&mut self`).
+            unsafe { base.add(offset + i).write_volatile(b) };
+        }
+        Ok(())
     }
 
     /// The access it was registered with.

@@ -453,7 +453,7 @@ struct UdSlot {
 /// server.post_recv(pd.allocate(server.mtu() as usize, Access::LOCAL)?, 0..64, 1)?;
 /// let to_server = client.address_handle(&server.endpoint())?;
 /// let mut msg = pd.allocate(5, Access::LOCAL)?;
-/// msg.as_mut_slice().copy_from_slice(b"hello");
+/// msg.write_at(0, b"hello")?;
 /// let ep = server.endpoint();
 /// client.post_send(&to_server, ep.qpn, ep.qkey, msg, 0..5, 2)?;
 /// let mut done: Vec<UdCompletion> = Vec::new();
@@ -461,7 +461,7 @@ struct UdSlot {
 ///     server.poll(&mut done)?;
 /// }
 /// let c = &done[0];
-/// assert_eq!(&c.region.as_slice()[..c.byte_len as usize], b"hello");
+/// assert_eq!(&c.region.read()[..c.byte_len as usize], b"hello");
 /// println!("from QP {}", c.source.unwrap().qpn);
 /// # Ok(())
 /// # }

@@ -99,9 +99,9 @@ fn two_threads_connect_through_tcp_and_write() {
             assert!(Instant::now() < deadline, "no SEND arrived");
         }
         assert_eq!(out[0].opcode, Opcode::Recv);
-        assert_eq!(&out[0].region.as_slice()[..4], b"done");
+        assert_eq!(&out[0].region.read()[..4], b"done");
         assert!(
-            target.as_slice().iter().all(|&b| b == 0xab),
+            target.read().iter().all(|&b| b == 0xab),
             "the WRITE landed before the SEND"
         );
     });
@@ -119,11 +119,11 @@ fn two_threads_connect_through_tcp_and_write() {
     .unwrap();
     let mut qp = qp.connect(&peer.endpoint).unwrap();
     let mut data = pd.allocate(1 << 16, Access::LOCAL).unwrap();
-    data.as_mut_slice().fill(0xab);
+    data.write_at(0, &[0xab; 1 << 16]).unwrap();
     qp.post_send(SendOp::Write(peer.regions[0]), data, 0..1 << 16, 1)
         .unwrap();
     let mut done = pd.allocate(8, Access::LOCAL).unwrap();
-    done.as_mut_slice()[..4].copy_from_slice(b"done");
+    done.write_at(0, b"done").unwrap();
     qp.post_send(SendOp::Send, done, 0..4, 2).unwrap();
     let mut out = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -42,7 +42,7 @@ fn send_write_read_move_every_byte_for_sizes_from_1_b_to_8_mib() {
             (WcStatus::Success, Opcode::Send, 2)
         );
         assert_eq!(
-            sent.region.as_slice(),
+            sent.region.read(),
             &pattern(len, seed)[..],
             "the sender's buffer comes back intact"
         );
@@ -52,7 +52,7 @@ fn send_write_read_move_every_byte_for_sizes_from_1_b_to_8_mib() {
             (WcStatus::Success, Opcode::Recv, len)
         );
         assert!(
-            got.region.as_slice() == &pattern(len, seed)[..],
+            got.region.read() == pattern(len, seed),
             "SEND of {len} B arrived intact"
         );
 
@@ -83,11 +83,11 @@ fn send_write_read_move_every_byte_for_sizes_from_1_b_to_8_mib() {
         let r = wait(&mut a, 1).pop().unwrap();
         assert_eq!((r.status, r.opcode), (WcStatus::Success, Opcode::Read));
         assert!(
-            r.region.as_slice() == &pattern(len, seed.wrapping_add(7))[..],
+            r.region.read() == pattern(len, seed.wrapping_add(7)),
             "WRITE+READ of {len} B"
         );
         assert!(
-            target.as_slice() == &pattern(len, seed.wrapping_add(7))[..],
+            target.read() == pattern(len, seed.wrapping_add(7)),
             "the WRITE landed"
         );
 
@@ -134,7 +134,7 @@ fn a_write_outside_the_remote_region_is_refused_before_posting() {
     );
     assert!(refused.to_string().contains("refused before posting"));
     assert_eq!(
-        refused.region.as_slice(),
+        refused.region.read(),
         &pattern(200, 1)[..],
         "the region comes back untouched"
     );
@@ -273,7 +273,7 @@ fn the_peer_destroyed_mid_transfer_gives_errors_and_buffers_back() {
         "each buffer came back once"
     );
     for c in &out {
-        assert_eq!(c.region.as_slice(), &pattern(1 << 20, c.context as u8)[..]);
+        assert_eq!(c.region.read(), &pattern(1 << 20, c.context as u8)[..]);
         if !c.status.is_success() {
             assert!(
                 matches!(

@@ -44,7 +44,7 @@ fn chunked_writes_and_reads_show_one_completion_and_move_every_byte() {
             (WcStatus::Success, Opcode::Write, len)
         );
         assert!(
-            target.as_slice() == &pattern(len, seed)[..],
+            target.read() == pattern(len, seed),
             "chunked WRITE of {len} B"
         );
 
@@ -56,7 +56,7 @@ fn chunked_writes_and_reads_show_one_completion_and_move_every_byte() {
             (WcStatus::Success, Opcode::Read, 2)
         );
         assert!(
-            r.region.as_slice() == &pattern(len, seed)[..],
+            r.region.read() == pattern(len, seed),
             "chunked READ of {len} B"
         );
 
@@ -79,7 +79,7 @@ fn chunked_writes_and_reads_show_one_completion_and_move_every_byte() {
             (got.opcode, got.imm),
             (Opcode::RecvWithImm, Some(7_000 + i as u32))
         );
-        assert!(target.as_slice() == &pattern(len, seed ^ 0x55)[..]);
+        assert!(target.read() == pattern(len, seed ^ 0x55));
     }
     // A request past the remote region is refused before anything is queued.
     let small = pd.allocate(16, Access::REMOTE_READ_WRITE).unwrap();
@@ -165,4 +165,44 @@ fn a_capped_tenant_stays_within_5_percent_of_its_cap_next_to_an_uncapped_one() {
         "completed {capped:.0} B/s above the cap"
     );
     assert!(free > capped, "the uncapped tenant is not held to the cap");
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_progress_thread_completes_work_the_application_never_polls() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let (a, _b) = pair(&pd);
+    let a = a
+        .scheduled(ScheduleConfig {
+            chunk_bytes: 16 << 10,
+            ..ScheduleConfig::default()
+        })
+        .unwrap();
+    let driven = a.with_progress_thread(Duration::from_micros(50));
+    let target = pd.allocate(256 << 10, Access::REMOTE_READ_WRITE).unwrap();
+    let remote = target.remote().unwrap();
+    for i in 0..20u64 {
+        let src = pd
+            .register(pattern(256 << 10, i as u8), Access::LOCAL)
+            .unwrap();
+        driven
+            .post_send(SendOp::Write(remote), src, 0..256 << 10, i)
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 20 {
+        let c = driven
+            .completions()
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the progress thread delivers every completion");
+        assert!(c.status.is_success(), "{}", c.status);
+        assert_eq!(c.region.read(), &pattern(256 << 10, c.context as u8)[..]);
+        seen.push(c.context);
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (0..20).collect::<Vec<_>>());
+    let (qp, result) = driven.stop();
+    result.unwrap();
+    assert_eq!(qp.queued(), 0);
 }

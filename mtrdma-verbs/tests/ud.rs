@@ -62,7 +62,7 @@ fn reply_seed(client: usize, msg: usize) -> u8 {
 /// Checks a received region: the payload at `offset`, and every other byte
 /// of the region still [`FILL`] (the GRH never reaches it).
 fn check_received(c: &UdCompletion, offset: usize, expected: &[u8]) {
-    let bytes = c.region.as_slice();
+    let bytes = c.region.read();
     let end = offset + expected.len();
     assert!(
         bytes[offset..end] == *expected,
@@ -139,7 +139,7 @@ fn one_server_qp_serves_four_clients_with_the_grh_hidden() {
         assert_eq!(to_server.endpoint(), server_ep);
         for (i, &len) in sizes.iter().enumerate() {
             let mut region = pd.allocate(len + 8, Access::LOCAL).unwrap();
-            region.as_mut_slice()[4..4 + len].copy_from_slice(&pattern(len, seed(c, i)));
+            region.write_at(4, &pattern(len, seed(c, i))).unwrap();
             client
                 .post_send(
                     &to_server,
@@ -165,7 +165,7 @@ fn one_server_qp_serves_four_clients_with_the_grh_hidden() {
             );
             assert!(s.source.is_none());
             assert_eq!(
-                &s.region.as_slice()[4..4 + len],
+                &s.region.read()[4..4 + len],
                 &pattern(len, seed(c, i))[..],
                 "the sender's buffer comes back intact"
             );
@@ -260,7 +260,7 @@ fn an_over_mtu_send_is_refused_before_posting_and_the_region_comes_back() {
         "{msg}"
     );
     assert_eq!(
-        refused.region.as_slice(),
+        refused.region.read(),
         &pattern(mtu + 1, 7)[..],
         "the region comes back untouched"
     );
@@ -303,7 +303,7 @@ fn an_over_mtu_send_is_refused_before_posting_and_the_region_comes_back() {
         (WcStatus::Success, Opcode::Recv, mtu)
     );
     assert_eq!(done[0].source.unwrap().qpn, ep.qpn);
-    assert_eq!(done[0].region.as_slice(), &pattern(mtu + 1, 7)[1..]);
+    assert_eq!(done[0].region.read(), &pattern(mtu + 1, 7)[1..]);
     assert_eq!(
         (done[1].status, done[1].opcode),
         (WcStatus::Success, Opcode::Send)
@@ -389,7 +389,7 @@ fn a_datagram_longer_than_the_receive_range_fails_and_the_region_comes_back() {
     assert!(got.source.is_none(), "a failed receive names no sender");
     assert_eq!(got.region.len(), 64, "the region comes back");
     assert!(
-        got.region.as_slice()[16..].iter().all(|&b| b == FILL),
+        got.region.read()[16..].iter().all(|&b| b == FILL),
         "nothing written past the posted range"
     );
     assert_eq!(receiver.in_flight(), (0, 0));

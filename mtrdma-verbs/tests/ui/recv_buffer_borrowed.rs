@@ -5,7 +5,7 @@ fn post(qp: &mut QueuePair, pd: &mtrdma_verbs::ProtectionDomain) {
     let region = pd.allocate(64, Access::LOCAL).unwrap();
     let view = region.as_slice();
     qp.post_recv(region, 0..64, 1).unwrap();
-    println!("{}", view[0]);
+    println!("{view:?}");
 }
 
 fn main() {}

@@ -5,7 +5,7 @@ use mtrdma_verbs::{Access, QueuePair, SendOp};
 fn post(qp: &mut QueuePair, pd: &mtrdma_verbs::ProtectionDomain) {
     let region = pd.allocate(64, Access::LOCAL).unwrap();
     qp.post_send(SendOp::Send, region, 0..64, 1).unwrap();
-    println!("{}", region.as_slice()[0]);
+    println!("{:?}", region.as_slice());
 }
 
 fn main() {}

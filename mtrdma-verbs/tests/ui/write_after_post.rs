@@ -5,7 +5,7 @@ fn post(qp: &mut ScheduledQueuePair, pd: &mtrdma_verbs::ProtectionDomain) {
     let mut region = pd.allocate(64, Access::LOCAL).unwrap();
     let remote = pd.allocate(64, Access::REMOTE_READ_WRITE).unwrap().remote().unwrap();
     qp.post_send(SendOp::Write(remote), region, 0..64, 1).unwrap();
-    region.as_mut_slice()[0] = 1;
+    region.write_at(0, &[1]).unwrap();
     drop(region);
 }
 
