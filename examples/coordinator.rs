@@ -1,0 +1,179 @@
+//! The mtrdma coordinator: keeps the shared quota table of a host.
+//!
+//! It creates the table from a TOML policy file (see `examples/policy.toml`),
+//! accepts tenant registrations on a Unix socket (a process's tenant comes
+//! from its uid, gid and cgroup, never from what it says), recomputes
+//! weighted max-min fair rates of the link among tenants with demand,
+//! returns the resources of processes that died, reloads the policy on
+//! SIGHUP or when the file changes, and prints a per-tenant view every
+//! second. SIGINT or SIGTERM stops it and removes the table.
+//!
+//! ```text
+//! cargo run --release --example coordinator -- --policy examples/policy.toml
+//!     [--table NAME] [--socket PATH] [--capacity N] [--processes N] [--quiet]
+//! ```
+//!
+//! Tenant processes then call `mtrdma::core::coordinator::register(socket)`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mtrdma::core::coordinator::{Coordinator, CoordinatorConfig};
+use mtrdma::core::table::TenantUsage;
+
+struct Args {
+    config: CoordinatorConfig,
+    quiet: bool,
+}
+
+fn default_socket(table: &str) -> PathBuf {
+    let dir = if rustix::process::geteuid().is_root() {
+        PathBuf::from("/run/mtrdma")
+    } else if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR") {
+        PathBuf::from(runtime)
+    } else {
+        std::env::temp_dir()
+    };
+    dir.join(format!("mtrdma-{table}.sock"))
+}
+
+fn parse() -> Result<Args, String> {
+    let mut policy = None;
+    let mut table = String::from("default");
+    let mut socket = None;
+    let (mut capacity, mut processes, mut quiet) = (64u32, 1024u32, false);
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--policy" => policy = Some(PathBuf::from(value()?)),
+            "--table" => table = value()?,
+            "--socket" => socket = Some(PathBuf::from(value()?)),
+            "--capacity" => capacity = value()?.parse().map_err(|e| format!("--capacity: {e}"))?,
+            "--processes" => {
+                processes = value()?.parse().map_err(|e| format!("--processes: {e}"))?
+            }
+            "--quiet" => quiet = true,
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    let policy_path = policy.ok_or("--policy FILE is required (see examples/policy.toml)")?;
+    let socket = socket.unwrap_or_else(|| default_socket(&table));
+    Ok(Args {
+        config: CoordinatorConfig {
+            table,
+            socket,
+            policy_path,
+            capacity,
+            processes,
+        },
+        quiet,
+    })
+}
+
+fn gbps(bytes_per_sec: f64) -> f64 {
+    bytes_per_sec * 8.0 / 1e9
+}
+
+fn print_view(usage: &[TenantUsage], last: &[TenantUsage], secs: f64, link: u64) {
+    println!(
+        "{:>4} {:<16} {:<7} {:>9} {:>9} {:>6} {:>11} {:>14} {:>10} {:>5}",
+        "id",
+        "name",
+        "class",
+        "sent Gb/s",
+        "fair Gb/s",
+        "share",
+        "QPs",
+        "MR MiB",
+        "throttled",
+        "procs"
+    );
+    for u in usage {
+        let before = last.iter().find(|l| l.tenant == u.tenant);
+        let sent = u.bytes_posted - before.map_or(u.bytes_posted, |b| b.bytes_posted);
+        let throttled = u.throttled_ns - before.map_or(u.throttled_ns, |b| b.throttled_ns);
+        println!(
+            "{:>4} {:<16} {:<7} {:>9.3} {:>9.3} {:>5.1}% {:>5}/{:<5} {:>6}/{:<7} {:>8.1}ms {:>5}",
+            u.tenant.0,
+            u.name,
+            u.class.to_string(),
+            gbps(sent as f64 / secs),
+            gbps(u.fair_rate as f64),
+            100.0 * u.fair_rate as f64 / link.max(1) as f64,
+            u.qps.0,
+            u.qps.1,
+            u.mr_bytes.0 >> 20,
+            u.mr_bytes.1 >> 20,
+            throttled as f64 / 1e6 / secs,
+            u.processes,
+        );
+    }
+    println!();
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse()?;
+    if let Some(dir) = args.config.socket.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let socket = args.config.socket.clone();
+    let mut coordinator = Coordinator::start(args.config)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, coordinator.reload_flag())?;
+    println!(
+        "mtrdma coordinator: table {:?}, {} tenants, registration socket {}",
+        coordinator.table().name().unwrap_or("?"),
+        coordinator.policy().tenants.len(),
+        socket.display()
+    );
+
+    let mut last_print = Instant::now();
+    let mut last_usage = coordinator.usage();
+    while !stop.load(Ordering::Acquire) {
+        let now = coordinator.table().now_ns();
+        let report = coordinator.tick(now);
+        for (slot, tenant) in &report.registered {
+            println!("registered a process as {tenant} (process slot {slot})");
+        }
+        for reason in &report.refused {
+            println!("refused a registration: {reason}");
+        }
+        for r in &report.reclaimed {
+            println!(
+                "process {} of {} died: returned {} QPs and {} MR bytes",
+                r.process.pid, r.tenant, r.qps, r.mr_bytes
+            );
+        }
+        if report.reloaded {
+            println!(
+                "policy reloaded: {} tenants",
+                coordinator.policy().tenants.len()
+            );
+        }
+        if let Some(e) = report.reload_error {
+            println!("policy reload failed, keeping the previous policy: {e}");
+        }
+        if !args.quiet && last_print.elapsed() >= Duration::from_secs(1) {
+            let usage = coordinator.usage();
+            let secs = last_print.elapsed().as_secs_f64();
+            print_view(
+                &usage,
+                &last_usage,
+                secs,
+                coordinator.policy().link.capacity_bytes_per_sec,
+            );
+            last_usage = usage;
+            last_print = Instant::now();
+        }
+        let interval = u64::from(coordinator.policy().link.recompute_interval_ms);
+        std::thread::sleep(Duration::from_millis(interval.max(1)));
+    }
+    println!("stopping: removing the table and the socket");
+    coordinator.shutdown(true)?;
+    Ok(())
+}
