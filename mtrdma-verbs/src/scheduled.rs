@@ -79,6 +79,9 @@ pub struct ScheduledQueuePair {
     held: Option<(Grant<usize>, u64)>,
     max_pieces: u32,
     chunk_bytes: u64,
+    /// Bytes accepted and not yet posted (this queue pair's share of the
+    /// tenant's demand in the quota table).
+    backlog: u64,
     pieces_in_flight: u32,
     done: Vec<Completion>,
     raw: Vec<RawCompletion>,
@@ -127,6 +130,7 @@ impl QueuePair {
             held: None,
             max_pieces: config.max_pieces_in_flight.max(1),
             chunk_bytes: config.chunk_bytes,
+            backlog: 0,
             pieces_in_flight: 0,
             done: Vec::new(),
             raw: Vec::new(),
@@ -206,6 +210,7 @@ impl ScheduledQueuePair {
             match &self.quota {
                 Some(q) => {
                     // Demand until posted (posting takes it off again).
+                    self.backlog += len;
                     q.add_backlog(i64::try_from(len).unwrap_or(i64::MAX));
                     match q.check_rate(q.now_ns(), len, 1) {
                         Ok(()) => self.post_piece(grant),
@@ -231,6 +236,7 @@ impl ScheduledQueuePair {
             });
         }
         if let Some(q) = &self.quota {
+            self.backlog += len;
             q.add_backlog(i64::try_from(len).unwrap_or(i64::MAX));
         }
         self.pump();
@@ -312,6 +318,10 @@ impl ScheduledQueuePair {
         }
         let (opcode, remote, imm) = m.op.lower(grant.is_last);
         let Some(mut sge) = m.region.sge(&(m.start..m.start + m.len as usize)) else {
+            // Checked at `post_send`; should it ever fail, fail the request
+            // rather than leave it waiting forever.
+            m.status = WcStatus::LocalLength;
+            self.finish_if_done(index);
             return;
         };
         sge.addr += grant.offset;
@@ -333,6 +343,7 @@ impl ScheduledQueuePair {
                 self.pieces_in_flight += 1;
                 if let Some(q) = &self.quota {
                     q.record_posted(grant.len, 1);
+                    self.backlog = self.backlog.saturating_sub(grant.len);
                     q.add_backlog(-i64::try_from(grant.len).unwrap_or(i64::MAX));
                 }
             }
@@ -373,9 +384,8 @@ impl ScheduledQueuePair {
 impl Drop for ScheduledQueuePair {
     fn drop(&mut self) {
         if let Some(q) = &self.quota {
-            // What is still queued is no longer demand.
-            let queued: u64 = self.messages.values().map(|m| m.len).sum();
-            q.add_backlog(-i64::try_from(queued).unwrap_or(i64::MAX));
+            // What is still waiting here is no longer demand.
+            q.add_backlog(-i64::try_from(self.backlog).unwrap_or(i64::MAX));
         }
         if !self.qp.shutdown() {
             // The NIC may still reach these regions: never free them.

@@ -165,6 +165,14 @@ fn a_capped_tenant_stays_within_5_percent_of_its_cap_next_to_an_uncapped_one() {
         "completed {capped:.0} B/s above the cap"
     );
     assert!(free > capped, "the uncapped tenant is not held to the cap");
+    // Work still queued when the queue pairs go is no longer demand.
+    drop(qps);
+    let usage = table.usage().unwrap();
+    assert_eq!(
+        (usage[0].backlog_bytes, usage[1].backlog_bytes),
+        (0, 0),
+        "the demand the coordinator sees returns to zero"
+    );
 }
 
 #[test]
