@@ -217,15 +217,7 @@ impl QueuePairBuilder<'_> {
             },
             ..Default::default()
         };
-        // SAFETY: the PD and CQ are alive; `init` is a valid attribute set.
-        let qp = unsafe { ffi::ibv_create_qp(self.pd.raw(), &mut init) };
-        let Some(qp) = NonNull::new(qp) else {
-            return Err(Error::Verbs {
-                call: "ibv_create_qp",
-                device,
-                source: io::Error::last_os_error(),
-            });
-        };
+        let qp = create_qp(self.pd, &mut init)?;
         let psn = random_psn();
         let qp = QueuePair {
             qp,
@@ -318,21 +310,7 @@ impl PreparedQueuePair {
             rq_psn: remote.psn,
             max_dest_rd_atomic: rd_atomic,
             min_rnr_timer: 12,
-            ah_attr: ffi::ibv_ah_attr {
-                dlid: remote.lid,
-                sl: 0,
-                src_path_bits: 0,
-                is_global: 1,
-                port_num: qp.port,
-                grh: ffi::ibv_global_route {
-                    dgid: ffi::ibv_gid { raw: remote.gid },
-                    flow_label: 0,
-                    sgid_index: u8::try_from(qp.gid_index).unwrap_or(0),
-                    hop_limit: 64,
-                    traffic_class: 0,
-                },
-                ..Default::default()
-            },
+            ah_attr: global_ah_attr(remote.gid, remote.lid, qp.port, qp.gid_index),
             ..Default::default()
         };
         qp.modify(
@@ -398,6 +376,75 @@ pub(crate) fn mtu_enum(bytes: u32) -> ffi::ibv_mtu {
         513..=1024 => ffi::IBV_MTU_1024,
         1025..=2048 => ffi::IBV_MTU_2048,
         _ => ffi::IBV_MTU_4096,
+    }
+}
+
+/// Creates a queue pair on `pd` with `init`.
+pub(crate) fn create_qp(
+    pd: &ProtectionDomain,
+    init: &mut ffi::ibv_qp_init_attr,
+) -> Result<NonNull<ffi::ibv_qp>, Error> {
+    // SAFETY: the PD (and the CQs `init` names) are alive; `init` is a
+    // valid attribute set, and the call writes the granted caps back.
+    let qp = unsafe { ffi::ibv_create_qp(pd.raw(), init) };
+    NonNull::new(qp).ok_or_else(|| Error::Verbs {
+        call: "ibv_create_qp",
+        device: pd.context().name().to_string(),
+        source: io::Error::last_os_error(),
+    })
+}
+
+/// Moves `qp` to another state; a failure names the transition, the
+/// attributes it set, and the likely cause where one is known.
+pub(crate) fn modify_qp(
+    qp: NonNull<ffi::ibv_qp>,
+    attr: &mut ffi::ibv_qp_attr,
+    mask: ffi::ibv_qp_attr_mask,
+    to: &'static str,
+    attrs: &'static str,
+) -> Result<(), Error> {
+    // SAFETY: the caller's queue pair is live; `attr` holds the fields
+    // `mask` names.
+    let rc = unsafe { ffi::ibv_modify_qp(qp.as_ptr(), attr, mask.0 as i32) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let hint = match (to, rc) {
+        ("INIT", 22) => "; EINVAL at INIT usually means a wrong port number",
+        ("RTR", 22) => "; EINVAL at RTR usually means a wrong GID index or MTU for this port (RoCE needs a RoCE v2 GID, not index 0)",
+        ("RTR", 110) | ("RTS", 110) => "; a timeout usually means the peer's GID is unreachable from this port",
+        _ => "",
+    };
+    Err(Error::Transition {
+        to,
+        attrs,
+        source: io::Error::from_raw_os_error(rc),
+        hint,
+    })
+}
+
+/// An address vector to `dgid` (RoCE needs the global route, and it works
+/// on InfiniBand too) from local GID `sgid_index` of `port`.
+pub(crate) fn global_ah_attr(
+    dgid: [u8; 16],
+    dlid: u16,
+    port: u8,
+    sgid_index: u32,
+) -> ffi::ibv_ah_attr {
+    ffi::ibv_ah_attr {
+        dlid,
+        sl: 0,
+        src_path_bits: 0,
+        is_global: 1,
+        port_num: port,
+        grh: ffi::ibv_global_route {
+            dgid: ffi::ibv_gid { raw: dgid },
+            flow_label: 0,
+            sgid_index: u8::try_from(sgid_index).unwrap_or(0),
+            hop_limit: 64,
+            traffic_class: 0,
+        },
+        ..Default::default()
     }
 }
 
@@ -540,23 +587,7 @@ impl QueuePair {
         to: &'static str,
         attrs: &'static str,
     ) -> Result<(), Error> {
-        // SAFETY: `qp` is live; `attr` holds the fields `mask` names.
-        let rc = unsafe { ffi::ibv_modify_qp(self.qp.as_ptr(), attr, mask.0 as i32) };
-        if rc != 0 {
-            let source = io::Error::from_raw_os_error(rc);
-            let hint = match (to, rc) {
-                ("RTR", 22) => "; EINVAL at RTR usually means a wrong GID index or MTU for this port (RoCE needs a RoCE v2 GID, not index 0)",
-                ("RTR", 110) | ("RTS", 110) => "; a timeout usually means the peer's GID is unreachable from this port",
-                _ => "",
-            };
-            return Err(Error::Transition {
-                to,
-                attrs,
-                source,
-                hint,
-            });
-        }
-        Ok(())
+        modify_qp(self.qp, attr, mask, to, attrs)
     }
 
     fn park(&mut self, slot: Slot) -> usize {

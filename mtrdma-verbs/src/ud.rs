@@ -24,7 +24,9 @@ use mtrdma_core::table::OwnedQpPermit;
 use mtrdma_core::TenantHandle;
 
 use crate::completion::{Opcode, WcStatus};
-use crate::qp::{device_attrs, libc_enosys, random_psn, Cq, PostError};
+use crate::qp::{
+    create_qp, device_attrs, global_ah_attr, libc_enosys, modify_qp, random_psn, Cq, PostError,
+};
 use crate::slab::Slab;
 use crate::{Access, Error, Gid, GidSelection, MemoryRegion, ProtectionDomain};
 
@@ -135,21 +137,7 @@ fn create_ah(
     port: u8,
     sgid_index: u32,
 ) -> Result<AddressHandle, Error> {
-    let mut attr = ffi::ibv_ah_attr {
-        dlid: remote.lid,
-        sl: 0,
-        src_path_bits: 0,
-        is_global: 1,
-        port_num: port,
-        grh: ffi::ibv_global_route {
-            dgid: ffi::ibv_gid { raw: remote.gid },
-            flow_label: 0,
-            sgid_index: u8::try_from(sgid_index).unwrap_or(0),
-            hop_limit: 64,
-            traffic_class: 0,
-        },
-        ..Default::default()
-    };
+    let mut attr = global_ah_attr(remote.gid, remote.lid, port, sgid_index);
     // SAFETY: the PD is alive; `attr` is a complete attribute set that the
     // call only reads.
     let ah = unsafe { ffi::ibv_create_ah(pd.raw(), &mut attr) };
@@ -263,15 +251,7 @@ impl UdQueuePairBuilder<'_> {
             },
             ..Default::default()
         };
-        // SAFETY: the PD and CQ are alive; `init` is a valid attribute set.
-        let qp = unsafe { ffi::ibv_create_qp(self.pd.raw(), &mut init) };
-        let Some(qp) = NonNull::new(qp) else {
-            return Err(Error::Verbs {
-                call: "ibv_create_qp",
-                device,
-                source: io::Error::last_os_error(),
-            });
-        };
+        let qp = create_qp(self.pd, &mut init)?;
         let recv_sges = init.cap.max_recv_sge;
         let qp = UdQueuePair {
             qp,
@@ -555,21 +535,7 @@ impl UdQueuePair {
         to: &'static str,
         attrs: &'static str,
     ) -> Result<(), Error> {
-        // SAFETY: `qp` is live; `attr` holds the fields `mask` names.
-        let rc = unsafe { ffi::ibv_modify_qp(self.qp.as_ptr(), attr, mask.0 as i32) };
-        if rc != 0 {
-            let hint = match (to, rc) {
-                ("INIT", 22) => "; EINVAL at INIT usually means a wrong port number",
-                _ => "",
-            };
-            return Err(Error::Transition {
-                to,
-                attrs,
-                source: io::Error::from_raw_os_error(rc),
-                hint,
-            });
-        }
-        Ok(())
+        modify_qp(self.qp, attr, mask, to, attrs)
     }
 
     /// Sends `range` of `region` as one datagram to the queue pair
