@@ -10,11 +10,22 @@
 //! piece. Only the last piece's completion is shown to the application, as
 //! one completion for the whole request with its region handed back.
 //!
+//! A queue pair is scheduled on its own ([`QueuePair::scheduled`]) or
+//! together with the queue pairs of other tenants of the same process on a
+//! [`SharedScheduler`] ([`QueuePair::scheduled_on`]): then one weighted
+//! deficit round robin decides between the tenants, the latency class goes
+//! first, and the bulk bytes all of them have in the NIC at once are
+//! bounded, so a latency request finds little ahead of it whatever the
+//! number of bulk tenants.
+//!
 //! Progress is made when the application polls: [`ScheduledQueuePair::poll`]
-//! reaps completions and posts whatever the scheduler lets go next. There is
-//! no background thread.
+//! reaps completions and posts whatever the scheduler lets go next, for
+//! every queue pair of the scheduler. There is no background thread (see
+//! [`ScheduledQueuePair::with_progress_thread`] for one).
 
+use std::collections::VecDeque;
 use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
 use mtrdma_sched::{
@@ -31,7 +42,8 @@ use crate::{Error, MemoryRegion};
 #[derive(Debug, Clone)]
 pub struct ScheduleConfig {
     /// WRITE and READ longer than this are split into pieces of at most
-    /// this many bytes (default 64 KiB).
+    /// this many bytes (default 64 KiB). On a [`SharedScheduler`] its own
+    /// [`SharedConfig::chunk_bytes`] applies instead.
     pub chunk_bytes: u64,
     /// Pieces of this queue pair in the NIC at once (default 4): what a
     /// latency-sensitive neighbour may find ahead of it.
@@ -41,6 +53,10 @@ pub struct ScheduleConfig {
     /// The tenant whose quota table rates and accounting apply (none: the
     /// queue pair is scheduled on its own, without shared limits).
     pub tenant: Option<TenantHandle>,
+    /// The tenant the sends are scheduled as when `tenant` gives none
+    /// (default tenant 0). Queue pairs of different tenants on one
+    /// [`SharedScheduler`] share it by their weights.
+    pub tenant_id: Option<TenantId>,
 }
 
 impl Default for ScheduleConfig {
@@ -50,118 +66,261 @@ impl Default for ScheduleConfig {
             max_pieces_in_flight: 4,
             class: TrafficClass::Bulk,
             tenant: None,
+            tenant_id: None,
         }
     }
 }
 
-/// One send request and the pieces of it still in the NIC.
-struct Message {
-    op: SendOp,
-    region: MemoryRegion,
-    start: usize,
-    len: u64,
-    context: u64,
-    pieces_out: u32,
-    last_granted: bool,
-    status: WcStatus,
+/// Settings of a [`SharedScheduler`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedConfig {
+    /// WRITE and READ longer than this are split into pieces of at most
+    /// this many bytes (default 64 KiB); also the DRR quantum of a weight-1
+    /// tenant.
+    pub chunk_bytes: u64,
+    /// Bulk-class bytes that all the scheduler's queue pairs together may
+    /// have in the NIC at once (default 256 KiB): what a latency request
+    /// finds ahead of it. A piece larger than this still goes, alone.
+    /// Latency-class pieces do not count against it.
+    pub bulk_bytes_in_flight: u64,
+    /// Share of the bytes, in parts per million, that bulk traffic keeps
+    /// while the latency class is saturated (default 100,000: 10%).
+    pub bulk_min_share_ppm: u32,
+}
+
+impl Default for SharedConfig {
+    fn default() -> Self {
+        SharedConfig {
+            chunk_bytes: 64 << 10,
+            bulk_bytes_in_flight: 256 << 10,
+            bulk_min_share_ppm: 100_000,
+        }
+    }
+}
+
+/// One scheduler for the queue pairs of several tenants in one process.
+///
+/// Attach queue pairs with [`QueuePair::scheduled_on`]; each is one
+/// tenant's (tenants may have several). Requests of the latency class go
+/// first, bulk tenants share by weighted deficit round robin (set weights
+/// and caps with [`set_policy`](Self::set_policy)), and the bulk bytes in
+/// the NIC are bounded by [`SharedConfig::bulk_bytes_in_flight`].
+/// Cloning gives another handle to the same scheduler; it may be used from
+/// several threads.
+///
+/// Every queue pair attached must be polled (or have a progress thread):
+/// polling is what moves the shared work along.
+///
+/// ```no_run
+/// use mtrdma_core::{TenantId, TrafficClass};
+/// use mtrdma_sched::TenantPolicy;
+/// use mtrdma_verbs::{Context, ScheduleConfig, SharedConfig, SharedScheduler};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = Context::open_first_active()?;
+/// let pd = ctx.alloc_pd()?;
+/// let shared = SharedScheduler::new(SharedConfig::default())?;
+/// shared.set_policy(TenantId(2), TenantPolicy::weight(4))?;
+/// let (a, b) = (pd.queue_pair().build()?, pd.queue_pair().build()?);
+/// let (ea, eb) = (a.endpoint(), b.endpoint());
+/// let bulk = a.connect(&eb)?.scheduled_on(
+///     &shared,
+///     ScheduleConfig { tenant_id: Some(TenantId(2)), ..ScheduleConfig::default() },
+/// )?;
+/// # let _ = (bulk, b.connect(&ea)?);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SharedScheduler {
+    engine: Arc<Mutex<Engine>>,
+}
+
+impl std::fmt::Debug for SharedScheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let e = self.lock();
+        f.debug_struct("SharedScheduler")
+            .field("queue_pairs", &e.members.len())
+            .field("queued", &e.sched.len())
+            .field("bulk_bytes_in_flight", &e.bulk_in_flight)
+            .finish()
+    }
+}
+
+impl SharedScheduler {
+    /// A scheduler with no queue pairs yet.
+    pub fn new(config: SharedConfig) -> Result<SharedScheduler, Error> {
+        let sched_config = SchedulerConfig {
+            chunk_bytes: config.chunk_bytes,
+            quantum_bytes: config.chunk_bytes,
+            bulk_min_share_ppm: config.bulk_min_share_ppm,
+            ..SchedulerConfig::default()
+        };
+        let sched = TenantScheduler::new(sched_config).map_err(schedule_error)?;
+        Ok(SharedScheduler {
+            engine: Arc::new(Mutex::new(Engine {
+                sched,
+                chunk_bytes: config.chunk_bytes,
+                budget: config.bulk_bytes_in_flight.max(1),
+                bulk_in_flight: 0,
+                latency_queued: 0,
+                members: Slab::default(),
+                messages: Slab::default(),
+                waiting: Vec::new(),
+                pending_total: 0,
+                next_seq: 0,
+                explicit: Vec::new(),
+                clock: QuantaClock::new(),
+                raw: Vec::new(),
+            })),
+        })
+    }
+
+    /// Sets `tenant`'s weight and caps (also while it runs: a changed cap
+    /// keeps its rate state). A tenant without one gets the weight of its
+    /// quota table policy, or 1.
+    pub fn set_policy(&self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
+        let mut e = self.lock();
+        e.sched.set_policy(tenant, policy).map_err(schedule_error)?;
+        if !e.explicit.contains(&tenant) {
+            e.explicit.push(tenant);
+        }
+        Ok(())
+    }
+
+    /// Bulk bytes posted by the scheduler's queue pairs and not yet
+    /// completed.
+    pub fn bulk_bytes_in_flight(&self) -> u64 {
+        self.lock().bulk_in_flight
+    }
+
+    /// Queue pairs attached.
+    pub fn queue_pairs(&self) -> usize {
+        self.lock().members.len()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Engine> {
+        lock(&self.engine)
+    }
+}
+
+fn lock(engine: &Mutex<Engine>) -> MutexGuard<'_, Engine> {
+    // The engine's invariants hold between calls; a panic in another
+    // thread's call does not leave them half-changed in a way that matters
+    // more than refusing every later call would.
+    engine.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn schedule_error(e: impl std::fmt::Display) -> Error {
+    Error::Schedule(e.to_string())
+}
+
+impl QueuePair {
+    /// Routes this queue pair's sends through a scheduler of its own.
+    pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledQueuePair, Error> {
+        let shared = SharedScheduler::new(SharedConfig {
+            chunk_bytes: config.chunk_bytes,
+            // One queue pair: `max_pieces_in_flight` is its bound.
+            bulk_bytes_in_flight: u64::MAX,
+            ..SharedConfig::default()
+        })?;
+        self.scheduled_on(&shared, config)
+    }
+
+    /// Routes this queue pair's sends through `shared`, together with the
+    /// other queue pairs attached to it.
+    pub fn scheduled_on(
+        self,
+        shared: &SharedScheduler,
+        config: ScheduleConfig,
+    ) -> Result<ScheduledQueuePair, Error> {
+        let (tenant, class) = match &config.tenant {
+            Some(t) => (t.tenant(), t.class()),
+            None => (config.tenant_id.unwrap_or(TenantId(0)), config.class),
+        };
+        let mut e = shared.lock();
+        if !e.explicit.contains(&tenant) {
+            let weight = config
+                .tenant
+                .as_ref()
+                .and_then(TenantHandle::policy)
+                .map_or(1, |p| p.weight);
+            e.sched
+                .set_policy(tenant, TenantPolicy::weight(weight))
+                .map_err(schedule_error)?;
+        }
+        let qpn = self.qpn();
+        let member = e.members.insert(Member {
+            qp: self,
+            tenant,
+            class,
+            quota: config.tenant,
+            max_pieces: config.max_pieces_in_flight.max(1),
+            in_flight: VecDeque::new(),
+            pending: VecDeque::new(),
+            retry_at: 0,
+            waiting: false,
+            backlog: 0,
+            accepted: 0,
+            done: Vec::new(),
+        });
+        drop(e);
+        Ok(ScheduledQueuePair {
+            engine: Arc::clone(&shared.engine),
+            member,
+            qpn,
+            tenant,
+            class,
+        })
+    }
 }
 
 /// A queue pair whose sends are scheduled (see the module docs).
 pub struct ScheduledQueuePair {
-    qp: QueuePair,
-    sched: TenantScheduler<usize>,
+    engine: Arc<Mutex<Engine>>,
+    member: usize,
+    qpn: u32,
     tenant: TenantId,
     class: TrafficClass,
-    quota: Option<TenantHandle>,
-    clock: QuantaClock,
-    messages: Slab<Message>,
-    /// A piece the shared rate limit held back, and when it may go.
-    held: Option<(Grant<usize>, u64)>,
-    max_pieces: u32,
-    chunk_bytes: u64,
-    /// Bytes accepted and not yet posted (this queue pair's share of the
-    /// tenant's demand in the quota table).
-    backlog: u64,
-    pieces_in_flight: u32,
-    done: Vec<Completion>,
-    raw: Vec<RawCompletion>,
 }
 
 impl std::fmt::Debug for ScheduledQueuePair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ScheduledQueuePair")
-            .field("qp", &self.qp)
+            .field("qpn", &self.qpn)
             .field("tenant", &self.tenant)
             .field("class", &self.class)
             .field("queued", &self.queued())
-            .field("pieces_in_flight", &self.pieces_in_flight)
             .finish()
     }
 }
 
-impl QueuePair {
-    /// Routes this queue pair's sends through a scheduler.
-    pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledQueuePair, Error> {
-        let sched_config = SchedulerConfig {
-            chunk_bytes: config.chunk_bytes,
-            quantum_bytes: config.chunk_bytes,
-            ..SchedulerConfig::default()
-        };
-        let mut sched =
-            TenantScheduler::new(sched_config).map_err(|e| Error::Schedule(e.to_string()))?;
-        let (tenant, class, weight) = match &config.tenant {
-            Some(t) => {
-                let weight = t.policy().map_or(1, |p| p.weight);
-                (t.tenant(), t.class(), weight)
-            }
-            None => (TenantId(0), config.class, 1),
-        };
-        sched
-            .set_policy(tenant, TenantPolicy::weight(weight))
-            .map_err(|e| Error::Schedule(e.to_string()))?;
-        Ok(ScheduledQueuePair {
-            qp: self,
-            sched,
-            tenant,
-            class,
-            quota: config.tenant,
-            clock: QuantaClock::new(),
-            messages: Slab::default(),
-            held: None,
-            max_pieces: config.max_pieces_in_flight.max(1),
-            chunk_bytes: config.chunk_bytes,
-            backlog: 0,
-            pieces_in_flight: 0,
-            done: Vec::new(),
-            raw: Vec::new(),
-        })
-    }
-}
-
 impl ScheduledQueuePair {
-    /// The underlying queue pair.
-    pub fn queue_pair(&self) -> &QueuePair {
-        &self.qp
+    /// The queue pair number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
     }
 
-    /// Send requests accepted and not yet completed.
+    /// The tenant its sends are scheduled as.
+    pub fn tenant(&self) -> TenantId {
+        self.tenant
+    }
+
+    /// Its traffic class.
+    pub fn class(&self) -> TrafficClass {
+        self.class
+    }
+
+    /// Send requests accepted and not yet handed back by [`poll`](Self::poll).
     pub fn queued(&self) -> usize {
-        self.messages.len()
-    }
-
-    /// The time base: the quota table's shared clock when there is a
-    /// tenant handle (its rate limits live on it), the TSC otherwise.
-    fn now(&self) -> u64 {
-        match &self.quota {
-            Some(q) => q.now_ns(),
-            None => self.clock.now().0,
-        }
+        lock(&self.engine).member(self.member).accepted
     }
 
     /// Accepts a send-side request. It is posted now if the scheduler lets
     /// it go, or kept in the software backlog and posted by a later
-    /// [`poll`](Self::poll). Bounds are checked first; a refused request
-    /// hands its region back.
+    /// [`poll`](Self::poll) (of this or another queue pair of the same
+    /// scheduler). Bounds are checked first; a refused request hands its
+    /// region back.
     pub fn post_send(
         &mut self,
         op: SendOp,
@@ -175,72 +334,7 @@ impl ScheduledQueuePair {
                 region,
             });
         }
-        let len = (range.end - range.start) as u64;
-        let message = Message {
-            op,
-            region,
-            start: range.start,
-            len,
-            context,
-            pieces_out: 0,
-            last_granted: false,
-            status: WcStatus::Success,
-        };
-        let index = self.messages.insert(message);
-        // Fast path: nothing of this queue pair is waiting, the request is
-        // one piece, and there is room in the NIC: post it now, without a
-        // trip through the scheduler's queues.
-        let one_piece =
-            len <= self.chunk_bytes || matches!(op, SendOp::Send | SendOp::SendWithImm(_));
-        if one_piece
-            && self.held.is_none()
-            && self.sched.is_empty()
-            && self.pieces_in_flight < self.max_pieces
-            && self.qp.send_room() > 0
-        {
-            let grant = Grant {
-                tenant: self.tenant,
-                class: self.class,
-                op: SchedOpcode::Send,
-                handle: index,
-                offset: 0,
-                len,
-                is_last: true,
-            };
-            match &self.quota {
-                Some(q) => {
-                    // Demand until posted (posting takes it off again).
-                    self.backlog += len;
-                    q.add_backlog(i64::try_from(len).unwrap_or(i64::MAX));
-                    match q.check_rate(q.now_ns(), len, 1) {
-                        Ok(()) => self.post_piece(grant),
-                        Err(retry_at) => self.held = Some((grant, retry_at)),
-                    }
-                }
-                None => self.post_piece(grant),
-            }
-            return Ok(());
-        }
-        let kind = match op {
-            SendOp::Send | SendOp::SendWithImm(_) => SchedOpcode::Send,
-            SendOp::Write(_) | SendOp::WriteWithImm(..) => SchedOpcode::Write,
-            SendOp::Read(_) => SchedOpcode::Read,
-        };
-        let descriptor = Descriptor::new(self.tenant, self.class, kind, len, index);
-        let now = self.now();
-        if let Err(rejected) = self.sched.enqueue(descriptor, Nanos(now)) {
-            let message = self.messages.remove(index).expect("just stored");
-            return Err(PostError {
-                error: Box::new(Error::Schedule(rejected.reason.to_string())),
-                region: message.region,
-            });
-        }
-        if let Some(q) = &self.quota {
-            self.backlog += len;
-            q.add_backlog(i64::try_from(len).unwrap_or(i64::MAX));
-        }
-        self.pump();
-        Ok(())
+        lock(&self.engine).post_send(self.member, op, region, range, context)
     }
 
     /// Posts a receive (receives are not scheduled).
@@ -250,84 +344,411 @@ impl ScheduledQueuePair {
         range: Range<usize>,
         context: u64,
     ) -> Result<(), PostError> {
-        self.qp.post_recv(region, range, context)
+        lock(&self.engine)
+            .member_mut(self.member)
+            .qp
+            .post_recv(region, range, context)
     }
 
     /// Reaps completions, posts what the scheduler lets go next, and moves
     /// finished requests (one completion each, region handed back) and
     /// receives into `out`. Returns how many it added.
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
+        let mut e = lock(&self.engine);
         let before = out.len();
-        let mut raw = std::mem::take(&mut self.raw);
-        self.qp.poll_inner(out, &mut raw)?;
-        for c in raw.drain(..) {
-            let index = (c.wr_id & !RAW_WR) as usize;
-            self.pieces_in_flight -= 1;
-            if let Some(m) = self.messages.get_mut(index) {
-                m.pieces_out -= 1;
-                if !c.status.is_success() && m.status.is_success() {
-                    m.status = c.status;
+        let reaped = e.reap(self.member);
+        e.pump();
+        out.append(&mut e.member_mut(self.member).done);
+        reaped.map(|()| out.len() - before)
+    }
+}
+
+impl Drop for ScheduledQueuePair {
+    fn drop(&mut self) {
+        lock(&self.engine).detach(self.member);
+    }
+}
+
+/// Which message a scheduled piece belongs to. `seq` tells a message from
+/// a later one stored under the same key (the descriptors of a detached
+/// queue pair stay queued until the scheduler hands them out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PieceRef {
+    message: usize,
+    seq: u64,
+}
+
+/// One send request and the pieces of it still in the NIC.
+struct Message {
+    member: usize,
+    seq: u64,
+    op: SendOp,
+    region: MemoryRegion,
+    start: usize,
+    len: u64,
+    context: u64,
+    pieces_out: u32,
+    last_granted: bool,
+    status: WcStatus,
+}
+
+/// A piece in the NIC. An RC send queue completes in order, so the front
+/// of a queue pair's list is the next completion's piece.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    message: usize,
+    len: u64,
+    bulk: bool,
+}
+
+/// One attached queue pair.
+struct Member {
+    qp: QueuePair,
+    tenant: TenantId,
+    class: TrafficClass,
+    quota: Option<TenantHandle>,
+    max_pieces: u32,
+    in_flight: VecDeque<InFlight>,
+    /// Pieces granted and not yet posted (the queue pair was full, the
+    /// bulk budget spent, or its shared rate limit said wait), in order.
+    pending: VecDeque<Grant<PieceRef>>,
+    /// When the shared rate limit lets the head of `pending` go (on the
+    /// quota table's clock).
+    retry_at: u64,
+    /// Whether it is in the engine's `waiting` list.
+    waiting: bool,
+    /// Bytes accepted and not yet posted (its share of the tenant's demand
+    /// in the quota table).
+    backlog: u64,
+    /// Requests accepted and not yet handed back.
+    accepted: usize,
+    /// Finished requests and receives waiting for the owner's poll.
+    done: Vec<Completion>,
+}
+
+/// Everything behind a [`SharedScheduler`]: the queue pairs, their
+/// requests, and the one scheduler that orders them.
+struct Engine {
+    sched: TenantScheduler<PieceRef>,
+    chunk_bytes: u64,
+    /// Bound on `bulk_in_flight`.
+    budget: u64,
+    bulk_in_flight: u64,
+    /// Latency-class descriptors in `sched`.
+    latency_queued: usize,
+    members: Slab<Member>,
+    messages: Slab<Message>,
+    /// Members with pending pieces.
+    waiting: Vec<usize>,
+    pending_total: usize,
+    next_seq: u64,
+    /// Tenants whose policy was set on the scheduler itself.
+    explicit: Vec<TenantId>,
+    clock: QuantaClock,
+    raw: Vec<RawCompletion>,
+}
+
+impl Engine {
+    fn member(&self, member: usize) -> &Member {
+        self.members
+            .get(member)
+            .expect("a queue pair's member entry lives as long as it does")
+    }
+
+    fn member_mut(&mut self, member: usize) -> &mut Member {
+        self.members
+            .get_mut(member)
+            .expect("a queue pair's member entry lives as long as it does")
+    }
+
+    /// Whether a bulk piece of `len` bytes fits the budget now.
+    fn bulk_fits(&self, len: u64) -> bool {
+        self.bulk_in_flight == 0 || self.bulk_in_flight.saturating_add(len) <= self.budget
+    }
+
+    fn post_send(
+        &mut self,
+        member: usize,
+        op: SendOp,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        let len = (range.end - range.start) as u64;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let message = self.messages.insert(Message {
+            member,
+            seq,
+            op,
+            region,
+            start: range.start,
+            len,
+            context,
+            pieces_out: 0,
+            last_granted: false,
+            status: WcStatus::Success,
+        });
+        let handle = PieceRef { message, seq };
+        let kind = match op {
+            SendOp::Send | SendOp::SendWithImm(_) => SchedOpcode::Send,
+            SendOp::Write(_) | SendOp::WriteWithImm(..) => SchedOpcode::Write,
+            SendOp::Read(_) => SchedOpcode::Read,
+        };
+        let m = self.member(member);
+        let (tenant, class) = (m.tenant, m.class);
+        let latency = class == TrafficClass::Latency;
+        // Fast path: the request is one piece, nothing it should wait
+        // behind is queued, and there is room for it in the NIC: post it
+        // now, without a trip through the scheduler's queues.
+        let one_piece = len <= self.chunk_bytes || kind == SchedOpcode::Send;
+        let nothing_ahead = if latency {
+            self.latency_queued == 0
+        } else {
+            self.sched.is_empty()
+        };
+        self.member_mut(member).accepted += 1;
+        let m = self.member(member);
+        let fast = one_piece
+            && nothing_ahead
+            && m.pending.is_empty()
+            && (m.in_flight.len() as u32) < m.max_pieces
+            && m.qp.send_room() > 0
+            && (latency || self.bulk_fits(len));
+        if fast {
+            self.add_backlog(member, len);
+            self.make_pending(Grant {
+                tenant,
+                class,
+                op: kind,
+                handle,
+                offset: 0,
+                len,
+                is_last: true,
+            });
+            self.drain_member(member);
+            return Ok(());
+        }
+        let descriptor = Descriptor::new(tenant, class, kind, len, handle);
+        let now = Nanos(self.clock.now().0);
+        if let Err(rejected) = self.sched.enqueue(descriptor, now) {
+            self.member_mut(member).accepted -= 1;
+            let message = self.messages.remove(message).expect("just stored");
+            return Err(PostError {
+                error: Box::new(Error::Schedule(rejected.reason.to_string())),
+                region: message.region,
+            });
+        }
+        if latency {
+            self.latency_queued += 1;
+        }
+        self.add_backlog(member, len);
+        self.pump();
+        Ok(())
+    }
+
+    /// Counts `len` accepted bytes as the tenant's demand until posted.
+    fn add_backlog(&mut self, member: usize, len: u64) {
+        let m = self.member_mut(member);
+        if let Some(q) = &m.quota {
+            m.backlog += len;
+            q.add_backlog(i64::try_from(len).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Queues a granted piece behind its queue pair's other pending ones.
+    fn make_pending(&mut self, grant: Grant<PieceRef>) {
+        let Some(msg) = self
+            .messages
+            .get(grant.handle.message)
+            .filter(|m| m.seq == grant.handle.seq)
+        else {
+            // The queue pair it belonged to was detached.
+            return;
+        };
+        let member = msg.member;
+        let m = self.member_mut(member);
+        m.pending.push_back(grant);
+        if !m.waiting {
+            m.waiting = true;
+            self.waiting.push(member);
+        }
+        self.pending_total += 1;
+    }
+
+    /// Posts `member`'s pending pieces, in order, while its queue pair,
+    /// the bulk budget and its shared rate limit allow.
+    fn drain_member(&mut self, member: usize) {
+        loop {
+            let budget_ok = {
+                let m = self.member(member);
+                let Some(g) = m.pending.front() else { return };
+                if m.in_flight.len() as u32 >= m.max_pieces || m.qp.send_room() == 0 {
+                    return;
+                }
+                g.class == TrafficClass::Latency || self.bulk_fits(g.len)
+            };
+            if !budget_ok {
+                return;
+            }
+            let m = self.member_mut(member);
+            let len = m.pending.front().map_or(0, |g| g.len);
+            if let Some(q) = &m.quota {
+                let now = q.now_ns();
+                if now < m.retry_at {
+                    return;
+                }
+                if let Err(at) = q.check_rate(now, len, 1) {
+                    m.retry_at = at;
+                    return;
                 }
             }
-            self.finish_if_done(index);
+            let grant = m.pending.pop_front().expect("checked above");
+            self.pending_total -= 1;
+            self.post_piece(member, grant);
+        }
+    }
+
+    /// Posts pending pieces, then new ones from the scheduler, while the
+    /// queue pairs, the bulk budget and the rate limits allow.
+    fn pump(&mut self) {
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let member = self.waiting[i];
+            self.drain_member(member);
+            match self.members.get_mut(member) {
+                Some(m) if !m.pending.is_empty() => i += 1,
+                other => {
+                    if let Some(m) = other {
+                        m.waiting = false;
+                    }
+                    self.waiting.swap_remove(i);
+                }
+            }
+        }
+        let mut reaped = false;
+        // Grants waiting for their queue pair do not hold up the others,
+        // but their number is bounded so the scheduler keeps the order.
+        let pending_cap = 64.max(4 * self.members.len());
+        while self.pending_total < pending_cap {
+            if self.latency_queued == 0 && !self.bulk_fits(1) {
+                // Nothing may go until a bulk piece completes; queue pairs
+                // whose owners have not polled may hold finished ones.
+                if reaped || self.bulk_in_flight == 0 {
+                    return;
+                }
+                reaped = true;
+                self.reap_others();
+                continue;
+            }
+            let now = Nanos(self.clock.now().0);
+            let grant = match self.sched.dequeue(now) {
+                Dequeue::Ready(grant) => grant,
+                Dequeue::Wait(_) | Dequeue::Empty => return,
+            };
+            if grant.is_last && grant.class == TrafficClass::Latency {
+                self.latency_queued -= 1;
+            }
+            let member = self
+                .messages
+                .get(grant.handle.message)
+                .filter(|m| m.seq == grant.handle.seq)
+                .map(|m| m.member);
+            self.make_pending(grant);
+            if let Some(member) = member {
+                self.drain_member(member);
+            }
+        }
+    }
+
+    /// Polls the queue pairs that hold bulk pieces in the NIC (their
+    /// finished requests wait in `done` for their owners).
+    fn reap_others(&mut self) {
+        let holders: Vec<usize> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.in_flight.iter().any(|p| p.bulk))
+            .map(|(k, _)| k)
+            .collect();
+        for member in holders {
+            if let Err(e) = self.reap(member) {
+                tracing::warn!(error = %e, "polling a scheduled queue pair failed");
+            }
+        }
+    }
+
+    /// Polls `member`'s completion queue: receives go to its `done`, pieces
+    /// are matched to their requests, and finished requests go to `done`.
+    fn reap(&mut self, member: usize) -> Result<(), Error> {
+        let mut raw = std::mem::take(&mut self.raw);
+        let result = {
+            let m = self.member_mut(member);
+            m.qp.poll_inner(&mut m.done, &mut raw)
+        };
+        for c in raw.drain(..) {
+            let message = (c.wr_id & !RAW_WR) as usize;
+            self.piece_done(member, message, c.status);
         }
         self.raw = raw;
-        self.pump();
-        out.append(&mut self.done);
-        Ok(out.len() - before)
+        result.map(|_| ())
     }
 
-    /// Posts pieces while the scheduler, the rate limits and the
-    /// in-flight bound allow.
-    fn pump(&mut self) {
-        let now = self.now();
-        while self.pieces_in_flight < self.max_pieces && self.qp.send_room() > 0 {
-            let grant = match self.held.take() {
-                Some((grant, at)) if now < at => {
-                    self.held = Some((grant, at));
-                    return;
-                }
-                Some((grant, _)) => grant,
-                None => match self.sched.dequeue(Nanos(now)) {
-                    Dequeue::Ready(grant) => grant,
-                    Dequeue::Wait(_) | Dequeue::Empty => return,
-                },
-            };
-            if let Some(q) = &self.quota {
-                if let Err(retry_at) = q.check_rate(now, grant.len, 1) {
-                    self.held = Some((grant, retry_at));
-                    return;
-                }
-            }
-            self.post_piece(grant);
+    fn piece_done(&mut self, member: usize, message: usize, status: WcStatus) {
+        let m = self.member_mut(member);
+        let at = match m.in_flight.front() {
+            Some(p) if p.message == message => Some(0),
+            _ => m.in_flight.iter().position(|p| p.message == message),
+        };
+        let Some(piece) = at.and_then(|at| m.in_flight.remove(at)) else {
+            tracing::error!(message, "completion for a piece that is not in flight");
+            return;
+        };
+        if piece.bulk {
+            self.bulk_in_flight -= piece.len;
         }
+        if let Some(msg) = self.messages.get_mut(message) {
+            msg.pieces_out -= 1;
+            if !status.is_success() && msg.status.is_success() {
+                msg.status = status;
+            }
+        }
+        self.finish_if_done(message);
     }
 
-    fn post_piece(&mut self, grant: Grant<usize>) {
-        let index = grant.handle;
-        let Some(m) = self.messages.get_mut(index) else {
+    fn post_piece(&mut self, member: usize, grant: Grant<PieceRef>) {
+        let PieceRef { message, seq } = grant.handle;
+        let Some(msg) = self.messages.get_mut(message).filter(|m| m.seq == seq) else {
             return;
         };
         if grant.is_last {
-            m.last_granted = true;
+            msg.last_granted = true;
         }
-        if !m.status.is_success() {
+        let bulk = grant.class != TrafficClass::Latency;
+        let m = self
+            .members
+            .get_mut(member)
+            .expect("pending pieces belong to attached queue pairs");
+        if let Some(q) = &m.quota {
+            m.backlog = m.backlog.saturating_sub(grant.len);
+            q.add_backlog(-i64::try_from(grant.len).unwrap_or(i64::MAX));
+        }
+        if !msg.status.is_success() {
             // The request already failed: its remaining pieces are dropped.
-            self.finish_if_done(index);
+            self.finish_if_done(message);
             return;
         }
-        let (opcode, remote, imm) = m.op.lower(grant.is_last);
-        let Some(mut sge) = m.region.sge(&(m.start..m.start + m.len as usize)) else {
+        let (opcode, remote, imm) = msg.op.lower(grant.is_last);
+        let Some(mut sge) = msg.region.sge(&(msg.start..msg.start + msg.len as usize)) else {
             // Checked at `post_send`; should it ever fail, fail the request
             // rather than leave it waiting forever.
-            m.status = WcStatus::LocalLength;
-            self.finish_if_done(index);
+            msg.status = WcStatus::LocalLength;
+            self.finish_if_done(message);
             return;
         };
         sge.addr += grant.offset;
         sge.length = u32::try_from(grant.len).unwrap_or(u32::MAX);
         let raw = RawSend {
-            wr_id: RAW_WR | index as u64,
+            wr_id: RAW_WR | message as u64,
             opcode,
             sge,
             remote: remote.map(|r| (r.addr + grant.offset, r.rkey)),
@@ -336,37 +757,42 @@ impl ScheduledQueuePair {
         // SAFETY: the piece lies inside the message's region (checked at
         // `post_send`), and the message keeps the region until every piece
         // has completed (`finish_if_done`), or forever if the queue pair
-        // cannot be drained (`Drop`).
-        match unsafe { self.qp.post_send_raw(raw) } {
+        // cannot be drained (`detach`).
+        match unsafe { m.qp.post_send_raw(raw) } {
             Ok(()) => {
-                m.pieces_out += 1;
-                self.pieces_in_flight += 1;
-                if let Some(q) = &self.quota {
+                msg.pieces_out += 1;
+                m.in_flight.push_back(InFlight {
+                    message,
+                    len: grant.len,
+                    bulk,
+                });
+                if let Some(q) = &m.quota {
                     q.record_posted(grant.len, 1);
-                    self.backlog = self.backlog.saturating_sub(grant.len);
-                    q.add_backlog(-i64::try_from(grant.len).unwrap_or(i64::MAX));
+                }
+                if bulk {
+                    self.bulk_in_flight += grant.len;
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "posting a scheduled piece failed");
-                m.status = WcStatus::LocalQpOperation;
-                self.finish_if_done(index);
+                msg.status = WcStatus::LocalQpOperation;
+                self.finish_if_done(message);
             }
         }
     }
 
     /// Completes a request once all its pieces are granted and done.
-    fn finish_if_done(&mut self, index: usize) {
+    fn finish_if_done(&mut self, message: usize) {
         let ready = matches!(
-            self.messages.get(index),
+            self.messages.get(message),
             Some(m) if m.pieces_out == 0 && m.last_granted
         );
         if !ready {
             return;
         }
-        let m = self.messages.remove(index).expect("checked above");
+        let m = self.messages.remove(message).expect("checked above");
         let ok = m.status.is_success();
-        self.done.push(Completion {
+        let completion = Completion {
             context: m.context,
             status: m.status,
             opcode: if ok {
@@ -377,21 +803,40 @@ impl ScheduledQueuePair {
             byte_len: u32::try_from(m.len).unwrap_or(u32::MAX),
             imm: None,
             region: m.region,
-        });
-    }
-}
-
-impl Drop for ScheduledQueuePair {
-    fn drop(&mut self) {
-        if let Some(q) = &self.quota {
-            // What is still waiting here is no longer demand.
-            q.add_backlog(-i64::try_from(self.backlog).unwrap_or(i64::MAX));
+        };
+        if let Some(owner) = self.members.get_mut(m.member) {
+            owner.accepted -= 1;
+            owner.done.push(completion);
         }
-        if !self.qp.shutdown() {
+    }
+
+    /// Takes a queue pair out: its requests are dropped (their regions
+    /// freed once the NIC is done with them, or never) and its share of
+    /// the bulk budget returned.
+    fn detach(&mut self, member: usize) {
+        let Some(mut m) = self.members.remove(member) else {
+            return;
+        };
+        if let Some(q) = &m.quota {
+            // What is still waiting here is no longer demand.
+            q.add_backlog(-i64::try_from(m.backlog).unwrap_or(i64::MAX));
+        }
+        self.pending_total -= m.pending.len();
+        if m.waiting {
+            self.waiting.retain(|&w| w != member);
+        }
+        let bulk: u64 = m.in_flight.iter().filter(|p| p.bulk).map(|p| p.len).sum();
+        let drained = m.qp.shutdown();
+        self.bulk_in_flight -= bulk;
+        let messages = self.messages.remove_where(|msg| msg.member == member);
+        if !drained {
             // The NIC may still reach these regions: never free them.
-            for m in self.messages.drain() {
-                std::mem::forget(m.region);
+            for msg in messages {
+                std::mem::forget(msg.region);
             }
         }
+        // Its queued descriptors stay in the scheduler until handed out
+        // and are dropped then (their messages are gone).
+        self.pump();
     }
 }

@@ -55,6 +55,26 @@ impl<T> Slab<T> {
         self.entries.len() - self.free.len()
     }
 
+    /// Every stored key and value.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (usize, &T)> + '_ {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter_map(|(k, e)| e.as_ref().map(|v| (k, v)))
+    }
+
+    /// Takes out every value for which `pred` holds.
+    pub(crate) fn remove_where(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
+        let mut out = Vec::new();
+        for (key, entry) in self.entries.iter_mut().enumerate() {
+            if entry.as_ref().is_some_and(&mut pred) {
+                out.extend(entry.take());
+                self.free.push(key);
+            }
+        }
+        out
+    }
+
     /// Takes every value out.
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
         self.free.clear();
@@ -83,5 +103,22 @@ mod tests {
         assert_eq!(all, ["b", "c2"]);
         assert_eq!(s.len(), 0);
         assert_eq!(s.remove(99), None);
+    }
+
+    #[test]
+    fn remove_where_takes_only_matching_values_and_frees_their_keys() {
+        let mut s = Slab::default();
+        let keys: Vec<usize> = (0..6).map(|i| s.insert(i)).collect();
+        let mut odd = s.remove_where(|v| v % 2 == 1);
+        odd.sort();
+        assert_eq!(odd, [1, 3, 5]);
+        assert_eq!(s.len(), 3);
+        assert_eq!(s.get(keys[2]), Some(&2));
+        assert_eq!(s.get(keys[3]), None);
+        let k = s.insert(10);
+        assert!(
+            [keys[1], keys[3], keys[5]].contains(&k),
+            "a freed key is reused"
+        );
     }
 }

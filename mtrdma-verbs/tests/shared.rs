@@ -1,0 +1,286 @@
+//! Queue pairs of several tenants on one `SharedScheduler`, on a real
+//! device (loopback on the device named by MTRDMA_TEST_DEVICE). Ignored on
+//! a plain `cargo test`; `cargo xtask test` runs them in the SoftRoCE VM.
+
+mod common;
+
+use common::{device, pair, pattern, wait};
+
+use std::time::{Duration, Instant};
+
+use mtrdma_core::{TenantId, TrafficClass};
+use mtrdma_sched::TenantPolicy;
+use mtrdma_verbs::{
+    Access, Completion, MemoryRegion, ProtectionDomain, QueuePair, ScheduleConfig,
+    ScheduledQueuePair, SendOp, SharedConfig, SharedScheduler, WcStatus,
+};
+
+fn attach(
+    qp: QueuePair,
+    shared: &SharedScheduler,
+    tenant: u32,
+    class: TrafficClass,
+) -> ScheduledQueuePair {
+    qp.scheduled_on(
+        shared,
+        ScheduleConfig {
+            tenant_id: Some(TenantId(tenant)),
+            class,
+            max_pieces_in_flight: 8,
+            ..ScheduleConfig::default()
+        },
+    )
+    .expect("attach to the shared scheduler")
+}
+
+fn sources(pd: &ProtectionDomain, n: usize, len: usize, seed: u8) -> Vec<MemoryRegion> {
+    (0..n)
+        .map(|i| {
+            pd.register(pattern(len, seed.wrapping_add(i as u8)), Access::LOCAL)
+                .unwrap()
+        })
+        .collect()
+}
+
+fn check(done: &[Completion]) {
+    for c in done {
+        assert_eq!(c.status, WcStatus::Success, "request {}", c.context);
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn two_bulk_tenants_share_by_their_weights() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let shared = SharedScheduler::new(SharedConfig {
+        chunk_bytes: 16 << 10,
+        bulk_bytes_in_flight: 32 << 10,
+        ..SharedConfig::default()
+    })
+    .unwrap();
+    shared
+        .set_policy(TenantId(1), TenantPolicy::weight(1))
+        .unwrap();
+    shared
+        .set_policy(TenantId(3), TenantPolicy::weight(3))
+        .unwrap();
+    let ((a, _pa), (b, _pb)) = (pair(&pd), pair(&pd));
+    let mut light = attach(a, &shared, 1, TrafficClass::Bulk);
+    let mut heavy = attach(b, &shared, 3, TrafficClass::Bulk);
+    const N: usize = 48;
+    const LEN: usize = 128 << 10;
+    let target_light = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
+    let target_heavy = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
+    let (rl, rh) = (
+        target_light.remote().unwrap(),
+        target_heavy.remote().unwrap(),
+    );
+    // Both backlogged from the start: all requests queued up front.
+    for (i, (s1, s3)) in sources(&pd, N, LEN, 1)
+        .into_iter()
+        .zip(sources(&pd, N, LEN, 3))
+        .enumerate()
+    {
+        light
+            .post_send(SendOp::Write(rl), s1, 0..LEN, i as u64)
+            .unwrap();
+        heavy
+            .post_send(SendOp::Write(rh), s3, 0..LEN, i as u64)
+            .unwrap();
+    }
+    let (mut done_light, mut done_heavy) = (Vec::new(), Vec::new());
+    let mut light_when_heavy_finished = None;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while done_light.len() < N || done_heavy.len() < N {
+        light.poll(&mut done_light).unwrap();
+        heavy.poll(&mut done_heavy).unwrap();
+        if done_heavy.len() == N && light_when_heavy_finished.is_none() {
+            light_when_heavy_finished = Some(done_light.len());
+        }
+        assert!(
+            shared.bulk_bytes_in_flight() <= 32 << 10,
+            "bulk bytes in the NIC stay within the budget"
+        );
+        assert!(Instant::now() < deadline, "the transfers did not finish");
+    }
+    check(&done_light);
+    check(&done_heavy);
+    // Weight 3 against 1: when the heavy tenant has sent its 48 requests
+    // the light one has sent about 16 (an equal share would be all 48).
+    let light_then = light_when_heavy_finished.unwrap();
+    assert!(
+        (8..=24).contains(&light_then),
+        "the weight-1 tenant had {light_then} of {N} requests done when the weight-3 tenant finished"
+    );
+    assert!(target_heavy.read() == pattern(LEN, 3u8.wrapping_add((N - 1) as u8)));
+    assert_eq!(shared.bulk_bytes_in_flight(), 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_latency_request_overtakes_queued_bulk_work() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let shared = SharedScheduler::new(SharedConfig {
+        chunk_bytes: 64 << 10,
+        bulk_bytes_in_flight: 128 << 10,
+        ..SharedConfig::default()
+    })
+    .unwrap();
+    let ((a, _pa), (b, _pb)) = (pair(&pd), pair(&pd));
+    let mut bulk = attach(a, &shared, 1, TrafficClass::Bulk);
+    let mut probe = attach(b, &shared, 2, TrafficClass::Latency);
+    const N: usize = 16;
+    const LEN: usize = 1 << 20;
+    let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
+    let remote = target.remote().unwrap();
+    for (i, src) in sources(&pd, N, LEN, 0).into_iter().enumerate() {
+        bulk.post_send(SendOp::Write(remote), src, 0..LEN, i as u64)
+            .unwrap();
+    }
+    let small = pd.allocate(16, Access::REMOTE_READ_WRITE).unwrap();
+    let small_remote = small.remote().unwrap();
+    let mut region = pd.allocate(16, Access::LOCAL).unwrap();
+    let mut bulk_done = Vec::new();
+    // Ten probes, one at a time, while the 16 MiB of bulk WRITEs run: each
+    // waits for what is in the NIC (at most 128 KiB of bulk), not for the
+    // backlog.
+    for round in 0..10u64 {
+        probe
+            .post_send(SendOp::Write(small_remote), region, 0..16, round)
+            .unwrap();
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while got.is_empty() {
+            probe.poll(&mut got).unwrap();
+            bulk.poll(&mut bulk_done).unwrap();
+            assert!(Instant::now() < deadline, "probe {round} did not finish");
+        }
+        let c = got.pop().unwrap();
+        assert_eq!((c.status, c.context), (WcStatus::Success, round));
+        region = c.region;
+    }
+    assert!(
+        bulk_done.len() < N / 2,
+        "the probes finished after {} of {N} bulk WRITEs: they waited for the backlog",
+        bulk_done.len()
+    );
+    bulk_done.extend(wait(&mut bulk, N - bulk_done.len()));
+    check(&bulk_done);
+    assert!(target.read() == pattern(LEN, (N - 1) as u8));
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_queue_pair_that_is_not_polled_does_not_stall_the_others() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let shared = SharedScheduler::new(SharedConfig {
+        chunk_bytes: 64 << 10,
+        bulk_bytes_in_flight: 64 << 10,
+        ..SharedConfig::default()
+    })
+    .unwrap();
+    let ((a, _pa), (b, _pb)) = (pair(&pd), pair(&pd));
+    let mut idle = attach(a, &shared, 1, TrafficClass::Bulk);
+    let mut busy = attach(b, &shared, 2, TrafficClass::Bulk);
+    const LEN: usize = 256 << 10;
+    let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
+    let remote = target.remote().unwrap();
+    for (i, src) in sources(&pd, 4, LEN, 10).into_iter().enumerate() {
+        idle.post_send(SendOp::Write(remote), src, 0..LEN, i as u64)
+            .unwrap();
+    }
+    for (i, src) in sources(&pd, 4, LEN, 20).into_iter().enumerate() {
+        busy.post_send(SendOp::Write(remote), src, 0..LEN, 10 + i as u64)
+            .unwrap();
+    }
+    // Only `busy` is polled: the budget `idle`'s pieces hold comes back
+    // anyway, and `idle`'s requests move along too.
+    let done = wait(&mut busy, 4);
+    check(&done);
+    let rest = wait(&mut idle, 4);
+    check(&rest);
+    let mut contexts: Vec<u64> = rest.iter().map(|c| c.context).collect();
+    contexts.sort_unstable();
+    assert_eq!(contexts, [0, 1, 2, 3], "every request comes back once");
+    assert_eq!(shared.bulk_bytes_in_flight(), 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn dropping_a_queue_pair_with_queued_work_frees_its_share() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let shared = SharedScheduler::new(SharedConfig {
+        chunk_bytes: 64 << 10,
+        bulk_bytes_in_flight: 128 << 10,
+        ..SharedConfig::default()
+    })
+    .unwrap();
+    let ((a, _pa), (b, _pb)) = (pair(&pd), pair(&pd));
+    let mut doomed = attach(a, &shared, 1, TrafficClass::Bulk);
+    let mut other = attach(b, &shared, 2, TrafficClass::Bulk);
+    const LEN: usize = 1 << 20;
+    let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
+    let remote = target.remote().unwrap();
+    for (i, src) in sources(&pd, 8, LEN, 0).into_iter().enumerate() {
+        doomed
+            .post_send(SendOp::Write(remote), src, 0..LEN, i as u64)
+            .unwrap();
+    }
+    let src = pd.register(pattern(LEN, 99), Access::LOCAL).unwrap();
+    other
+        .post_send(SendOp::Write(remote), src, 0..LEN, 7)
+        .unwrap();
+    assert_eq!(shared.queue_pairs(), 2);
+    drop(doomed);
+    assert_eq!(shared.queue_pairs(), 1);
+    let done = wait(&mut other, 1);
+    check(&done);
+    assert_eq!(done[0].context, 7);
+    assert!(target.read() == pattern(LEN, 99));
+    assert_eq!(shared.bulk_bytes_in_flight(), 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn threads_of_several_tenants_post_and_poll_on_one_scheduler() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let shared = SharedScheduler::new(SharedConfig {
+        chunk_bytes: 32 << 10,
+        bulk_bytes_in_flight: 96 << 10,
+        ..SharedConfig::default()
+    })
+    .unwrap();
+    std::thread::scope(|s| {
+        for t in 0..4u32 {
+            let (pd, shared) = (&pd, &shared);
+            s.spawn(move || {
+                let (a, _peer) = pair(pd);
+                let class = if t == 0 {
+                    TrafficClass::Latency
+                } else {
+                    TrafficClass::Bulk
+                };
+                let mut qp = attach(a, shared, t, class);
+                let len = if t == 0 { 64 } else { 100_000 };
+                let target = pd.allocate(len, Access::REMOTE_READ_WRITE).unwrap();
+                let remote = target.remote().unwrap();
+                for i in 0..20u8 {
+                    let seed = (t as u8).wrapping_mul(50).wrapping_add(i);
+                    let src = pd.register(pattern(len, seed), Access::LOCAL).unwrap();
+                    qp.post_send(SendOp::Write(remote), src, 0..len, u64::from(i))
+                        .unwrap();
+                    let c = wait(&mut qp, 1).pop().unwrap();
+                    assert_eq!((c.status, c.context), (WcStatus::Success, u64::from(i)));
+                    assert!(target.read() == pattern(len, seed), "tenant {t} write {i}");
+                }
+            });
+        }
+    });
+    assert_eq!(shared.queue_pairs(), 0);
+    assert_eq!(shared.bulk_bytes_in_flight(), 0);
+}
