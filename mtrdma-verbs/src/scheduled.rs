@@ -25,6 +25,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
@@ -171,7 +172,8 @@ impl SharedScheduler {
                 next_seq: 0,
                 explicit: Vec::new(),
                 clock: QuantaClock::new(),
-                raw: Vec::new(),
+                wake_at: Arc::new(AtomicU64::new(u64::MAX)),
+                flush: Vec::new(),
             })),
         })
     }
@@ -204,11 +206,11 @@ impl SharedScheduler {
     }
 }
 
-fn lock(engine: &Mutex<Engine>) -> MutexGuard<'_, Engine> {
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // The engine's invariants hold between calls; a panic in another
     // thread's call does not leave them half-changed in a way that matters
     // more than refusing every later call would.
-    engine.lock().unwrap_or_else(PoisonError::into_inner)
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn schedule_error(e: impl std::fmt::Display) -> Error {
@@ -249,9 +251,14 @@ impl QueuePair {
                 .set_policy(tenant, TenantPolicy::weight(weight))
                 .map_err(schedule_error)?;
         }
-        let qpn = self.qpn();
+        let (qpn, sq_room) = (self.qpn(), self.send_room());
+        let side = Arc::new(Side {
+            qp: Mutex::new(self),
+            book: Mutex::new(Book::default()),
+        });
         let member = e.members.insert(Member {
-            qp: self,
+            side: Arc::clone(&side),
+            sq_room,
             tenant,
             class,
             quota: config.tenant,
@@ -262,11 +269,14 @@ impl QueuePair {
             waiting: false,
             backlog: 0,
             accepted: 0,
-            done: Vec::new(),
         });
+        let (wake_at, clock) = (Arc::clone(&e.wake_at), e.clock.clone());
         drop(e);
         Ok(ScheduledQueuePair {
             engine: Arc::clone(&shared.engine),
+            side,
+            wake_at,
+            clock,
             member,
             qpn,
             tenant,
@@ -278,6 +288,13 @@ impl QueuePair {
 /// A queue pair whose sends are scheduled (see the module docs).
 pub struct ScheduledQueuePair {
     engine: Arc<Mutex<Engine>>,
+    /// Its queue pair and finished requests: polled without the engine's
+    /// lock, which is taken only when there is scheduling to do.
+    side: Arc<Side>,
+    /// When the engine next wants a pump without a completion (the
+    /// engine's clock; `u64::MAX`: not before a completion or a post).
+    wake_at: Arc<AtomicU64>,
+    clock: QuantaClock,
     member: usize,
     qpn: u32,
     tenant: TenantId,
@@ -334,7 +351,7 @@ impl ScheduledQueuePair {
                 region,
             });
         }
-        lock(&self.engine).post_send(self.member, op, region, range, context)
+        self.with_engine(|e| e.post_send(self.member, op, region, range, context))
     }
 
     /// Posts a receive (receives are not scheduled).
@@ -344,28 +361,66 @@ impl ScheduledQueuePair {
         range: Range<usize>,
         context: u64,
     ) -> Result<(), PostError> {
-        lock(&self.engine)
-            .member_mut(self.member)
-            .qp
-            .post_recv(region, range, context)
+        lock(&self.side.qp).post_recv(region, range, context)
     }
 
     /// Reaps completions, posts what the scheduler lets go next, and moves
     /// finished requests (one completion each, region handed back) and
     /// receives into `out`. Returns how many it added.
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
-        let mut e = lock(&self.engine);
         let before = out.len();
-        let reaped = e.reap(self.member);
-        e.pump();
-        out.append(&mut e.member_mut(self.member).done);
-        reaped.map(|()| out.len() - before)
+        let polled = self.side.poll(out);
+        let pieces_done = !lock(&self.side.book).raw.is_empty();
+        // Pieces another thread's pump decided for this queue pair.
+        self.side.flush();
+        // Only a finished piece or a due wake-up gives the scheduler
+        // something to do; otherwise the engine's lock is left to others.
+        let due = self.clock.now().0 >= self.wake_at.load(Ordering::Acquire);
+        if pieces_done || due {
+            self.with_engine(|e| {
+                // A finished latency piece frees no budget: unless a
+                // wake-up is due, there is nothing new to decide.
+                if e.process(self.member) || due {
+                    e.pump();
+                }
+            });
+            out.append(&mut lock(&self.side.book).done);
+        }
+        polled.map(|_| out.len() - before)
+    }
+
+    /// Runs `f` on the engine, then posts what it decided outside the
+    /// engine's lock: posting can be slow (SoftRoCE moves the data in the
+    /// posting thread) and must not hold up the other queue pairs. Pieces
+    /// decided for other queue pairs are left to their owners' next poll,
+    /// unless they have waited longer than [`HELP_AFTER_NS`]: then a bulk
+    /// queue pair posts them (never a latency one, whose thread must not
+    /// be held up by other tenants' work).
+    fn with_engine<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
+        let mut e = lock(&self.engine);
+        let result = f(&mut e);
+        let now = e.clock.now().0;
+        let helps = self.class == TrafficClass::Bulk;
+        let mut sides = Vec::new();
+        e.flush.retain(|s| {
+            let due = Arc::ptr_eq(s, &self.side)
+                || (helps && now.saturating_sub(lock(&s.book).decided_at) >= HELP_AFTER_NS);
+            if due {
+                sides.push(Arc::clone(s));
+            }
+            !due
+        });
+        drop(e);
+        for side in sides {
+            side.flush();
+        }
+        result
     }
 }
 
 impl Drop for ScheduledQueuePair {
     fn drop(&mut self) {
-        lock(&self.engine).detach(self.member);
+        self.with_engine(|e| e.detach(self.member));
     }
 }
 
@@ -401,9 +456,91 @@ struct InFlight {
     bulk: bool,
 }
 
+/// A queue pair and what its owner collects at its next poll.
+///
+/// Two locks, so that the engine never waits for a post in progress
+/// (on SoftRoCE a post moves the data before it returns): `qp` is held to
+/// post and to poll, `book` only for moments. Lock order: engine, then
+/// `qp`, then `book`; the engine only ever tries `qp` (`reap_others`) or
+/// takes it to tear down (`detach`).
+struct Side {
+    qp: Mutex<QueuePair>,
+    book: Mutex<Book>,
+}
+
+/// A queue pair's bookkeeping between the engine and its owner.
+#[derive(Default)]
+struct Book {
+    /// Pieces the engine decided to post, in order, posted by `flush`.
+    to_post: VecDeque<RawSend>,
+    /// When the oldest of `to_post` was decided (the engine's clock).
+    decided_at: u64,
+    /// Finished requests and receives waiting for the owner's poll.
+    done: Vec<Completion>,
+    /// Completions of pieces polled and not yet matched to their requests.
+    raw: Vec<RawCompletion>,
+}
+
+impl Side {
+    /// Posts the pieces the engine queued, in order. A piece the NIC
+    /// refuses completes as failed at the next poll.
+    fn flush(&self) {
+        if lock(&self.book).to_post.is_empty() {
+            return;
+        }
+        let mut qp = lock(&self.qp);
+        loop {
+            // Only the holder of `qp` takes pieces, so they go in order.
+            let Some(piece) = lock(&self.book).to_post.pop_front() else {
+                return;
+            };
+            let wr_id = piece.wr_id;
+            // SAFETY: the piece lies inside its message's region (checked
+            // at `post_send`), and the engine keeps the message, region and
+            // all, until every piece decided for it has completed or failed
+            // (`finish_if_done` counts decided pieces), or forever if the
+            // queue pair cannot be drained (`detach`).
+            if let Err(e) = unsafe { qp.post_send_raw(piece) } {
+                tracing::warn!(error = %e, "posting a scheduled piece failed");
+                lock(&self.book).raw.push(RawCompletion {
+                    wr_id,
+                    status: WcStatus::LocalQpOperation,
+                });
+            }
+        }
+    }
+
+    /// Polls the completion queue: receives and finished requests go to
+    /// `out`, piece completions to the book for the engine.
+    fn poll(&self, out: &mut Vec<Completion>) -> Result<usize, Error> {
+        let mut raw = Vec::new();
+        let polled = lock(&self.qp).poll_inner(out, &mut raw);
+        let mut book = lock(&self.book);
+        book.raw.append(&mut raw);
+        out.append(&mut book.done);
+        polled
+    }
+
+    /// Polls into the book (for the engine, on the owner's behalf);
+    /// skipped while the queue pair is busy posting.
+    fn try_reap(&self) -> Result<(), Error> {
+        let Ok(mut qp) = self.qp.try_lock() else {
+            return Ok(());
+        };
+        let (mut done, mut raw) = (Vec::new(), Vec::new());
+        let polled = qp.poll_inner(&mut done, &mut raw);
+        let mut book = lock(&self.book);
+        book.done.append(&mut done);
+        book.raw.append(&mut raw);
+        polled.map(|_| ())
+    }
+}
+
 /// One attached queue pair.
 struct Member {
-    qp: QueuePair,
+    side: Arc<Side>,
+    /// Send queue slots for its pieces.
+    sq_room: u32,
     tenant: TenantId,
     class: TrafficClass,
     quota: Option<TenantHandle>,
@@ -422,8 +559,6 @@ struct Member {
     backlog: u64,
     /// Requests accepted and not yet handed back.
     accepted: usize,
-    /// Finished requests and receives waiting for the owner's poll.
-    done: Vec<Completion>,
 }
 
 /// Everything behind a [`SharedScheduler`]: the queue pairs, their
@@ -445,8 +580,19 @@ struct Engine {
     /// Tenants whose policy was set on the scheduler itself.
     explicit: Vec<TenantId>,
     clock: QuantaClock,
-    raw: Vec<RawCompletion>,
+    /// Shared with the queue pairs: see `ScheduledQueuePair::wake_at`.
+    wake_at: Arc<AtomicU64>,
+    /// Sides with pieces to post once the engine's lock is released.
+    flush: Vec<Arc<Side>>,
 }
+
+/// How often queue pairs that hold bulk budget are polled by the others
+/// when the budget is spent and their owners have not polled them.
+const REAP_INTERVAL_NS: u64 = 100_000;
+
+/// How long pieces decided for a queue pair wait for its owner to post
+/// them before another thread does.
+const HELP_AFTER_NS: u64 = 1_000_000;
 
 impl Engine {
     fn member(&self, member: usize) -> &Member {
@@ -513,7 +659,7 @@ impl Engine {
             && nothing_ahead
             && m.pending.is_empty()
             && (m.in_flight.len() as u32) < m.max_pieces
-            && m.qp.send_room() > 0
+            && (m.in_flight.len() as u32) < m.sq_room
             && (latency || self.bulk_fits(len));
         if fast {
             self.add_backlog(member, len);
@@ -583,7 +729,8 @@ impl Engine {
             let budget_ok = {
                 let m = self.member(member);
                 let Some(g) = m.pending.front() else { return };
-                if m.in_flight.len() as u32 >= m.max_pieces || m.qp.send_room() == 0 {
+                let slots = m.max_pieces.min(m.sq_room);
+                if m.in_flight.len() as u32 >= slots {
                     return;
                 }
                 g.class == TrafficClass::Latency || self.bulk_fits(g.len)
@@ -612,6 +759,13 @@ impl Engine {
     /// Posts pending pieces, then new ones from the scheduler, while the
     /// queue pairs, the bulk budget and the rate limits allow.
     fn pump(&mut self) {
+        let wake = self.pump_until();
+        self.wake_at.store(wake, Ordering::Release);
+    }
+
+    /// [`pump`](Self::pump); returns when the engine next wants to be
+    /// pumped if no piece completes and nothing is posted before then.
+    fn pump_until(&mut self) -> u64 {
         let mut i = 0;
         while i < self.waiting.len() {
             let member = self.waiting[i];
@@ -630,12 +784,13 @@ impl Engine {
         // Grants waiting for their queue pair do not hold up the others,
         // but their number is bounded so the scheduler keeps the order.
         let pending_cap = 64.max(4 * self.members.len());
+        let soon = self.clock.now().0.saturating_add(REAP_INTERVAL_NS);
         while self.pending_total < pending_cap {
             if self.latency_queued == 0 && !self.bulk_fits(1) {
                 // Nothing may go until a bulk piece completes; queue pairs
                 // whose owners have not polled may hold finished ones.
-                if reaped || self.bulk_in_flight == 0 {
-                    return;
+                if reaped {
+                    return soon;
                 }
                 reaped = true;
                 self.reap_others();
@@ -644,7 +799,10 @@ impl Engine {
             let now = Nanos(self.clock.now().0);
             let grant = match self.sched.dequeue(now) {
                 Dequeue::Ready(grant) => grant,
-                Dequeue::Wait(_) | Dequeue::Empty => return,
+                Dequeue::Wait(at) if self.waiting.is_empty() => return at.0,
+                Dequeue::Wait(at) => return at.0.min(soon),
+                Dequeue::Empty if self.waiting.is_empty() => return u64::MAX,
+                Dequeue::Empty => return soon,
             };
             if grant.is_last && grant.class == TrafficClass::Latency {
                 self.latency_queued -= 1;
@@ -659,6 +817,7 @@ impl Engine {
                 self.drain_member(member);
             }
         }
+        soon
     }
 
     /// Polls the queue pairs that hold bulk pieces in the NIC (their
@@ -680,20 +839,26 @@ impl Engine {
     /// Polls `member`'s completion queue: receives go to its `done`, pieces
     /// are matched to their requests, and finished requests go to `done`.
     fn reap(&mut self, member: usize) -> Result<(), Error> {
-        let mut raw = std::mem::take(&mut self.raw);
-        let result = {
-            let m = self.member_mut(member);
-            m.qp.poll_inner(&mut m.done, &mut raw)
-        };
-        for c in raw.drain(..) {
-            let message = (c.wr_id & !RAW_WR) as usize;
-            self.piece_done(member, message, c.status);
-        }
-        self.raw = raw;
-        result.map(|_| ())
+        let result = self.member(member).side.try_reap();
+        self.process(member);
+        result
     }
 
-    fn piece_done(&mut self, member: usize, message: usize, status: WcStatus) {
+    /// Matches the piece completions `member`'s side has collected to
+    /// their requests. Returns whether that freed room for more pieces
+    /// (bulk budget, or slots of a queue pair with pieces waiting).
+    fn process(&mut self, member: usize) -> bool {
+        let raw = std::mem::take(&mut lock(&self.member(member).side.book).raw);
+        let mut freed = !self.member(member).pending.is_empty() || self.latency_queued > 0;
+        for c in &raw {
+            let message = (c.wr_id & !RAW_WR) as usize;
+            freed |= self.piece_done(member, message, c.status);
+        }
+        freed
+    }
+
+    /// Accounts one finished piece; returns whether it was a bulk one.
+    fn piece_done(&mut self, member: usize, message: usize, status: WcStatus) -> bool {
         let m = self.member_mut(member);
         let at = match m.in_flight.front() {
             Some(p) if p.message == message => Some(0),
@@ -701,7 +866,7 @@ impl Engine {
         };
         let Some(piece) = at.and_then(|at| m.in_flight.remove(at)) else {
             tracing::error!(message, "completion for a piece that is not in flight");
-            return;
+            return false;
         };
         if piece.bulk {
             self.bulk_in_flight -= piece.len;
@@ -713,6 +878,7 @@ impl Engine {
             }
         }
         self.finish_if_done(message);
+        piece.bulk
     }
 
     fn post_piece(&mut self, member: usize, grant: Grant<PieceRef>) {
@@ -754,30 +920,26 @@ impl Engine {
             remote: remote.map(|r| (r.addr + grant.offset, r.rkey)),
             imm,
         };
-        // SAFETY: the piece lies inside the message's region (checked at
-        // `post_send`), and the message keeps the region until every piece
-        // has completed (`finish_if_done`), or forever if the queue pair
-        // cannot be drained (`detach`).
-        match unsafe { m.qp.post_send_raw(raw) } {
-            Ok(()) => {
-                msg.pieces_out += 1;
-                m.in_flight.push_back(InFlight {
-                    message,
-                    len: grant.len,
-                    bulk,
-                });
-                if let Some(q) = &m.quota {
-                    q.record_posted(grant.len, 1);
-                }
-                if bulk {
-                    self.bulk_in_flight += grant.len;
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "posting a scheduled piece failed");
-                msg.status = WcStatus::LocalQpOperation;
-                self.finish_if_done(message);
-            }
+        msg.pieces_out += 1;
+        m.in_flight.push_back(InFlight {
+            message,
+            len: grant.len,
+            bulk,
+        });
+        if let Some(q) = &m.quota {
+            q.record_posted(grant.len, 1);
+        }
+        if bulk {
+            self.bulk_in_flight += grant.len;
+        }
+        let mut book = lock(&m.side.book);
+        if book.to_post.is_empty() {
+            book.decided_at = self.clock.now().0;
+        }
+        book.to_post.push_back(raw);
+        drop(book);
+        if !self.flush.iter().any(|s| Arc::ptr_eq(s, &m.side)) {
+            self.flush.push(Arc::clone(&m.side));
         }
     }
 
@@ -806,7 +968,7 @@ impl Engine {
         };
         if let Some(owner) = self.members.get_mut(m.member) {
             owner.accepted -= 1;
-            owner.done.push(completion);
+            lock(&owner.side.book).done.push(completion);
         }
     }
 
@@ -814,7 +976,7 @@ impl Engine {
     /// freed once the NIC is done with them, or never) and its share of
     /// the bulk budget returned.
     fn detach(&mut self, member: usize) {
-        let Some(mut m) = self.members.remove(member) else {
+        let Some(m) = self.members.remove(member) else {
             return;
         };
         if let Some(q) = &m.quota {
@@ -826,7 +988,13 @@ impl Engine {
             self.waiting.retain(|&w| w != member);
         }
         let bulk: u64 = m.in_flight.iter().filter(|p| p.bulk).map(|p| p.len).sum();
-        let drained = m.qp.shutdown();
+        // Pieces decided and not posted never reach the NIC.
+        self.flush.retain(|s| !Arc::ptr_eq(s, &m.side));
+        let drained = {
+            let mut qp = lock(&m.side.qp);
+            lock(&m.side.book).to_post.clear();
+            qp.shutdown()
+        };
         self.bulk_in_flight -= bulk;
         let messages = self.messages.remove_where(|msg| msg.member == member);
         if !drained {

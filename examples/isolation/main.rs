@@ -1,0 +1,1013 @@
+//! The isolation demo: tenants sharing one RDMA device, each scenario run
+//! three ways (alone, unprotected, protected by mtrdma), with tables, CSV
+//! files and pictures.
+//!
+//! ```text
+//! cargo run --release --example isolation -- [--device rxe0] [--out target/demo]
+//!     [--seconds 3] [--warmup-ms 500] [--bulk 1,4,8] [--scenarios latency,weights,cap,storm]
+//!     [--msg 1048576] [--depth 4] [--chunk 65536] [--budget 131072] [--cap-mbps 4]
+//! ```
+//!
+//! `cargo xtask demo` runs it in the SoftRoCE VM. Every tenant has its own
+//! queue pair, connected in loopback on one device, in this one process:
+//! the latency tenant on its own thread, the bulk tenants driven by
+//! another, a storming tenant on a third. "Unprotected" posts straight on
+//! the queue pairs; "mtrdma" attaches them all to one `SharedScheduler`
+//! (latency class first, weighted DRR between bulk tenants, bulk bytes in
+//! the NIC bounded by `--budget`) with each tenant's policy from one quota
+//! table (weights, the cap, control-path rate limits).
+//!
+//! Scenarios:
+//! 1. `latency`: a latency tenant (16 B WRITEs, one outstanding) against 1,
+//!    4 and 8 bulk tenants (1 MiB WRITEs, `--depth` outstanding each).
+//! 2. `weights`: three bulk tenants with weights 1:2:4.
+//! 3. `cap`: a tenant capped at `--cap-mbps` next to one running free.
+//! 4. `storm`: a tenant creating and destroying queue pairs and registering
+//!    memory regions as fast as it can next to the latency tenant; with
+//!    mtrdma its control-path rate limit (50 QP creations/s, 50 MR
+//!    registrations/s) refuses the excess, and the storming tenant waits
+//!    the retry time each refusal names.
+//!
+//! Output in `--out`: `results.txt` (the tables), `results.csv` (every
+//! figure), `latency_samples.csv` (every latency sample), `timeline.csv`
+//! (per-tenant throughput in 250 ms bins), and SVG + PNG pictures.
+
+mod plot;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use mtrdma::core::{
+    AdmissionError, LinkConfig, Policy, QuotaTable, RateCap, TenantHandle, TenantId, TenantPolicy,
+    TrafficClass,
+};
+use mtrdma::verbs::{
+    Access, Completion, Context, Error, MemoryRegion, ProtectionDomain, QueuePair, RemoteRegion,
+    ScheduleConfig, ScheduledQueuePair, SendOp, SharedConfig, SharedScheduler,
+};
+use plot::{BarGroup, LatencySeries, RateSeries};
+
+const PROBE_BYTES: usize = 16;
+const BIN: Duration = Duration::from_millis(250);
+const STORM_RATE: u64 = 50;
+
+// Tenant ids in the demo's policy.
+const PROBE: TenantId = TenantId(1);
+const BULK0: u32 = 10;
+const WEIGHTED: [(u32, u32); 3] = [(21, 1), (22, 2), (24, 4)];
+const CAPPED: TenantId = TenantId(30);
+const FREE: TenantId = TenantId(31);
+const STORM: TenantId = TenantId(40);
+
+struct Args {
+    device: Option<String>,
+    out: PathBuf,
+    seconds: f64,
+    warmup: Duration,
+    bulk: Vec<usize>,
+    scenarios: Vec<String>,
+    msg: usize,
+    depth: usize,
+    chunk: u64,
+    budget: u64,
+    cap_mbps: f64,
+}
+
+const USAGE: &str = "usage: isolation [--device NAME] [--out DIR] [--seconds S] [--warmup-ms MS]
+    [--bulk 1,4,8] [--scenarios latency,weights,cap,storm] [--msg BYTES] [--depth N]
+    [--chunk BYTES] [--budget BYTES] [--cap-mbps MB/s]";
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        device: None,
+        out: PathBuf::from("target/demo"),
+        seconds: 3.0,
+        warmup: Duration::from_millis(500),
+        bulk: vec![1, 4, 8],
+        scenarios: ["latency", "weights", "cap", "storm"]
+            .map(String::from)
+            .to_vec(),
+        msg: 1 << 20,
+        depth: 4,
+        chunk: 64 << 10,
+        budget: 128 << 10,
+        cap_mbps: 4.0,
+    };
+    fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String>
+    where
+        T::Err: std::fmt::Display,
+    {
+        v.parse().map_err(|e| format!("{flag} {v}: {e}"))
+    }
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
+        let v = it.next().ok_or(format!("{flag} needs a value\n{USAGE}"))?;
+        match flag.as_str() {
+            "--device" => args.device = Some(v),
+            "--out" => args.out = PathBuf::from(v),
+            "--seconds" => args.seconds = num(&flag, v)?,
+            "--warmup-ms" => args.warmup = Duration::from_millis(num(&flag, v)?),
+            "--bulk" => {
+                args.bulk = v
+                    .split(',')
+                    .map(|n| num(&flag, n.to_string()))
+                    .collect::<Result<_, _>>()?
+            }
+            "--scenarios" => args.scenarios = v.split(',').map(String::from).collect(),
+            "--msg" => args.msg = num(&flag, v)?,
+            "--depth" => args.depth = num(&flag, v)?,
+            "--chunk" => args.chunk = num(&flag, v)?,
+            "--budget" => args.budget = num(&flag, v)?,
+            "--cap-mbps" => args.cap_mbps = num(&flag, v)?,
+            other => return Err(format!("unknown flag {other}\n{USAGE}")),
+        }
+    }
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(args.seconds) || args.msg == 0 || args.depth == 0 || !positive(args.cap_mbps) {
+        return Err("--seconds, --msg, --depth and --cap-mbps must be positive".into());
+    }
+    if args.bulk.iter().any(|&n| n == 0 || n > 64) {
+        return Err("--bulk counts must be between 1 and 64".into());
+    }
+    for s in &args.scenarios {
+        if !["latency", "weights", "cap", "storm"].contains(&s.as_str()) {
+            return Err(format!(
+                "unknown scenario {s} (latency, weights, cap, storm)"
+            ));
+        }
+    }
+    Ok(args)
+}
+
+/// The demo's tenants, all in one policy and one quota table.
+fn policy(args: &Args) -> Policy {
+    let mut tenants = vec![TenantPolicy::new(PROBE, "latency").with_class(TrafficClass::Latency)];
+    let most = args.bulk.iter().copied().max().unwrap_or(1) as u32;
+    for i in 0..most {
+        tenants.push(TenantPolicy::new(TenantId(BULK0 + i), format!("bulk{i}")));
+    }
+    for (id, w) in WEIGHTED {
+        tenants.push(TenantPolicy::new(TenantId(id), format!("weight{w}")).with_weight(w));
+    }
+    let cap = (args.cap_mbps * 1e6) as u64;
+    tenants.push(TenantPolicy::new(CAPPED, "capped").with_rate(RateCap::new(cap, 64 << 10)));
+    tenants.push(TenantPolicy::new(FREE, "free"));
+    tenants.push(
+        TenantPolicy::new(STORM, "storm")
+            .with_qp_create_rate(RateCap::new(STORM_RATE, 5))
+            .with_mr_reg_rate(RateCap::new(STORM_RATE, 5)),
+    );
+    Policy::new(LinkConfig::new(100_000_000_000), tenants)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    Alone,
+    Unprotected,
+    Mtrdma,
+}
+
+impl Way {
+    fn name(self) -> &'static str {
+        match self {
+            Way::Alone => "alone",
+            Way::Unprotected => "unprotected",
+            Way::Mtrdma => "mtrdma",
+        }
+    }
+}
+
+/// Either way of posting, driven the same way.
+trait Lane: Send {
+    fn post(&mut self, op: SendOp, region: MemoryRegion, len: usize) -> Result<(), String>;
+    fn reap(&mut self, out: &mut Vec<Completion>) -> Result<(), String>;
+}
+
+impl Lane for QueuePair {
+    fn post(&mut self, op: SendOp, region: MemoryRegion, len: usize) -> Result<(), String> {
+        self.post_send(op, region, 0..len, 0)
+            .map_err(|e| e.to_string())
+    }
+    fn reap(&mut self, out: &mut Vec<Completion>) -> Result<(), String> {
+        self.poll(out).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+impl Lane for ScheduledQueuePair {
+    fn post(&mut self, op: SendOp, region: MemoryRegion, len: usize) -> Result<(), String> {
+        self.post_send(op, region, 0..len, 0)
+            .map_err(|e| e.to_string())
+    }
+    fn reap(&mut self, out: &mut Vec<Completion>) -> Result<(), String> {
+        self.poll(out).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+/// Who runs in one measurement.
+#[derive(Default)]
+struct Cast {
+    probe: bool,
+    bulk: Vec<TenantId>,
+    storm: bool,
+}
+
+/// What one measurement found.
+#[derive(Default)]
+struct Measured {
+    probe_us: Vec<f64>,
+    /// Per bulk tenant, MB/s over the measurement window.
+    bulk_mbps: Vec<f64>,
+    /// Per bulk tenant, (seconds, MB/s) in 250 ms bins from the start.
+    timeline: Vec<Vec<(f64, f64)>>,
+    /// Storm operations done and refused per second.
+    storm_ok: f64,
+    storm_refused: f64,
+}
+
+struct Demo<'a> {
+    args: &'a Args,
+    pd: ProtectionDomain,
+    table: QuotaTable,
+}
+
+struct BulkLane {
+    lane: Box<dyn Lane>,
+    remote: RemoteRegion,
+    pool: Vec<MemoryRegion>,
+}
+
+impl Demo<'_> {
+    fn connect(&self, depth: u32) -> Result<(QueuePair, QueuePair), Error> {
+        let a = self.pd.queue_pair().max_send_wr(depth).build()?;
+        let b = self.pd.queue_pair().max_send_wr(depth).build()?;
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        Ok((a.connect(&eb)?, b.connect(&ea)?))
+    }
+
+    /// A tenant's queue pair, posting straight or through `shared`.
+    fn lane(
+        &self,
+        tenant: TenantId,
+        shared: Option<&SharedScheduler>,
+        peers: &mut Vec<QueuePair>,
+    ) -> Result<Box<dyn Lane>, String> {
+        let depth = u32::try_from(self.args.depth.max(8) * 4).unwrap_or(u32::MAX);
+        let (qp, peer) = self.connect(depth).map_err(|e| e.to_string())?;
+        peers.push(peer);
+        Ok(match shared {
+            None => Box::new(qp),
+            Some(shared) => {
+                let handle = self.table.attach(tenant).map_err(|e| e.to_string())?;
+                Box::new(
+                    qp.scheduled_on(
+                        shared,
+                        ScheduleConfig {
+                            tenant: Some(handle),
+                            max_pieces_in_flight: depth,
+                            ..ScheduleConfig::default()
+                        },
+                    )
+                    .map_err(|e| e.to_string())?,
+                )
+            }
+        })
+    }
+
+    fn measure(&self, way: Way, cast: &Cast) -> Result<Measured, String> {
+        let args = self.args;
+        let shared = match way {
+            Way::Mtrdma => Some(
+                SharedScheduler::new(SharedConfig {
+                    chunk_bytes: args.chunk,
+                    bulk_bytes_in_flight: args.budget,
+                    ..SharedConfig::default()
+                })
+                .map_err(|e| e.to_string())?,
+            ),
+            _ => None,
+        };
+        let mut peers = Vec::new();
+        let err = |e: Error| e.to_string();
+        let probe = if cast.probe {
+            let lane = self.lane(PROBE, shared.as_ref(), &mut peers)?;
+            let target = self
+                .pd
+                .allocate(PROBE_BYTES, Access::REMOTE_READ_WRITE)
+                .map_err(err)?;
+            let local = self.pd.allocate(PROBE_BYTES, Access::LOCAL).map_err(err)?;
+            Some((lane, target, local))
+        } else {
+            None
+        };
+        let mut bulk = Vec::new();
+        let mut targets = Vec::new();
+        for &tenant in &cast.bulk {
+            let lane = self.lane(tenant, shared.as_ref(), &mut peers)?;
+            let target = self
+                .pd
+                .allocate(args.msg, Access::REMOTE_READ_WRITE)
+                .map_err(err)?;
+            let pool = (0..args.depth)
+                .map(|_| self.pd.allocate(args.msg, Access::LOCAL))
+                .collect::<Result<_, _>>()
+                .map_err(err)?;
+            bulk.push(BulkLane {
+                lane,
+                remote: target.remote().expect("remote access granted"),
+                pool,
+            });
+            targets.push(target);
+        }
+        let storm_handle = match (cast.storm, way) {
+            (true, Way::Mtrdma) => Some(self.table.attach(STORM).map_err(|e| e.to_string())?),
+            _ => None,
+        };
+
+        let stop = &AtomicBool::new(false);
+        let start = Instant::now();
+        let window = (
+            args.warmup,
+            args.warmup + Duration::from_secs_f64(args.seconds),
+        );
+        let msg = args.msg;
+        let mut measured = Measured::default();
+        std::thread::scope(|s| -> Result<(), String> {
+            let bulk_thread = (!bulk.is_empty())
+                .then(|| s.spawn(move || drive_bulk(bulk, msg, start, window, stop)));
+            let storm = cast.storm.then(|| {
+                let (pd, handle) = (&self.pd, storm_handle.as_ref());
+                s.spawn(move || storm(pd, handle, start, window, stop))
+            });
+            let probe_thread = probe.map(|(lane, target, local)| {
+                s.spawn(move || run_probe(lane, &target, local, start, window, stop))
+            });
+            while start.elapsed() < window.1 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            stop.store(true, Ordering::Release);
+            if let Some(t) = probe_thread {
+                measured.probe_us = t.join().map_err(|_| "the probe thread panicked")??;
+            }
+            if let Some(t) = bulk_thread {
+                let records = t.join().map_err(|_| "the bulk thread panicked")??;
+
+                measured.bulk_mbps = (0..cast.bulk.len())
+                    .map(|i| rate_mbps(&records, i, window))
+                    .collect();
+                measured.timeline = timeline(&records, cast.bulk.len(), window.1);
+            }
+            if let Some(t) = storm {
+                let (ok, refused) = t.join().map_err(|_| "the storm thread panicked")??;
+                measured.storm_ok = ok as f64 / args.seconds;
+                measured.storm_refused = refused as f64 / args.seconds;
+            }
+            Ok(())
+        })?;
+        drop(peers);
+        Ok(measured)
+    }
+}
+
+/// (tenant index, completion time since start, bytes)
+type Record = (usize, Duration, u64);
+
+fn drive_bulk(
+    mut lanes: Vec<BulkLane>,
+    msg: usize,
+    start: Instant,
+    window: (Duration, Duration),
+    stop: &AtomicBool,
+) -> Result<Vec<Record>, String> {
+    let mut records = Vec::new();
+    let mut out = Vec::new();
+    while !stop.load(Ordering::Acquire) {
+        for (i, b) in lanes.iter_mut().enumerate() {
+            while let Some(region) = b.pool.pop() {
+                b.lane.post(SendOp::Write(b.remote), region, msg)?;
+            }
+            b.lane.reap(&mut out)?;
+            let now = start.elapsed();
+            for c in out.drain(..) {
+                if !c.status.is_success() {
+                    return Err(format!("a bulk WRITE failed: {}", c.status));
+                }
+                if now < window.1 {
+                    records.push((i, now, u64::from(c.byte_len)));
+                }
+                b.pool.push(c.region);
+            }
+        }
+    }
+    Ok(records)
+}
+
+fn run_probe(
+    mut lane: Box<dyn Lane>,
+    target: &MemoryRegion,
+    local: MemoryRegion,
+    start: Instant,
+    window: (Duration, Duration),
+    stop: &AtomicBool,
+) -> Result<Vec<f64>, String> {
+    let remote = target.remote().expect("remote access granted");
+    let mut region = Some(local);
+    let mut samples = Vec::new();
+    let mut out = Vec::new();
+    while !stop.load(Ordering::Acquire) {
+        let t0 = Instant::now();
+        let r = region.take().expect("the probe region is back");
+        lane.post(SendOp::Write(remote), r, PROBE_BYTES)?;
+        while region.is_none() {
+            lane.reap(&mut out)?;
+            if let Some(c) = out.pop() {
+                if !c.status.is_success() {
+                    return Err(format!("a probe WRITE failed: {}", c.status));
+                }
+                region = Some(c.region);
+            }
+        }
+        let since = t0 - start;
+        if since >= window.0 && since < window.1 {
+            samples.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok(samples)
+}
+
+/// Creates and destroys queue pairs and registers and drops 64 KiB
+/// regions as fast as it may; returns the operations done and refused in
+/// the window.
+fn storm(
+    pd: &ProtectionDomain,
+    handle: Option<&TenantHandle>,
+    start: Instant,
+    window: (Duration, Duration),
+    stop: &AtomicBool,
+) -> Result<(u64, u64), String> {
+    let (mut ok, mut refused) = (0u64, 0u64);
+    let mut count = |result: Result<(), Error>| -> Result<(), String> {
+        let inside = (window.0..window.1).contains(&start.elapsed());
+        match result {
+            Ok(()) => ok += u64::from(inside),
+            Err(Error::Admission(AdmissionError::RateLimited { retry_after_ns, .. })) => {
+                refused += u64::from(inside);
+                std::thread::sleep(Duration::from_nanos(retry_after_ns));
+            }
+            Err(e) => return Err(format!("storm: {e}")),
+        }
+        Ok(())
+    };
+    while !stop.load(Ordering::Acquire) {
+        let qp = match handle {
+            Some(h) => pd.queue_pair().tenant(h).build(),
+            None => pd.queue_pair().build(),
+        };
+        count(qp.map(drop))?;
+        let buf = vec![0u8; 64 << 10];
+        let mr = match handle {
+            Some(h) => pd.register_for(h, buf, Access::LOCAL),
+            None => pd.register(buf, Access::LOCAL),
+        };
+        count(mr.map(drop))?;
+    }
+    Ok((ok, refused))
+}
+
+/// A tenant's rate in the window: the bytes completed after its first
+/// completion in the window over the time to its last one (whole 1 MiB
+/// messages would otherwise make a short window's figure coarse).
+fn rate_mbps(records: &[Record], tenant: usize, window: (Duration, Duration)) -> f64 {
+    let mine: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.0 == tenant && r.1 >= window.0 && r.1 < window.1)
+        .collect();
+    match (mine.first(), mine.last()) {
+        (Some(first), Some(last)) if mine.len() >= 2 && last.1 > first.1 => {
+            let bytes: u64 = mine[1..].iter().map(|r| r.2).sum();
+            bytes as f64 / (last.1 - first.1).as_secs_f64() / 1e6
+        }
+        _ => {
+            let bytes: u64 = mine.iter().map(|r| r.2).sum();
+            bytes as f64 / (window.1 - window.0).as_secs_f64() / 1e6
+        }
+    }
+}
+
+fn timeline(records: &[Record], tenants: usize, end: Duration) -> Vec<Vec<(f64, f64)>> {
+    let bins = (end.as_nanos() / BIN.as_nanos()).max(1) as usize;
+    let mut bytes = vec![vec![0u64; bins]; tenants];
+    for &(i, t, b) in records {
+        let bin = (t.as_nanos() / BIN.as_nanos()) as usize;
+        if bin < bins {
+            bytes[i][bin] += b;
+        }
+    }
+    bytes
+        .into_iter()
+        .map(|row| {
+            row.into_iter()
+                .enumerate()
+                .map(|(k, b)| {
+                    let t = (k as f64 + 0.5) * BIN.as_secs_f64();
+                    (t, b as f64 / BIN.as_secs_f64() / 1e6)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+struct Lat {
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    n: usize,
+}
+
+fn lat(samples: &[f64]) -> Lat {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    Lat {
+        p50: percentile(&s, 50.0),
+        p99: percentile(&s, 99.0),
+        p999: percentile(&s, 99.9),
+        n: s.len(),
+    }
+}
+
+fn jain(xs: &[f64]) -> f64 {
+    let sum: f64 = xs.iter().sum();
+    let sq: f64 = xs.iter().map(|x| x * x).sum();
+    if sq == 0.0 {
+        return f64::NAN;
+    }
+    sum * sum / (xs.len() as f64 * sq)
+}
+
+/// Everything written out: the tables, one CSV line per figure, the
+/// samples and the timelines.
+#[derive(Default)]
+struct Report {
+    text: String,
+    csv: String,
+    samples: String,
+    timeline: String,
+}
+
+impl Report {
+    fn say(&mut self, line: impl AsRef<str>) {
+        println!("{}", line.as_ref());
+        self.text.push_str(line.as_ref());
+        self.text.push('\n');
+    }
+
+    fn figure(&mut self, scenario: &str, way: Way, case: &str, tenant: &str, metric: &str, v: f64) {
+        let _ = writeln!(
+            self.csv,
+            "{scenario},{},{case},{tenant},{metric},{v:.4}",
+            way.name()
+        );
+    }
+
+    fn keep_samples(&mut self, scenario: &str, way: Way, case: &str, samples: &[f64]) {
+        for (i, s) in samples.iter().enumerate() {
+            let _ = writeln!(self.samples, "{scenario},{},{case},{i},{s:.3}", way.name());
+        }
+    }
+
+    fn keep_timeline(&mut self, scenario: &str, way: Way, names: &[String], m: &Measured) {
+        for (name, points) in names.iter().zip(&m.timeline) {
+            for (t, v) in points {
+                let _ = writeln!(
+                    self.timeline,
+                    "{scenario},{},{name},{t:.3},{v:.4}",
+                    way.name()
+                );
+            }
+        }
+    }
+}
+
+const WAYS: [Way; 3] = [Way::Alone, Way::Unprotected, Way::Mtrdma];
+
+fn scenario_latency(demo: &Demo<'_>, r: &mut Report) -> Result<(), String> {
+    let args = demo.args;
+    r.say(format!(
+        "\n== 1. latency tenant ({PROBE_BYTES} B WRITE, 1 outstanding) against bulk tenants ({} B WRITEs, {} outstanding each) ==",
+        args.msg, args.depth
+    ));
+    let alone = demo.measure(
+        Way::Alone,
+        &Cast {
+            probe: true,
+            ..Cast::default()
+        },
+    )?;
+    let a = lat(&alone.probe_us);
+    r.keep_samples("latency", Way::Alone, "0", &alone.probe_us);
+    r.say(format!(
+        "{:>4} {:<12} {:>9} {:>9} {:>10} {:>9} {:>12} {:>10}",
+        "bulk", "way", "p50 us", "p99 us", "p99.9 us", "p99/alone", "bulk MB/s", "samples"
+    ));
+    let row = |r: &mut Report, n: usize, way: Way, l: &Lat, bulk: f64| {
+        r.say(format!(
+            "{n:>4} {:<12} {:>9.1} {:>9.1} {:>10.1} {:>9.2} {:>12.2} {:>10}",
+            way.name(),
+            l.p50,
+            l.p99,
+            l.p999,
+            l.p99 / a.p99,
+            bulk,
+            l.n
+        ));
+    };
+    row(r, 0, Way::Alone, &a, 0.0);
+    for (m, v) in [("p50_us", a.p50), ("p99_us", a.p99), ("p999_us", a.p999)] {
+        r.figure("latency", Way::Alone, "0", "latency", m, v);
+    }
+    let mut bars = Vec::new();
+    let mut cdf = Vec::new();
+    let mut summary = Vec::new();
+    for &n in &args.bulk {
+        let cast = Cast {
+            probe: true,
+            bulk: (0..n as u32).map(|i| TenantId(BULK0 + i)).collect(),
+            storm: false,
+        };
+        let mut p99 = vec![a.p99];
+        let mut totals = Vec::new();
+        let mut lats = Vec::new();
+        for way in [Way::Unprotected, Way::Mtrdma] {
+            let m = demo.measure(way, &cast)?;
+            let l = lat(&m.probe_us);
+            let total: f64 = m.bulk_mbps.iter().sum();
+            row(r, n, way, &l, total);
+            let case = n.to_string();
+            for (k, v) in [("p50_us", l.p50), ("p99_us", l.p99), ("p999_us", l.p999)] {
+                r.figure("latency", way, &case, "latency", k, v);
+            }
+            for (i, v) in m.bulk_mbps.iter().enumerate() {
+                r.figure("latency", way, &case, &format!("bulk{i}"), "mbps", *v);
+            }
+            r.keep_samples("latency", way, &case, &m.probe_us);
+            p99.push(l.p99);
+            totals.push(total);
+            lats.push((way, m.probe_us));
+        }
+        summary.push(format!(
+            "  {n} bulk: p99 mtrdma/alone {:.2} (target <= 1.5), unprotected/mtrdma {:.2} (target >= 5 at 8 bulk), bulk MB/s mtrdma/unprotected {:.2} (target >= 0.8)",
+            p99[2] / p99[0],
+            p99[1] / p99[2],
+            totals[1] / totals[0]
+        ));
+        bars.push(BarGroup {
+            label: format!("{n} bulk"),
+            values: p99,
+        });
+        if Some(&n) == args.bulk.iter().max() {
+            cdf = vec![LatencySeries {
+                label: "alone".into(),
+                samples_us: alone.probe_us.clone(),
+            }];
+            for (way, samples) in lats {
+                cdf.push(LatencySeries {
+                    label: format!("{} ({n} bulk)", way.name()),
+                    samples_us: samples,
+                });
+            }
+        }
+    }
+    for line in summary {
+        r.say(line);
+    }
+    let out = &args.out;
+    plot::grouped_bars(
+        &out.join("latency_p99"),
+        "Latency tenant p99 (16 B WRITE) against bulk tenants",
+        "p99 latency (us)",
+        &["alone", "unprotected", "mtrdma"],
+        &bars,
+    )?;
+    plot::latency_cdf(
+        &out.join("latency_cdf"),
+        "Latency tenant: CDF of 16 B WRITE latency",
+        &cdf,
+    )
+}
+
+fn scenario_weights(demo: &Demo<'_>, r: &mut Report) -> Result<(), String> {
+    r.say("\n== 2. three bulk tenants with weights 1:2:4 ==");
+    let tenants: Vec<TenantId> = WEIGHTED.iter().map(|&(id, _)| TenantId(id)).collect();
+    let weights: Vec<f64> = WEIGHTED.iter().map(|&(_, w)| f64::from(w)).collect();
+    let names: Vec<String> = WEIGHTED
+        .iter()
+        .map(|&(_, w)| format!("weight{w}"))
+        .collect();
+    let mut per_way: Vec<Vec<f64>> = Vec::new();
+    // Alone: each tenant by itself.
+    let mut alone = Vec::new();
+    for &t in &tenants {
+        let m = demo.measure(
+            Way::Alone,
+            &Cast {
+                bulk: vec![t],
+                ..Cast::default()
+            },
+        )?;
+        alone.push(m.bulk_mbps[0]);
+    }
+    per_way.push(alone);
+    let mut series = Vec::new();
+    for way in [Way::Unprotected, Way::Mtrdma] {
+        let m = demo.measure(
+            way,
+            &Cast {
+                bulk: tenants.clone(),
+                ..Cast::default()
+            },
+        )?;
+        r.keep_timeline("weights", way, &names, &m);
+        if way == Way::Mtrdma {
+            for (name, points) in names.iter().zip(&m.timeline) {
+                series.push(RateSeries {
+                    label: format!("{name} (mtrdma)"),
+                    points: points.clone(),
+                });
+            }
+        }
+        per_way.push(m.bulk_mbps);
+    }
+    r.say(format!(
+        "{:<12} {:>12} {:>12} {:>12} {:>10} {:>8}",
+        "way", "weight1 MB/s", "weight2 MB/s", "weight4 MB/s", "total", "Jain"
+    ));
+    for (way, v) in WAYS.iter().zip(&per_way) {
+        let normalised: Vec<f64> = v.iter().zip(&weights).map(|(x, w)| x / w).collect();
+        let j = if *way == Way::Alone {
+            f64::NAN
+        } else {
+            jain(&normalised)
+        };
+        let total: f64 = v.iter().sum();
+        r.say(format!(
+            "{:<12} {:>12.2} {:>12.2} {:>12.2} {:>10.2} {:>8.4}",
+            way.name(),
+            v[0],
+            v[1],
+            v[2],
+            total,
+            j
+        ));
+        for (name, x) in names.iter().zip(v) {
+            r.figure("weights", *way, "1:2:4", name, "mbps", *x);
+        }
+        if *way != Way::Alone {
+            r.figure("weights", *way, "1:2:4", "all", "jain", j);
+            let shares: Vec<String> = v
+                .iter()
+                .zip(&weights)
+                .map(|(x, w)| format!("{:.3} (want {:.3})", x / total, w / 7.0))
+                .collect();
+            r.say(format!("  {} shares: {}", way.name(), shares.join(", ")));
+        }
+    }
+    let groups: Vec<BarGroup> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| BarGroup {
+            label: n.clone(),
+            values: per_way.iter().map(|v| v[i]).collect(),
+        })
+        .collect();
+    let out = &demo.args.out;
+    plot::grouped_bars(
+        &out.join("weights_bars"),
+        "Bulk tenants with weights 1:2:4",
+        "MB/s",
+        &["alone", "unprotected", "mtrdma"],
+        &groups,
+    )?;
+    plot::rates_over_time(
+        &out.join("weights_timeline"),
+        "Bulk tenants with weights 1:2:4 under mtrdma",
+        "MB/s",
+        &series,
+    )
+}
+
+fn scenario_cap(demo: &Demo<'_>, r: &mut Report) -> Result<(), String> {
+    let cap = demo.args.cap_mbps;
+    r.say(format!(
+        "\n== 3. a tenant capped at {cap:.2} MB/s next to one running free =="
+    ));
+    let names = vec!["capped".to_string(), "free".to_string()];
+    r.say(format!(
+        "{:<12} {:>12} {:>12} {:>14}",
+        "way", "capped MB/s", "free MB/s", "capped / cap"
+    ));
+    let mut groups = vec![
+        BarGroup {
+            label: "capped".into(),
+            values: Vec::new(),
+        },
+        BarGroup {
+            label: "free".into(),
+            values: Vec::new(),
+        },
+    ];
+    let mut series = Vec::new();
+    for way in WAYS {
+        // Alone: the capped tenant by itself, under mtrdma (its cap holds
+        // with no one else around).
+        let (run_way, bulk) = match way {
+            Way::Alone => (Way::Mtrdma, vec![CAPPED]),
+            w => (w, vec![CAPPED, FREE]),
+        };
+        let m = demo.measure(
+            run_way,
+            &Cast {
+                bulk,
+                ..Cast::default()
+            },
+        )?;
+        let capped = m.bulk_mbps[0];
+        let free = m.bulk_mbps.get(1).copied().unwrap_or(f64::NAN);
+        r.say(format!(
+            "{:<12} {:>12.3} {:>12.3} {:>14.3}",
+            way.name(),
+            capped,
+            free,
+            capped / cap
+        ));
+        r.figure("cap", way, &format!("{cap}"), "capped", "mbps", capped);
+        r.figure("cap", way, &format!("{cap}"), "free", "mbps", free);
+        groups[0].values.push(capped);
+        groups[1]
+            .values
+            .push(if free.is_nan() { 0.0 } else { free });
+        if way == Way::Mtrdma {
+            r.keep_timeline("cap", way, &names, &m);
+            for (name, points) in names.iter().zip(&m.timeline) {
+                series.push(RateSeries {
+                    label: format!("{name} (mtrdma)"),
+                    points: points.clone(),
+                });
+            }
+        }
+    }
+    let out = &demo.args.out;
+    plot::grouped_bars(
+        &out.join("cap_bars"),
+        &format!("A tenant capped at {cap} MB/s next to one running free"),
+        "MB/s",
+        &["alone", "unprotected", "mtrdma"],
+        &groups,
+    )?;
+    plot::rates_over_time(
+        &out.join("cap_timeline"),
+        &format!("Capped ({cap} MB/s) and free tenant under mtrdma"),
+        "MB/s",
+        &series,
+    )
+}
+
+fn scenario_storm(demo: &Demo<'_>, r: &mut Report) -> Result<(), String> {
+    r.say(format!(
+        "\n== 4. control-path storm: QP create/destroy and 64 KiB MR register/deregister next to the latency tenant (mtrdma: {STORM_RATE}/s each) =="
+    ));
+    r.say(format!(
+        "{:<12} {:>9} {:>9} {:>10} {:>9} {:>14} {:>14}",
+        "way", "p50 us", "p99 us", "p99.9 us", "p99/alone", "storm ops/s", "refused/s"
+    ));
+    let mut alone_p99 = f64::NAN;
+    let mut cdf = Vec::new();
+    for way in WAYS {
+        let m = demo.measure(
+            way,
+            &Cast {
+                probe: true,
+                bulk: Vec::new(),
+                storm: way != Way::Alone,
+            },
+        )?;
+        let l = lat(&m.probe_us);
+        if way == Way::Alone {
+            alone_p99 = l.p99;
+        }
+        r.say(format!(
+            "{:<12} {:>9.1} {:>9.1} {:>10.1} {:>9.2} {:>14.1} {:>14.1}",
+            way.name(),
+            l.p50,
+            l.p99,
+            l.p999,
+            l.p99 / alone_p99,
+            m.storm_ok,
+            m.storm_refused
+        ));
+        for (k, v) in [("p50_us", l.p50), ("p99_us", l.p99), ("p999_us", l.p999)] {
+            r.figure("storm", way, "storm", "latency", k, v);
+        }
+        r.figure("storm", way, "storm", "storm", "ops_per_s", m.storm_ok);
+        r.figure(
+            "storm",
+            way,
+            "storm",
+            "storm",
+            "refused_per_s",
+            m.storm_refused,
+        );
+        r.keep_samples("storm", way, "storm", &m.probe_us);
+        cdf.push(LatencySeries {
+            label: way.name().into(),
+            samples_us: m.probe_us,
+        });
+    }
+    plot::latency_cdf(
+        &demo.args.out.join("storm_cdf"),
+        "Latency tenant next to a control-path storm",
+        &cdf,
+    )
+}
+
+fn write(path: &Path, header: &str, body: &str) -> Result<(), String> {
+    std::fs::write(path, format!("{header}\n{body}"))
+        .map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+fn run() -> Result<(), String> {
+    let args = parse()?;
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("creating {}: {e}", args.out.display()))?;
+    let ctx = match &args.device {
+        Some(name) => Context::open(name),
+        None => Context::open_first_active(),
+    }
+    .map_err(|e| e.to_string())?;
+    let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
+    let table = QuotaTable::embedded(&policy(&args)).map_err(|e| e.to_string())?;
+    let demo = Demo {
+        args: &args,
+        pd,
+        table,
+    };
+    let mut r = Report::default();
+    r.say(format!(
+        "mtrdma isolation demo on {}: {} s per measurement after {} ms warm-up; mtrdma: chunk {} B, bulk budget {} B in the NIC",
+        ctx.name(),
+        args.seconds,
+        args.warmup.as_millis(),
+        args.chunk,
+        args.budget
+    ));
+    for s in &args.scenarios {
+        match s.as_str() {
+            "latency" => scenario_latency(&demo, &mut r)?,
+            "weights" => scenario_weights(&demo, &mut r)?,
+            "cap" => scenario_cap(&demo, &mut r)?,
+            "storm" => scenario_storm(&demo, &mut r)?,
+            _ => unreachable!("checked in parse"),
+        }
+    }
+    let out = &args.out;
+    write(&out.join("results.txt"), "", &r.text)?;
+    write(
+        &out.join("results.csv"),
+        "scenario,way,case,tenant,metric,value",
+        &r.csv,
+    )?;
+    write(
+        &out.join("latency_samples.csv"),
+        "scenario,way,case,sample,latency_us",
+        &r.samples,
+    )?;
+    write(
+        &out.join("timeline.csv"),
+        "scenario,way,tenant,seconds,mbps",
+        &r.timeline,
+    )?;
+    println!("\nwrote tables, CSV and pictures to {}", out.display());
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("isolation: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
