@@ -43,6 +43,49 @@ fn both_sides_learn_each_others_handshake() {
 }
 
 #[test]
+fn bytes_the_peer_sends_after_its_handshake_stay_in_the_stream() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        // The handshake and the application's first message in one write.
+        let mut bytes = serde_json::to_vec(&handshake(1)).unwrap();
+        bytes.extend_from_slice(b"\nGO 42\n");
+        s.write_all(&bytes).unwrap();
+        exchange_rest(&mut s);
+    });
+    let mut c = TcpStream::connect(addr).unwrap();
+    assert_eq!(exchange(&mut c, &handshake(2)).unwrap(), handshake(1));
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut c, &mut rest).unwrap();
+    assert_eq!(rest, "GO 42\n", "what followed the handshake");
+    server.join().unwrap();
+}
+
+/// Reads the client's handshake line and closes.
+fn exchange_rest(s: &mut TcpStream) {
+    let mut byte = [0u8; 1];
+    while std::io::Read::read(s, &mut byte).unwrap() == 1 && byte[0] != b'\n' {}
+}
+
+#[test]
+fn an_endless_handshake_is_refused() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let _ = s.write_all(&vec![b'x'; 100 * 1024]);
+    });
+    let mut c = TcpStream::connect(addr).unwrap();
+    match exchange(&mut c, &handshake(2)) {
+        Err(Error::Exchange(msg)) => assert!(msg.contains("longer than"), "{msg}"),
+        other => panic!("expected an exchange error, got {other:?}"),
+    }
+    drop(c);
+    server.join().unwrap();
+}
+
+#[test]
 fn a_garbled_or_missing_handshake_is_a_clear_error() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();

@@ -1,24 +1,190 @@
-//! `cargo xtask demo`: mtrdma on a real verbs device inside the SoftRoCE VM.
+//! `cargo xtask demo`: the isolation demo on a real verbs device inside the
+//! SoftRoCE VM, next to perftest's own tools as the reference.
 //!
-//! Until the isolation demo exists this shows the smallest real thing: the
-//! devices, ports and GIDs as libibverbs reports them (`ibv_devinfo`) and as
-//! mtrdma reads them (`examples/devices.rs`), including the GID mtrdma
-//! chooses for RoCE.
+//! One boot runs, in order: perftest's `ib_write_lat` (16 B) and
+//! `ib_write_bw` (64 KiB) alone, the same two tests with mtrdma's
+//! `examples/perf.rs` on the plain and on the scheduled path, then
+//! `examples/isolation` (every scenario, alone / unprotected / mtrdma).
+//! Everything lands in `target/demo/`: the tools' outputs, `reference.txt`
+//! (mtrdma against perftest, with the ratios), and the isolation demo's
+//! tables, CSV files and pictures.
 
+use std::fmt::Write as _;
+use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 
 use crate::{deps, proc, vm};
 
+const LAT_ITERS: u32 = 20_000;
+const BW_ITERS: u32 = 2_000;
+const BW_SIZE: u32 = 65_536;
+
 pub(crate) fn run() -> Result<ExitCode> {
     deps::ensure()?;
-    proc::check(proc::cargo().args(["build", "--release", "--example", "devices"]))?;
-    let example = proc::target_dir().join("release/examples/devices");
-    let script = format!(
-        "echo '== ibv_devinfo ==' && ibv_devinfo && echo && echo '== mtrdma: examples/devices ==' && {}",
-        proc::shell_quote(&example.display().to_string())
+    proc::check(proc::cargo().args([
+        "build",
+        "--release",
+        "--example",
+        "isolation",
+        "--example",
+        "perf",
+    ]))?;
+    let examples = proc::target_dir().join("release/examples");
+    let out = proc::target_dir().join("demo");
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let q = |p: &Path| proc::shell_quote(&p.display().to_string());
+    let (perf, isolation, dir) = (
+        q(&examples.join("perf")),
+        q(&examples.join("isolation")),
+        q(&out),
     );
-    let outcome = vm::run(&vm::Options::default(), &vm::Job::script(script))?;
+    // perftest needs a server and a client; both run here, over localhost.
+    let perftest = |tool: &str, args: &str, file: &str| {
+        format!(
+            "echo '== {tool} {args} (perftest, alone) =='\n\
+             {tool} -d rxe0 -x 1 {args} > \"$TMPDIR/{file}.server\" 2>&1 &\n\
+             sleep 1\n\
+             {tool} -d rxe0 -x 1 {args} localhost > {dir}/{file}.txt 2>&1 || status=1\n\
+             wait\n\
+             cat {dir}/{file}.txt\n"
+        )
+    };
+    let ours = |args: &str, file: &str| {
+        format!(
+            "echo '== perf {args} =='\n\
+             {perf} --loopback --device rxe0 {args} > {dir}/{file}.txt 2>&1 || status=1\n\
+             cat {dir}/{file}.txt\n"
+        )
+    };
+    let lat = format!("-s 16 -n {LAT_ITERS}");
+    let bw = format!("-s {BW_SIZE} -n {BW_ITERS}");
+    let mut script = String::from("status=0\n");
+    script.push_str(&perftest("ib_write_lat", &lat, "ib_write_lat"));
+    script.push_str(&ours(
+        &format!("--test write_lat {lat} --path raw"),
+        "perf_write_lat_raw",
+    ));
+    script.push_str(&ours(
+        &format!("--test write_lat {lat} --path mtrdma"),
+        "perf_write_lat_mtrdma",
+    ));
+    script.push_str(&perftest("ib_write_bw", &bw, "ib_write_bw"));
+    script.push_str(&ours(
+        &format!("--test write_bw {bw} --path raw"),
+        "perf_write_bw_raw",
+    ));
+    script.push_str(&ours(
+        &format!("--test write_bw {bw} --path mtrdma"),
+        "perf_write_bw_mtrdma",
+    ));
+    let _ = writeln!(
+        script,
+        "{isolation} --device rxe0 --out {dir} || status=1\nexit $status"
+    );
+    let opts = vm::Options {
+        timeout: Duration::from_secs(30 * 60),
+        rw_shares: vec![out.clone()],
+        ..vm::Options::default()
+    };
+    let outcome = vm::run(&opts, &vm::Job::script(script))?;
+    let reference = reference(&out)?;
+    println!("\n{reference}");
+    std::fs::write(out.join("reference.txt"), &reference)
+        .with_context(|| format!("writing {}", out.join("reference.txt").display()))?;
+    println!("results, CSV and pictures: {}", out.display());
     Ok(ExitCode::from(u8::try_from(outcome.exit_code).unwrap_or(1)))
+}
+
+/// The first result row under perftest's `#bytes` header, as numbers.
+fn result_row(text: &str) -> Option<Vec<f64>> {
+    let mut lines = text.lines().skip_while(|l| !l.contains("#bytes"));
+    lines.next()?;
+    lines
+        .map(|l| {
+            l.split_whitespace()
+                .map(str::parse::<f64>)
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .find_map(|row| row.ok().filter(|r| r.len() >= 5))
+}
+
+/// mtrdma's perf against perftest, from the files the VM wrote.
+fn reference(out: &Path) -> Result<String> {
+    let read = |file: &str| -> Option<Vec<f64>> {
+        let text = std::fs::read_to_string(out.join(format!("{file}.txt"))).ok()?;
+        result_row(&text)
+    };
+    let mut s = String::from(
+        "mtrdma's own overhead, one tenant alone (SoftRoCE under emulation, same VM boot)\n",
+    );
+    let _ = writeln!(
+        s,
+        "{:<34} {:>12} {:>12} {:>12} {:>14}",
+        "test", "perftest", "perf raw", "perf mtrdma", "mtrdma/perftest"
+    );
+    // write_lat columns: bytes iters t_min t_max t_typical t_avg t_stdev p99 p99.9
+    let lats = [
+        read("ib_write_lat"),
+        read("perf_write_lat_raw"),
+        read("perf_write_lat_mtrdma"),
+    ];
+    for (name, col) in [
+        ("write_lat 16 B t_typical (us)", 4),
+        ("write_lat 16 B t_avg (us)", 5),
+        ("write_lat 16 B p99 (us)", 7),
+    ] {
+        row(&mut s, name, &lats, col);
+    }
+    // write_bw columns: bytes iters peak avg msgrate
+    let bws = [
+        read("ib_write_bw"),
+        read("perf_write_bw_raw"),
+        read("perf_write_bw_mtrdma"),
+    ];
+    row(&mut s, "write_bw 64 KiB BW average (MB/s)", &bws, 3);
+    s.push_str(
+        "targets: mtrdma latency within 5% of ib_write_lat (ratio <= 1.05), \
+         bandwidth at least 95% of ib_write_bw (ratio >= 0.95)\n",
+    );
+    Ok(s)
+}
+
+fn row(s: &mut String, name: &str, runs: &[Option<Vec<f64>>; 3], col: usize) {
+    let v: Vec<Option<f64>> = runs
+        .iter()
+        .map(|r| r.as_ref().and_then(|r| r.get(col).copied()))
+        .collect();
+    let cell = |x: Option<f64>| x.map_or_else(|| "missing".to_string(), |x| format!("{x:.2}"));
+    let ratio = match (v[2], v[0]) {
+        (Some(m), Some(p)) if p > 0.0 => format!("{:.3}", m / p),
+        _ => "-".to_string(),
+    };
+    let _ = writeln!(
+        s,
+        "{name:<34} {:>12} {:>12} {:>12} {:>14}",
+        cell(v[0]),
+        cell(v[1]),
+        cell(v[2]),
+        ratio
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_perftest_result_rows() {
+        let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n 16      2000          20.75          761.87       25.61    \t       31.52       \t29.07  \t\t156.02  \t\t596.04 \n---\n";
+        let row = result_row(lat).unwrap();
+        assert_eq!(row.len(), 9);
+        assert_eq!((row[4], row[7]), (25.61, 156.02));
+        let bw = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n Conflicting CPU frequency values detected: 0.0 != 1.0\n 65536      1000             24.74              19.62  \t\t   0.000314\n";
+        let row = result_row(bw).unwrap();
+        assert_eq!(row[3], 19.62);
+        assert!(result_row("no header here\n 1 2 3 4 5\n").is_none());
+    }
 }

@@ -26,6 +26,7 @@ pub(crate) const PACKAGES: &[(&str, &str)] = &[
     ("libnl-route-3-dev", "ibverbs-sys build"),
     ("clang", "bindgen in ibverbs-sys"),
     ("libclang-dev", "bindgen in ibverbs-sys"),
+    ("fonts-dejavu-core", "the font of the demo's PNG pictures"),
 ];
 
 fn installed(package: &str) -> bool {

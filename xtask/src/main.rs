@@ -4,7 +4,7 @@
 //! cargo xtask deps                      install the Debian packages the build, VM and baselines need
 //! cargo xtask vm [OPTIONS] -- CMD...    run CMD inside a QEMU VM with SoftRoCE (rxe0)
 //! cargo xtask test                      deps, fmt, clippy, unit tests, device tests in the VM
-//! cargo xtask demo                      show mtrdma on a real verbs device inside the VM
+//! cargo xtask demo                      the isolation demo and perftest reference inside the VM
 //! ```
 
 mod cpio;
@@ -39,7 +39,9 @@ commands:
                           host) inside one VM boot;
                           with MTRDMA_TEST_DEVICE set, the device tests run on this host's
                           device instead of the VM
-  demo                    list devices, ports and GIDs through mtrdma inside the VM
+  demo                    inside the VM: perftest's ib_write_lat/ib_write_bw next to mtrdma's
+                          examples/perf, then examples/isolation (every scenario alone,
+                          unprotected and with mtrdma); tables, CSV and pictures in target/demo/
 ";
 
 fn main() -> ExitCode {
