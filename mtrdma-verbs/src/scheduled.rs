@@ -673,6 +673,11 @@ impl Engine {
                 is_last: true,
             });
             self.drain_member(member);
+            if !self.member(member).pending.is_empty() {
+                // Held back (by its shared rate limit): the wake-up time
+                // must say when to try again.
+                self.pump();
+            }
             return Ok(());
         }
         let descriptor = Descriptor::new(tenant, class, kind, len, handle);

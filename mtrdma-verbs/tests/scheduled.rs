@@ -214,3 +214,46 @@ fn a_progress_thread_completes_work_the_application_never_polls() {
     result.unwrap();
     assert_eq!(qp.queued(), 0);
 }
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn one_request_at_a_time_under_a_cap_keeps_moving_at_the_cap() {
+    // Each request is posted with nothing else queued (the fast path) and
+    // is held back by the shared rate limit: the queue pair must come back
+    // to it by itself when the limit allows, at the cap's pace.
+    const CAP: u64 = 1_000_000;
+    const LEN: usize = 4096;
+    const N: u64 = 100;
+    let policy = Policy::new(
+        LinkConfig::new(1_000_000_000),
+        vec![TenantPolicy::new(TenantId(1), "capped").with_rate(RateCap::new(CAP, LEN as u64))],
+    );
+    let table = QuotaTable::embedded(&policy).unwrap();
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let (a, _b) = pair(&pd);
+    let mut a = a
+        .scheduled(ScheduleConfig {
+            tenant: Some(table.attach(TenantId(1)).unwrap()),
+            ..ScheduleConfig::default()
+        })
+        .unwrap();
+    let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
+    let remote = target.remote().unwrap();
+    let mut region = pd.allocate(LEN, Access::LOCAL).unwrap();
+    let start = Instant::now();
+    for i in 0..N {
+        a.post_send(SendOp::Write(remote), region, 0..LEN, i)
+            .unwrap();
+        let c = wait(&mut a, 1).pop().unwrap();
+        assert_eq!((c.status, c.context), (WcStatus::Success, i));
+        region = c.region;
+    }
+    let rate = (N * LEN as u64) as f64 / start.elapsed().as_secs_f64();
+    println!("{N} requests of {LEN} B one at a time under a {CAP} B/s cap: {rate:.0} B/s");
+    assert!(rate <= CAP as f64 * 1.05, "{rate:.0} B/s above the cap");
+    assert!(
+        rate >= CAP as f64 * 0.8,
+        "{rate:.0} B/s: held back far below the cap"
+    );
+}
