@@ -82,6 +82,8 @@ TEST:
     --chunk BYTES        scheduled path: WRITE/READ chunk size (default 65536)
     --pieces N           scheduled path: pieces in the NIC at once (default 4,
                          the library default)
+    -I, --inline-size N  sends up to N bytes go inline (default 220 for write_lat and
+                         send_lat, like perftest; 0 otherwise)
     --pool-mib N         memory for outstanding buffers, per pool (default 64):
                          a bw test keeps min(tx-depth, pool / size) requests out
 
@@ -106,6 +108,8 @@ messages/s, latency in usec (write_lat/send_lat: round trip / 2).
 const DEFAULT_PORT: u16 = 18516;
 const MIB: f64 = 1_048_576.0;
 const PROTOCOL: &str = "mtrdma-perf/1";
+/// perftest's inline size for WRITE and SEND latency tests.
+const DEFAULT_INLINE: u32 = 220;
 /// Control messages wait this long for the peer (setup, not the test itself).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// A client with requests in flight and no completion for this long gives up.
@@ -233,6 +237,7 @@ struct Args {
     tx_depth: Option<u32>,
     chunk: Option<u64>,
     pieces: Option<u32>,
+    inline: Option<u32>,
     pool_mib: Option<u64>,
     policy: Option<PathBuf>,
     tenant: Option<String>,
@@ -324,6 +329,7 @@ fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
             "-t" | "--tx-depth" => a.tx_depth = Some(parse_num(&flag, &value()?, "a count")?),
             "--chunk" => a.chunk = Some(parse_size(&flag, &value()?)? as u64),
             "--pieces" => a.pieces = Some(parse_num(&flag, &value()?, "a count")?),
+            "-I" | "--inline-size" => a.inline = Some(parse_num(&flag, &value()?, "a size")?),
             "--pool-mib" => a.pool_mib = Some(parse_num(&flag, &value()?, "MiB")?),
             "--policy" => a.policy = Some(PathBuf::from(value()?)),
             "--tenant" => a.tenant = Some(value()?),
@@ -417,6 +423,8 @@ struct Params {
     tx_depth: u32,
     chunk: u64,
     pieces: u32,
+    /// Sends up to this many bytes go inline.
+    inline: u32,
 }
 
 fn all_sizes() -> Vec<usize> {
@@ -442,6 +450,11 @@ impl Params {
             pieces: a
                 .pieces
                 .unwrap_or(ScheduleConfig::default().max_pieces_in_flight),
+            // perftest's default: 220 B inline for WRITE and SEND latency.
+            inline: a.inline.unwrap_or(match test {
+                Test::WriteLat | Test::SendLat => DEFAULT_INLINE,
+                _ => 0,
+            }),
         }
     }
 
@@ -452,7 +465,7 @@ impl Params {
     fn encode(&self) -> String {
         let sizes: Vec<String> = self.sizes.iter().map(|s| s.to_string()).collect();
         format!(
-            "{PROTOCOL} test={} path={} sizes={} iters={} duration_ms={} tx_depth={} chunk={} pieces={}",
+            "{PROTOCOL} test={} path={} sizes={} iters={} duration_ms={} tx_depth={} chunk={} pieces={} inline={}",
             self.test.name(),
             self.path.name(),
             sizes.join(","),
@@ -460,7 +473,8 @@ impl Params {
             self.duration_ms,
             self.tx_depth,
             self.chunk,
-            self.pieces
+            self.pieces,
+            self.inline
         )
     }
 
@@ -484,6 +498,7 @@ impl Params {
             tx_depth: 0,
             chunk: 0,
             pieces: 0,
+            inline: 0,
         };
         let bad = |k: &str, v: &str| format!("the client sent a bad parameter {k}={v:?}");
         for w in words {
@@ -505,6 +520,7 @@ impl Params {
                 "tx_depth" => p.tx_depth = v.parse().map_err(|_| bad(k, v))?,
                 "chunk" => p.chunk = v.parse().map_err(|_| bad(k, v))?,
                 "pieces" => p.pieces = v.parse().map_err(|_| bad(k, v))?,
+                "inline" => p.inline = v.parse().map_err(|_| bad(k, v))?,
                 _ => {} // a newer client's extra setting: ignored
             }
         }
@@ -580,6 +596,11 @@ impl Params {
             "pieces",
             server.pieces.map(|c| c.to_string()),
             client.pieces.to_string(),
+        );
+        check(
+            "inline size",
+            server.inline.map(|c| c.to_string()),
+            client.inline.to_string(),
         );
         if diffs.is_empty() {
             Ok(client)
@@ -952,10 +973,15 @@ impl Side {
         }
     }
 
-    fn build_qp(&self, sq: u32, rq: u32) -> Result<PreparedQueuePair, String> {
+    fn build_qp(&self, sq: u32, rq: u32, inline: u32) -> Result<PreparedQueuePair, String> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let mut b = self.pd.queue_pair().max_send_wr(sq).max_recv_wr(rq);
+            let mut b = self
+                .pd
+                .queue_pair()
+                .max_send_wr(sq)
+                .max_recv_wr(rq)
+                .max_inline_data(inline);
             if let Some((t, _)) = &self.tenant {
                 b = b.tenant(t);
             }
@@ -996,7 +1022,7 @@ impl Side {
         };
         let sq = if test.is_bw() { p.tx_depth.max(4) } else { 4 };
         let rq = u32::try_from(recvs).unwrap_or(u32::MAX).max(1);
-        let mut prepared = self.build_qp(sq, rq)?;
+        let mut prepared = self.build_qp(sq, rq, p.inline)?;
         let target = self.allocate(size, Access::REMOTE_READ_WRITE)?;
         let mine = target
             .remote()
@@ -1267,6 +1293,7 @@ fn print_header(side: &Side, p: &Params, conn: &Conn, limited: Option<(usize, us
     }
     println!(" Number of qps   : 1\t\tTransport type : IB");
     println!(" Connection type : RC\t\tUsing SRQ      : OFF");
+    println!(" Max inline data : {}[B]", p.inline);
     if p.test.is_bw() {
         println!(" TX depth        : {}", p.tx_depth);
         if let Some((size, n)) = limited {

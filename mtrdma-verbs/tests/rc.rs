@@ -289,3 +289,48 @@ fn the_peer_destroyed_mid_transfer_gives_errors_and_buffers_back() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn small_sends_go_inline_and_arrive_intact() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let a = pd.queue_pair().max_inline_data(64).build().unwrap();
+    let b = pd.queue_pair().max_inline_data(64).build().unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    let target = pd.allocate(256, Access::REMOTE_READ_WRITE).unwrap();
+    let remote = target.remote().unwrap();
+    // Inline (16 and 64 B) and not (65 and 256 B), WRITE and SEND.
+    for (i, len) in [16usize, 64, 65, 256].into_iter().enumerate() {
+        let src = pd.register(pattern(len, i as u8), Access::LOCAL).unwrap();
+        a.post_send(SendOp::Write(remote), src, 0..len, i as u64)
+            .unwrap();
+        let c = wait(&mut a, 1).pop().unwrap();
+        assert_eq!((c.status, c.byte_len as usize), (WcStatus::Success, len));
+        assert_eq!(
+            c.region.read(),
+            pattern(len, i as u8),
+            "the region comes back as it was"
+        );
+        assert_eq!(
+            &target.read()[..len],
+            &pattern(len, i as u8)[..],
+            "WRITE of {len} B"
+        );
+
+        let landing = pd.allocate(len, Access::LOCAL).unwrap();
+        b.post_recv(landing, 0..len, 100).unwrap();
+        let src = pd
+            .register(pattern(len, 0x40 ^ i as u8), Access::LOCAL)
+            .unwrap();
+        a.post_send(SendOp::Send, src, 0..len, 200).unwrap();
+        assert!(wait(&mut a, 1)[0].status.is_success());
+        let got = wait(&mut b, 1).pop().unwrap();
+        assert_eq!(
+            got.region.read(),
+            pattern(len, 0x40 ^ i as u8),
+            "SEND of {len} B"
+        );
+    }
+}
