@@ -1,0 +1,148 @@
+//! The tools the README tells users to run, run on a real device (the one
+//! MTRDMA_TEST_DEVICE names): `examples/perf` (every test, both paths) and
+//! `examples/isolation` (every scenario, short). Ignored on a plain `cargo
+//! test`; `cargo xtask test` runs them in the SoftRoCE VM. `cargo test`
+//! builds the examples next to this test binary.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn device() -> String {
+    std::env::var("MTRDMA_TEST_DEVICE")
+        .expect("MTRDMA_TEST_DEVICE must name the RDMA device to test (e.g. rxe0)")
+}
+
+/// `target/<profile>/examples/<name>`, next to `target/<profile>/deps/`.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps");
+    let path = profile.join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: `cargo test` builds the examples",
+        path.display()
+    );
+    path
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("start the example");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The numbers of the first row under perftest's `#bytes` header.
+fn result_row(text: &str) -> Vec<f64> {
+    let mut lines = text.lines().skip_while(|l| !l.contains("#bytes"));
+    lines.next().expect("a #bytes header");
+    let row = lines.next().expect("a result row");
+    row.split_whitespace()
+        .map(|w| {
+            w.parse()
+                .unwrap_or_else(|_| panic!("not a number in {row:?}"))
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn perf_runs_every_test_on_both_paths_and_prints_perftest_columns() {
+    let perf = example("perf");
+    for test in [
+        "write_bw",
+        "read_bw",
+        "send_bw",
+        "write_lat",
+        "read_lat",
+        "send_lat",
+    ] {
+        for path in ["raw", "mtrdma"] {
+            let out = run(Command::new(&perf).args([
+                "--loopback",
+                "--device",
+                &device(),
+                "--test",
+                test,
+                "--path",
+                path,
+                "-s",
+                "4096",
+                "-n",
+                "50",
+            ]));
+            let row = result_row(&out);
+            let columns = if test.ends_with("_bw") { 5 } else { 9 };
+            assert_eq!(row.len(), columns, "{test} {path}:\n{out}");
+            assert_eq!(
+                (row[0], row[1]),
+                (4096.0, 50.0),
+                "{test} {path}: bytes, iterations"
+            );
+            assert!(
+                row[2..].iter().all(|v| v.is_finite() && *v > 0.0),
+                "{test} {path}: every figure positive:\n{out}"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn the_isolation_demo_runs_every_scenario_and_writes_tables_csv_and_pictures() {
+    let out_dir = std::env::temp_dir().join(format!("mtrdma-demo-test-{}", std::process::id()));
+    let stdout = run(Command::new(example("isolation")).args([
+        "--device",
+        &device(),
+        "--out",
+        out_dir.to_str().expect("a UTF-8 temporary directory"),
+        "--seconds",
+        "0.4",
+        "--warmup-ms",
+        "100",
+        "--bulk",
+        "1,2",
+    ]));
+    for heading in ["== 1.", "== 2.", "== 3.", "== 4."] {
+        assert!(
+            stdout.contains(heading),
+            "scenario {heading} missing:\n{stdout}"
+        );
+    }
+    let csv = std::fs::read_to_string(out_dir.join("results.csv")).expect("results.csv");
+    for scenario in ["latency", "weights", "cap", "storm"] {
+        for way in ["alone", "unprotected", "mtrdma"] {
+            assert!(
+                csv.lines()
+                    .any(|l| l.starts_with(&format!("{scenario},{way},"))),
+                "no {scenario}/{way} figures in results.csv:\n{csv}"
+            );
+        }
+    }
+    let samples = std::fs::read_to_string(out_dir.join("latency_samples.csv")).unwrap();
+    assert!(samples.lines().count() > 10, "latency samples recorded");
+    for picture in [
+        "latency_p99",
+        "latency_cdf",
+        "weights_bars",
+        "weights_timeline",
+        "cap_bars",
+        "cap_timeline",
+        "storm_cdf",
+    ] {
+        for ext in ["svg", "png"] {
+            let file = out_dir.join(format!("{picture}.{ext}"));
+            let len = std::fs::metadata(&file).map_or(0, |m| m.len());
+            assert!(len > 1000, "{} is missing or empty", file.display());
+        }
+    }
+    std::fs::remove_dir_all(&out_dir).ok();
+}
