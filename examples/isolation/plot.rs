@@ -11,7 +11,7 @@ use std::fmt::Display;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use plotters::coord::Shift;
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::{register_font, FontStyle, RGBColor};
@@ -199,6 +199,43 @@ impl Picture<'_> {
 }
 
 /// Title style.
+/// The frame every chart shares: title, margins, axis label areas.
+fn chart_builder<'a, 'b, DB: DrawingBackend>(
+    root: &'a DrawingArea<DB, Shift>,
+    title: &'b str,
+    y_label_area: u32,
+) -> ChartBuilder<'a, 'b, DB> {
+    let mut builder = ChartBuilder::on(root);
+    builder
+        .caption(title, title_style())
+        .margin(15)
+        .margin_top(10)
+        .margin_right(25)
+        .x_label_area_size(50)
+        .y_label_area_size(y_label_area);
+    builder
+}
+
+/// The legend every chart shares, at `position`.
+fn draw_legend<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> Result<(), String>
+where
+    DB: DrawingBackend + 'a,
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .position(position)
+        .margin(12)
+        .background_style(WHITE.mix(0.9))
+        .border_style(RGBColor(170, 170, 170))
+        .label_font(legend_style())
+        .draw()
+        .map_err(err)
+}
+
 fn title_style() -> TextStyle<'static> {
     (FAMILY, 22).into_font().color(&BLACK)
 }
@@ -404,13 +441,7 @@ impl<'a> Cdf<'a> {
         let hi = nice_ceil((hi_data * 1.15).min(1e300));
         let (bold, light) = log_ticks(lo, hi);
 
-        let mut chart = ChartBuilder::on(root)
-            .caption(self.title, title_style())
-            .margin(15)
-            .margin_top(10)
-            .margin_right(25)
-            .x_label_area_size(50)
-            .y_label_area_size(60)
+        let mut chart = chart_builder(root, self.title, 60)
             .build_cartesian_2d(
                 (lo..hi)
                     .log_scale()
@@ -472,15 +503,7 @@ impl<'a> Cdf<'a> {
                 .label(label)
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 24, y)], col.stroke_width(3)));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .margin(12)
-            .background_style(WHITE.mix(0.9))
-            .border_style(RGBColor(170, 170, 170))
-            .label_font(legend_style())
-            .draw()
-            .map_err(err)
+        draw_legend(&mut chart, SeriesLabelPosition::LowerRight)
     }
 }
 
@@ -602,13 +625,7 @@ impl<'a> Rates<'a> {
         let y_lo = if v_min < 0.0 { v_min * 1.1 } else { 0.0 };
         let y_hi = if v_max > 0.0 { v_max * 1.3 } else { 1.0 };
 
-        let mut chart = ChartBuilder::on(root)
-            .caption(self.title, title_style())
-            .margin(15)
-            .margin_top(10)
-            .margin_right(25)
-            .x_label_area_size(50)
-            .y_label_area_size(75)
+        let mut chart = chart_builder(root, self.title, 75)
             .build_cartesian_2d(x_lo..x_hi, y_lo..y_hi)
             .map_err(err)?;
         chart
@@ -642,15 +659,7 @@ impl<'a> Rates<'a> {
                     .map_err(err)?;
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .margin(12)
-            .background_style(WHITE.mix(0.9))
-            .border_style(RGBColor(170, 170, 170))
-            .label_font(legend_style())
-            .draw()
-            .map_err(err)
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight)
     }
 }
 
@@ -729,13 +738,7 @@ impl<'a> Bars<'a> {
         let n = self.groups.len();
         let k = self.ways.len().max(1);
         let centres: Vec<i32> = (0..n).map(|i| i as i32 * SLOT).collect();
-        let mut chart = ChartBuilder::on(root)
-            .caption(self.title, title_style())
-            .margin(15)
-            .margin_top(10)
-            .margin_right(25)
-            .x_label_area_size(50)
-            .y_label_area_size(75)
+        let mut chart = chart_builder(root, self.title, 75)
             .build_cartesian_2d(
                 (-SLOT / 2..n as i32 * SLOT - SLOT / 2).with_key_points(centres),
                 y_lo..y_hi,
@@ -811,14 +814,6 @@ impl<'a> Bars<'a> {
                 }
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .margin(12)
-            .background_style(WHITE.mix(0.9))
-            .border_style(RGBColor(170, 170, 170))
-            .label_font(legend_style())
-            .draw()
-            .map_err(err)
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight)
     }
 }

@@ -33,6 +33,29 @@ fn attach(
     .expect("attach to the shared scheduler")
 }
 
+fn scheduler(chunk_bytes: u64, bulk_bytes_in_flight: u64) -> SharedScheduler {
+    SharedScheduler::new(SharedConfig {
+        chunk_bytes,
+        bulk_bytes_in_flight,
+        ..SharedConfig::default()
+    })
+    .unwrap()
+}
+
+/// Two connected queue pairs attached to `shared` as bulk tenants 1 and 2,
+/// with the peers that must outlive them.
+fn two_bulk(
+    pd: &ProtectionDomain,
+    shared: &SharedScheduler,
+) -> (ScheduledQueuePair, ScheduledQueuePair, [QueuePair; 2]) {
+    let ((a, pa), (b, pb)) = (pair(pd), pair(pd));
+    (
+        attach(a, shared, 1, TrafficClass::Bulk),
+        attach(b, shared, 2, TrafficClass::Bulk),
+        [pa, pb],
+    )
+}
+
 fn sources(pd: &ProtectionDomain, n: usize, len: usize, seed: u8) -> Vec<MemoryRegion> {
     (0..n)
         .map(|i| {
@@ -53,12 +76,7 @@ fn check(done: &[Completion]) {
 fn two_bulk_tenants_share_by_their_weights() {
     let ctx = device();
     let pd = ctx.alloc_pd().unwrap();
-    let shared = SharedScheduler::new(SharedConfig {
-        chunk_bytes: 16 << 10,
-        bulk_bytes_in_flight: 32 << 10,
-        ..SharedConfig::default()
-    })
-    .unwrap();
+    let shared = scheduler(16 << 10, 32 << 10);
     shared
         .set_policy(TenantId(1), TenantPolicy::weight(1))
         .unwrap();
@@ -122,12 +140,7 @@ fn two_bulk_tenants_share_by_their_weights() {
 fn a_latency_request_overtakes_queued_bulk_work() {
     let ctx = device();
     let pd = ctx.alloc_pd().unwrap();
-    let shared = SharedScheduler::new(SharedConfig {
-        chunk_bytes: 64 << 10,
-        bulk_bytes_in_flight: 128 << 10,
-        ..SharedConfig::default()
-    })
-    .unwrap();
+    let shared = scheduler(64 << 10, 128 << 10);
     let ((a, _pa), (b, _pb)) = (pair(&pd), pair(&pd));
     let mut bulk = attach(a, &shared, 1, TrafficClass::Bulk);
     let mut probe = attach(b, &shared, 2, TrafficClass::Latency);
@@ -176,15 +189,8 @@ fn a_latency_request_overtakes_queued_bulk_work() {
 fn a_queue_pair_that_is_not_polled_does_not_stall_the_others() {
     let ctx = device();
     let pd = ctx.alloc_pd().unwrap();
-    let shared = SharedScheduler::new(SharedConfig {
-        chunk_bytes: 64 << 10,
-        bulk_bytes_in_flight: 64 << 10,
-        ..SharedConfig::default()
-    })
-    .unwrap();
-    let ((a, _pa), (b, _pb)) = (pair(&pd), pair(&pd));
-    let mut idle = attach(a, &shared, 1, TrafficClass::Bulk);
-    let mut busy = attach(b, &shared, 2, TrafficClass::Bulk);
+    let shared = scheduler(64 << 10, 64 << 10);
+    let (mut idle, mut busy, _peers) = two_bulk(&pd, &shared);
     const LEN: usize = 256 << 10;
     let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
     let remote = target.remote().unwrap();
@@ -213,15 +219,8 @@ fn a_queue_pair_that_is_not_polled_does_not_stall_the_others() {
 fn dropping_a_queue_pair_with_queued_work_frees_its_share() {
     let ctx = device();
     let pd = ctx.alloc_pd().unwrap();
-    let shared = SharedScheduler::new(SharedConfig {
-        chunk_bytes: 64 << 10,
-        bulk_bytes_in_flight: 128 << 10,
-        ..SharedConfig::default()
-    })
-    .unwrap();
-    let ((a, _pa), (b, _pb)) = (pair(&pd), pair(&pd));
-    let mut doomed = attach(a, &shared, 1, TrafficClass::Bulk);
-    let mut other = attach(b, &shared, 2, TrafficClass::Bulk);
+    let shared = scheduler(64 << 10, 128 << 10);
+    let (mut doomed, mut other, _peers) = two_bulk(&pd, &shared);
     const LEN: usize = 1 << 20;
     let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
     let remote = target.remote().unwrap();
@@ -249,12 +248,7 @@ fn dropping_a_queue_pair_with_queued_work_frees_its_share() {
 fn threads_of_several_tenants_post_and_poll_on_one_scheduler() {
     let ctx = device();
     let pd = ctx.alloc_pd().unwrap();
-    let shared = SharedScheduler::new(SharedConfig {
-        chunk_bytes: 32 << 10,
-        bulk_bytes_in_flight: 96 << 10,
-        ..SharedConfig::default()
-    })
-    .unwrap();
+    let shared = scheduler(32 << 10, 96 << 10);
     std::thread::scope(|s| {
         for t in 0..4u32 {
             let (pd, shared) = (&pd, &shared);
