@@ -156,7 +156,10 @@ fn policy(args: &Args) -> Policy {
         tenants.push(TenantPolicy::new(TenantId(id), format!("weight{w}")).with_weight(w));
     }
     let cap = (args.cap_mbps * 1e6) as u64;
-    tenants.push(TenantPolicy::new(CAPPED, "capped").with_rate(RateCap::new(cap, 64 << 10)));
+    // A burst of four chunks: the capped tenant may catch up a turn it
+    // lost because the bulk budget was full when its time came.
+    let burst = args.chunk.saturating_mul(4);
+    tenants.push(TenantPolicy::new(CAPPED, "capped").with_rate(RateCap::new(cap, burst)));
     tenants.push(TenantPolicy::new(FREE, "free"));
     tenants.push(
         TenantPolicy::new(STORM, "storm")
