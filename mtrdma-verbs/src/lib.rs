@@ -67,6 +67,8 @@
 //! # }
 //! ```
 
+#[doc(hidden)]
+pub mod bench;
 mod completion;
 mod device;
 mod error;

@@ -82,9 +82,9 @@ impl SendOp {
 
 /// Checks a send-side request before anything is posted: the local range
 /// lies in the region, and a WRITE or READ fits the remote region.
-pub(crate) fn check_send(
+pub(crate) fn check_send<R: Region>(
     op: SendOp,
-    region: &MemoryRegion,
+    region: &R,
     range: &Range<usize>,
 ) -> Result<ffi::ibv_sge, Error> {
     let Some(sge) = region.sge(range) else {
@@ -236,13 +236,9 @@ impl QueuePairBuilder<'_> {
             qp,
             cq,
             pd: self.pd.clone(),
-            slots: Slab::default(),
-            sends_in_flight: 0,
-            recvs_in_flight: 0,
             // The requested depths, not the provider's (possibly rounded
             // up) ones: the completion queue was sized for these.
-            max_send_wr: self.max_send_wr,
-            max_recv_wr: self.max_recv_wr,
+            books: Books::new(self.max_send_wr, self.max_recv_wr),
             port: self.port,
             gid_index: gid.index,
             max_inline: if self.max_inline == 0 { 0 } else { max_inline },
@@ -519,8 +515,8 @@ impl Drop for Cq {
 }
 
 /// `wr_id`s with this bit set belong to a layer above (the scheduled
-/// queue pair), which owns their buffers; [`QueuePair::poll_raw`] hands
-/// their completions back as they are.
+/// queue pair), which owns their buffers; [`Sink::poll`] hands their
+/// completions back as they are.
 pub(crate) const RAW_WR: u64 = 1 << 63;
 
 /// A completion of a raw work request.
@@ -539,11 +535,297 @@ pub(crate) struct RawSend {
     pub(crate) imm: Option<u32>,
 }
 
+/// A buffer a work request may use: a [`MemoryRegion`] on a device, a
+/// plain heap buffer on the host (benches and tests, see
+/// [`crate::bench`]). It is moved into the queue pair while the NIC may
+/// use it and handed back in its completion.
+pub(crate) trait Region: Send + Sync + 'static {
+    /// What a finished request hands back to the application.
+    type Completion: Send + 'static;
+
+    /// Its length in bytes.
+    fn len(&self) -> usize;
+
+    /// Checks that `range` lies in the region and returns its scatter
+    /// entry.
+    fn sge(&self, range: &Range<usize>) -> Option<ffi::ibv_sge>;
+
+    /// The completion that hands the region back.
+    fn complete(
+        self,
+        context: u64,
+        status: WcStatus,
+        opcode: Opcode,
+        byte_len: u32,
+        imm: Option<u32>,
+    ) -> Self::Completion;
+}
+
+impl Region for MemoryRegion {
+    type Completion = Completion;
+
+    fn len(&self) -> usize {
+        MemoryRegion::len(self)
+    }
+
+    fn sge(&self, range: &Range<usize>) -> Option<ffi::ibv_sge> {
+        MemoryRegion::sge(self, range)
+    }
+
+    fn complete(
+        self,
+        context: u64,
+        status: WcStatus,
+        opcode: Opcode,
+        byte_len: u32,
+        imm: Option<u32>,
+    ) -> Completion {
+        Completion {
+            context,
+            status,
+            opcode,
+            byte_len,
+            imm,
+            region: self,
+        }
+    }
+}
+
 /// A work request in flight: its region stays here until it completes.
-struct Slot {
+pub(crate) struct Slot<R> {
     context: u64,
-    region: MemoryRegion,
+    region: R,
     send: bool,
+}
+
+/// A queue pair's own bookkeeping, apart from the device: the regions of
+/// its work requests in flight, parked under their `wr_id`s, and the
+/// number of requests in each queue.
+pub(crate) struct Books<R> {
+    slots: Slab<Slot<R>>,
+    pub(crate) sends_in_flight: u32,
+    pub(crate) recvs_in_flight: u32,
+    pub(crate) max_send_wr: u32,
+    pub(crate) max_recv_wr: u32,
+}
+
+/// One work completion as the device reported it.
+pub(crate) struct Wc {
+    pub(crate) wr_id: u64,
+    pub(crate) status: WcStatus,
+    pub(crate) opcode: ffi::ibv_wc_opcode::Type,
+    pub(crate) byte_len: u32,
+    /// Immediate data, in network order.
+    pub(crate) imm: Option<u32>,
+}
+
+impl<R: Region> Books<R> {
+    pub(crate) fn new(max_send_wr: u32, max_recv_wr: u32) -> Self {
+        Books {
+            slots: Slab::default(),
+            sends_in_flight: 0,
+            recvs_in_flight: 0,
+            max_send_wr,
+            max_recv_wr,
+        }
+    }
+
+    fn park(&mut self, slot: Slot<R>) -> usize {
+        self.slots.insert(slot)
+    }
+
+    fn unpark(&mut self, i: usize) -> Option<Slot<R>> {
+        self.slots.remove(i)
+    }
+
+    /// Work requests in flight, both queues.
+    pub(crate) fn outstanding(&self) -> u32 {
+        self.sends_in_flight + self.recvs_in_flight
+    }
+
+    /// Takes every parked region out (teardown).
+    pub(crate) fn drain_regions(&mut self) -> impl Iterator<Item = R> + '_ {
+        self.slots.drain().map(|slot| slot.region)
+    }
+
+    /// Matches one completion to its work request: a raw one goes to
+    /// `raw` as it is; one of the queue pair's own hands its parked
+    /// region back in `out`.
+    pub(crate) fn complete(
+        &mut self,
+        wc: Wc,
+        out: &mut Vec<R::Completion>,
+        raw: &mut Vec<RawCompletion>,
+    ) {
+        if wc.wr_id & RAW_WR != 0 {
+            self.sends_in_flight -= 1;
+            raw.push(RawCompletion {
+                wr_id: wc.wr_id,
+                status: wc.status,
+            });
+            return;
+        }
+        let Some(slot) = usize::try_from(wc.wr_id).ok().and_then(|i| self.unpark(i)) else {
+            tracing::error!(wr_id = wc.wr_id, "completion for an unknown work request");
+            return;
+        };
+        if slot.send {
+            self.sends_in_flight -= 1;
+        } else {
+            self.recvs_in_flight -= 1;
+        }
+        let opcode = if !wc.status.is_success() {
+            Opcode::Unknown
+        } else {
+            use ffi::ibv_wc_opcode as o;
+            match wc.opcode {
+                o::IBV_WC_SEND => Opcode::Send,
+                o::IBV_WC_RDMA_WRITE => Opcode::Write,
+                o::IBV_WC_RDMA_READ => Opcode::Read,
+                o::IBV_WC_RECV => Opcode::Recv,
+                o::IBV_WC_RECV_RDMA_WITH_IMM => Opcode::RecvWithImm,
+                _ => Opcode::Unknown,
+            }
+        };
+        out.push(slot.region.complete(
+            slot.context,
+            wc.status,
+            opcode,
+            wc.byte_len,
+            wc.imm.map(u32::from_be),
+        ));
+    }
+}
+
+/// The verbs work request for `raw`, its scatter list in `sge`.
+pub(crate) fn send_wr(raw: &RawSend, sge: &mut ffi::ibv_sge) -> ffi::ibv_send_wr {
+    let mut wr = ffi::ibv_send_wr {
+        wr_id: raw.wr_id,
+        next: std::ptr::null_mut(),
+        sg_list: sge,
+        num_sge: i32::from(sge.length > 0),
+        opcode: raw.opcode,
+        send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+        // SAFETY: all-zero is a valid value of this plain C struct.
+        ..unsafe { MaybeUninit::zeroed().assume_init() }
+    };
+    if let Some(imm) = raw.imm {
+        wr.__bindgen_anon_1.imm_data = imm.to_be();
+    }
+    if let Some((remote_addr, rkey)) = raw.remote {
+        wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
+    }
+    wr
+}
+
+/// Where a queue pair's send-side work requests go: the device's send
+/// queue ([`QueuePair`]), or a null sink on the host (benches and tests,
+/// see [`crate::bench`]). Everything up to the device's `post_send` and
+/// after its `poll_cq` is the same code for both.
+pub(crate) trait Sink: Send + 'static {
+    /// The buffers its work requests use.
+    type Region: Region;
+
+    /// The queue pair number.
+    fn qpn(&self) -> u32;
+
+    /// Its bookkeeping.
+    fn books(&self) -> &Books<Self::Region>;
+
+    /// Its bookkeeping, to change.
+    fn books_mut(&mut self) -> &mut Books<Self::Region>;
+
+    /// Hands one work request to the device (`ibv_post_send`).
+    ///
+    /// # Safety
+    /// The memory `wr`'s scatter list names must stay valid and untouched
+    /// by safe code until the request's completion is polled (or the queue
+    /// pair is destroyed after being drained).
+    unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error>;
+
+    /// Polls up to 32 completions: those of its own work requests into
+    /// `out`, raw ones (see [`RAW_WR`]) into `raw`.
+    fn poll(
+        &mut self,
+        out: &mut Vec<<Self::Region as Region>::Completion>,
+        raw: &mut Vec<RawCompletion>,
+    ) -> Result<usize, Error>;
+
+    /// Flushes every outstanding request, waits for them, and destroys the
+    /// queue pair. Returns whether everything was drained: only then may
+    /// the buffers of raw requests be freed. Runs once; later calls return
+    /// the first answer.
+    fn shutdown(&mut self) -> bool;
+
+    /// Whether the send queue has room for another request.
+    fn send_room(&self) -> u32 {
+        let books = self.books();
+        books.max_send_wr.saturating_sub(books.sends_in_flight)
+    }
+
+    /// Posts one send-side work request.
+    ///
+    /// # Safety
+    /// The memory `raw.sge` names must stay valid and untouched by safe
+    /// code until the request's completion is polled (or the queue pair is
+    /// destroyed after being drained).
+    unsafe fn post(&mut self, raw: RawSend) -> Result<(), Error> {
+        let books = self.books();
+        if books.sends_in_flight >= books.max_send_wr {
+            return Err(Error::SendQueueFull {
+                depth: books.max_send_wr,
+            });
+        }
+        let mut sge = raw.sge;
+        let mut wr = send_wr(&raw, &mut sge);
+        // SAFETY: `wr` and `sge` outlive the call (the device copies them
+        // into its send queue); the caller keeps the buffer alive until
+        // the completion.
+        unsafe { self.post_wr(&mut wr) }?;
+        self.books_mut().sends_in_flight += 1;
+        Ok(())
+    }
+
+    /// Posts a send-side operation on `range` of `region`, parking the
+    /// region under the request's `wr_id` until its completion is polled;
+    /// on refusal the region comes back with the error.
+    fn post_parked(
+        &mut self,
+        op: SendOp,
+        region: Self::Region,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), (Error, Self::Region)> {
+        let sge = match check_send(op, &region, &range) {
+            Ok(sge) => sge,
+            Err(error) => return Err((error, region)),
+        };
+        let books = self.books_mut();
+        if books.sends_in_flight >= books.max_send_wr {
+            let depth = books.max_send_wr;
+            return Err((Error::SendQueueFull { depth }, region));
+        }
+        let (opcode, remote, imm) = op.lower(true);
+        let slot = books.park(Slot {
+            context,
+            region,
+            send: true,
+        });
+        let raw = RawSend {
+            wr_id: slot as u64,
+            opcode,
+            sge,
+            remote: remote.map(|r| (r.addr, r.rkey)),
+            imm,
+        };
+        // SAFETY: the buffer `sge` points at is owned by the slot just
+        // parked and stays there until the completion is polled.
+        if let Err(error) = unsafe { self.post(raw) } {
+            let slot = self.books_mut().unpark(slot).expect("just parked");
+            return Err((error, slot.region));
+        }
+        Ok(())
+    }
 }
 
 /// A connected reliable queue pair.
@@ -556,11 +838,7 @@ pub struct QueuePair {
     qp: NonNull<ffi::ibv_qp>,
     cq: Cq,
     pd: ProtectionDomain,
-    slots: Slab<Slot>,
-    sends_in_flight: u32,
-    recvs_in_flight: u32,
-    max_send_wr: u32,
-    max_recv_wr: u32,
+    books: Books<MemoryRegion>,
     port: u8,
     gid_index: u32,
     /// Sends up to this many bytes go inline.
@@ -578,8 +856,8 @@ impl fmt::Debug for QueuePair {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QueuePair")
             .field("qpn", &self.qpn())
-            .field("sends_in_flight", &self.sends_in_flight)
-            .field("recvs_in_flight", &self.recvs_in_flight)
+            .field("sends_in_flight", &self.books.sends_in_flight)
+            .field("recvs_in_flight", &self.books.recvs_in_flight)
             .finish()
     }
 }
@@ -593,7 +871,7 @@ impl QueuePair {
 
     /// Work requests posted and not yet polled (send, receive).
     pub fn in_flight(&self) -> (u32, u32) {
-        (self.sends_in_flight, self.recvs_in_flight)
+        (self.books.sends_in_flight, self.books.recvs_in_flight)
     }
 
     fn modify(
@@ -606,14 +884,6 @@ impl QueuePair {
         modify_qp(self.qp, attr, mask, to, attrs)
     }
 
-    fn park(&mut self, slot: Slot) -> usize {
-        self.slots.insert(slot)
-    }
-
-    fn unpark(&mut self, i: usize) -> Option<Slot> {
-        self.slots.remove(i)
-    }
-
     /// Posts a send-side operation on `range` of `region`. The region is
     /// the queue pair's until its completion is polled; on refusal it comes
     /// back in the [`PostError`].
@@ -624,108 +894,11 @@ impl QueuePair {
         range: Range<usize>,
         context: u64,
     ) -> Result<(), PostError> {
-        let refuse = |error, region| {
-            Err(PostError {
+        self.post_parked(op, region, range, context)
+            .map_err(|(error, region)| PostError {
                 error: Box::new(error),
                 region,
             })
-        };
-        let sge = match check_send(op, &region, &range) {
-            Ok(sge) => sge,
-            Err(error) => return refuse(error, region),
-        };
-        if self.sends_in_flight >= self.max_send_wr {
-            return refuse(
-                Error::SendQueueFull {
-                    depth: self.max_send_wr,
-                },
-                region,
-            );
-        }
-        let (opcode, remote, imm) = op.lower(true);
-        let slot = self.park(Slot {
-            context,
-            region,
-            send: true,
-        });
-        let raw = RawSend {
-            wr_id: slot as u64,
-            opcode,
-            sge,
-            remote: remote.map(|r| (r.addr, r.rkey)),
-            imm,
-        };
-        // SAFETY: the buffer `sge` points at is owned by the slot just
-        // parked and stays there until the completion is polled.
-        if let Err(error) = unsafe { self.post_send_raw(raw) } {
-            let slot = self.unpark(slot).expect("just parked");
-            return refuse(error, slot.region);
-        }
-        Ok(())
-    }
-
-    /// Whether the send queue has room for another request.
-    pub(crate) fn send_room(&self) -> u32 {
-        self.max_send_wr.saturating_sub(self.sends_in_flight)
-    }
-
-    /// Posts one send-side work request.
-    ///
-    /// # Safety
-    /// The memory `raw.sge` names must stay valid and untouched by safe
-    /// code until the request's completion is polled (or the queue pair is
-    /// destroyed after being drained).
-    pub(crate) unsafe fn post_send_raw(&mut self, raw: RawSend) -> Result<(), Error> {
-        if self.sends_in_flight >= self.max_send_wr {
-            return Err(Error::SendQueueFull {
-                depth: self.max_send_wr,
-            });
-        }
-        let mut sge = raw.sge;
-        let mut wr = ffi::ibv_send_wr {
-            wr_id: raw.wr_id,
-            next: std::ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: i32::from(sge.length > 0),
-            opcode: raw.opcode,
-            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
-                | if sge.length > 0
-                    && sge.length <= self.max_inline
-                    && raw.opcode != ffi::ibv_wr_opcode::IBV_WR_RDMA_READ
-                {
-                    ffi::ibv_send_flags::IBV_SEND_INLINE.0
-                } else {
-                    0
-                },
-            // SAFETY: all-zero is a valid value of this plain C struct.
-            ..unsafe { MaybeUninit::zeroed().assume_init() }
-        };
-        if let Some(imm) = raw.imm {
-            wr.__bindgen_anon_1.imm_data = imm.to_be();
-        }
-        if let Some((remote_addr, rkey)) = raw.remote {
-            wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
-        }
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: the QP is live; `wr` and `sge` outlive the call (the
-        // provider copies them into the send queue); the caller keeps the
-        // buffer alive until the completion.
-        let rc = unsafe {
-            let ctx = self.qp.as_ref().context;
-            match (*ctx).ops.post_send {
-                Some(post) => post(self.qp.as_ptr(), &mut wr, &mut bad),
-                None => libc_enosys(),
-            }
-        };
-        if rc != 0 {
-            return Err(Error::Verbs {
-                call: "ibv_post_send",
-                device: self.pd.context().name().to_string(),
-                source: io::Error::from_raw_os_error(rc),
-            });
-        }
-        self.sends_in_flight += 1;
-        Ok(())
     }
 
     /// Posts a receive into `range` of `region`.
@@ -745,15 +918,15 @@ impl QueuePair {
             let len = region.len();
             return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
         };
-        if self.recvs_in_flight >= self.max_recv_wr {
+        if self.books.recvs_in_flight >= self.books.max_recv_wr {
             return refuse(
                 Error::RecvQueueFull {
-                    depth: self.max_recv_wr,
+                    depth: self.books.max_recv_wr,
                 },
                 region,
             );
         }
-        let slot = self.park(Slot {
+        let slot = self.books.park(Slot {
             context,
             region,
             send: false,
@@ -774,7 +947,7 @@ impl QueuePair {
             }
         };
         if rc != 0 {
-            let slot = self.unpark(slot).expect("just parked");
+            let slot = self.books.unpark(slot).expect("just parked");
             return refuse(
                 Error::Verbs {
                     call: "ibv_post_recv",
@@ -784,14 +957,14 @@ impl QueuePair {
                 slot.region,
             );
         }
-        self.recvs_in_flight += 1;
+        self.books.recvs_in_flight += 1;
         Ok(())
     }
 
     /// Polls up to 32 completions into `out`; returns how many.
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
         let mut raw = Vec::new();
-        let n = self.poll_inner(out, &mut raw)?;
+        let n = Sink::poll(self, out, &mut raw)?;
         debug_assert!(
             raw.is_empty(),
             "raw work requests are polled by their owner"
@@ -799,9 +972,72 @@ impl QueuePair {
         Ok(n)
     }
 
-    /// Polls up to 32 completions: those of this queue pair's own work
-    /// requests into `out`, raw ones (see [`RAW_WR`]) into `raw`.
-    pub(crate) fn poll_inner(
+    /// Moves the queue pair to the error state: every outstanding request
+    /// completes with [`WcStatus::Flushed`] (or its real error).
+    pub fn set_error(&self) -> Result<(), Error> {
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        self.modify(
+            &mut attr,
+            ffi::ibv_qp_attr_mask::IBV_QP_STATE,
+            "ERR",
+            "state",
+        )
+    }
+}
+
+pub(crate) fn libc_enosys() -> i32 {
+    38
+}
+
+impl Sink for QueuePair {
+    type Region = MemoryRegion;
+
+    fn qpn(&self) -> u32 {
+        QueuePair::qpn(self)
+    }
+
+    fn books(&self) -> &Books<MemoryRegion> {
+        &self.books
+    }
+
+    fn books_mut(&mut self) -> &mut Books<MemoryRegion> {
+        &mut self.books
+    }
+
+    unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
+        if wr.num_sge == 1 && wr.opcode != ffi::ibv_wr_opcode::IBV_WR_RDMA_READ {
+            // SAFETY: `num_sge` is 1, so `sg_list` points at one valid sge.
+            let len = unsafe { (*wr.sg_list).length };
+            if len <= self.max_inline {
+                // Copied into the request now; the region is not read later.
+                wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+            }
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the QP is live; `wr` and its scatter list outlive the
+        // call (the provider copies them into the send queue); the caller
+        // keeps the buffer alive until the completion.
+        let rc = unsafe {
+            let ctx = self.qp.as_ref().context;
+            match (*ctx).ops.post_send {
+                Some(post) => post(self.qp.as_ptr(), wr, &mut bad),
+                None => libc_enosys(),
+            }
+        };
+        if rc != 0 {
+            return Err(Error::Verbs {
+                call: "ibv_post_send",
+                device: self.pd.context().name().to_string(),
+                source: io::Error::from_raw_os_error(rc),
+            });
+        }
+        Ok(())
+    }
+
+    fn poll(
         &mut self,
         out: &mut Vec<Completion>,
         raw: &mut Vec<RawCompletion>,
@@ -828,94 +1064,36 @@ impl QueuePair {
             let status = wc
                 .error()
                 .map_or(WcStatus::Success, |(s, _)| WcStatus::from_raw(s));
-            if wc.wr_id() & RAW_WR != 0 {
-                self.sends_in_flight -= 1;
-                raw.push(RawCompletion {
-                    wr_id: wc.wr_id(),
-                    status,
-                });
-                continue;
-            }
-            let Some(slot) = usize::try_from(wc.wr_id())
-                .ok()
-                .and_then(|i| self.unpark(i))
-            else {
-                tracing::error!(wr_id = wc.wr_id(), "completion for an unknown work request");
-                continue;
-            };
-            if slot.send {
-                self.sends_in_flight -= 1;
-            } else {
-                self.recvs_in_flight -= 1;
-            }
-            let opcode = if !status.is_success() {
-                Opcode::Unknown
-            } else {
-                use ffi::ibv_wc_opcode as o;
-                match wc.opcode() {
-                    o::IBV_WC_SEND => Opcode::Send,
-                    o::IBV_WC_RDMA_WRITE => Opcode::Write,
-                    o::IBV_WC_RDMA_READ => Opcode::Read,
-                    o::IBV_WC_RECV => Opcode::Recv,
-                    o::IBV_WC_RECV_RDMA_WITH_IMM => Opcode::RecvWithImm,
-                    _ => Opcode::Unknown,
-                }
-            };
-            out.push(Completion {
-                context: slot.context,
+            let wc = Wc {
+                wr_id: wc.wr_id(),
                 status,
-                opcode,
+                opcode: wc.opcode(),
                 byte_len: u32::try_from(wc.len()).unwrap_or(u32::MAX),
-                imm: wc.imm_data().map(u32::from_be),
-                region: slot.region,
-            });
+                imm: wc.imm_data(),
+            };
+            self.books.complete(wc, out, raw);
         }
         Ok(n)
     }
 
-    /// Moves the queue pair to the error state: every outstanding request
-    /// completes with [`WcStatus::Flushed`] (or its real error).
-    pub fn set_error(&self) -> Result<(), Error> {
-        let mut attr = ffi::ibv_qp_attr {
-            qp_state: ffi::ibv_qp_state::IBV_QPS_ERR,
-            ..Default::default()
-        };
-        self.modify(
-            &mut attr,
-            ffi::ibv_qp_attr_mask::IBV_QP_STATE,
-            "ERR",
-            "state",
-        )
-    }
-}
-
-pub(crate) fn libc_enosys() -> i32 {
-    38
-}
-
-impl QueuePair {
-    /// Flushes every outstanding request, waits (5 s at most) for the NIC
-    /// to complete them all, and destroys the queue pair. Returns whether
-    /// everything was drained: only then may the buffers of raw requests be
-    /// freed. Runs once; later calls return the first answer.
-    pub(crate) fn shutdown(&mut self) -> bool {
+    fn shutdown(&mut self) -> bool {
         if self.destroyed {
-            return self.sends_in_flight + self.recvs_in_flight == 0;
+            return self.books.outstanding() == 0;
         }
-        let outstanding = self.sends_in_flight + self.recvs_in_flight;
+        let outstanding = self.books.outstanding();
         if outstanding > 0 {
             let _ = self.set_error();
             let deadline = Instant::now() + Duration::from_secs(5);
             let (mut sink, mut raw) = (Vec::new(), Vec::new());
-            while self.sends_in_flight + self.recvs_in_flight > 0 && Instant::now() < deadline {
-                if self.poll_inner(&mut sink, &mut raw).is_err() {
+            while self.books.outstanding() > 0 && Instant::now() < deadline {
+                if Sink::poll(self, &mut sink, &mut raw).is_err() {
                     break;
                 }
                 sink.clear();
                 raw.clear();
             }
         }
-        let drained = self.sends_in_flight + self.recvs_in_flight == 0;
+        let drained = self.books.outstanding() == 0;
         tracing::debug!(outstanding, drained, "destroying queue pair");
         // SAFETY: the QP is ours and destroyed once (guarded by
         // `destroyed`), before its CQ.
@@ -928,8 +1106,8 @@ impl QueuePair {
                 drained,
                 "queue pair teardown incomplete; leaking in-flight buffers"
             );
-            for slot in self.slots.drain() {
-                std::mem::forget(slot.region);
+            for region in self.books.drain_regions() {
+                std::mem::forget(region);
             }
             return false;
         }
@@ -939,6 +1117,6 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        self.shutdown();
+        Sink::shutdown(self);
     }
 }

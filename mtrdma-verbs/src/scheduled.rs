@@ -35,7 +35,9 @@ use mtrdma_sched::{
 };
 
 use crate::completion::{Completion, Opcode, WcStatus};
-use crate::qp::{check_send, PostError, QueuePair, RawCompletion, RawSend, SendOp, RAW_WR};
+use crate::qp::{
+    check_send, PostError, QueuePair, RawCompletion, RawSend, Region, SendOp, Sink, RAW_WR,
+};
 use crate::slab::Slab;
 use crate::{Error, MemoryRegion};
 
@@ -134,23 +136,59 @@ impl Default for SharedConfig {
 /// ```
 #[derive(Clone)]
 pub struct SharedScheduler {
-    engine: Arc<Mutex<Engine>>,
+    shared: Shared<QueuePair>,
 }
 
 impl std::fmt::Debug for SharedScheduler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let e = self.lock();
-        f.debug_struct("SharedScheduler")
-            .field("queue_pairs", &e.members.len())
-            .field("queued", &e.sched.len())
-            .field("bulk_bytes_in_flight", &e.bulk_in_flight)
-            .finish()
+        self.shared.debug("SharedScheduler", f)
     }
 }
 
 impl SharedScheduler {
     /// A scheduler with no queue pairs yet.
     pub fn new(config: SharedConfig) -> Result<SharedScheduler, Error> {
+        Ok(SharedScheduler {
+            shared: Shared::new(config)?,
+        })
+    }
+
+    /// Sets `tenant`'s weight and caps (also while it runs: a changed cap
+    /// keeps its rate state). A tenant without one gets the weight of its
+    /// quota table policy, or 1.
+    pub fn set_policy(&self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
+        self.shared.set_policy(tenant, policy)
+    }
+
+    /// Bulk bytes posted by the scheduler's queue pairs and not yet
+    /// completed.
+    pub fn bulk_bytes_in_flight(&self) -> u64 {
+        self.shared.bulk_bytes_in_flight()
+    }
+
+    /// Queue pairs attached.
+    pub fn queue_pairs(&self) -> usize {
+        self.shared.queue_pairs()
+    }
+}
+
+/// The engine behind a [`SharedScheduler`], for queue pairs whose work
+/// requests go to any [`Sink`]: the device's send queues, or a null sink
+/// on the host ([`crate::bench`]).
+pub(crate) struct Shared<S: Sink> {
+    engine: Arc<Mutex<Engine<S>>>,
+}
+
+impl<S: Sink> Clone for Shared<S> {
+    fn clone(&self) -> Self {
+        Shared {
+            engine: Arc::clone(&self.engine),
+        }
+    }
+}
+
+impl<S: Sink> Shared<S> {
+    pub(crate) fn new(config: SharedConfig) -> Result<Shared<S>, Error> {
         let sched_config = SchedulerConfig {
             chunk_bytes: config.chunk_bytes,
             quantum_bytes: config.chunk_bytes,
@@ -158,7 +196,7 @@ impl SharedScheduler {
             ..SchedulerConfig::default()
         };
         let sched = TenantScheduler::new(sched_config).map_err(schedule_error)?;
-        Ok(SharedScheduler {
+        Ok(Shared {
             engine: Arc::new(Mutex::new(Engine {
                 sched,
                 chunk_bytes: config.chunk_bytes,
@@ -178,10 +216,26 @@ impl SharedScheduler {
         })
     }
 
-    /// Sets `tenant`'s weight and caps (also while it runs: a changed cap
-    /// keeps its rate state). A tenant without one gets the weight of its
-    /// quota table policy, or 1.
-    pub fn set_policy(&self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
+    /// A scheduler of its own for one queue pair.
+    pub(crate) fn single(config: &ScheduleConfig) -> Result<Shared<S>, Error> {
+        Shared::new(SharedConfig {
+            chunk_bytes: config.chunk_bytes,
+            // One queue pair: `max_pieces_in_flight` is its bound.
+            bulk_bytes_in_flight: u64::MAX,
+            ..SharedConfig::default()
+        })
+    }
+
+    pub(crate) fn debug(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let e = self.lock();
+        f.debug_struct(name)
+            .field("queue_pairs", &e.members.len())
+            .field("queued", &e.sched.len())
+            .field("bulk_bytes_in_flight", &e.bulk_in_flight)
+            .finish()
+    }
+
+    pub(crate) fn set_policy(&self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
         let mut e = self.lock();
         e.sched.set_policy(tenant, policy).map_err(schedule_error)?;
         if !e.explicit.contains(&tenant) {
@@ -190,57 +244,26 @@ impl SharedScheduler {
         Ok(())
     }
 
-    /// Bulk bytes posted by the scheduler's queue pairs and not yet
-    /// completed.
-    pub fn bulk_bytes_in_flight(&self) -> u64 {
+    pub(crate) fn bulk_bytes_in_flight(&self) -> u64 {
         self.lock().bulk_in_flight
     }
 
-    /// Queue pairs attached.
-    pub fn queue_pairs(&self) -> usize {
+    pub(crate) fn queue_pairs(&self) -> usize {
         self.lock().members.len()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Engine> {
+    fn lock(&self) -> MutexGuard<'_, Engine<S>> {
         lock(&self.engine)
     }
-}
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The engine's invariants hold between calls; a panic in another
-    // thread's call does not leave them half-changed in a way that matters
-    // more than refusing every later call would.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn schedule_error(e: impl std::fmt::Display) -> Error {
-    Error::Schedule(e.to_string())
-}
-
-impl QueuePair {
-    /// Routes this queue pair's sends through a scheduler of its own.
-    pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledQueuePair, Error> {
-        let shared = SharedScheduler::new(SharedConfig {
-            chunk_bytes: config.chunk_bytes,
-            // One queue pair: `max_pieces_in_flight` is its bound.
-            bulk_bytes_in_flight: u64::MAX,
-            ..SharedConfig::default()
-        })?;
-        self.scheduled_on(&shared, config)
-    }
-
-    /// Routes this queue pair's sends through `shared`, together with the
-    /// other queue pairs attached to it.
-    pub fn scheduled_on(
-        self,
-        shared: &SharedScheduler,
-        config: ScheduleConfig,
-    ) -> Result<ScheduledQueuePair, Error> {
+    /// Attaches `sink`: its sends are scheduled with the other queue pairs
+    /// of this scheduler.
+    pub(crate) fn attach(&self, sink: S, config: ScheduleConfig) -> Result<Scheduled<S>, Error> {
         let (tenant, class) = match &config.tenant {
             Some(t) => (t.tenant(), t.class()),
             None => (config.tenant_id.unwrap_or(TenantId(0)), config.class),
         };
-        let mut e = shared.lock();
+        let mut e = self.lock();
         if !e.explicit.contains(&tenant) {
             let weight = config
                 .tenant
@@ -251,9 +274,9 @@ impl QueuePair {
                 .set_policy(tenant, TenantPolicy::weight(weight))
                 .map_err(schedule_error)?;
         }
-        let (qpn, sq_room) = (self.qpn(), self.send_room());
+        let (qpn, sq_room) = (sink.qpn(), sink.send_room());
         let side = Arc::new(Side {
-            qp: Mutex::new(self),
+            qp: Mutex::new(sink),
             book: Mutex::new(Book::default()),
         });
         let member = e.members.insert(Member {
@@ -272,8 +295,8 @@ impl QueuePair {
         });
         let (wake_at, clock) = (Arc::clone(&e.wake_at), e.clock.clone());
         drop(e);
-        Ok(ScheduledQueuePair {
-            engine: Arc::clone(&shared.engine),
+        Ok(Scheduled {
+            engine: Arc::clone(&self.engine),
             side,
             wake_at,
             clock,
@@ -285,52 +308,73 @@ impl QueuePair {
     }
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The engine's invariants hold between calls; a panic in another
+    // thread's call does not leave them half-changed in a way that matters
+    // more than refusing every later call would.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn schedule_error(e: impl std::fmt::Display) -> Error {
+    Error::Schedule(e.to_string())
+}
+
+fn post_error((error, region): (Error, MemoryRegion)) -> PostError {
+    PostError {
+        error: Box::new(error),
+        region,
+    }
+}
+
+impl QueuePair {
+    /// Routes this queue pair's sends through a scheduler of its own.
+    pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledQueuePair, Error> {
+        let inner = Shared::single(&config)?.attach(self, config)?;
+        Ok(ScheduledQueuePair { inner })
+    }
+
+    /// Routes this queue pair's sends through `shared`, together with the
+    /// other queue pairs attached to it.
+    pub fn scheduled_on(
+        self,
+        shared: &SharedScheduler,
+        config: ScheduleConfig,
+    ) -> Result<ScheduledQueuePair, Error> {
+        let inner = shared.shared.attach(self, config)?;
+        Ok(ScheduledQueuePair { inner })
+    }
+}
+
 /// A queue pair whose sends are scheduled (see the module docs).
 pub struct ScheduledQueuePair {
-    engine: Arc<Mutex<Engine>>,
-    /// Its queue pair and finished requests: polled without the engine's
-    /// lock, which is taken only when there is scheduling to do.
-    side: Arc<Side>,
-    /// When the engine next wants a pump without a completion (the
-    /// engine's clock; `u64::MAX`: not before a completion or a post).
-    wake_at: Arc<AtomicU64>,
-    clock: QuantaClock,
-    member: usize,
-    qpn: u32,
-    tenant: TenantId,
-    class: TrafficClass,
+    inner: Scheduled<QueuePair>,
 }
 
 impl std::fmt::Debug for ScheduledQueuePair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ScheduledQueuePair")
-            .field("qpn", &self.qpn)
-            .field("tenant", &self.tenant)
-            .field("class", &self.class)
-            .field("queued", &self.queued())
-            .finish()
+        self.inner.debug("ScheduledQueuePair", f)
     }
 }
 
 impl ScheduledQueuePair {
     /// The queue pair number.
     pub fn qpn(&self) -> u32 {
-        self.qpn
+        self.inner.qpn
     }
 
     /// The tenant its sends are scheduled as.
     pub fn tenant(&self) -> TenantId {
-        self.tenant
+        self.inner.tenant
     }
 
     /// Its traffic class.
     pub fn class(&self) -> TrafficClass {
-        self.class
+        self.inner.class
     }
 
     /// Send requests accepted and not yet handed back by [`poll`](Self::poll).
     pub fn queued(&self) -> usize {
-        lock(&self.engine).member(self.member).accepted
+        self.inner.queued()
     }
 
     /// Accepts a send-side request. It is posted now if the scheduler lets
@@ -345,13 +389,9 @@ impl ScheduledQueuePair {
         range: Range<usize>,
         context: u64,
     ) -> Result<(), PostError> {
-        if let Err(error) = check_send(op, &region, &range) {
-            return Err(PostError {
-                error: Box::new(error),
-                region,
-            });
-        }
-        self.with_engine(|e| e.post_send(self.member, op, region, range, context))
+        self.inner
+            .post_send(op, region, range, context)
+            .map_err(post_error)
     }
 
     /// Posts a receive (receives are not scheduled).
@@ -361,13 +401,73 @@ impl ScheduledQueuePair {
         range: Range<usize>,
         context: u64,
     ) -> Result<(), PostError> {
-        lock(&self.side.qp).post_recv(region, range, context)
+        self.inner
+            .with_sink(|qp| qp.post_recv(region, range, context))
     }
 
     /// Reaps completions, posts what the scheduler lets go next, and moves
     /// finished requests (one completion each, region handed back) and
     /// receives into `out`. Returns how many it added.
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
+        self.inner.poll(out)
+    }
+}
+
+/// What a finished request of a queue pair of sink `S` is handed back as.
+pub(crate) type Done<S> = <<S as Sink>::Region as Region>::Completion;
+
+/// A queue pair attached to a [`Shared`] engine: what
+/// [`ScheduledQueuePair`] is, for any [`Sink`].
+pub(crate) struct Scheduled<S: Sink> {
+    engine: Arc<Mutex<Engine<S>>>,
+    /// Its queue pair and finished requests: polled without the engine's
+    /// lock, which is taken only when there is scheduling to do.
+    side: Arc<Side<S>>,
+    /// When the engine next wants a pump without a completion (the
+    /// engine's clock; `u64::MAX`: not before a completion or a post).
+    wake_at: Arc<AtomicU64>,
+    clock: QuantaClock,
+    member: usize,
+    qpn: u32,
+    tenant: TenantId,
+    class: TrafficClass,
+}
+
+impl<S: Sink> Scheduled<S> {
+    pub(crate) fn debug(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(name)
+            .field("qpn", &self.qpn)
+            .field("tenant", &self.tenant)
+            .field("class", &self.class)
+            .field("queued", &self.queued())
+            .finish()
+    }
+
+    pub(crate) fn queued(&self) -> usize {
+        lock(&self.engine).member(self.member).accepted
+    }
+
+    /// Runs `f` on the queue pair (not on the engine).
+    pub(crate) fn with_sink<R>(&self, f: impl FnOnce(&mut S) -> R) -> R {
+        f(&mut lock(&self.side.qp))
+    }
+
+    /// See [`ScheduledQueuePair::post_send`].
+    pub(crate) fn post_send(
+        &mut self,
+        op: SendOp,
+        region: S::Region,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), (Error, S::Region)> {
+        if let Err(error) = check_send(op, &region, &range) {
+            return Err((error, region));
+        }
+        self.with_engine(|e| e.post_send(self.member, op, region, range, context))
+    }
+
+    /// See [`ScheduledQueuePair::poll`].
+    pub(crate) fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
         let before = out.len();
         let polled = self.side.poll(out);
         let pieces_done = !lock(&self.side.book).raw.is_empty();
@@ -396,7 +496,7 @@ impl ScheduledQueuePair {
     /// unless they have waited longer than [`HELP_AFTER_NS`]: then a bulk
     /// queue pair posts them (never a latency one, whose thread must not
     /// be held up by other tenants' work).
-    fn with_engine<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
+    fn with_engine<R>(&self, f: impl FnOnce(&mut Engine<S>) -> R) -> R {
         let mut e = lock(&self.engine);
         let result = f(&mut e);
         let now = e.clock.now().0;
@@ -418,7 +518,7 @@ impl ScheduledQueuePair {
     }
 }
 
-impl Drop for ScheduledQueuePair {
+impl<S: Sink> Drop for Scheduled<S> {
     fn drop(&mut self) {
         self.with_engine(|e| e.detach(self.member));
     }
@@ -434,11 +534,11 @@ struct PieceRef {
 }
 
 /// One send request and the pieces of it still in the NIC.
-struct Message {
+struct Message<R> {
     member: usize,
     seq: u64,
     op: SendOp,
-    region: MemoryRegion,
+    region: R,
     start: usize,
     len: u64,
     context: u64,
@@ -463,25 +563,35 @@ struct InFlight {
 /// post and to poll, `book` only for moments. Lock order: engine, then
 /// `qp`, then `book`; the engine only ever tries `qp` (`reap_others`) or
 /// takes it to tear down (`detach`).
-struct Side {
-    qp: Mutex<QueuePair>,
-    book: Mutex<Book>,
+struct Side<S: Sink> {
+    qp: Mutex<S>,
+    book: Mutex<Book<Done<S>>>,
 }
 
 /// A queue pair's bookkeeping between the engine and its owner.
-#[derive(Default)]
-struct Book {
+struct Book<C> {
     /// Pieces the engine decided to post, in order, posted by `flush`.
     to_post: VecDeque<RawSend>,
     /// When the oldest of `to_post` was decided (the engine's clock).
     decided_at: u64,
     /// Finished requests and receives waiting for the owner's poll.
-    done: Vec<Completion>,
+    done: Vec<C>,
     /// Completions of pieces polled and not yet matched to their requests.
     raw: Vec<RawCompletion>,
 }
 
-impl Side {
+impl<C> Default for Book<C> {
+    fn default() -> Self {
+        Book {
+            to_post: VecDeque::new(),
+            decided_at: 0,
+            done: Vec::new(),
+            raw: Vec::new(),
+        }
+    }
+}
+
+impl<S: Sink> Side<S> {
     /// Posts the pieces the engine queued, in order. A piece the NIC
     /// refuses completes as failed at the next poll.
     fn flush(&self) {
@@ -500,7 +610,7 @@ impl Side {
             // all, until every piece decided for it has completed or failed
             // (`finish_if_done` counts decided pieces), or forever if the
             // queue pair cannot be drained (`detach`).
-            if let Err(e) = unsafe { qp.post_send_raw(piece) } {
+            if let Err(e) = unsafe { qp.post(piece) } {
                 tracing::warn!(error = %e, "posting a scheduled piece failed");
                 lock(&self.book).raw.push(RawCompletion {
                     wr_id,
@@ -512,9 +622,9 @@ impl Side {
 
     /// Polls the completion queue: receives and finished requests go to
     /// `out`, piece completions to the book for the engine.
-    fn poll(&self, out: &mut Vec<Completion>) -> Result<usize, Error> {
+    fn poll(&self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
         let mut raw = Vec::new();
-        let polled = lock(&self.qp).poll_inner(out, &mut raw);
+        let polled = lock(&self.qp).poll(out, &mut raw);
         let mut book = lock(&self.book);
         book.raw.append(&mut raw);
         out.append(&mut book.done);
@@ -528,7 +638,7 @@ impl Side {
             return Ok(());
         };
         let (mut done, mut raw) = (Vec::new(), Vec::new());
-        let polled = qp.poll_inner(&mut done, &mut raw);
+        let polled = qp.poll(&mut done, &mut raw);
         let mut book = lock(&self.book);
         book.done.append(&mut done);
         book.raw.append(&mut raw);
@@ -537,8 +647,8 @@ impl Side {
 }
 
 /// One attached queue pair.
-struct Member {
-    side: Arc<Side>,
+struct Member<S: Sink> {
+    side: Arc<Side<S>>,
     /// Send queue slots for its pieces.
     sq_room: u32,
     tenant: TenantId,
@@ -563,7 +673,7 @@ struct Member {
 
 /// Everything behind a [`SharedScheduler`]: the queue pairs, their
 /// requests, and the one scheduler that orders them.
-struct Engine {
+struct Engine<S: Sink> {
     sched: TenantScheduler<PieceRef>,
     chunk_bytes: u64,
     /// Bound on `bulk_in_flight`.
@@ -571,8 +681,8 @@ struct Engine {
     bulk_in_flight: u64,
     /// Latency-class descriptors in `sched`.
     latency_queued: usize,
-    members: Slab<Member>,
-    messages: Slab<Message>,
+    members: Slab<Member<S>>,
+    messages: Slab<Message<S::Region>>,
     /// Members with pending pieces.
     waiting: Vec<usize>,
     pending_total: usize,
@@ -583,7 +693,7 @@ struct Engine {
     /// Shared with the queue pairs: see `ScheduledQueuePair::wake_at`.
     wake_at: Arc<AtomicU64>,
     /// Sides with pieces to post once the engine's lock is released.
-    flush: Vec<Arc<Side>>,
+    flush: Vec<Arc<Side<S>>>,
 }
 
 /// How often queue pairs that hold bulk budget are polled by the others
@@ -594,14 +704,14 @@ const REAP_INTERVAL_NS: u64 = 100_000;
 /// them before another thread does.
 const HELP_AFTER_NS: u64 = 1_000_000;
 
-impl Engine {
-    fn member(&self, member: usize) -> &Member {
+impl<S: Sink> Engine<S> {
+    fn member(&self, member: usize) -> &Member<S> {
         self.members
             .get(member)
             .expect("a queue pair's member entry lives as long as it does")
     }
 
-    fn member_mut(&mut self, member: usize) -> &mut Member {
+    fn member_mut(&mut self, member: usize) -> &mut Member<S> {
         self.members
             .get_mut(member)
             .expect("a queue pair's member entry lives as long as it does")
@@ -616,10 +726,10 @@ impl Engine {
         &mut self,
         member: usize,
         op: SendOp,
-        region: MemoryRegion,
+        region: S::Region,
         range: Range<usize>,
         context: u64,
-    ) -> Result<(), PostError> {
+    ) -> Result<(), (Error, S::Region)> {
         let len = (range.end - range.start) as u64;
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -685,10 +795,7 @@ impl Engine {
         if let Err(rejected) = self.sched.enqueue(descriptor, now) {
             self.member_mut(member).accepted -= 1;
             let message = self.messages.remove(message).expect("just stored");
-            return Err(PostError {
-                error: Box::new(Error::Schedule(rejected.reason.to_string())),
-                region: message.region,
-            });
+            return Err((Error::Schedule(rejected.reason.to_string()), message.region));
         }
         if latency {
             self.latency_queued += 1;
@@ -959,18 +1066,15 @@ impl Engine {
         }
         let m = self.messages.remove(message).expect("checked above");
         let ok = m.status.is_success();
-        let completion = Completion {
-            context: m.context,
-            status: m.status,
-            opcode: if ok {
-                m.op.completion_opcode()
-            } else {
-                Opcode::Unknown
-            },
-            byte_len: u32::try_from(m.len).unwrap_or(u32::MAX),
-            imm: None,
-            region: m.region,
+        let opcode = if ok {
+            m.op.completion_opcode()
+        } else {
+            Opcode::Unknown
         };
+        let byte_len = u32::try_from(m.len).unwrap_or(u32::MAX);
+        let completion = m
+            .region
+            .complete(m.context, m.status, opcode, byte_len, None);
         if let Some(owner) = self.members.get_mut(m.member) {
             owner.accepted -= 1;
             lock(&owner.side.book).done.push(completion);

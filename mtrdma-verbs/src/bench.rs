@@ -1,0 +1,746 @@
+//! Host stand-ins for the device, to measure and test the data path
+//! without an RDMA device. Not a stable API: for mtrdma's own benches and
+//! tests.
+//!
+//! A [`NullSink`] takes the place of a connected queue pair. The code that
+//! runs is the library's own, through the same seam a [`QueuePair`] uses,
+//! up to the provider's `post_send` and from its `poll_cq`: on the direct
+//! path ([`NullSink::post_send`], what [`QueuePair::post_send`] does) the
+//! region is parked under its `wr_id` and the `ibv_send_wr` is built; on
+//! the scheduled path ([`NullScheduled`], what a [`ScheduledQueuePair`]
+//! does) the request goes through the scheduler engine, its pieces are
+//! built and posted the same way. Where the provider would take the work
+//! request, the null sink copies it into a ring (no allocation per work
+//! request); its poll completes, in order, what was posted.
+//!
+//! [`QueuePair`]: crate::QueuePair
+//! [`QueuePair::post_send`]: crate::QueuePair::post_send
+//! [`ScheduledQueuePair`]: crate::ScheduledQueuePair
+
+use std::io;
+use std::ops::Range;
+
+use ibverbs_sys as ffi;
+use mtrdma_core::TenantId;
+use mtrdma_sched::TenantPolicy;
+
+use crate::completion::{Opcode, WcStatus};
+use crate::qp::{Books, RawCompletion, Region, SendOp, Sink, Wc};
+use crate::scheduled::{Scheduled, Shared};
+use crate::{Error, ScheduleConfig, SharedConfig};
+
+/// A plain heap buffer standing in for a [`MemoryRegion`](crate::MemoryRegion).
+#[derive(Debug)]
+pub struct HeapRegion {
+    buf: Box<[u8]>,
+    lkey: u32,
+}
+
+impl HeapRegion {
+    /// `len` zeroed bytes, with a made-up local key.
+    pub fn new(len: usize) -> HeapRegion {
+        HeapRegion {
+            buf: vec![0; len].into_boxed_slice(),
+            lkey: 0x1234,
+        }
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// The bytes, to change.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+
+    /// The address of its first byte.
+    pub fn addr(&self) -> u64 {
+        self.buf.as_ptr() as u64
+    }
+}
+
+impl Region for HeapRegion {
+    type Completion = HostCompletion;
+
+    fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn sge(&self, range: &Range<usize>) -> Option<ffi::ibv_sge> {
+        if range.start > range.end || range.end > self.buf.len() {
+            return None;
+        }
+        Some(ffi::ibv_sge {
+            addr: self.addr() + range.start as u64,
+            length: u32::try_from(range.end - range.start).ok()?,
+            lkey: self.lkey,
+        })
+    }
+
+    fn complete(
+        self,
+        context: u64,
+        status: WcStatus,
+        opcode: Opcode,
+        byte_len: u32,
+        imm: Option<u32>,
+    ) -> HostCompletion {
+        HostCompletion {
+            context,
+            status,
+            opcode,
+            byte_len,
+            imm,
+            region: self,
+        }
+    }
+}
+
+/// A finished request on the host: [`Completion`](crate::Completion)
+/// with a [`HeapRegion`].
+#[derive(Debug)]
+pub struct HostCompletion {
+    /// The caller's value given when posting.
+    pub context: u64,
+    /// How it ended.
+    pub status: WcStatus,
+    /// What it was.
+    pub opcode: Opcode,
+    /// Bytes transferred.
+    pub byte_len: u32,
+    /// Immediate data.
+    pub imm: Option<u32>,
+    /// The region, handed back.
+    pub region: HeapRegion,
+}
+
+/// A work request as the null sink took it from the `ibv_send_wr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Posted {
+    /// Its `wr_id`.
+    pub wr_id: u64,
+    /// The verbs opcode (`ibv_wr_opcode`).
+    pub opcode: u32,
+    /// Local address of the data.
+    pub addr: u64,
+    /// Bytes.
+    pub length: u32,
+    /// Local key.
+    pub lkey: u32,
+    /// Remote address (WRITE, READ).
+    pub remote_addr: u64,
+    /// Remote key (WRITE, READ).
+    pub rkey: u32,
+    /// Immediate data (host order), for the opcodes that carry it.
+    pub imm: Option<u32>,
+}
+
+/// A send queue that goes nowhere (see the module docs).
+pub struct NullSink {
+    books: Books<HeapRegion>,
+    /// Posted and not yet completed, oldest at `head`; as many slots as
+    /// the send queue is deep.
+    ring: Box<[Posted]>,
+    head: usize,
+    queued: usize,
+    fail: bool,
+    log: Option<Vec<Posted>>,
+    qpn: u32,
+}
+
+impl std::fmt::Debug for NullSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NullSink")
+            .field("qpn", &self.qpn)
+            .field("sends_in_flight", &self.books.sends_in_flight)
+            .field("queued", &self.queued)
+            .field("fail", &self.fail)
+            .finish()
+    }
+}
+
+impl NullSink {
+    /// A null send queue `depth` requests deep, numbered `qpn`.
+    pub fn new(qpn: u32, depth: u32) -> NullSink {
+        let depth = depth.max(1);
+        NullSink {
+            books: Books::new(depth, 0),
+            ring: vec![Posted::default(); depth as usize].into_boxed_slice(),
+            head: 0,
+            queued: 0,
+            fail: false,
+            log: None,
+            qpn,
+        }
+    }
+
+    /// Also keeps every work request posted, for [`take_log`](Self::take_log).
+    pub fn recording(mut self) -> NullSink {
+        self.log = Some(Vec::new());
+        self
+    }
+
+    /// From now on, refuses (`fail`) or takes every post.
+    pub fn set_fail(&mut self, fail: bool) {
+        self.fail = fail;
+    }
+
+    /// The work requests posted since the last call, in order (if
+    /// [`recording`](Self::recording)).
+    pub fn take_log(&mut self) -> Vec<Posted> {
+        self.log.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Send requests posted and not yet polled.
+    pub fn sends_in_flight(&self) -> u32 {
+        self.books.sends_in_flight
+    }
+
+    /// The direct path: what [`QueuePair::post_send`](crate::QueuePair::post_send)
+    /// does, the region parked until its completion is polled.
+    pub fn post_send(
+        &mut self,
+        op: SendOp,
+        region: HeapRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), (Error, HeapRegion)> {
+        self.post_parked(op, region, range, context)
+    }
+
+    /// What [`QueuePair::poll`](crate::QueuePair::poll) does: up to 32
+    /// completions of what was posted, regions handed back.
+    pub fn poll(&mut self, out: &mut Vec<HostCompletion>) -> Result<usize, Error> {
+        let mut raw = Vec::new();
+        let n = Sink::poll(self, out, &mut raw)?;
+        debug_assert!(
+            raw.is_empty(),
+            "raw work requests are polled by their owner"
+        );
+        Ok(n)
+    }
+
+    fn completion(posted: &Posted, status: WcStatus) -> Wc {
+        use ffi::ibv_wc_opcode as c;
+        use ffi::ibv_wr_opcode as o;
+        let opcode = match posted.opcode {
+            o::IBV_WR_RDMA_WRITE | o::IBV_WR_RDMA_WRITE_WITH_IMM => c::IBV_WC_RDMA_WRITE,
+            o::IBV_WR_RDMA_READ => c::IBV_WC_RDMA_READ,
+            _ => c::IBV_WC_SEND,
+        };
+        Wc {
+            wr_id: posted.wr_id,
+            status,
+            opcode,
+            byte_len: posted.length,
+            imm: None,
+        }
+    }
+}
+
+impl Sink for NullSink {
+    type Region = HeapRegion;
+
+    fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    fn books(&self) -> &Books<HeapRegion> {
+        &self.books
+    }
+
+    fn books_mut(&mut self) -> &mut Books<HeapRegion> {
+        &mut self.books
+    }
+
+    unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
+        if self.fail || self.queued == self.ring.len() {
+            return Err(Error::Verbs {
+                call: "ibv_post_send",
+                device: "null".to_string(),
+                source: io::Error::from_raw_os_error(12),
+            });
+        }
+        let sge = if wr.num_sge > 0 {
+            // SAFETY: the caller's `wr` names one valid scatter entry.
+            unsafe { *wr.sg_list }
+        } else {
+            ffi::ibv_sge::default()
+        };
+        // SAFETY: the request was built from an all-zero value, so both
+        // union members are initialised plain integers.
+        let (rdma, imm) = unsafe { (wr.wr.rdma, wr.__bindgen_anon_1.imm_data) };
+        use ffi::ibv_wr_opcode as o;
+        let with_imm = matches!(
+            wr.opcode,
+            o::IBV_WR_SEND_WITH_IMM | o::IBV_WR_RDMA_WRITE_WITH_IMM
+        );
+        let posted = Posted {
+            wr_id: wr.wr_id,
+            opcode: wr.opcode,
+            addr: sge.addr,
+            length: sge.length,
+            lkey: sge.lkey,
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+            imm: with_imm.then(|| u32::from_be(imm)),
+        };
+        let at = (self.head + self.queued) % self.ring.len();
+        self.ring[at] = posted;
+        self.queued += 1;
+        if let Some(log) = &mut self.log {
+            log.push(posted);
+        }
+        Ok(())
+    }
+
+    fn poll(
+        &mut self,
+        out: &mut Vec<HostCompletion>,
+        raw: &mut Vec<RawCompletion>,
+    ) -> Result<usize, Error> {
+        let n = self.queued.min(32);
+        for _ in 0..n {
+            let wc = Self::completion(&self.ring[self.head], WcStatus::Success);
+            self.head = (self.head + 1) % self.ring.len();
+            self.queued -= 1;
+            self.books.complete(wc, out, raw);
+        }
+        Ok(n)
+    }
+
+    fn shutdown(&mut self) -> bool {
+        // Everything still queued is flushed, as on a queue pair moved to
+        // the error state.
+        let (mut out, mut raw) = (Vec::new(), Vec::new());
+        while self.queued > 0 {
+            let wc = Self::completion(&self.ring[self.head], WcStatus::Flushed);
+            self.head = (self.head + 1) % self.ring.len();
+            self.queued -= 1;
+            self.books.complete(wc, &mut out, &mut raw);
+        }
+        true
+    }
+}
+
+/// A [`SharedScheduler`](crate::SharedScheduler) for null sinks.
+#[derive(Clone)]
+pub struct NullScheduler {
+    shared: Shared<NullSink>,
+}
+
+impl std::fmt::Debug for NullScheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.shared.debug("NullScheduler", f)
+    }
+}
+
+impl NullScheduler {
+    /// See [`SharedScheduler::new`](crate::SharedScheduler::new).
+    pub fn new(config: SharedConfig) -> Result<NullScheduler, Error> {
+        Ok(NullScheduler {
+            shared: Shared::new(config)?,
+        })
+    }
+
+    /// See [`SharedScheduler::set_policy`](crate::SharedScheduler::set_policy).
+    pub fn set_policy(&self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
+        self.shared.set_policy(tenant, policy)
+    }
+
+    /// See [`SharedScheduler::bulk_bytes_in_flight`](crate::SharedScheduler::bulk_bytes_in_flight).
+    pub fn bulk_bytes_in_flight(&self) -> u64 {
+        self.shared.bulk_bytes_in_flight()
+    }
+
+    /// See [`SharedScheduler::queue_pairs`](crate::SharedScheduler::queue_pairs).
+    pub fn queue_pairs(&self) -> usize {
+        self.shared.queue_pairs()
+    }
+
+    /// See [`QueuePair::scheduled_on`](crate::QueuePair::scheduled_on).
+    pub fn attach(&self, sink: NullSink, config: ScheduleConfig) -> Result<NullScheduled, Error> {
+        Ok(NullScheduled {
+            inner: self.shared.attach(sink, config)?,
+        })
+    }
+}
+
+/// See [`QueuePair::scheduled`](crate::QueuePair::scheduled): a null sink
+/// on a scheduler of its own.
+pub fn scheduled(sink: NullSink, config: ScheduleConfig) -> Result<NullScheduled, Error> {
+    Ok(NullScheduled {
+        inner: Shared::single(&config)?.attach(sink, config)?,
+    })
+}
+
+/// A [`ScheduledQueuePair`](crate::ScheduledQueuePair) on a null sink.
+pub struct NullScheduled {
+    inner: Scheduled<NullSink>,
+}
+
+impl std::fmt::Debug for NullScheduled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.debug("NullScheduled", f)
+    }
+}
+
+impl NullScheduled {
+    /// See [`ScheduledQueuePair::post_send`](crate::ScheduledQueuePair::post_send).
+    pub fn post_send(
+        &mut self,
+        op: SendOp,
+        region: HeapRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), (Error, HeapRegion)> {
+        self.inner.post_send(op, region, range, context)
+    }
+
+    /// See [`ScheduledQueuePair::poll`](crate::ScheduledQueuePair::poll).
+    pub fn poll(&mut self, out: &mut Vec<HostCompletion>) -> Result<usize, Error> {
+        self.inner.poll(out)
+    }
+
+    /// See [`ScheduledQueuePair::queued`](crate::ScheduledQueuePair::queued).
+    pub fn queued(&self) -> usize {
+        self.inner.queued()
+    }
+
+    /// Runs `f` on its null sink.
+    pub fn with_sink<R>(&self, f: impl FnOnce(&mut NullSink) -> R) -> R {
+        self.inner.with_sink(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RemoteRegion;
+    use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateCap};
+
+    const REMOTE: RemoteRegion = RemoteRegion {
+        addr: 0x7000_0000,
+        len: 1 << 20,
+        rkey: 0x42,
+    };
+
+    /// A 64 B region whose first bytes say `tag`.
+    fn tagged(tag: u64) -> HeapRegion {
+        let mut r = HeapRegion::new(64);
+        r.as_mut_slice()[..8].copy_from_slice(&tag.to_le_bytes());
+        r
+    }
+
+    fn tag(r: &HeapRegion) -> u64 {
+        u64::from_le_bytes(r.as_slice()[..8].try_into().unwrap())
+    }
+
+    fn post(qp: &mut NullScheduled, op: SendOp, region: HeapRegion, len: usize, context: u64) {
+        if let Err((e, _)) = qp.post_send(op, region, 0..len, context) {
+            panic!("refused: {e}");
+        }
+    }
+
+    /// Polls until `want` completions came (or gives up).
+    fn drain(qp: &mut NullScheduled, want: usize) -> Vec<HostCompletion> {
+        let mut out = Vec::new();
+        for _ in 0..100_000 {
+            if out.len() >= want {
+                break;
+            }
+            qp.poll(&mut out).unwrap();
+        }
+        out
+    }
+
+    #[test]
+    fn direct_path_parks_the_region_and_hands_it_back() {
+        let mut sink = NullSink::new(1, 2).recording();
+        for i in 0..2 {
+            sink.post_send(SendOp::Write(REMOTE), tagged(i), 0..64, i)
+                .unwrap();
+        }
+        let (e, r) = sink
+            .post_send(SendOp::Write(REMOTE), tagged(9), 0..64, 9)
+            .unwrap_err();
+        assert!(matches!(e, Error::SendQueueFull { depth: 2 }), "{e}");
+        assert_eq!(tag(&r), 9, "the refused region comes back");
+        let (e, r) = sink
+            .post_send(SendOp::Write(REMOTE), r, 0..65, 9)
+            .unwrap_err();
+        assert!(matches!(e, Error::LocalRangeOutOfBounds { .. }), "{e}");
+        let mut out = Vec::new();
+        assert_eq!(sink.poll(&mut out).unwrap(), 2);
+        let got: Vec<_> = out.iter().map(|c| (c.context, tag(&c.region))).collect();
+        assert_eq!(got, [(0, 0), (1, 1)]);
+        assert!(out
+            .iter()
+            .all(|c| (c.status, c.opcode, c.byte_len) == (WcStatus::Success, Opcode::Write, 64)));
+        let log = sink.take_log();
+        assert_eq!(log.len(), 2);
+        assert_eq!(
+            (log[0].remote_addr, log[0].rkey, log[0].length),
+            (REMOTE.addr, 0x42, 64)
+        );
+        sink.set_fail(true);
+        let (_, r) = sink
+            .post_send(SendOp::Write(REMOTE), r, 0..64, 9)
+            .unwrap_err();
+        assert_eq!(tag(&r), 9);
+        assert_eq!(sink.sends_in_flight(), 0);
+    }
+
+    #[test]
+    fn every_request_completes_once_with_its_region_in_order() {
+        let config = ScheduleConfig {
+            max_pieces_in_flight: 4,
+            ..ScheduleConfig::default()
+        };
+        let mut qp = scheduled(NullSink::new(1, 16), config).unwrap();
+        for i in 0..100 {
+            post(&mut qp, SendOp::Write(REMOTE), tagged(i), 64, i);
+            assert!(qp.with_sink(|s| s.sends_in_flight()) <= 4);
+        }
+        assert_eq!(qp.queued(), 100);
+        let mut out = Vec::new();
+        while out.len() < 100 {
+            qp.poll(&mut out).unwrap();
+            assert!(
+                qp.with_sink(|s| s.sends_in_flight()) <= 4,
+                "at most max_pieces_in_flight in the NIC"
+            );
+        }
+        assert_eq!(out.len(), 100);
+        for (i, c) in out.iter().enumerate() {
+            assert_eq!(c.context, i as u64, "one queue pair completes in order");
+            assert_eq!(tag(&c.region), i as u64, "its own region back");
+            assert_eq!(
+                (c.status, c.opcode, c.byte_len),
+                (WcStatus::Success, Opcode::Write, 64)
+            );
+        }
+        assert_eq!(qp.queued(), 0);
+        let mut more = Vec::new();
+        qp.poll(&mut more).unwrap();
+        assert!(more.is_empty(), "nothing completes twice");
+        assert_eq!(qp.with_sink(|s| s.sends_in_flight()), 0);
+    }
+
+    #[test]
+    fn a_shallow_send_queue_bounds_the_pieces_posted() {
+        let mut qp = scheduled(NullSink::new(1, 2), ScheduleConfig::default()).unwrap();
+        for i in 0..10 {
+            post(&mut qp, SendOp::Send, tagged(i), 64, i);
+        }
+        assert_eq!(qp.with_sink(|s| s.sends_in_flight()), 2);
+        let out = drain(&mut qp, 10);
+        let contexts: Vec<u64> = out.iter().map(|c| c.context).collect();
+        assert_eq!(contexts, (0..10).collect::<Vec<_>>());
+        assert!(out.iter().all(|c| c.opcode == Opcode::Send));
+    }
+
+    #[test]
+    fn chunked_write_pieces_go_in_order_with_their_offsets() {
+        let config = ScheduleConfig {
+            chunk_bytes: 4096,
+            max_pieces_in_flight: 2,
+            ..ScheduleConfig::default()
+        };
+        let mut qp = scheduled(NullSink::new(1, 16).recording(), config).unwrap();
+        let region = HeapRegion::new(16_384);
+        let base = region.addr();
+        let remote = RemoteRegion {
+            addr: 0x9000_0000,
+            len: 10_000,
+            rkey: 5,
+        };
+        let op = SendOp::WriteWithImm(remote, 42);
+        if let Err((e, _)) = qp.post_send(op, region, 100..10_100, 9) {
+            panic!("refused: {e}");
+        }
+        let done = drain(&mut qp, 1);
+        assert_eq!(done.len(), 1, "one completion for the whole request");
+        let c = &done[0];
+        assert_eq!(
+            (c.context, c.status, c.opcode, c.byte_len),
+            (9, WcStatus::Success, Opcode::Write, 10_000)
+        );
+        assert_eq!(c.region.addr(), base, "its region back");
+        let log = qp.with_sink(NullSink::take_log);
+        let lens = [4096, 4096, 1808];
+        assert_eq!(log.len(), lens.len());
+        use ffi::ibv_wr_opcode as o;
+        for (k, (p, len)) in log.iter().zip(lens).enumerate() {
+            let offset = 4096 * k as u64;
+            assert_eq!(p.addr, base + 100 + offset, "piece {k}: local offset");
+            assert_eq!(p.length, len, "piece {k}: length");
+            assert_eq!(
+                p.remote_addr,
+                remote.addr + offset,
+                "piece {k}: remote offset"
+            );
+            assert_eq!((p.rkey, p.lkey), (5, 0x1234));
+            let last = k == lens.len() - 1;
+            let want = if last {
+                (o::IBV_WR_RDMA_WRITE_WITH_IMM, Some(42))
+            } else {
+                (o::IBV_WR_RDMA_WRITE, None)
+            };
+            assert_eq!(
+                (p.opcode, p.imm),
+                want,
+                "only the last piece carries the immediate"
+            );
+        }
+        let mut more = Vec::new();
+        qp.poll(&mut more).unwrap();
+        assert!(more.is_empty());
+    }
+
+    #[test]
+    fn a_refused_post_comes_back_as_a_failed_completion() {
+        let mut qp = scheduled(NullSink::new(1, 16), ScheduleConfig::default()).unwrap();
+        qp.with_sink(|s| s.set_fail(true));
+        post(&mut qp, SendOp::Write(REMOTE), tagged(7), 64, 7);
+        let done = drain(&mut qp, 1);
+        assert_eq!(done.len(), 1);
+        let c = &done[0];
+        assert_eq!(
+            (c.context, c.status, c.opcode),
+            (7, WcStatus::LocalQpOperation, Opcode::Unknown)
+        );
+        assert_eq!(tag(&c.region), 7, "its region back");
+        assert_eq!(qp.queued(), 0);
+
+        // A chunked request whose second piece is refused: one failed
+        // completion, the rest of its pieces dropped.
+        qp.with_sink(|s| s.set_fail(false));
+        let config = ScheduleConfig {
+            chunk_bytes: 1024,
+            max_pieces_in_flight: 1,
+            ..ScheduleConfig::default()
+        };
+        let mut qp = scheduled(NullSink::new(1, 16).recording(), config).unwrap();
+        if let Err((e, _)) = qp.post_send(SendOp::Write(REMOTE), HeapRegion::new(4096), 0..4096, 3)
+        {
+            panic!("refused: {e}");
+        }
+        assert_eq!(
+            qp.with_sink(|s| s.take_log().len()),
+            1,
+            "one piece at a time"
+        );
+        qp.with_sink(|s| s.set_fail(true));
+        let done = drain(&mut qp, 1);
+        assert_eq!(done.len(), 1);
+        assert_eq!(
+            (done[0].context, done[0].status, done[0].region.len()),
+            (3, WcStatus::LocalQpOperation, 4096)
+        );
+        assert_eq!(qp.queued(), 0);
+        qp.with_sink(|s| s.set_fail(false));
+        post(&mut qp, SendOp::Write(REMOTE), tagged(4), 64, 4);
+        let done = drain(&mut qp, 1);
+        assert_eq!((done[0].context, done[0].status), (4, WcStatus::Success));
+    }
+
+    #[test]
+    fn queue_pairs_of_eight_tenants_each_get_their_own_requests_back() {
+        let shared = NullScheduler::new(SharedConfig {
+            chunk_bytes: 1024,
+            bulk_bytes_in_flight: 4096,
+            ..SharedConfig::default()
+        })
+        .unwrap();
+        let mut qps: Vec<NullScheduled> = (0..8u32)
+            .map(|i| {
+                let config = ScheduleConfig {
+                    tenant_id: Some(TenantId(i + 1)),
+                    ..ScheduleConfig::default()
+                };
+                shared.attach(NullSink::new(i, 16), config).unwrap()
+            })
+            .collect();
+        assert_eq!(shared.queue_pairs(), 8);
+        for (q, qp) in qps.iter_mut().enumerate() {
+            for i in 0..20u64 {
+                let context = q as u64 * 1000 + i;
+                let region = HeapRegion::new(3000);
+                if let Err((e, _)) = qp.post_send(SendOp::Write(REMOTE), region, 0..3000, context) {
+                    panic!("refused: {e}");
+                }
+            }
+        }
+        assert!(shared.bulk_bytes_in_flight() <= 4096);
+        let mut got: Vec<Vec<u64>> = vec![Vec::new(); 8];
+        let mut out = Vec::new();
+        for _ in 0..100_000 {
+            if got.iter().map(Vec::len).sum::<usize>() == 160 {
+                break;
+            }
+            for (q, qp) in qps.iter_mut().enumerate() {
+                qp.poll(&mut out).unwrap();
+                assert!(
+                    shared.bulk_bytes_in_flight() <= 4096,
+                    "the bulk budget holds"
+                );
+                got[q].extend(out.drain(..).map(|c| {
+                    assert_eq!((c.status, c.byte_len), (WcStatus::Success, 3000));
+                    c.context
+                }));
+            }
+        }
+        for (q, contexts) in got.iter().enumerate() {
+            let want: Vec<u64> = (0..20).map(|i| q as u64 * 1000 + i).collect();
+            assert_eq!(
+                contexts, &want,
+                "queue pair {q}: its own, once each, in order"
+            );
+        }
+        assert_eq!(shared.bulk_bytes_in_flight(), 0);
+        drop(qps);
+        assert_eq!(shared.queue_pairs(), 0);
+    }
+
+    #[test]
+    fn a_tenant_handle_accounts_every_request() {
+        let tenant = mtrdma_core::TenantPolicy::new(TenantId(1), "host")
+            .with_rate(RateCap::new(1 << 40, 1 << 30));
+        let policy = Policy::new(LinkConfig::new(1 << 40), vec![tenant]);
+        let table = QuotaTable::embedded(&policy).unwrap();
+        let handle = table.attach(TenantId(1)).unwrap();
+        let config = ScheduleConfig {
+            tenant: Some(handle),
+            ..ScheduleConfig::default()
+        };
+        let mut qp = scheduled(NullSink::new(1, 16), config).unwrap();
+        for i in 0..50 {
+            post(&mut qp, SendOp::Write(REMOTE), tagged(i), 64, i);
+        }
+        let done = drain(&mut qp, 50);
+        assert_eq!(done.len(), 50);
+        assert!(done.iter().all(|c| c.status.is_success()));
+    }
+
+    #[test]
+    fn dropping_a_scheduled_queue_pair_with_work_queued_frees_it() {
+        let mut qp = scheduled(NullSink::new(1, 4), ScheduleConfig::default()).unwrap();
+        for i in 0..10 {
+            post(&mut qp, SendOp::Write(REMOTE), tagged(i), 64, i);
+        }
+        drop(qp);
+    }
+}
