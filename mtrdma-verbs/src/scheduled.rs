@@ -25,8 +25,8 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
 use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
 use mtrdma_sched::{
@@ -212,6 +212,10 @@ impl<S: Sink> Shared<S> {
                 clock: QuantaClock::new(),
                 wake_at: Arc::new(AtomicU64::new(u64::MAX)),
                 flush: Vec::new(),
+                caller: usize::MAX,
+                own_pieces: Vec::new(),
+                own_done: Vec::new(),
+                scratch: Vec::new(),
             })),
         })
     }
@@ -278,6 +282,7 @@ impl<S: Sink> Shared<S> {
         let side = Arc::new(Side {
             qp: Mutex::new(sink),
             book: Mutex::new(Book::default()),
+            mail: AtomicBool::new(false),
         });
         let member = e.members.insert(Member {
             side: Arc::clone(&side),
@@ -300,6 +305,9 @@ impl<S: Sink> Shared<S> {
             side,
             wake_at,
             clock,
+            raw: Vec::new(),
+            pieces: Vec::new(),
+            sides: Vec::new(),
             member,
             qpn,
             tenant,
@@ -427,6 +435,12 @@ pub(crate) struct Scheduled<S: Sink> {
     /// engine's clock; `u64::MAX`: not before a completion or a post).
     wake_at: Arc<AtomicU64>,
     clock: QuantaClock,
+    /// Piece completions polled and not yet matched (kept for its capacity).
+    raw: Vec<RawCompletion>,
+    /// Own pieces the engine decided, to post (kept for its capacity).
+    pieces: Vec<RawSend>,
+    /// Other queue pairs' sides to post for (kept for its capacity).
+    sides: Vec<Arc<Side<S>>>,
     member: usize,
     qpn: u32,
     tenant: TenantId,
@@ -463,55 +477,115 @@ impl<S: Sink> Scheduled<S> {
         if let Err(error) = check_send(op, &region, &range) {
             return Err((error, region));
         }
-        self.with_engine(|e| e.post_send(self.member, op, region, range, context))
+        let member = self.member;
+        self.with_engine(|e| e.post_send(member, op, region, range, context))
     }
 
     /// See [`ScheduledQueuePair::poll`].
     pub(crate) fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
         let before = out.len();
-        let polled = self.side.poll(out);
-        let pieces_done = !lock(&self.side.book).raw.is_empty();
-        // Pieces another thread's pump decided for this queue pair.
-        self.side.flush();
+        let mut raw = std::mem::take(&mut self.raw);
+        let polled = lock(&self.side.qp).poll(out, &mut raw);
+        // What the engine or other threads left for this queue pair.
+        if self.side.mail.load(Ordering::Acquire) {
+            let to_post = {
+                let mut book = lock(&self.side.book);
+                self.side.mail.store(false, Ordering::Relaxed);
+                out.append(&mut book.done);
+                raw.append(&mut book.raw);
+                !book.to_post.is_empty()
+            };
+            if to_post {
+                self.side.flush();
+            }
+        }
         // Only a finished piece or a due wake-up gives the scheduler
         // something to do; otherwise the engine's lock is left to others.
-        let due = self.clock.now().0 >= self.wake_at.load(Ordering::Acquire);
-        if pieces_done || due {
+        let wake = self.wake_at.load(Ordering::Acquire);
+        let due = wake != u64::MAX && self.clock.now().0 >= wake;
+        if !raw.is_empty() || due {
+            let member = self.member;
             self.with_engine(|e| {
-                // A finished latency piece frees no budget: unless a
-                // wake-up is due, there is nothing new to decide.
-                if e.process(self.member) || due {
+                e.process(member, &raw);
+                // With nothing queued or waiting there is nothing to decide
+                // unless a wake-up is due.
+                if due || !e.sched.is_empty() || !e.waiting.is_empty() {
                     e.pump();
                 }
+                out.append(&mut e.own_done);
             });
-            out.append(&mut lock(&self.side.book).done);
         }
+        raw.clear();
+        self.raw = raw;
         polled.map(|_| out.len() - before)
     }
 
     /// Runs `f` on the engine, then posts what it decided outside the
     /// engine's lock: posting can be slow (SoftRoCE moves the data in the
-    /// posting thread) and must not hold up the other queue pairs. Pieces
-    /// decided for other queue pairs are left to their owners' next poll,
-    /// unless they have waited longer than [`HELP_AFTER_NS`]: then a bulk
-    /// queue pair posts them (never a latency one, whose thread must not
-    /// be held up by other tenants' work).
-    fn with_engine<R>(&self, f: impl FnOnce(&mut Engine<S>) -> R) -> R {
+    /// posting thread) and must not hold up the other queue pairs.
+    ///
+    /// Pieces decided for this queue pair are posted by this thread, which
+    /// takes the queue pair's lock before letting go of the engine's, so
+    /// they keep their order. Pieces decided for other queue pairs are left
+    /// to their owners' next poll, unless they have waited longer than
+    /// [`HELP_AFTER_NS`]: then a bulk queue pair posts them (never a
+    /// latency one, whose thread must not be held up by other tenants'
+    /// work).
+    fn with_engine<R>(&mut self, f: impl FnOnce(&mut Engine<S>) -> R) -> R {
         let mut e = lock(&self.engine);
+        e.caller = self.member;
         let result = f(&mut e);
-        let now = e.clock.now().0;
-        let helps = self.class == TrafficClass::Bulk;
-        let mut sides = Vec::new();
-        e.flush.retain(|s| {
-            let due = Arc::ptr_eq(s, &self.side)
-                || (helps && now.saturating_sub(lock(&s.book).decided_at) >= HELP_AFTER_NS);
-            if due {
-                sides.push(Arc::clone(s));
+        e.caller = usize::MAX;
+        std::mem::swap(&mut self.pieces, &mut e.own_pieces);
+        if !e.own_done.is_empty() {
+            // Finished while posting (another queue pair's poll reaped
+            // them): the next poll hands them over.
+            let mut book = lock(&self.side.book);
+            book.done.append(&mut e.own_done);
+            self.side.mail.store(true, Ordering::Release);
+        }
+        if !e.flush.is_empty() {
+            let now = e.clock.now().0;
+            let helps = self.class == TrafficClass::Bulk;
+            let (own, sides) = (&self.side, &mut self.sides);
+            e.flush.retain(|s| {
+                let due = Arc::ptr_eq(s, own)
+                    || (helps && now.saturating_sub(lock(&s.book).decided_at) >= HELP_AFTER_NS);
+                if due {
+                    sides.push(Arc::clone(s));
+                }
+                !due
+            });
+        }
+        let qp = if self.pieces.is_empty() {
+            None
+        } else {
+            match self.side.qp.try_lock() {
+                Ok(qp) => Some(qp),
+                Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(TryLockError::WouldBlock) => {
+                    // Another thread is posting for this queue pair: queue
+                    // these behind its pieces for it (or the next poll).
+                    let mut book = lock(&self.side.book);
+                    if book.to_post.is_empty() {
+                        book.decided_at = e.clock.now().0;
+                    }
+                    book.to_post.extend(self.pieces.drain(..));
+                    self.side.mail.store(true, Ordering::Release);
+                    if !e.flush.iter().any(|s| Arc::ptr_eq(s, &self.side)) {
+                        e.flush.push(Arc::clone(&self.side));
+                    }
+                    None
+                }
             }
-            !due
-        });
+        };
         drop(e);
-        for side in sides {
+        if let Some(mut qp) = qp {
+            for piece in self.pieces.drain(..) {
+                self.side.post(&mut qp, piece);
+            }
+        }
+        for side in self.sides.drain(..) {
             side.flush();
         }
         result
@@ -520,7 +594,8 @@ impl<S: Sink> Scheduled<S> {
 
 impl<S: Sink> Drop for Scheduled<S> {
     fn drop(&mut self) {
-        self.with_engine(|e| e.detach(self.member));
+        let member = self.member;
+        self.with_engine(|e| e.detach(member));
     }
 }
 
@@ -566,6 +641,10 @@ struct InFlight {
 struct Side<S: Sink> {
     qp: Mutex<S>,
     book: Mutex<Book<Done<S>>>,
+    /// Whether `book` may hold something for the owner (set under the
+    /// book's lock by whoever adds; cleared by the owner under it), so an
+    /// owner's poll with nothing new takes no lock but the queue pair's.
+    mail: AtomicBool,
 }
 
 /// A queue pair's bookkeeping between the engine and its owner.
@@ -592,8 +671,7 @@ impl<C> Default for Book<C> {
 }
 
 impl<S: Sink> Side<S> {
-    /// Posts the pieces the engine queued, in order. A piece the NIC
-    /// refuses completes as failed at the next poll.
+    /// Posts the pieces the engine queued, in order.
     fn flush(&self) {
         if lock(&self.book).to_post.is_empty() {
             return;
@@ -604,31 +682,35 @@ impl<S: Sink> Side<S> {
             let Some(piece) = lock(&self.book).to_post.pop_front() else {
                 return;
             };
-            let wr_id = piece.wr_id;
-            // SAFETY: the piece lies inside its message's region (checked
-            // at `post_send`), and the engine keeps the message, region and
-            // all, until every piece decided for it has completed or failed
-            // (`finish_if_done` counts decided pieces), or forever if the
-            // queue pair cannot be drained (`detach`).
-            if let Err(e) = unsafe { qp.post(piece) } {
-                tracing::warn!(error = %e, "posting a scheduled piece failed");
-                lock(&self.book).raw.push(RawCompletion {
-                    wr_id,
-                    status: WcStatus::LocalQpOperation,
-                });
-            }
+            self.post(&mut qp, piece);
         }
     }
 
-    /// Polls the completion queue: receives and finished requests go to
-    /// `out`, piece completions to the book for the engine.
-    fn poll(&self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
-        let mut raw = Vec::new();
-        let polled = lock(&self.qp).poll(out, &mut raw);
+    /// Posts one piece on `qp` (this side's, locked by the caller). A
+    /// piece the NIC refuses completes as failed at the next poll.
+    fn post(&self, qp: &mut S, piece: RawSend) {
+        let wr_id = piece.wr_id;
+        // SAFETY: the piece lies inside its message's region (checked at
+        // `post_send`), and the engine keeps the message, region and all,
+        // until every piece decided for it has completed or failed
+        // (`finish_if_done` counts decided pieces), or forever if the queue
+        // pair cannot be drained (`detach`).
+        if let Err(e) = unsafe { qp.post(piece) } {
+            tracing::warn!(error = %e, "posting a scheduled piece failed");
+            self.deliver(|book| {
+                book.raw.push(RawCompletion {
+                    wr_id,
+                    status: WcStatus::LocalQpOperation,
+                })
+            });
+        }
+    }
+
+    /// Leaves something in the book for the owner's next poll.
+    fn deliver(&self, f: impl FnOnce(&mut Book<Done<S>>)) {
         let mut book = lock(&self.book);
-        book.raw.append(&mut raw);
-        out.append(&mut book.done);
-        polled
+        f(&mut book);
+        self.mail.store(true, Ordering::Release);
     }
 
     /// Polls into the book (for the engine, on the owner's behalf);
@@ -639,9 +721,12 @@ impl<S: Sink> Side<S> {
         };
         let (mut done, mut raw) = (Vec::new(), Vec::new());
         let polled = qp.poll(&mut done, &mut raw);
-        let mut book = lock(&self.book);
-        book.done.append(&mut done);
-        book.raw.append(&mut raw);
+        if !done.is_empty() || !raw.is_empty() {
+            self.deliver(|book| {
+                book.done.append(&mut done);
+                book.raw.append(&mut raw);
+            });
+        }
         polled.map(|_| ())
     }
 }
@@ -694,6 +779,14 @@ struct Engine<S: Sink> {
     wake_at: Arc<AtomicU64>,
     /// Sides with pieces to post once the engine's lock is released.
     flush: Vec<Arc<Side<S>>>,
+    /// The member whose owner holds the engine's lock (`usize::MAX`: none).
+    caller: usize,
+    /// Pieces decided for `caller`, which it posts itself.
+    own_pieces: Vec<RawSend>,
+    /// Requests of `caller` that finished, which it takes itself.
+    own_done: Vec<Done<S>>,
+    /// Piece completions being matched (kept for its capacity).
+    scratch: Vec<RawCompletion>,
 }
 
 /// How often queue pairs that hold bulk budget are polled by the others
@@ -773,7 +866,7 @@ impl<S: Sink> Engine<S> {
             && (latency || self.bulk_fits(len));
         if fast {
             self.add_backlog(member, len);
-            self.make_pending(Grant {
+            let grant = Grant {
                 tenant,
                 class,
                 op: kind,
@@ -781,11 +874,13 @@ impl<S: Sink> Engine<S> {
                 offset: 0,
                 len,
                 is_last: true,
-            });
-            self.drain_member(member);
-            if !self.member(member).pending.is_empty() {
-                // Held back (by its shared rate limit): the wake-up time
+            };
+            if self.rate_allows(member, len) {
+                self.post_piece(member, grant);
+            } else {
+                // Held back by its shared rate limit: the wake-up time
                 // must say when to try again.
+                self.make_pending(grant);
                 self.pump();
             }
             return Ok(());
@@ -850,21 +945,34 @@ impl<S: Sink> Engine<S> {
             if !budget_ok {
                 return;
             }
-            let m = self.member_mut(member);
-            let len = m.pending.front().map_or(0, |g| g.len);
-            if let Some(q) = &m.quota {
-                let now = q.now_ns();
-                if now < m.retry_at {
-                    return;
-                }
-                if let Err(at) = q.check_rate(now, len, 1) {
-                    m.retry_at = at;
-                    return;
-                }
+            let len = self.member(member).pending.front().map_or(0, |g| g.len);
+            if !self.rate_allows(member, len) {
+                return;
             }
+            let m = self.member_mut(member);
             let grant = m.pending.pop_front().expect("checked above");
             self.pending_total -= 1;
             self.post_piece(member, grant);
+        }
+    }
+
+    /// Whether `member`'s tenant may post `len` bytes now by its shared rate
+    /// limit (charging it if so; otherwise noting when to try again).
+    fn rate_allows(&mut self, member: usize, len: u64) -> bool {
+        let m = self.member_mut(member);
+        let Some(q) = &m.quota else {
+            return true;
+        };
+        let now = q.now_ns();
+        if now < m.retry_at {
+            return false;
+        }
+        match q.check_rate(now, len, 1) {
+            Ok(()) => true,
+            Err(at) => {
+                m.retry_at = at;
+                false
+            }
         }
     }
 
@@ -951,26 +1059,29 @@ impl<S: Sink> Engine<S> {
     /// Polls `member`'s completion queue: receives go to its `done`, pieces
     /// are matched to their requests, and finished requests go to `done`.
     fn reap(&mut self, member: usize) -> Result<(), Error> {
-        let result = self.member(member).side.try_reap();
-        self.process(member);
+        let side = Arc::clone(&self.member(member).side);
+        let result = side.try_reap();
+        let mut raw = std::mem::take(&mut self.scratch);
+        if side.mail.load(Ordering::Acquire) {
+            std::mem::swap(&mut raw, &mut lock(&side.book).raw);
+        }
+        self.process(member, &raw);
+        raw.clear();
+        self.scratch = raw;
         result
     }
 
     /// Matches the piece completions `member`'s side has collected to
-    /// their requests. Returns whether that freed room for more pieces
-    /// (bulk budget, or slots of a queue pair with pieces waiting).
-    fn process(&mut self, member: usize) -> bool {
-        let raw = std::mem::take(&mut lock(&self.member(member).side.book).raw);
-        let mut freed = !self.member(member).pending.is_empty() || self.latency_queued > 0;
-        for c in &raw {
+    /// their requests.
+    fn process(&mut self, member: usize, raw: &[RawCompletion]) {
+        for c in raw {
             let message = (c.wr_id & !RAW_WR) as usize;
-            freed |= self.piece_done(member, message, c.status);
+            self.piece_done(member, message, c.status);
         }
-        freed
     }
 
-    /// Accounts one finished piece; returns whether it was a bulk one.
-    fn piece_done(&mut self, member: usize, message: usize, status: WcStatus) -> bool {
+    /// Accounts one finished piece.
+    fn piece_done(&mut self, member: usize, message: usize, status: WcStatus) {
         let m = self.member_mut(member);
         let at = match m.in_flight.front() {
             Some(p) if p.message == message => Some(0),
@@ -978,7 +1089,7 @@ impl<S: Sink> Engine<S> {
         };
         let Some(piece) = at.and_then(|at| m.in_flight.remove(at)) else {
             tracing::error!(message, "completion for a piece that is not in flight");
-            return false;
+            return;
         };
         if piece.bulk {
             self.bulk_in_flight -= piece.len;
@@ -990,7 +1101,6 @@ impl<S: Sink> Engine<S> {
             }
         }
         self.finish_if_done(message);
-        piece.bulk
     }
 
     fn post_piece(&mut self, member: usize, grant: Grant<PieceRef>) {
@@ -1044,12 +1154,19 @@ impl<S: Sink> Engine<S> {
         if bulk {
             self.bulk_in_flight += grant.len;
         }
-        let mut book = lock(&m.side.book);
-        if book.to_post.is_empty() {
-            book.decided_at = self.clock.now().0;
+        if member == self.caller && !m.side.mail.load(Ordering::Acquire) {
+            // Its owner holds the engine and posts it on the way out; no
+            // piece of it waits in the book (that would set the mail).
+            self.own_pieces.push(raw);
+            return;
         }
-        book.to_post.push_back(raw);
-        drop(book);
+        let now = self.clock.now().0;
+        m.side.deliver(|book| {
+            if book.to_post.is_empty() {
+                book.decided_at = now;
+            }
+            book.to_post.push_back(raw);
+        });
         if !self.flush.iter().any(|s| Arc::ptr_eq(s, &m.side)) {
             self.flush.push(Arc::clone(&m.side));
         }
@@ -1077,7 +1194,11 @@ impl<S: Sink> Engine<S> {
             .complete(m.context, m.status, opcode, byte_len, None);
         if let Some(owner) = self.members.get_mut(m.member) {
             owner.accepted -= 1;
-            lock(&owner.side.book).done.push(completion);
+            if m.member == self.caller {
+                self.own_done.push(completion);
+            } else {
+                owner.side.deliver(|book| book.done.push(completion));
+            }
         }
     }
 
