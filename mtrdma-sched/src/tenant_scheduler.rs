@@ -3,7 +3,7 @@
 //! shaped by its GCRA caps.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 
 use mtrdma_core::{TenantId, TrafficClass};
 
@@ -14,6 +14,7 @@ use crate::gcra::Gcra;
 use crate::guard::StarvationGuard;
 use crate::id_hash::TenantIndex;
 use crate::policy::{SchedulerConfig, TenantPolicy};
+use crate::ring::Ring;
 use crate::time::Nanos;
 use crate::Scheduler;
 
@@ -303,7 +304,7 @@ pub struct TenantScheduler<H> {
     cold: Vec<Cold>,
     nodes: Nodes<H>,
     free: Vec<u32>,
-    rings: [VecDeque<u32>; 2],
+    rings: [Ring; 2],
     timers: BinaryHeap<Reverse<(u64, u32, u64)>>,
     timer_gen: u64,
     guard: StarvationGuard,
@@ -326,7 +327,7 @@ impl<H: Clone> TenantScheduler<H> {
             cold: Vec::new(),
             nodes: Nodes::new(),
             free: Vec::new(),
-            rings: [VecDeque::new(), VecDeque::new()],
+            rings: [Ring::new(), Ring::new()],
             timers: BinaryHeap::new(),
             timer_gen: 0,
             len: 0,
@@ -522,7 +523,7 @@ impl<H: Clone> TenantScheduler<H> {
                 self.fast_forward(CLASS);
                 misses = 0;
             }
-            let &s = self.rings[CLASS].front()?;
+            let s = self.rings[CLASS].front()?;
             let hot = &mut self.hot[s as usize];
             let lane = &mut hot.lanes[CLASS];
             if lane.head == NIL || hot.flags & PARKED != 0 {
@@ -539,7 +540,7 @@ impl<H: Clone> TenantScheduler<H> {
             if lane.deficit <= 0 {
                 // Still paying for a piece larger than its quantum.
                 hot.flags &= !in_turn(CLASS);
-                self.rings[CLASS].rotate_left(1);
+                self.rings[CLASS].rotate();
                 misses += 1;
                 continue;
             }
@@ -592,7 +593,7 @@ impl<H: Clone> TenantScheduler<H> {
                 self.rings[CLASS].pop_front();
             } else if lane.deficit <= 0 {
                 hot.flags &= !in_turn(CLASS);
-                self.rings[CLASS].rotate_left(1);
+                self.rings[CLASS].rotate();
             }
             if CLASS == LATENCY {
                 let bulk_waiting = !self.rings[BULK].is_empty();
@@ -629,14 +630,14 @@ impl<H: Clone> TenantScheduler<H> {
     fn fast_forward(&mut self, class: usize) {
         let rounds = self.rings[class]
             .iter()
-            .map(|&s| {
+            .map(|s| {
                 let hot = &self.hot[s as usize];
                 let debt = -hot.lanes[class].deficit;
                 debt.max(0) / hot.quantum + 1
             })
             .min()
             .unwrap_or(1);
-        for &s in &self.rings[class] {
+        for s in self.rings[class].iter() {
             let hot = &mut self.hot[s as usize];
             hot.lanes[class].deficit += (rounds - 1) * hot.quantum;
         }
@@ -676,6 +677,7 @@ fn update_cap(
 }
 
 impl<H: Clone> Scheduler<H> for TenantScheduler<H> {
+    #[inline]
     fn enqueue(&mut self, d: Descriptor<H>, _now: Nanos) -> Result<(), Rejected<H>> {
         let Some(s) = self.index.get(d.tenant) else {
             return Err(reject(RejectReason::UnknownTenant(d.tenant), d));
@@ -705,6 +707,7 @@ impl<H: Clone> Scheduler<H> for TenantScheduler<H> {
         self.len += 1;
         Ok(())
     }
+    #[inline]
     fn dequeue(&mut self, now: Nanos) -> Dequeue<H> {
         if self.len == 0 {
             return Dequeue::Empty;
