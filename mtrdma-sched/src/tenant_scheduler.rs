@@ -68,7 +68,7 @@ impl<H> Nodes<H> {
 
     /// Stores `d` in a node of its own (linked to nothing) and returns it.
     ///
-    /// Panics if 2^32 - 1 descriptors are queued already (hundreds of GiB).
+    /// Panics if 2^32 - 1 descriptors are queued already (at least 96 GiB).
     #[inline]
     fn alloc(&mut self, d: Descriptor<H>) -> u32 {
         if let Some(node) = self.nodes.get_mut(self.free as usize) {
@@ -275,6 +275,10 @@ pub struct Drained<H> {
 ///
 /// With only weights set it is work conserving: a tenant that goes idle
 /// leaves the ring at once and the others share its bytes.
+///
+/// Queued descriptors live in one arena with `u32` indices: enqueueing
+/// panics if 2^32 - 1 descriptors are already queued across all tenants
+/// (at least 96 GiB of them).
 ///
 /// ```
 /// use mtrdma_core::{TenantId, TrafficClass};
