@@ -68,6 +68,7 @@ mod gcra;
 mod guard;
 mod id_hash;
 mod policy;
+mod ring;
 pub mod sim;
 mod tenant_scheduler;
 mod time;

@@ -3,7 +3,7 @@
 //! shaped by its GCRA caps.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 
 use mtrdma_core::{TenantId, TrafficClass};
 
@@ -14,6 +14,7 @@ use crate::gcra::Gcra;
 use crate::guard::StarvationGuard;
 use crate::id_hash::TenantIndex;
 use crate::policy::{SchedulerConfig, TenantPolicy};
+use crate::ring::Ring;
 use crate::time::Nanos;
 use crate::Scheduler;
 
@@ -34,32 +35,163 @@ fn cost(len: u64) -> i64 {
     i64::try_from(len.max(1)).unwrap_or(i64::MAX)
 }
 
-/// One tenant's FIFO of one class, with its DRR state.
+/// No node: the end of a list, or an empty queue.
+const NIL: u32 = u32::MAX;
+
+/// One descriptor in the node arena, linked to the next one of the same
+/// tenant and class (or, while free, to the next free node).
 #[derive(Debug)]
+struct Node<H> {
+    descriptor: Option<Descriptor<H>>,
+    next: u32,
+}
+
+/// The descriptors of every tenant in one arena. Each tenant's FIFO of one
+/// class is a linked list of node indices, so queueing allocates nothing
+/// once the arena has grown to the peak backlog, and a tenant's queue costs
+/// no allocation (and no cache line) of its own. Freed nodes are reused
+/// last in, first out, while their cache line is still warm.
+#[derive(Debug)]
+struct Nodes<H> {
+    nodes: Vec<Node<H>>,
+    /// Head of the free list.
+    free: u32,
+}
+
+impl<H> Nodes<H> {
+    fn new() -> Self {
+        Nodes {
+            nodes: Vec::new(),
+            free: NIL,
+        }
+    }
+
+    /// Stores `d` in a node of its own (linked to nothing) and returns it.
+    ///
+    /// Panics if 2^32 - 1 descriptors are queued already (at least 96 GiB).
+    #[inline]
+    fn alloc(&mut self, d: Descriptor<H>) -> u32 {
+        if let Some(node) = self.nodes.get_mut(self.free as usize) {
+            let n = self.free;
+            self.free = node.next;
+            node.descriptor = Some(d);
+            node.next = NIL;
+            return n;
+        }
+        let n = u32::try_from(self.nodes.len())
+            .ok()
+            .filter(|&n| n != NIL)
+            .expect("at most 2^32 - 1 descriptors queued at once");
+        self.nodes.push(Node {
+            descriptor: Some(d),
+            next: NIL,
+        });
+        n
+    }
+
+    /// The descriptor in node `n`.
+    #[inline]
+    fn get(&self, n: u32) -> Option<&Descriptor<H>> {
+        self.nodes.get(n as usize)?.descriptor.as_ref()
+    }
+
+    /// Makes `to` follow `from` in its list.
+    #[inline]
+    fn link(&mut self, from: u32, to: u32) {
+        if let Some(node) = self.nodes.get_mut(from as usize) {
+            node.next = to;
+        }
+    }
+
+    /// Frees node `n`, returning its descriptor and the node that followed
+    /// it.
+    #[inline]
+    fn release(&mut self, n: u32) -> (Option<Descriptor<H>>, u32) {
+        let Some(node) = self.nodes.get_mut(n as usize) else {
+            return (None, NIL);
+        };
+        let next = std::mem::replace(&mut node.next, self.free);
+        self.free = n;
+        (node.descriptor.take(), next)
+    }
+}
+
+/// One tenant's FIFO of one class, with its DRR state.
+#[derive(Debug, Clone, Copy)]
 #[repr(C)]
-struct ClassQueue<H> {
-    items: VecDeque<Descriptor<H>>,
+struct Lane {
+    /// First node of the FIFO, [`NIL`] when it is empty.
+    head: u32,
+    /// Last node of the FIFO; meaningless when it is empty.
+    tail: u32,
     /// Bytes of the head descriptor already granted.
     head_sent: u64,
     /// DRR deficit: bytes this queue may still send in its current turn.
     /// Bounded by `(-largest piece, quantum]`.
     deficit: i64,
-    /// Whether the slot index sits in this class's active ring.
-    in_ring: bool,
-    /// Whether the queue has received its quantum for the current turn.
-    in_turn: bool,
 }
 
-impl<H> ClassQueue<H> {
-    fn new() -> Self {
-        ClassQueue {
-            items: VecDeque::new(),
-            head_sent: 0,
-            deficit: 0,
-            in_ring: false,
-            in_turn: false,
+impl Lane {
+    const EMPTY: Lane = Lane {
+        head: NIL,
+        tail: NIL,
+        head_sent: 0,
+        deficit: 0,
+    };
+}
+
+/// [`Hot::flags`]: the slot index sits in `class`'s active ring.
+#[inline(always)]
+const fn in_ring(class: usize) -> u8 {
+    1 << class
+}
+
+/// [`Hot::flags`]: the `class` queue has received its quantum for the
+/// current turn.
+#[inline(always)]
+const fn in_turn(class: usize) -> u8 {
+    4 << class
+}
+
+/// [`Hot::flags`]: the tenant has rate caps (its [`Cold::caps`] is `Some`).
+const CAPPED: u8 = 16;
+
+/// [`Hot::flags`]: the tenant waits for its caps, out of the rings (its
+/// `Caps::parked` is `Some`).
+const PARKED: u8 = 32;
+
+/// What every decision about a tenant reads and writes, in one cache line:
+/// both class queues with their DRR state, the quantum, the queue length
+/// and the ring, turn and cap flags. Policy and caps live in [`Cold`],
+/// read only when the tenant has caps or its policy changes.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+struct Hot {
+    lanes: [Lane; 2],
+    quantum: i64,
+    /// Descriptors queued in both lanes (each holds a node, so this never
+    /// exceeds the arena's `u32` indices).
+    queued: u32,
+    /// [`in_ring`], [`in_turn`], [`CAPPED`] and [`PARKED`] bits.
+    flags: u8,
+}
+
+impl Hot {
+    fn new(quantum: i64, capped: bool) -> Self {
+        Hot {
+            lanes: [Lane::EMPTY; 2],
+            quantum,
+            queued: 0,
+            flags: if capped { CAPPED } else { 0 },
         }
     }
+}
+
+/// What the scheduler knows about a tenant beyond its [`Hot`] slot.
+#[derive(Debug)]
+struct Cold {
+    policy: TenantPolicy,
+    caps: Option<Caps>,
 }
 
 /// A tenant's GCRA shapers, and whether they hold it back now.
@@ -70,15 +202,12 @@ struct Caps {
     /// When parked (not eligible under its caps), the time it may go again
     /// and the generation of the timer entry that will wake it. Only a
     /// tenant with caps can be parked, so this lives here, off the path of
-    /// uncapped tenants.
+    /// uncapped tenants ([`PARKED`] mirrors it in the hot slot).
     parked: Option<(u64, u64)>,
 }
 
 impl Caps {
-    fn build(
-        old: Option<Box<Caps>>,
-        policy: &TenantPolicy,
-    ) -> Result<Option<Box<Caps>>, ConfigError> {
+    fn build(old: Option<Caps>, policy: &TenantPolicy) -> Result<Option<Caps>, ConfigError> {
         let (old_bytes, old_wrs, parked) = match old {
             Some(c) => (c.bytes, c.wrs, c.parked),
             None => (None, None, None),
@@ -88,7 +217,7 @@ impl Caps {
         Ok(if bytes.is_none() && wrs.is_none() {
             None
         } else {
-            Some(Box::new(Caps { bytes, wrs, parked }))
+            Some(Caps { bytes, wrs, parked })
         })
     }
 
@@ -111,51 +240,6 @@ impl Caps {
                 Ok(())
             }
         }
-    }
-}
-
-/// Everything the scheduler knows about one tenant.
-///
-/// Laid out for the common decision (a bulk piece of an uncapped tenant):
-/// `quantum`, `caps` and `queued` in the first cache line, the whole bulk
-/// queue in the third, the policy (read only when it changes) in between.
-#[derive(Debug)]
-#[repr(C, align(64))]
-struct Slot<H> {
-    quantum: i64,
-    /// Rate caps and the parked state, boxed: most tenants have none, and
-    /// the hot part of a slot stays small.
-    caps: Option<Box<Caps>>,
-    queued: usize,
-    policy: TenantPolicy,
-    queues: [ClassQueue<H>; 2],
-}
-
-impl<H> Slot<H> {
-    /// Whether the slot is parked by the timer entry `(at, gen)`.
-    #[inline]
-    fn parked_by(&self, at: u64, gen: u64) -> bool {
-        self.caps
-            .as_ref()
-            .is_some_and(|c| c.parked == Some((at, gen)))
-    }
-}
-
-/// Whether a slot with these caps waits for them (and is out of the rings).
-#[inline]
-fn is_parked(caps: Option<&Caps>) -> bool {
-    caps.is_some_and(|c| c.parked.is_some())
-}
-
-impl<H> Slot<H> {
-    fn new(policy: TenantPolicy, quantum_bytes: u64) -> Result<Self, ConfigError> {
-        Ok(Slot {
-            policy,
-            quantum: quantum(quantum_bytes, policy.weight),
-            queues: [ClassQueue::new(), ClassQueue::new()],
-            queued: 0,
-            caps: Caps::build(None, &policy)?,
-        })
     }
 }
 
@@ -192,6 +276,10 @@ pub struct Drained<H> {
 /// With only weights set it is work conserving: a tenant that goes idle
 /// leaves the ring at once and the others share its bytes.
 ///
+/// Queued descriptors live in one arena with `u32` indices: enqueueing
+/// panics if 2^32 - 1 descriptors are already queued across all tenants
+/// (at least 96 GiB of them).
+///
 /// ```
 /// use mtrdma_core::{TenantId, TrafficClass};
 /// use mtrdma_sched::{
@@ -214,9 +302,13 @@ pub struct TenantScheduler<H> {
     config: SchedulerConfig,
     chunks: ChunkPolicy,
     index: TenantIndex,
-    slots: Vec<Slot<H>>,
+    /// Per slot, what every decision touches.
+    hot: Vec<Hot>,
+    /// Per slot, the policy and caps.
+    cold: Vec<Cold>,
+    nodes: Nodes<H>,
     free: Vec<u32>,
-    rings: [VecDeque<u32>; 2],
+    rings: [Ring; 2],
     timers: BinaryHeap<Reverse<(u64, u32, u64)>>,
     timer_gen: u64,
     guard: StarvationGuard,
@@ -235,9 +327,11 @@ impl<H: Clone> TenantScheduler<H> {
             guard: StarvationGuard::new(config.bulk_min_share_ppm, config.quantum_bytes),
             config,
             index: TenantIndex::default(),
-            slots: Vec::new(),
+            hot: Vec::new(),
+            cold: Vec::new(),
+            nodes: Nodes::new(),
             free: Vec::new(),
-            rings: [VecDeque::new(), VecDeque::new()],
+            rings: [Ring::new(), Ring::new()],
             timers: BinaryHeap::new(),
             timer_gen: 0,
             len: 0,
@@ -263,21 +357,27 @@ impl<H: Clone> TenantScheduler<H> {
     ) -> Result<(), ConfigError> {
         policy.validate(tenant)?;
         let Some(s) = self.index.get(tenant) else {
-            let slot = Slot::new(policy, self.config.quantum_bytes)?;
+            let caps = Caps::build(None, &policy)?;
+            let hot = Hot::new(
+                quantum(self.config.quantum_bytes, policy.weight),
+                caps.is_some(),
+            );
+            let cold = Cold { policy, caps };
             let s = match self.free.pop() {
                 Some(s) => {
                     // A freed slot may still sit in a ring; keep those flags
                     // so the entry is reused rather than duplicated.
-                    let old = &mut self.slots[s as usize];
-                    let in_ring = [old.queues[0].in_ring, old.queues[1].in_ring];
-                    *old = slot;
-                    old.queues[0].in_ring = in_ring[0];
-                    old.queues[1].in_ring = in_ring[1];
+                    let old = &mut self.hot[s as usize];
+                    let rings = old.flags & (in_ring(LATENCY) | in_ring(BULK));
+                    *old = hot;
+                    old.flags |= rings;
+                    self.cold[s as usize] = cold;
                     s
                 }
                 None => {
-                    self.slots.push(slot);
-                    u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
+                    self.hot.push(hot);
+                    self.cold.push(cold);
+                    u32::try_from(self.hot.len() - 1).unwrap_or(u32::MAX)
                 }
             };
             self.index.insert(tenant, s);
@@ -285,13 +385,19 @@ impl<H: Clone> TenantScheduler<H> {
         };
         // New caps may let it go now; if not, its next visit parks it again.
         self.unpark(s);
-        let slot = &mut self.slots[s as usize];
+        let hot = &mut self.hot[s as usize];
+        let cold = &mut self.cold[s as usize];
         // Validated above, so building the caps cannot fail half-way.
-        slot.caps = Caps::build(slot.caps.take(), &policy)?;
-        slot.policy = policy;
-        slot.quantum = quantum(self.config.quantum_bytes, policy.weight);
-        for q in &mut slot.queues {
-            q.deficit = q.deficit.min(slot.quantum);
+        cold.caps = Caps::build(cold.caps.take(), &policy)?;
+        if cold.caps.is_some() {
+            hot.flags |= CAPPED;
+        } else {
+            hot.flags &= !CAPPED;
+        }
+        cold.policy = policy;
+        hot.quantum = quantum(self.config.quantum_bytes, policy.weight);
+        for lane in &mut hot.lanes {
+            lane.deficit = lane.deficit.min(hot.quantum);
         }
         Ok(())
     }
@@ -300,24 +406,29 @@ impl<H: Clone> TenantScheduler<H> {
     /// order per class (latency first). `None` if it was not known.
     pub fn remove_tenant(&mut self, tenant: TenantId) -> Option<Vec<Drained<H>>> {
         let s = self.index.remove(tenant)?;
-        let slot = &mut self.slots[s as usize];
-        let mut out = Vec::with_capacity(slot.queued);
-        for q in &mut slot.queues {
-            let mut granted = q.head_sent;
-            for d in q.items.drain(..) {
-                out.push(Drained {
-                    descriptor: d,
-                    granted_bytes: granted,
-                });
+        let hot = &mut self.hot[s as usize];
+        let mut out = Vec::with_capacity(hot.queued as usize);
+        for lane in &mut hot.lanes {
+            let mut granted = lane.head_sent;
+            let mut n = lane.head;
+            while n != NIL {
+                let (d, next) = self.nodes.release(n);
+                if let Some(d) = d {
+                    out.push(Drained {
+                        descriptor: d,
+                        granted_bytes: granted,
+                    });
+                }
                 granted = 0;
+                n = next;
             }
-            q.head_sent = 0;
-            q.deficit = 0;
-            q.in_turn = false;
+            // The deficit goes, the ring membership stays (see set_policy).
+            *lane = Lane::EMPTY;
         }
-        self.len -= slot.queued;
-        slot.queued = 0;
-        if let Some(c) = slot.caps.as_mut() {
+        hot.flags &= !(in_turn(LATENCY) | in_turn(BULK) | PARKED);
+        self.len -= hot.queued as usize;
+        hot.queued = 0;
+        if let Some(c) = self.cold[s as usize].caps.as_mut() {
             c.parked = None;
         }
         self.free.push(s);
@@ -326,25 +437,25 @@ impl<H: Clone> TenantScheduler<H> {
 
     /// The policy of `tenant`, if known.
     pub fn policy(&self, tenant: TenantId) -> Option<TenantPolicy> {
-        self.slot(tenant).map(|s| s.policy)
+        self.index.get(tenant).map(|s| self.cold[s as usize].policy)
     }
 
     /// Descriptors `tenant` has queued (including one partly granted), if
     /// known.
     pub fn queued(&self, tenant: TenantId) -> Option<usize> {
-        self.slot(tenant).map(|s| s.queued)
+        self.hot_slot(tenant).map(|s| s.queued as usize)
     }
 
     /// The DRR deficit of `tenant` in `class`, in bytes: what it may still
     /// send in its current turn. Always within `(-largest piece, quantum]`.
     pub fn deficit(&self, tenant: TenantId, class: TrafficClass) -> Option<i64> {
-        self.slot(tenant)
-            .map(|s| s.queues[class_index(class)].deficit)
+        self.hot_slot(tenant)
+            .map(|s| s.lanes[class_index(class)].deficit)
     }
 
     /// The DRR quantum of `tenant` (its weight times the base quantum).
     pub fn quantum(&self, tenant: TenantId) -> Option<i64> {
-        self.slot(tenant).map(|s| s.quantum)
+        self.hot_slot(tenant).map(|s| s.quantum)
     }
 
     /// Number of known tenants.
@@ -352,19 +463,32 @@ impl<H: Clone> TenantScheduler<H> {
         self.index.len()
     }
 
-    fn slot(&self, tenant: TenantId) -> Option<&Slot<H>> {
-        self.index.get(tenant).map(|s| &self.slots[s as usize])
+    fn hot_slot(&self, tenant: TenantId) -> Option<&Hot> {
+        self.index.get(tenant).map(|s| &self.hot[s as usize])
+    }
+
+    /// Whether slot `s` is parked by the timer entry `(at, gen)`.
+    #[inline]
+    fn parked_by(&self, s: u32, at: u64, gen: u64) -> bool {
+        self.cold[s as usize]
+            .caps
+            .as_ref()
+            .is_some_and(|c| c.parked == Some((at, gen)))
     }
 
     /// Puts a slot back into the rings of the classes it has work in.
     fn unpark(&mut self, s: u32) {
-        let slot = &mut self.slots[s as usize];
-        if slot.caps.as_mut().and_then(|c| c.parked.take()).is_none() {
+        let Some(caps) = self.cold[s as usize].caps.as_mut() else {
+            return;
+        };
+        if caps.parked.take().is_none() {
             return;
         }
-        for (c, q) in slot.queues.iter_mut().enumerate() {
-            if !q.items.is_empty() && !q.in_ring {
-                q.in_ring = true;
+        let hot = &mut self.hot[s as usize];
+        hot.flags &= !PARKED;
+        for (c, lane) in hot.lanes.iter().enumerate() {
+            if lane.head != NIL && hot.flags & in_ring(c) == 0 {
+                hot.flags |= in_ring(c);
                 self.rings[c].push_back(s);
             }
         }
@@ -378,7 +502,7 @@ impl<H: Clone> TenantScheduler<H> {
             return;
         }
         while let Some(&Reverse((at, s, gen))) = self.timers.peek() {
-            let current = self.slots[s as usize].parked_by(at, gen);
+            let current = self.parked_by(s, at, gen);
             if current && at > now.0 {
                 break;
             }
@@ -403,47 +527,47 @@ impl<H: Clone> TenantScheduler<H> {
                 self.fast_forward(CLASS);
                 misses = 0;
             }
-            let &s = self.rings[CLASS].front()?;
-            let slot = &mut self.slots[s as usize];
-            let q = &mut slot.queues[CLASS];
-            let Some(head) = q.items.front() else {
-                // Idle or removed: leave the ring.
+            let s = self.rings[CLASS].front()?;
+            let hot = &mut self.hot[s as usize];
+            let lane = &mut hot.lanes[CLASS];
+            if lane.head == NIL || hot.flags & PARKED != 0 {
+                // Idle or removed: leave the ring. Or over its cap: leave
+                // the ring, keeping its deficit and its turn.
                 self.rings[CLASS].pop_front();
-                q.in_ring = false;
-                continue;
-            };
-            if is_parked(slot.caps.as_deref()) {
-                // Over its cap: leave the ring, keeping its deficit and its
-                // turn.
-                self.rings[CLASS].pop_front();
-                q.in_ring = false;
+                hot.flags &= !in_ring(CLASS);
                 continue;
             }
-            if !q.in_turn {
-                q.in_turn = true;
-                q.deficit += slot.quantum;
+            if hot.flags & in_turn(CLASS) == 0 {
+                hot.flags |= in_turn(CLASS);
+                lane.deficit += hot.quantum;
             }
-            if q.deficit <= 0 {
+            if lane.deficit <= 0 {
                 // Still paying for a piece larger than its quantum.
-                q.in_turn = false;
-                self.rings[CLASS].rotate_left(1);
+                hot.flags &= !in_turn(CLASS);
+                self.rings[CLASS].rotate();
                 misses += 1;
                 continue;
             }
-            let remaining = head.bytes - q.head_sent;
+            let n = lane.head;
+            let head = self.nodes.get(n)?;
+            let remaining = head.bytes - lane.head_sent;
             let len = self.chunks.next_len(head.op, remaining);
-            if let Some(caps) = slot.caps.as_mut() {
-                if let Err(at) = caps.admit(now, len) {
-                    self.park(CLASS, s, at);
-                    continue;
+            if hot.flags & CAPPED != 0 {
+                if let Some(caps) = self.cold[s as usize].caps.as_mut() {
+                    if let Err(at) = caps.admit(now, len) {
+                        self.park(CLASS, s, at);
+                        continue;
+                    }
                 }
             }
-            q.deficit -= cost(len);
-            let offset = q.head_sent;
+            lane.deficit -= cost(len);
+            let offset = lane.head_sent;
             let grant = if len == remaining {
-                let d = q.items.pop_front()?;
-                q.head_sent = 0;
-                slot.queued -= 1;
+                let (d, next) = self.nodes.release(n);
+                let d = d?;
+                lane.head = next;
+                lane.head_sent = 0;
+                hot.queued -= 1;
                 self.len -= 1;
                 Grant {
                     tenant: d.tenant,
@@ -455,7 +579,7 @@ impl<H: Clone> TenantScheduler<H> {
                     is_last: true,
                 }
             } else {
-                q.head_sent += len;
+                lane.head_sent += len;
                 Grant {
                     tenant: head.tenant,
                     class: head.class,
@@ -466,15 +590,14 @@ impl<H: Clone> TenantScheduler<H> {
                     is_last: false,
                 }
             };
-            if q.items.is_empty() {
+            if lane.head == NIL {
                 // Idle: leave the ring; unspent credit is not banked, debt is.
-                q.deficit = q.deficit.min(0);
-                q.in_turn = false;
-                q.in_ring = false;
+                lane.deficit = lane.deficit.min(0);
+                hot.flags &= !(in_turn(CLASS) | in_ring(CLASS));
                 self.rings[CLASS].pop_front();
-            } else if q.deficit <= 0 {
-                q.in_turn = false;
-                self.rings[CLASS].rotate_left(1);
+            } else if lane.deficit <= 0 {
+                hot.flags &= !in_turn(CLASS);
+                self.rings[CLASS].rotate();
             }
             if CLASS == LATENCY {
                 let bulk_waiting = !self.rings[BULK].is_empty();
@@ -492,13 +615,14 @@ impl<H: Clone> TenantScheduler<H> {
     #[inline(never)]
     fn park(&mut self, class: usize, s: u32, at: Nanos) {
         self.timer_gen += 1;
-        let slot = &mut self.slots[s as usize];
-        if let Some(c) = slot.caps.as_mut() {
+        let hot = &mut self.hot[s as usize];
+        if let Some(c) = self.cold[s as usize].caps.as_mut() {
             c.parked = Some((at.0, self.timer_gen));
+            hot.flags |= PARKED;
         }
         self.timers.push(Reverse((at.0, s, self.timer_gen)));
         self.rings[class].pop_front();
-        slot.queues[class].in_ring = false;
+        hot.flags &= !in_ring(class);
     }
 
     /// Skips the DRR rounds in which no tenant of `class` could send: when
@@ -510,23 +634,23 @@ impl<H: Clone> TenantScheduler<H> {
     fn fast_forward(&mut self, class: usize) {
         let rounds = self.rings[class]
             .iter()
-            .map(|&s| {
-                let slot = &self.slots[s as usize];
-                let debt = -slot.queues[class].deficit;
-                debt.max(0) / slot.quantum + 1
+            .map(|s| {
+                let hot = &self.hot[s as usize];
+                let debt = -hot.lanes[class].deficit;
+                debt.max(0) / hot.quantum + 1
             })
             .min()
             .unwrap_or(1);
-        for &s in &self.rings[class] {
-            let slot = &mut self.slots[s as usize];
-            slot.queues[class].deficit += (rounds - 1) * slot.quantum;
+        for s in self.rings[class].iter() {
+            let hot = &mut self.hot[s as usize];
+            hot.lanes[class].deficit += (rounds - 1) * hot.quantum;
         }
     }
 
     /// The earliest time a parked tenant may send, dropping stale timers.
     fn next_wake(&mut self) -> Option<Nanos> {
         while let Some(&Reverse((at, s, gen))) = self.timers.peek() {
-            if self.slots[s as usize].parked_by(at, gen) {
+            if self.parked_by(s, at, gen) {
                 return Some(Nanos(at));
             }
             self.timers.pop();
@@ -557,12 +681,13 @@ fn update_cap(
 }
 
 impl<H: Clone> Scheduler<H> for TenantScheduler<H> {
+    #[inline]
     fn enqueue(&mut self, d: Descriptor<H>, _now: Nanos) -> Result<(), Rejected<H>> {
         let Some(s) = self.index.get(d.tenant) else {
             return Err(reject(RejectReason::UnknownTenant(d.tenant), d));
         };
-        let slot = &mut self.slots[s as usize];
-        if slot.queued >= self.config.max_queued_per_tenant {
+        let hot = &mut self.hot[s as usize];
+        if hot.queued as usize >= self.config.max_queued_per_tenant {
             let reason = RejectReason::QueueFull {
                 tenant: d.tenant,
                 limit: self.config.max_queued_per_tenant,
@@ -570,17 +695,23 @@ impl<H: Clone> Scheduler<H> for TenantScheduler<H> {
             return Err(reject(reason, d));
         }
         let c = class_index(d.class);
-        let q = &mut slot.queues[c];
-        q.items.push_back(d);
-        if !q.in_ring && !is_parked(slot.caps.as_deref()) {
-            q.in_ring = true;
+        let n = self.nodes.alloc(d);
+        let lane = &mut hot.lanes[c];
+        if lane.head == NIL {
+            lane.head = n;
+        } else {
+            self.nodes.link(lane.tail, n);
+        }
+        lane.tail = n;
+        if hot.flags & (in_ring(c) | PARKED) == 0 {
+            hot.flags |= in_ring(c);
             self.rings[c].push_back(s);
         }
-        slot.queued += 1;
+        hot.queued += 1;
         self.len += 1;
         Ok(())
     }
-
+    #[inline]
     fn dequeue(&mut self, now: Nanos) -> Dequeue<H> {
         if self.len == 0 {
             return Dequeue::Empty;
@@ -620,10 +751,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slot_is_three_cache_lines_with_the_bulk_queue_in_the_last() {
-        assert_eq!(std::mem::size_of::<Slot<u64>>(), 192);
-        assert_eq!(std::mem::align_of::<Slot<u64>>(), 64);
-        let bulk = std::mem::offset_of!(Slot<u64>, queues) + std::mem::size_of::<ClassQueue<u64>>();
-        assert!(bulk >= 128);
+    fn hot_slot_is_one_cache_line() {
+        assert_eq!(std::mem::size_of::<Hot>(), 64);
+        assert_eq!(std::mem::align_of::<Hot>(), 64);
+    }
+
+    #[test]
+    fn freed_nodes_are_reused_last_in_first_out() {
+        let d = |h| Descriptor::new(TenantId(1), TrafficClass::Bulk, crate::Opcode::Write, 1, h);
+        let mut nodes = Nodes::new();
+        let (a, b) = (nodes.alloc(d(1)), nodes.alloc(d(2)));
+        assert_eq!((a, b), (0, 1));
+        nodes.link(a, b);
+        assert_eq!(nodes.release(a), (Some(d(1)), b));
+        assert_eq!(nodes.release(b), (Some(d(2)), NIL));
+        assert_eq!(nodes.get(a), None);
+        assert_eq!(nodes.alloc(d(3)), b);
+        assert_eq!(nodes.alloc(d(4)), a);
+        assert_eq!(nodes.alloc(d(5)), 2);
+        assert_eq!(nodes.get(a), Some(&d(4)));
     }
 }

@@ -221,9 +221,17 @@ impl TenantHandle {
     fn refresh(&self) {
         let seq = self.header().seq.load(Ordering::Acquire);
         if seq != self.inner.seen_seq.load(Ordering::Relaxed) {
-            if let Err(e) = self.refresh_now() {
-                tracing::warn!(tenant = %self.inner.tenant, error = %e, "keeping the last policy");
-            }
+            self.refresh_changed();
+        }
+    }
+
+    /// [`refresh`](Self::refresh) once the generation changed: out of line,
+    /// so the check above is all that callers inline.
+    #[cold]
+    #[inline(never)]
+    fn refresh_changed(&self) {
+        if let Err(e) = self.refresh_now() {
+            tracing::warn!(tenant = %self.inner.tenant, error = %e, "keeping the last policy");
         }
     }
 
@@ -285,6 +293,15 @@ impl TenantHandle {
         if last_id == id {
             return last_lane;
         }
+        self.find_lane()
+    }
+
+    /// [`my_lane`](Self::my_lane) when this thread last used another
+    /// handle: looks the lane up, or takes one.
+    #[cold]
+    #[inline(never)]
+    fn find_lane(&self) -> u32 {
+        let id = self.inner.id;
         let lane = MY_LANES.with(|lanes| {
             let mut lanes = lanes.borrow_mut();
             if let Some(&(_, lane)) = lanes.iter().find(|(h, _)| *h == id) {
@@ -356,17 +373,7 @@ impl TenantHandle {
         loop {
             let next = current.saturating_add(n);
             if next > limit {
-                self.state().refusals.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(tenant = %self.inner.tenant, resource, limit, in_use = current, requested = n, "admission refused");
-                return Err(AdmissionError::QuotaExceeded {
-                    tenant: self.inner.tenant,
-                    name: self.name(),
-                    resource,
-                    field,
-                    limit,
-                    in_use: current,
-                    requested: n,
-                });
+                return Err(self.refuse(n, limit, current, resource, field));
             }
             match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return Ok(()),
@@ -375,6 +382,33 @@ impl TenantHandle {
         }
     }
 
+    /// Counts and reports an admission refused by [`admit`](Self::admit):
+    /// out of line, so that admitting stays short.
+    #[cold]
+    #[inline(never)]
+    fn refuse(
+        &self,
+        n: u64,
+        limit: u64,
+        current: u64,
+        resource: &'static str,
+        field: &'static str,
+    ) -> AdmissionError {
+        self.state().refusals.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(tenant = %self.inner.tenant, resource, limit, in_use = current, requested = n, "admission refused");
+        AdmissionError::QuotaExceeded {
+            tenant: self.inner.tenant,
+            name: self.name(),
+            resource,
+            field,
+            limit,
+            in_use: current,
+            requested: n,
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
     fn rate_limited(
         &self,
         operation: &'static str,
@@ -394,6 +428,7 @@ impl TenantHandle {
     }
 
     /// Admits one queue pair: within `max_qps` and the QP-creation rate.
+    #[inline]
     pub fn acquire_qp(&self) -> Result<QpPermit<'_>, AdmissionError> {
         self.refresh();
         let st = self.state();
@@ -417,6 +452,7 @@ impl TenantHandle {
 
     /// Admits `bytes` of memory registration: within `max_mr_bytes` and the
     /// registration rate.
+    #[inline]
     pub fn acquire_mr(&self, bytes: u64) -> Result<MrPermit<'_>, AdmissionError> {
         self.refresh();
         let st = self.state();
@@ -564,6 +600,7 @@ impl QpPermit<'_> {
 }
 
 impl Drop for QpPermit<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.handle.release_qp();
     }
@@ -584,6 +621,7 @@ impl OwnedQpPermit {
 }
 
 impl Drop for OwnedQpPermit {
+    #[inline]
     fn drop(&mut self) {
         self.handle.release_qp();
     }
@@ -613,6 +651,7 @@ impl MrPermit<'_> {
 }
 
 impl Drop for MrPermit<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.handle.release_mr(self.bytes);
     }
@@ -634,6 +673,7 @@ impl OwnedMrPermit {
 }
 
 impl Drop for OwnedMrPermit {
+    #[inline]
     fn drop(&mut self) {
         self.handle.release_mr(self.bytes);
     }
