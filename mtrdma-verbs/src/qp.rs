@@ -486,20 +486,22 @@ impl Cq {
         }
     }
 
-    /// Polls up to `wcs.len()` completions into `wcs`; returns how many,
-    /// or the provider's error.
-    pub(crate) fn poll(&self, wcs: &mut [ffi::ibv_wc]) -> Result<usize, io::Error> {
+    /// Polls up to `wcs.len()` completions into `wcs`; returns how many
+    /// (the first that many entries are written), or the provider's error.
+    pub(crate) fn poll(&self, wcs: &mut [MaybeUninit<ffi::ibv_wc>]) -> Result<usize, io::Error> {
         let room = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
         // SAFETY: the CQ is live while `self` is (and so is its context,
         // kept open by the owner's PD); `wcs` has room for `room` entries.
         let n = unsafe {
             let ctx = self.cq.as_ref().context;
             match (*ctx).ops.poll_cq {
-                Some(poll) => poll(self.cq.as_ptr(), room, wcs.as_mut_ptr()),
+                Some(poll) => poll(self.cq.as_ptr(), room, wcs.as_mut_ptr().cast()),
                 None => -libc_enosys(),
             }
         };
-        usize::try_from(n).map_err(|_| io::Error::from_raw_os_error(-n))
+        usize::try_from(n)
+            .map(|n| n.min(wcs.len()))
+            .map_err(|_| io::Error::from_raw_os_error(-n))
     }
 }
 
@@ -1042,13 +1044,14 @@ impl Sink for QueuePair {
         out: &mut Vec<Completion>,
         raw: &mut Vec<RawCompletion>,
     ) -> Result<usize, Error> {
-        // SAFETY: all-zero is a valid `ibv_wc` (plain integers).
-        let mut wcs: [ffi::ibv_wc; 32] = unsafe { MaybeUninit::zeroed().assume_init() };
+        // Not zeroed: the provider writes the entries it returns, and a
+        // busy poll that finds nothing should cost nothing but the call.
+        let mut wcs = [const { MaybeUninit::<ffi::ibv_wc>::uninit() }; 32];
         // SAFETY: the CQ is live; `wcs` has room for 32 entries.
         let n = unsafe {
             let ctx = self.qp.as_ref().context;
             match (*ctx).ops.poll_cq {
-                Some(poll) => poll(self.cq.cq.as_ptr(), 32, wcs.as_mut_ptr()),
+                Some(poll) => poll(self.cq.cq.as_ptr(), 32, wcs.as_mut_ptr().cast()),
                 None => -libc_enosys(),
             }
         };
@@ -1059,8 +1062,10 @@ impl Sink for QueuePair {
                 source: io::Error::from_raw_os_error(-n),
             });
         }
-        let n = n as usize;
+        let n = (n as usize).min(wcs.len());
         for wc in &wcs[..n] {
+            // SAFETY: `ibv_poll_cq` wrote the first `n` entries.
+            let wc = unsafe { wc.assume_init_ref() };
             let status = wc
                 .error()
                 .map_or(WcStatus::Success, |(s, _)| WcStatus::from_raw(s));

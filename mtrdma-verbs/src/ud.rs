@@ -692,14 +692,16 @@ impl UdQueuePair {
 
     /// Polls up to 32 completions into `out`; returns how many.
     pub fn poll(&mut self, out: &mut Vec<UdCompletion>) -> Result<usize, Error> {
-        // SAFETY: all-zero is a valid `ibv_wc` (plain integers).
-        let mut wcs: [ffi::ibv_wc; 32] = unsafe { MaybeUninit::zeroed().assume_init() };
+        // Not zeroed: the provider writes the entries it returns.
+        let mut wcs = [const { MaybeUninit::<ffi::ibv_wc>::uninit() }; 32];
         let n = self.cq.poll(&mut wcs).map_err(|source| Error::Verbs {
             call: "ibv_poll_cq",
             device: self.pd.context().name().to_string(),
             source,
         })?;
         for wc in &wcs[..n] {
+            // SAFETY: `Cq::poll` returns how many entries the provider wrote.
+            let wc = unsafe { wc.assume_init_ref() };
             let status = wc
                 .error()
                 .map_or(WcStatus::Success, |(s, _)| WcStatus::from_raw(s));
