@@ -30,8 +30,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
 use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
 use mtrdma_sched::{
-    Clock, Dequeue, Descriptor, Grant, Nanos, Opcode as SchedOpcode, QuantaClock, Scheduler,
-    SchedulerConfig, TenantPolicy, TenantScheduler,
+    Clock, Dequeue, Descriptor, Grant, Nanos, Opcode as SchedOpcode, QuantaClock, RateLimit,
+    Scheduler, SchedulerConfig, TenantPolicy, TenantScheduler,
 };
 
 use crate::completion::{Completion, Opcode, WcStatus};
@@ -269,14 +269,16 @@ impl<S: Sink> Shared<S> {
         };
         let mut e = self.lock();
         if !e.explicit.contains(&tenant) {
-            let weight = config
-                .tenant
-                .as_ref()
-                .and_then(TenantHandle::policy)
-                .map_or(1, |p| p.weight);
-            e.sched
-                .set_policy(tenant, TenantPolicy::weight(weight))
-                .map_err(schedule_error)?;
+            // The tenant's weight, and its byte cap too: the scheduler then
+            // holds a capped tenant back itself (the others keep its turns)
+            // rather than granting pieces the quota table would refuse.
+            let policy = config.tenant.as_ref().and_then(TenantHandle::policy);
+            let mut local = TenantPolicy::weight(policy.as_ref().map_or(1, |p| p.weight));
+            if let Some(cap) = policy.as_ref().and_then(|p| p.rate) {
+                local = local
+                    .with_byte_cap(RateLimit::per_second(cap.per_second).with_burst(cap.burst));
+            }
+            e.sched.set_policy(tenant, local).map_err(schedule_error)?;
         }
         let (qpn, sq_room) = (sink.qpn(), sink.send_room());
         let side = Arc::new(Side {

@@ -222,11 +222,14 @@ fn dropping_a_queue_pair_with_queued_work_frees_its_share() {
     let shared = scheduler(64 << 10, 128 << 10);
     let (mut doomed, mut other, _peers) = two_bulk(&pd, &shared);
     const LEN: usize = 1 << 20;
+    // Separate targets: WRITEs of the dropped queue pair already in the
+    // NIC may still land after the other's.
+    let doomed_target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
     let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
-    let remote = target.remote().unwrap();
+    let (doomed_remote, remote) = (doomed_target.remote().unwrap(), target.remote().unwrap());
     for (i, src) in sources(&pd, 8, LEN, 0).into_iter().enumerate() {
         doomed
-            .post_send(SendOp::Write(remote), src, 0..LEN, i as u64)
+            .post_send(SendOp::Write(doomed_remote), src, 0..LEN, i as u64)
             .unwrap();
     }
     let src = pd.register(pattern(LEN, 99), Access::LOCAL).unwrap();
