@@ -111,6 +111,16 @@ pub struct PostError {
     pub region: MemoryRegion,
 }
 
+impl PostError {
+    /// A refusal of `region` for `error`.
+    pub(crate) fn new((error, region): (Error, MemoryRegion)) -> PostError {
+        PostError {
+            error: Box::new(error),
+            region,
+        }
+    }
+}
+
 impl fmt::Display for PostError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.error.fmt(f)
@@ -759,6 +769,21 @@ pub(crate) trait Sink: Send + 'static {
     /// the first answer.
     fn shutdown(&mut self) -> bool;
 
+    /// Polls completions of its own (not raw) work requests into `out`:
+    /// the direct path's poll.
+    fn poll_own(
+        &mut self,
+        out: &mut Vec<<Self::Region as Region>::Completion>,
+    ) -> Result<usize, Error> {
+        let mut raw = Vec::new();
+        let n = self.poll(out, &mut raw)?;
+        debug_assert!(
+            raw.is_empty(),
+            "raw work requests are polled by their owner"
+        );
+        Ok(n)
+    }
+
     /// Whether the send queue has room for another request.
     fn send_room(&self) -> u32 {
         let books = self.books();
@@ -897,10 +922,7 @@ impl QueuePair {
         context: u64,
     ) -> Result<(), PostError> {
         self.post_parked(op, region, range, context)
-            .map_err(|(error, region)| PostError {
-                error: Box::new(error),
-                region,
-            })
+            .map_err(PostError::new)
     }
 
     /// Posts a receive into `range` of `region`.
@@ -910,12 +932,7 @@ impl QueuePair {
         range: Range<usize>,
         context: u64,
     ) -> Result<(), PostError> {
-        let refuse = |error, region| {
-            Err(PostError {
-                error: Box::new(error),
-                region,
-            })
-        };
+        let refuse = |error, region| Err(PostError::new((error, region)));
         let Some(mut sge) = region.sge(&range) else {
             let len = region.len();
             return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
@@ -965,13 +982,7 @@ impl QueuePair {
 
     /// Polls up to 32 completions into `out`; returns how many.
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
-        let mut raw = Vec::new();
-        let n = Sink::poll(self, out, &mut raw)?;
-        debug_assert!(
-            raw.is_empty(),
-            "raw work requests are polled by their owner"
-        );
-        Ok(n)
+        self.poll_own(out)
     }
 
     /// Moves the queue pair to the error state: every outstanding request

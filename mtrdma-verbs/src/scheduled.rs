@@ -329,13 +329,6 @@ fn schedule_error(e: impl std::fmt::Display) -> Error {
     Error::Schedule(e.to_string())
 }
 
-fn post_error((error, region): (Error, MemoryRegion)) -> PostError {
-    PostError {
-        error: Box::new(error),
-        region,
-    }
-}
-
 impl QueuePair {
     /// Routes this queue pair's sends through a scheduler of its own.
     pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledQueuePair, Error> {
@@ -401,7 +394,7 @@ impl ScheduledQueuePair {
     ) -> Result<(), PostError> {
         self.inner
             .post_send(op, region, range, context)
-            .map_err(post_error)
+            .map_err(PostError::new)
     }
 
     /// Posts a receive (receives are not scheduled).

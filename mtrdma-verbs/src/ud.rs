@@ -489,10 +489,7 @@ impl fmt::Debug for UdQueuePair {
 }
 
 fn refuse<T>(error: Error, region: MemoryRegion) -> Result<T, PostError> {
-    Err(PostError {
-        error: Box::new(error),
-        region,
-    })
+    Err(PostError::new((error, region)))
 }
 
 impl UdQueuePair {
