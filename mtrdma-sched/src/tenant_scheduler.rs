@@ -440,6 +440,26 @@ impl<H: Clone> TenantScheduler<H> {
         self.index.get(tenant).map(|s| self.cold[s as usize].policy)
     }
 
+    /// Charges `tenant`'s caps for `len` bytes sent now without being
+    /// queued: the caller's shortcut for a piece when nothing is queued
+    /// ahead of it, which must still keep to the tenant's caps. `Ok` (and
+    /// charged) if both caps allow it now, or the tenant has none or is
+    /// unknown; otherwise when they would, and nothing is charged: queue
+    /// the piece instead, and the scheduler shapes it.
+    #[inline]
+    pub fn admit_now(&mut self, tenant: TenantId, len: u64, now: Nanos) -> Result<(), Nanos> {
+        let Some(s) = self.index.get(tenant) else {
+            return Ok(());
+        };
+        if self.hot[s as usize].flags & CAPPED == 0 {
+            return Ok(());
+        }
+        match self.cold[s as usize].caps.as_mut() {
+            Some(caps) => caps.admit(now, len),
+            None => Ok(()),
+        }
+    }
+
     /// Descriptors `tenant` has queued (including one partly granted), if
     /// known.
     pub fn queued(&self, tenant: TenantId) -> Option<usize> {
@@ -770,5 +790,44 @@ mod tests {
         assert_eq!(nodes.alloc(d(4)), a);
         assert_eq!(nodes.alloc(d(5)), 2);
         assert_eq!(nodes.get(a), Some(&d(4)));
+    }
+
+    #[test]
+    fn admit_now_charges_the_caps_that_queued_pieces_then_wait_for() {
+        use crate::gcra::RateLimit;
+        let mut s: TenantScheduler<u32> = TenantScheduler::new(SchedulerConfig::default()).unwrap();
+        let cap = RateLimit::per_second(1_000);
+        s.set_policy(TenantId(1), TenantPolicy::weight(1).with_byte_cap(cap))
+            .unwrap();
+        s.set_policy(TenantId(2), TenantPolicy::weight(1)).unwrap();
+        let t0 = Nanos(1_000_000_000);
+        assert_eq!(
+            s.admit_now(TenantId(1), 1_000, t0),
+            Ok(()),
+            "the first goes"
+        );
+        let at = s.admit_now(TenantId(1), 1_000, t0).unwrap_err();
+        assert!(at > t0, "over the cap until {at:?}");
+        assert_eq!(
+            s.admit_now(TenantId(1), 1_000, t0),
+            Err(at),
+            "a refusal charges nothing"
+        );
+        // Uncapped and unknown tenants always go.
+        for _ in 0..100 {
+            assert_eq!(s.admit_now(TenantId(2), 1 << 30, t0), Ok(()));
+            assert_eq!(s.admit_now(TenantId(3), 1 << 30, t0), Ok(()));
+        }
+        // The charge counts for what is queued next.
+        let d = Descriptor::new(
+            TenantId(1),
+            TrafficClass::Bulk,
+            crate::Opcode::Write,
+            1_000,
+            7,
+        );
+        s.enqueue(d, t0).unwrap();
+        assert!(matches!(s.dequeue(t0), Dequeue::Wait(w) if w == at));
+        assert_eq!(s.dequeue(at).ready().map(|g| g.handle), Some(7));
     }
 }

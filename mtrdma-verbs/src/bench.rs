@@ -376,7 +376,7 @@ impl NullScheduler {
 /// on a scheduler of its own.
 pub fn scheduled(sink: NullSink, config: ScheduleConfig) -> Result<NullScheduled, Error> {
     Ok(NullScheduled {
-        inner: Shared::single(&config)?.attach(sink, config)?,
+        inner: Scheduled::solo(sink, config)?,
     })
 }
 
@@ -414,7 +414,7 @@ impl NullScheduled {
     }
 
     /// Runs `f` on its null sink.
-    pub fn with_sink<R>(&self, f: impl FnOnce(&mut NullSink) -> R) -> R {
+    pub fn with_sink<R>(&mut self, f: impl FnOnce(&mut NullSink) -> R) -> R {
         self.inner.with_sink(f)
     }
 }
@@ -424,6 +424,7 @@ mod tests {
     use super::*;
     use crate::RemoteRegion;
     use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateCap};
+    use mtrdma_sched::RateLimit;
 
     const REMOTE: RemoteRegion = RemoteRegion {
         addr: 0x7000_0000,
@@ -735,6 +736,49 @@ mod tests {
         for i in 0..10 {
             post(&mut qp, SendOp::Write(REMOTE), tagged(i), 64, i);
         }
+        drop(qp);
+    }
+
+    #[test]
+    fn a_cap_set_on_the_shared_scheduler_holds_back_requests_sent_one_at_a_time() {
+        // 64 KiB/s: the first 64 KiB request goes at once, the second not
+        // for a second, though nothing is queued ahead of it when it is
+        // posted.
+        let shared = NullScheduler::new(SharedConfig::default()).unwrap();
+        let cap = RateLimit::per_second(64 << 10);
+        shared
+            .set_policy(TenantId(5), TenantPolicy::weight(1).with_byte_cap(cap))
+            .unwrap();
+        let config = ScheduleConfig {
+            tenant_id: Some(TenantId(5)),
+            ..ScheduleConfig::default()
+        };
+        let mut qp = shared.attach(NullSink::new(1, 16), config).unwrap();
+        let remote = RemoteRegion {
+            len: 64 << 10,
+            ..REMOTE
+        };
+        post(
+            &mut qp,
+            SendOp::Write(remote),
+            HeapRegion::new(64 << 10),
+            64 << 10,
+            1,
+        );
+        assert_eq!(drain(&mut qp, 1).len(), 1, "within the burst");
+        post(
+            &mut qp,
+            SendOp::Write(remote),
+            HeapRegion::new(64 << 10),
+            64 << 10,
+            2,
+        );
+        assert_eq!(
+            qp.with_sink(|s| s.sends_in_flight()),
+            0,
+            "over the cap: held back, not posted"
+        );
+        assert_eq!(qp.queued(), 1);
         drop(qp);
     }
 }

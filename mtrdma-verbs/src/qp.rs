@@ -796,6 +796,7 @@ pub(crate) trait Sink: Send + 'static {
     /// The memory `raw.sge` names must stay valid and untouched by safe
     /// code until the request's completion is polled (or the queue pair is
     /// destroyed after being drained).
+    #[inline]
     unsafe fn post(&mut self, raw: RawSend) -> Result<(), Error> {
         let books = self.books();
         if books.sends_in_flight >= books.max_send_wr {

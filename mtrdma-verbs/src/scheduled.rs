@@ -28,6 +28,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
+use ibverbs_sys as ffi;
 use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
 use mtrdma_sched::{
     Clock, Dequeue, Descriptor, Grant, Nanos, Opcode as SchedOpcode, QuantaClock, RateLimit,
@@ -189,44 +190,8 @@ impl<S: Sink> Clone for Shared<S> {
 
 impl<S: Sink> Shared<S> {
     pub(crate) fn new(config: SharedConfig) -> Result<Shared<S>, Error> {
-        let sched_config = SchedulerConfig {
-            chunk_bytes: config.chunk_bytes,
-            quantum_bytes: config.chunk_bytes,
-            bulk_min_share_ppm: config.bulk_min_share_ppm,
-            ..SchedulerConfig::default()
-        };
-        let sched = TenantScheduler::new(sched_config).map_err(schedule_error)?;
         Ok(Shared {
-            engine: Arc::new(Mutex::new(Engine {
-                sched,
-                chunk_bytes: config.chunk_bytes,
-                budget: config.bulk_bytes_in_flight.max(1),
-                bulk_in_flight: 0,
-                latency_queued: 0,
-                members: Slab::default(),
-                messages: Slab::default(),
-                waiting: Vec::new(),
-                pending_total: 0,
-                next_seq: 0,
-                explicit: Vec::new(),
-                clock: QuantaClock::new(),
-                wake_at: Arc::new(AtomicU64::new(u64::MAX)),
-                flush: Vec::new(),
-                caller: usize::MAX,
-                own_pieces: Vec::new(),
-                own_done: Vec::new(),
-                scratch: Vec::new(),
-            })),
-        })
-    }
-
-    /// A scheduler of its own for one queue pair.
-    pub(crate) fn single(config: &ScheduleConfig) -> Result<Shared<S>, Error> {
-        Shared::new(SharedConfig {
-            chunk_bytes: config.chunk_bytes,
-            // One queue pair: `max_pieces_in_flight` is its bound.
-            bulk_bytes_in_flight: u64::MAX,
-            ..SharedConfig::default()
+            engine: Arc::new(Mutex::new(Engine::new(config)?)),
         })
     }
 
@@ -241,7 +206,7 @@ impl<S: Sink> Shared<S> {
 
     pub(crate) fn set_policy(&self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
         let mut e = self.lock();
-        e.sched.set_policy(tenant, policy).map_err(schedule_error)?;
+        e.set_policy(tenant, policy)?;
         if !e.explicit.contains(&tenant) {
             e.explicit.push(tenant);
         }
@@ -263,46 +228,18 @@ impl<S: Sink> Shared<S> {
     /// Attaches `sink`: its sends are scheduled with the other queue pairs
     /// of this scheduler.
     pub(crate) fn attach(&self, sink: S, config: ScheduleConfig) -> Result<Scheduled<S>, Error> {
-        let (tenant, class) = match &config.tenant {
-            Some(t) => (t.tenant(), t.class()),
-            None => (config.tenant_id.unwrap_or(TenantId(0)), config.class),
-        };
-        let mut e = self.lock();
-        if !e.explicit.contains(&tenant) {
-            // The tenant's weight, and its byte cap too: the scheduler then
-            // holds a capped tenant back itself (the others keep its turns)
-            // rather than granting pieces the quota table would refuse.
-            let policy = config.tenant.as_ref().and_then(TenantHandle::policy);
-            let mut local = TenantPolicy::weight(policy.as_ref().map_or(1, |p| p.weight));
-            if let Some(cap) = policy.as_ref().and_then(|p| p.rate) {
-                local = local
-                    .with_byte_cap(RateLimit::per_second(cap.per_second).with_burst(cap.burst));
-            }
-            e.sched.set_policy(tenant, local).map_err(schedule_error)?;
-        }
-        let (qpn, sq_room) = (sink.qpn(), sink.send_room());
+        let qpn = sink.qpn();
+        let sq_room = sink.send_room();
         let side = Arc::new(Side {
             qp: Mutex::new(sink),
             book: Mutex::new(Book::default()),
             mail: AtomicBool::new(false),
         });
-        let member = e.members.insert(Member {
-            side: Arc::clone(&side),
-            sq_room,
-            tenant,
-            class,
-            quota: config.tenant,
-            max_pieces: config.max_pieces_in_flight.max(1),
-            in_flight: VecDeque::new(),
-            pending: VecDeque::new(),
-            retry_at: 0,
-            waiting: false,
-            backlog: 0,
-            accepted: 0,
-        });
+        let mut e = self.lock();
+        let (member, tenant, class) = e.add_member(Some(Arc::clone(&side)), sq_room, config)?;
         let (wake_at, clock) = (Arc::clone(&e.wake_at), e.clock.clone());
         drop(e);
-        Ok(Scheduled {
+        let attached = Attached {
             engine: Arc::clone(&self.engine),
             side,
             wake_at,
@@ -311,6 +248,10 @@ impl<S: Sink> Shared<S> {
             pieces: Vec::new(),
             sides: Vec::new(),
             member,
+            class,
+        };
+        Ok(Scheduled {
+            way: Way::Attached(attached),
             qpn,
             tenant,
             class,
@@ -332,7 +273,7 @@ fn schedule_error(e: impl std::fmt::Display) -> Error {
 impl QueuePair {
     /// Routes this queue pair's sends through a scheduler of its own.
     pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledQueuePair, Error> {
-        let inner = Shared::single(&config)?.attach(self, config)?;
+        let inner = Scheduled::solo(self, config)?;
         Ok(ScheduledQueuePair { inner })
     }
 
@@ -419,9 +360,216 @@ impl ScheduledQueuePair {
 /// What a finished request of a queue pair of sink `S` is handed back as.
 pub(crate) type Done<S> = <<S as Sink>::Region as Region>::Completion;
 
-/// A queue pair attached to a [`Shared`] engine: what
-/// [`ScheduledQueuePair`] is, for any [`Sink`].
+/// A scheduled queue pair, for any [`Sink`]: what [`ScheduledQueuePair`]
+/// is.
 pub(crate) struct Scheduled<S: Sink> {
+    way: Way<S>,
+    pub(crate) qpn: u32,
+    pub(crate) tenant: TenantId,
+    pub(crate) class: TrafficClass,
+}
+
+/// How a queue pair reaches its engine.
+enum Way<S: Sink> {
+    /// An engine of its own ([`QueuePair::scheduled`]), owned outright: no
+    /// other thread can reach it, so nothing is locked.
+    Solo(Box<Solo<S>>),
+    /// A [`SharedScheduler`]'s engine, behind its lock.
+    Attached(Attached<S>),
+}
+
+impl<S: Sink> Scheduled<S> {
+    /// `sink` on a scheduler of its own.
+    pub(crate) fn solo(sink: S, config: ScheduleConfig) -> Result<Scheduled<S>, Error> {
+        let mut engine = Engine::new(SharedConfig {
+            chunk_bytes: config.chunk_bytes,
+            // One queue pair: `max_pieces_in_flight` is its bound.
+            bulk_bytes_in_flight: u64::MAX,
+            ..SharedConfig::default()
+        })?;
+        let qpn = sink.qpn();
+        let (member, tenant, class) = engine.add_member(None, sink.send_room(), config)?;
+        Ok(Scheduled {
+            way: Way::Solo(Box::new(Solo {
+                engine,
+                sink,
+                member,
+                raw: Vec::new(),
+            })),
+            qpn,
+            tenant,
+            class,
+        })
+    }
+
+    pub(crate) fn debug(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(name)
+            .field("qpn", &self.qpn)
+            .field("tenant", &self.tenant)
+            .field("class", &self.class)
+            .field("queued", &self.queued())
+            .finish()
+    }
+
+    /// Requests accepted and not yet handed back.
+    pub(crate) fn queued(&self) -> usize {
+        match &self.way {
+            Way::Solo(solo) => solo.engine.member(solo.member).accepted,
+            Way::Attached(a) => lock(&a.engine).member(a.member).accepted,
+        }
+    }
+
+    /// Runs `f` on the queue pair (not on the engine).
+    pub(crate) fn with_sink<R>(&mut self, f: impl FnOnce(&mut S) -> R) -> R {
+        match &mut self.way {
+            Way::Solo(solo) => f(&mut solo.sink),
+            Way::Attached(a) => f(&mut lock(&a.side.qp)),
+        }
+    }
+
+    /// See [`ScheduledQueuePair::post_send`].
+    #[inline]
+    pub(crate) fn post_send(
+        &mut self,
+        op: SendOp,
+        region: S::Region,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), (Error, S::Region)> {
+        let sge = match check_send(op, &region, &range) {
+            Ok(sge) => sge,
+            Err(error) => return Err((error, region)),
+        };
+        match &mut self.way {
+            Way::Solo(solo) => solo.post_send(op, region, range, sge, context),
+            Way::Attached(a) => {
+                let member = a.member;
+                a.with_engine(|e| {
+                    let piece = e.post_send(member, op, region, range, sge, context)?;
+                    e.own_pieces.extend(piece);
+                    Ok(())
+                })
+            }
+        }
+    }
+
+    /// See [`ScheduledQueuePair::poll`].
+    #[inline]
+    pub(crate) fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
+        match &mut self.way {
+            Way::Solo(solo) => solo.poll(out),
+            Way::Attached(a) => a.poll(out),
+        }
+    }
+}
+
+/// Whether the engine asked (through `wake_at`) to be pumped by now.
+#[inline]
+fn wake_due(wake_at: &AtomicU64, clock: &QuantaClock) -> bool {
+    let wake = wake_at.load(Ordering::Acquire);
+    wake != u64::MAX && clock.now().0 >= wake
+}
+
+/// A queue pair with an engine of its own. Everything the shared engine
+/// leaves in a side's book for its owner goes straight to the owner here
+/// (`own_pieces`, `own_done`), and the owner posts and polls its queue
+/// pair itself.
+struct Solo<S: Sink> {
+    engine: Engine<S>,
+    sink: S,
+    member: usize,
+    /// Piece completions to match: polled, or of pieces the NIC refused.
+    raw: Vec<RawCompletion>,
+}
+
+impl<S: Sink> Solo<S> {
+    #[inline]
+    fn post_send(
+        &mut self,
+        op: SendOp,
+        region: S::Region,
+        range: Range<usize>,
+        sge: ffi::ibv_sge,
+        context: u64,
+    ) -> Result<(), (Error, S::Region)> {
+        let result = self
+            .engine
+            .post_send(self.member, op, region, range, sge, context);
+        if let Ok(Some(piece)) = result {
+            // The fast path: nothing else was decided.
+            if let Some(failed) = post_piece(&mut self.sink, piece) {
+                self.raw.push(failed);
+            }
+            return Ok(());
+        }
+        self.post_decided();
+        result.map(|_| ())
+    }
+
+    #[inline]
+    fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
+        let before = out.len();
+        let polled = self.sink.poll(out, &mut self.raw);
+        let due = wake_due(&self.engine.wake_at, &self.engine.clock);
+        if !self.raw.is_empty() || due {
+            // Finished requests go straight to `out` (the engine's list is
+            // empty between calls).
+            std::mem::swap(out, &mut self.engine.own_done);
+            self.engine.completed(self.member, &self.raw, due);
+            std::mem::swap(out, &mut self.engine.own_done);
+            out.append(&mut self.engine.own_done);
+            self.raw.clear();
+            self.post_decided();
+        }
+        polled.map(|_| out.len() - before)
+    }
+
+    /// Posts the pieces the engine decided, in order; a piece the NIC
+    /// refuses completes as failed at the next poll.
+    #[inline]
+    fn post_decided(&mut self) {
+        for piece in self.engine.own_pieces.drain(..) {
+            if let Some(failed) = post_piece(&mut self.sink, piece) {
+                self.raw.push(failed);
+            }
+        }
+    }
+}
+
+impl<S: Sink> Drop for Solo<S> {
+    fn drop(&mut self) {
+        self.engine.detach(self.member, Some(&mut self.sink));
+    }
+}
+
+/// Posts one piece on `qp`; if the NIC refuses it, the completion that
+/// fails it.
+#[inline]
+fn post_piece<S: Sink>(qp: &mut S, piece: RawSend) -> Option<RawCompletion> {
+    let wr_id = piece.wr_id;
+    // SAFETY: the piece lies inside its message's region (checked at
+    // `post_send`), and the engine keeps the message, region and all,
+    // until every piece decided for it has completed or failed
+    // (`finish_if_done` counts decided pieces), or forever if the queue
+    // pair cannot be drained (`detach`).
+    match unsafe { qp.post(piece) } {
+        Ok(()) => None,
+        Err(e) => Some(refused(wr_id, &e)),
+    }
+}
+
+/// The completion that fails piece `wr_id`, which the NIC refused.
+#[cold]
+fn refused(wr_id: u64, e: &Error) -> RawCompletion {
+    tracing::warn!(error = %e, "posting a scheduled piece failed");
+    RawCompletion {
+        wr_id,
+        status: WcStatus::LocalQpOperation,
+    }
+}
+
+/// A queue pair attached to a [`Shared`] engine.
+struct Attached<S: Sink> {
     engine: Arc<Mutex<Engine<S>>>,
     /// Its queue pair and finished requests: polled without the engine's
     /// lock, which is taken only when there is scheduling to do.
@@ -437,47 +585,11 @@ pub(crate) struct Scheduled<S: Sink> {
     /// Other queue pairs' sides to post for (kept for its capacity).
     sides: Vec<Arc<Side<S>>>,
     member: usize,
-    qpn: u32,
-    tenant: TenantId,
     class: TrafficClass,
 }
 
-impl<S: Sink> Scheduled<S> {
-    pub(crate) fn debug(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct(name)
-            .field("qpn", &self.qpn)
-            .field("tenant", &self.tenant)
-            .field("class", &self.class)
-            .field("queued", &self.queued())
-            .finish()
-    }
-
-    pub(crate) fn queued(&self) -> usize {
-        lock(&self.engine).member(self.member).accepted
-    }
-
-    /// Runs `f` on the queue pair (not on the engine).
-    pub(crate) fn with_sink<R>(&self, f: impl FnOnce(&mut S) -> R) -> R {
-        f(&mut lock(&self.side.qp))
-    }
-
-    /// See [`ScheduledQueuePair::post_send`].
-    pub(crate) fn post_send(
-        &mut self,
-        op: SendOp,
-        region: S::Region,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), (Error, S::Region)> {
-        if let Err(error) = check_send(op, &region, &range) {
-            return Err((error, region));
-        }
-        let member = self.member;
-        self.with_engine(|e| e.post_send(member, op, region, range, context))
-    }
-
-    /// See [`ScheduledQueuePair::poll`].
-    pub(crate) fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
+impl<S: Sink> Attached<S> {
+    fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
         let before = out.len();
         let mut raw = std::mem::take(&mut self.raw);
         let polled = lock(&self.side.qp).poll(out, &mut raw);
@@ -496,17 +608,11 @@ impl<S: Sink> Scheduled<S> {
         }
         // Only a finished piece or a due wake-up gives the scheduler
         // something to do; otherwise the engine's lock is left to others.
-        let wake = self.wake_at.load(Ordering::Acquire);
-        let due = wake != u64::MAX && self.clock.now().0 >= wake;
+        let due = wake_due(&self.wake_at, &self.clock);
         if !raw.is_empty() || due {
             let member = self.member;
             self.with_engine(|e| {
-                e.process(member, &raw);
-                // With nothing queued or waiting there is nothing to decide
-                // unless a wake-up is due.
-                if due || !e.sched.is_empty() || !e.waiting.is_empty() {
-                    e.pump();
-                }
+                e.completed(member, &raw, due);
                 out.append(&mut e.own_done);
             });
         }
@@ -587,10 +693,10 @@ impl<S: Sink> Scheduled<S> {
     }
 }
 
-impl<S: Sink> Drop for Scheduled<S> {
+impl<S: Sink> Drop for Attached<S> {
     fn drop(&mut self) {
         let member = self.member;
-        self.with_engine(|e| e.detach(member));
+        self.with_engine(|e| e.detach(member, None));
     }
 }
 
@@ -618,12 +724,14 @@ struct Message<R> {
 }
 
 /// A piece in the NIC. An RC send queue completes in order, so the front
-/// of a queue pair's list is the next completion's piece.
+/// of a queue pair's list is the next completion's piece. Whether it counts
+/// against the bulk budget is its queue pair's class. (Two words, so it
+/// travels in registers.)
 #[derive(Debug, Clone, Copy)]
 struct InFlight {
     message: usize,
-    len: u64,
-    bulk: bool,
+    /// Bytes (a piece's scatter entry holds at most `u32::MAX`).
+    len: u32,
 }
 
 /// A queue pair and what its owner collects at its next poll.
@@ -684,20 +792,8 @@ impl<S: Sink> Side<S> {
     /// Posts one piece on `qp` (this side's, locked by the caller). A
     /// piece the NIC refuses completes as failed at the next poll.
     fn post(&self, qp: &mut S, piece: RawSend) {
-        let wr_id = piece.wr_id;
-        // SAFETY: the piece lies inside its message's region (checked at
-        // `post_send`), and the engine keeps the message, region and all,
-        // until every piece decided for it has completed or failed
-        // (`finish_if_done` counts decided pieces), or forever if the queue
-        // pair cannot be drained (`detach`).
-        if let Err(e) = unsafe { qp.post(piece) } {
-            tracing::warn!(error = %e, "posting a scheduled piece failed");
-            self.deliver(|book| {
-                book.raw.push(RawCompletion {
-                    wr_id,
-                    status: WcStatus::LocalQpOperation,
-                })
-            });
+        if let Some(failed) = post_piece(qp, piece) {
+            self.deliver(|book| book.raw.push(failed));
         }
     }
 
@@ -728,7 +824,9 @@ impl<S: Sink> Side<S> {
 
 /// One attached queue pair.
 struct Member<S: Sink> {
-    side: Arc<Side<S>>,
+    /// Its side, or none for a queue pair with an engine of its own, whose
+    /// pieces and finished requests go to `own_pieces` and `own_done`.
+    side: Option<Arc<Side<S>>>,
     /// Send queue slots for its pieces.
     sq_room: u32,
     tenant: TenantId,
@@ -769,6 +867,9 @@ struct Engine<S: Sink> {
     next_seq: u64,
     /// Tenants whose policy was set on the scheduler itself.
     explicit: Vec<TenantId>,
+    /// Whether any tenant was ever given caps in `sched` (which the fast
+    /// path must then ask).
+    capped: bool,
     clock: QuantaClock,
     /// Shared with the queue pairs: see `ScheduledQueuePair::wake_at`.
     wake_at: Arc<AtomicU64>,
@@ -793,6 +894,103 @@ const REAP_INTERVAL_NS: u64 = 100_000;
 const HELP_AFTER_NS: u64 = 1_000_000;
 
 impl<S: Sink> Engine<S> {
+    fn new(config: SharedConfig) -> Result<Engine<S>, Error> {
+        let sched_config = SchedulerConfig {
+            chunk_bytes: config.chunk_bytes,
+            quantum_bytes: config.chunk_bytes,
+            bulk_min_share_ppm: config.bulk_min_share_ppm,
+            ..SchedulerConfig::default()
+        };
+        Ok(Engine {
+            sched: TenantScheduler::new(sched_config).map_err(schedule_error)?,
+            chunk_bytes: config.chunk_bytes,
+            budget: config.bulk_bytes_in_flight.max(1),
+            bulk_in_flight: 0,
+            latency_queued: 0,
+            members: Slab::default(),
+            messages: Slab::default(),
+            waiting: Vec::new(),
+            pending_total: 0,
+            next_seq: 0,
+            explicit: Vec::new(),
+            capped: false,
+            clock: QuantaClock::new(),
+            wake_at: Arc::new(AtomicU64::new(u64::MAX)),
+            flush: Vec::new(),
+            caller: usize::MAX,
+            own_pieces: Vec::new(),
+            own_done: Vec::new(),
+            scratch: Vec::new(),
+        })
+    }
+
+    /// Adds a queue pair with `sq_room` send queue slots; returns its
+    /// member key, tenant and class.
+    fn add_member(
+        &mut self,
+        side: Option<Arc<Side<S>>>,
+        sq_room: u32,
+        config: ScheduleConfig,
+    ) -> Result<(usize, TenantId, TrafficClass), Error> {
+        let (tenant, class) = match &config.tenant {
+            Some(t) => (t.tenant(), t.class()),
+            None => (config.tenant_id.unwrap_or(TenantId(0)), config.class),
+        };
+        if !self.explicit.contains(&tenant) {
+            // The tenant's weight, and its byte cap too: the scheduler then
+            // holds a capped tenant back itself (the others keep its turns)
+            // rather than granting pieces the quota table would refuse.
+            let policy = config.tenant.as_ref().and_then(TenantHandle::policy);
+            let mut local = TenantPolicy::weight(policy.as_ref().map_or(1, |p| p.weight));
+            if let Some(cap) = policy.as_ref().and_then(|p| p.rate) {
+                local = local
+                    .with_byte_cap(RateLimit::per_second(cap.per_second).with_burst(cap.burst));
+            }
+            self.set_policy(tenant, local)?;
+        }
+        let member = self.members.insert(Member {
+            side,
+            sq_room,
+            tenant,
+            class,
+            quota: config.tenant,
+            max_pieces: config.max_pieces_in_flight.max(1),
+            in_flight: VecDeque::new(),
+            pending: VecDeque::new(),
+            retry_at: 0,
+            waiting: false,
+            backlog: 0,
+            accepted: 0,
+        });
+        Ok((member, tenant, class))
+    }
+
+    /// Matches the piece completions `member` polled (`raw`) to their
+    /// requests, then decides what goes next if there may be anything
+    /// (`due`: a wake-up the engine asked for has come).
+    #[inline]
+    fn completed(&mut self, member: usize, raw: &[RawCompletion], due: bool) {
+        self.process(member, raw);
+        // With nothing queued or waiting there is nothing to decide unless
+        // a wake-up is due.
+        if due || !self.sched.is_empty() || !self.waiting.is_empty() {
+            self.pump();
+        }
+    }
+
+    /// Sets `tenant`'s weight and caps in the scheduler.
+    fn set_policy(&mut self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
+        self.sched
+            .set_policy(tenant, policy)
+            .map_err(schedule_error)?;
+        self.capped |= policy.byte_cap.is_some() || policy.wr_cap.is_some();
+        Ok(())
+    }
+
+    fn now(&self) -> Nanos {
+        Nanos(self.clock.now().0)
+    }
+
     fn member(&self, member: usize) -> &Member<S> {
         self.members
             .get(member)
@@ -810,17 +1008,72 @@ impl<S: Sink> Engine<S> {
         self.bulk_in_flight == 0 || self.bulk_in_flight.saturating_add(len) <= self.budget
     }
 
+    /// Accepts a request whose range `check_send` found to be `sge`:
+    /// lets it go now if it may (the fast path), or queues it. Returns the
+    /// piece when its owner is to post it at once (the caller holding the
+    /// engine, or a queue pair with an engine of its own); anything else
+    /// decided is in `own_pieces` or the books.
+    #[inline]
     fn post_send(
         &mut self,
         member: usize,
         op: SendOp,
         region: S::Region,
         range: Range<usize>,
+        sge: ffi::ibv_sge,
         context: u64,
-    ) -> Result<(), (Error, S::Region)> {
+    ) -> Result<Option<RawSend>, (Error, S::Region)> {
         let len = (range.end - range.start) as u64;
         let seq = self.next_seq;
         self.next_seq += 1;
+        let kind = match op {
+            SendOp::Send | SendOp::SendWithImm(_) => SchedOpcode::Send,
+            SendOp::Write(_) | SendOp::WriteWithImm(..) => SchedOpcode::Write,
+            SendOp::Read(_) => SchedOpcode::Read,
+        };
+        let m = self.member(member);
+        let (tenant, class) = (m.tenant, m.class);
+        let latency = class == TrafficClass::Latency;
+        // Fast path: the request is one piece, nothing it should wait
+        // behind is queued, there is room for it in the NIC, and the
+        // tenant's caps in this scheduler let it go now: post it without
+        // a trip through the scheduler's queues.
+        let one_piece = len <= self.chunk_bytes || kind == SchedOpcode::Send;
+        let nothing_ahead = if latency {
+            self.latency_queued == 0
+        } else {
+            self.sched.is_empty()
+        };
+        let fast = one_piece
+            && nothing_ahead
+            && m.pending.is_empty()
+            && (m.in_flight.len() as u32) < m.max_pieces.min(m.sq_room)
+            && (latency || self.bulk_fits(len))
+            && (!self.capped || self.sched.admit_now(tenant, len, self.now()).is_ok());
+        if fast && self.rate_allows(member, len) {
+            let message = self.messages.insert(Message {
+                member,
+                seq,
+                op,
+                region,
+                start: range.start,
+                len,
+                context,
+                pieces_out: 1,
+                last_granted: true,
+                status: WcStatus::Success,
+            });
+            let (opcode, remote, imm) = op.lower(true);
+            let raw = RawSend {
+                wr_id: RAW_WR | message as u64,
+                opcode,
+                sge,
+                remote: remote.map(|r| (r.addr, r.rkey)),
+                imm,
+            };
+            self.member_mut(member).accepted += 1;
+            return Ok(self.launch(member, raw, len));
+        }
         let message = self.messages.insert(Message {
             member,
             seq,
@@ -834,34 +1087,12 @@ impl<S: Sink> Engine<S> {
             status: WcStatus::Success,
         });
         let handle = PieceRef { message, seq };
-        let kind = match op {
-            SendOp::Send | SendOp::SendWithImm(_) => SchedOpcode::Send,
-            SendOp::Write(_) | SendOp::WriteWithImm(..) => SchedOpcode::Write,
-            SendOp::Read(_) => SchedOpcode::Read,
-        };
-        let m = self.member(member);
-        let (tenant, class) = (m.tenant, m.class);
-        let latency = class == TrafficClass::Latency;
-        // Fast path: the request is one piece, nothing it should wait
-        // behind is queued, and there is room for it in the NIC: post it
-        // now, without a trip through the scheduler's queues.
-        let one_piece = len <= self.chunk_bytes || kind == SchedOpcode::Send;
-        let nothing_ahead = if latency {
-            self.latency_queued == 0
-        } else {
-            self.sched.is_empty()
-        };
         self.member_mut(member).accepted += 1;
-        let m = self.member(member);
-        let fast = one_piece
-            && nothing_ahead
-            && m.pending.is_empty()
-            && (m.in_flight.len() as u32) < m.max_pieces
-            && (m.in_flight.len() as u32) < m.sq_room
-            && (latency || self.bulk_fits(len));
         if fast {
+            // Held back by its shared rate limit only (its caps here have
+            // been charged): the wake-up time must say when to try again.
             self.add_backlog(member, len);
-            let grant = Grant {
+            self.make_pending(Grant {
                 tenant,
                 class,
                 op: kind,
@@ -869,16 +1100,9 @@ impl<S: Sink> Engine<S> {
                 offset: 0,
                 len,
                 is_last: true,
-            };
-            if self.rate_allows(member, len) {
-                self.post_piece(member, grant);
-            } else {
-                // Held back by its shared rate limit: the wake-up time
-                // must say when to try again.
-                self.make_pending(grant);
-                self.pump();
-            }
-            return Ok(());
+            });
+            self.pump();
+            return Ok(None);
         }
         let descriptor = Descriptor::new(tenant, class, kind, len, handle);
         let now = Nanos(self.clock.now().0);
@@ -892,7 +1116,7 @@ impl<S: Sink> Engine<S> {
         }
         self.add_backlog(member, len);
         self.pump();
-        Ok(())
+        Ok(None)
     }
 
     /// Counts `len` accepted bytes as the tenant's demand until posted.
@@ -1041,7 +1265,9 @@ impl<S: Sink> Engine<S> {
         let holders: Vec<usize> = self
             .members
             .iter()
-            .filter(|(_, m)| m.in_flight.iter().any(|p| p.bulk))
+            .filter(|(_, m)| {
+                m.side.is_some() && m.class != TrafficClass::Latency && !m.in_flight.is_empty()
+            })
             .map(|(k, _)| k)
             .collect();
         for member in holders {
@@ -1054,7 +1280,9 @@ impl<S: Sink> Engine<S> {
     /// Polls `member`'s completion queue: receives go to its `done`, pieces
     /// are matched to their requests, and finished requests go to `done`.
     fn reap(&mut self, member: usize) -> Result<(), Error> {
-        let side = Arc::clone(&self.member(member).side);
+        let Some(side) = self.member(member).side.clone() else {
+            return Ok(());
+        };
         let result = side.try_reap();
         let mut raw = std::mem::take(&mut self.scratch);
         if side.mail.load(Ordering::Acquire) {
@@ -1078,16 +1306,20 @@ impl<S: Sink> Engine<S> {
     /// Accounts one finished piece.
     fn piece_done(&mut self, member: usize, message: usize, status: WcStatus) {
         let m = self.member_mut(member);
-        let at = match m.in_flight.front() {
-            Some(p) if p.message == message => Some(0),
-            _ => m.in_flight.iter().position(|p| p.message == message),
+        let piece = match m.in_flight.front() {
+            Some(p) if p.message == message => m.in_flight.pop_front(),
+            _ => m
+                .in_flight
+                .iter()
+                .position(|p| p.message == message)
+                .and_then(|at| m.in_flight.remove(at)),
         };
-        let Some(piece) = at.and_then(|at| m.in_flight.remove(at)) else {
+        let Some(piece) = piece else {
             tracing::error!(message, "completion for a piece that is not in flight");
             return;
         };
-        if piece.bulk {
-            self.bulk_in_flight -= piece.len;
+        if m.class != TrafficClass::Latency {
+            self.bulk_in_flight -= u64::from(piece.len);
         }
         if let Some(msg) = self.messages.get_mut(message) {
             msg.pieces_out -= 1;
@@ -1106,7 +1338,6 @@ impl<S: Sink> Engine<S> {
         if grant.is_last {
             msg.last_granted = true;
         }
-        let bulk = grant.class != TrafficClass::Latency;
         let m = self
             .members
             .get_mut(member)
@@ -1138,33 +1369,50 @@ impl<S: Sink> Engine<S> {
             imm,
         };
         msg.pieces_out += 1;
+        if let Some(raw) = self.launch(member, raw, grant.len) {
+            self.own_pieces.push(raw);
+        }
+    }
+
+    /// Counts `raw`, a piece of `len` bytes, as in flight on `member`'s
+    /// queue pair and hands it to whoever posts it: back to the caller if
+    /// the owner does (it holds the engine, or has no side), else to its
+    /// side's book.
+    #[inline]
+    #[must_use]
+    fn launch(&mut self, member: usize, raw: RawSend, len: u64) -> Option<RawSend> {
+        let message = (raw.wr_id & !RAW_WR) as usize;
+        let m = self
+            .members
+            .get_mut(member)
+            .expect("pieces belong to attached queue pairs");
         m.in_flight.push_back(InFlight {
             message,
-            len: grant.len,
-            bulk,
+            len: u32::try_from(len).unwrap_or(u32::MAX),
         });
         if let Some(q) = &m.quota {
-            q.record_posted(grant.len, 1);
+            q.record_posted(len, 1);
         }
-        if bulk {
-            self.bulk_in_flight += grant.len;
+        if m.class != TrafficClass::Latency {
+            self.bulk_in_flight += len;
         }
-        if member == self.caller && !m.side.mail.load(Ordering::Acquire) {
+        let side = match &m.side {
             // Its owner holds the engine and posts it on the way out; no
             // piece of it waits in the book (that would set the mail).
-            self.own_pieces.push(raw);
-            return;
-        }
+            Some(side) if member != self.caller || side.mail.load(Ordering::Acquire) => side,
+            _ => return Some(raw),
+        };
         let now = self.clock.now().0;
-        m.side.deliver(|book| {
+        side.deliver(|book| {
             if book.to_post.is_empty() {
                 book.decided_at = now;
             }
             book.to_post.push_back(raw);
         });
-        if !self.flush.iter().any(|s| Arc::ptr_eq(s, &m.side)) {
-            self.flush.push(Arc::clone(&m.side));
+        if !self.flush.iter().any(|s| Arc::ptr_eq(s, side)) {
+            self.flush.push(Arc::clone(side));
         }
+        None
     }
 
     /// Completes a request once all its pieces are granted and done.
@@ -1189,18 +1437,20 @@ impl<S: Sink> Engine<S> {
             .complete(m.context, m.status, opcode, byte_len, None);
         if let Some(owner) = self.members.get_mut(m.member) {
             owner.accepted -= 1;
-            if m.member == self.caller {
-                self.own_done.push(completion);
-            } else {
-                owner.side.deliver(|book| book.done.push(completion));
+            match &owner.side {
+                Some(side) if m.member != self.caller => {
+                    side.deliver(|book| book.done.push(completion))
+                }
+                _ => self.own_done.push(completion),
             }
         }
     }
 
     /// Takes a queue pair out: its requests are dropped (their regions
     /// freed once the NIC is done with them, or never) and its share of
-    /// the bulk budget returned.
-    fn detach(&mut self, member: usize) {
+    /// the bulk budget returned. `own` is the queue pair of a member
+    /// without a side.
+    fn detach(&mut self, member: usize, own: Option<&mut S>) {
         let Some(m) = self.members.remove(member) else {
             return;
         };
@@ -1212,13 +1462,25 @@ impl<S: Sink> Engine<S> {
         if m.waiting {
             self.waiting.retain(|&w| w != member);
         }
-        let bulk: u64 = m.in_flight.iter().filter(|p| p.bulk).map(|p| p.len).sum();
-        // Pieces decided and not posted never reach the NIC.
-        self.flush.retain(|s| !Arc::ptr_eq(s, &m.side));
-        let drained = {
-            let mut qp = lock(&m.side.qp);
-            lock(&m.side.book).to_post.clear();
-            qp.shutdown()
+        let bulk: u64 = if m.class == TrafficClass::Latency {
+            0
+        } else {
+            m.in_flight.iter().map(|p| u64::from(p.len)).sum()
+        };
+        let drained = match (&m.side, own) {
+            (Some(side), _) => {
+                // Pieces decided and not posted never reach the NIC.
+                self.flush.retain(|s| !Arc::ptr_eq(s, side));
+                let mut qp = lock(&side.qp);
+                lock(&side.book).to_post.clear();
+                qp.shutdown()
+            }
+            (None, Some(qp)) => {
+                self.own_pieces.clear();
+                qp.shutdown()
+            }
+            // No queue pair to drain: keep the regions.
+            (None, None) => false,
         };
         self.bulk_in_flight -= bulk;
         let messages = self.messages.remove_where(|msg| msg.member == member);

@@ -20,6 +20,7 @@ impl<T> Default for Slab<T> {
 
 impl<T> Slab<T> {
     /// Stores `value` and returns its key.
+    #[inline(always)]
     pub(crate) fn insert(&mut self, value: T) -> usize {
         match self.free.pop() {
             Some(key) => {
@@ -34,6 +35,7 @@ impl<T> Slab<T> {
     }
 
     /// Takes the value under `key` out (the key becomes free).
+    #[inline]
     pub(crate) fn remove(&mut self, key: usize) -> Option<T> {
         let value = self.entries.get_mut(key)?.take()?;
         self.free.push(key);
@@ -41,11 +43,13 @@ impl<T> Slab<T> {
     }
 
     /// The value under `key`.
+    #[inline]
     pub(crate) fn get(&self, key: usize) -> Option<&T> {
         self.entries.get(key)?.as_ref()
     }
 
     /// The value under `key`, to change.
+    #[inline]
     pub(crate) fn get_mut(&mut self, key: usize) -> Option<&mut T> {
         self.entries.get_mut(key)?.as_mut()
     }
