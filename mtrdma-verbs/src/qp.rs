@@ -15,7 +15,7 @@ use mtrdma_core::TenantHandle;
 use crate::completion::{Completion, Opcode, WcStatus};
 use crate::mr::{Access, RemoteRegion};
 use crate::slab::Slab;
-use crate::{Error, GidSelection, MemoryRegion, ProtectionDomain};
+use crate::{Error, GidEntry, GidSelection, MemoryRegion, PortInfo, ProtectionDomain};
 
 /// What a peer needs to connect to a queue pair. Serialisable, to send it
 /// over any channel (see [`crate::exchange`]).
@@ -137,14 +137,83 @@ impl std::error::Error for PostError {
 #[derive(Debug)]
 pub struct QueuePairBuilder<'a> {
     pd: &'a ProtectionDomain,
-    max_send_wr: u32,
-    max_recv_wr: u32,
-    port: u8,
-    gid: GidSelection,
+    settings: QpSettings,
     access: Access,
-    tenant: Option<TenantHandle>,
     max_inline: u32,
 }
+
+/// What the RC and UD queue pair builders share.
+#[derive(Debug)]
+pub(crate) struct QpSettings {
+    pub(crate) max_send_wr: u32,
+    pub(crate) max_recv_wr: u32,
+    pub(crate) port: u8,
+    pub(crate) gid: GidSelection,
+    pub(crate) tenant: Option<TenantHandle>,
+}
+
+impl Default for QpSettings {
+    fn default() -> Self {
+        QpSettings {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            port: 1,
+            gid: GidSelection::Auto,
+            tenant: None,
+        }
+    }
+}
+
+/// What creating a queue pair begins with (see [`QpSettings::begin`]).
+pub(crate) struct QpStart {
+    /// The tenant's admission of the queue pair, given back on drop.
+    pub(crate) permit: Option<OwnedQpPermit>,
+    pub(crate) device: String,
+    pub(crate) port: PortInfo,
+    pub(crate) gid: GidEntry,
+}
+
+impl QpSettings {
+    /// Admits a new queue pair against its tenant's quota (count and
+    /// creation rate), then finds its port and GID on `pd`'s device.
+    pub(crate) fn begin(&self, pd: &ProtectionDomain) -> Result<QpStart, Error> {
+        let permit = match &self.tenant {
+            Some(t) => Some(t.acquire_qp()?.into_owned()),
+            None => None,
+        };
+        let ctx = pd.context();
+        Ok(QpStart {
+            permit,
+            device: ctx.name().to_string(),
+            port: ctx.port(self.port)?,
+            gid: ctx.select_gid(self.port, self.gid)?,
+        })
+    }
+}
+
+/// The setters both queue pair builders have, on their `settings`.
+macro_rules! qp_settings_setters {
+    () => {
+        /// Send queue depth (default 128).
+        pub fn max_send_wr(mut self, n: u32) -> Self {
+            self.settings.max_send_wr = n.max(1);
+            self
+        }
+
+        /// The port (default 1).
+        pub fn port(mut self, port: u8) -> Self {
+            self.settings.port = port;
+            self
+        }
+
+        /// How to choose the local GID (default [`GidSelection::Auto`]).
+        pub fn gid(mut self, gid: GidSelection) -> Self {
+            self.settings.gid = gid;
+            self
+        }
+    };
+}
+pub(crate) use qp_settings_setters;
 
 impl ProtectionDomain {
     /// Starts building a reliable-connected queue pair (with its own
@@ -152,39 +221,19 @@ impl ProtectionDomain {
     pub fn queue_pair(&self) -> QueuePairBuilder<'_> {
         QueuePairBuilder {
             pd: self,
-            max_send_wr: 128,
-            max_recv_wr: 128,
-            port: 1,
-            gid: GidSelection::Auto,
+            settings: QpSettings::default(),
             access: Access::REMOTE_READ_WRITE,
-            tenant: None,
             max_inline: 0,
         }
     }
 }
 
 impl QueuePairBuilder<'_> {
-    /// Send queue depth (default 128).
-    pub fn max_send_wr(mut self, n: u32) -> Self {
-        self.max_send_wr = n.max(1);
-        self
-    }
+    qp_settings_setters!();
 
     /// Receive queue depth (default 128).
     pub fn max_recv_wr(mut self, n: u32) -> Self {
-        self.max_recv_wr = n.max(1);
-        self
-    }
-
-    /// The port (default 1).
-    pub fn port(mut self, port: u8) -> Self {
-        self.port = port;
-        self
-    }
-
-    /// How to choose the GID (default [`GidSelection::Auto`]).
-    pub fn gid(mut self, gid: GidSelection) -> Self {
-        self.gid = gid;
+        self.settings.max_recv_wr = n.max(1);
         self
     }
 
@@ -208,30 +257,34 @@ impl QueuePairBuilder<'_> {
     /// its quota (count and creation rate) and the queue pair gives its
     /// place back when dropped.
     pub fn tenant(mut self, tenant: &TenantHandle) -> Self {
-        self.tenant = Some(tenant.clone());
+        self.settings.tenant = Some(tenant.clone());
         self
     }
 
     /// Creates the queue pair and moves it to INIT. Connect it with
     /// [`PreparedQueuePair::connect`] once the peer's [`Endpoint`] is known.
     pub fn build(self) -> Result<PreparedQueuePair, Error> {
-        let permit = match &self.tenant {
-            Some(t) => Some(t.acquire_qp()?.into_owned()),
-            None => None,
-        };
-        let ctx = self.pd.context();
-        let device = ctx.name().to_string();
-        let port = ctx.port(self.port)?;
-        let gid = ctx.select_gid(self.port, self.gid)?;
-        let cq = Cq::new(ctx, self.max_send_wr + self.max_recv_wr)?;
+        let QpStart {
+            permit,
+            device,
+            port,
+            gid,
+        } = self.settings.begin(self.pd)?;
+        let QpSettings {
+            max_send_wr,
+            max_recv_wr,
+            port: port_num,
+            ..
+        } = self.settings;
+        let cq = Cq::new(self.pd.context(), max_send_wr + max_recv_wr)?;
         let mut init = ffi::ibv_qp_init_attr {
             send_cq: cq.cq.as_ptr(),
             recv_cq: cq.cq.as_ptr(),
             qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
             sq_sig_all: 1,
             cap: ffi::ibv_qp_cap {
-                max_send_wr: self.max_send_wr,
-                max_recv_wr: self.max_recv_wr,
+                max_send_wr,
+                max_recv_wr,
                 max_send_sge: 1,
                 max_recv_sge: 1,
                 max_inline_data: self.max_inline,
@@ -248,8 +301,8 @@ impl QueuePairBuilder<'_> {
             pd: self.pd.clone(),
             // The requested depths, not the provider's (possibly rounded
             // up) ones: the completion queue was sized for these.
-            books: Books::new(self.max_send_wr, self.max_recv_wr),
-            port: self.port,
+            books: Books::new(max_send_wr, max_recv_wr),
+            port: port_num,
             gid_index: gid.index,
             max_inline: if self.max_inline == 0 { 0 } else { max_inline },
             destroyed: false,
@@ -258,7 +311,7 @@ impl QueuePairBuilder<'_> {
         let mut attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
             pkey_index: 0,
-            port_num: self.port,
+            port_num,
             qp_access_flags: self.access.qp_flags(),
             ..Default::default()
         };

@@ -25,7 +25,8 @@ use mtrdma_core::TenantHandle;
 
 use crate::completion::{Opcode, WcStatus};
 use crate::qp::{
-    create_qp, device_attrs, global_ah_attr, libc_enosys, modify_qp, random_psn, Cq, PostError,
+    create_qp, device_attrs, global_ah_attr, libc_enosys, modify_qp, qp_settings_setters,
+    random_psn, Cq, PostError, QpSettings, QpStart,
 };
 use crate::slab::Slab;
 use crate::{Access, Error, Gid, GidSelection, MemoryRegion, ProtectionDomain};
@@ -121,12 +122,8 @@ impl ProtectionDomain {
     pub fn ud_queue_pair(&self) -> UdQueuePairBuilder<'_> {
         UdQueuePairBuilder {
             pd: self,
-            max_send_wr: 128,
-            max_recv_wr: 128,
-            port: 1,
-            gid: GidSelection::Auto,
+            settings: QpSettings::default(),
             qkey: DEFAULT_QKEY,
-            tenant: None,
         }
     }
 }
@@ -161,37 +158,17 @@ fn create_ah(
 #[derive(Debug)]
 pub struct UdQueuePairBuilder<'a> {
     pd: &'a ProtectionDomain,
-    max_send_wr: u32,
-    max_recv_wr: u32,
-    port: u8,
-    gid: GidSelection,
+    settings: QpSettings,
     qkey: u32,
-    tenant: Option<TenantHandle>,
 }
 
 impl UdQueuePairBuilder<'_> {
-    /// Send queue depth (default 128).
-    pub fn max_send_wr(mut self, n: u32) -> Self {
-        self.max_send_wr = n.max(1);
-        self
-    }
+    qp_settings_setters!();
 
     /// Receive queue depth (default 128); the queue pair registers
     /// `40 * n` bytes for the GRHs of its receives.
     pub fn max_recv_wr(mut self, n: u32) -> Self {
-        self.max_recv_wr = n.max(1);
-        self
-    }
-
-    /// The port (default 1).
-    pub fn port(mut self, port: u8) -> Self {
-        self.port = port;
-        self
-    }
-
-    /// How to choose the local GID (default [`GidSelection::Auto`]).
-    pub fn gid(mut self, gid: GidSelection) -> Self {
-        self.gid = gid;
+        self.settings.max_recv_wr = n.max(1);
         self
     }
 
@@ -206,7 +183,7 @@ impl UdQueuePairBuilder<'_> {
     /// its quota, the internal GRH buffer counts against its memory-region
     /// bytes, and both are given back when the queue pair is dropped.
     pub fn tenant(mut self, tenant: &TenantHandle) -> Self {
-        self.tenant = Some(tenant.clone());
+        self.settings.tenant = Some(tenant.clone());
         self
     }
 
@@ -214,14 +191,20 @@ impl UdQueuePairBuilder<'_> {
     /// Q_Key), RTR and RTS (a random send PSN): a UD queue pair needs no
     /// peer to be ready.
     pub fn build(self) -> Result<UdQueuePair, Error> {
-        let permit = match &self.tenant {
-            Some(t) => Some(t.acquire_qp()?.into_owned()),
-            None => None,
-        };
+        let QpStart {
+            permit,
+            device,
+            port,
+            gid,
+        } = self.settings.begin(self.pd)?;
+        let QpSettings {
+            max_send_wr,
+            max_recv_wr,
+            port: port_num,
+            ref tenant,
+            ..
+        } = self.settings;
         let ctx = self.pd.context();
-        let device = ctx.name().to_string();
-        let port = ctx.port(self.port)?;
-        let gid = ctx.select_gid(self.port, self.gid)?;
         let attrs = device_attrs(ctx)?;
         if attrs.max_sge < 2 {
             return Err(Error::TooFewSges {
@@ -229,22 +212,22 @@ impl UdQueuePairBuilder<'_> {
                 max_sge: attrs.max_sge,
             });
         }
-        let grh_len = GRH_BYTES * self.max_recv_wr as usize;
-        let grh = match &self.tenant {
+        let grh_len = GRH_BYTES * max_recv_wr as usize;
+        let grh = match tenant {
             Some(t) => self.pd.register_for(t, vec![0u8; grh_len], Access::LOCAL)?,
             None => self.pd.allocate(grh_len, Access::LOCAL)?,
         };
         // The CQ holds one entry per request the queue pair lets in flight
         // (its own limits below, not the provider's possibly larger caps).
-        let cq = Cq::new(ctx, self.max_send_wr + self.max_recv_wr)?;
+        let cq = Cq::new(ctx, max_send_wr + max_recv_wr)?;
         let mut init = ffi::ibv_qp_init_attr {
             send_cq: cq.cq.as_ptr(),
             recv_cq: cq.cq.as_ptr(),
             qp_type: ffi::ibv_qp_type::IBV_QPT_UD,
             sq_sig_all: 1,
             cap: ffi::ibv_qp_cap {
-                max_send_wr: self.max_send_wr,
-                max_recv_wr: self.max_recv_wr,
+                max_send_wr,
+                max_recv_wr,
                 max_send_sge: 1,
                 max_recv_sge: 2,
                 max_inline_data: 0,
@@ -259,13 +242,13 @@ impl UdQueuePairBuilder<'_> {
             grh_addr: grh.addr(),
             grh_lkey: grh.lkey(),
             grh: Some(grh),
-            free_cells: (0..self.max_recv_wr as usize).rev().collect(),
+            free_cells: (0..max_recv_wr as usize).rev().collect(),
             slab: Slab::default(),
             sends_in_flight: 0,
             recvs_in_flight: 0,
-            max_send_wr: self.max_send_wr,
-            max_recv_wr: self.max_recv_wr,
-            port: self.port,
+            max_send_wr,
+            max_recv_wr,
+            port: port_num,
             gid_index: gid.index,
             gid: gid.gid,
             lid: port.lid,
@@ -286,7 +269,7 @@ impl UdQueuePairBuilder<'_> {
         let mut attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
             pkey_index: 0,
-            port_num: self.port,
+            port_num,
             qkey: self.qkey,
             ..Default::default()
         };
