@@ -169,8 +169,11 @@ pub(crate) struct QpStart {
     /// The tenant's admission of the queue pair, given back on drop.
     pub(crate) permit: Option<OwnedQpPermit>,
     pub(crate) device: String,
+    pub(crate) port_num: u8,
     pub(crate) port: PortInfo,
     pub(crate) gid: GidEntry,
+    pub(crate) max_send_wr: u32,
+    pub(crate) max_recv_wr: u32,
 }
 
 impl QpSettings {
@@ -185,8 +188,11 @@ impl QpSettings {
         Ok(QpStart {
             permit,
             device: ctx.name().to_string(),
+            port_num: self.port,
             port: ctx.port(self.port)?,
             gid: ctx.select_gid(self.port, self.gid)?,
+            max_send_wr: self.max_send_wr,
+            max_recv_wr: self.max_recv_wr,
         })
     }
 }
@@ -267,15 +273,12 @@ impl QueuePairBuilder<'_> {
         let QpStart {
             permit,
             device,
+            port_num,
             port,
             gid,
-        } = self.settings.begin(self.pd)?;
-        let QpSettings {
             max_send_wr,
             max_recv_wr,
-            port: port_num,
-            ..
-        } = self.settings;
+        } = self.settings.begin(self.pd)?;
         let cq = Cq::new(self.pd.context(), max_send_wr + max_recv_wr)?;
         let mut init = ffi::ibv_qp_init_attr {
             send_cq: cq.cq.as_ptr(),

@@ -16,7 +16,9 @@
 //! deficit round robin decides between the tenants, the latency class goes
 //! first, and the bulk bytes all of them have in the NIC at once are
 //! bounded, so a latency request finds little ahead of it whatever the
-//! number of bulk tenants.
+//! number of bulk tenants. A queue pair on its own owns its scheduler
+//! outright and takes no lock to post or poll; on a shared scheduler the
+//! scheduler's lock is taken only to decide, never while posting.
 //!
 //! Progress is made when the application polls: [`ScheduledQueuePair::poll`]
 //! reaps completions and posts whatever the scheduler lets go next, for
@@ -290,6 +292,11 @@ impl QueuePair {
 }
 
 /// A queue pair whose sends are scheduled (see the module docs).
+///
+/// It may be moved to another thread (it is `Send`); posting and polling
+/// take `&mut self`, so one thread uses it at a time (wrap it in a mutex,
+/// or use [`with_progress_thread`](Self::with_progress_thread), to share
+/// it).
 pub struct ScheduledQueuePair {
     inner: Scheduled<QueuePair>,
 }
@@ -1090,30 +1097,7 @@ impl<S: Sink> Engine<S> {
             && (m.in_flight.len() as u32) < m.max_pieces.min(m.sq_room)
             && (latency || self.bulk_fits(len))
             && (!self.capped || self.sched.admit_now(tenant, len, self.now()).is_ok());
-        if fast && self.rate_allows(member, len) {
-            let message = self.messages.insert(Message {
-                member,
-                seq,
-                op,
-                region,
-                start: range.start,
-                len,
-                context,
-                pieces_out: 1,
-                last_granted: true,
-                status: WcStatus::Success,
-            });
-            let (opcode, remote, imm) = op.lower(true);
-            let raw = RawSend {
-                wr_id: RAW_WR | message as u64,
-                opcode,
-                sge,
-                remote: remote.map(|r| (r.addr, r.rkey)),
-                imm,
-            };
-            self.member_mut(member).accepted += 1;
-            return Ok(self.launch(member, raw, len));
-        }
+        let now = fast && self.rate_allows(member, len);
         let message = self.messages.insert(Message {
             member,
             seq,
@@ -1122,12 +1106,24 @@ impl<S: Sink> Engine<S> {
             start: range.start,
             len,
             context,
-            pieces_out: 0,
-            last_granted: false,
+            // Sent now: its one piece is out, and the last.
+            pieces_out: u32::from(now),
+            last_granted: now,
             status: WcStatus::Success,
         });
-        let handle = PieceRef { message, seq };
         self.member_mut(member).accepted += 1;
+        if now {
+            let (opcode, remote, imm) = op.lower(true);
+            let raw = RawSend {
+                wr_id: RAW_WR | message as u64,
+                opcode,
+                sge,
+                remote: remote.map(|r| (r.addr, r.rkey)),
+                imm,
+            };
+            return Ok(self.launch(member, raw, len));
+        }
+        let handle = PieceRef { message, seq };
         if fast {
             // Held back by its shared rate limit only (its caps here have
             // been charged): the wake-up time must say when to try again.

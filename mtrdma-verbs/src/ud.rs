@@ -194,16 +194,12 @@ impl UdQueuePairBuilder<'_> {
         let QpStart {
             permit,
             device,
+            port_num,
             port,
             gid,
-        } = self.settings.begin(self.pd)?;
-        let QpSettings {
             max_send_wr,
             max_recv_wr,
-            port: port_num,
-            ref tenant,
-            ..
-        } = self.settings;
+        } = self.settings.begin(self.pd)?;
         let ctx = self.pd.context();
         let attrs = device_attrs(ctx)?;
         if attrs.max_sge < 2 {
@@ -213,7 +209,7 @@ impl UdQueuePairBuilder<'_> {
             });
         }
         let grh_len = GRH_BYTES * max_recv_wr as usize;
-        let grh = match tenant {
+        let grh = match &self.settings.tenant {
             Some(t) => self.pd.register_for(t, vec![0u8; grh_len], Access::LOCAL)?,
             None => self.pd.allocate(grh_len, Access::LOCAL)?,
         };
