@@ -218,11 +218,12 @@ fn paired() {
     let mut sink = NullSink::new(1, DEPTH);
     let mut qp = bench::scheduled(NullSink::new(1, DEPTH), ScheduleConfig::default())
         .expect("a scheduler of its own");
-    let mut region = HeapRegion::new(BYTES);
+    let mut region = Some(HeapRegion::new(BYTES));
     let mut time = |f: &mut dyn FnMut(HeapRegion) -> HeapRegion| {
         let start = Instant::now();
         for _ in 0..ROUND_WRS {
-            region = black_box(f(std::mem::replace(&mut region, HeapRegion::new(0))));
+            let r = region.take().expect("region back");
+            region = Some(black_box(f(r)));
         }
         start.elapsed().as_nanos() as f64 / f64::from(ROUND_WRS)
     };

@@ -9,8 +9,11 @@
 //! ```
 //!
 //! Both paths use loopback queue pairs on one device, keep the same number
-//! of WRITEs outstanding, and alternate for `--rounds` rounds; the best
-//! round of each is reported.
+//! of WRITEs outstanding, and alternate for `--rounds` rounds (which goes
+//! first alternates too); the best
+//! round of each is reported, and the ratio of the two, and also the
+//! median of the rounds' own ratios (each round's mtrdma rate over the
+//! direct rate of the same round, so drift between rounds cancels).
 
 use std::time::Instant;
 
@@ -51,8 +54,8 @@ fn parse() -> Result<Args, String> {
             other => return Err(format!("unknown flag {other}")),
         }
     }
-    if args.size == 0 || args.outstanding == 0 || args.iters == 0 {
-        return Err("--size, --iters and --outstanding must be at least 1".into());
+    if args.size == 0 || args.outstanding == 0 || args.iters == 0 || args.rounds == 0 {
+        return Err("--size, --iters, --outstanding and --rounds must be at least 1".into());
     }
     Ok(args)
 }
@@ -142,10 +145,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
 
     let (mut best_direct, mut best_sched) = (f64::MAX, f64::MAX);
-    for _ in 0..args.rounds {
-        best_direct = best_direct.min(run(&mut direct, op, &mut pool, args.size, args.iters)?);
-        best_sched = best_sched.min(run(&mut scheduled, op, &mut pool, args.size, args.iters)?);
+    let mut ratios = Vec::new();
+    for round in 0..args.rounds {
+        // Which path goes first alternates, so neither always runs on the
+        // heels of the other.
+        let (d, s) = if round % 2 == 0 {
+            let d = run(&mut direct, op, &mut pool, args.size, args.iters)?;
+            (
+                d,
+                run(&mut scheduled, op, &mut pool, args.size, args.iters)?,
+            )
+        } else {
+            let s = run(&mut scheduled, op, &mut pool, args.size, args.iters)?;
+            (run(&mut direct, op, &mut pool, args.size, args.iters)?, s)
+        };
+        best_direct = best_direct.min(d);
+        best_sched = best_sched.min(s);
+        ratios.push(d / s);
     }
+    ratios.sort_by(f64::total_cmp);
     println!(
         "device {}, RDMA WRITE, {} outstanding, best of {} rounds",
         ctx.name(),
@@ -171,5 +189,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let d = line("direct", best_direct);
     let s = line("mtrdma", best_sched);
     println!("ratio mtrdma/direct: {:.3}", s / d);
+    let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();
+    println!(
+        "ratio per round (sorted): {}; median {:.3}",
+        shown.join(" "),
+        ratios[ratios.len() / 2]
+    );
     Ok(())
 }

@@ -551,6 +551,13 @@ impl<S: Sink> Solo<S> {
     /// refuses completes as failed at the next poll.
     #[inline]
     fn post_decided(&mut self) {
+        if !self.engine.own_pieces.is_empty() {
+            self.post_pieces();
+        }
+    }
+
+    #[inline(never)]
+    fn post_pieces(&mut self) {
         for piece in self.engine.own_pieces.drain(..) {
             if let Some(failed) = post_piece(&mut self.sink, piece) {
                 self.raw.push(failed);
