@@ -587,6 +587,16 @@ impl Drop for Cq {
 /// completions back as they are.
 pub(crate) const RAW_WR: u64 = 1 << 63;
 
+/// `wr_id`s with this bit (and not [`RAW_WR`]) are the queue pair's own,
+/// parked like the direct path's, but posted by a scheduled queue pair:
+/// their completion goes to `out` with the request's length, and [`Sink::poll`]
+/// also reports a raw completion with `wr_id` [`PARKED_DONE`] so the
+/// scheduler counts the piece as finished.
+pub(crate) const SCHED_WR: u64 = 1 << 62;
+
+/// The raw completion that says one of the [`SCHED_WR`] requests finished.
+pub(crate) const PARKED_DONE: u64 = RAW_WR | SCHED_WR;
+
 /// A completion of a raw work request.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RawCompletion {
@@ -664,6 +674,8 @@ pub(crate) struct Slot<R> {
     context: u64,
     region: R,
     send: bool,
+    /// Bytes of a send (reported for [`SCHED_WR`] requests).
+    len: u32,
 }
 
 /// A queue pair's own bookkeeping, apart from the device: the regions of
@@ -733,7 +745,11 @@ impl<R: Region> Books<R> {
             });
             return;
         }
-        let Some(slot) = usize::try_from(wc.wr_id).ok().and_then(|i| self.unpark(i)) else {
+        let sched = wc.wr_id & SCHED_WR != 0;
+        let Some(slot) = usize::try_from(wc.wr_id & !SCHED_WR)
+            .ok()
+            .and_then(|i| self.unpark(i))
+        else {
             tracing::error!(wr_id = wc.wr_id, "completion for an unknown work request");
             return;
         };
@@ -755,13 +771,22 @@ impl<R: Region> Books<R> {
                 _ => Opcode::Unknown,
             }
         };
+        // A scheduled request reports its own length, as the scheduler
+        // does for the requests it splits.
+        let byte_len = if sched { slot.len } else { wc.byte_len };
         out.push(slot.region.complete(
             slot.context,
             wc.status,
             opcode,
-            wc.byte_len,
+            byte_len,
             wc.imm.map(u32::from_be),
         ));
+        if sched {
+            raw.push(RawCompletion {
+                wr_id: PARKED_DONE,
+                status: wc.status,
+            });
+        }
     }
 }
 
@@ -884,6 +909,20 @@ pub(crate) trait Sink: Send + 'static {
             Ok(sge) => sge,
             Err(error) => return Err((error, region)),
         };
+        self.park_and_post(op, region, sge, context, 0)
+    }
+
+    /// [`post_parked`](Self::post_parked) of a request `check_send` found
+    /// to be `sge`, its `wr_id` marked with `flag` (0 or [`SCHED_WR`]).
+    #[inline]
+    fn park_and_post(
+        &mut self,
+        op: SendOp,
+        region: Self::Region,
+        sge: ffi::ibv_sge,
+        context: u64,
+        flag: u64,
+    ) -> Result<(), (Error, Self::Region)> {
         let books = self.books_mut();
         if books.sends_in_flight >= books.max_send_wr {
             let depth = books.max_send_wr;
@@ -894,9 +933,10 @@ pub(crate) trait Sink: Send + 'static {
             context,
             region,
             send: true,
+            len: sge.length,
         });
         let raw = RawSend {
-            wr_id: slot as u64,
+            wr_id: slot as u64 | flag,
             opcode,
             sge,
             remote: remote.map(|r| (r.addr, r.rkey)),
@@ -1006,6 +1046,7 @@ impl QueuePair {
             context,
             region,
             send: false,
+            len: 0,
         });
         let mut wr = ffi::ibv_recv_wr {
             wr_id: slot as u64,

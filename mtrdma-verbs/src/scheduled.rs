@@ -18,7 +18,13 @@
 //! bounded, so a latency request finds little ahead of it whatever the
 //! number of bulk tenants. A queue pair on its own owns its scheduler
 //! outright and takes no lock to post or poll; on a shared scheduler the
-//! scheduler's lock is taken only to decide, never while posting.
+//! scheduler's lock is taken only to decide, never while posting. On a
+//! queue pair of its own, a request that may go at once (one piece,
+//! nothing queued ahead, room in the NIC, no shared rate limit or caps to
+//! charge, no chunked request in flight) is posted exactly as the direct
+//! path posts it, its region parked in the queue pair's books, and the
+//! scheduler only counts it: the scheduled path then costs next to nothing
+//! more than the direct one.
 //!
 //! Progress is made when the application polls: [`ScheduledQueuePair::poll`]
 //! reaps completions and posts whatever the scheduler lets go next, for
@@ -39,7 +45,8 @@ use mtrdma_sched::{
 
 use crate::completion::{Completion, Opcode, WcStatus};
 use crate::qp::{
-    check_send, PostError, QueuePair, RawCompletion, RawSend, Region, SendOp, Sink, RAW_WR,
+    check_send, PostError, QueuePair, RawCompletion, RawSend, Region, SendOp, Sink, PARKED_DONE,
+    RAW_WR, SCHED_WR,
 };
 use crate::slab::Slab;
 use crate::{Error, MemoryRegion};
@@ -515,6 +522,22 @@ impl<S: Sink> Solo<S> {
         sge: ffi::ibv_sge,
         context: u64,
     ) -> Result<(), (Error, S::Region)> {
+        let region = if self.engine.may_park(self.member, op, u64::from(sge.length)) {
+            // Posted as the direct path posts, its region parked in the
+            // queue pair's books; the engine only counts it.
+            match self.sink.park_and_post(op, region, sge, context, SCHED_WR) {
+                Ok(()) => {
+                    self.engine.parked(self.member, sge.length);
+                    return Ok(());
+                }
+                // Refused by the queue pair: through the engine, whose
+                // refused pieces complete as failed at the next poll (as
+                // every accepted request ends, with one completion).
+                Err((_, region)) => region,
+            }
+        } else {
+            region
+        };
         let result = self
             .engine
             .post_send(self.member, op, region, range, sge, context);
@@ -774,10 +797,14 @@ impl<R: Region> Message<R> {
 /// travels in registers.)
 #[derive(Debug, Clone, Copy)]
 struct InFlight {
+    /// Its request's key, or [`PARKED`].
     message: usize,
     /// Bytes (a piece's scatter entry holds at most `u32::MAX`).
     len: u32,
 }
+
+/// [`InFlight::message`] of a request parked in the queue pair's books.
+const PARKED: usize = usize::MAX;
 
 /// A queue pair and what its owner collects at its next poll.
 ///
@@ -898,6 +925,9 @@ struct Member<S: Sink> {
     backlog: u64,
     /// Requests accepted and not yet handed back.
     accepted: usize,
+    /// Pieces of `in_flight` the engine posted raw (the others were
+    /// parked in the queue pair's books, see [`Engine::may_park`]).
+    raw_out: u32,
 }
 
 /// Everything behind a [`SharedScheduler`]: the queue pairs, their
@@ -1012,6 +1042,7 @@ impl<S: Sink> Engine<S> {
             waiting: false,
             backlog: 0,
             accepted: 0,
+            raw_out: 0,
         });
         Ok((member, tenant, class))
     }
@@ -1054,6 +1085,75 @@ impl<S: Sink> Engine<S> {
         self.members
             .get_mut(member)
             .expect("a queue pair's member entry lives as long as it does")
+    }
+
+    /// Whether `member`'s request of `len` bytes may be posted now as the
+    /// direct path posts it, its region parked in the queue pair's own
+    /// books (its completion then comes out of the queue pair's poll in
+    /// order, and the engine only counts the piece): a queue pair with an
+    /// engine of its own, no shared rate limit or caps to charge, a request
+    /// of one piece with nothing queued ahead, room in the NIC, and no raw
+    /// piece in flight (whose request would finish after this one's).
+    #[inline]
+    fn may_park(&self, member: usize, op: SendOp, len: u64) -> bool {
+        let m = self.member(member);
+        let latency = m.class == TrafficClass::Latency;
+        let one_piece =
+            len <= self.chunk_bytes || matches!(op, SendOp::Send | SendOp::SendWithImm(_));
+        let nothing_ahead = if latency {
+            self.latency_queued == 0
+        } else {
+            self.sched.is_empty()
+        };
+        m.side.is_none()
+            && m.quota.is_none()
+            && !self.capped
+            && m.raw_out == 0
+            && one_piece
+            && nothing_ahead
+            && m.pending.is_empty()
+            && (m.in_flight.len() as u32) < m.max_pieces.min(m.sq_room)
+            && (latency || self.bulk_fits(len))
+    }
+
+    /// Counts a request of `len` bytes that `may_park` let go, posted.
+    #[inline]
+    fn parked(&mut self, member: usize, len: u32) {
+        let m = self
+            .members
+            .get_mut(member)
+            .expect("a queue pair's member entry lives as long as it does");
+        m.in_flight.push_back(InFlight {
+            message: PARKED,
+            len,
+        });
+        m.accepted += 1;
+        if m.class != TrafficClass::Latency {
+            self.bulk_in_flight += u64::from(len);
+        }
+    }
+
+    /// Counts one parked request as finished (its completion went to the
+    /// owner from the queue pair's poll).
+    #[inline]
+    fn parked_done(&mut self, member: usize) {
+        let m = self.member_mut(member);
+        let piece = match m.in_flight.front() {
+            Some(p) if p.message == PARKED => m.in_flight.pop_front(),
+            _ => m
+                .in_flight
+                .iter()
+                .position(|p| p.message == PARKED)
+                .and_then(|at| m.in_flight.remove(at)),
+        };
+        let Some(piece) = piece else {
+            tracing::error!("completion for a parked request that is not in flight");
+            return;
+        };
+        m.accepted -= 1;
+        if m.class != TrafficClass::Latency {
+            self.bulk_in_flight -= u64::from(piece.len);
+        }
     }
 
     /// Whether a bulk piece of `len` bytes fits the budget now.
@@ -1343,8 +1443,12 @@ impl<S: Sink> Engine<S> {
     #[inline]
     fn process(&mut self, member: usize, raw: &[RawCompletion]) {
         for c in raw {
-            let message = (c.wr_id & !RAW_WR) as usize;
-            self.piece_done(member, message, c.status);
+            if c.wr_id == PARKED_DONE {
+                self.parked_done(member);
+            } else {
+                let message = (c.wr_id & !RAW_WR) as usize;
+                self.piece_done(member, message, c.status);
+            }
         }
     }
 
@@ -1364,6 +1468,7 @@ impl<S: Sink> Engine<S> {
             tracing::error!(message, "completion for a piece that is not in flight");
             return;
         };
+        m.raw_out -= 1;
         if m.class != TrafficClass::Latency {
             self.bulk_in_flight -= u64::from(piece.len);
         }
@@ -1442,6 +1547,7 @@ impl<S: Sink> Engine<S> {
             message,
             len: u32::try_from(len).unwrap_or(u32::MAX),
         });
+        m.raw_out += 1;
         if let Some(q) = &m.quota {
             q.record_posted(len, 1);
         }
