@@ -930,6 +930,23 @@ struct Member<S: Sink> {
     raw_out: u32,
 }
 
+impl<S: Sink> Member<S> {
+    /// Takes the piece of `message` (or [`PARKED`]) out of `in_flight`:
+    /// the front one, as an RC send queue completes in order, unless a
+    /// refused post completed out of turn.
+    #[inline]
+    fn take_in_flight(&mut self, message: usize) -> Option<InFlight> {
+        match self.in_flight.front() {
+            Some(p) if p.message == message => self.in_flight.pop_front(),
+            _ => self
+                .in_flight
+                .iter()
+                .position(|p| p.message == message)
+                .and_then(|at| self.in_flight.remove(at)),
+        }
+    }
+}
+
 /// Everything behind a [`SharedScheduler`]: the queue pairs, their
 /// requests, and the one scheduler that orders them.
 struct Engine<S: Sink> {
@@ -1138,15 +1155,7 @@ impl<S: Sink> Engine<S> {
     #[inline]
     fn parked_done(&mut self, member: usize) {
         let m = self.member_mut(member);
-        let piece = match m.in_flight.front() {
-            Some(p) if p.message == PARKED => m.in_flight.pop_front(),
-            _ => m
-                .in_flight
-                .iter()
-                .position(|p| p.message == PARKED)
-                .and_then(|at| m.in_flight.remove(at)),
-        };
-        let Some(piece) = piece else {
+        let Some(piece) = m.take_in_flight(PARKED) else {
             tracing::error!("completion for a parked request that is not in flight");
             return;
         };
@@ -1456,15 +1465,7 @@ impl<S: Sink> Engine<S> {
     #[inline]
     fn piece_done(&mut self, member: usize, message: usize, status: WcStatus) {
         let m = self.member_mut(member);
-        let piece = match m.in_flight.front() {
-            Some(p) if p.message == message => m.in_flight.pop_front(),
-            _ => m
-                .in_flight
-                .iter()
-                .position(|p| p.message == message)
-                .and_then(|at| m.in_flight.remove(at)),
-        };
-        let Some(piece) = piece else {
+        let Some(piece) = m.take_in_flight(message) else {
             tracing::error!(message, "completion for a piece that is not in flight");
             return;
         };
