@@ -931,18 +931,42 @@ struct Member<S: Sink> {
 }
 
 impl<S: Sink> Member<S> {
-    /// Takes the piece of `message` (or [`PARKED`]) out of `in_flight`:
-    /// the front one, as an RC send queue completes in order, unless a
-    /// refused post completed out of turn.
+    /// Counts a piece of `message` (or [`PARKED`]) of `len` bytes as in
+    /// the NIC; returns the bytes it takes from the bulk budget (none for
+    /// the latency class).
     #[inline]
-    fn take_in_flight(&mut self, message: usize) -> Option<InFlight> {
-        match self.in_flight.front() {
+    fn hold(&mut self, message: usize, len: u64) -> u64 {
+        self.in_flight.push_back(InFlight {
+            message,
+            len: u32::try_from(len).unwrap_or(u32::MAX),
+        });
+        self.bulk_bytes(len)
+    }
+
+    /// Takes the piece of `message` (or [`PARKED`]) out of `in_flight`
+    /// (the front one, as an RC send queue completes in order, unless a
+    /// refused post completed out of turn); returns the bytes it gives
+    /// back to the bulk budget, or `None` if it is not in flight.
+    #[inline]
+    fn release(&mut self, message: usize) -> Option<u64> {
+        let piece = match self.in_flight.front() {
             Some(p) if p.message == message => self.in_flight.pop_front(),
             _ => self
                 .in_flight
                 .iter()
                 .position(|p| p.message == message)
                 .and_then(|at| self.in_flight.remove(at)),
+        }?;
+        Some(self.bulk_bytes(u64::from(piece.len)))
+    }
+
+    /// What `len` bytes of this queue pair count against the bulk budget.
+    #[inline]
+    fn bulk_bytes(&self, len: u64) -> u64 {
+        if self.class == TrafficClass::Latency {
+            0
+        } else {
+            len
         }
     }
 }
@@ -1114,6 +1138,19 @@ impl<S: Sink> Engine<S> {
     #[inline]
     fn may_park(&self, member: usize, op: SendOp, len: u64) -> bool {
         let m = self.member(member);
+        m.side.is_none()
+            && m.quota.is_none()
+            && !self.capped
+            && m.raw_out == 0
+            && self.unhindered(m, op, len)
+    }
+
+    /// Whether `m`'s request of `len` bytes may skip the scheduler's
+    /// queues (before caps and rate limits): it is one piece, nothing it
+    /// should wait behind is queued, and there is room for it in the NIC
+    /// and in the bulk budget.
+    #[inline]
+    fn unhindered(&self, m: &Member<S>, op: SendOp, len: u64) -> bool {
         let latency = m.class == TrafficClass::Latency;
         let one_piece =
             len <= self.chunk_bytes || matches!(op, SendOp::Send | SendOp::SendWithImm(_));
@@ -1122,11 +1159,7 @@ impl<S: Sink> Engine<S> {
         } else {
             self.sched.is_empty()
         };
-        m.side.is_none()
-            && m.quota.is_none()
-            && !self.capped
-            && m.raw_out == 0
-            && one_piece
+        one_piece
             && nothing_ahead
             && m.pending.is_empty()
             && (m.in_flight.len() as u32) < m.max_pieces.min(m.sq_room)
@@ -1140,14 +1173,8 @@ impl<S: Sink> Engine<S> {
             .members
             .get_mut(member)
             .expect("a queue pair's member entry lives as long as it does");
-        m.in_flight.push_back(InFlight {
-            message: PARKED,
-            len,
-        });
+        self.bulk_in_flight += m.hold(PARKED, u64::from(len));
         m.accepted += 1;
-        if m.class != TrafficClass::Latency {
-            self.bulk_in_flight += u64::from(len);
-        }
     }
 
     /// Counts one parked request as finished (its completion went to the
@@ -1155,14 +1182,12 @@ impl<S: Sink> Engine<S> {
     #[inline]
     fn parked_done(&mut self, member: usize) {
         let m = self.member_mut(member);
-        let Some(piece) = m.take_in_flight(PARKED) else {
+        let Some(bulk) = m.release(PARKED) else {
             tracing::error!("completion for a parked request that is not in flight");
             return;
         };
         m.accepted -= 1;
-        if m.class != TrafficClass::Latency {
-            self.bulk_in_flight -= u64::from(piece.len);
-        }
+        self.bulk_in_flight -= bulk;
     }
 
     /// Whether a bulk piece of `len` bytes fits the budget now.
@@ -1197,23 +1222,12 @@ impl<S: Sink> Engine<S> {
         let m = self.member(member);
         let (tenant, class) = (m.tenant, m.class);
         let latency = class == TrafficClass::Latency;
-        // Fast path: the request is one piece, nothing it should wait
-        // behind is queued, there is room for it in the NIC, and the
-        // tenant's caps in this scheduler let it go now: post it without
-        // a trip through the scheduler's queues.
-        let one_piece = len <= self.chunk_bytes || kind == SchedOpcode::Send;
-        let nothing_ahead = if latency {
-            self.latency_queued == 0
-        } else {
-            self.sched.is_empty()
-        };
-        let fast = one_piece
-            && nothing_ahead
-            && m.pending.is_empty()
-            && (m.in_flight.len() as u32) < m.max_pieces.min(m.sq_room)
-            && (latency || self.bulk_fits(len))
+        // Fast path: nothing in the way and the tenant's caps in this
+        // scheduler let it go now: post it without a trip through the
+        // scheduler's queues (if its shared rate limit agrees).
+        let fast = self.unhindered(m, op, len)
             && (!self.capped || self.sched.admit_now(tenant, len, self.now()).is_ok());
-        let now = fast && self.rate_allows(member, len);
+        let go = fast && self.rate_allows(member, len);
         let message = self.messages.insert(Message {
             member,
             seq,
@@ -1223,12 +1237,12 @@ impl<S: Sink> Engine<S> {
             len,
             context,
             // Sent now: its one piece is out, and the last.
-            pieces_out: u32::from(now),
-            last_granted: now,
+            pieces_out: u32::from(go),
+            last_granted: go,
             status: WcStatus::Success,
         });
         self.member_mut(member).accepted += 1;
-        if now {
+        if go {
             let (opcode, remote, imm) = op.lower(true);
             let raw = RawSend {
                 wr_id: RAW_WR | message as u64,
@@ -1257,8 +1271,7 @@ impl<S: Sink> Engine<S> {
             return Ok(None);
         }
         let descriptor = Descriptor::new(tenant, class, kind, len, handle);
-        let now = Nanos(self.clock.now().0);
-        if let Err(rejected) = self.sched.enqueue(descriptor, now) {
+        if let Err(rejected) = self.sched.enqueue(descriptor, self.now()) {
             self.member_mut(member).accepted -= 1;
             let message = self.messages.remove(message).expect("just stored");
             return Err((Error::Schedule(rejected.reason.to_string()), message.region));
@@ -1388,8 +1401,7 @@ impl<S: Sink> Engine<S> {
                 self.reap_others();
                 continue;
             }
-            let now = Nanos(self.clock.now().0);
-            let grant = match self.sched.dequeue(now) {
+            let grant = match self.sched.dequeue(self.now()) {
                 Dequeue::Ready(grant) => grant,
                 Dequeue::Wait(at) if self.waiting.is_empty() => return at.0,
                 Dequeue::Wait(at) => return at.0.min(soon),
@@ -1465,14 +1477,12 @@ impl<S: Sink> Engine<S> {
     #[inline]
     fn piece_done(&mut self, member: usize, message: usize, status: WcStatus) {
         let m = self.member_mut(member);
-        let Some(piece) = m.take_in_flight(message) else {
+        let Some(bulk) = m.release(message) else {
             tracing::error!(message, "completion for a piece that is not in flight");
             return;
         };
         m.raw_out -= 1;
-        if m.class != TrafficClass::Latency {
-            self.bulk_in_flight -= u64::from(piece.len);
-        }
+        self.bulk_in_flight -= bulk;
         let Some(msg) = self.messages.get_mut(message) else {
             return;
         };
@@ -1544,16 +1554,10 @@ impl<S: Sink> Engine<S> {
             .members
             .get_mut(member)
             .expect("pieces belong to attached queue pairs");
-        m.in_flight.push_back(InFlight {
-            message,
-            len: u32::try_from(len).unwrap_or(u32::MAX),
-        });
+        self.bulk_in_flight += m.hold(message, len);
         m.raw_out += 1;
         if let Some(q) = &m.quota {
             q.record_posted(len, 1);
-        }
-        if m.class != TrafficClass::Latency {
-            self.bulk_in_flight += len;
         }
         let side = match &m.side {
             // Its owner holds the engine and posts it on the way out; no
@@ -1618,11 +1622,7 @@ impl<S: Sink> Engine<S> {
         if m.waiting {
             self.waiting.retain(|&w| w != member);
         }
-        let bulk: u64 = if m.class == TrafficClass::Latency {
-            0
-        } else {
-            m.in_flight.iter().map(|p| u64::from(p.len)).sum()
-        };
+        let bulk = m.bulk_bytes(m.in_flight.iter().map(|p| u64::from(p.len)).sum());
         let drained = match (&m.side, own) {
             (Some(side), _) => {
                 // Pieces decided and not posted never reach the NIC.
