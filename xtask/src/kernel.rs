@@ -13,7 +13,11 @@ use crate::{cpio, deps, proc};
 /// The modules the guest needs; their dependencies are found from each
 /// module's `depends=` field and loaded first. `crc32_generic` is loaded by
 /// name at run time by rdma_rxe (no `depends=` names it): without it
-/// `rdma link add` fails with ENOENT.
+/// `rdma link add` fails with ENOENT. `veth` and `sch_tbf` carry
+/// `--link`'s shaped link.
+///
+/// The cache records this list: a cache unpacked for another list is
+/// unpacked again.
 const ROOT_MODULES: &[&str] = &[
     "virtio_pci",
     "virtio_net",
@@ -23,7 +27,12 @@ const ROOT_MODULES: &[&str] = &[
     "ib_uverbs",
     "rdma_rxe",
     "veth",
+    "sch_tbf",
 ];
+
+/// The file in a cached kernel's directory that holds the `ROOT_MODULES`
+/// it was unpacked for.
+const ROOTS_FILE: &str = "root-modules";
 
 /// The Debian meta-package that names the current kernel image package.
 const META_PACKAGE: &str = "linux-image-amd64";
@@ -69,7 +78,8 @@ pub(crate) fn ensure() -> Result<Kernel> {
     cached()?.context("kernel cache incomplete after unpacking")
 }
 
-/// The newest complete kernel in the cache.
+/// The newest complete kernel in the cache that was unpacked for
+/// today's `ROOT_MODULES`.
 fn cached() -> Result<Option<Kernel>> {
     let Ok(entries) = fs::read_dir(cache_root()) else {
         return Ok(None);
@@ -84,6 +94,15 @@ fn cached() -> Result<Option<Kernel>> {
         return Ok(None);
     };
     let order = fs::read_to_string(dir.join("complete"))?;
+    let roots = fs::read_to_string(dir.join(ROOTS_FILE)).ok();
+    if roots.as_deref() != Some(&roots_text()) {
+        println!(
+            "vm: the cached kernel in {} was unpacked for other modules ({}); unpacking again",
+            dir.display(),
+            module_change(roots.as_deref(), &order)
+        );
+        return Ok(None);
+    }
     Ok(Some(Kernel {
         name: dir.file_name().unwrap_or_default().to_string_lossy().into(),
         vmlinuz: dir.join("vmlinuz"),
@@ -156,11 +175,52 @@ fn unpack(package: &str, work: &Path, dir: &Path) -> Result<()> {
             staging.join("modules").join(format!("{m}.ko")),
         )?;
     }
+    fs::write(staging.join(ROOTS_FILE), roots_text())?;
     fs::write(staging.join("complete"), order.join("\n") + "\n")?;
     let _ = fs::remove_dir_all(dir);
     fs::rename(&staging, dir)?;
     println!("vm: kernel {package} ready ({} modules)", order.len());
     Ok(())
+}
+
+/// `ROOT_MODULES` as the cache records them, one a line.
+fn roots_text() -> String {
+    ROOT_MODULES.iter().map(|m| format!("{m}\n")).collect()
+}
+
+/// How a cache's modules differ from today's `ROOT_MODULES`: `recorded`
+/// is its record of them (none in a cache made before the record existed),
+/// `loaded` its load order.
+fn module_change(recorded: Option<&str>, loaded: &str) -> String {
+    let has: HashSet<&str> = recorded.unwrap_or(loaded).lines().collect();
+    let missing: Vec<&str> = ROOT_MODULES
+        .iter()
+        .copied()
+        .filter(|m| !has.contains(m))
+        .collect();
+    let mut extra: Vec<&str> = match recorded {
+        Some(_) => has
+            .iter()
+            .copied()
+            .filter(|m| !ROOT_MODULES.contains(m))
+            .collect(),
+        None => Vec::new(),
+    };
+    extra.sort_unstable();
+    let mut parts = Vec::new();
+    if recorded.is_none() {
+        parts.push("made before the cache recorded its modules".to_string());
+    }
+    if !missing.is_empty() {
+        parts.push(format!("lacks {}", missing.join(", ")));
+    }
+    if !extra.is_empty() {
+        parts.push(format!("has {} no longer needed", extra.join(", ")));
+    }
+    if parts.is_empty() {
+        parts.push("the module order changed".to_string());
+    }
+    parts.join("; ")
 }
 
 /// Appends `name` after its dependencies (depth first), skipping built-ins.
@@ -267,14 +327,20 @@ sync
 reboot -f
 "#;
 
-/// Builds (once per kernel and init script) the initramfs and returns its path.
+/// Builds (once per kernel, module list and init script) the initramfs and returns its path.
 pub(crate) fn initramfs(kernel: &Kernel) -> Result<PathBuf> {
     let busybox = Path::new("/bin/busybox");
     if !busybox.is_file() {
         bail!("/bin/busybox not found: run `cargo xtask deps` (installs busybox-static)");
     }
     let busybox_bytes = fs::read(busybox)?;
-    let key = fnv1a(&[INIT.as_bytes(), &busybox_bytes, kernel.name.as_bytes()]);
+    let order = kernel.modules.join("\n");
+    let key = fnv1a(&[
+        INIT.as_bytes(),
+        &busybox_bytes,
+        kernel.name.as_bytes(),
+        order.as_bytes(),
+    ]);
     let path = kernel.dir.join(format!("initramfs-{key:016x}.cpio"));
     if path.is_file() {
         return Ok(path);
@@ -296,11 +362,7 @@ pub(crate) fn initramfs(kernel: &Kernel) -> Result<PathBuf> {
     archive.char_device("dev/console", 5, 1);
     archive.file("init", 0o755, INIT.as_bytes());
     archive.file("bin/busybox", 0o755, &busybox_bytes);
-    archive.file(
-        "lib/modules/order",
-        0o644,
-        kernel.modules.join("\n").as_bytes(),
-    );
+    archive.file("lib/modules/order", 0o644, order.as_bytes());
     for m in &kernel.modules {
         let ko = fs::read(kernel.dir.join("modules").join(format!("{m}.ko")))?;
         archive.file(&format!("lib/modules/{m}.ko"), 0o644, &ko);
@@ -347,6 +409,25 @@ mod tests {
             Some("crc32_generic")
         );
         assert_eq!(module_name(Path::new("modules.order")), None);
+    }
+
+    #[test]
+    fn says_how_a_cached_module_list_differs() {
+        // A cache made before the record: what it lacks, from its load order.
+        let old = "virtio_pci\nib_core\nrdma_rxe\nveth\n";
+        let said = module_change(None, old);
+        assert!(said.contains("made before"), "{said}");
+        assert!(said.contains("sch_tbf"), "{said}");
+        assert!(!said.contains("rdma_rxe"), "{said}");
+        // A recorded list: what is missing and what is extra.
+        let recorded = roots_text().replace("sch_tbf\n", "") + "old_mod\n";
+        let said = module_change(Some(&recorded), "");
+        assert_eq!(said, "lacks sch_tbf; has old_mod no longer needed");
+        assert_eq!(
+            module_change(Some(&roots_text()), ""),
+            "the module order changed"
+        );
+        assert!(roots_text().lines().eq(ROOT_MODULES.iter().copied()));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! cargo xtask deps                      install the Debian packages the build, VM and baselines need
-//! cargo xtask vm [OPTIONS] -- CMD...    run CMD inside a QEMU VM with SoftRoCE (rxe0)
+//! cargo xtask vm [OPTIONS] -- CMD...    run CMD inside a QEMU VM with SoftRoCE (rxe0; with
+//!                                       --link RATE also rxa -> rxb over a shaped link)
 //! cargo xtask test                      deps, fmt, clippy, unit tests, device tests in the VM
 //! cargo xtask demo                      the isolation demo and perftest reference inside the VM
 //! ```
@@ -12,6 +13,7 @@ mod demo;
 mod deps;
 mod fuzz;
 mod kernel;
+mod link;
 mod proc;
 mod test;
 mod vm;
@@ -34,9 +36,18 @@ commands:
       --rw DIR            share host directory DIR writable at the same path (repeatable)
       --memory MIB        guest memory (default 2048)
       --cpus N            guest vCPUs (default 2)
+      --link RATE         also set up a shared bottleneck link, a queue every QP on it shares
+                          (rxe0's loopback never queues): rxa, the sender, on va 192.168.77.1
+                          and rxb, the receiver, on vb 192.168.77.2, the two ends of a veth
+                          pair, each end shaped by tbf at RATE (in bits: 200mbit, 50mbit,
+                          1gbit; burst 16kb, limit 16mb) or `unshaped` (no qdisc); the job
+                          gets MTRDMA_LINK_SENDER, _RECEIVER, _SENDER_IP, _RECEIVER_IP,
+                          _RATE and _RATE_BPS (0 when unshaped)
+      --link-mtu BYTES    the veth MTU with --link (default 4200: rxe active MTU 4096;
+                          1500 gives 1024)
   test                    deps, cargo fmt --check, clippy -D warnings, cargo test, every
                           fuzz target for 30 s, and the device tests (#[ignore]d on the
-                          host) inside one VM boot;
+                          host) inside one VM boot, with --link 200mbit;
                           with MTRDMA_TEST_DEVICE set, the device tests run on this host's
                           device instead of the VM
   demo                    inside the VM: perftest's ib_write_lat/ib_write_bw next to mtrdma's
@@ -101,6 +112,7 @@ fn parse_vm_args(args: &[String]) -> Result<(vm::Options, Vec<String>)> {
     let mut opts = vm::Options::default();
     let mut it = args.iter();
     let mut command = Vec::new();
+    let (mut link_rate, mut link_mtu) = (None, None);
     while let Some(arg) = it.next() {
         let mut value = |name: &str| {
             it.next()
@@ -124,6 +136,8 @@ fn parse_vm_args(args: &[String]) -> Result<(vm::Options, Vec<String>)> {
                 opts.memory_mib = value("--memory")?.parse().context("--memory takes MiB")?
             }
             "--cpus" => opts.cpus = value("--cpus")?.parse().context("--cpus takes a count")?,
+            "--link" => link_rate = Some(value("--link")?),
+            "--link-mtu" => link_mtu = Some(value("--link-mtu")?),
             other if other.starts_with('-') => bail!("unknown vm option {other:?}\n{USAGE}"),
             _ => {
                 command.push(arg.clone());
@@ -132,8 +146,69 @@ fn parse_vm_args(args: &[String]) -> Result<(vm::Options, Vec<String>)> {
             }
         }
     }
+    opts.link = match (link_rate, link_mtu) {
+        (Some(rate), mtu) => {
+            let link = link::Link::new(&rate)?;
+            Some(match mtu {
+                Some(mtu) => link.with_mtu(&mtu)?,
+                None => link,
+            })
+        }
+        (None, Some(_)) => bail!("--link-mtu needs --link RATE"),
+        (None, None) => None,
+    };
     if command.is_empty() {
         bail!("`cargo xtask vm` needs a command: cargo xtask vm -- ibv_devinfo");
     }
     Ok((opts, command))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn vm_takes_a_link_and_its_mtu() {
+        let (opts, cmd) = parse_vm_args(&args(&["--link", "50mbit", "--", "true"])).unwrap();
+        let link = opts.link.unwrap();
+        assert_eq!((link.bits_per_second(), link.mtu), (50_000_000, 4200));
+        assert_eq!(link.rate_text, "50mbit");
+        assert_eq!(cmd, ["true"]);
+
+        let (opts, _) = parse_vm_args(&args(&[
+            "--link-mtu",
+            "1500",
+            "--link",
+            "unshaped",
+            "--",
+            "true",
+        ]))
+        .unwrap();
+        let link = opts.link.unwrap();
+        assert_eq!((link.bits_per_second(), link.mtu), (0, 1500));
+
+        let (opts, _) = parse_vm_args(&args(&["--", "true"])).unwrap();
+        assert!(opts.link.is_none());
+    }
+
+    #[test]
+    fn vm_refuses_bad_link_options() {
+        for (list, says) in [
+            (&["--link", "200", "--", "true"][..], "needs a unit"),
+            (&["--link", "200mbps", "--", "true"], "bytes per second"),
+            (&["--link-mtu", "1500", "--", "true"], "needs --link"),
+            (
+                &["--link", "1gbit", "--link-mtu", "100000", "--", "true"],
+                "576 to 9000",
+            ),
+            (&["--link"], "needs a value"),
+        ] {
+            let err = format!("{:#}", parse_vm_args(&args(list)).unwrap_err());
+            assert!(err.contains(says), "{list:?}: {err}");
+        }
+    }
 }

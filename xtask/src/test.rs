@@ -5,7 +5,9 @@
 //! then the device tests (the
 //! `#[ignore]`d ones) of every test binary with `--ignored` against a real
 //! verbs device: `rxe0` inside one boot of the SoftRoCE VM, or the host's
-//! device named by `MTRDMA_TEST_DEVICE` when that is set.
+//! device named by `MTRDMA_TEST_DEVICE` when that is set. The VM boot also
+//! sets up the shared link at [`link::TEST_RATE`], so tests may use the
+//! devices `MTRDMA_LINK_SENDER` and `MTRDMA_LINK_RECEIVER` when those are set.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::proc::{self, TestCounts};
-use crate::{deps, fuzz, vm};
+use crate::{deps, fuzz, link, vm};
 
 /// How long each fuzz target runs.
 const FUZZ_TIME: Duration = Duration::from_secs(30);
@@ -143,6 +145,7 @@ fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
             let script = format!("export MTRDMA_TEST_DEVICE=rxe0\n{script}");
             let opts = vm::Options {
                 timeout: VM_TIMEOUT,
+                link: Some(link::Link::new(link::TEST_RATE)?),
                 ..vm::Options::default()
             };
             let outcome = vm::run(&opts, &vm::Job::script(script))?;

@@ -2,7 +2,9 @@
 //!
 //! Boots Debian's kernel in QEMU with the host's `/` shared read-only over
 //! 9p, loads SoftRoCE (`rdma_rxe`), creates `rxe0` on the guest's `eth0`
-//! (10.0.2.15, so GID index 1 is the RoCE v2 IPv4-mapped GID), and runs a
+//! (10.0.2.15, so GID index 1 is the RoCE v2 IPv4-mapped GID), mounts
+//! cgroup2 at `/sys/fs/cgroup`, with `--link` sets up a shared bottleneck
+//! link between two more rxe devices (see [`crate::link`]), and runs a
 //! command in the caller's working directory inside a chroot of the host
 //! root. The command's stdout and stderr come back through a writable job
 //! share and are streamed as they are written; its exit code becomes ours.
@@ -21,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 
+use crate::link::Link;
 use crate::{kernel, proc};
 
 /// How to boot the VM.
@@ -36,6 +39,8 @@ pub(crate) struct Options {
     pub(crate) memory_mib: u32,
     /// Guest vCPUs.
     pub(crate) cpus: u32,
+    /// The shared bottleneck link between `rxa` and `rxb`, if any.
+    pub(crate) link: Option<Link>,
 }
 
 impl Default for Options {
@@ -46,6 +51,7 @@ impl Default for Options {
             rw_shares: Vec::new(),
             memory_mib: 2048,
             cpus: 2,
+            link: None,
         }
     }
 }
@@ -118,7 +124,10 @@ pub(crate) fn run(opts: &Options, job: &Job) -> Result<Outcome> {
         shares.push((tag, share));
     }
     fs::write(dir.join("paths"), paths)?;
-    fs::write(dir.join("guest.sh"), guest_script(&dir, &cwd, &job.script))?;
+    fs::write(
+        dir.join("guest.sh"),
+        guest_script(&dir, &cwd, opts.link.as_ref(), &job.script),
+    )?;
 
     let mut cmd = Command::new(QEMU);
     cmd.args([
@@ -212,8 +221,10 @@ fn virtfs(path: &Path, tag: &str, readonly: bool) -> String {
     format!("local,path={path},mount_tag={tag},security_model=none,multidevs=remap{ro}")
 }
 
-/// The script the guest runs in the chroot: SoftRoCE setup, then the job.
-fn guest_script(dir: &Path, cwd: &Path, script: &str) -> String {
+/// The script the guest runs in the chroot: setup (cgroup2, `rxe0`, the
+/// link), then the job. A setup step that fails says which on the job's
+/// stderr and ends the job with 125.
+fn guest_script(dir: &Path, cwd: &Path, link: Option<&Link>, script: &str) -> String {
     let q = |p: &Path| proc::shell_quote(&p.display().to_string());
     let job = q(dir);
     let mut env = String::new();
@@ -225,30 +236,53 @@ fn guest_script(dir: &Path, cwd: &Path, script: &str) -> String {
             .bytes()
             .enumerate()
             .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
-        if valid && !matches!(key, "TMPDIR" | "PWD" | "OLDPWD" | "SHLVL" | "_") {
+        // The link's variables describe this boot's link only.
+        let ours = key.starts_with("MTRDMA_LINK_");
+        if valid && !ours && !matches!(key, "TMPDIR" | "PWD" | "OLDPWD" | "SHLVL" | "_") {
             env.push_str(&format!("export {key}={}\n", proc::shell_quote(value)));
+        }
+    }
+    let mut link_setup = String::new();
+    if let Some(link) = link {
+        link_setup = link.setup_script();
+        for (key, value) in link.env() {
+            env.push_str(&format!("export {key}={}\n", proc::shell_quote(&value)));
         }
     }
     format!(
         r#"JOB={job}
+# The setup's tools (the job gets the caller's PATH below).
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 finish() {{ echo "$1" > "$JOB/rc.tmp" && mv "$JOB/rc.tmp" "$JOB/rc"; exit 0; }}
-ip link set lo up
-ip link set eth0 up
-ip addr add 10.0.2.15/24 dev eth0
-if ! rdma link add rxe0 type rxe netdev eth0; then
-    echo "mtrdma-vm: rdma link add rxe0 failed" | tee "$JOB/stderr"
-    finish 125
-fi
-i=0
-until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null; do
-    i=$((i + 1))
-    if [ $i -gt 200 ]; then
-        echo "mtrdma-vm: rxe0 port 1 did not become ACTIVE" | tee "$JOB/stderr"
-        finish 125
+setup_failed() {{ echo "mtrdma-vm: $*" | tee -a "$JOB/stderr"; finish 125; }}
+# step WHAT COMMAND...: runs COMMAND; if it fails, names WHAT and ends with 125.
+step() {{
+    what=$1
+    shift
+    if ! out=$("$@" 2>&1); then
+        setup_failed "setup step \"$what\" failed ($*): ${{out:-no output}}"
     fi
-    sleep 0.05
+}}
+# wait_active DEVICE: until port 1 is ACTIVE with its IPv4 GID at index 1.
+wait_active() {{
+    port=/sys/class/infiniband/$1/ports/1
+    i=0
+    until grep -q ACTIVE "$port/state" 2>/dev/null && grep -q :ffff: "$port/gids/1" 2>/dev/null; do
+        i=$((i + 1))
+        [ $i -le 200 ] || setup_failed "setup step \"wait for $1\" failed: port 1 did not become ACTIVE with an IPv4 GID at index 1 (state: $(cat "$port/state" 2>&1), GID 1: $(cat "$port/gids/1" 2>&1))"
+        sleep 0.05
+    done
+}}
+step 'mount cgroup2 at /sys/fs/cgroup' mount -t cgroup2 cgroup2 /sys/fs/cgroup
+for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
+    step "enable the $c cgroup controller" sh -c "echo +$c > /sys/fs/cgroup/cgroup.subtree_control"
 done
-ulimit -l unlimited
+step 'bring lo up' ip link set lo up
+step 'bring eth0 up' ip link set eth0 up
+step 'add 10.0.2.15 to eth0' ip addr add 10.0.2.15/24 dev eth0
+step 'rdma link add rxe0' rdma link add rxe0 type rxe netdev eth0
+wait_active rxe0
+{link_setup}ulimit -l unlimited
 {env}export TMPDIR="$JOB/scratch"
 export MTRDMA_VM=1
 cd {cwd} || finish 126
