@@ -160,6 +160,20 @@ pub enum Error {
          it from the queue pair (`UdQueuePair::address_handle`) or from its protection domain"
     )]
     ForeignAddressHandle,
+    /// `poll_wait` was called on a queue pair built without completion
+    /// events.
+    #[error(
+        "this queue pair has no completion channel to wait on; build it with \
+         `completion_events(true)` on its builder to use `poll_wait`, or call `poll`"
+    )]
+    NoCompletionEvents,
+    /// Sleeping on a completion channel failed.
+    #[error("waiting for completion events failed (poll(2) on the completion channel): {source}")]
+    CompletionWait {
+        /// The OS error poll(2) reported.
+        #[source]
+        source: io::Error,
+    },
     /// The scheduler refused the configuration or the request.
     #[error("scheduler: {0}")]
     Schedule(String),

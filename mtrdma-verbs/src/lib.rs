@@ -9,7 +9,11 @@
 //! scheduler (chunking, bounded NIC occupancy, shared rate limits), and
 //! queue pair creation and memory registration can be admitted against a
 //! tenant's quota ([`QueuePairBuilder::tenant`],
-//! [`ProtectionDomain::register_for`]).
+//! [`ProtectionDomain::register_for`]). A queue pair built with
+//! [`completion_events(true)`](QueuePairBuilder::completion_events) can
+//! sleep until its next completion ([`QueuePair::poll_wait`],
+//! [`ScheduledQueuePair::poll_wait`], [`UdQueuePair::poll_wait`]) rather
+//! than spin on `poll`, so many tenants can share a few CPUs.
 //!
 //! Two queue pairs on one device, connected to each other: WRITE a buffer
 //! into the peer's region, then READ it back. A posted region belongs to
@@ -72,6 +76,7 @@ pub mod bench;
 mod completion;
 mod device;
 mod error;
+mod events;
 pub mod exchange;
 mod gid;
 mod mr;

@@ -13,6 +13,7 @@ use mtrdma_core::table::OwnedQpPermit;
 use mtrdma_core::TenantHandle;
 
 use crate::completion::{Completion, Opcode, WcStatus};
+use crate::events::{Armed, CompChannel, Waitable};
 use crate::mr::{Access, RemoteRegion};
 use crate::slab::Slab;
 use crate::{Error, GidEntry, GidSelection, MemoryRegion, PortInfo, ProtectionDomain};
@@ -150,6 +151,8 @@ pub(crate) struct QpSettings {
     pub(crate) port: u8,
     pub(crate) gid: GidSelection,
     pub(crate) tenant: Option<TenantHandle>,
+    /// Whether the completion queue gets a completion channel.
+    pub(crate) events: bool,
 }
 
 impl Default for QpSettings {
@@ -160,6 +163,7 @@ impl Default for QpSettings {
             port: 1,
             gid: GidSelection::Auto,
             tenant: None,
+            events: false,
         }
     }
 }
@@ -174,6 +178,7 @@ pub(crate) struct QpStart {
     pub(crate) gid: GidEntry,
     pub(crate) max_send_wr: u32,
     pub(crate) max_recv_wr: u32,
+    pub(crate) events: bool,
 }
 
 impl QpSettings {
@@ -193,6 +198,7 @@ impl QpSettings {
             gid: ctx.select_gid(self.port, self.gid)?,
             max_send_wr: self.max_send_wr,
             max_recv_wr: self.max_recv_wr,
+            events: self.events,
         })
     }
 }
@@ -215,6 +221,20 @@ macro_rules! qp_settings_setters {
         /// How to choose the local GID (default [`GidSelection::Auto`]).
         pub fn gid(mut self, gid: GidSelection) -> Self {
             self.settings.gid = gid;
+            self
+        }
+
+        /// Gives the queue pair a completion channel, so that `poll_wait`
+        /// can sleep until a completion arrives (or a timeout runs out)
+        /// rather than spin on `poll` (default off). Tenants that share a
+        /// few CPUs should wait this way.
+        ///
+        /// Off by default because each channel is one file descriptor per
+        /// queue pair: a tenant with thousands of queue pairs would run
+        /// into its open-file limit (`ulimit -n`). Turn it on for the
+        /// queue pairs a thread actually waits on.
+        pub fn completion_events(mut self, on: bool) -> Self {
+            self.settings.events = on;
             self
         }
     };
@@ -278,8 +298,9 @@ impl QueuePairBuilder<'_> {
             gid,
             max_send_wr,
             max_recv_wr,
+            events,
         } = self.settings.begin(self.pd)?;
-        let cq = Cq::new(self.pd.context(), max_send_wr + max_recv_wr)?;
+        let cq = Cq::new(self.pd.context(), max_send_wr + max_recv_wr, events)?;
         let mut init = ffi::ibv_qp_init_attr {
             send_cq: cq.cq.as_ptr(),
             recv_cq: cq.cq.as_ptr(),
@@ -526,24 +547,29 @@ pub(crate) fn global_ah_attr(
 
 pub(crate) struct Cq {
     pub(crate) cq: NonNull<ffi::ibv_cq>,
+    /// Its completion channel, if it has one (see [`crate::events`]).
+    /// Dropped after `Drop::drop` destroyed the CQ: the channel goes last.
+    pub(crate) events: Option<CompChannel>,
 }
 
 impl Cq {
-    /// A completion queue of at least `entries` entries.
-    pub(crate) fn new(ctx: &crate::Context, entries: u32) -> Result<Cq, Error> {
+    /// A completion queue of at least `entries` entries, with a completion
+    /// channel of its own if `events`.
+    pub(crate) fn new(ctx: &crate::Context, entries: u32, events: bool) -> Result<Cq, Error> {
         let cqe = i32::try_from(entries).unwrap_or(i32::MAX);
-        // SAFETY: the context is open; no channel, no context pointer.
-        let cq = unsafe {
-            ffi::ibv_create_cq(
-                ctx.raw(),
-                cqe,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
+        let events = if events {
+            Some(CompChannel::new(ctx)?)
+        } else {
+            None
         };
+        let channel = events
+            .as_ref()
+            .map_or(std::ptr::null_mut(), CompChannel::raw);
+        // SAFETY: the context is open; the channel, if any, is live and
+        // outlives the CQ (see `events`); no context pointer.
+        let cq = unsafe { ffi::ibv_create_cq(ctx.raw(), cqe, std::ptr::null_mut(), channel, 0) };
         match NonNull::new(cq) {
-            Some(cq) => Ok(Cq { cq }),
+            Some(cq) => Ok(Cq { cq, events }),
             None => Err(Error::Verbs {
                 call: "ibv_create_cq",
                 device: ctx.name().to_string(),
@@ -574,7 +600,8 @@ impl Cq {
 impl Drop for Cq {
     fn drop(&mut self) {
         // SAFETY: the CQ is ours; its QP was destroyed first (field order
-        // and `QueuePair::drop`).
+        // and `QueuePair::drop`). Every event taken from its channel was
+        // acknowledged at once (`Cq::take_events`), so this does not wait.
         let rc = unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
         if rc != 0 {
             tracing::warn!(rc, "ibv_destroy_cq failed");
@@ -850,6 +877,17 @@ pub(crate) trait Sink: Send + 'static {
     /// the first answer.
     fn shutdown(&mut self) -> bool;
 
+    /// [`Error::NoCompletionEvents`] unless it can be waited for (see
+    /// [`crate::events`]).
+    fn check_events(&self) -> Result<(), Error>;
+
+    /// Asks for an event at its next completion; says what to sleep on
+    /// until then.
+    fn arm_events(&mut self) -> Result<Armed, Error>;
+
+    /// Takes and acknowledges the completion events that arrived.
+    fn take_events(&mut self) -> Result<(), Error>;
+
     /// Polls completions of its own (not raw) work requests into `out`:
     /// the direct path's poll.
     fn poll_own(
@@ -1083,6 +1121,58 @@ impl QueuePair {
         self.poll_own(out)
     }
 
+    /// Polls; if nothing has completed, sleeps until something does or
+    /// `timeout` runs out, without spinning. Returns how many completions
+    /// it added to `out` (0: the timeout ran out). An interrupted sleep
+    /// goes on for the time that remains.
+    ///
+    /// The queue pair must be built with
+    /// [`completion_events(true)`](QueuePairBuilder::completion_events);
+    /// otherwise this returns [`Error::NoCompletionEvents`]. While one
+    /// thread sleeps here, the CPU is free for others: a machine with a
+    /// few cores can host many tenants that wait rather than spin.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use mtrdma_verbs::{Access, Context, SendOp};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ctx = Context::open_first_active()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let a = pd.queue_pair().completion_events(true).build()?;
+    /// let b = pd.queue_pair().build()?;
+    /// let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// let (mut a, _b) = (a.connect(&eb)?, b.connect(&ea)?);
+    ///
+    /// let target = pd.allocate(4096, Access::REMOTE_READ_WRITE)?;
+    /// let src = pd.allocate(4096, Access::LOCAL)?;
+    /// a.post_send(SendOp::Write(target.remote().unwrap()), src, 0..4096, 1)?;
+    /// let mut done = Vec::new();
+    /// while done.is_empty() {
+    ///     // Sleeps until the WRITE completes (checking every second).
+    ///     a.poll_wait(&mut done, Duration::from_secs(1))?;
+    /// }
+    /// assert!(done[0].status.is_success());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn poll_wait(
+        &mut self,
+        out: &mut Vec<Completion>,
+        timeout: Duration,
+    ) -> Result<usize, Error> {
+        crate::events::poll_wait(self, out, timeout)
+    }
+
+    /// A failed verbs call on this queue pair's device.
+    fn verbs_error(&self, (call, source): (&'static str, io::Error)) -> Error {
+        Error::Verbs {
+            call,
+            device: self.pd.context().name().to_string(),
+            source,
+        }
+    }
+
     /// Moves the queue pair to the error state: every outstanding request
     /// completes with [`WcStatus::Flushed`] (or its real error).
     pub fn set_error(&self) -> Result<(), Error> {
@@ -1226,6 +1316,41 @@ impl Sink for QueuePair {
             return false;
         }
         true
+    }
+
+    fn check_events(&self) -> Result<(), Error> {
+        self.cq.check_events()
+    }
+
+    fn arm_events(&mut self) -> Result<Armed, Error> {
+        self.cq.arm().map_err(|e| self.verbs_error(e))
+    }
+
+    fn take_events(&mut self) -> Result<(), Error> {
+        self.cq
+            .take_events()
+            .map(drop)
+            .map_err(|e| self.verbs_error(e))
+    }
+}
+
+impl Waitable for QueuePair {
+    type Item = Completion;
+
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
+        self.poll_own(out)
+    }
+
+    fn check_events(&mut self) -> Result<(), Error> {
+        Sink::check_events(self)
+    }
+
+    fn arm(&mut self) -> Result<Armed, Error> {
+        self.arm_events()
+    }
+
+    fn take_events(&mut self) -> Result<(), Error> {
+        Sink::take_events(self)
     }
 }
 

@@ -35,6 +35,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
 
 use ibverbs_sys as ffi;
 use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
@@ -44,6 +45,7 @@ use mtrdma_sched::{
 };
 
 use crate::completion::{Completion, Opcode, WcStatus};
+use crate::events::{Armed, Waitable};
 use crate::qp::{
     check_send, PostError, QueuePair, RawCompletion, RawSend, Region, SendOp, Sink, PARKED_DONE,
     RAW_WR, SCHED_WR,
@@ -369,6 +371,52 @@ impl ScheduledQueuePair {
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
         self.inner.poll(out)
     }
+
+    /// [`poll`](Self::poll), sleeping rather than spinning while there is
+    /// nothing to hand back: it returns once it has added completions to
+    /// `out` (how many), or with 0 when `timeout` runs out. The queue pair
+    /// must have been built with
+    /// [`completion_events(true)`](crate::QueuePairBuilder::completion_events);
+    /// otherwise this returns [`Error::NoCompletionEvents`].
+    ///
+    /// It wakes for a completion on the queue pair, and also when the
+    /// scheduler asked to run again without one (a rate limit or pacing
+    /// that said "later"): it then polls, which posts what is due, and
+    /// sleeps on. On a [`SharedScheduler`], the other queue pairs' polls
+    /// can also decide work for this one or finish its requests, which
+    /// raises no event on its channel: its sleep is then cut into slices of
+    /// at most 1 ms, so such work waits about 1 ms at most.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use mtrdma_verbs::{Access, Context, ScheduleConfig, SendOp};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ctx = Context::open_first_active()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let a = pd.queue_pair().completion_events(true).build()?;
+    /// let b = pd.queue_pair().build()?;
+    /// let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// let mut a = a.connect(&eb)?.scheduled(ScheduleConfig::default())?;
+    /// let _b = b.connect(&ea)?;
+    ///
+    /// let target = pd.allocate(1 << 20, Access::REMOTE_READ_WRITE)?;
+    /// let src = pd.allocate(1 << 20, Access::LOCAL)?;
+    /// a.post_send(SendOp::Write(target.remote().unwrap()), src, 0..1 << 20, 1)?;
+    /// let mut done = Vec::new();
+    /// while done.is_empty() {
+    ///     a.poll_wait(&mut done, Duration::from_millis(100))?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn poll_wait(
+        &mut self,
+        out: &mut Vec<Completion>,
+        timeout: Duration,
+    ) -> Result<usize, Error> {
+        self.inner.poll_wait(out, timeout)
+    }
 }
 
 /// What a finished request of a queue pair of sink `S` is handed back as.
@@ -475,6 +523,18 @@ impl<S: Sink> Scheduled<S> {
             Way::Attached(a) => a.poll(out),
         }
     }
+
+    /// See [`ScheduledQueuePair::poll_wait`].
+    pub(crate) fn poll_wait(
+        &mut self,
+        out: &mut Vec<Done<S>>,
+        timeout: Duration,
+    ) -> Result<usize, Error> {
+        match &mut self.way {
+            Way::Solo(solo) => crate::events::poll_wait(&mut **solo, out, timeout),
+            Way::Attached(a) => crate::events::poll_wait(a, out, timeout),
+        }
+    }
 }
 
 /// `v.push(x)`, always inlined: `x` (a completion, several words) is
@@ -499,6 +559,22 @@ fn wake_due(wake_at: &AtomicU64, clock: &QuantaClock) -> bool {
     let wake = wake_at.load(Ordering::Acquire);
     wake != u64::MAX && clock.now().0 >= wake
 }
+
+/// When the engine asked (through `wake_at`) to be pumped, as an instant;
+/// `None`: not before a completion or a post.
+fn wake_instant(wake_at: &AtomicU64, clock: &QuantaClock) -> Option<Instant> {
+    let wake = wake_at.load(Ordering::Acquire);
+    if wake == u64::MAX {
+        return None;
+    }
+    let left = Duration::from_nanos(wake.saturating_sub(clock.now().0));
+    Instant::now().checked_add(left)
+}
+
+/// The longest a queue pair on a [`SharedScheduler`] sleeps in
+/// `poll_wait` before polling again: work the other queue pairs decide
+/// for it raises no event on its channel.
+const ATTACHED_WAIT: Duration = Duration::from_millis(1);
 
 /// A queue pair with an engine of its own. Everything the shared engine
 /// leaves in a side's book for its owner goes straight to the owner here
@@ -586,6 +662,30 @@ impl<S: Sink> Solo<S> {
                 self.raw.push(failed);
             }
         }
+    }
+}
+
+impl<S: Sink> Waitable for Solo<S> {
+    type Item = Done<S>;
+
+    fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
+        Solo::poll(self, out)
+    }
+
+    fn check_events(&mut self) -> Result<(), Error> {
+        self.sink.check_events()
+    }
+
+    fn arm(&mut self) -> Result<Armed, Error> {
+        self.sink.arm_events()
+    }
+
+    fn take_events(&mut self) -> Result<(), Error> {
+        self.sink.take_events()
+    }
+
+    fn poll_by(&self) -> Option<Instant> {
+        wake_instant(&self.engine.wake_at, &self.engine.clock)
     }
 }
 
@@ -743,6 +843,31 @@ impl<S: Sink> Attached<S> {
             side.flush();
         }
         result
+    }
+}
+
+impl<S: Sink> Waitable for Attached<S> {
+    type Item = Done<S>;
+
+    fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
+        Attached::poll(self, out)
+    }
+
+    fn check_events(&mut self) -> Result<(), Error> {
+        lock(&self.side.qp).check_events()
+    }
+
+    fn arm(&mut self) -> Result<Armed, Error> {
+        lock(&self.side.qp).arm_events()
+    }
+
+    fn take_events(&mut self) -> Result<(), Error> {
+        lock(&self.side.qp).take_events()
+    }
+
+    fn poll_by(&self) -> Option<Instant> {
+        let slice = Instant::now() + ATTACHED_WAIT;
+        Some(wake_instant(&self.wake_at, &self.clock).map_or(slice, |at| at.min(slice)))
     }
 }
 

@@ -24,6 +24,7 @@ use mtrdma_core::table::OwnedQpPermit;
 use mtrdma_core::TenantHandle;
 
 use crate::completion::{Opcode, WcStatus};
+use crate::events::{Armed, Waitable};
 use crate::qp::{
     create_qp, device_attrs, global_ah_attr, libc_enosys, modify_qp, qp_settings_setters,
     random_psn, Cq, PostError, QpSettings, QpStart,
@@ -199,6 +200,7 @@ impl UdQueuePairBuilder<'_> {
             gid,
             max_send_wr,
             max_recv_wr,
+            events,
         } = self.settings.begin(self.pd)?;
         let ctx = self.pd.context();
         let attrs = device_attrs(ctx)?;
@@ -215,7 +217,7 @@ impl UdQueuePairBuilder<'_> {
         };
         // The CQ holds one entry per request the queue pair lets in flight
         // (its own limits below, not the provider's possibly larger caps).
-        let cq = Cq::new(ctx, max_send_wr + max_recv_wr)?;
+        let cq = Cq::new(ctx, max_send_wr + max_recv_wr, events)?;
         let mut init = ffi::ibv_qp_init_attr {
             send_cq: cq.cq.as_ptr(),
             recv_cq: cq.cq.as_ptr(),
@@ -738,6 +740,49 @@ impl UdQueuePair {
         Ok(n)
     }
 
+    /// Polls; if nothing has completed, sleeps until something does or
+    /// `timeout` runs out, without spinning. Returns how many completions
+    /// it added to `out` (0: the timeout ran out).
+    ///
+    /// The queue pair must be built with
+    /// [`completion_events(true)`](UdQueuePairBuilder::completion_events);
+    /// otherwise this returns [`Error::NoCompletionEvents`]. See
+    /// [`QueuePair::poll_wait`](crate::QueuePair::poll_wait).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use mtrdma_verbs::{Access, Context};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ctx = Context::open("rxe0")?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let mut server = pd.ud_queue_pair().completion_events(true).build()?;
+    /// server.post_recv(pd.allocate(server.mtu() as usize, Access::LOCAL)?, 0..64, 1)?;
+    /// let mut got = Vec::new();
+    /// // Sleeps until a datagram arrives, for 5 s at most.
+    /// if server.poll_wait(&mut got, Duration::from_secs(5))? == 0 {
+    ///     println!("nobody wrote");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn poll_wait(
+        &mut self,
+        out: &mut Vec<UdCompletion>,
+        timeout: Duration,
+    ) -> Result<usize, Error> {
+        crate::events::poll_wait(self, out, timeout)
+    }
+
+    /// A failed verbs call on this queue pair's device.
+    fn verbs_error(&self, (call, source): (&'static str, io::Error)) -> Error {
+        Error::Verbs {
+            call,
+            device: self.pd.context().name().to_string(),
+            source,
+        }
+    }
+
     /// A copy of GRH cell `cell`, whose receive has completed.
     fn read_grh(&self, cell: usize) -> [u8; GRH_BYTES] {
         assert!(cell < self.max_recv_wr as usize);
@@ -808,6 +853,29 @@ impl UdQueuePair {
             }
             std::mem::forget(self.grh.take());
         }
+    }
+}
+
+impl Waitable for UdQueuePair {
+    type Item = UdCompletion;
+
+    fn poll(&mut self, out: &mut Vec<UdCompletion>) -> Result<usize, Error> {
+        UdQueuePair::poll(self, out)
+    }
+
+    fn check_events(&mut self) -> Result<(), Error> {
+        self.cq.check_events()
+    }
+
+    fn arm(&mut self) -> Result<Armed, Error> {
+        self.cq.arm().map_err(|e| self.verbs_error(e))
+    }
+
+    fn take_events(&mut self) -> Result<(), Error> {
+        self.cq
+            .take_events()
+            .map(drop)
+            .map_err(|e| self.verbs_error(e))
     }
 }
 

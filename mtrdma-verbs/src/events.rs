@@ -1,0 +1,268 @@
+//! Completion events: waiting for a queue pair's completions without
+//! spinning.
+//!
+//! A queue pair built with `completion_events(true)` (on
+//! [`QueuePairBuilder`](crate::QueuePairBuilder) or
+//! [`UdQueuePairBuilder`](crate::UdQueuePairBuilder)) gets a completion
+//! channel of its own (`ibv_create_comp_channel`, one file descriptor) and
+//! its completion queue is created with it. `poll_wait` then polls; if
+//! nothing came, it arms the completion queue (`ibv_req_notify_cq`), polls
+//! again (a completion that arrived before the arm raises no event), and
+//! sleeps in poll(2) on the channel's descriptor until the next completion
+//! raises an event or the timeout runs out. Every event taken
+//! (`ibv_get_cq_event`) is acknowledged at once (`ibv_ack_cq_events`), so
+//! destroying the completion queue never waits for an acknowledgement.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use ibverbs_sys as ffi;
+use rustix::event::{PollFd, PollFlags, Timespec};
+
+use crate::qp::{libc_enosys, Cq};
+use crate::Error;
+
+/// A completion channel: the file descriptor a completion queue's events
+/// arrive on. Its descriptor is non-blocking, so taking events never
+/// blocks; poll(2) is where a waiter sleeps.
+pub(crate) struct CompChannel {
+    raw: NonNull<ffi::ibv_comp_channel>,
+}
+
+impl CompChannel {
+    /// A channel on `ctx`'s device, its descriptor set non-blocking.
+    pub(crate) fn new(ctx: &crate::Context) -> Result<CompChannel, Error> {
+        let verbs = |call, source| Error::Verbs {
+            call,
+            device: ctx.name().to_string(),
+            source,
+        };
+        // SAFETY: the context is open (the caller's PD keeps it open for
+        // as long as the channel lives: it is dropped after the channel).
+        let raw = unsafe { ffi::ibv_create_comp_channel(ctx.raw()) };
+        let Some(raw) = NonNull::new(raw) else {
+            return Err(verbs("ibv_create_comp_channel", io::Error::last_os_error()));
+        };
+        let channel = CompChannel { raw };
+        let fd = channel.fd();
+        let flags = rustix::fs::fcntl_getfl(fd)
+            .map_err(|e| verbs("fcntl(F_GETFL) on the completion channel", e.into()))?;
+        rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK)
+            .map_err(|e| verbs("fcntl(F_SETFL) on the completion channel", e.into()))?;
+        Ok(channel)
+    }
+
+    /// The channel, to create a completion queue with.
+    pub(crate) fn raw(&self) -> *mut ffi::ibv_comp_channel {
+        self.raw.as_ptr()
+    }
+
+    /// Its file descriptor, open as long as the channel lives.
+    fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: `ibv_create_comp_channel` opened the descriptor, and it
+        // stays open until `ibv_destroy_comp_channel` in `drop`, which the
+        // borrow of `self` outlasts.
+        unsafe { BorrowedFd::borrow_raw(self.raw.as_ref().fd) }
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: the channel is ours and destroyed once; its completion
+        // queue was destroyed first (`Cq::drop` runs before its fields are
+        // dropped), so no completion queue refers to it.
+        let rc = unsafe { ffi::ibv_destroy_comp_channel(self.raw.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(rc, "ibv_destroy_comp_channel failed");
+        }
+    }
+}
+
+/// What a waiter sleeps on once its completion queue is armed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Armed {
+    /// Sleep in poll(2) on this descriptor (a completion channel's, which
+    /// becomes readable at the next completion).
+    Fd(RawFd),
+    /// Nothing to sleep on: whatever is posted completes at the next poll
+    /// (the host's null sink), so the wait ends at once.
+    Ready,
+}
+
+impl Cq {
+    /// The error that says how to get completion events, unless this
+    /// completion queue has them.
+    pub(crate) fn check_events(&self) -> Result<(), Error> {
+        match self.events {
+            Some(_) => Ok(()),
+            None => Err(Error::NoCompletionEvents),
+        }
+    }
+
+    /// Asks for an event at the next completion (`ibv_req_notify_cq`, for
+    /// every completion, not only solicited ones); returns the descriptor
+    /// that then becomes readable. An error names the verbs call.
+    pub(crate) fn arm(&self) -> Result<Armed, (&'static str, io::Error)> {
+        let Some(events) = &self.events else {
+            return Err(("ibv_req_notify_cq", io::Error::from_raw_os_error(22)));
+        };
+        // SAFETY: the CQ is live while `self` is (and so is its context,
+        // kept open by the owner's PD); `ibv_req_notify_cq` is a static
+        // inline in verbs.h that makes exactly this call.
+        let rc = unsafe {
+            let ctx = self.cq.as_ref().context;
+            match (*ctx).ops.req_notify_cq {
+                Some(notify) => notify(self.cq.as_ptr(), 0),
+                None => libc_enosys(),
+            }
+        };
+        if rc != 0 {
+            // Providers return a positive errno (or its negation).
+            return Err(("ibv_req_notify_cq", io::Error::from_raw_os_error(rc.abs())));
+        }
+        Ok(Armed::Fd(events.fd().as_raw_fd()))
+    }
+
+    /// Takes every event waiting on the channel, acknowledging each at
+    /// once (so none is ever left unacknowledged when the CQ is
+    /// destroyed); returns how many. Never blocks: the descriptor is
+    /// non-blocking.
+    pub(crate) fn take_events(&self) -> Result<u32, (&'static str, io::Error)> {
+        let Some(events) = &self.events else {
+            return Ok(0);
+        };
+        let mut taken = 0;
+        loop {
+            let mut cq = std::ptr::null_mut();
+            let mut context = std::ptr::null_mut();
+            // SAFETY: the channel is live while `self` is; `cq` and
+            // `context` are writable.
+            let rc = unsafe { ffi::ibv_get_cq_event(events.raw(), &mut cq, &mut context) };
+            if rc != 0 {
+                let e = io::Error::last_os_error();
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock => Ok(taken),
+                    io::ErrorKind::Interrupted => continue,
+                    _ => Err(("ibv_get_cq_event", e)),
+                };
+            }
+            debug_assert_eq!(cq, self.cq.as_ptr(), "the channel serves one CQ");
+            // SAFETY: the event just taken is this CQ's (the channel is
+            // its alone), and the CQ is live; one ack for one event.
+            unsafe { ffi::ibv_ack_cq_events(self.cq.as_ptr(), 1) };
+            taken += 1;
+        }
+    }
+}
+
+/// Something whose completions can be waited for: a queue pair, direct
+/// or scheduled. [`poll_wait`] drives it.
+pub(crate) trait Waitable {
+    /// What a completion is handed back as.
+    type Item;
+
+    /// Polls completions into `out` (as the owner's `poll` does).
+    fn poll(&mut self, out: &mut Vec<Self::Item>) -> Result<usize, Error>;
+
+    /// [`Error::NoCompletionEvents`] unless it was built with completion
+    /// events.
+    fn check_events(&mut self) -> Result<(), Error>;
+
+    /// Asks for an event at the next completion; says what to sleep on.
+    fn arm(&mut self) -> Result<Armed, Error>;
+
+    /// Takes and acknowledges the events that arrived.
+    fn take_events(&mut self) -> Result<(), Error>;
+
+    /// When it must be polled again whether or not anything completes
+    /// (a scheduler's wake-up); `None`: not before a completion.
+    fn poll_by(&self) -> Option<Instant> {
+        None
+    }
+}
+
+/// Polls `w` until it adds completions to `out` or `timeout` runs out,
+/// sleeping on its completion channel in between; returns how many it
+/// added (0: the timeout ran out). See the module docs.
+pub(crate) fn poll_wait<W: Waitable + ?Sized>(
+    w: &mut W,
+    out: &mut Vec<W::Item>,
+    timeout: Duration,
+) -> Result<usize, Error> {
+    w.check_events()?;
+    // No deadline when `timeout` is too long to represent: wait for ever.
+    let deadline = Instant::now().checked_add(timeout);
+    let before = out.len();
+    loop {
+        w.poll(out)?;
+        if out.len() > before {
+            return Ok(out.len() - before);
+        }
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            return Ok(0);
+        }
+        let until = match (deadline, w.poll_by()) {
+            (Some(d), Some(p)) => Some(d.min(p)),
+            (d, p) => d.or(p),
+        };
+        if until.is_some_and(|u| now >= u) {
+            // Due for a poll now (a scheduler's wake-up).
+            continue;
+        }
+        let fd = match w.arm()? {
+            Armed::Fd(fd) => fd,
+            Armed::Ready => {
+                w.poll(out)?;
+                return Ok(out.len() - before);
+            }
+        };
+        // A completion that arrived before the arm raises no event: find
+        // it now.
+        w.poll(out)?;
+        if out.len() > before {
+            return Ok(out.len() - before);
+        }
+        // SAFETY: `fd` is the completion channel of a completion queue `w`
+        // owns (directly, or through an `Arc` it holds); the channel is
+        // destroyed only when `w`'s queue pair is dropped, and `w` is
+        // borrowed for the whole call.
+        if unsafe { block(fd, until) }? {
+            w.take_events()?;
+        }
+    }
+}
+
+/// Sleeps until `fd` is readable (true) or `until` passes (false); an
+/// interrupted sleep goes on for the time that remains.
+///
+/// # Safety
+/// `fd` must stay open until this returns.
+unsafe fn block(fd: RawFd, until: Option<Instant>) -> Result<bool, Error> {
+    // SAFETY: the caller keeps `fd` open until this returns, and the
+    // borrow does not outlive the call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    loop {
+        let timeout = match until {
+            None => None,
+            Some(until) => {
+                let left = until.saturating_duration_since(Instant::now());
+                // Beyond `Timespec`'s range is as good as for ever.
+                Timespec::try_from(left).ok()
+            }
+        };
+        let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, timeout.as_ref()) {
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+            Err(rustix::io::Errno::INTR) => {
+                if until.is_some_and(|u| Instant::now() >= u) {
+                    return Ok(false);
+                }
+            }
+            Err(e) => return Err(Error::CompletionWait { source: e.into() }),
+        }
+    }
+}
