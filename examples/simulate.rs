@@ -6,6 +6,8 @@
 //! cargo run --release --example simulate -- --bulk 16
 //! cargo run --release --example simulate -- --bulk 3 --weights 1,2,4 --msg-rate 1
 //! cargo run --release --example simulate -- --bulk 9999 --ms 100 --rows 10
+//! cargo run --release --example simulate -- --separate --link-mbps 200 --base-us 100 \
+//!     --chunk-kib 2 --bulk 8 --ms 4000
 //! ```
 //!
 //! Flags (all optional):
@@ -17,6 +19,14 @@
 //! `--weights W,W,..` bulk weights, cycled (default all 1),
 //! `--cap-gbps G` cap on each bulk tenant (default none),
 //! `--link-gbps G` line rate (default 100),
+//! `--link-mbps M` line rate in Mbit/s instead,
+//! `--base-us U` delay from the last byte on the wire to the completion
+//! (default 1.7),
+//! `--separate` every tenant in a process of its own: no shared
+//! scheduler, each bulk tenant's bytes in the NIC follow its own delay
+//! window (the cross-process protection) instead,
+//! `--target-ppm P` with `--separate`, the windows' target queueing delay
+//! as a share of the path's own delay (default 500000),
 //! `--nic-depth N` NIC queue depth in work requests (default 16),
 //! `--chunk-kib K` scheduler chunk and quantum (default 8),
 //! `--ms T` simulated milliseconds (default 20; 1 ms warm-up),
@@ -25,7 +35,7 @@
 use std::process::ExitCode;
 
 use mtrdma::sched::sim::{run, Mode, Report, SimConfig, TenantReport, TenantSpec, Workload};
-use mtrdma::sched::{Nanos, RateLimit, TenantId, TenantPolicy};
+use mtrdma::sched::{DelayWindowConfig, Nanos, RateLimit, TenantId, TenantPolicy};
 
 #[derive(Debug)]
 struct Args {
@@ -36,7 +46,10 @@ struct Args {
     outstanding: u32,
     weights: Vec<u32>,
     cap_gbps: Option<u64>,
-    link_gbps: u64,
+    link_bps: u64,
+    base_ns: u64,
+    separate: bool,
+    target_ppm: u32,
     nic_depth: usize,
     chunk_kib: u64,
     ms: u64,
@@ -52,7 +65,10 @@ fn parse() -> Result<Args, String> {
         outstanding: 4,
         weights: vec![1],
         cap_gbps: None,
-        link_gbps: 100,
+        link_bps: 100_000_000_000,
+        base_ns: 1_700,
+        separate: false,
+        target_ppm: 500_000,
         nic_depth: 16,
         chunk_kib: 8,
         ms: 20,
@@ -62,6 +78,10 @@ fn parse() -> Result<Args, String> {
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
             return Err(String::new());
+        }
+        if flag == "--separate" {
+            a.separate = true;
+            continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let num = |v: &str| -> Result<u64, String> {
@@ -80,7 +100,19 @@ fn parse() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?;
             }
             "--cap-gbps" => a.cap_gbps = Some(num(&value)?),
-            "--link-gbps" => a.link_gbps = num(&value)?,
+            "--link-gbps" => a.link_bps = num(&value)?.saturating_mul(1_000_000_000),
+            "--link-mbps" => a.link_bps = num(&value)?.saturating_mul(1_000_000),
+            "--base-us" => {
+                let us: f64 = value.parse().map_err(|e| format!("{flag} {value}: {e}"))?;
+                if !(0.0..=1e6).contains(&us) {
+                    return Err(format!("{flag} {value}: 0 to 1000000 us"));
+                }
+                a.base_ns = (us * 1e3).round() as u64;
+            }
+            "--target-ppm" => {
+                a.target_ppm = u32::try_from(num(&value)?)
+                    .map_err(|_| format!("{flag} {value}: at most 4294967295"))?
+            }
             "--nic-depth" => a.nic_depth = num(&value)? as usize,
             "--chunk-kib" => a.chunk_kib = num(&value)?,
             "--ms" => a.ms = num(&value)?,
@@ -115,7 +147,7 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("error: {e}");
             }
-            eprintln!("usage: simulate [--probes N] [--msg-rate N] [--bulk N] [--bulk-kib K] [--outstanding N] [--weights W,..] [--cap-gbps G] [--link-gbps G] [--nic-depth N] [--chunk-kib K] [--ms T] [--rows N]");
+            eprintln!("usage: simulate [--probes N] [--msg-rate N] [--bulk N] [--bulk-kib K] [--outstanding N] [--weights W,..] [--cap-gbps G] [--link-gbps G | --link-mbps M] [--base-us U] [--separate] [--target-ppm P] [--nic-depth N] [--chunk-kib K] [--ms T] [--rows N]");
             return if e.is_empty() {
                 ExitCode::SUCCESS
             } else {
@@ -149,7 +181,8 @@ fn main() -> ExitCode {
         id += 1;
     }
     let config = SimConfig {
-        link_bps: args.link_gbps.saturating_mul(1_000_000_000),
+        link_bps: args.link_bps,
+        base_latency_ns: args.base_ns,
         nic_queue_depth: args.nic_depth,
         duration: Nanos::from_millis(args.ms),
         warmup: Nanos::from_millis(1),
@@ -165,11 +198,20 @@ fn main() -> ExitCode {
         .copied()
         .filter(|t| !matches!(t.workload, Workload::Bulk { .. }))
         .collect();
+    let protected = if args.separate {
+        let window = DelayWindowConfig {
+            target_ratio_ppm: args.target_ppm,
+            ..DelayWindowConfig::for_piece(args.chunk_kib << 10)
+        };
+        Mode::Windowed(sched_config, window)
+    } else {
+        Mode::Scheduled(sched_config)
+    };
     let results = (|| -> Result<(Report, Report, Report), mtrdma::sched::sim::SimError> {
         Ok((
             run(&config, &alone, &Mode::Fifo)?,
             run(&config, &tenants, &Mode::Fifo)?,
-            run(&config, &tenants, &Mode::Scheduled(sched_config))?,
+            run(&config, &tenants, &protected)?,
         ))
     })();
     let (alone, without, with) = match results {
@@ -181,7 +223,7 @@ fn main() -> ExitCode {
     };
     println!(
         "one {} Gb/s port, NIC queue depth {}, {} ms ({} ms measured), {} tenants; latency in us",
-        args.link_gbps,
+        args.link_bps as f64 / 1e9,
         args.nic_depth,
         args.ms,
         args.ms - 1,
@@ -189,7 +231,16 @@ fn main() -> ExitCode {
     );
     println!(
         "{:>6} {:>8} {:>7} {:>6} | {:^37} | {:^37}",
-        "tenant", "workload", "class", "weight", "without mtrdma (FIFO)", "with mtrdma"
+        "tenant",
+        "workload",
+        "class",
+        "weight",
+        "without mtrdma (FIFO)",
+        if args.separate {
+            "mtrdma, separate processes"
+        } else {
+            "with mtrdma"
+        }
     );
     println!(
         "{:>6} {:>8} {:>7} {:>6} | {:>8} {:>9} {:>9} {:>9} | {:>8} {:>9} {:>9} {:>9}",

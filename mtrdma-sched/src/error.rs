@@ -56,6 +56,12 @@ pub enum ConfigError {
         /// The share asked for, in parts per million.
         ppm: u32,
     },
+    /// A [`DelayWindowConfig`](crate::DelayWindowConfig) value out of range.
+    #[error("invalid window setting: {what}")]
+    Window {
+        /// Which value, and the range it must lie in.
+        what: &'static str,
+    },
     /// A per-tenant queue limit of zero would refuse every descriptor.
     #[error("the per-tenant queue limit must be at least 1 descriptor")]
     ZeroQueueLimit,

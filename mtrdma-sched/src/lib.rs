@@ -72,6 +72,7 @@ mod ring;
 pub mod sim;
 mod tenant_scheduler;
 mod time;
+mod window;
 
 pub use chunk::{Chunk, ChunkPolicy, Chunks};
 pub use descriptor::{Dequeue, Descriptor, Grant, Opcode};
@@ -82,6 +83,7 @@ pub use mtrdma_core::{TenantId, TrafficClass};
 pub use policy::{SchedulerConfig, TenantPolicy, MAX_QUANTUM, MAX_WEIGHT};
 pub use tenant_scheduler::{Drained, TenantScheduler};
 pub use time::{Clock, ManualClock, Nanos, QuantaClock};
+pub use window::{Admit, DelayWindow, DelayWindowConfig, Window};
 
 /// A scheduler of RDMA work requests, driven by the caller.
 ///

@@ -41,6 +41,7 @@ use crate::fifo::FifoScheduler;
 use crate::policy::{SchedulerConfig, TenantPolicy};
 use crate::tenant_scheduler::TenantScheduler;
 use crate::time::Nanos;
+use crate::window::{Admit, DelayWindow, DelayWindowConfig, Window};
 use crate::Scheduler;
 
 /// Settings of the simulated port and of the run.
@@ -200,6 +201,13 @@ pub enum Mode {
     /// A [`TenantScheduler`] with this configuration and each tenant's
     /// policy.
     Scheduled(SchedulerConfig),
+    /// Every tenant in a process of its own, as tenants in separate
+    /// containers are: its own [`TenantScheduler`] (this configuration)
+    /// splits its work into pieces, and a bulk tenant keeps in the NIC
+    /// only what its [`DelayWindow`] allows, learnt from its own pieces'
+    /// completion times. Nothing is shared between the tenants but the
+    /// NIC's FIFO; latency-class tenants have no window.
+    Windowed(SchedulerConfig, DelayWindowConfig),
 }
 
 /// Why a simulation could not run.
@@ -333,6 +341,24 @@ pub fn run(config: &SimConfig, tenants: &[TenantSpec], mode: &Mode) -> Result<Re
             }
             run_with(config, tenants, sched, config.scheduled_nic_depth)
         }
+        Mode::Windowed(sched_config, window) => {
+            let mut sources = Vec::with_capacity(tenants.len());
+            for t in tenants {
+                let mut sched = TenantScheduler::new(sched_config.clone())?;
+                sched.set_policy(t.id, t.policy)?;
+                let window = match t.class {
+                    TrafficClass::Latency => None,
+                    TrafficClass::Bulk => Some(DelayWindow::new(DelayWindowConfig {
+                        seed: u64::from(t.id.0),
+                        ..window.clone()
+                    })?),
+                };
+                sources.push(Source::new(sched, window));
+            }
+            let owner = (0..tenants.len()).collect();
+            // The windows bound what is in the NIC, not a depth.
+            simulate(config, tenants, sources, owner, usize::MAX)
+        }
     }
 }
 
@@ -346,6 +372,24 @@ pub fn run_with<S: Scheduler<u64>>(
     config: &SimConfig,
     tenants: &[TenantSpec],
     sched: S,
+    nic_depth: usize,
+) -> Result<Report, SimError> {
+    let owner = vec![0; tenants.len()];
+    simulate(
+        config,
+        tenants,
+        vec![Source::new(sched, None)],
+        owner,
+        nic_depth,
+    )
+}
+
+/// Runs `tenants`, tenant `i` posting through `sources[owner[i]]`.
+fn simulate<S: Scheduler<u64>>(
+    config: &SimConfig,
+    tenants: &[TenantSpec],
+    sources: Vec<Source<S>>,
+    owner: Vec<usize>,
     nic_depth: usize,
 ) -> Result<Report, SimError> {
     if config.link_bps == 0 {
@@ -377,7 +421,9 @@ pub fn run_with<S: Scheduler<u64>>(
     let mut sim = Sim {
         config,
         specs: tenants,
-        sched,
+        sources,
+        owner,
+        next_source: 0,
         nic_depth,
         nic: VecDeque::new(),
         wire_busy: false,
@@ -399,6 +445,8 @@ enum Event {
     WireDone,
     /// A message's completion reaches its application.
     Completion { msg: u64 },
+    /// A piece's completion reaches its sender (for its window).
+    PieceDone { source: u32, len: u64, sent_at: u64 },
     /// A tenant posts (after a think time).
     Post { tenant: u32 },
     /// The scheduler asked to be called again.
@@ -419,12 +467,46 @@ struct TenantState {
     samples: Vec<u64>,
 }
 
+/// Where pieces come from: one scheduler for every tenant, or one per
+/// tenant (a process of its own), with the window that bounds what it
+/// keeps in the NIC.
+struct Source<S> {
+    sched: S,
+    window: Option<DelayWindow>,
+    /// Bytes of its pieces in the NIC and not yet completed.
+    in_flight: u64,
+    /// A piece granted by its scheduler that its window held back.
+    held: Option<Grant<u64>>,
+}
+
+impl<S> Source<S> {
+    fn new(sched: S, window: Option<DelayWindow>) -> Source<S> {
+        Source {
+            sched,
+            window,
+            in_flight: 0,
+            held: None,
+        }
+    }
+}
+
+/// A piece in the NIC queue.
+struct InNic {
+    grant: Grant<u64>,
+    source: u32,
+    sent_at: u64,
+}
+
 struct Sim<'a, S> {
     config: &'a SimConfig,
     specs: &'a [TenantSpec],
-    sched: S,
+    sources: Vec<Source<S>>,
+    /// The source each tenant posts through.
+    owner: Vec<usize>,
+    /// Where the next fill of the NIC starts (round robin over sources).
+    next_source: usize,
     nic_depth: usize,
-    nic: VecDeque<Grant<u64>>,
+    nic: VecDeque<InNic>,
     wire_busy: bool,
     /// Exact time the wire frees, in units of 1/link_bps ns, so that
     /// back-to-back pieces do not each round up to a whole ns.
@@ -479,29 +561,41 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                 posted: now,
             });
             let d = Descriptor::new(spec.id, spec.class, op, bytes, msg);
-            self.sched
+            self.sources[self.owner[t as usize]]
+                .sched
                 .enqueue(d, Nanos(now))
                 .map_err(|r| SimError::Refused(r.reason))?;
         }
         Ok(())
     }
 
-    /// Fills the NIC queue from the scheduler and starts the wire.
+    /// Fills the NIC queue from the sources and starts the wire.
     /// `wire_just_freed`: called on the event of the wire freeing, whose
     /// time is rounded up to a whole ns; the next piece starts at the exact
     /// free time.
     fn pump(&mut self, now: u64, wire_just_freed: bool) {
-        while self.nic.len() < self.nic_depth {
-            match self.sched.dequeue(Nanos(now)) {
-                Dequeue::Ready(g) => self.nic.push_back(g),
-                Dequeue::Wait(t) => {
-                    if self.wake_at.is_none_or(|w| t.0 < w) {
-                        self.wake_at = Some(t.0);
-                        self.at(t.0, Event::Wake);
+        // Round robin over the sources, one piece each per turn, until
+        // none has a piece it may post or the NIC queue is full.
+        let n = self.sources.len();
+        let mut idle = 0;
+        while idle < n && self.nic.len() < self.nic_depth {
+            let i = self.next_source % n;
+            self.next_source = (i + 1) % n;
+            match self.next_piece(i, now) {
+                Some(grant) => {
+                    idle = 0;
+                    let src = &mut self.sources[i];
+                    src.in_flight += grant.len;
+                    if let Some(w) = &mut src.window {
+                        w.on_sent(grant.len, Nanos(now));
                     }
-                    break;
+                    self.nic.push_back(InNic {
+                        grant,
+                        source: i as u32,
+                        sent_at: now,
+                    });
                 }
-                Dequeue::Empty => break,
+                None => idle += 1,
             }
         }
         if !self.wire_busy {
@@ -513,10 +607,51 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                 } else {
                     self.wire_end.max(u128::from(now) * bps)
                 };
-                self.wire_end = start + u128::from(head.len) * 8_000_000_000;
+                self.wire_end = start + u128::from(head.grant.len) * 8_000_000_000;
                 let end = u64::try_from(self.wire_end.div_ceil(bps)).unwrap_or(u64::MAX);
                 self.at(end, Event::WireDone);
             }
+        }
+    }
+
+    /// Source `i`'s next piece, if its scheduler grants one and its window
+    /// lets it go now (else it is held, with a wake-up when pacing names a
+    /// time).
+    fn next_piece(&mut self, i: usize, now: u64) -> Option<Grant<u64>> {
+        let src = &mut self.sources[i];
+        let grant = match src.held.take() {
+            Some(g) => g,
+            None => match src.sched.dequeue(Nanos(now)) {
+                Dequeue::Ready(g) => g,
+                Dequeue::Wait(t) => {
+                    self.wake(t.0);
+                    return None;
+                }
+                Dequeue::Empty => return None,
+            },
+        };
+        let admit = src.window.as_ref().map_or(Admit::Now, |w| {
+            w.admit(src.in_flight, grant.len, Nanos(now))
+        });
+        match admit {
+            Admit::Now => Some(grant),
+            Admit::At(t) => {
+                src.held = Some(grant);
+                self.wake(t.0);
+                None
+            }
+            Admit::AfterCompletion => {
+                src.held = Some(grant);
+                None
+            }
+        }
+    }
+
+    /// Asks for a pump at `t`, unless one is due earlier.
+    fn wake(&mut self, t: u64) {
+        if self.wake_at.is_none_or(|w| t < w) {
+            self.wake_at = Some(t);
+            self.at(t, Event::Wake);
         }
     }
 
@@ -530,7 +665,12 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
             match event {
                 Event::WireDone => {
                     self.wire_busy = false;
-                    if let Some(g) = self.nic.pop_front() {
+                    if let Some(InNic {
+                        grant: g,
+                        source,
+                        sent_at,
+                    }) = self.nic.pop_front()
+                    {
                         let msg = self.msgs[g.handle as usize];
                         if now > warm {
                             // Bytes of the piece that left inside the window.
@@ -539,8 +679,17 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                             let bytes = u128::from(g.len) * u128::from(inside) / u128::from(tx);
                             self.state[msg.tenant as usize].bytes += bytes as u64;
                         }
+                        let done = now + self.config.base_latency_ns;
+                        let len = g.len;
+                        self.at(
+                            done,
+                            Event::PieceDone {
+                                source,
+                                len,
+                                sent_at,
+                            },
+                        );
                         if g.is_last {
-                            let done = now + self.config.base_latency_ns;
                             self.at(done, Event::Completion { msg: g.handle });
                         }
                     }
@@ -565,6 +714,18 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                                 self.post(m.tenant, now)?;
                             }
                         }
+                    }
+                    self.pump(now, false);
+                }
+                Event::PieceDone {
+                    source,
+                    len,
+                    sent_at,
+                } => {
+                    let src = &mut self.sources[source as usize];
+                    src.in_flight -= len;
+                    if let Some(w) = &mut src.window {
+                        w.on_completed(len, Nanos(sent_at), Nanos(now));
                     }
                     self.pump(now, false);
                 }

@@ -182,3 +182,72 @@ fn invalid_settings_are_errors() {
         SimError::Config(_)
     ));
 }
+
+/// Tenants in processes of their own share nothing but the NIC's FIFO; each
+/// bulk tenant's window follows its own pieces' completion times. The
+/// latency tenant's p99 stays within the time 16 KiB take on the wire of
+/// its p99 alone, and the bulk tenants keep at least 85% of the link, at
+/// several link rates, tenant counts and message sizes (with the window's
+/// defaults: nothing is told the link rate).
+#[test]
+fn windows_protect_a_latency_tenant_in_another_process_without_knowing_the_link_rate() {
+    // Pieces of 2 KiB: each bulk tenant may have one in the NIC, and 8 of
+    // them fit the 16 KiB a latency request may find ahead of it.
+    let piece = 2048;
+    let sched = mtrdma_sched::SchedulerConfig {
+        chunk_bytes: piece,
+        quantum_bytes: piece,
+        ..mtrdma_sched::SchedulerConfig::default()
+    };
+    let window = mtrdma_sched::DelayWindowConfig {
+        target_ratio_ppm: 500_000,
+        ..mtrdma_sched::DelayWindowConfig::for_piece(piece)
+    };
+    let windowed = Mode::Windowed(sched, window);
+    for mbit in [50u64, 200] {
+        let config = SimConfig {
+            link_bps: mbit * 1_000_000,
+            base_latency_ns: 100_000,
+            duration: Nanos::from_secs(4),
+            warmup: Nanos::from_millis(500),
+            ..SimConfig::default()
+        };
+        let alone = probe_p99(&run(&config, &isolation(0), &Mode::Fifo).unwrap());
+        let allowed = 16_384 * 8 * 1_000 / mbit; // ns for 16 KiB on the wire
+        for (bulk, bytes) in [(1u32, 64 << 10), (4, 1 << 20), (8, 4 << 20)] {
+            let mut tenants = vec![TenantSpec::probe(TenantId(0))];
+            tenants.extend((1..=bulk).map(|t| TenantSpec {
+                workload: Workload::Bulk {
+                    bytes,
+                    outstanding: 4,
+                },
+                ..TenantSpec::bulk(TenantId(t))
+            }));
+            let with = run(&config, &tenants, &windowed).unwrap();
+            let p99 = probe_p99(&with);
+            assert!(
+                p99 <= alone + allowed,
+                "{mbit} Mbit/s, {bulk} bulk of {bytes} B: p99 {p99} ns, alone {alone} ns, allowed +{allowed} ns"
+            );
+            let bulk_bps: f64 = with.tenants[1..].iter().map(|t| t.gbps * 1e9).sum();
+            let share = bulk_bps / (mbit as f64 * 1e6);
+            assert!(
+                share >= 0.85,
+                "{mbit} Mbit/s, {bulk} bulk of {bytes} B: bulk keeps {share:.3} of the link"
+            );
+            if bulk == 4 {
+                let fifo = run(&config, &tenants, &Mode::Fifo).unwrap();
+                // No probe completed at all counts as worse than any p99.
+                let without = fifo
+                    .tenant(TenantId(0))
+                    .unwrap()
+                    .p99
+                    .map_or(u64::MAX, |p| p.0);
+                assert!(
+                    without >= 20 * alone && without >= 10 * p99,
+                    "{mbit} Mbit/s: p99 {without} ns without windows, {p99} ns with, {alone} ns alone"
+                );
+            }
+        }
+    }
+}
