@@ -450,8 +450,9 @@ impl NullScheduled {
 mod tests {
     use super::*;
     use crate::RemoteRegion;
+    use mtrdma_core::TrafficClass;
     use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateCap};
-    use mtrdma_sched::RateLimit;
+    use mtrdma_sched::{DelayWindowConfig, RateLimit};
 
     const REMOTE: RemoteRegion = RemoteRegion {
         addr: 0x7000_0000,
@@ -559,6 +560,82 @@ mod tests {
         qp.poll(&mut more).unwrap();
         assert!(more.is_empty(), "nothing completes twice");
         assert_eq!(qp.with_sink(|s| s.sends_in_flight()), 0);
+    }
+
+    #[test]
+    fn a_window_bounds_the_bytes_in_the_nic_and_every_request_completes_in_order() {
+        // A window fixed at 3 pieces of 4 KiB (and quiet times off): 16 KiB
+        // requests split in 4 pieces, with room for 8 pieces otherwise.
+        let piece = 4096;
+        let window = DelayWindowConfig {
+            initial_window: 3 * piece,
+            min_window: 3 * piece,
+            max_window: 3 * piece,
+            quiet_every: mtrdma_sched::Nanos::ZERO,
+            ..DelayWindowConfig::for_piece(piece)
+        };
+        let config = ScheduleConfig {
+            chunk_bytes: piece,
+            max_pieces_in_flight: 8,
+            window: Some(window),
+            ..ScheduleConfig::default()
+        };
+        let mut qp = scheduled(NullSink::new(1, 16).recording(), config).unwrap();
+        let remote = RemoteRegion {
+            addr: 0x9000_0000,
+            len: 1 << 20,
+            rkey: 5,
+        };
+        for i in 0..20u64 {
+            let mut region = HeapRegion::new(16_384);
+            region.as_mut_slice()[..8].copy_from_slice(&i.to_le_bytes());
+            if let Err((e, _)) = qp.post_send(SendOp::Write(remote), region, 0..16_384, i) {
+                panic!("refused: {e}");
+            }
+            assert!(qp.with_sink(|s| s.sends_in_flight()) <= 3);
+        }
+        let mut out = Vec::new();
+        while out.len() < 20 {
+            qp.poll(&mut out).unwrap();
+            assert!(
+                qp.with_sink(|s| s.sends_in_flight()) <= 3,
+                "never more than the window in the NIC"
+            );
+        }
+        for (i, c) in out.iter().enumerate() {
+            assert_eq!((c.context, tag(&c.region)), (i as u64, i as u64));
+            assert_eq!((c.status, c.byte_len), (WcStatus::Success, 16_384));
+        }
+        let log = qp.with_sink(NullSink::take_log);
+        assert_eq!(log.len(), 80, "every piece posted once");
+        assert!(log.iter().all(|p| p.length == 4096));
+        assert_eq!(qp.queued(), 0);
+    }
+
+    #[test]
+    fn a_latency_queue_pair_has_no_window() {
+        let window = DelayWindowConfig {
+            initial_window: 1,
+            min_window: 1,
+            max_window: 1,
+            ..DelayWindowConfig::for_piece(4096)
+        };
+        let config = ScheduleConfig {
+            class: TrafficClass::Latency,
+            max_pieces_in_flight: 4,
+            window: Some(window),
+            ..ScheduleConfig::default()
+        };
+        let mut qp = scheduled(NullSink::new(1, 16), config).unwrap();
+        for i in 0..4 {
+            post(&mut qp, SendOp::Write(REMOTE), tagged(i), 64, i);
+        }
+        assert_eq!(
+            qp.with_sink(|s| s.sends_in_flight()),
+            4,
+            "latency pieces are not held back by a window"
+        );
+        assert_eq!(drain(&mut qp, 4).len(), 4);
     }
 
     #[test]

@@ -95,7 +95,9 @@ pub use mr::{Access, MemoryRegion, RemoteRegion};
 pub use pd::ProtectionDomain;
 pub use progress::ProgressThread;
 pub use qp::{Endpoint, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder, SendOp};
-pub use scheduled::{ScheduleConfig, ScheduledQueuePair, SharedConfig, SharedScheduler};
+pub use scheduled::{
+    ScheduleConfig, ScheduledQueuePair, SharedConfig, SharedScheduler, WindowState,
+};
 pub use ud::{
     AddressHandle, UdCompletion, UdEndpoint, UdQueuePair, UdQueuePairBuilder, UdSource,
     DEFAULT_QKEY, GRH_BYTES,

@@ -141,7 +141,11 @@ pub struct QueuePairBuilder<'a> {
     settings: QpSettings,
     access: Access,
     max_inline: u32,
+    ack_timeout: u8,
 }
+
+/// The default local ACK timeout exponent: 4.096 us x 2^14, about 67 ms.
+const DEFAULT_ACK_TIMEOUT: u8 = 14;
 
 /// What the RC and UD queue pair builders share.
 #[derive(Debug)]
@@ -250,6 +254,7 @@ impl ProtectionDomain {
             settings: QpSettings::default(),
             access: Access::REMOTE_READ_WRITE,
             max_inline: 0,
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
         }
     }
 }
@@ -284,6 +289,17 @@ impl QueuePairBuilder<'_> {
     /// place back when dropped.
     pub fn tenant(mut self, tenant: &TenantHandle) -> Self {
         self.settings.tenant = Some(tenant.clone());
+        self
+    }
+
+    /// How long a sent packet waits for its acknowledgement before it is
+    /// sent again: 4.096 us x 2^`exp` (default 14, about 67 ms; at most
+    /// 31, larger values are taken as 31; 0 waits forever). A queue pair
+    /// that keeps megabytes queued in front of a slow link (a bulk sender
+    /// without a window) needs more than its queue's delay, or it resends
+    /// what is still queued and its throughput collapses.
+    pub fn ack_timeout(mut self, exp: u8) -> Self {
+        self.ack_timeout = exp.min(31);
         self
     }
 
@@ -355,7 +371,11 @@ impl QueuePairBuilder<'_> {
             mtu: port.active_mtu.map_or(1024, |mtu| mtu.bytes()),
         };
         tracing::debug!(%device, qpn = endpoint.qpn, gid = %gid.gid, "created RC queue pair");
-        Ok(PreparedQueuePair { qp, endpoint })
+        Ok(PreparedQueuePair {
+            qp,
+            endpoint,
+            ack_timeout: self.ack_timeout,
+        })
     }
 }
 
@@ -372,6 +392,7 @@ pub(crate) fn random_psn() -> u32 {
 pub struct PreparedQueuePair {
     qp: QueuePair,
     endpoint: Endpoint,
+    ack_timeout: u8,
 }
 
 impl PreparedQueuePair {
@@ -424,7 +445,7 @@ impl PreparedQueuePair {
         )?;
         let mut attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
-            timeout: 14,
+            timeout: self.ack_timeout,
             retry_cnt: 7,
             rnr_retry: 7,
             sq_psn: local.psn,

@@ -40,8 +40,9 @@ use std::time::{Duration, Instant};
 use ibverbs_sys as ffi;
 use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
 use mtrdma_sched::{
-    Clock, Dequeue, Descriptor, Grant, Nanos, Opcode as SchedOpcode, QuantaClock, RateLimit,
-    Scheduler, SchedulerConfig, TenantPolicy, TenantScheduler,
+    Admit, Clock, DelayWindow, DelayWindowConfig, Dequeue, Descriptor, Grant, Nanos,
+    Opcode as SchedOpcode, QuantaClock, RateLimit, Scheduler, SchedulerConfig, TenantPolicy,
+    TenantScheduler, Window,
 };
 
 use crate::completion::{Completion, Opcode, WcStatus};
@@ -72,6 +73,17 @@ pub struct ScheduleConfig {
     /// (default tenant 0). Queue pairs of different tenants on one
     /// [`SharedScheduler`] share it by their weights.
     pub tenant_id: Option<TenantId>,
+    /// A bulk queue pair's bytes in the NIC follow a [`DelayWindow`] with
+    /// these settings (default none: only `max_pieces_in_flight` bounds
+    /// them). This is what protects a latency-sensitive tenant in another
+    /// process: every bulk queue pair that shares the port backs off when
+    /// its own pieces' completion times show a queue, so together they
+    /// keep the port's queue near the window's target without sharing any
+    /// state. Use pieces no longer than the queue a latency request may
+    /// find (`chunk_bytes` of one or a few MTUs), and
+    /// [`DelayWindowConfig::for_piece`] of that size. Latency-class queue
+    /// pairs have no window.
+    pub window: Option<DelayWindowConfig>,
 }
 
 impl Default for ScheduleConfig {
@@ -82,8 +94,24 @@ impl Default for ScheduleConfig {
             class: TrafficClass::Bulk,
             tenant: None,
             tenant_id: None,
+            window: None,
         }
     }
+}
+
+/// A queue pair's window as it stands ([`ScheduledQueuePair::window`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowState {
+    /// Bytes it may have in the NIC.
+    pub window_bytes: u64,
+    /// Bytes it has in the NIC.
+    pub in_flight_bytes: u64,
+    /// The path's own delay: the lowest recent completion time of a piece.
+    pub base_delay: Option<Nanos>,
+    /// The smoothed completion time of recent pieces.
+    pub smoothed_delay: Option<Nanos>,
+    /// Completion times above this shrink the window.
+    pub target_delay: Option<Nanos>,
 }
 
 /// Settings of a [`SharedScheduler`].
@@ -247,7 +275,8 @@ impl<S: Sink> Shared<S> {
             mail: AtomicBool::new(false),
         });
         let mut e = self.lock();
-        let (member, tenant, class) = e.add_member(Some(Arc::clone(&side)), sq_room, config)?;
+        let (member, tenant, class) =
+            e.add_member(Some(Arc::clone(&side)), qpn, sq_room, config)?;
         let (wake_at, clock) = (Arc::clone(&e.wake_at), e.clock.clone());
         drop(e);
         let attached = Attached {
@@ -335,6 +364,12 @@ impl ScheduledQueuePair {
     /// Send requests accepted and not yet handed back by [`poll`](Self::poll).
     pub fn queued(&self) -> usize {
         self.inner.queued()
+    }
+
+    /// What its window (see [`ScheduleConfig::window`]) has learnt, if it
+    /// has one.
+    pub fn window(&self) -> Option<WindowState> {
+        self.inner.window()
     }
 
     /// Accepts a send-side request. It is posted now if the scheduler lets
@@ -449,8 +484,9 @@ impl<S: Sink> Scheduled<S> {
             bulk_bytes_in_flight: u64::MAX,
             ..SharedConfig::default()
         })?;
+        engine.solo = true;
         let qpn = sink.qpn();
-        let (member, tenant, class) = engine.add_member(None, sink.send_room(), config)?;
+        let (member, tenant, class) = engine.add_member(None, qpn, sink.send_room(), config)?;
         Ok(Scheduled {
             way: Way::Solo(Box::new(Solo {
                 engine,
@@ -478,6 +514,23 @@ impl<S: Sink> Scheduled<S> {
         match &self.way {
             Way::Solo(solo) => solo.engine.member(solo.member).accepted,
             Way::Attached(a) => lock(&a.engine).member(a.member).accepted,
+        }
+    }
+
+    /// See [`ScheduledQueuePair::window`].
+    pub(crate) fn window(&self) -> Option<WindowState> {
+        let state = |m: &Member<S>| {
+            m.window.as_ref().map(|w| WindowState {
+                window_bytes: w.window(),
+                in_flight_bytes: m.bytes_out,
+                base_delay: w.base_delay(),
+                smoothed_delay: w.smoothed_delay(),
+                target_delay: w.target_delay(),
+            })
+        };
+        match &self.way {
+            Way::Solo(solo) => state(solo.engine.member(solo.member)),
+            Way::Attached(a) => state(lock(&a.engine).member(a.member)),
         }
     }
 
@@ -926,6 +979,9 @@ struct InFlight {
     message: usize,
     /// Bytes (a piece's scatter entry holds at most `u32::MAX`).
     len: u32,
+    /// When it was posted (the engine's clock), for a queue pair with a
+    /// window; 0 otherwise.
+    sent_at: u64,
 }
 
 /// [`InFlight::message`] of a request parked in the queue pair's books.
@@ -1053,18 +1109,33 @@ struct Member<S: Sink> {
     /// Pieces of `in_flight` the engine posted raw (the others were
     /// parked in the queue pair's books, see [`Engine::may_park`]).
     raw_out: u32,
+    /// What bounds its bulk bytes in the NIC by their completion times.
+    window: Option<DelayWindow>,
+    /// Bytes of `in_flight`.
+    bytes_out: u64,
 }
 
 impl<S: Sink> Member<S> {
     /// Counts a piece of `message` (or [`PARKED`]) of `len` bytes as in
-    /// the NIC; returns the bytes it takes from the bulk budget (none for
-    /// the latency class).
+    /// the NIC from `now` (read only for a queue pair with a window);
+    /// returns the bytes it takes from the bulk budget (none for the
+    /// latency class).
     #[inline]
-    fn hold(&mut self, message: usize, len: u64) -> u64 {
+    fn hold(&mut self, message: usize, len: u64, now: impl FnOnce() -> Nanos) -> u64 {
+        let sent_at = match &mut self.window {
+            Some(w) => {
+                let now = now();
+                w.on_sent(len, now);
+                now.0
+            }
+            None => 0,
+        };
         self.in_flight.push_back(InFlight {
             message,
             len: u32::try_from(len).unwrap_or(u32::MAX),
+            sent_at,
         });
+        self.bytes_out += len;
         self.bulk_bytes(len)
     }
 
@@ -1073,7 +1144,7 @@ impl<S: Sink> Member<S> {
     /// refused post completed out of turn); returns the bytes it gives
     /// back to the bulk budget, or `None` if it is not in flight.
     #[inline]
-    fn release(&mut self, message: usize) -> Option<u64> {
+    fn release(&mut self, message: usize, now: impl FnOnce() -> Nanos) -> Option<u64> {
         let piece = match self.in_flight.front() {
             Some(p) if p.message == message => self.in_flight.pop_front(),
             _ => self
@@ -1082,7 +1153,30 @@ impl<S: Sink> Member<S> {
                 .position(|p| p.message == message)
                 .and_then(|at| self.in_flight.remove(at)),
         }?;
-        Some(self.bulk_bytes(u64::from(piece.len)))
+        let len = u64::from(piece.len);
+        self.bytes_out -= len;
+        if let Some(w) = &mut self.window {
+            w.on_completed(len, Nanos(piece.sent_at), now());
+        }
+        Some(self.bulk_bytes(len))
+    }
+
+    /// Whether its window lets a piece of `len` bytes go at `now` (always
+    /// without a window); if pacing says later, `wake` is brought forward
+    /// to that time.
+    #[inline]
+    fn window_admits(&self, len: u64, now: Nanos, wake: &mut u64) -> bool {
+        let Some(w) = &self.window else {
+            return true;
+        };
+        match w.admit(self.bytes_out, len, now) {
+            Admit::Now => true,
+            Admit::At(at) => {
+                *wake = (*wake).min(at.0);
+                false
+            }
+            Admit::AfterCompletion => false,
+        }
     }
 
     /// What `len` bytes of this queue pair count against the bulk budget.
@@ -1130,6 +1224,16 @@ struct Engine<S: Sink> {
     own_done: Vec<Done<S>>,
     /// Piece completions being matched (kept for its capacity).
     scratch: Vec<RawCompletion>,
+    /// `CLOCK_MONOTONIC` minus `clock` at creation: windows run on the
+    /// clock every process shares, so that their quiet times line up
+    /// across processes.
+    shared_offset: u64,
+    /// The earliest time (the engine's clock) a queue pair held back by
+    /// its rate limit or window pacing may go again, found by this pump.
+    timed_wake: u64,
+    /// Whether every queue pair has an engine of its own (no sides): then
+    /// nothing but completions and `timed_wake` makes work.
+    solo: bool,
 }
 
 /// How often queue pairs that hold bulk budget are polled by the others
@@ -1168,14 +1272,18 @@ impl<S: Sink> Engine<S> {
             own_pieces: Vec::new(),
             own_done: Vec::new(),
             scratch: Vec::new(),
+            shared_offset: 0,
+            timed_wake: u64::MAX,
+            solo: false,
         })
     }
 
-    /// Adds a queue pair with `sq_room` send queue slots; returns its
+    /// Adds queue pair `qpn` with `sq_room` send queue slots; returns its
     /// member key, tenant and class.
     fn add_member(
         &mut self,
         side: Option<Arc<Side<S>>>,
+        qpn: u32,
         sq_room: u32,
         config: ScheduleConfig,
     ) -> Result<(usize, TenantId, TrafficClass), Error> {
@@ -1195,6 +1303,22 @@ impl<S: Sink> Engine<S> {
             }
             self.set_policy(tenant, local)?;
         }
+        let window = match (&config.window, class) {
+            (Some(w), TrafficClass::Bulk) => {
+                if self.shared_offset == 0 {
+                    self.shared_offset =
+                        mtrdma_core::clock::monotonic_ns().saturating_sub(self.clock.now().0);
+                }
+                // Queue pairs of one port start again after a quiet time
+                // at points of their own.
+                let seed = u64::from(qpn);
+                Some(
+                    DelayWindow::new(DelayWindowConfig { seed, ..w.clone() })
+                        .map_err(schedule_error)?,
+                )
+            }
+            _ => None,
+        };
         let member = self.members.insert(Member {
             side,
             sq_room,
@@ -1209,6 +1333,8 @@ impl<S: Sink> Engine<S> {
             backlog: 0,
             accepted: 0,
             raw_out: 0,
+            window,
+            bytes_out: 0,
         });
         Ok((member, tenant, class))
     }
@@ -1239,6 +1365,12 @@ impl<S: Sink> Engine<S> {
         Nanos(self.clock.now().0)
     }
 
+    /// The engine's clock as the windows see it (shared by every process).
+    #[inline]
+    fn window_now(clock: &QuantaClock, offset: u64) -> Nanos {
+        Nanos(clock.now().0.saturating_add(offset))
+    }
+
     #[inline]
     fn member(&self, member: usize) -> &Member<S> {
         self.members
@@ -1265,6 +1397,7 @@ impl<S: Sink> Engine<S> {
         let m = self.member(member);
         m.side.is_none()
             && m.quota.is_none()
+            && m.window.is_none()
             && !self.capped
             && m.raw_out == 0
             && self.unhindered(m, op, len)
@@ -1289,6 +1422,12 @@ impl<S: Sink> Engine<S> {
             && m.pending.is_empty()
             && (m.in_flight.len() as u32) < m.max_pieces.min(m.sq_room)
             && (latency || self.bulk_fits(len))
+            && (m.window.is_none() || {
+                let now = Self::window_now(&self.clock, self.shared_offset);
+                // A time to try again is found when the request is pumped.
+                let mut later = u64::MAX;
+                m.window_admits(len, now, &mut later)
+            })
     }
 
     /// Counts a request of `len` bytes that `may_park` let go, posted.
@@ -1298,7 +1437,8 @@ impl<S: Sink> Engine<S> {
             .members
             .get_mut(member)
             .expect("a queue pair's member entry lives as long as it does");
-        self.bulk_in_flight += m.hold(PARKED, u64::from(len));
+        // No window on a parked queue pair (`may_park`): no clock reading.
+        self.bulk_in_flight += m.hold(PARKED, u64::from(len), || Nanos(0));
         m.accepted += 1;
     }
 
@@ -1307,7 +1447,7 @@ impl<S: Sink> Engine<S> {
     #[inline]
     fn parked_done(&mut self, member: usize) {
         let m = self.member_mut(member);
-        let Some(bulk) = m.release(PARKED) else {
+        let Some(bulk) = m.release(PARKED, || Nanos(0)) else {
             tracing::error!("completion for a parked request that is not in flight");
             return;
         };
@@ -1455,7 +1595,24 @@ impl<S: Sink> Engine<S> {
                 return;
             }
             let len = self.member(member).pending.front().map_or(0, |g| g.len);
+            let m = self.member(member);
+            if m.window.is_some() {
+                let now = Self::window_now(&self.clock, self.shared_offset);
+                let mut at = u64::MAX;
+                if !m.window_admits(len, now, &mut at) {
+                    if at != u64::MAX {
+                        let wait = at.saturating_sub(now.0);
+                        self.timed_wake = self.timed_wake.min(self.clock.now().0 + wait);
+                    }
+                    return;
+                }
+            }
             if !self.rate_allows(member, len) {
+                let m = self.member(member);
+                if let Some(q) = &m.quota {
+                    let wait = m.retry_at.saturating_sub(q.now_ns());
+                    self.timed_wake = self.timed_wake.min(self.clock.now().0 + wait);
+                }
                 return;
             }
             let m = self.member_mut(member);
@@ -1489,6 +1646,7 @@ impl<S: Sink> Engine<S> {
     /// Posts pending pieces, then new ones from the scheduler, while the
     /// queue pairs, the bulk budget and the rate limits allow.
     fn pump(&mut self) {
+        self.timed_wake = u64::MAX;
         let wake = self.pump_until();
         self.wake_at.store(wake, Ordering::Release);
     }
@@ -1514,13 +1672,13 @@ impl<S: Sink> Engine<S> {
         // Grants waiting for their queue pair do not hold up the others,
         // but their number is bounded so the scheduler keeps the order.
         let pending_cap = 64.max(4 * self.members.len());
-        let soon = self.clock.now().0.saturating_add(REAP_INTERVAL_NS);
+        let reap_soon = self.clock.now().0.saturating_add(REAP_INTERVAL_NS);
         while self.pending_total < pending_cap {
             if self.latency_queued == 0 && !self.bulk_fits(1) {
                 // Nothing may go until a bulk piece completes; queue pairs
                 // whose owners have not polled may hold finished ones.
                 if reaped {
-                    return soon;
+                    return self.soon(reap_soon);
                 }
                 reaped = true;
                 self.reap_others();
@@ -1529,9 +1687,9 @@ impl<S: Sink> Engine<S> {
             let grant = match self.sched.dequeue(self.now()) {
                 Dequeue::Ready(grant) => grant,
                 Dequeue::Wait(at) if self.waiting.is_empty() => return at.0,
-                Dequeue::Wait(at) => return at.0.min(soon),
+                Dequeue::Wait(at) => return at.0.min(self.soon(reap_soon)),
                 Dequeue::Empty if self.waiting.is_empty() => return u64::MAX,
-                Dequeue::Empty => return soon,
+                Dequeue::Empty => return self.soon(reap_soon),
             };
             if grant.is_last && grant.class == TrafficClass::Latency {
                 self.latency_queued -= 1;
@@ -1546,7 +1704,21 @@ impl<S: Sink> Engine<S> {
                 self.drain_member(member);
             }
         }
-        soon
+        self.soon(reap_soon)
+    }
+
+    /// When to look again at pieces that wait: a queue pair with an engine
+    /// of its own waits only for its completions or for `timed_wake` (what
+    /// its rate limit or window pacing named, as found so far in this
+    /// pump); a shared engine also looks again at `reap_soon` for the
+    /// other queue pairs' sake.
+    #[inline]
+    fn soon(&self, reap_soon: u64) -> u64 {
+        if self.solo {
+            self.timed_wake
+        } else {
+            reap_soon
+        }
     }
 
     /// Polls the queue pairs that hold bulk pieces in the NIC (their
@@ -1601,8 +1773,12 @@ impl<S: Sink> Engine<S> {
     /// Accounts one finished piece.
     #[inline]
     fn piece_done(&mut self, member: usize, message: usize, status: WcStatus) {
-        let m = self.member_mut(member);
-        let Some(bulk) = m.release(message) else {
+        let (clock, offset) = (&self.clock, self.shared_offset);
+        let m = self
+            .members
+            .get_mut(member)
+            .expect("a queue pair's member entry lives as long as it does");
+        let Some(bulk) = m.release(message, || Self::window_now(clock, offset)) else {
             tracing::error!(message, "completion for a piece that is not in flight");
             return;
         };
@@ -1675,11 +1851,12 @@ impl<S: Sink> Engine<S> {
     #[must_use]
     fn launch(&mut self, member: usize, raw: RawSend, len: u64) -> Option<RawSend> {
         let message = (raw.wr_id & !RAW_WR) as usize;
+        let (clock, offset) = (&self.clock, self.shared_offset);
         let m = self
             .members
             .get_mut(member)
             .expect("pieces belong to attached queue pairs");
-        self.bulk_in_flight += m.hold(message, len);
+        self.bulk_in_flight += m.hold(message, len, || Self::window_now(clock, offset));
         m.raw_out += 1;
         if let Some(q) = &m.quota {
             q.record_posted(len, 1);
