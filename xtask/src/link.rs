@@ -35,10 +35,14 @@ const TABLE_TO_SENDER: u32 = 101;
 /// bytes of headers off the netdev MTU and rounds down to an IB MTU).
 pub(crate) const DEFAULT_MTU: u32 = 4200;
 /// The MTUs `--link-mtu` takes: from the smallest that leaves rxe an IB
-/// MTU (256) to jumbo frames (which still fit in the tbf burst).
+/// MTU (256) to jumbo frames (tbf's burst follows the MTU).
 const MTU_RANGE: std::ops::RangeInclusive<u32> = 576..=9000;
-/// tbf's bucket: a few 4 KiB packets may leave back to back.
-const TBF_BURST: &str = "16kb";
+/// tbf's bucket holds one packet (the MTU plus this for the Ethernet
+/// header), so the link sends one packet at a time at its rate, as a NIC
+/// port does. A larger bucket lets a few packets through at once after an
+/// idle moment, faster than the rate: a piece's completion time then says
+/// less about the queue.
+const TBF_HEADROOM: u32 = 64;
 /// tbf's queue: large, so packets wait rather than drop (rxe's go-back-N
 /// after a drop is far slower than any queue here).
 const TBF_LIMIT: &str = "16mb";
@@ -188,7 +192,8 @@ impl Link {
                     &format!("link: tbf qdisc at {} on {dev}", self.rate_text),
                     &format!(
                         "tc qdisc add dev {dev} root tbf rate {bps}bit \
-                         burst {TBF_BURST} limit {TBF_LIMIT}"
+                         burst {burst} limit {TBF_LIMIT}",
+                        burst = self.mtu + TBF_HEADROOM
                     ),
                 );
             }
@@ -347,7 +352,7 @@ mod tests {
         for dev in ["va", "vb"] {
             assert!(
                 script.contains(&format!(
-                    "tc qdisc add dev {dev} root tbf rate 50000000bit burst 16kb limit 16mb"
+                    "tc qdisc add dev {dev} root tbf rate 50000000bit burst 4264 limit 16mb"
                 )),
                 "{script}"
             );
