@@ -52,9 +52,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use mtrdma::core::coordinator::register;
 use mtrdma::core::{
     AdmissionError, LinkConfig, Policy, QuotaTable, RateCap, TenantHandle, TenantId, TenantPolicy,
+    TrafficClass,
 };
+use mtrdma::sched::DelayWindowConfig;
 use mtrdma::verbs::exchange::{exchange, Handshake};
 use mtrdma::verbs::{
     Access, Completion, Context, Endpoint, Gid, GidSelection, MemoryRegion, PreparedQueuePair,
@@ -70,7 +73,10 @@ USAGE:
     perf --loopback [OPTIONS]            both sides in this process, over 127.0.0.1
 
 TEST:
-    --test NAME          write_bw | read_bw | send_bw | write_lat | read_lat | send_lat
+    --test NAME          write_bw | read_bw | send_bw | write_lat | read_lat | send_lat |
+                         write_comp_lat (a WRITE from post to its completion, the
+                         responder's ACK: the round trip through the link, with no
+                         process spinning on the far side)
                          (client default write_bw; a server takes the client's)
     --path PATH          mtrdma: sends go through ScheduledQueuePair (default)
                          raw: plain QueuePair::post_send
@@ -82,6 +88,16 @@ TEST:
     --chunk BYTES        scheduled path: WRITE/READ chunk size (default 65536)
     --pieces N           scheduled path: pieces in the NIC at once (default 4,
                          the library default)
+    --window             scheduled path: this side's bulk pieces follow a delay-based
+                         window (protects latency tenants in other processes on the
+                         same port; use a --chunk of one or a few MTUs)
+    --class CLASS        scheduled path: latency | bulk (default: the tenant's class
+                         from --policy, else bulk)
+    --wait               sleep on the completion channel while no buffer is free
+                         (instead of spinning on the completion queue): many tenant
+                         processes can then share a few CPUs
+    --ack-timeout EXP    local ACK timeout 4.096 us x 2^EXP (default 14, ~67 ms): a
+                         bulk sender with long queues ahead of it needs more
     -I, --inline-size N  sends up to N bytes go inline (default 220 for write_lat and
                          send_lat, like perftest; 0 otherwise)
     --pool-mib N         memory for outstanding buffers, per pool (default 64):
@@ -92,6 +108,9 @@ TENANT (scheduled path rate limits; QP creation admitted on both paths):
     --tenant NAME        the tenant of FILE to attach as (optional if FILE has one tenant)
     --cap-mbps X         byte-rate cap of X MB/sec (MB = 2^20 bytes, the report's unit):
                          alone, a one-tenant policy; with --policy, overrides the tenant's cap
+    --coordinator SOCKET join the coordinator listening on SOCKET: it decides this
+                         process's tenant from its credentials (uid, gid, cgroup), and
+                         the tenant's quotas, rates and class come from its table
 
 CONNECTION:
     --port P             TCP port (default 18516)
@@ -118,6 +137,9 @@ const STALL: Duration = Duration::from_secs(60);
 const LAT_RECVS: usize = 4;
 /// Receives the server keeps posted in send_bw (perftest's rx-depth).
 const BW_RECVS: usize = 512;
+/// The longest one sleep on the completion channel lasts (`--wait`), so the
+/// control connection and deadlines are still looked at.
+const WAIT_SLICE: Duration = Duration::from_millis(20);
 /// Completion contexts.
 const SEND_CTX: u64 = 0;
 const RECV_CTX: u64 = 1;
@@ -134,16 +156,18 @@ enum Test {
     WriteLat,
     ReadLat,
     SendLat,
+    WriteCompLat,
 }
 
 impl Test {
-    const ALL: [Test; 6] = [
+    const ALL: [Test; 7] = [
         Test::WriteBw,
         Test::ReadBw,
         Test::SendBw,
         Test::WriteLat,
         Test::ReadLat,
         Test::SendLat,
+        Test::WriteCompLat,
     ];
 
     fn name(self) -> &'static str {
@@ -154,6 +178,7 @@ impl Test {
             Test::WriteLat => "write_lat",
             Test::ReadLat => "read_lat",
             Test::SendLat => "send_lat",
+            Test::WriteCompLat => "write_comp_lat",
         }
     }
 
@@ -182,12 +207,13 @@ impl Test {
             Test::WriteLat => "RDMA_Write Latency Test",
             Test::ReadLat => "RDMA_Read Latency Test",
             Test::SendLat => "Send Latency Test",
+            Test::WriteCompLat => "RDMA_Write Completion Latency Test",
         }
     }
 
     fn verb(self) -> &'static str {
         match self {
-            Test::WriteBw | Test::WriteLat => "RDMA WRITE",
+            Test::WriteBw | Test::WriteLat | Test::WriteCompLat => "RDMA WRITE",
             Test::ReadBw | Test::ReadLat => "RDMA READ",
             Test::SendBw | Test::SendLat => "SEND",
         }
@@ -246,6 +272,11 @@ struct Args {
     port: Option<u16>,
     csv: Option<PathBuf>,
     device: Option<String>,
+    window: bool,
+    class: Option<TrafficClass>,
+    ack_timeout: Option<u8>,
+    coordinator: Option<PathBuf>,
+    wait: bool,
 }
 
 enum Parsed {
@@ -329,6 +360,23 @@ fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
             "-t" | "--tx-depth" => a.tx_depth = Some(parse_num(&flag, &value()?, "a count")?),
             "--chunk" => a.chunk = Some(parse_size(&flag, &value()?)? as u64),
             "--pieces" => a.pieces = Some(parse_num(&flag, &value()?, "a count")?),
+            "--window" => a.window = true,
+            "--wait" => a.wait = true,
+            "--coordinator" => a.coordinator = Some(PathBuf::from(value()?)),
+            "--class" => {
+                a.class = Some(match value()?.as_str() {
+                    "latency" => TrafficClass::Latency,
+                    "bulk" => TrafficClass::Bulk,
+                    other => return Err(format!("--class {other}: latency or bulk")),
+                })
+            }
+            "--ack-timeout" => {
+                let exp: u8 = parse_num(&flag, &value()?, "an exponent 0 ..= 31")?;
+                if exp > 31 {
+                    return Err(format!("--ack-timeout {exp}: at most 31"));
+                }
+                a.ack_timeout = Some(exp);
+            }
             "-I" | "--inline-size" => a.inline = Some(parse_num(&flag, &value()?, "a size")?),
             "--pool-mib" => a.pool_mib = Some(parse_num(&flag, &value()?, "MiB")?),
             "--policy" => a.policy = Some(PathBuf::from(value()?)),
@@ -396,6 +444,13 @@ fn check_args(a: &Args) -> Result<(), String> {
             return Err("--pool-mib must be 1 ..= 65536".into());
         }
     }
+    if a.coordinator.is_some() && (a.policy.is_some() || a.tenant.is_some() || a.cap_mbps.is_some())
+    {
+        return Err(
+            "--coordinator decides the tenant and its limits: leave out --policy, --tenant and --cap-mbps"
+                .into(),
+        );
+    }
     if a.tenant.is_some() && a.policy.is_none() {
         return Err("--tenant needs --policy FILE (or use --cap-mbps alone)".into());
     }
@@ -452,7 +507,7 @@ impl Params {
                 .unwrap_or(ScheduleConfig::default().max_pieces_in_flight),
             // perftest's default: 220 B inline for WRITE and SEND latency.
             inline: a.inline.unwrap_or(match test {
-                Test::WriteLat | Test::SendLat => DEFAULT_INLINE,
+                Test::WriteLat | Test::SendLat | Test::WriteCompLat => DEFAULT_INLINE,
                 _ => 0,
             }),
         }
@@ -619,6 +674,22 @@ impl Params {
 
 /// The tenant handle (if any) and a description for the header.
 fn tenant_handle(a: &Args, chunk: u64) -> Result<Option<(TenantHandle, String)>, String> {
+    if let Some(socket) = &a.coordinator {
+        let handle = register(socket).map_err(|e| {
+            format!(
+                "registering with the coordinator at {}: {e}",
+                socket.display()
+            )
+        })?;
+        let desc = format!(
+            "{} (id {}, {:?} class, decided by the coordinator at {})",
+            handle.name(),
+            handle.tenant().0,
+            handle.class(),
+            socket.display()
+        );
+        return Ok(Some((handle, desc)));
+    }
     let cap = a.cap_mbps.map(|x| {
         RateCap::new(
             (x * MIB).round().max(1.0) as u64,
@@ -860,6 +931,14 @@ impl Qp {
         };
         r.map_err(|e| format!("polling the completion queue: {e}"))
     }
+
+    fn poll_wait(&mut self, out: &mut Vec<Completion>, timeout: Duration) -> Result<usize, String> {
+        let r = match self {
+            Qp::Raw(q) => q.poll_wait(out, timeout),
+            Qp::Sched(q) => q.poll_wait(out, timeout),
+        };
+        r.map_err(|e| format!("waiting for completions: {e}"))
+    }
 }
 
 fn op_verb(op: SendOp) -> &'static str {
@@ -885,14 +964,22 @@ struct Conn {
     local: Endpoint,
     peer: Endpoint,
     out: Vec<Completion>,
+    /// Sleep on the completion channel while no buffer is free.
+    wait: bool,
 }
 
 impl Conn {
     /// Polls once: send buffers go back to the pool, receives are posted
-    /// again. Returns the number of send-side completions.
+    /// again. Returns the number of send-side completions. With `wait`
+    /// and no buffer free, sleeps until a completion comes (at most
+    /// [`WAIT_SLICE`]) rather than spinning.
     fn progress(&mut self, test: Test) -> Result<usize, String> {
         let mut out = std::mem::take(&mut self.out);
-        self.qp.poll(&mut out)?;
+        if self.wait && self.pool.is_empty() {
+            self.qp.poll_wait(&mut out, WAIT_SLICE)?;
+        } else {
+            self.qp.poll(&mut out)?;
+        }
         let mut sends = 0;
         for c in out.drain(..) {
             if !c.status.is_success() {
@@ -937,6 +1024,10 @@ struct Side {
     tenant: Option<(TenantHandle, String)>,
     pool_bytes: u64,
     is_client: bool,
+    window: bool,
+    class: Option<TrafficClass>,
+    ack_timeout: Option<u8>,
+    wait: bool,
 }
 
 impl Side {
@@ -956,6 +1047,10 @@ impl Side {
             tenant,
             pool_bytes: a.pool_mib.unwrap_or(64) << 20,
             is_client,
+            window: a.window,
+            class: a.class,
+            ack_timeout: a.ack_timeout,
+            wait: a.wait,
         })
     }
 
@@ -981,7 +1076,11 @@ impl Side {
                 .queue_pair()
                 .max_send_wr(sq)
                 .max_recv_wr(rq)
-                .max_inline_data(inline);
+                .max_inline_data(inline)
+                .completion_events(self.wait);
+            if let Some(exp) = self.ack_timeout {
+                b = b.ack_timeout(exp);
+            }
             if let Some((t, _)) = &self.tenant {
                 b = b.tenant(t);
             }
@@ -1066,6 +1165,8 @@ impl Side {
                     chunk_bytes: p.chunk,
                     max_pieces_in_flight: p.pieces,
                     tenant: self.tenant.as_ref().map(|(t, _)| t.clone()),
+                    class: self.class.unwrap_or(TrafficClass::Bulk),
+                    window: self.window.then(|| DelayWindowConfig::for_piece(p.chunk)),
                     ..ScheduleConfig::default()
                 })
                 .map_err(|e| format!("setting up the scheduled path: {e}"))?,
@@ -1081,6 +1182,7 @@ impl Side {
             local,
             peer: peer.endpoint,
             out: Vec::new(),
+            wait: self.wait,
         })
     }
 }
@@ -1328,6 +1430,8 @@ fn print_header(side: &Side, p: &Params, conn: &Conn, limited: Option<(usize, us
             " Units           : usec; {}",
             if p.test == Test::ReadLat {
                 "READ post to completion"
+            } else if p.test == Test::WriteCompLat {
+                "WRITE post to completion"
             } else {
                 "ping-pong round trip / 2"
             }
@@ -1508,14 +1612,18 @@ fn client_lat(conn: &mut Conn, p: &Params, ctrl: &mut Ctrl) -> Result<Vec<u64>, 
         }
         let t0 = Instant::now();
         match p.test {
-            Test::ReadLat => {
+            Test::ReadLat | Test::WriteCompLat => {
                 let r = conn.take_buffer(p.test)?;
-                conn.qp
-                    .post_send(SendOp::Read(conn.remote), r, conn.size, SEND_CTX)?;
+                let op = if p.test == Test::ReadLat {
+                    SendOp::Read(conn.remote)
+                } else {
+                    SendOp::Write(conn.remote)
+                };
+                conn.qp.post_send(op, r, conn.size, SEND_CTX)?;
                 let spin_start = Instant::now();
                 while conn.progress(p.test)? == 0 {
                     if spin_start.elapsed() > STALL {
-                        return Err(format!("no READ completion for {STALL:?}"));
+                        return Err(format!("no {} completion for {STALL:?}", p.test.verb()));
                     }
                 }
             }
@@ -1624,7 +1732,11 @@ fn client(a: &Args, host: &str, port: u16) -> Result<(), String> {
         let run = if p.test.is_bw() {
             client_bw(&mut conn, &p).map(|r| r.map(Outcome::Bw))
         } else {
-            let factor = if p.test == Test::ReadLat { 1.0 } else { 2.0 };
+            let factor = if matches!(p.test, Test::ReadLat | Test::WriteCompLat) {
+                1.0
+            } else {
+                2.0
+            };
             client_lat(&mut conn, &p, &mut ctrl)
                 .map(|s| lat_result(size, s, factor).map(Outcome::Lat))
         };
@@ -1638,12 +1750,28 @@ fn client(a: &Args, host: &str, port: u16) -> Result<(), String> {
         };
         ctrl.send("DONE")?;
         ctrl.expect("FIN", Some(SETUP_TIMEOUT))?;
+        let window = match &conn.qp {
+            Qp::Sched(q) => q.window(),
+            Qp::Raw(_) => None,
+        };
         drop(conn);
         let Some(outcome) = outcome else {
             println!(" {size:<10} (no iteration completed)");
             continue;
         };
         print_outcome(&outcome);
+        if let Some(w) = window {
+            let us = |d: Option<mtrdma::sched::Nanos>| {
+                d.map_or_else(|| "-".to_string(), |d| format!("{:.1}", d.0 as f64 / 1e3))
+            };
+            println!(
+                " window at the end: {} B (path delay {} us, smoothed {} us, target {} us)",
+                w.window_bytes,
+                us(w.base_delay),
+                us(w.smoothed_delay),
+                us(w.target_delay)
+            );
+        }
         if let Some(csv) = &a.csv {
             append_csv(csv, &csv_line(&p, side.ctx.name(), &tenant_name, &outcome))?;
         }
@@ -1752,7 +1880,9 @@ fn server(a: &Args, listener: TcpListener, quiet: bool) -> Result<(), String> {
         };
         ctrl.send("READY")?;
         let run = match p.test {
-            Test::WriteBw | Test::ReadBw | Test::ReadLat => ctrl.expect("DONE", None).map(|_| ()),
+            Test::WriteBw | Test::ReadBw | Test::ReadLat | Test::WriteCompLat => {
+                ctrl.expect("DONE", None).map(|_| ())
+            }
             Test::SendBw => server_recv(&mut conn, p.test, &mut ctrl),
             Test::WriteLat | Test::SendLat => server_pong(&mut conn, p.test, &mut ctrl),
         };

@@ -64,6 +64,7 @@ fn perf_runs_every_test_on_both_paths_and_prints_perftest_columns() {
         "write_lat",
         "read_lat",
         "send_lat",
+        "write_comp_lat",
     ] {
         for path in ["raw", "mtrdma"] {
             let out = run(Command::new(&perf).args([
@@ -93,6 +94,79 @@ fn perf_runs_every_test_on_both_paths_and_prints_perftest_columns() {
             );
         }
     }
+}
+
+/// `perf --coordinator` takes the tenant the coordinator decides from the
+/// process's credentials (its uid here), and `--window --wait` runs a bulk
+/// test whose pieces follow a delay window while the process sleeps on its
+/// completion channel.
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn perf_joins_a_running_coordinator_and_windows_its_bulk_pieces() {
+    let dir = std::env::temp_dir().join(format!("mtrdma-perf-coord-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (policy, socket) = (dir.join("policy.toml"), dir.join("coord.sock"));
+    let uid = rustix::process::getuid().as_raw();
+    std::fs::write(
+        &policy,
+        format!(
+            "[link]\ncapacity = \"100Gbit\"\n\n[[tenant]]\nid = 7\nname = \"perf-bulk\"\n\n[[tenant.match]]\nuid = {uid}\n"
+        ),
+    )
+    .unwrap();
+    let table = format!("perf-coord-{}", std::process::id());
+    let mut coordinator = Command::new(example("coordinator"))
+        .args(["--policy", policy.to_str().unwrap(), "--table", &table])
+        .args(["--socket", socket.to_str().unwrap(), "--quiet"])
+        .spawn()
+        .expect("start the coordinator");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the coordinator did not listen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let result = std::panic::catch_unwind(|| {
+        run(Command::new(example("perf")).args([
+            "--loopback",
+            "--device",
+            &device(),
+            "--coordinator",
+            socket.to_str().unwrap(),
+            "--test",
+            "write_bw",
+            "--path",
+            "mtrdma",
+            "--window",
+            "--wait",
+            "--chunk",
+            "4096",
+            "-s",
+            "65536",
+            "-n",
+            "50",
+        ]))
+    });
+    // SIGTERM: the coordinator removes its socket and table.
+    let _ = Command::new("kill")
+        .arg(coordinator.id().to_string())
+        .status();
+    let _ = coordinator.wait();
+    std::fs::remove_dir_all(&dir).ok();
+    let out = result.unwrap_or_else(|e| std::panic::resume_unwind(e));
+    assert!(
+        out.contains("perf-bulk (id 7") && out.contains("decided by the coordinator"),
+        "the tenant comes from the coordinator:\n{out}"
+    );
+    let row = result_row(&out);
+    assert_eq!((row[0], row[1]), (65536.0, 50.0), "{out}");
+    assert!(row[3] > 0.0, "bandwidth measured:\n{out}");
+    assert!(
+        out.contains(" window at the end: "),
+        "the window's state is reported:\n{out}"
+    );
 }
 
 #[test]
