@@ -1,0 +1,162 @@
+//! Protection across processes on the VM's shared link (`cargo xtask vm
+//! --link RATE`): a latency tenant and bulk tenants, each an `examples/perf`
+//! process of its own, senders on the link's sender device and servers on
+//! its receiver. Unprotected, the bulk tenants' WRITEs fill the link's
+//! queue; with delay windows the latency tenant's p99 is several times
+//! lower. Ignored on a plain `cargo test`; `cargo xtask test` runs it in
+//! the SoftRoCE VM, where the link is set up.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// `target/<profile>/examples/<name>`, next to `target/<profile>/deps/`.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps");
+    profile.join("examples").join(name)
+}
+
+/// The link's sender and receiver devices, or `None` outside the VM when
+/// no link is set up (a real host has no such pair).
+fn link() -> Option<(String, String)> {
+    match (
+        std::env::var("MTRDMA_LINK_SENDER"),
+        std::env::var("MTRDMA_LINK_RECEIVER"),
+    ) {
+        (Ok(s), Ok(r)) => Some((s, r)),
+        _ => {
+            assert!(
+                std::env::var_os("MTRDMA_VM").is_none(),
+                "inside the VM the device tests run with `--link`: MTRDMA_LINK_SENDER/RECEIVER are missing"
+            );
+            None
+        }
+    }
+}
+
+fn perf(args: &[&str]) -> Command {
+    let mut cmd = Command::new(example("perf"));
+    cmd.args(args);
+    cmd
+}
+
+fn spawn(cmd: &mut Command) -> Child {
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start examples/perf")
+}
+
+/// The latency tenant's p99 (us) next to `bulk` tenants run with `way`.
+fn p99_next_to_bulk(sender: &str, receiver: &str, port: u16, way: &[&str]) -> f64 {
+    let bulk = 2u16;
+    let mut children = Vec::new();
+    for i in 0..=bulk {
+        let p = (port + i).to_string();
+        children.push(spawn(&mut perf(&[
+            "--server", "--device", receiver, "-p", &p,
+        ])));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    for i in 1..=bulk {
+        let p = (port + i).to_string();
+        let mut args = vec![
+            "--connect",
+            "127.0.0.1",
+            "--device",
+            sender,
+            "-p",
+            &p,
+            "--test",
+            "write_bw",
+            "-D",
+            "7",
+            "--wait",
+            "--ack-timeout",
+            "20",
+        ];
+        args.extend_from_slice(way);
+        children.push(spawn(&mut perf(&args)));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let p = port.to_string();
+    let out = perf(&[
+        "--connect",
+        "127.0.0.1",
+        "--device",
+        sender,
+        "-p",
+        &p,
+        "--test",
+        "write_comp_lat",
+        "-s",
+        "16",
+        "-D",
+        "4",
+        "--path",
+        "raw",
+    ])
+    .output()
+    .expect("run the latency tenant");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    for child in children {
+        let done = child.wait_with_output().expect("a tenant process");
+        assert!(
+            done.status.success(),
+            "a tenant failed: {}\n{}",
+            String::from_utf8_lossy(&done.stdout),
+            String::from_utf8_lossy(&done.stderr)
+        );
+    }
+    assert!(out.status.success(), "the latency tenant failed:\n{text}");
+    // bytes iters t_min t_max t_typical t_avg t_stdev p99 p99.9
+    let row: Vec<f64> = text
+        .lines()
+        .skip_while(|l| !l.contains("#bytes"))
+        .nth(1)
+        .expect("a result row")
+        .split_whitespace()
+        .map(|w| w.parse().expect("a number"))
+        .collect();
+    row[7]
+}
+
+#[test]
+#[ignore = "needs the VM's shared link (cargo xtask vm --link RATE)"]
+fn delay_windows_keep_the_latency_tenant_s_p99_far_below_unprotected() {
+    let Some((sender, receiver)) = link() else {
+        eprintln!("no shared link (MTRDMA_LINK_SENDER/RECEIVER): nothing to measure on this host");
+        return;
+    };
+    let base = 20_000 + (std::process::id() % 1_000) as u16 * 8;
+    let unprotected = p99_next_to_bulk(&sender, &receiver, base, &["-s", "1M", "--path", "raw"]);
+    let windowed = p99_next_to_bulk(
+        &sender,
+        &receiver,
+        base + 4,
+        &[
+            "-s",
+            "64K",
+            "--path",
+            "mtrdma",
+            "--window",
+            "--chunk",
+            "2048",
+            "--pieces",
+            "64",
+            // 16 requests out: what is in flight when the test ends drains
+            // in moments even at a small window.
+            "--pool-mib",
+            "1",
+        ],
+    );
+    eprintln!("latency tenant p99: {unprotected:.1} us unprotected, {windowed:.1} us with windows");
+    assert!(
+        windowed * 5.0 < unprotected,
+        "p99 {windowed:.1} us with windows is not several times below {unprotected:.1} us unprotected"
+    );
+}
