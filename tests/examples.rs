@@ -4,28 +4,14 @@
 //! test`; `cargo xtask test` runs them in the SoftRoCE VM. `cargo test`
 //! builds the examples next to this test binary.
 
-use std::path::PathBuf;
 use std::process::Command;
+
+mod common;
+use common::{example, result_row};
 
 fn device() -> String {
     std::env::var("MTRDMA_TEST_DEVICE")
         .expect("MTRDMA_TEST_DEVICE must name the RDMA device to test (e.g. rxe0)")
-}
-
-/// `target/<profile>/examples/<name>`, next to `target/<profile>/deps/`.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let profile = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps");
-    let path = profile.join("examples").join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: `cargo test` builds the examples",
-        path.display()
-    );
-    path
 }
 
 fn run(cmd: &mut Command) -> String {
@@ -38,19 +24,6 @@ fn run(cmd: &mut Command) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
-}
-
-/// The numbers of the first row under perftest's `#bytes` header.
-fn result_row(text: &str) -> Vec<f64> {
-    let mut lines = text.lines().skip_while(|l| !l.contains("#bytes"));
-    lines.next().expect("a #bytes header");
-    let row = lines.next().expect("a result row");
-    row.split_whitespace()
-        .map(|w| {
-            w.parse()
-                .unwrap_or_else(|_| panic!("not a number in {row:?}"))
-        })
-        .collect()
 }
 
 #[test]

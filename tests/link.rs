@@ -6,19 +6,11 @@
 //! lower. Ignored on a plain `cargo test`; `cargo xtask test` runs it in
 //! the SoftRoCE VM, where the link is set up.
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// `target/<profile>/examples/<name>`, next to `target/<profile>/deps/`.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let profile = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps");
-    profile.join("examples").join(name)
-}
+mod common;
+use common::{example, result_row};
 
 /// The link's sender and receiver devices, or `None` outside the VM when
 /// no link is set up (a real host has no such pair).
@@ -62,15 +54,14 @@ fn p99_next_to_bulk(sender: &str, receiver: &str, port: u16, way: &[&str]) -> f6
         ])));
     }
     std::thread::sleep(Duration::from_millis(500));
+    // A client of the server on `port`, on the sender device.
+    let client = |port: u16, args: &[&str]| {
+        let mut cmd = perf(&["--connect", "127.0.0.1", "--device", sender]);
+        cmd.args(["-p", &port.to_string()]).args(args);
+        cmd
+    };
     for i in 1..=bulk {
-        let p = (port + i).to_string();
-        let mut args = vec![
-            "--connect",
-            "127.0.0.1",
-            "--device",
-            sender,
-            "-p",
-            &p,
+        let mut bulk_args = vec![
             "--test",
             "write_bw",
             "-D",
@@ -79,27 +70,23 @@ fn p99_next_to_bulk(sender: &str, receiver: &str, port: u16, way: &[&str]) -> f6
             "--ack-timeout",
             "20",
         ];
-        args.extend_from_slice(way);
-        children.push(spawn(&mut perf(&args)));
+        bulk_args.extend_from_slice(way);
+        children.push(spawn(&mut client(port + i, &bulk_args)));
     }
     std::thread::sleep(Duration::from_secs(1));
-    let p = port.to_string();
-    let out = perf(&[
-        "--connect",
-        "127.0.0.1",
-        "--device",
-        sender,
-        "-p",
-        &p,
-        "--test",
-        "write_comp_lat",
-        "-s",
-        "16",
-        "-D",
-        "4",
-        "--path",
-        "raw",
-    ])
+    let out = client(
+        port,
+        &[
+            "--test",
+            "write_comp_lat",
+            "-s",
+            "16",
+            "-D",
+            "4",
+            "--path",
+            "raw",
+        ],
+    )
     .output()
     .expect("run the latency tenant");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -114,14 +101,7 @@ fn p99_next_to_bulk(sender: &str, receiver: &str, port: u16, way: &[&str]) -> f6
     }
     assert!(out.status.success(), "the latency tenant failed:\n{text}");
     // bytes iters t_min t_max t_typical t_avg t_stdev p99 p99.9
-    let row: Vec<f64> = text
-        .lines()
-        .skip_while(|l| !l.contains("#bytes"))
-        .nth(1)
-        .expect("a result row")
-        .split_whitespace()
-        .map(|w| w.parse().expect("a number"))
-        .collect();
+    let row = result_row(&text);
     row[7]
 }
 
