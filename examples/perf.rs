@@ -96,6 +96,9 @@ TEST:
     --wait               sleep on the completion channel while no buffer is free
                          (instead of spinning on the completion queue): many tenant
                          processes can then share a few CPUs
+    --interval USEC      latency tests: start one request every USEC microseconds
+                         (an open-loop probe, as a service's requests arrive)
+                         instead of back to back; the samples are the same
     --ack-timeout EXP    local ACK timeout 4.096 us x 2^EXP (default 14, ~67 ms): a
                          bulk sender with long queues ahead of it needs more
     -I, --inline-size N  sends up to N bytes go inline (default 220 for write_lat and
@@ -277,6 +280,7 @@ struct Args {
     ack_timeout: Option<u8>,
     coordinator: Option<PathBuf>,
     wait: bool,
+    interval: Option<Duration>,
 }
 
 enum Parsed {
@@ -362,6 +366,13 @@ fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
             "--pieces" => a.pieces = Some(parse_num(&flag, &value()?, "a count")?),
             "--window" => a.window = true,
             "--wait" => a.wait = true,
+            "--interval" => {
+                let us: u64 = parse_num(&flag, &value()?, "microseconds")?;
+                if !(1..=10_000_000).contains(&us) {
+                    return Err(format!("{flag} {us}: 1 ..= 10000000 microseconds"));
+                }
+                a.interval = Some(Duration::from_micros(us));
+            }
             "--coordinator" => a.coordinator = Some(PathBuf::from(value()?)),
             "--class" => {
                 a.class = Some(match value()?.as_str() {
@@ -1600,7 +1611,12 @@ fn post_ping(conn: &mut Conn, test: Test, marker: u8) -> Result<(), String> {
 }
 
 /// Client side of a latency test: per-iteration samples in ns.
-fn client_lat(conn: &mut Conn, p: &Params, ctrl: &mut Ctrl) -> Result<Vec<u64>, String> {
+fn client_lat(
+    conn: &mut Conn,
+    p: &Params,
+    ctrl: &mut Ctrl,
+    interval: Option<Duration>,
+) -> Result<Vec<u64>, String> {
     let deadline = p.duration().map(|d| Instant::now() + d);
     let mut samples = Vec::with_capacity(p.iters.min(1 << 22) as usize);
     let mut i = 0u64;
@@ -1636,6 +1652,15 @@ fn client_lat(conn: &mut Conn, p: &Params, ctrl: &mut Ctrl) -> Result<Vec<u64>, 
         }
         samples.push(t0.elapsed().as_nanos() as u64);
         i += 1;
+        if let Some(gap) = interval {
+            // The next request starts one interval after this one did
+            // (sleeping, so the probe leaves the CPUs to the others).
+            let next = t0 + gap;
+            let now = Instant::now();
+            if next > now {
+                std::thread::sleep(next - now);
+            }
+        }
     }
     Ok(samples)
 }
@@ -1737,7 +1762,7 @@ fn client(a: &Args, host: &str, port: u16) -> Result<(), String> {
             } else {
                 2.0
             };
-            client_lat(&mut conn, &p, &mut ctrl)
+            client_lat(&mut conn, &p, &mut ctrl, a.interval)
                 .map(|s| lat_result(size, s, factor).map(Outcome::Lat))
         };
         let outcome = match run {

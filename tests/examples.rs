@@ -69,6 +69,41 @@ fn perf_runs_every_test_on_both_paths_and_prints_perftest_columns() {
     }
 }
 
+/// `perf --interval` starts one latency request per interval (an open-loop
+/// probe): 50 requests 2 ms apart take at least 98 ms, and every one is a
+/// sample. An interval of 0 is refused with the reason.
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn perf_spaces_latency_requests_by_the_interval() {
+    let perf = example("perf");
+    let start = std::time::Instant::now();
+    let out = run(Command::new(&perf).args([
+        "--loopback",
+        "--device",
+        &device(),
+        "--test",
+        "write_comp_lat",
+        "--wait",
+        "--interval",
+        "2000",
+        "-n",
+        "50",
+    ]));
+    let elapsed = start.elapsed();
+    assert_eq!(result_row(&out)[1], 50.0, "iterations:\n{out}");
+    assert!(
+        elapsed >= std::time::Duration::from_millis(98),
+        "50 requests 2 ms apart took {elapsed:?}"
+    );
+    let refused = Command::new(&perf)
+        .args(["--loopback", "--test", "write_comp_lat", "--interval", "0"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("--interval 0"), "{err}");
+}
+
 /// `perf --coordinator` takes the tenant the coordinator decides from the
 /// process's credentials (its uid here), and `--window --wait` runs a bulk
 /// test whose pieces follow a delay window while the process sleeps on its

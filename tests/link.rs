@@ -85,6 +85,12 @@ fn p99_next_to_bulk(sender: &str, receiver: &str, port: u16, way: &[&str]) -> f6
             "4",
             "--path",
             "raw",
+            // An open-loop probe (a request every 500 us, sleeping between
+            // them): back-to-back requests would sample stalls once each
+            // however long they last.
+            "--wait",
+            "--interval",
+            "500",
         ],
     )
     .output()

@@ -199,8 +199,11 @@ fn windows_protect_a_latency_tenant_in_another_process_without_knowing_the_link_
         quantum_bytes: piece,
         ..mtrdma_sched::SchedulerConfig::default()
     };
+    // The model has no host noise (no sender wakes late), so the target
+    // needs no floor: the queue's share of the path's delay is enough.
     let window = mtrdma_sched::DelayWindowConfig {
         target_ratio_ppm: 500_000,
+        target_floor: Nanos::ZERO,
         ..mtrdma_sched::DelayWindowConfig::for_piece(piece)
     };
     let windowed = Mode::Windowed(sched, window);
