@@ -37,15 +37,16 @@ pub(crate) const DEFAULT_MTU: u32 = 4200;
 /// The MTUs `--link-mtu` takes: from the smallest that leaves rxe an IB
 /// MTU (256) to jumbo frames (tbf's burst follows the MTU).
 const MTU_RANGE: std::ops::RangeInclusive<u32> = 576..=9000;
-/// tbf's bucket holds two packets (each the MTU plus this for the
-/// Ethernet header). tbf sends a packet when its bucket has the tokens and
-/// otherwise sleeps on a timer; under emulation the timer fires late, and
-/// with a bucket of one packet the time it is late is lost for good (one
-/// unmodified bulk sender moved 74% of the rate). With two, the link
-/// catches up after a late timer (90% and more) and still never has more
-/// than two packets in flight at once: a packet behind a queue waits for
-/// all of it, as at a NIC port.
+/// Bytes a packet takes in tbf's bucket beyond the MTU (the Ethernet
+/// header, with room to spare).
 const TBF_HEADROOM: u32 = 64;
+/// tbf's bucket holds this many packets. tbf sends a packet when its
+/// bucket has the tokens and otherwise sleeps on a timer; under emulation
+/// the timer fires late, and with a bucket of one packet the time it is
+/// late is lost for good (one unmodified bulk sender moved 74% of the
+/// rate). With two, the link catches up after a late timer (90% and more)
+/// and lets at most two packets out back to back: a packet behind a queue
+/// still waits for all of it, as at a NIC port.
 const TBF_BUCKET_PACKETS: u32 = 2;
 /// The real-time priority of the kernel threads that run deferred softirq
 /// work (`ksoftirqd`). rxe does a NIC's work in softirqs (its requester,
