@@ -121,6 +121,9 @@ CONNECTION:
 
 OUTPUT:
     --csv FILE           append one line per size with every column
+    --samples FILE       latency tests: write every sample (usec, as reported: halved
+                         round trips for write_lat/send_lat), one per line, each size
+                         after a line `# SIZE B`
     -h, --help           this text
 
 Reports use perftest's units: MB/sec with MB = 2^20 bytes, MsgRate in 10^6
@@ -274,6 +277,7 @@ struct Args {
     mode: Option<Mode>,
     port: Option<u16>,
     csv: Option<PathBuf>,
+    samples: Option<PathBuf>,
     device: Option<String>,
     window: bool,
     class: Option<TrafficClass>,
@@ -407,6 +411,7 @@ fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
             "--loopback" => set_mode(&mut a, Mode::Loopback)?,
             "-p" | "--port" => a.port = Some(parse_num(&flag, &value()?, "a TCP port")?),
             "--csv" => a.csv = Some(PathBuf::from(value()?)),
+            "--samples" => a.samples = Some(PathBuf::from(value()?)),
             "-d" | "--device" | "--ib-dev" => a.device = Some(value()?),
             f if f.starts_with('-') => {
                 return Err(format!("unknown flag {f} (see --help)"));
@@ -468,8 +473,8 @@ fn check_args(a: &Args) -> Result<(), String> {
     if a.port == Some(0) && a.mode != Some(Mode::Loopback) {
         return Err("--port must be 1 ..= 65535".into());
     }
-    if matches!(a.mode, Some(Mode::Server)) && a.csv.is_some() {
-        return Err("--csv is for the client (it is the side that reports)".into());
+    if matches!(a.mode, Some(Mode::Server)) && (a.csv.is_some() || a.samples.is_some()) {
+        return Err("--csv and --samples are for the client (it is the side that reports)".into());
     }
     Ok(())
 }
@@ -1367,6 +1372,21 @@ fn csv_line(p: &Params, device: &str, tenant: &str, o: &Outcome) -> String {
     }
 }
 
+/// Appends `samples` (ns) divided by `factor`, in usec, one per line,
+/// after a line naming the size.
+fn write_samples(path: &PathBuf, size: usize, samples: &[u64], factor: f64) -> Result<(), String> {
+    let mut text = format!("# {size} B\n");
+    for s in samples {
+        let _ = writeln!(text, "{:.3}", *s as f64 / 1e3 / factor);
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(|e| format!("--samples {}: {e}", path.display()))
+}
+
 fn append_csv(path: &PathBuf, line: &str) -> Result<(), String> {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
@@ -1762,8 +1782,12 @@ fn client(a: &Args, host: &str, port: u16) -> Result<(), String> {
             } else {
                 2.0
             };
-            client_lat(&mut conn, &p, &mut ctrl, a.interval)
-                .map(|s| lat_result(size, s, factor).map(Outcome::Lat))
+            client_lat(&mut conn, &p, &mut ctrl, a.interval).and_then(|s| {
+                if let Some(path) = &a.samples {
+                    write_samples(path, size, &s, factor)?;
+                }
+                Ok(lat_result(size, s, factor).map(Outcome::Lat))
+            })
         };
         let outcome = match run {
             Ok(o) => o,

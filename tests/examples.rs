@@ -76,25 +76,48 @@ fn perf_runs_every_test_on_both_paths_and_prints_perftest_columns() {
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn perf_spaces_latency_requests_by_the_interval() {
     let perf = example("perf");
+    let samples = std::env::temp_dir().join(format!("mtrdma-perf-samples-{}", std::process::id()));
+    let _ = std::fs::remove_file(&samples);
     let start = std::time::Instant::now();
-    let out = run(Command::new(&perf).args([
-        "--loopback",
-        "--device",
-        &device(),
-        "--test",
-        "write_comp_lat",
-        "--wait",
-        "--interval",
-        "2000",
-        "-n",
-        "50",
-    ]));
+    let out = run(Command::new(&perf)
+        .args([
+            "--loopback",
+            "--device",
+            &device(),
+            "--test",
+            "write_comp_lat",
+            "--wait",
+            "--interval",
+            "2000",
+            "-n",
+            "50",
+            "--samples",
+        ])
+        .arg(&samples));
     let elapsed = start.elapsed();
-    assert_eq!(result_row(&out)[1], 50.0, "iterations:\n{out}");
+    let row = result_row(&out);
+    assert_eq!(row[1], 50.0, "iterations:\n{out}");
     assert!(
         elapsed >= std::time::Duration::from_millis(98),
         "50 requests 2 ms apart took {elapsed:?}"
     );
+    // --samples: every sample, under the size's line; the largest is the
+    // reported t_max or above it (the report drops the two largest).
+    let text = std::fs::read_to_string(&samples).unwrap();
+    std::fs::remove_file(&samples).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("# 2 B"), "{text}");
+    let values: Vec<f64> = lines.map(|l| l.parse().unwrap()).collect();
+    assert_eq!(values.len(), 50, "{text}");
+    let (min, max) = values
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+    assert!(
+        min > 0.0 && (min - row[2]).abs() < 0.01,
+        "min {min}, t_min {}",
+        row[2]
+    );
+    assert!(max >= row[3], "max {max}, t_max {}", row[3]);
     let refused = Command::new(&perf)
         .args(["--loopback", "--test", "write_comp_lat", "--interval", "0"])
         .output()

@@ -1,13 +1,16 @@
 //! `cargo xtask demo`: the isolation demo on a real verbs device inside the
 //! SoftRoCE VM, next to perftest's own tools as the reference.
 //!
-//! One boot runs, in order: perftest's `ib_write_lat` (16 B) and
+//! One boot, with the shared link set up (`--link RATE`, 200mbit by
+//! default), runs in order: perftest's `ib_write_lat` (16 B) and
 //! `ib_write_bw` (64 KiB) alone, the same two tests with mtrdma's
-//! `examples/perf.rs` on the plain and on the scheduled path, then
-//! `examples/isolation` (every scenario, alone / unprotected / mtrdma).
-//! Everything lands in `target/demo/`: the tools' outputs, `reference.txt`
-//! (mtrdma against perftest, with the ratios), and the isolation demo's
-//! tables, CSV files and pictures.
+//! `examples/perf.rs` on the plain and on the scheduled path (all on
+//! `rxe0`), then `examples/isolation --link` (tenants as processes across
+//! the shaped link; arguments after `--` go to it), then the single-process
+//! `SharedScheduler` variant across the same link. Everything lands in
+//! `target/demo/`: the tools' outputs, `reference.txt` (mtrdma against
+//! perftest, with the ratios), `link/` and `single-process/` (tables, CSV
+//! files, pictures and every process's output).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -16,13 +19,32 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 
-use crate::{deps, proc, vm};
+use crate::{deps, link, proc, vm};
 
 const LAT_ITERS: u32 = 20_000;
 const BW_ITERS: u32 = 2_000;
 const BW_SIZE: u32 = 65_536;
 
-pub(crate) fn run() -> Result<ExitCode> {
+/// The link the demo runs on unless told otherwise.
+pub(crate) const DEFAULT_RATE: &str = "200mbit";
+
+/// `cargo xtask demo [--link RATE] [-- ISOLATION-ARGS...]`.
+pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
+    let (ours, theirs) = match rest.iter().position(|a| a == "--") {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, &[][..]),
+    };
+    let rate = match ours {
+        [] => DEFAULT_RATE.to_string(),
+        [flag, rate] if flag == "--link" => rate.clone(),
+        other => anyhow::bail!(
+            "`cargo xtask demo` takes [--link RATE] [-- ARGS for examples/isolation --link], not {other:?}"
+        ),
+    };
+    let link = link::Link::new(&rate)?;
+    if link.bits_per_second() == 0 {
+        anyhow::bail!("the demo needs a shaped link (--link RATE such as 200mbit), not {rate}");
+    }
     deps::ensure()?;
     proc::check(proc::cargo().args([
         "build",
@@ -31,6 +53,8 @@ pub(crate) fn run() -> Result<ExitCode> {
         "isolation",
         "--example",
         "perf",
+        "--example",
+        "coordinator",
     ]))?;
     let examples = proc::target_dir().join("release/examples");
     let out = proc::target_dir().join("demo");
@@ -81,13 +105,22 @@ pub(crate) fn run() -> Result<ExitCode> {
         &format!("--test write_bw {bw} --path mtrdma --pieces 128"),
         "perf_write_bw_mtrdma",
     ));
+    let extra: Vec<String> = theirs.iter().map(|a| proc::shell_quote(a)).collect();
+    // The single-process variant bounds the bulk bytes in the NIC to one
+    // budget: 16 KiB, what a latency request may find ahead of it.
     let _ = writeln!(
         script,
-        "{isolation} --device rxe0 --out {dir} || status=1\nexit $status"
+        "echo '== examples/isolation --link (tenants as processes on the shared link) =='\n\
+         {isolation} --link --out {dir}/link {} || status=1\n\
+         echo '== examples/isolation, one process (SharedScheduler), rxa -> rxb =='\n\
+         {isolation} --device \"$MTRDMA_LINK_SENDER\" --peer-device \"$MTRDMA_LINK_RECEIVER\" \
+         --chunk 4096 --budget 16384 --out {dir}/single-process || status=1\nexit $status",
+        extra.join(" ")
     );
     let opts = vm::Options {
         timeout: Duration::from_secs(30 * 60),
         rw_shares: vec![out.clone()],
+        link: Some(link),
         ..vm::Options::default()
     };
     let outcome = vm::run(&opts, &vm::Job::script(script))?;

@@ -50,9 +50,12 @@ commands:
                           host) inside one VM boot, with --link 200mbit;
                           with MTRDMA_TEST_DEVICE set, the device tests run on this host's
                           device instead of the VM
-  demo                    inside the VM: perftest's ib_write_lat/ib_write_bw next to mtrdma's
-                          examples/perf, then examples/isolation (every scenario alone,
-                          unprotected and with mtrdma); tables, CSV and pictures in target/demo/
+  demo [--link RATE] [-- ARGS]
+                          inside the VM with the shared link (default 200mbit): perftest's
+                          ib_write_lat/ib_write_bw next to mtrdma's examples/perf, then
+                          examples/isolation --link ARGS (tenants as processes: alone,
+                          unprotected and with mtrdma) and its single-process variant;
+                          tables, CSV and pictures in target/demo/
 ";
 
 fn main() -> ExitCode {
@@ -86,10 +89,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
             no_args(cmd, rest)?;
             test::run()
         }
-        "demo" => {
-            no_args(cmd, rest)?;
-            demo::run()
-        }
+        "demo" => demo::run(rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(ExitCode::SUCCESS)

@@ -1,0 +1,1100 @@
+//! The demo on the VM's shared link (`isolation --link`): every tenant is a
+//! process of its own, in a cgroup of its own, registered with a running
+//! `examples/coordinator` that decides its tenant from that cgroup, as
+//! containers would be. Senders run on the link's sender device, their
+//! servers on the receiver device, so every byte crosses the one shaped
+//! queue (the NIC port) between them.
+//!
+//! The tenants are `examples/perf` processes (the latency tenant: 16 B
+//! WRITEs, an open-loop probe of one request every 500 us; bulk tenants:
+//! `write_bw`), unmodified perftest `ib_write_bw` hogs, and this binary
+//! itself as a control-path storm (`--storm-tenant`). "Unprotected" bulk
+//! tenants post straight on their queue pairs; with mtrdma they post
+//! through `ScheduledQueuePair` with a delay window (`--window`), which
+//! learns from its own pieces' completion times how much it may keep in
+//! the NIC. Nothing is shared between the processes but the coordinator's
+//! table, and no link rate is entered anywhere: the policy's link capacity
+//! is the NIC's nominal 100 Gbit/s.
+
+use std::fmt::Write as _;
+use std::fs::File;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::plot::{self, BarGroup, LatencySeries};
+use crate::{lat, Args, Lat, Report, Way};
+
+/// The cgroup every demo tenant's cgroup is created under.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup/mtrdma-demo";
+/// The latency probe: one 16 B WRITE every this many microseconds.
+const PROBE_INTERVAL_US: u32 = 500;
+/// p99.9 is reported only over at least this many samples.
+const P999_MIN_SAMPLES: usize = 10_000;
+/// Bulk pieces with a window: one MTU's worth, so that what a latency
+/// request finds ahead of it is counted in packets.
+const WINDOW_CHUNK: u64 = 2048;
+/// The control-path storm's policy rate (QP creations and MR registrations
+/// per second).
+const STORM_RATE: u64 = 50;
+/// Local ACK timeout exponent of every bulk sender (4.096 us x 2^20, about
+/// 4 s): a sender behind a long queue would otherwise resend what is only
+/// waiting.
+const ACK_TIMEOUT: &str = "20";
+
+/// Where the link is and what it carries.
+pub(crate) struct LinkSpec {
+    pub(crate) sender: String,
+    pub(crate) receiver: String,
+    /// The shaped rate in bits per second (what the bulk tenants' share is
+    /// measured against; never given to a tenant).
+    pub(crate) rate_bps: u64,
+}
+
+impl LinkSpec {
+    /// From the environment `cargo xtask vm --link RATE` sets up.
+    pub(crate) fn from_env() -> Result<LinkSpec, String> {
+        let var = |k: &str| {
+            std::env::var(k).map_err(|_| {
+                format!("--link: {k} is not set (run it in `cargo xtask vm --link RATE`)")
+            })
+        };
+        let rate_bps: u64 = var("MTRDMA_LINK_RATE_BPS")?
+            .parse()
+            .map_err(|e| format!("MTRDMA_LINK_RATE_BPS: {e}"))?;
+        if rate_bps == 0 {
+            return Err("--link needs a shaped link (`--link RATE`, not unshaped)".into());
+        }
+        Ok(LinkSpec {
+            sender: var("MTRDMA_LINK_SENDER")?,
+            receiver: var("MTRDMA_LINK_RECEIVER")?,
+            rate_bps,
+        })
+    }
+
+    /// The link's rate in perf's unit (MB/s, MB = 2^20 bytes).
+    fn mib_per_sec(&self) -> f64 {
+        self.rate_bps as f64 / 8.0 / 1_048_576.0
+    }
+
+    /// Microseconds 16 KiB take on the wire.
+    fn us_for_16k(&self) -> f64 {
+        16_384.0 * 8.0 / self.rate_bps as f64 * 1e6
+    }
+}
+
+/// The policy file: one tenant per demo role, each matched by its cgroup.
+fn policy_toml(args: &Args, link: &LinkSpec) -> String {
+    let mut s = String::from(
+        "# Written by the isolation demo. The link capacity is the NIC's nominal\n\
+         # rate: the shaped link's rate is never told to anyone.\n\
+         [link]\ncapacity = \"100Gbit\"\n",
+    );
+    let mut tenant = |id: u32, name: &str, extra: &str| {
+        let _ = write!(
+            s,
+            "\n[[tenant]]\nid = {id}\nname = \"{name}\"\n{extra}\
+             [[tenant.match]]\ncgroup = \"/mtrdma-demo/{name}\"\n"
+        );
+    };
+    tenant(1, "latency", "class = \"latency\"\n");
+    let most = args.bulk.iter().copied().max().unwrap_or(1).max(4);
+    for i in 0..most {
+        tenant(10 + i as u32, &format!("bulk{i}"), "");
+    }
+    for (id, w) in crate::WEIGHTED {
+        tenant(id, &format!("weight{w}"), &format!("weight = {w}\n"));
+    }
+    let cap = cap_bytes_per_sec(args, link);
+    tenant(
+        30,
+        "capped",
+        &format!("rate = {{ rate = {cap}, burst = {} }}\n", WINDOW_CHUNK * 8),
+    );
+    tenant(31, "free", "");
+    tenant(
+        40,
+        "storm",
+        &format!(
+            "qp_create_rate = {{ rate = {STORM_RATE}, burst = 5 }}\n\
+             mr_reg_rate = {{ rate = {STORM_RATE}, burst = 5 }}\n"
+        ),
+    );
+    s
+}
+
+/// The capped tenant's cap in bytes per second: `--cap-share` of the link.
+fn cap_bytes_per_sec(args: &Args, link: &LinkSpec) -> u64 {
+    (link.rate_bps as f64 / 8.0 * args.cap_share).round() as u64
+}
+
+/// A running coordinator and the cgroups of the demo's tenants.
+struct Site<'a> {
+    args: &'a Args,
+    link: &'a LinkSpec,
+    perf: PathBuf,
+    me: PathBuf,
+    socket: PathBuf,
+    coordinator: Child,
+    coordinator_started: Instant,
+    logs: PathBuf,
+    next_port: u16,
+    /// The sender device's network device.
+    netdev: String,
+}
+
+/// A tenant process and where its output goes.
+struct Proc {
+    name: String,
+    child: Child,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Proc {
+    fn wait(self) -> Result<String, String> {
+        self.wait_tolerating(None)
+    }
+
+    /// Waits for it; a failure whose output contains `excuse` counts as
+    /// success.
+    fn wait_tolerating(mut self, excuse: Option<&str>) -> Result<String, String> {
+        let status = self
+            .child
+            .wait()
+            .map_err(|e| format!("waiting for {}: {e}", self.name))?;
+        let out = std::fs::read_to_string(&self.stdout).unwrap_or_default();
+        let err = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        let excused = excuse.is_some_and(|e| out.contains(e) || err.contains(e));
+        if !status.success() && !excused {
+            return Err(format!(
+                "{} failed ({status}); its output ({}):\n{out}{err}",
+                self.name,
+                self.stdout.display()
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// Waits until a TCP socket listens on `port` (servers on a busy emulated
+/// CPU take a while to start; a client that comes too early fails).
+fn wait_listening(port: u16) -> Result<(), String> {
+    let want = format!(":{port:04X} ");
+    let start = Instant::now();
+    loop {
+        let listening = ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+            std::fs::read_to_string(f).is_ok_and(|t| {
+                t.lines().skip(1).any(|l| {
+                    let cols: Vec<&str> = l.split_whitespace().collect();
+                    // local_address is the 2nd column, the state (0A:
+                    // LISTEN) the 4th.
+                    cols.len() > 3 && format!("{} ", cols[1]).ends_with(&want) && cols[3] == "0A"
+                })
+            })
+        });
+        if listening {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            return Err(format!("no server listens on port {port} after 20 s"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The network device under RDMA device `dev`'s port 1.
+fn netdev_of(dev: &str) -> Result<String, String> {
+    let dir = format!("/sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs");
+    let entries = std::fs::read_dir(&dir).map_err(|e| format!("{dir}: {e}"))?;
+    entries
+        .filter_map(Result::ok)
+        .find_map(|e| {
+            std::fs::read_to_string(e.path())
+                .ok()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+        })
+        .ok_or_else(|| format!("{dir}: no network device"))
+}
+
+/// The CPU time a process has used so far (from `/proc/PID/schedstat`).
+fn cpu_time(pid: u32) -> Result<Duration, String> {
+    let path = format!("/proc/{pid}/schedstat");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+    let ns: u64 = text
+        .split_whitespace()
+        .next()
+        .and_then(|f| f.parse().ok())
+        .ok_or_else(|| format!("{path}: no CPU time in {text:?}"))?;
+    Ok(Duration::from_nanos(ns))
+}
+
+/// The demo's cgroup `name`, created if missing; the returned file moves
+/// the process that writes "0" to it into the cgroup.
+fn cgroup_procs(name: &str) -> Result<File, String> {
+    let dir = Path::new(CGROUP_ROOT).join(name);
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        format!(
+            "creating the cgroup {} (the link demo runs as root on cgroup2): {e}",
+            dir.display()
+        )
+    })?;
+    let procs = dir.join("cgroup.procs");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&procs)
+        .map_err(|e| format!("{}: {e}", procs.display()))
+}
+
+impl Site<'_> {
+    fn port(&mut self) -> u16 {
+        self.next_port += 1;
+        self.next_port
+    }
+
+    /// Starts `cmd` as the process `name` in the cgroup `cgroup` (if any),
+    /// its output in files under the logs directory.
+    fn spawn(&self, name: &str, cgroup: Option<&str>, mut cmd: Command) -> Result<Proc, String> {
+        let stdout = self.logs.join(format!("{name}.out"));
+        let stderr = self.logs.join(format!("{name}.err"));
+        let file = |p: &Path| File::create(p).map_err(|e| format!("{}: {e}", p.display()));
+        cmd.stdin(Stdio::null())
+            .stdout(file(&stdout)?)
+            .stderr(file(&stderr)?);
+        if let Some(cgroup) = cgroup {
+            let procs = cgroup_procs(cgroup)?;
+            // SAFETY: the closure runs in the child between fork and exec;
+            // it only calls write(2) on a file opened before the fork,
+            // which is async-signal-safe and allocates nothing.
+            unsafe {
+                cmd.pre_exec(move || {
+                    rustix::io::write(&procs, b"0")
+                        .map(drop)
+                        .map_err(std::io::Error::from)
+                });
+            }
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("starting {name} ({:?}): {e}", cmd.get_program()))?;
+        Ok(Proc {
+            name: name.to_string(),
+            child,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// Bytes the sender's network device has sent.
+    fn link_bytes(&self) -> Result<u64, String> {
+        let path = format!("/sys/class/net/{}/statistics/tx_bytes", self.netdev);
+        std::fs::read_to_string(&path)
+            .map_err(|e| format!("{path}: {e}"))?
+            .trim()
+            .parse()
+            .map_err(|e| format!("{path}: {e}"))
+    }
+
+    fn perf(&self) -> Command {
+        Command::new(&self.perf)
+    }
+
+    /// A perf server on the receiver device.
+    fn server(&mut self, name: &str) -> Result<(Proc, u16), String> {
+        let port = self.port();
+        let mut cmd = self.perf();
+        cmd.args(["--server", "--device", &self.link.receiver, "-p"])
+            .arg(port.to_string());
+        Ok((self.spawn(&format!("{name}-server"), None, cmd)?, port))
+    }
+
+    /// A perf client on the sender device, in its tenant's cgroup.
+    fn client(&self, name: &str, port: u16, args: &[String]) -> Result<Proc, String> {
+        let mut cmd = self.perf();
+        cmd.args([
+            "--connect",
+            "127.0.0.1",
+            "--device",
+            &self.link.sender,
+            "-p",
+        ])
+        .arg(port.to_string())
+        .args(args);
+        self.spawn(name, Some(name), cmd)
+    }
+
+    /// One measurement: the latency probe (if `probe`), next to `bulk`
+    /// (tenant cgroup, way) perf senders, `hogs` ib_write_bw senders and
+    /// the storm (if `storm`, with or without mtrdma).
+    fn measure(&mut self, tag: &str, run: &Run) -> Result<Measured, String> {
+        let secs = self.args.seconds;
+        let bulk_secs = secs + 3.0;
+        let logs = self.args.out.join("logs").join(tag);
+        std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
+        self.logs = logs;
+        let mut servers = Vec::new();
+        let mut senders = Vec::new();
+        let probe_port = if run.probe {
+            let (s, port) = self.server("latency")?;
+            servers.push(s);
+            Some(port)
+        } else {
+            None
+        };
+        let mut bulk_ports = Vec::new();
+        for (name, _) in &run.bulk {
+            let (s, port) = self.server(name)?;
+            servers.push(s);
+            bulk_ports.push(port);
+        }
+        let mut hog_servers = Vec::new();
+        for i in 0..run.hogs {
+            let port = self.port();
+            let mut cmd = Command::new("ib_write_bw");
+            cmd.args(["-d", &self.link.receiver, "-x", "1", "-s", "1048576", "-p"])
+                .arg(port.to_string())
+                .args(["-D", &format!("{}", bulk_secs.ceil() as u64)]);
+            hog_servers.push((self.spawn(&format!("hog{i}-server"), None, cmd)?, port));
+        }
+        let ports = probe_port
+            .iter()
+            .chain(&bulk_ports)
+            .chain(hog_servers.iter().map(|(_, p)| p));
+        for &port in ports {
+            wait_listening(port)?;
+        }
+        for ((name, way), port) in run.bulk.iter().zip(&bulk_ports) {
+            let csv = self.logs.join(format!("{name}.csv"));
+            let mut a: Vec<String> = [
+                "--test",
+                "write_bw",
+                "-s",
+                &self.args.msg.to_string(),
+                "-D",
+                &format!("{bulk_secs}"),
+                "--wait",
+                "--ack-timeout",
+                ACK_TIMEOUT,
+            ]
+            .map(String::from)
+            .to_vec();
+            a.extend(["--csv".into(), csv.display().to_string()]);
+            match way {
+                Way::Mtrdma => {
+                    // Two messages out: enough to keep the window fed, and
+                    // what is queued when the time is up drains quickly.
+                    let pool_mib = (2 * self.args.msg).div_ceil(1 << 20).max(1);
+                    a.extend(
+                        [
+                            "--path",
+                            "mtrdma",
+                            "--window",
+                            "--chunk",
+                            &WINDOW_CHUNK.to_string(),
+                            "--pieces",
+                            "64",
+                            "--pool-mib",
+                            &pool_mib.to_string(),
+                            "--coordinator",
+                            &self.socket.display().to_string(),
+                        ]
+                        .map(String::from),
+                    );
+                }
+                _ => a.extend(["--path".into(), "raw".into()]),
+            }
+            senders.push((name.clone(), csv, self.client(name, *port, &a)?));
+        }
+        let mut hogs = Vec::new();
+        for (i, (_, port)) in hog_servers.iter().enumerate() {
+            let name = format!("hog{i}");
+            let mut cmd = Command::new("ib_write_bw");
+            cmd.args(["-d", &self.link.sender, "-x", "1", "-s", "1048576", "-p"])
+                .arg(port.to_string())
+                .args(["-D", &format!("{}", bulk_secs.ceil() as u64)])
+                .args(["-u", ACK_TIMEOUT, "127.0.0.1"]);
+            hogs.push(self.spawn(&name, Some(&name), cmd)?);
+        }
+        let storm = match run.storm {
+            None => None,
+            Some(way) => {
+                let mut cmd = Command::new(&self.me);
+                cmd.args(["--storm-tenant", "--device", &self.link.sender, "--seconds"])
+                    .arg(format!("{}", secs + 1.0));
+                if way == Way::Mtrdma {
+                    cmd.arg("--coordinator").arg(&self.socket);
+                }
+                Some(self.spawn("storm", Some("storm"), cmd)?)
+            }
+        };
+        // The bulk tenants reach their pace before the probe starts.
+        std::thread::sleep(Duration::from_millis(
+            if run.bulk.is_empty() && run.hogs == 0 {
+                200
+            } else {
+                1500
+            },
+        ));
+        let mut measured = Measured::default();
+        let counted = (self.link_bytes()?, Instant::now());
+        if let Some(port) = probe_port {
+            let samples = self.logs.join("latency.samples");
+            let _ = std::fs::remove_file(&samples);
+            let a: Vec<String> = [
+                "--test",
+                "write_comp_lat",
+                "-s",
+                "16",
+                "-D",
+                &format!("{secs}"),
+                "--path",
+                "raw",
+                "--wait",
+                "--interval",
+                &PROBE_INTERVAL_US.to_string(),
+                "--coordinator",
+                &self.socket.display().to_string(),
+                "--samples",
+                &samples.display().to_string(),
+            ]
+            .map(String::from)
+            .to_vec();
+            self.client("latency", port, &a)?.wait()?;
+            measured.probe_us = read_samples(&samples)?;
+        } else {
+            std::thread::sleep(Duration::from_secs_f64(secs));
+        }
+        measured.link_mbps = (self.link_bytes()? - counted.0) as f64
+            / counted.1.elapsed().as_secs_f64()
+            / 1_048_576.0;
+        for (name, csv, p) in senders {
+            p.wait()?;
+            measured.bulk.push((name, bw_avg(&csv)?));
+        }
+        // perftest computes its report from CPU cycles and refuses to give
+        // one when it cannot calibrate them (as on a busy emulated CPU):
+        // the hogs' bytes are then counted on the link.
+        for (i, h) in hogs.into_iter().enumerate() {
+            let out = h.wait_tolerating(Some("Can't produce a report"))?;
+            measured
+                .bulk
+                .push((format!("hog{i}"), perftest_bw(&out).unwrap_or(f64::NAN)));
+        }
+        if let Some(s) = storm {
+            let out = s.wait()?;
+            measured.storm = Some(parse_storm(&out)?);
+        }
+        for s in servers {
+            s.wait()?;
+        }
+        // A hog's server fails its last exchange when its client gave up
+        // at the report (above); the transfer itself ran.
+        for (s, _) in hog_servers {
+            s.wait_tolerating(Some("Failed to exchange data between server and clients"))?;
+        }
+        Ok(measured)
+    }
+}
+
+/// Who runs in one measurement.
+#[derive(Default)]
+struct Run {
+    probe: bool,
+    /// (tenant, way) per perf bulk sender.
+    bulk: Vec<(String, Way)>,
+    hogs: usize,
+    storm: Option<Way>,
+}
+
+#[derive(Default)]
+struct Measured {
+    probe_us: Vec<f64>,
+    /// (tenant, MB/s with MB = 2^20 bytes) per bulk sender.
+    bulk: Vec<(String, f64)>,
+    /// (operations done, refused, seconds) of the storm.
+    storm: Option<(u64, u64, f64)>,
+    /// What left the sender's network device while the probe ran (MB/s,
+    /// headers included).
+    link_mbps: f64,
+}
+
+impl Measured {
+    fn bulk_total(&self) -> f64 {
+        self.bulk.iter().map(|(_, v)| v).sum()
+    }
+}
+
+fn read_samples(path: &Path) -> Result<Vec<f64>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            l.trim()
+                .parse::<f64>()
+                .map_err(|e| format!("{}: {l:?}: {e}", path.display()))
+        })
+        .collect()
+}
+
+/// `bw_avg_MBps` of the last line of a perf CSV file.
+fn bw_avg(path: &Path) -> Result<f64, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+    let col = header
+        .iter()
+        .position(|h| *h == "bw_avg_MBps")
+        .ok_or_else(|| format!("{}: no bw_avg_MBps column", path.display()))?;
+    lines
+        .last()
+        .and_then(|l| l.split(',').nth(col))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("{}: no result line", path.display()))
+}
+
+/// BW average (MB/s) from ib_write_bw's result row.
+fn perftest_bw(out: &str) -> Result<f64, String> {
+    let mut lines = out.lines().skip_while(|l| !l.contains("#bytes"));
+    lines.next();
+    lines
+        .filter_map(|l| {
+            l.split_whitespace()
+                .map(str::parse::<f64>)
+                .collect::<Result<Vec<_>, _>>()
+                .ok()
+        })
+        .find(|r| r.len() >= 5)
+        .map(|r| r[3])
+        .ok_or_else(|| format!("no result row in ib_write_bw's output:\n{out}"))
+}
+
+/// The storm tenant's one line: `storm: OK ok, REFUSED refused in SECS s`.
+fn parse_storm(out: &str) -> Result<(u64, u64, f64), String> {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("storm:"))
+        .ok_or_else(|| format!("no storm line in:\n{out}"))?;
+    let nums: Vec<f64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    match nums[..] {
+        [ok, refused, secs] => Ok((ok as u64, refused as u64, secs)),
+        _ => Err(format!("a storm line that does not parse: {line:?}")),
+    }
+}
+
+/// Percentiles with p99.9 only over enough samples.
+fn cells(l: &Lat) -> (String, String, String) {
+    let p999 = if l.n >= P999_MIN_SAMPLES {
+        format!("{:.1}", l.p999)
+    } else {
+        "-".into()
+    };
+    (format!("{:.1}", l.p50), format!("{:.1}", l.p99), p999)
+}
+
+fn latency_figures(r: &mut Report, scenario: &str, way: Way, case: &str, l: &Lat) {
+    r.figure(scenario, way, case, "latency", "p50_us", l.p50);
+    r.figure(scenario, way, case, "latency", "p99_us", l.p99);
+    if l.n >= P999_MIN_SAMPLES {
+        r.figure(scenario, way, case, "latency", "p999_us", l.p999);
+    }
+    r.figure(scenario, way, case, "latency", "samples", l.n as f64);
+}
+
+/// A target's verdict line.
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "NOT met"
+    }
+}
+
+fn scenario_latency(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
+    let (args, link) = (site.args, site.link);
+    r.say(format!(
+        "\n== latency tenant (16 B WRITE every {PROBE_INTERVAL_US} us) next to bulk tenants ({} B WRITEs), each a process ==",
+        args.msg
+    ));
+    let alone = site.measure(
+        "latency-alone",
+        &Run {
+            probe: true,
+            ..Run::default()
+        },
+    )?;
+    let a = lat(&alone.probe_us);
+    let bound = a.p99 + link.us_for_16k();
+    r.say(format!(
+        "{:>4} {:<12} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>8}",
+        "bulk",
+        "way",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "p99/alone",
+        "bulk MB/s",
+        "of link",
+        "samples"
+    ));
+    let row = |r: &mut Report, n: usize, way: Way, l: &Lat, bulk: f64| {
+        let (p50, p99, p999) = cells(l);
+        r.say(format!(
+            "{n:>4} {:<12} {p50:>9} {p99:>9} {p999:>10} {:>9.2} {bulk:>10.2} {:>8.1}% {:>8}",
+            way.name(),
+            l.p99 / a.p99,
+            100.0 * bulk / link.mib_per_sec(),
+            l.n
+        ));
+    };
+    row(r, 0, Way::Alone, &a, 0.0);
+    latency_figures(r, "link_latency", Way::Alone, "0", &a);
+    r.keep_samples("link_latency", Way::Alone, "0", &alone.probe_us);
+    let mut bars = Vec::new();
+    let mut verdicts = Vec::new();
+    let mut cdf = vec![LatencySeries {
+        label: "alone".into(),
+        samples_us: alone.probe_us.clone(),
+    }];
+    for &n in &args.bulk {
+        let mut p99 = vec![a.p99];
+        let mut share = 0.0;
+        for way in [Way::Unprotected, Way::Mtrdma] {
+            let run = Run {
+                probe: true,
+                bulk: (0..n).map(|i| (format!("bulk{i}"), way)).collect(),
+                ..Run::default()
+            };
+            let m = site.measure(&format!("latency-{n}-{}", way.name()), &run)?;
+            let l = lat(&m.probe_us);
+            row(r, n, way, &l, m.bulk_total());
+            let case = n.to_string();
+            latency_figures(r, "link_latency", way, &case, &l);
+            r.figure(
+                "link_latency",
+                way,
+                &case,
+                "bulk",
+                "mbps_total",
+                m.bulk_total(),
+            );
+            r.keep_samples("link_latency", way, &case, &m.probe_us);
+            p99.push(l.p99);
+            share = m.bulk_total() / link.mib_per_sec();
+            if Some(&n) == args.bulk.iter().max() {
+                cdf.push(LatencySeries {
+                    label: format!("{} ({n} bulk)", way.name()),
+                    samples_us: m.probe_us,
+                });
+            }
+        }
+        let (unprot, ours) = (p99[1], p99[2]);
+        let mut v = format!(
+            "  {n} bulk: mtrdma p99 {ours:.0} us vs bound {bound:.0} us (alone + 16 KiB at the link rate): {}; bulk with mtrdma {:.0}% of the link (target 85%): {}",
+            verdict(ours <= bound),
+            100.0 * share,
+            verdict(share >= 0.85)
+        );
+        if n >= 4 {
+            let _ = write!(
+                v,
+                "; unprotected/mtrdma p99 {:.1}x (target 10x): {}",
+                unprot / ours,
+                verdict(unprot >= 10.0 * ours)
+            );
+        }
+        if n == 4 {
+            let _ = write!(
+                v,
+                "; unprotected/alone p99 {:.1}x (the problem, target 20x): {}",
+                unprot / a.p99,
+                verdict(unprot >= 20.0 * a.p99)
+            );
+        }
+        verdicts.push(v);
+        bars.push(BarGroup {
+            label: format!("{n} bulk"),
+            values: p99,
+        });
+    }
+    for v in verdicts {
+        r.say(v);
+    }
+    let out = &args.out;
+    plot::grouped_bars(
+        &out.join("link_latency_p99"),
+        "Latency tenant p99 next to bulk tenants (separate processes, shared link)",
+        "p99 latency (us)",
+        &["alone", "unprotected", "mtrdma"],
+        &bars,
+    )?;
+    plot::latency_cdf(
+        &out.join("link_latency_cdf"),
+        "Latency tenant on the shared link: CDF of 16 B WRITE latency",
+        &cdf,
+    )
+}
+
+fn scenario_hogs(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
+    r.say(
+        "\n== unmodified perftest: the latency tenant next to ib_write_bw hogs (1 MiB WRITEs) ==",
+    );
+    r.say(format!(
+        "{:>4} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10}",
+        "hogs", "p50 us", "p99 us", "p99.9 us", "p99/alone", "hogs MB/s", "link MB/s"
+    ));
+    let alone = site.measure(
+        "hogs-alone",
+        &Run {
+            probe: true,
+            ..Run::default()
+        },
+    )?;
+    let a = lat(&alone.probe_us);
+    for n in [0usize, 1, 4] {
+        let (l, mbps, link) = if n == 0 {
+            (lat(&alone.probe_us), 0.0, alone.link_mbps)
+        } else {
+            let m = site.measure(
+                &format!("hogs-{n}"),
+                &Run {
+                    probe: true,
+                    hogs: n,
+                    ..Run::default()
+                },
+            )?;
+            (lat(&m.probe_us), m.bulk_total(), m.link_mbps)
+        };
+        let (p50, p99, p999) = cells(&l);
+        r.say(format!(
+            "{n:>4} {p50:>9} {p99:>9} {p999:>10} {:>9.1} {mbps:>10.2} {link:>10.2}",
+            l.p99 / a.p99
+        ));
+        r.figure(
+            "link_hogs",
+            Way::Unprotected,
+            &n.to_string(),
+            "link",
+            "mbps",
+            link,
+        );
+        let way = if n == 0 { Way::Alone } else { Way::Unprotected };
+        latency_figures(r, "link_hogs", way, &n.to_string(), &l);
+        r.figure("link_hogs", way, &n.to_string(), "hogs", "mbps_total", mbps);
+    }
+    Ok(())
+}
+
+fn scenario_weights(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
+    r.say("\n== three bulk tenants with weights 1:2:4, each a process ==");
+    r.say(format!(
+        "{:<12} {:>12} {:>12} {:>12} {:>10} {:>28}",
+        "way",
+        "weight1 MB/s",
+        "weight2 MB/s",
+        "weight4 MB/s",
+        "total",
+        "shares (want .143 .286 .571)"
+    ));
+    let mut groups: Vec<BarGroup> = crate::WEIGHTED
+        .iter()
+        .map(|&(_, w)| BarGroup {
+            label: format!("weight{w}"),
+            values: Vec::new(),
+        })
+        .collect();
+    for way in [Way::Unprotected, Way::Mtrdma] {
+        let run = Run {
+            bulk: crate::WEIGHTED
+                .iter()
+                .map(|&(_, w)| (format!("weight{w}"), way))
+                .collect(),
+            ..Run::default()
+        };
+        let m = site.measure(&format!("weights-{}", way.name()), &run)?;
+        let total = m.bulk_total();
+        let v: Vec<f64> = m.bulk.iter().map(|(_, x)| *x).collect();
+        let shares: Vec<f64> = v.iter().map(|x| x / total).collect();
+        let worst = shares
+            .iter()
+            .zip(crate::WEIGHTED)
+            .map(|(s, (_, w))| {
+                let want = f64::from(w) / 7.0;
+                (s - want).abs() / want
+            })
+            .fold(0.0, f64::max);
+        r.say(format!(
+            "{:<12} {:>12.2} {:>12.2} {:>12.2} {:>10.2} {:>10.3} {:.3} {:.3}  (worst {:.0}% off{})",
+            way.name(),
+            v[0],
+            v[1],
+            v[2],
+            total,
+            shares[0],
+            shares[1],
+            shares[2],
+            100.0 * worst,
+            if way == Way::Mtrdma {
+                format!(", target 5%: {}", verdict(worst <= 0.05))
+            } else {
+                String::new()
+            }
+        ));
+        for ((name, x), g) in m.bulk.iter().zip(&mut groups) {
+            r.figure("link_weights", way, "1:2:4", name, "mbps", *x);
+            g.values.push(*x);
+        }
+        r.figure(
+            "link_weights",
+            way,
+            "1:2:4",
+            "all",
+            "worst_share_error",
+            worst,
+        );
+    }
+    plot::grouped_bars(
+        &site.args.out.join("link_weights"),
+        "Bulk tenants with weights 1:2:4 (separate processes, shared link)",
+        "MB/s",
+        &["unprotected", "mtrdma"],
+        &groups,
+    )
+}
+
+fn scenario_cap(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
+    let cap = cap_bytes_per_sec(site.args, site.link) as f64 / 1_048_576.0;
+    r.say(format!(
+        "\n== a tenant capped at {cap:.2} MB/s ({:.0}% of the link) next to one running free ==",
+        100.0 * site.args.cap_share
+    ));
+    r.say(format!(
+        "{:<12} {:>12} {:>12} {:>14}",
+        "way", "capped MB/s", "free MB/s", "capped / cap"
+    ));
+    for (label, runs) in [
+        ("alone", vec![("capped", Way::Mtrdma)]),
+        (
+            "unprotected",
+            vec![("capped", Way::Unprotected), ("free", Way::Unprotected)],
+        ),
+        (
+            "mtrdma",
+            vec![("capped", Way::Mtrdma), ("free", Way::Mtrdma)],
+        ),
+    ] {
+        let run = Run {
+            bulk: runs.iter().map(|(n, w)| (n.to_string(), *w)).collect(),
+            ..Run::default()
+        };
+        let m = site.measure(&format!("cap-{label}"), &run)?;
+        let capped = m.bulk[0].1;
+        let free = m.bulk.get(1).map_or(f64::NAN, |b| b.1);
+        let off = (capped / cap - 1.0).abs();
+        r.say(format!(
+            "{label:<12} {capped:>12.3} {free:>12.3} {:>14.3}{}",
+            capped / cap,
+            if label == "unprotected" {
+                String::new()
+            } else {
+                format!("  (target within 2%: {})", verdict(off <= 0.02))
+            }
+        ));
+        let way = match label {
+            "alone" => Way::Alone,
+            "unprotected" => Way::Unprotected,
+            _ => Way::Mtrdma,
+        };
+        r.figure(
+            "link_cap",
+            way,
+            &format!("{cap:.3}"),
+            "capped",
+            "mbps",
+            capped,
+        );
+        if !free.is_nan() {
+            r.figure("link_cap", way, &format!("{cap:.3}"), "free", "mbps", free);
+        }
+    }
+    Ok(())
+}
+
+fn scenario_storm(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
+    r.say(format!(
+        "\n== control-path storm (QP create/destroy, 64 KiB MR register/deregister) next to the latency tenant; policy: {STORM_RATE}/s each =="
+    ));
+    r.say(format!(
+        "{:<12} {:>9} {:>9} {:>10} {:>12} {:>12}",
+        "way", "p50 us", "p99 us", "p99.9 us", "storm ops/s", "refused/s"
+    ));
+    for way in [Way::Alone, Way::Unprotected, Way::Mtrdma] {
+        let run = Run {
+            probe: true,
+            storm: (way != Way::Alone).then_some(way),
+            ..Run::default()
+        };
+        let m = site.measure(&format!("storm-{}", way.name()), &run)?;
+        let l = lat(&m.probe_us);
+        let (p50, p99, p999) = cells(&l);
+        let (ok, refused, secs) = m.storm.unwrap_or((0, 0, 1.0));
+        let rate = ok as f64 / secs;
+        // Each round trip of the storm is one QP creation and one MR
+        // registration: the policy allows STORM_RATE of each per second.
+        let want = 2.0 * STORM_RATE as f64;
+        let note = if way == Way::Mtrdma {
+            format!(
+                "  (target within 5% of {want:.0}/s: {})",
+                verdict((rate / want - 1.0).abs() <= 0.05)
+            )
+        } else {
+            String::new()
+        };
+        r.say(format!(
+            "{:<12} {p50:>9} {p99:>9} {p999:>10} {rate:>12.1} {:>12.1}{note}",
+            way.name(),
+            refused as f64 / secs
+        ));
+        latency_figures(r, "link_storm", way, "storm", &l);
+        r.figure("link_storm", way, "storm", "storm", "ops_per_s", rate);
+    }
+    Ok(())
+}
+
+/// Runs the link demo's scenarios; writes into `args.out`.
+pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), String> {
+    let me = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
+    let dir = me.parent().ok_or("this binary has no directory")?;
+    let (perf, coordinator) = (dir.join("perf"), dir.join("coordinator"));
+    for p in [&perf, &coordinator] {
+        if !p.exists() {
+            return Err(format!(
+                "{} is missing: build it first (cargo build --release --examples)",
+                p.display()
+            ));
+        }
+    }
+    let policy = args.out.join("link-policy.toml");
+    std::fs::write(&policy, policy_toml(args, link))
+        .map_err(|e| format!("{}: {e}", policy.display()))?;
+    let socket = std::env::temp_dir().join(format!("mtrdma-demo-{}.sock", std::process::id()));
+    let logs = args.out.join("logs");
+    std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
+    let coordinator_log = logs.join("coordinator.log");
+    let mut cmd = Command::new(&coordinator);
+    cmd.arg("--policy")
+        .arg(&policy)
+        .args(["--table", &format!("demo-{}", std::process::id())])
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--quiet")
+        .stdin(Stdio::null())
+        .stdout(File::create(&coordinator_log).map_err(|e| e.to_string())?)
+        .stderr(Stdio::inherit());
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", coordinator.display()))?;
+    let started = Instant::now();
+    while !socket.exists() {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("the coordinator exited at start ({status})"));
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            return Err("the coordinator did not open its socket within 10 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    r.say(format!(
+        "\nmtrdma on the shared link: {} -> {} shaped to {:.0} Mbit/s ({:.2} MB/s); every tenant a process in its own cgroup, \
+         registered with the coordinator; {} s per measurement; bulk with mtrdma: delay windows, {WINDOW_CHUNK} B pieces",
+        link.sender,
+        link.receiver,
+        link.rate_bps as f64 / 1e6,
+        link.mib_per_sec(),
+        args.seconds
+    ));
+    let mut site = Site {
+        args,
+        link,
+        perf,
+        me,
+        socket,
+        coordinator: child,
+        coordinator_started: started,
+        logs,
+        next_port: 20_000 + (std::process::id() % 1_000) as u16 * 20,
+        netdev: netdev_of(&link.sender)?,
+    };
+    let result = (|| -> Result<(), String> {
+        for s in &args.scenarios {
+            match s.as_str() {
+                "latency" => scenario_latency(&mut site, r)?,
+                "hogs" => scenario_hogs(&mut site, r)?,
+                "weights" => scenario_weights(&mut site, r)?,
+                "cap" => scenario_cap(&mut site, r)?,
+                "storm" => scenario_storm(&mut site, r)?,
+                _ => unreachable!("checked in parse"),
+            }
+        }
+        Ok(())
+    })();
+    let cpu = cpu_time(site.coordinator.id());
+    let wall = site.coordinator_started.elapsed();
+    let pid = rustix::process::Pid::from_raw(site.coordinator.id() as i32);
+    if let Some(pid) = pid {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+    let _ = site.coordinator.wait();
+    result?;
+    let cpu = cpu?;
+    let share = cpu.as_secs_f64() / wall.as_secs_f64();
+    r.say(format!(
+        "\ncoordinator: {:.2} s of CPU over {:.0} s ({:.2}% of one core; target under 5%: {})",
+        cpu.as_secs_f64(),
+        wall.as_secs_f64(),
+        100.0 * share,
+        verdict(share < 0.05)
+    ));
+    r.figure(
+        "link",
+        Way::Mtrdma,
+        "all",
+        "coordinator",
+        "cpu_share",
+        share,
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_perf_csv_perftest_rows_and_the_storm_line() {
+        let dir = std::env::temp_dir().join(format!("mtrdma-link-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let csv = dir.join("b.csv");
+        std::fs::write(
+            &csv,
+            "test,path,device,tenant,tx_depth,chunk_bytes,pieces,bytes,iterations,bw_peak_MBps,bw_avg_MBps\n\
+             write_bw,raw,rxa,-,128,65536,4,65536,100,20.0,18.5\n",
+        )
+        .unwrap();
+        assert_eq!(bw_avg(&csv).unwrap(), 18.5);
+        let bw = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 1048576    100             24.74              19.62  \t\t   0.000314\n";
+        assert_eq!(perftest_bw(bw).unwrap(), 19.62);
+        assert!(perftest_bw("nothing").is_err());
+        assert_eq!(
+            parse_storm("storm: 120 ok, 30 refused in 6 s\n").unwrap(),
+            (120, 30, 6.0)
+        );
+        assert!(parse_storm("storm: broken\n").is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
