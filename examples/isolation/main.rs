@@ -1057,14 +1057,10 @@ fn run() -> Result<(), String> {
         write_report(&args.out, &r)?;
         return done;
     }
-    let ctx = match &args.device {
-        Some(name) => Context::open(name),
-        None => Context::open_first_active(),
-    }
-    .map_err(|e| e.to_string())?;
+    let ctx = open_device(args.device.as_deref())?;
     let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
     let peer_ctx = match &args.peer_device {
-        Some(name) => Some(Context::open(name).map_err(|e| e.to_string())?),
+        Some(name) => Some(open_device(Some(name))?),
         None => None,
     };
     let peer = match &peer_ctx {
@@ -1106,11 +1102,7 @@ fn run() -> Result<(), String> {
 /// tenant of the coordinator at `--coordinator` if given (its rate limits
 /// apply), else with no limits; prints one line with what it did.
 fn storm_tenant(args: &Args) -> Result<(), String> {
-    let ctx = match &args.device {
-        Some(name) => Context::open(name),
-        None => Context::open_first_active(),
-    }
-    .map_err(|e| e.to_string())?;
+    let ctx = open_device(args.device.as_deref())?;
     let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
     let handle = match &args.coordinator {
         Some(socket) => Some(
@@ -1131,6 +1123,15 @@ fn storm_tenant(args: &Args) -> Result<(), String> {
     })?;
     println!("storm: {ok} ok, {refused} refused in {} s", args.seconds);
     Ok(())
+}
+
+/// The device `name`, or the first active one.
+fn open_device(name: Option<&str>) -> Result<Context, String> {
+    match name {
+        Some(name) => Context::open(name),
+        None => Context::open_first_active(),
+    }
+    .map_err(|e| e.to_string())
 }
 
 /// Writes the report's tables and CSV files into `out`.
