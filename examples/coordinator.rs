@@ -171,7 +171,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             last_print = Instant::now();
         }
         let interval = u64::from(coordinator.policy().link.recompute_interval_ms);
-        std::thread::sleep(Duration::from_millis(interval.max(1)));
+        coordinator.wait(Duration::from_millis(interval.max(1)));
     }
     println!("stopping: removing the table and the socket");
     coordinator.shutdown(true)?;

@@ -88,8 +88,10 @@ impl LinkSpec {
 fn policy_toml(args: &Args, link: &LinkSpec) -> String {
     let mut s = String::from(
         "# Written by the isolation demo. The link capacity is the NIC's nominal\n\
-         # rate: the shaped link's rate is never told to anyone.\n\
-         [link]\ncapacity = \"100Gbit\"\n",
+         # rate: the shaped link's rate is never told to anyone. Fair rates are\n\
+         # recomputed every 20 ms: on the emulated CPU each wake-up of the\n\
+         # coordinator costs about a quarter of a millisecond.\n\
+         [link]\ncapacity = \"100Gbit\"\nrecompute_interval_ms = 20\n",
     );
     let mut tenant = |id: u32, name: &str, extra: &str| {
         let _ = write!(

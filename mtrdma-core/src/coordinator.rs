@@ -100,7 +100,20 @@ pub struct Coordinator {
     /// Per tenant: bytes posted at the last recomputation.
     last_posted: HashMap<TenantId, u64>,
     last_recompute_ns: u64,
+    /// When `tick` last looked at the policy file and for dead processes
+    /// (0: never).
+    last_housekeeping_ns: u64,
+    /// What the last [`Coordinator::wait`] saw: whether a registration is
+    /// waiting (`None`: no wait since the last tick, so look).
+    registration_waiting: Option<bool>,
 }
+
+/// How often [`Coordinator::tick`] looks at the policy file's modification
+/// time and for dead processes. Both cost system calls per look (a
+/// `/proc/PID/stat` read per live process), which at every 5 ms tick took
+/// a coordinator on an emulated CPU past a third of a core; a reload asked
+/// for with [`Coordinator::reload_flag`] (SIGHUP) is not delayed.
+pub const HOUSEKEEPING_INTERVAL_NS: u64 = 250_000_000;
 
 fn mtime(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
@@ -142,6 +155,8 @@ impl Coordinator {
             reload_requested: Arc::new(AtomicBool::new(false)),
             last_posted: HashMap::new(),
             last_recompute_ns: 0,
+            last_housekeeping_ns: 0,
+            registration_waiting: None,
         })
     }
 
@@ -248,32 +263,37 @@ impl Coordinator {
     /// grow. An idle tenant is published the share it would get by becoming
     /// active, so it can start at once without taking more.
     pub fn recompute(&mut self, now_ns: u64) -> Vec<(TenantId, u64)> {
-        let Ok(usage) = self.table.usage() else {
+        let Ok(snapshot) = self.table.snapshot() else {
             return Vec::new();
         };
         let elapsed = now_ns.saturating_sub(self.last_recompute_ns).max(1);
         let first = self.last_recompute_ns == 0;
         self.last_recompute_ns = now_ns;
-        let snapshot = self.table.cached_snapshot();
-        let mut demands = Vec::with_capacity(usage.len());
-        for u in &usage {
-            let before = self.last_posted.insert(u.tenant, u.bytes_posted);
-            let sent = u
-                .bytes_posted
-                .saturating_sub(before.unwrap_or(u.bytes_posted));
+        // The policy's tenants in id order, with their slots' counters.
+        let mut tenants: Vec<(&crate::policy::TenantPolicy, u32)> = snapshot
+            .policy
+            .tenants
+            .iter()
+            .filter_map(|t| Some((t, snapshot.slot_of(t.id)?)))
+            .collect();
+        tenants.sort_by_key(|(t, _)| t.id);
+        let mut demands = Vec::with_capacity(tenants.len());
+        for &(t, slot) in &tenants {
+            let (posted, backlog) = self.table.demand_counters(slot);
+            let before = self.last_posted.insert(t.id, posted);
+            let sent = posted.saturating_sub(before.unwrap_or(posted));
             let observed = (u128::from(sent) * 1_000_000_000 / u128::from(elapsed)) as u64;
-            let demand = if u.backlog_bytes > 0 {
+            let demand = if backlog > 0 {
                 u64::MAX
             } else if first {
                 0
             } else {
                 observed.saturating_add(observed / 4)
             };
-            let t = snapshot.policy.tenant(u.tenant);
             demands.push(Demand {
-                weight: t.map_or(1, |t| t.weight),
+                weight: t.weight,
                 demand,
-                cap: t.and_then(|t| t.rate).map(|c| c.per_second),
+                cap: t.rate.map(|c| c.per_second),
             });
         }
         let capacity = self.policy.link.capacity_bytes_per_sec;
@@ -283,8 +303,8 @@ impl Coordinator {
             .filter(|d| d.effective() > 0)
             .map(|d| u128::from(d.weight.max(1)))
             .sum();
-        let mut out = Vec::with_capacity(usage.len());
-        for ((u, d), rate) in usage.iter().zip(&demands).zip(rates) {
+        let mut out = Vec::with_capacity(tenants.len());
+        for ((&(t, slot), d), rate) in tenants.iter().zip(&demands).zip(rates) {
             let published = if d.effective() == 0 {
                 let w = u128::from(d.weight.max(1));
                 let entry = (u128::from(capacity) * w / (active_weight + w)) as u64;
@@ -292,10 +312,8 @@ impl Coordinator {
             } else {
                 rate
             };
-            if let Some(slot) = snapshot.slot_of(u.tenant) {
-                self.table.set_fair_rate(slot, published.max(1));
-            }
-            out.push((u.tenant, published));
+            self.table.set_fair_rate(slot, published.max(1));
+            out.push((t.id, published));
         }
         self.table.heartbeat(now_ns);
         out
@@ -308,10 +326,17 @@ impl Coordinator {
 
     /// One round of the coordinator's work: reload on request or file
     /// change, serve registrations, reclaim dead processes, and recompute
-    /// fair rates when the policy's interval has passed.
+    /// fair rates when the policy's interval has passed. The file and the
+    /// processes are looked at on the first tick and then at most every
+    /// [`HOUSEKEEPING_INTERVAL_NS`].
     pub fn tick(&mut self, now_ns: u64) -> TickReport {
         let mut report = TickReport::default();
-        let changed = mtime(&self.config.policy_path) != self.policy_mtime;
+        let housekeeping = self.last_housekeeping_ns == 0
+            || now_ns.saturating_sub(self.last_housekeeping_ns) >= HOUSEKEEPING_INTERVAL_NS;
+        if housekeeping {
+            self.last_housekeeping_ns = now_ns.max(1);
+        }
+        let changed = housekeeping && mtime(&self.config.policy_path) != self.policy_mtime;
         if self.reload_requested.swap(false, Ordering::AcqRel) || changed {
             match self.reload() {
                 Ok(()) => report.reloaded = true,
@@ -321,13 +346,38 @@ impl Coordinator {
                 }
             }
         }
-        self.serve_registrations(&mut report);
-        report.reclaimed = self.reclaim();
+        if self.registration_waiting.take() != Some(false) {
+            self.serve_registrations(&mut report);
+        }
+        if housekeeping {
+            report.reclaimed = self.reclaim();
+        }
         let interval = u64::from(self.policy.link.recompute_interval_ms) * 1_000_000;
         if now_ns.saturating_sub(self.last_recompute_ns) >= interval {
             report.rates = self.recompute(now_ns);
         }
         report
+    }
+
+    /// Waits until a process asks to register or `timeout` has passed,
+    /// whichever comes first: the daemon's sleep between ticks, so that a
+    /// registration is served at once and an idle coordinator costs one
+    /// system call per tick.
+    pub fn wait(&mut self, timeout: Duration) {
+        let timeout = rustix::event::Timespec {
+            tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        let mut fds = [rustix::event::PollFd::new(
+            &self.listener,
+            rustix::event::PollFlags::IN,
+        )];
+        // A wait that fails (interrupted by a signal) says nothing: the
+        // next tick looks for registrations itself.
+        self.registration_waiting = match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(0) => Some(false),
+            Ok(_) | Err(_) => None,
+        };
     }
 
     /// Per-tenant usage for display.

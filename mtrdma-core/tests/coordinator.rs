@@ -68,6 +68,24 @@ name = "heavy"
 weight = 3
 "#;
 
+/// Ticks (as the daemon does, every few milliseconds) until a tick tried a
+/// reload, for at most two seconds: the file is looked at every
+/// `HOUSEKEEPING_INTERVAL_NS`.
+fn tick_until_reload(c: &mut Coordinator) -> mtrdma_core::coordinator::TickReport {
+    let start = std::time::Instant::now();
+    loop {
+        let report = c.tick(c.table().now_ns());
+        if report.reloaded || report.reload_error.is_some() {
+            return report;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(2),
+            "no reload within 2 s of the change"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn reloads_a_changed_policy_and_keeps_the_old_one_when_the_new_is_bad() {
     let s = Setup::new("reload", TWO);
@@ -80,14 +98,14 @@ fn reloads_a_changed_policy_and_keeps_the_old_one_when_the_new_is_bad() {
     assert!(tenant.acquire_qp().is_err());
 
     s.write_policy(&TWO.replace("max_qps = 2", "max_qps = 3"));
-    let report = c.tick(c.table().now_ns());
+    let report = tick_until_reload(&mut c);
     assert!(report.reloaded, "{report:?}");
     let third = tenant
         .acquire_qp()
         .expect("the raised quota applies to a running tenant");
 
     s.write_policy("[link]\ncapacity = 0\n");
-    let report = c.tick(c.table().now_ns());
+    let report = tick_until_reload(&mut c);
     assert!(!report.reloaded);
     assert!(report.reload_error.unwrap().contains("capacity"));
     assert_eq!(c.policy().tenants.len(), 2, "the previous policy stays");

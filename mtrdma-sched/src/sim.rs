@@ -59,6 +59,10 @@ pub struct SimConfig {
     /// Delay from the last byte on the wire to the completion seen by the
     /// application. Default 1,700 ns.
     pub base_latency_ns: u64,
+    /// Up to this much more, drawn anew for every piece (uniform, from a
+    /// fixed seed, so runs repeat): the host noticing a completion late,
+    /// as a sender woken by completion events does. Default 0.
+    pub completion_jitter_ns: u64,
     /// Simulated time. Default 20 ms.
     pub duration: Nanos,
     /// Time at the start not measured. Default 1 ms.
@@ -72,6 +76,7 @@ impl Default for SimConfig {
             nic_queue_depth: 16,
             scheduled_nic_depth: 1,
             base_latency_ns: 1_700,
+            completion_jitter_ns: 0,
             duration: Nanos::from_millis(20),
             warmup: Nanos::from_millis(1),
         }
@@ -350,6 +355,7 @@ pub fn run(config: &SimConfig, tenants: &[TenantSpec], mode: &Mode) -> Result<Re
                     TrafficClass::Latency => None,
                     TrafficClass::Bulk => Some(DelayWindow::new(DelayWindowConfig {
                         seed: u64::from(t.id.0),
+                        weight: t.policy.weight,
                         ..window.clone()
                     })?),
                 };
@@ -433,6 +439,7 @@ fn simulate<S: Scheduler<u64>>(
         wake_at: None,
         msgs: Vec::new(),
         state: tenants.iter().map(|_| TenantState::default()).collect(),
+        rng: 0,
     };
     sim.start()?;
     sim.run()?;
@@ -516,12 +523,27 @@ struct Sim<'a, S> {
     wake_at: Option<u64>,
     msgs: Vec<Msg>,
     state: Vec<TenantState>,
+    /// State of the jitter's generator.
+    rng: u64,
 }
 
 impl<S: Scheduler<u64>> Sim<'_, S> {
     fn at(&mut self, time: u64, event: Event) {
         self.seq += 1;
         self.events.push(Reverse((time, self.seq, event)));
+    }
+
+    /// A draw of the completion jitter.
+    fn jitter(&mut self) -> u64 {
+        let span = self.config.completion_jitter_ns;
+        if span == 0 {
+            return 0;
+        }
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % (span + 1)
     }
 
     fn tx_ns(&self, bytes: u64) -> u64 {
@@ -679,7 +701,7 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                             let bytes = u128::from(g.len) * u128::from(inside) / u128::from(tx);
                             self.state[msg.tenant as usize].bytes += bytes as u64;
                         }
-                        let done = now + self.config.base_latency_ns;
+                        let done = now + self.config.base_latency_ns + self.jitter();
                         let len = g.len;
                         self.at(
                             done,

@@ -15,9 +15,28 @@
 //! delay), the window grows by a little every round trip; when they rise
 //! above a target, it shrinks in proportion to the excess. Every sender of
 //! a shared port sees the same queue, so together they keep it near the
-//! target, whatever their number, and share it fairly (additive increase,
-//! multiplicative decrease). A window smaller than one piece is kept by
-//! pacing: one piece every `round trip x piece / window`.
+//! target, whatever their number, and share it in proportion to their
+//! weights (additive increase scaled by the weight, multiplicative
+//! decrease).
+//!
+//! Every completed piece counts for its bytes: it grows the window by
+//! `increase x weight x bytes / window` (so by `increase x weight` per
+//! round trip's worth of completions) or shrinks it by its share of a
+//! round trip's cut. A sender that completes many pieces in a round trip
+//! and one that completes few (a capped or slower one) are judged on the
+//! same evidence per byte: neither is favoured by seeing more samples. Each
+//! piece is judged on the lowest delay of the last
+//! [`DelayWindowConfig::filter`] pieces, so one piece that completed late
+//! because its sender was asleep is not taken for a queue.
+//!
+//! A window that ends inside a piece moves that fraction of a piece per
+//! round trip too: it is rounded up to the next whole piece in that share
+//! of round trips, spread evenly, and down in the others (a window of 2.5
+//! pieces keeps 3 in flight every other round trip and 2 in between). A
+//! window under one piece is the same rule: one piece in a quarter of the
+//! round trips for a quarter of a piece. Round trips are counted on the
+//! clock every sender shares, from a point of each sender's own, so that
+//! senders do not all round up at the same moment.
 //!
 //! The target is the path's own delay plus a queue allowance: a share of
 //! the path's delay ([`DelayWindowConfig::target_ratio_ppm`]; the path's
@@ -55,7 +74,10 @@
 use std::fmt;
 
 use crate::error::ConfigError;
-use crate::policy::PPM;
+use crate::policy::{MAX_WEIGHT, PPM};
+
+/// The most samples [`DelayWindowConfig::filter`] may name.
+const MAX_FILTER: u32 = 8;
 use crate::time::Nanos;
 
 /// Whether a piece may go into the NIC now.
@@ -98,20 +120,32 @@ pub trait Window: fmt::Debug + Send {
 pub struct DelayWindowConfig {
     /// The window at the start, in bytes. Default: one piece.
     pub initial_window: u64,
-    /// The smallest window. Below one piece it is kept by pacing: one
-    /// piece every `round trip x piece / window`. Default: a quarter of a
-    /// piece. Pacing reads the round trip of a sender that sleeps between
-    /// pieces, which on a loaded host is mostly the time it takes to be
-    /// woken: windows far under a piece then starve their senders for no
-    /// queue at all (at 1/64 of a piece, four bulk senders moved under 1%
-    /// of the link on the emulated one).
+    /// The smallest window of a sender of weight 1 (a sender of weight
+    /// `w` keeps `w` times it). Below one piece it is kept by sending one
+    /// piece in `window / piece` of the round trips. Default: a quarter of
+    /// a piece. The round trip of a sender that sleeps between pieces is,
+    /// on a loaded host, mostly the time it takes to be woken: windows far
+    /// under a piece then starve their senders for no queue at all (at 1/64
+    /// of a piece, four bulk senders moved under 1% of the link on the
+    /// emulated one).
     pub min_window: u64,
     /// The largest window. Default: 256 pieces.
     pub max_window: u64,
-    /// Bytes added per round trip while the delay is under the target.
-    /// Default: 1/8 of a piece. Senders sharing a port overshoot the
-    /// target by about their number times this before they all back off.
+    /// Bytes added per round trip while the delay is under the target, for
+    /// a sender of weight 1 (`w` times as many for weight `w`). Default:
+    /// 1/8 of a piece. Senders sharing a port overshoot the target by
+    /// about the sum of theirs before they all back off.
     pub additive_increase: u64,
+    /// The sender's weight: senders that share a port keep windows, and so
+    /// move bytes, in proportion to their weights. At least 1. Default 1.
+    pub weight: u32,
+    /// Each completion is judged on the lowest delay of the last this many
+    /// pieces (1 to 8): one late piece is not taken for a queue, a run of
+    /// them is. More than 1 favours senders that complete few pieces per
+    /// round trip (the first late piece of each run is let off, and it is
+    /// a larger share of a slow sender's bytes). Default 1: the target's
+    /// floor absorbs a sleeping sender's noise.
+    pub filter: u32,
     /// The target queueing delay as a share of the path's own delay, in
     /// parts per million. Default 1,000,000 (as long again as the path's
     /// own delay).
@@ -156,6 +190,8 @@ impl DelayWindowConfig {
             min_window: (piece / 4).max(1),
             max_window: piece.saturating_mul(256),
             additive_increase: (piece / 8).max(1),
+            weight: 1,
+            filter: 1,
             target_ratio_ppm: 1_000_000,
             target_floor: Nanos::from_micros(400),
             decrease_ppm: 800_000,
@@ -184,6 +220,12 @@ impl DelayWindowConfig {
         if self.additive_increase == 0 {
             return bad("additive_increase must be at least 1 byte");
         }
+        if !(1..=MAX_WEIGHT).contains(&self.weight) {
+            return bad("weight must be between 1 and 1,048,576");
+        }
+        if !(1..=MAX_FILTER).contains(&self.filter) {
+            return bad("filter must be between 1 and 8 samples");
+        }
         if u64::from(self.decrease_ppm) > PPM {
             return bad("decrease_ppm must be at most 1,000,000");
         }
@@ -210,14 +252,27 @@ pub struct DelayWindow {
     period_start: Nanos,
     /// Smoothed round trip (ns; 0 until the first sample).
     srtt: u64,
-    /// Lowest sample of the round in progress, and when it ends.
-    round_min: u64,
-    round_end: Nanos,
+    /// The last `filter` samples (ns), oldest overwritten first.
+    recent: [u64; MAX_FILTER as usize],
+    /// Samples taken so far (the next slot of `recent` is this modulo
+    /// `filter`).
+    samples: u64,
     /// The largest piece seen: samples of pieces under half of it are not
     /// used (a short piece's delay says less about the queue).
     largest: u64,
-    last_sent_at: Nanos,
-    last_sent_bytes: u64,
+    /// The round trip count (for rounding a window that ends inside a
+    /// piece) and when its current round trip started.
+    round: u64,
+    round_start: Nanos,
+    /// Bytes of the window's fraction of a piece carried into the current
+    /// round trip (under one piece).
+    carry: u64,
+    /// One more than the round trip in which a piece beyond the window was
+    /// last posted (0: none).
+    over_round: u64,
+    /// Bytes posted and not yet completed, as told by `on_sent` and
+    /// `on_completed`.
+    out: u64,
 }
 
 impl DelayWindow {
@@ -234,11 +289,14 @@ impl DelayWindow {
             base_before: u64::MAX,
             period_start: Nanos::ZERO,
             srtt: 0,
-            round_min: u64::MAX,
-            round_end: Nanos::ZERO,
+            recent: [u64::MAX; MAX_FILTER as usize],
+            samples: 0,
             largest: 0,
-            last_sent_at: Nanos::ZERO,
-            last_sent_bytes: 0,
+            round: 0,
+            round_start: Nanos::ZERO,
+            carry: 0,
+            over_round: 0,
+            out: 0,
         })
     }
 
@@ -265,15 +323,88 @@ impl DelayWindow {
         Some(Nanos(base.saturating_add(queue)))
     }
 
-    /// The time between pieces that keeps a window smaller than the last
-    /// piece (0 when the window holds it).
-    fn pacing_gap(&self) -> u64 {
-        if self.last_sent_bytes <= self.window {
-            return 0;
+    /// The smallest window: the configured one times the weight.
+    fn floor(&self) -> u64 {
+        let c = &self.config;
+        c.min_window
+            .saturating_mul(u64::from(c.weight))
+            .min(c.max_window)
+    }
+
+    /// The piece size: the largest piece posted so far.
+    fn piece(&self) -> u64 {
+        self.largest.max(1)
+    }
+
+    /// The round trip `now` falls in: round trips are counted from this
+    /// sender's last event, one per smoothed round trip.
+    fn round_of(&self, now: Nanos) -> u64 {
+        let since = now.0.saturating_sub(self.round_start.0);
+        self.round + since / self.srtt.max(1)
+    }
+
+    /// When round trip `round` (at least the current one) starts.
+    fn round_start_of(&self, round: u64) -> Nanos {
+        let ahead = round.saturating_sub(self.round);
+        self.round_start + Nanos(ahead.saturating_mul(self.srtt.max(1)))
+    }
+
+    /// The window's fraction of a piece beyond its whole pieces, and the
+    /// piece.
+    fn fraction(&self) -> (u64, u64) {
+        let piece = self.piece();
+        (self.window % piece, piece)
+    }
+
+    /// Whether round trip `round` (at least the current one) rounds a
+    /// window that ends inside a piece up to the next whole piece. The
+    /// fraction accumulates round trip by round trip; a round trip in which
+    /// it passes a whole piece rounds up. So `fraction / piece` of all
+    /// round trips do, spread evenly, and a window that changes a little
+    /// changes the pattern a little.
+    fn rounds_up(&self, round: u64) -> bool {
+        let (frac, piece) = self.fraction();
+        if frac == 0 {
+            return false;
         }
-        let gap = u128::from(self.srtt) * u128::from(self.last_sent_bytes)
-            / u128::from(self.window.max(1));
-        u64::try_from(gap).unwrap_or(u64::MAX)
+        let k = u128::from(round.saturating_sub(self.round));
+        let (acc, frac, piece) = (u128::from(self.carry), u128::from(frac), u128::from(piece));
+        (acc + (k + 1) * frac) / piece > (acc + k * frac) / piece
+    }
+
+    /// Moves the round trip count up to `now`. The first call starts the
+    /// count with a carry of this sender's own (from its seed), so that
+    /// senders do not round their windows up at the same moments.
+    fn advance_rounds(&mut self, now: Nanos) {
+        if self.srtt == 0 {
+            return;
+        }
+        let (frac, piece) = self.fraction();
+        if self.round_start == Nanos::ZERO {
+            self.carry = splitmix64(self.config.seed) % piece;
+            self.round_start = now;
+            return;
+        }
+        let rounds = self.round_of(now) - self.round;
+        if rounds == 0 {
+            return;
+        }
+        let carry =
+            (u128::from(self.carry) + u128::from(rounds) * u128::from(frac)) % u128::from(piece);
+        self.carry = carry as u64;
+        self.round += rounds;
+        self.round_start = self.round_start + Nanos(rounds.saturating_mul(self.srtt));
+    }
+
+    /// The time over which senders start again after a quiet time: one
+    /// round trip, or the rounds a window under one piece takes per piece.
+    fn restart_spread(&self) -> u64 {
+        let piece = self.piece();
+        if self.window >= piece {
+            return self.srtt;
+        }
+        let spread = u128::from(self.srtt) * u128::from(piece) / u128::from(self.window.max(1));
+        u64::try_from(spread).unwrap_or(u64::MAX)
     }
 
     /// When this sender may post again if `now` falls in the quiet time of
@@ -289,7 +420,7 @@ impl DelayWindow {
         let target = self.target_delay()?.0;
         let start = now.0 - now.0 % every;
         let end = start.saturating_add(target.saturating_mul(2));
-        let spread = self.srtt.max(self.pacing_gap());
+        let spread = self.restart_spread();
         let turn =
             splitmix64(self.config.seed ^ (now.0 / every).wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let offset = (u128::from(spread) * u128::from(turn >> 32)) >> 32;
@@ -297,25 +428,32 @@ impl DelayWindow {
         (now.0 < resume).then_some(Nanos(resume))
     }
 
-    /// One round's verdict on its lowest sample.
-    fn decide(&mut self, sample: u64) {
+    /// The verdict of one completed piece of `bytes` whose (filtered)
+    /// delay is `sample`: it counts for `bytes / window` of a round trip.
+    fn decide(&mut self, sample: u64, bytes: u64) {
         let Some(target) = self.target_delay().map(|t| t.0) else {
             return;
         };
+        let floor = self.floor();
         let c = &self.config;
+        let window = self.window.max(1);
         if sample <= target {
-            self.window = self
-                .window
-                .saturating_add(c.additive_increase)
-                .min(c.max_window);
+            // increase x weight per round trip's worth of bytes.
+            let grow = u128::from(c.additive_increase) * u128::from(c.weight) * u128::from(bytes)
+                / u128::from(window);
+            let grow = u64::try_from(grow).unwrap_or(u64::MAX);
+            self.window = self.window.saturating_add(grow.max(1)).min(c.max_window);
         } else {
-            // Shrink by decrease x (sample - target) / sample, at most
-            // max_decrease (Swift's multiplicative decrease).
+            // A round trip's cut is decrease x (sample - target) / sample
+            // of the window, at most max_decrease (Swift's multiplicative
+            // decrease); each completed byte takes its share, so that a
+            // window's worth of bytes takes the whole cut however many
+            // pieces carried them.
             let excess = u128::from(sample - target) * u128::from(c.decrease_ppm)
                 / u128::from(sample.max(1));
-            let cut = (excess as u64).min(u64::from(c.max_decrease_ppm));
-            let kept = u128::from(self.window) * u128::from(PPM - cut) / u128::from(PPM);
-            self.window = (kept as u64).max(c.min_window);
+            let cut = excess.min(u128::from(c.max_decrease_ppm));
+            let take = u64::try_from(cut * u128::from(bytes) / u128::from(PPM)).unwrap_or(u64::MAX);
+            self.window = self.window.saturating_sub(take).max(floor);
         }
     }
 }
@@ -326,30 +464,54 @@ impl Window for DelayWindow {
         if let Some(end) = self.quiet_until(now) {
             return Admit::At(end);
         }
-        if in_flight == 0 {
-            if bytes <= self.window || self.srtt == 0 || self.last_sent_bytes == 0 {
-                return Admit::Now;
-            }
-            // A window under one piece: one piece per `srtt x piece /
-            // window`, counted from the last post.
-            let at = self.last_sent_at + Nanos(self.pacing_gap());
-            return if now >= at { Admit::Now } else { Admit::At(at) };
-        }
         if in_flight.saturating_add(bytes) <= self.window {
-            Admit::Now
-        } else {
-            Admit::AfterCompletion
+            return Admit::Now;
         }
+        if self.srtt == 0 || self.largest == 0 {
+            // Nothing learnt yet: a first piece goes.
+            return if in_flight == 0 {
+                Admit::Now
+            } else {
+                Admit::AfterCompletion
+            };
+        }
+        // The window ends inside a piece: it is rounded up to the next
+        // whole piece in the share of round trips that its fraction of a
+        // piece makes, down in the others.
+        let (frac, piece) = self.fraction();
+        let whole = self.window - frac;
+        if in_flight.saturating_add(bytes) > whole + piece || frac == 0 {
+            return Admit::AfterCompletion;
+        }
+        let round = self.round_of(now);
+        // Under one piece, one piece per round trip that rounds up (a piece
+        // that completes within the round trip does not make room for a
+        // second); above, the rounded window bounds what is in flight.
+        if self.rounds_up(round) && (whole > 0 || self.over_round != round + 1) {
+            return Admit::Now;
+        }
+        // The next round trip that rounds up (at most `piece / frac` on).
+        let mut next = round + 1;
+        while !self.rounds_up(next) && next - round < 1 << 16 {
+            next += 1;
+        }
+        Admit::At(self.round_start_of(next))
     }
 
     #[inline]
     fn on_sent(&mut self, bytes: u64, now: Nanos) {
         self.largest = self.largest.max(bytes);
-        self.last_sent_at = now;
-        self.last_sent_bytes = bytes;
+        self.advance_rounds(now);
+        if self.out.saturating_add(bytes) > self.window {
+            // The piece beyond the window of a round trip that rounds up:
+            // one such piece per round trip.
+            self.over_round = self.round_of(now) + 1;
+        }
+        self.out = self.out.saturating_add(bytes);
     }
 
     fn on_completed(&mut self, bytes: u64, sent_at: Nanos, now: Nanos) {
+        self.out = self.out.saturating_sub(bytes);
         if bytes.saturating_mul(2) < self.largest {
             return;
         }
@@ -367,12 +529,16 @@ impl Window for DelayWindow {
         } else {
             self.base_now = self.base_now.min(sample);
         }
-        self.round_min = self.round_min.min(sample);
-        if now >= self.round_end {
-            let lowest = std::mem::replace(&mut self.round_min, u64::MAX);
-            self.decide(lowest);
-            self.round_end = now + Nanos(self.srtt);
-        }
+        self.advance_rounds(now);
+        let filter = u64::from(self.config.filter);
+        self.recent[(self.samples % filter) as usize] = sample;
+        self.samples += 1;
+        let lowest = self.recent[..filter as usize]
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or(sample);
+        self.decide(lowest, bytes);
     }
 
     #[inline]
@@ -401,14 +567,19 @@ mod tests {
 
     const PIECE: u64 = 4096;
 
-    /// The defaults without the target's floor: the target is twice the
-    /// path's own delay, which keeps the arithmetic below readable.
-    fn window() -> DelayWindow {
-        DelayWindow::new(DelayWindowConfig {
+    /// The defaults without the target's floor and without quiet times:
+    /// the target is twice the path's own delay, which keeps the arithmetic
+    /// below readable.
+    fn config() -> DelayWindowConfig {
+        DelayWindowConfig {
             target_floor: Nanos::ZERO,
+            quiet_every: Nanos::ZERO,
             ..DelayWindowConfig::for_piece(PIECE)
-        })
-        .unwrap()
+        }
+    }
+
+    fn window() -> DelayWindow {
+        DelayWindow::new(config()).unwrap()
     }
 
     /// Sends one piece at a time, each taking `delay`, `n` times.
@@ -420,89 +591,268 @@ mod tests {
         }
     }
 
-    #[test]
-    fn grows_by_the_increase_per_round_while_under_the_target() {
-        let mut w = window();
-        let mut now = Nanos::ZERO;
-        run(&mut w, &mut now, Nanos::from_micros(100), 100);
-        // One piece per round trip: every sample ends a round.
-        assert_eq!(w.window(), PIECE + 100 * (PIECE / 8));
-        assert_eq!(w.base_delay(), Some(Nanos::from_micros(100)));
-        assert_eq!(w.target_delay(), Some(Nanos::from_micros(200)));
-    }
-
-    #[test]
-    fn shrinks_in_proportion_to_the_excess_and_at_most_by_half() {
-        let mut w = window();
-        let mut now = Nanos::ZERO;
-        run(&mut w, &mut now, Nanos::from_micros(100), 200);
-        let before = w.window();
-        // 250 us against a 200 us target: cut by 0.8 x 50/250 = 16%.
-        w.on_sent(PIECE, now);
-        w.on_completed(PIECE, now, now + Nanos::from_micros(250));
-        let expected = before * 84 / 100;
-        assert!(
-            w.window().abs_diff(expected) <= 1,
-            "{} vs {expected}",
-            w.window()
-        );
-        // A huge excess halves it, no more.
-        now = now + Nanos::from_millis(1);
-        let before = w.window();
-        w.on_sent(PIECE, now);
-        w.on_completed(PIECE, now, now + Nanos::from_millis(50));
-        assert_eq!(w.window(), before / 2);
-    }
-
-    #[test]
-    fn decides_once_per_round_trip_on_the_lowest_sample() {
-        let mut w = window();
-        let mut now = Nanos::ZERO;
-        run(&mut w, &mut now, Nanos::from_micros(100), 50);
-        let before = w.window();
-        // The round ends 100 us after the last completion. Pieces that
-        // complete before then are only noted; the one that ends the round
-        // decides on the lowest delay of all of them, so one slow piece (a
-        // descheduled thread) is not taken for a queue.
-        for (at, delay) in [(10, 900), (20, 150), (30, 700)] {
-            let done = now + Nanos::from_micros(at);
-            w.on_completed(PIECE, done - Nanos::from_micros(delay), done);
-            assert_eq!(w.window(), before, "no decision inside a round");
+    /// Completes pieces of `bytes` adding up to `total`, each `delay` long.
+    fn complete(w: &mut DelayWindow, now: &mut Nanos, bytes: u64, total: u64, delay: Nanos) {
+        for _ in 0..total / bytes {
+            w.on_sent(bytes, *now);
+            w.on_completed(bytes, *now, *now + delay);
+            *now = *now + Nanos(1);
         }
-        let done = now + Nanos::from_micros(100);
-        w.on_completed(PIECE, done - Nanos::from_micros(600), done);
-        assert_eq!(w.window(), before + PIECE / 8, "150 us is under the target");
     }
 
     #[test]
-    fn keeps_at_least_the_minimum_and_paces_below_one_piece() {
+    fn grows_by_the_increase_times_the_weight_per_window_of_bytes() {
+        for weight in [1u32, 4] {
+            let mut w = DelayWindow::new(DelayWindowConfig { weight, ..config() }).unwrap();
+            let mut now = Nanos::ZERO;
+            // One piece completed, as large as the window: a whole round
+            // trip's worth of bytes under the target.
+            run(&mut w, &mut now, Nanos::from_micros(100), 1);
+            assert_eq!(w.window(), PIECE + u64::from(weight) * PIECE / 8);
+            assert_eq!(w.base_delay(), Some(Nanos::from_micros(100)));
+            assert_eq!(w.target_delay(), Some(Nanos::from_micros(200)));
+        }
+        // A window of four pieces grows by about an eighth of a piece per
+        // four pieces completed, not per piece.
         let mut w = DelayWindow::new(DelayWindowConfig {
-            quiet_every: Nanos::ZERO,
-            min_window: PIECE / 64,
-            ..DelayWindowConfig::for_piece(PIECE)
+            initial_window: 4 * PIECE,
+            ..config()
+        })
+        .unwrap();
+        let mut now = Nanos::ZERO;
+        run(&mut w, &mut now, Nanos::from_micros(100), 4);
+        let grown = w.window() - 4 * PIECE;
+        assert!((PIECE / 8 - 8..=PIECE / 8).contains(&grown), "grew {grown}");
+    }
+
+    #[test]
+    fn shrinks_in_proportion_to_the_excess_and_at_most_by_half_per_window() {
+        let mut w = DelayWindow::new(DelayWindowConfig {
+            filter: 2,
+            ..config()
         })
         .unwrap();
         let mut now = Nanos::ZERO;
         run(&mut w, &mut now, Nanos::from_micros(100), 1);
-        for _ in 0..100 {
-            run(&mut w, &mut now, Nanos::from_millis(10), 1);
+        let before = w.window();
+        // 250 us against a 200 us target, the filter's two samples both
+        // late: a whole window's cut is 0.8 x 50/250 = 16%; a piece of
+        // `PIECE` bytes applies PIECE/before of it.
+        let late = |w: &mut DelayWindow, now: &mut Nanos, delay: u64| {
+            w.on_sent(PIECE, *now);
+            w.on_completed(PIECE, *now, *now + Nanos::from_micros(delay));
+            *now = *now + Nanos::from_micros(delay);
+        };
+        late(&mut w, &mut now, 250);
+        assert_eq!(
+            w.window(),
+            before + (PIECE / 8) * PIECE / before,
+            "one late piece after a fast one is filtered out: the window grows"
+        );
+        let before = w.window();
+        late(&mut w, &mut now, 250);
+        // 16% of a window per window of bytes: 16% of a piece per piece.
+        assert_eq!(w.window(), before - PIECE * 16 / 100);
+        // A huge excess takes at most half a window per window of bytes.
+        let mut w = DelayWindow::new(DelayWindowConfig {
+            filter: 1,
+            ..config()
+        })
+        .unwrap();
+        let mut now = Nanos::ZERO;
+        run(&mut w, &mut now, Nanos::from_micros(100), 1);
+        let before = w.window();
+        complete(&mut w, &mut now, before, before, Nanos::from_millis(50));
+        assert_eq!(w.window(), before / 2);
+    }
+
+    #[test]
+    fn judges_each_piece_on_the_lowest_of_the_last_few() {
+        let mut w = DelayWindow::new(DelayWindowConfig {
+            filter: 2,
+            ..config()
+        })
+        .unwrap();
+        let mut now = Nanos::ZERO;
+        run(&mut w, &mut now, Nanos::from_micros(100), 50);
+        // One slow piece (a descheduled thread) after a fast one: the
+        // lowest of the last two is under the target, the window grows.
+        let before = w.window();
+        run(&mut w, &mut now, Nanos::from_micros(900), 1);
+        assert!(w.window() > before, "one late piece is not a queue");
+        // A second one: both are late, the window shrinks.
+        let before = w.window();
+        run(&mut w, &mut now, Nanos::from_micros(900), 1);
+        assert!(w.window() < before, "two late pieces are");
+        // With a filter of one (the default), the first late piece is
+        // enough.
+        let mut w = window();
+        let mut now = Nanos::ZERO;
+        run(&mut w, &mut now, Nanos::from_micros(100), 50);
+        let before = w.window();
+        run(&mut w, &mut now, Nanos::from_micros(900), 1);
+        assert!(w.window() < before);
+    }
+
+    #[test]
+    fn many_small_pieces_and_few_large_ones_count_the_same() {
+        // Two senders see the same delays for the same bytes, one in whole
+        // pieces and one in quarter pieces: their windows move alike, so a
+        // sender that completes more pieces per round trip (a free one next
+        // to a capped one) is not favoured.
+        let mut whole = DelayWindow::new(DelayWindowConfig {
+            initial_window: 8 * PIECE,
+            ..config()
+        })
+        .unwrap();
+        let mut quarters = whole.clone();
+        let (mut a, mut b) = (Nanos::ZERO, Nanos::ZERO);
+        for round in 0..200 {
+            let delay = Nanos::from_micros(if round % 3 == 0 { 400 } else { 150 });
+            // A round trip's worth in whole pieces, the same bytes for both.
+            let total = (whole.window() / PIECE).max(1) * PIECE;
+            complete(&mut whole, &mut a, PIECE, total, delay);
+            complete(&mut quarters, &mut b, PIECE / 4, total, delay);
         }
-        assert_eq!(w.window(), PIECE / 64);
-        // One piece in flight: the next waits for its completion.
-        assert_eq!(w.admit(PIECE, PIECE, now), Admit::AfterCompletion);
-        // Nothing in flight: one piece per srtt x 64.
-        w.on_sent(PIECE, now);
-        let srtt = w.smoothed_delay().unwrap().0;
-        match w.admit(0, PIECE, now) {
-            Admit::At(at) => assert_eq!(at, now + Nanos(srtt * 64)),
-            other => panic!("expected pacing, got {other:?}"),
+        let (x, y) = (whole.window() as f64, quarters.window() as f64);
+        assert!((x / y - 1.0).abs() < 0.05, "{x} vs {y}");
+    }
+
+    #[test]
+    fn windows_settle_in_proportion_to_their_weights() {
+        // Two senders on one queue: the delay is over the target whenever
+        // their windows add up to more than the port holds at the target.
+        let mut light = window();
+        let mut heavy = DelayWindow::new(DelayWindowConfig {
+            weight: 3,
+            ..config()
+        })
+        .unwrap();
+        let (mut a, mut b) = (Nanos::ZERO, Nanos::ZERO);
+        let capacity = 24 * PIECE;
+        let mut ratios = Vec::new();
+        for round in 0..4_000 {
+            let over = light.window() + heavy.window() > capacity;
+            let delay = Nanos::from_micros(if over { 300 } else { 100 });
+            let (l, h) = (light.window(), heavy.window());
+            complete(&mut light, &mut a, PIECE / 4, l.max(PIECE / 4), delay);
+            complete(&mut heavy, &mut b, PIECE / 4, h.max(PIECE / 4), delay);
+            if round >= 2_000 {
+                ratios.push(heavy.window() as f64 / light.window() as f64);
+            }
         }
-        assert_eq!(w.admit(0, PIECE, now + Nanos(srtt * 64)), Admit::Now);
+        let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
+        assert!((mean / 3.0 - 1.0).abs() < 0.05, "heavy / light = {mean}");
+    }
+
+    /// Keeps posting pieces as `w` admits them, each completing `rtt`
+    /// after its post, for `rounds` round trips starting at `now`; returns
+    /// the pieces posted per round trip.
+    /// Each piece takes `rtt` and up to a tenth more (as real completions
+    /// do), so that nothing locks to the round trips' phase.
+    fn pieces_per_round_trip(w: &mut DelayWindow, now: &mut Nanos, rtt: Nanos, rounds: u64) -> f64 {
+        // (posted, completes)
+        let mut in_nic: Vec<(Nanos, Nanos)> = Vec::new();
+        let mut sent = 0u64;
+        let step = Nanos(rtt.0 / 100);
+        let end = *now + Nanos(rtt.0 * rounds);
+        while *now < end {
+            while let Some(pos) = in_nic.iter().position(|&(_, done)| done <= *now) {
+                let (posted, _) = in_nic.remove(pos);
+                w.on_completed(PIECE, posted, *now);
+            }
+            while w.admit(in_nic.len() as u64 * PIECE, PIECE, *now) == Admit::Now {
+                w.on_sent(PIECE, *now);
+                let extra = splitmix64(sent) % (rtt.0 / 10).max(1);
+                in_nic.push((*now, *now + rtt + Nanos(extra)));
+                sent += 1;
+            }
+            *now = *now + step;
+        }
+        sent as f64 / rounds as f64
+    }
+
+    #[test]
+    fn keeps_at_least_the_minimum_and_sends_its_fraction_of_a_piece() {
+        for (weight, floor) in [(1u32, PIECE / 64), (4, PIECE / 16)] {
+            let mut w = DelayWindow::new(DelayWindowConfig {
+                min_window: PIECE / 64,
+                weight,
+                base_period: Nanos::from_secs(1_000),
+                ..config()
+            })
+            .unwrap();
+            let mut now = Nanos::ZERO;
+            run(&mut w, &mut now, Nanos::from_micros(100), 1);
+            for _ in 0..100 {
+                run(&mut w, &mut now, Nanos::from_millis(10), 1);
+            }
+            // A sender of weight w keeps w times the minimum.
+            assert_eq!(w.window(), floor);
+            // One piece in flight: the next waits for its completion.
+            assert_eq!(w.admit(PIECE, PIECE, now), Admit::AfterCompletion);
+            // Nothing in flight and a round trip that rounds down: not
+            // before the next one that rounds up.
+            let mut waited = false;
+            for _ in 0..64 {
+                if let Admit::At(at) = w.admit(0, PIECE, now) {
+                    assert!(at > now);
+                    assert_eq!(w.admit(0, PIECE, at), Admit::Now);
+                    waited = true;
+                    break;
+                }
+                now = now + w.smoothed_delay().unwrap();
+            }
+            assert!(waited, "a window under one piece waits between pieces");
+            // Pieces still taking 10 ms: the window stays at its floor and
+            // moves floor/piece of a piece per round trip.
+            let srtt = w.smoothed_delay().unwrap();
+            let per_rtt = pieces_per_round_trip(&mut w, &mut now, srtt, 4096);
+            let want = floor as f64 / PIECE as f64;
+            assert!(
+                (per_rtt / want - 1.0).abs() < 0.1,
+                "weight {weight}: {per_rtt} pieces per round trip, want {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_window_that_ends_inside_a_piece_moves_that_fraction_per_round_trip() {
+        // A window of 2.5 pieces, pieces that take 1 ms: 2.5 pieces per
+        // millisecond, not 2 and not 3.
+        for (window, want) in [
+            (5 * PIECE / 2, 2.5),
+            (PIECE / 3, 1.0 / 3.0),
+            (21 * PIECE / 4, 5.25),
+        ] {
+            let mut w = DelayWindow::new(DelayWindowConfig {
+                initial_window: window,
+                min_window: 1,
+                additive_increase: 1,
+                // Every piece is under the target: the window does not
+                // shrink, and grows by a byte per piece.
+                target_ratio_ppm: 10_000_000,
+                ..config()
+            })
+            .unwrap();
+            let mut now = Nanos::ZERO;
+            let per_rtt = pieces_per_round_trip(&mut w, &mut now, Nanos::from_millis(1), 400);
+            // The window grew by a byte or a few per piece on the way.
+            let want = want * (window + w.window()) as f64 / (2 * window) as f64;
+            assert!(
+                (per_rtt / want - 1.0).abs() < 0.05,
+                "window {window}: {per_rtt} pieces per round trip, want {want}"
+            );
+        }
     }
 
     #[test]
     fn posts_nothing_for_twice_the_target_at_the_start_of_every_period() {
-        let mut w = window();
+        let mut w = DelayWindow::new(DelayWindowConfig {
+            target_floor: Nanos::ZERO,
+            ..DelayWindowConfig::for_piece(PIECE)
+        })
+        .unwrap();
         let mut now = Nanos::ZERO;
         run(&mut w, &mut now, Nanos::from_micros(100), 24);
         // Target 200 us: quiet for the first 400 us of every 500 ms, on
@@ -538,6 +888,7 @@ mod tests {
     fn by_default_keeps_a_quarter_piece_and_a_target_of_at_least_the_floor() {
         let mut w = DelayWindow::new(DelayWindowConfig {
             quiet_every: Nanos::ZERO,
+            base_period: Nanos::from_secs(1_000),
             ..DelayWindowConfig::for_piece(PIECE)
         })
         .unwrap();
@@ -546,26 +897,41 @@ mod tests {
         // 100 us of path: the target's queue is the floor, not 100 us.
         assert_eq!(w.target_delay(), Some(Nanos::from_micros(500)));
         // 450 us is under the target: the window grows.
+        let before = w.window();
         run(&mut w, &mut now, Nanos::from_micros(450), 1);
-        assert_eq!(w.window(), PIECE + 2 * (PIECE / 8));
+        assert!(w.window() > before);
         // However long the pieces take, a sender keeps a quarter of a
         // piece: one piece every four round trips.
         run(&mut w, &mut now, Nanos::from_millis(10), 100);
         assert_eq!(w.window(), PIECE / 4);
-        w.on_sent(PIECE, now);
-        let srtt = w.smoothed_delay().unwrap().0;
-        assert_eq!(w.admit(0, PIECE, now), Admit::At(now + Nanos(srtt * 4)));
+        let srtt = w.smoothed_delay().unwrap();
+        let per_rtt = pieces_per_round_trip(&mut w, &mut now, srtt, 400);
+        assert!(
+            (per_rtt - 0.25).abs() < 0.02,
+            "{per_rtt} pieces per round trip"
+        );
     }
 
     #[test]
     fn admits_while_the_window_has_room() {
-        let mut w = window();
+        let mut w = DelayWindow::new(DelayWindowConfig {
+            initial_window: 4 * PIECE,
+            additive_increase: 1,
+            ..config()
+        })
+        .unwrap();
         let mut now = Nanos::ZERO;
-        run(&mut w, &mut now, Nanos::from_micros(100), 24);
-        assert_eq!(w.window(), PIECE * 4);
+        run(&mut w, &mut now, Nanos::from_micros(100), 1);
+        let win = w.window();
+        assert!(win > 4 * PIECE && win < 4 * PIECE + 8);
         assert_eq!(w.admit(0, PIECE, now), Admit::Now);
         assert_eq!(w.admit(3 * PIECE, PIECE, now), Admit::Now);
-        assert_eq!(w.admit(3 * PIECE + 1, PIECE, now), Admit::AfterCompletion);
+        // A fifth piece: the window ends a few bytes into it, so it goes
+        // only in the few round trips that round the window up.
+        w.on_sent(PIECE, now);
+        assert!(matches!(w.admit(4 * PIECE, PIECE, now), Admit::At(_)));
+        // A sixth never fits: only a completion makes room.
+        assert_eq!(w.admit(5 * PIECE, PIECE, now), Admit::AfterCompletion);
     }
 
     #[test]
@@ -612,6 +978,22 @@ mod tests {
             },
             DelayWindowConfig {
                 base_period: Nanos::ZERO,
+                ..ok.clone()
+            },
+            DelayWindowConfig {
+                weight: 0,
+                ..ok.clone()
+            },
+            DelayWindowConfig {
+                weight: MAX_WEIGHT + 1,
+                ..ok.clone()
+            },
+            DelayWindowConfig {
+                filter: 0,
+                ..ok.clone()
+            },
+            DelayWindowConfig {
+                filter: MAX_FILTER + 1,
                 ..ok.clone()
             },
         ] {

@@ -81,7 +81,10 @@ pub struct ScheduleConfig {
     /// keep the port's queue near the window's target without sharing any
     /// state. Use pieces no longer than the queue a latency request may
     /// find (`chunk_bytes` of one or a few MTUs), and
-    /// [`DelayWindowConfig::for_piece`] of that size. Latency-class queue
+    /// [`DelayWindowConfig::for_piece`] of that size. A window whose
+    /// `weight` is left at 1 takes the tenant's weight (from its policy in
+    /// the quota table, or the scheduler's), so bulk tenants in different
+    /// processes share the port by their weights. Latency-class queue
     /// pairs have no window.
     pub window: Option<DelayWindowConfig>,
 }
@@ -1312,9 +1315,21 @@ impl<S: Sink> Engine<S> {
                 // Queue pairs of one port start again after a quiet time
                 // at points of their own.
                 let seed = u64::from(qpn);
+                // A window left at weight 1 takes the tenant's weight, so
+                // that tenants in different processes share the port by
+                // their policies' weights.
+                let weight = if w.weight == 1 {
+                    self.sched.policy(tenant).map_or(1, |p| p.weight)
+                } else {
+                    w.weight
+                };
                 Some(
-                    DelayWindow::new(DelayWindowConfig { seed, ..w.clone() })
-                        .map_err(schedule_error)?,
+                    DelayWindow::new(DelayWindowConfig {
+                        seed,
+                        weight,
+                        ..w.clone()
+                    })
+                    .map_err(schedule_error)?,
                 )
             }
             _ => None,

@@ -1,11 +1,14 @@
 //! `cargo xtask demo`: the isolation demo on a real verbs device inside the
 //! SoftRoCE VM, next to perftest's own tools as the reference.
 //!
-//! One boot, with the shared link set up (`--link RATE`, 200mbit by
-//! default), runs in order: perftest's `ib_write_lat` (16 B) and
+//! One boot, with the shared link set up, runs in order: perftest's `ib_write_lat` (16 B) and
 //! `ib_write_bw` (64 KiB) alone, the same two tests with mtrdma's
 //! `examples/perf.rs` on the plain and on the scheduled path (all on
-//! `rxe0`), then `examples/isolation --link` (tenants as processes across
+//! `rxe0`), then the link's rate: what rxe carries across it unshaped in
+//! this boot is measured, and the link is shaped to half of that (at most
+//! 200 Mbit/s; `--link RATE` shapes it to RATE instead), since under
+//! emulation the host's speed sets what rxe carries and a faster link is
+//! not the bottleneck; then `examples/isolation --link` (tenants as processes across
 //! the shaped link; arguments after `--` go to it), then the single-process
 //! `SharedScheduler` variant across the same link. Everything lands in
 //! `target/demo/`: the tools' outputs, `reference.txt` (mtrdma against
@@ -25,8 +28,10 @@ const LAT_ITERS: u32 = 20_000;
 const BW_ITERS: u32 = 2_000;
 const BW_SIZE: u32 = 65_536;
 
-/// The link the demo runs on unless told otherwise.
-pub(crate) const DEFAULT_RATE: &str = "200mbit";
+/// The fastest link the demo chooses by itself (`--link auto`, the
+/// default): half of what rxe carries unshaped in the same boot, at most
+/// this.
+pub(crate) const AUTO_CEILING_BPS: u64 = 200_000_000;
 
 /// `cargo xtask demo [--link RATE] [-- ISOLATION-ARGS...]`.
 pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
@@ -35,16 +40,26 @@ pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
         None => (rest, &[][..]),
     };
     let rate = match ours {
-        [] => DEFAULT_RATE.to_string(),
+        [] => "auto".to_string(),
         [flag, rate] if flag == "--link" => rate.clone(),
         other => anyhow::bail!(
-            "`cargo xtask demo` takes [--link RATE] [-- ARGS for examples/isolation --link], not {other:?}"
+            "`cargo xtask demo` takes [--link RATE|auto] [-- ARGS for examples/isolation --link], not {other:?}"
         ),
     };
-    let link = link::Link::new(&rate)?;
-    if link.bits_per_second() == 0 {
-        anyhow::bail!("the demo needs a shaped link (--link RATE such as 200mbit), not {rate}");
-    }
+    // The boot's link starts at the ceiling; the calibration at the start
+    // of the job shapes it to the rate it chooses (or to RATE).
+    let (link, fixed) = if rate == "auto" {
+        (link::Link::new(&format!("{AUTO_CEILING_BPS}bit"))?, None)
+    } else {
+        let link = link::Link::new(&rate)?;
+        let bps = link.bits_per_second();
+        if bps == 0 {
+            anyhow::bail!(
+                "the demo needs a shaped link (--link RATE such as 100mbit, or auto), not {rate}"
+            );
+        }
+        (link, Some(bps))
+    };
     deps::ensure()?;
     proc::check(proc::cargo().args([
         "build",
@@ -104,6 +119,15 @@ pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
         // The same depth in the NIC as perftest's 128 outstanding.
         &format!("--test write_bw {bw} --path mtrdma --pieces 128"),
         "perf_write_bw_mtrdma",
+    ));
+    script.push_str(
+        "echo '== the link: what rxe carries unshaped, and the rate it is shaped to =='\n",
+    );
+    script.push_str(&link.calibration_script(
+        &perf,
+        fixed,
+        AUTO_CEILING_BPS,
+        &format!("{dir}/link-rate.txt"),
     ));
     let extra: Vec<String> = theirs.iter().map(|a| proc::shell_quote(a)).collect();
     // The single-process variant bounds the bulk bytes in the NIC to one

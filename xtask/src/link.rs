@@ -64,7 +64,10 @@ const TBF_LIMIT: &str = "16mb";
 const MIN_BPS: u64 = 1_000_000;
 const MAX_BPS: u64 = 1_000_000_000_000;
 
-/// The rate `cargo xtask test` runs the device tests' link at.
+/// The rate `cargo xtask test` boots the device tests' link at, and the
+/// most it shapes it to: the job first shapes it to half of what rxe
+/// carries unshaped in that boot, if that is less
+/// ([`Link::calibration_script`]).
 pub(crate) const TEST_RATE: &str = "200mbit";
 
 /// How fast the link is.
@@ -203,11 +206,7 @@ impl Link {
             for dev in [a, b] {
                 step(
                     &format!("link: tbf qdisc at {} on {dev}", self.rate_text),
-                    &format!(
-                        "tc qdisc add dev {dev} root tbf rate {bps}bit \
-                         burst {burst} limit {TBF_LIMIT}",
-                        burst = (self.mtu + TBF_HEADROOM) * TBF_BUCKET_PACKETS
-                    ),
+                    &self.tbf_command(dev, &bps.to_string()),
                 );
             }
         }
@@ -224,6 +223,94 @@ impl Link {
         s
     }
 }
+
+impl Link {
+    /// The command that shapes `dev` to `bps` bits per second (a number or
+    /// a shell expression that gives one).
+    fn tbf_command(&self, dev: &str, bps: &str) -> String {
+        format!(
+            "tc qdisc add dev {dev} root tbf rate {bps}bit burst {burst} limit {TBF_LIMIT}",
+            burst = (self.mtu + TBF_HEADROOM) * TBF_BUCKET_PACKETS
+        )
+    }
+
+    /// Guest commands that measure what rxe carries across the link with
+    /// no shaping in this boot, then shape both ends to a rate chosen from
+    /// it and export that rate as `MTRDMA_LINK_RATE_BPS` and
+    /// `MTRDMA_LINK_RATE` for what follows.
+    ///
+    /// The measurement: the qdiscs come off, one `perf` (the binary at
+    /// `perf`) sends 1 MiB WRITEs from `rxa` to `rxb` for
+    /// [`CALIBRATION_SECS`] on the plain path, and its average is the
+    /// unshaped rate. With `fixed` given, the link is shaped to it (with a warning on stderr when it is more
+    /// than half the unshaped rate); without, to half the unshaped rate
+    /// rounded down to 10 Mbit/s, at most `ceiling` bits per second and at
+    /// least 10 Mbit/s. Under emulation the host's speed sets what rxe
+    /// carries (twice as much on one machine as on another), and a link
+    /// faster than half of it is not the bottleneck: the tenants' CPU is.
+    /// One line saying what was measured and chosen goes to stdout and to
+    /// `report`.
+    pub(crate) fn calibration_script(
+        &self,
+        perf: &str,
+        fixed: Option<u64>,
+        ceiling: u64,
+        report: &str,
+    ) -> String {
+        let (a, b) = (SENDER_NETDEV, RECEIVER_NETDEV);
+        let port = CALIBRATION_PORT;
+        format!(
+            "# the link's rate from what rxe carries unshaped in this boot\n\
+             tc qdisc del dev {a} root 2>/dev/null\n\
+             tc qdisc del dev {b} root 2>/dev/null\n\
+             {perf} --server --device {RECEIVER} -p {port} > \"$TMPDIR/calibration.server\" 2>&1 &\n\
+             for i in $(seq 100); do grep -q \":$(printf %04X {port}) \" /proc/net/tcp && break; sleep 0.1; done\n\
+             {perf} --connect 127.0.0.1 --device {SENDER} -p {port} --test write_bw -s 1048576 \
+             -D {CALIBRATION_SECS} --path raw --wait --ack-timeout 20 > \"$TMPDIR/calibration.client\" 2>&1\n\
+             wait\n\
+             mbs=$(awk '/#bytes/ {{ getline; print $4; exit }}' \"$TMPDIR/calibration.client\")\n\
+             if [ -z \"$mbs\" ]; then\n\
+             echo 'link: measuring the unshaped rate failed:' >&2; cat \"$TMPDIR/calibration.client\" >&2; exit 125\n\
+             fi\n\
+             {shape}",
+            shape = self.shape_from_measurement(fixed, ceiling, report),
+        )
+    }
+
+    /// The second half of [`Link::calibration_script`]: from `$mbs`, the
+    /// unshaped rate in MB/s (2^20 bytes), chooses the rate, shapes both
+    /// ends, exports it and reports.
+    fn shape_from_measurement(&self, fixed: Option<u64>, ceiling: u64, report: &str) -> String {
+        let choose = match fixed {
+            Some(bps) => format!(
+                "rate={bps}\n\
+                 if [ $((rate * 2)) -gt \"$unshaped\" ]; then\n\
+                 echo \"link: warning: {bps} bit/s is more than half of what rxe carried unshaped ($unshaped bit/s): the tenants' CPU, not the link, may be the bottleneck\" >&2\n\
+                 fi\n"
+            ),
+            None => format!(
+                "rate=$(awk -v u=\"$unshaped\" 'BEGIN {{ r = u / 2; if (r > {ceiling}) r = {ceiling}; \
+                 r = int(r / 10000000) * 10000000; if (r < 10000000) r = 10000000; printf \"%d\", r }}')\n"
+            ),
+        };
+        format!(
+            "unshaped=$(awk -v m=\"$mbs\" 'BEGIN {{ printf \"%d\", m * 1048576 * 8 }}')\n\
+             if [ \"$unshaped\" -le 0 ]; then echo \"link: unshaped rate $mbs MB/s is not a rate\" >&2; exit 125; fi\n\
+             {choose}\
+             {tbf_a} || exit 125\n\
+             {tbf_b} || exit 125\n\
+             export MTRDMA_LINK_RATE_BPS=$rate MTRDMA_LINK_RATE=\"${{rate}}bit\"\n\
+             echo \"link: rxe carried $mbs MB/s ($unshaped bit/s) from {SENDER} to {RECEIVER} unshaped in this boot; the link is shaped to $rate bit/s\" | tee {report}\n",
+            tbf_a = self.tbf_command(SENDER_NETDEV, "${rate}"),
+            tbf_b = self.tbf_command(RECEIVER_NETDEV, "${rate}"),
+        )
+    }
+}
+
+/// How long the unshaped rate is measured (see [`Link::calibration_script`]).
+const CALIBRATION_SECS: u32 = 6;
+/// The TCP port of the measurement's control connection.
+const CALIBRATION_PORT: u32 = 17_999;
 
 /// Parses `--link`'s RATE: a number with a unit in bits per second (`bit`,
 /// `kbit`, `mbit`, `gbit`, `tbit`, or binary `kibit` .. `tibit`, any case,
@@ -364,6 +451,75 @@ mod tests {
         assert_eq!(env["MTRDMA_LINK_RATE"], "unshaped");
         assert_eq!(env["MTRDMA_LINK_RATE_BPS"], "0");
         assert_eq!(Link::new(TEST_RATE).unwrap().bits_per_second(), 200_000_000);
+    }
+
+    /// Runs the choice of rate from a measured `mbs` with a `tc` that only
+    /// records its arguments; returns the exported rate, what `tc` was
+    /// asked and what went to stderr.
+    fn choose(link: &Link, mbs: &str, fixed: Option<u64>) -> (String, String, String) {
+        let dir = std::env::temp_dir().join(format!(
+            "mtrdma-link-choose-{}-{}",
+            std::process::id(),
+            mbs.replace('.', "_")
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let tc = dir.join("tc");
+        std::fs::write(
+            &tc,
+            "#!/bin/sh\necho \"$@\" >> \"$(dirname \"$0\")/calls\"\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&tc, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let report = dir.join("report");
+        let script = format!(
+            "mbs={mbs}\n{}echo \"$MTRDMA_LINK_RATE_BPS $MTRDMA_LINK_RATE\"",
+            link.shape_from_measurement(fixed, 200_000_000, &report.display().to_string())
+        );
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .env("PATH", format!("{}:/usr/bin:/bin", dir.display()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let calls = std::fs::read_to_string(dir.join("calls")).unwrap_or_default();
+        assert!(std::fs::read_to_string(&report)
+            .unwrap()
+            .contains("unshaped"));
+        let _ = std::fs::remove_dir_all(&dir);
+        (
+            stdout.lines().last().unwrap_or("").to_string(),
+            calls,
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    }
+
+    #[test]
+    fn shapes_to_half_the_unshaped_rate_within_the_ceiling() {
+        let link = Link::new("200mbit").unwrap();
+        // 22.25 MB/s unshaped is 186.6 Mbit/s: half, rounded down, is 90.
+        let (rate, calls, _) = choose(&link, "22.25", None);
+        assert_eq!(rate, "90000000 90000000bit");
+        for dev in ["va", "vb"] {
+            assert!(
+                calls.contains(&format!(
+                    "qdisc add dev {dev} root tbf rate 90000000bit burst 8528 limit 16mb"
+                )),
+                "{calls}"
+            );
+        }
+        // A fast host: the ceiling.
+        assert_eq!(choose(&link, "120", None).0, "200000000 200000000bit");
+        // A very slow one: never under 10 Mbit/s.
+        assert_eq!(choose(&link, "0.5", None).0, "10000000 10000000bit");
+        // A rate asked for is kept, with a warning when it is too fast.
+        let (rate, _, warned) = choose(&link, "22.25", Some(150_000_000));
+        assert_eq!(rate, "150000000 150000000bit");
+        assert!(warned.contains("more than half"), "{warned}");
+        let (_, _, quiet) = choose(&link, "22.25", Some(50_000_000));
+        assert!(quiet.is_empty(), "{quiet}");
     }
 
     #[test]

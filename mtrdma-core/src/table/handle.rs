@@ -734,7 +734,12 @@ pub struct TenantUsage {
 }
 
 impl TenantUsage {
-    pub(crate) fn read(table: &QuotaTable, t: &TenantPolicy, slot: u32) -> TenantUsage {
+    pub(crate) fn read(
+        table: &QuotaTable,
+        t: &TenantPolicy,
+        slot: u32,
+        processes: u32,
+    ) -> TenantUsage {
         let st = table.tenant_state(slot);
         let l = |w: &AtomicU64| w.load(Ordering::Relaxed);
         TenantUsage {
@@ -750,11 +755,7 @@ impl TenantUsage {
             throttled_ns: l(&st.throttled_ns),
             refusals: l(&st.refusals),
             fair_rate: table.policy_slot(slot).fair_rate.load(Ordering::Relaxed),
-            processes: table
-                .live_processes()
-                .iter()
-                .filter(|(s, _)| *s == slot)
-                .count() as u32,
+            processes,
         }
     }
 }

@@ -775,17 +775,31 @@ impl QuotaTable {
     /// Per-tenant usage, for display.
     pub fn usage(&self) -> Result<Vec<TenantUsage>, TableError> {
         let snapshot = self.snapshot()?;
+        // One pass over the process slots for every tenant's count.
+        let live = self.live_processes();
         let mut out: Vec<TenantUsage> = snapshot
             .policy
             .tenants
             .iter()
             .filter_map(|t| {
                 let slot = snapshot.slot_of(t.id)?;
-                Some(TenantUsage::read(self, t, slot))
+                let processes = live.iter().filter(|(s, _)| *s == slot).count() as u32;
+                Some(TenantUsage::read(self, t, slot, processes))
             })
             .collect();
         out.sort_by_key(|u| u.tenant);
         Ok(out)
+    }
+
+    /// What the coordinator's fair-rate computation reads of tenant slot
+    /// `slot`: bytes posted so far and bytes waiting in backlogs. Two
+    /// loads, nothing allocated (it runs every few milliseconds).
+    pub(crate) fn demand_counters(&self, slot: u32) -> (u64, u64) {
+        let st = self.tenant_state(slot);
+        (
+            st.bytes_posted.load(Ordering::Relaxed),
+            st.backlog_bytes.load(Ordering::Relaxed),
+        )
     }
 
     /// Live processes attached to each tenant slot.
