@@ -32,9 +32,12 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup/mtrdma-demo";
 const PROBE_INTERVAL_US: u32 = 500;
 /// p99.9 is reported only over at least this many samples.
 const P999_MIN_SAMPLES: usize = 10_000;
-/// Bulk pieces with a window: one MTU's worth, so that what a latency
-/// request finds ahead of it is counted in packets.
-const WINDOW_CHUNK: u64 = 2048;
+/// Bulk pieces with a window, unless `--chunk` says otherwise: one MTU's
+/// worth of the link's default MTU (rxe's 4096), so that what a latency
+/// request finds ahead of it is counted in packets, and each piece's
+/// completion, wake-up and post (the bulk tenants' CPU on the emulated
+/// host) carries as many bytes as a packet can.
+pub(crate) const WINDOW_CHUNK: u64 = 4096;
 /// The control-path storm's policy rate (QP creations and MR registrations
 /// per second).
 const STORM_RATE: u64 = 50;
@@ -112,7 +115,7 @@ fn policy_toml(args: &Args, link: &LinkSpec) -> String {
     tenant(
         30,
         "capped",
-        &format!("rate = {{ rate = {cap}, burst = {} }}\n", WINDOW_CHUNK * 8),
+        &format!("rate = {{ rate = {cap}, burst = {} }}\n", args.chunk * 8),
     );
     tenant(31, "free", "");
     tenant(
@@ -394,7 +397,7 @@ impl Site<'_> {
                             "mtrdma",
                             "--window",
                             "--chunk",
-                            &WINDOW_CHUNK.to_string(),
+                            &self.args.chunk.to_string(),
                             "--pieces",
                             "64",
                             "--pool-mib",
@@ -1003,12 +1006,13 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
     }
     r.say(format!(
         "\nmtrdma on the shared link: {} -> {} shaped to {:.0} Mbit/s ({:.2} MB/s); every tenant a process in its own cgroup, \
-         registered with the coordinator; {} s per measurement; bulk with mtrdma: delay windows, {WINDOW_CHUNK} B pieces",
+         registered with the coordinator; {} s per measurement; bulk with mtrdma: delay windows, {} B pieces",
         link.sender,
         link.receiver,
         link.rate_bps as f64 / 1e6,
         link.mib_per_sec(),
-        args.seconds
+        args.seconds,
+        args.chunk
     ));
     let mut site = Site {
         args,

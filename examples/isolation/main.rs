@@ -108,7 +108,7 @@ const USAGE: &str = "usage: isolation [--device NAME] [--peer-device NAME] [--ou
     [--bulk 1,4,8] [--scenarios latency,weights,cap,storm] [--msg BYTES] [--depth N]
     [--chunk BYTES] [--budget BYTES] [--cap-mbps MB/s]
 on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
-       isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES]
+       isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--chunk BYTES (default 4096)]
     [--scenarios latency,hogs,weights,cap,storm] [--cap-share 0.25]
 the link demo's storm tenant:
        isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET]";
@@ -143,6 +143,7 @@ fn parse() -> Result<Args, String> {
     }
     let mut it = std::env::args().skip(1);
     let mut seconds = None;
+    let mut chunk = None;
     while let Some(flag) = it.next() {
         match flag.as_str() {
             "--help" | "-h" => {
@@ -177,7 +178,7 @@ fn parse() -> Result<Args, String> {
             "--scenarios" => args.scenarios = v.split(',').map(String::from).collect(),
             "--msg" => args.msg = num(&flag, v)?,
             "--depth" => args.depth = num(&flag, v)?,
-            "--chunk" => args.chunk = num(&flag, v)?,
+            "--chunk" => chunk = Some(num(&flag, v)?),
             "--budget" => args.budget = num(&flag, v)?,
             "--cap-mbps" => args.cap_mbps = num(&flag, v)?,
             other => return Err(format!("unknown flag {other}\n{USAGE}")),
@@ -187,6 +188,13 @@ fn parse() -> Result<Args, String> {
     // then) needs about 8 s for the 10,000 samples a p99.9 is reported
     // over.
     args.seconds = seconds.unwrap_or(if args.link { 9.0 } else { 3.0 });
+    // On the link, the windowed bulk tenants' pieces: one MTU's worth of
+    // the link's default by default (see link.rs).
+    args.chunk = chunk.unwrap_or(if args.link {
+        link::WINDOW_CHUNK
+    } else {
+        64 << 10
+    });
     let known: &[&str] = if args.link {
         &LINK_SCENARIOS
     } else {
