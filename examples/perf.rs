@@ -91,6 +91,9 @@ TEST:
     --window             scheduled path: this side's bulk pieces follow a delay-based
                          window (protects latency tenants in other processes on the
                          same port; use a --chunk of one or a few MTUs)
+    --window-target PPM  with --window: the queue the window allows, as a share of
+                         the path's own delay in parts per million (default
+                         1000000; at least the window's 400 us floor)
     --class CLASS        scheduled path: latency | bulk (default: the tenant's class
                          from --policy, else bulk)
     --wait               sleep on the completion channel while no buffer is free
@@ -280,6 +283,7 @@ struct Args {
     samples: Option<PathBuf>,
     device: Option<String>,
     window: bool,
+    window_target_ppm: Option<u32>,
     class: Option<TrafficClass>,
     ack_timeout: Option<u8>,
     coordinator: Option<PathBuf>,
@@ -369,6 +373,13 @@ fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
             "--chunk" => a.chunk = Some(parse_size(&flag, &value()?)? as u64),
             "--pieces" => a.pieces = Some(parse_num(&flag, &value()?, "a count")?),
             "--window" => a.window = true,
+            "--window-target" => {
+                let ppm: u32 = parse_num(&flag, &value()?, "parts per million")?;
+                if !(1..=100_000_000).contains(&ppm) {
+                    return Err(format!("{flag}: give 1 <= PPM <= 100000000"));
+                }
+                a.window_target_ppm = Some(ppm);
+            }
             "--wait" => a.wait = true,
             "--interval" => {
                 let us: u64 = parse_num(&flag, &value()?, "microseconds")?;
@@ -1041,6 +1052,7 @@ struct Side {
     pool_bytes: u64,
     is_client: bool,
     window: bool,
+    window_target_ppm: Option<u32>,
     class: Option<TrafficClass>,
     ack_timeout: Option<u8>,
     wait: bool,
@@ -1064,6 +1076,7 @@ impl Side {
             pool_bytes: a.pool_mib.unwrap_or(64) << 20,
             is_client,
             window: a.window,
+            window_target_ppm: a.window_target_ppm,
             class: a.class,
             ack_timeout: a.ack_timeout,
             wait: a.wait,
@@ -1182,7 +1195,15 @@ impl Side {
                     max_pieces_in_flight: p.pieces,
                     tenant: self.tenant.as_ref().map(|(t, _)| t.clone()),
                     class: self.class.unwrap_or(TrafficClass::Bulk),
-                    window: self.window.then(|| DelayWindowConfig::for_piece(p.chunk)),
+                    window: self.window.then(|| {
+                        let window = DelayWindowConfig::for_piece(p.chunk);
+                        DelayWindowConfig {
+                            target_ratio_ppm: self
+                                .window_target_ppm
+                                .unwrap_or(window.target_ratio_ppm),
+                            ..window
+                        }
+                    }),
                     ..ScheduleConfig::default()
                 })
                 .map_err(|e| format!("setting up the scheduled path: {e}"))?,

@@ -125,6 +125,13 @@ fn perf_spaces_latency_requests_by_the_interval() {
     assert!(!refused.status.success());
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("--interval 0"), "{err}");
+    let refused = Command::new(&perf)
+        .args(["--loopback", "--window", "--window-target", "0"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("--window-target"), "{err}");
 }
 
 /// `perf --coordinator` takes the tenant the coordinator decides from the
@@ -171,6 +178,9 @@ fn perf_joins_a_running_coordinator_and_windows_its_bulk_pieces() {
             "--path",
             "mtrdma",
             "--window",
+            // A queue allowance of three times the path's own delay.
+            "--window-target",
+            "3000000",
             "--wait",
             "--chunk",
             "4096",
@@ -197,6 +207,22 @@ fn perf_joins_a_running_coordinator_and_windows_its_bulk_pieces() {
     assert!(
         out.contains(" window at the end: "),
         "the window's state is reported:\n{out}"
+    );
+    // "(path delay P us, smoothed S us, target T us)": T is P plus at
+    // least three times P.
+    let us_after = |key: &str| -> f64 {
+        let at = out.find(key).unwrap_or_else(|| panic!("{key} in:\n{out}")) + key.len();
+        out[at..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (path, target) = (us_after("path delay "), us_after("target "));
+    assert!(
+        target >= 4.0 * path - 1.0,
+        "target {target} us for a path of {path} us:\n{out}"
     );
 }
 

@@ -407,6 +407,9 @@ impl Site<'_> {
                         ]
                         .map(String::from),
                     );
+                    if let Some(ppm) = self.args.window_target {
+                        a.extend(["--window-target".into(), ppm.to_string()]);
+                    }
                 }
                 _ => a.extend(["--path".into(), "raw".into()]),
             }

@@ -102,6 +102,9 @@ struct Args {
     chunk: u64,
     budget: u64,
     cap_mbps: f64,
+    /// On the link: the windows' queue allowance as a share of the path's
+    /// delay (perf's `--window-target`), if not the window's default.
+    window_target: Option<u32>,
 }
 
 const USAGE: &str = "usage: isolation [--device NAME] [--peer-device NAME] [--out DIR] [--seconds S] [--warmup-ms MS]
@@ -109,6 +112,7 @@ const USAGE: &str = "usage: isolation [--device NAME] [--peer-device NAME] [--ou
     [--chunk BYTES] [--budget BYTES] [--cap-mbps MB/s]
 on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
        isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--chunk BYTES (default 4096)]
+    [--window-target PPM (the windows' queue allowance, see perf --help)]
     [--scenarios latency,hogs,weights,cap,storm] [--cap-share 0.25]
 the link demo's storm tenant:
        isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET]";
@@ -134,6 +138,7 @@ fn parse() -> Result<Args, String> {
         chunk: 64 << 10,
         budget: 128 << 10,
         cap_mbps: 4.0,
+        window_target: None,
     };
     fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String>
     where
@@ -181,6 +186,7 @@ fn parse() -> Result<Args, String> {
             "--chunk" => chunk = Some(num(&flag, v)?),
             "--budget" => args.budget = num(&flag, v)?,
             "--cap-mbps" => args.cap_mbps = num(&flag, v)?,
+            "--window-target" => args.window_target = Some(num(&flag, v)?),
             other => return Err(format!("unknown flag {other}\n{USAGE}")),
         }
     }
