@@ -30,8 +30,6 @@ use crate::{lat, Args, Lat, Report, Way};
 const CGROUP_ROOT: &str = "/sys/fs/cgroup/mtrdma-demo";
 /// The latency probe: one 16 B WRITE every this many microseconds.
 const PROBE_INTERVAL_US: u32 = 500;
-/// p99.9 is reported only over at least this many samples.
-const P999_MIN_SAMPLES: usize = 10_000;
 /// Bulk pieces with a window, unless `--chunk` says otherwise: one MTU's
 /// worth of the link's default MTU (rxe's 4096), so that what a latency
 /// request finds ahead of it is counted in packets, and each piece's
@@ -596,19 +594,16 @@ fn parse_storm(out: &str) -> Result<(u64, u64, f64), String> {
 
 /// Percentiles with p99.9 only over enough samples.
 fn cells(l: &Lat) -> (String, String, String) {
-    let p999 = if l.n >= P999_MIN_SAMPLES {
-        format!("{:.1}", l.p999)
-    } else {
-        "-".into()
-    };
-    (format!("{:.1}", l.p50), format!("{:.1}", l.p99), p999)
+    (
+        format!("{:.1}", l.p50),
+        format!("{:.1}", l.p99),
+        l.p999_cell(),
+    )
 }
 
 fn latency_figures(r: &mut Report, scenario: &str, way: Way, case: &str, l: &Lat) {
-    r.figure(scenario, way, case, "latency", "p50_us", l.p50);
-    r.figure(scenario, way, case, "latency", "p99_us", l.p99);
-    if l.n >= P999_MIN_SAMPLES {
-        r.figure(scenario, way, case, "latency", "p999_us", l.p999);
+    for (k, v) in l.figures() {
+        r.figure(scenario, way, case, "latency", k, v);
     }
     r.figure(scenario, way, case, "latency", "samples", l.n as f64);
 }

@@ -639,11 +639,32 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// p99.9 is reported only over at least this many samples: below, it is
+/// one or a few samples' worth of noise.
+pub(crate) const P999_MIN_SAMPLES: usize = 10_000;
+
 struct Lat {
     p50: f64,
     p99: f64,
-    p999: f64,
+    /// `None` under [`P999_MIN_SAMPLES`] samples.
+    p999: Option<f64>,
     n: usize,
+}
+
+impl Lat {
+    /// p99.9 for a table cell: "-" where there are too few samples.
+    fn p999_cell(&self) -> String {
+        self.p999.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
+    }
+
+    /// The percentiles as result figures (p99.9 only where reported).
+    fn figures(&self) -> Vec<(&'static str, f64)> {
+        let mut out = vec![("p50_us", self.p50), ("p99_us", self.p99)];
+        if let Some(v) = self.p999 {
+            out.push(("p999_us", v));
+        }
+        out
+    }
 }
 
 fn lat(samples: &[f64]) -> Lat {
@@ -652,7 +673,7 @@ fn lat(samples: &[f64]) -> Lat {
     Lat {
         p50: percentile(&s, 50.0),
         p99: percentile(&s, 99.0),
-        p999: percentile(&s, 99.9),
+        p999: (s.len() >= P999_MIN_SAMPLES).then(|| percentile(&s, 99.9)),
         n: s.len(),
     }
 }
@@ -733,18 +754,18 @@ fn scenario_latency(demo: &Demo<'_>, r: &mut Report) -> Result<(), String> {
     ));
     let row = |r: &mut Report, n: usize, way: Way, l: &Lat, bulk: f64| {
         r.say(format!(
-            "{n:>4} {:<12} {:>9.1} {:>9.1} {:>10.1} {:>9.2} {:>12.2} {:>10}",
+            "{n:>4} {:<12} {:>9.1} {:>9.1} {:>10} {:>9.2} {:>12.2} {:>10}",
             way.name(),
             l.p50,
             l.p99,
-            l.p999,
+            l.p999_cell(),
             l.p99 / a.p99,
             bulk,
             l.n
         ));
     };
     row(r, 0, Way::Alone, &a, 0.0);
-    for (m, v) in [("p50_us", a.p50), ("p99_us", a.p99), ("p999_us", a.p999)] {
+    for (m, v) in a.figures() {
         r.figure("latency", Way::Alone, "0", "latency", m, v);
     }
     let mut bars = Vec::new();
@@ -765,7 +786,7 @@ fn scenario_latency(demo: &Demo<'_>, r: &mut Report) -> Result<(), String> {
             let total: f64 = m.bulk_mbps.iter().sum();
             row(r, n, way, &l, total);
             let case = n.to_string();
-            for (k, v) in [("p50_us", l.p50), ("p99_us", l.p99), ("p999_us", l.p999)] {
+            for (k, v) in l.figures() {
                 r.figure("latency", way, &case, "latency", k, v);
             }
             for (i, v) in m.bulk_mbps.iter().enumerate() {
@@ -1017,16 +1038,16 @@ fn scenario_storm(demo: &Demo<'_>, r: &mut Report) -> Result<(), String> {
             alone_p99 = l.p99;
         }
         r.say(format!(
-            "{:<12} {:>9.1} {:>9.1} {:>10.1} {:>9.2} {:>14.1} {:>14.1}",
+            "{:<12} {:>9.1} {:>9.1} {:>10} {:>9.2} {:>14.1} {:>14.1}",
             way.name(),
             l.p50,
             l.p99,
-            l.p999,
+            l.p999_cell(),
             l.p99 / alone_p99,
             m.storm_ok,
             m.storm_refused
         ));
-        for (k, v) in [("p50_us", l.p50), ("p99_us", l.p99), ("p999_us", l.p999)] {
+        for (k, v) in l.figures() {
             r.figure("storm", way, "storm", "latency", k, v);
         }
         r.figure("storm", way, "storm", "storm", "ops_per_s", m.storm_ok);

@@ -46,7 +46,8 @@ pub(crate) struct BarGroup {
 ///
 /// Non-finite samples are ignored; zero or negative ones are drawn at the
 /// smallest positive sample of all series (1 ns if there is none). The legend
-/// gives each curve's p50, p99 and p99.9 (nearest rank, unclamped samples).
+/// gives each curve's p50, p99 and, over at least 10,000 samples, p99.9
+/// (nearest rank, unclamped samples).
 pub(crate) fn latency_cdf(
     stem: &std::path::Path,
     title: &str,
@@ -487,12 +488,17 @@ impl<'a> Cdf<'a> {
         let ln_span = hi.ln() - lo.ln();
         for c in &self.curves {
             let col = colour(c.index);
+            // p99.9 only where the tables report it.
+            let p999 = if c.sorted.len() >= crate::P999_MIN_SAMPLES {
+                format!(" · p99.9 {}", fmt_num(Self::percentile(&c.sorted, 0.999)))
+            } else {
+                String::new()
+            };
             let label = format!(
-                "{}   p50 {} · p99 {} · p99.9 {} µs",
+                "{}   p50 {} · p99 {}{p999} µs",
                 c.label,
                 fmt_num(Self::percentile(&c.sorted, 0.5)),
                 fmt_num(Self::percentile(&c.sorted, 0.99)),
-                fmt_num(Self::percentile(&c.sorted, 0.999)),
             );
             chart
                 .draw_series(LineSeries::new(
