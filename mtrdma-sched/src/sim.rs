@@ -41,7 +41,7 @@ use crate::fifo::FifoScheduler;
 use crate::policy::{SchedulerConfig, TenantPolicy};
 use crate::tenant_scheduler::TenantScheduler;
 use crate::time::Nanos;
-use crate::window::{Admit, DelayWindow, DelayWindowConfig, Window};
+use crate::window::{splitmix64, Admit, DelayWindow, DelayWindowConfig, Window};
 use crate::Scheduler;
 
 /// Settings of the simulated port and of the run.
@@ -539,11 +539,10 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
         if span == 0 {
             return 0;
         }
+        // SplitMix64: the mixer of the state before its step.
+        let draw = splitmix64(self.rng);
         self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) % (span + 1)
+        draw % (span + 1)
     }
 
     fn tx_ns(&self, bytes: u64) -> u64 {

@@ -34,9 +34,9 @@
 //! of round trips, spread evenly, and down in the others (a window of 2.5
 //! pieces keeps 3 in flight every other round trip and 2 in between). A
 //! window under one piece is the same rule: one piece in a quarter of the
-//! round trips for a quarter of a piece. Round trips are counted on the
-//! clock every sender shares, from a point of each sender's own, so that
-//! senders do not all round up at the same moment.
+//! round trips for a quarter of a piece. Each sender counts its round
+//! trips from its own first completion, with a starting remainder from
+//! its seed, so that senders do not all round up at the same moment.
 //!
 //! The target is the path's own delay plus a queue allowance: a share of
 //! the path's delay ([`DelayWindowConfig::target_ratio_ppm`]; the path's
@@ -372,6 +372,27 @@ impl DelayWindow {
         (acc + (k + 1) * frac) / piece > (acc + k * frac) / piece
     }
 
+    /// The first round trip after `round` (at least the current one) that
+    /// rounds up: the one in which the carried fraction passes the next
+    /// whole piece (at most `piece / fraction` on, and never more than
+    /// 65,536 on).
+    fn next_round_up(&self, round: u64) -> u64 {
+        let (frac, piece) = self.fraction();
+        if frac == 0 {
+            return round + (1 << 16);
+        }
+        let k = u128::from(round.saturating_sub(self.round));
+        let (acc, frac, piece) = (u128::from(self.carry), u128::from(frac), u128::from(piece));
+        // Round trip k' rounds up when acc + (k' + 1) x frac reaches the
+        // next multiple of `piece` above acc + k x frac.
+        let next_whole = ((acc + k * frac) / piece + 1) * piece;
+        let first = (next_whole - acc).div_ceil(frac) - 1;
+        let ahead = u64::try_from(first - k)
+            .unwrap_or(u64::MAX)
+            .clamp(1, 1 << 16);
+        round + ahead
+    }
+
     /// Moves the round trip count up to `now`. The first call starts the
     /// count with a carry of this sender's own (from its seed), so that
     /// senders do not round their windows up at the same moments.
@@ -490,12 +511,7 @@ impl Window for DelayWindow {
         if self.rounds_up(round) && (whole > 0 || self.over_round != round + 1) {
             return Admit::Now;
         }
-        // The next round trip that rounds up (at most `piece / frac` on).
-        let mut next = round + 1;
-        while !self.rounds_up(next) && next - round < 1 << 16 {
-            next += 1;
-        }
-        Admit::At(self.round_start_of(next))
+        Admit::At(self.round_start_of(self.next_round_up(round)))
     }
 
     #[inline]
@@ -548,7 +564,7 @@ impl Window for DelayWindow {
 }
 
 /// A well-mixed 64-bit hash of `x` (SplitMix64's finaliser).
-fn splitmix64(x: u64) -> u64 {
+pub(crate) fn splitmix64(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -843,6 +859,35 @@ mod tests {
                 (per_rtt / want - 1.0).abs() < 0.05,
                 "window {window}: {per_rtt} pieces per round trip, want {want}"
             );
+        }
+    }
+
+    #[test]
+    fn the_next_round_trip_that_rounds_up_is_the_first_one_rounds_up_names() {
+        let mut w = window();
+        w.on_sent(PIECE, Nanos::ZERO);
+        for (window, carry, round, from) in [
+            (PIECE / 3, 0, 0, 0),
+            (PIECE / 3, 4000, 7, 9),
+            (5 * PIECE / 2, 100, 3, 3),
+            (PIECE + 1, 17, 0, 5),
+            (PIECE / 64, 4095, 2, 2),
+            (PIECE - 1, 1, 10, 11),
+        ] {
+            (w.window, w.carry, w.round) = (window, carry, round);
+            let mut from = from;
+            for _ in 0..20 {
+                if w.rounds_up(from) {
+                    from += 1;
+                    continue;
+                }
+                let mut want = from + 1;
+                while !w.rounds_up(want) {
+                    want += 1;
+                }
+                assert_eq!(w.next_round_up(from), want, "window {window} carry {carry}");
+                from = want;
+            }
         }
     }
 
