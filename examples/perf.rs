@@ -57,7 +57,7 @@ use mtrdma::core::{
     AdmissionError, LinkConfig, Policy, QuotaTable, RateCap, TenantHandle, TenantId, TenantPolicy,
     TrafficClass,
 };
-use mtrdma::sched::DelayWindowConfig;
+use mtrdma::sched::{DelayWindowConfig, Nanos};
 use mtrdma::verbs::exchange::{exchange, Handshake};
 use mtrdma::verbs::{
     Access, Completion, Context, Endpoint, Gid, GidSelection, MemoryRegion, PreparedQueuePair,
@@ -93,12 +93,16 @@ TEST:
                          same port; use a --chunk of one or a few MTUs)
     --window-target PPM  with --window: the queue the window allows, as a share of
                          the path's own delay in parts per million (default
-                         1000000; at least the window's 400 us floor)
+                         1000000; at least the floor, --window-floor)
+    --window-floor USEC  with --window: the least queue the window allows, in
+                         microseconds (default 800: a sender woken by completion
+                         events sees that much noise on a busy host)
     --class CLASS        scheduled path: latency | bulk (default: the tenant's class
                          from --policy, else bulk)
-    --wait               sleep on the completion channel while no buffer is free
-                         (instead of spinning on the completion queue): many tenant
-                         processes can then share a few CPUs
+    --wait               sleep on the completion channel while no buffer is free,
+                         and in read_lat and write_comp_lat while the request is
+                         out (instead of spinning on the completion queue): many
+                         tenant processes can then share a few CPUs
     --interval USEC      latency tests: start one request every USEC microseconds
                          (an open-loop probe, as a service's requests arrive)
                          instead of back to back; the samples are the same
@@ -284,6 +288,7 @@ struct Args {
     device: Option<String>,
     window: bool,
     window_target_ppm: Option<u32>,
+    window_floor: Option<Nanos>,
     class: Option<TrafficClass>,
     ack_timeout: Option<u8>,
     coordinator: Option<PathBuf>,
@@ -379,6 +384,13 @@ fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
                     return Err(format!("{flag}: give 1 <= PPM <= 100000000"));
                 }
                 a.window_target_ppm = Some(ppm);
+            }
+            "--window-floor" => {
+                let us: u64 = parse_num(&flag, &value()?, "microseconds")?;
+                if us > 10_000_000 {
+                    return Err(format!("{flag}: give at most 10000000 us (10 s)"));
+                }
+                a.window_floor = Some(Nanos::from_micros(us));
             }
             "--wait" => a.wait = true,
             "--interval" => {
@@ -1001,8 +1013,15 @@ impl Conn {
     /// and no buffer free, sleeps until a completion comes (at most
     /// [`WAIT_SLICE`]) rather than spinning.
     fn progress(&mut self, test: Test) -> Result<usize, String> {
+        let block = self.wait && self.pool.is_empty();
+        self.progress_blocking(test, block)
+    }
+
+    /// [`Conn::progress`], sleeping on the completion channel (at most
+    /// [`WAIT_SLICE`]) if `block`.
+    fn progress_blocking(&mut self, test: Test, block: bool) -> Result<usize, String> {
         let mut out = std::mem::take(&mut self.out);
-        if self.wait && self.pool.is_empty() {
+        if block {
             self.qp.poll_wait(&mut out, WAIT_SLICE)?;
         } else {
             self.qp.poll(&mut out)?;
@@ -1053,6 +1072,7 @@ struct Side {
     is_client: bool,
     window: bool,
     window_target_ppm: Option<u32>,
+    window_floor: Option<Nanos>,
     class: Option<TrafficClass>,
     ack_timeout: Option<u8>,
     wait: bool,
@@ -1077,6 +1097,7 @@ impl Side {
             is_client,
             window: a.window,
             window_target_ppm: a.window_target_ppm,
+            window_floor: a.window_floor,
             class: a.class,
             ack_timeout: a.ack_timeout,
             wait: a.wait,
@@ -1201,6 +1222,7 @@ impl Side {
                             target_ratio_ppm: self
                                 .window_target_ppm
                                 .unwrap_or(window.target_ratio_ppm),
+                            target_floor: self.window_floor.unwrap_or(window.target_floor),
                             ..window
                         }
                     }),
@@ -1660,6 +1682,9 @@ fn client_lat(
 ) -> Result<Vec<u64>, String> {
     let deadline = p.duration().map(|d| Instant::now() + d);
     let mut samples = Vec::with_capacity(p.iters.min(1 << 22) as usize);
+    // How late each sleep between requests ended (ns): a busy host shows
+    // here, apart from the link's queue.
+    let mut late = Vec::new();
     let mut i = 0u64;
     loop {
         match deadline {
@@ -1678,7 +1703,12 @@ fn client_lat(
                 };
                 conn.qp.post_send(op, r, conn.size, SEND_CTX)?;
                 let spin_start = Instant::now();
-                while conn.progress(p.test)? == 0 {
+                // With --wait the probe sleeps while its request is out:
+                // a process that spins for its completion is, on a host
+                // with more runnable processes than CPUs, the one taken
+                // off the CPU for a whole scheduling period.
+                let block = conn.wait;
+                while conn.progress_blocking(p.test, block)? == 0 {
                     if spin_start.elapsed() > STALL {
                         return Err(format!("no {} completion for {STALL:?}", p.test.verb()));
                     }
@@ -1700,8 +1730,19 @@ fn client_lat(
             let now = Instant::now();
             if next > now {
                 std::thread::sleep(next - now);
+                late.push(next.elapsed().as_nanos() as u64);
             }
         }
+    }
+    if !late.is_empty() {
+        late.sort_unstable();
+        let at = |q: f64| late[((late.len() - 1) as f64 * q) as usize] as f64 / 1e3;
+        eprintln!(
+            "perf: {} sleeps between requests ended late by p50 {:.0} us, p99 {:.0} us (the host's CPUs, not the link)",
+            late.len(),
+            at(0.5),
+            at(0.99)
+        );
     }
     Ok(samples)
 }

@@ -36,6 +36,16 @@ const PROBE_INTERVAL_US: u32 = 500;
 /// completion, wake-up and post (the bulk tenants' CPU on the emulated
 /// host) carries as many bytes as a packet can.
 pub(crate) const WINDOW_CHUNK: u64 = 4096;
+/// The latency probe's real-time CPU priority (`chrt -f`), the same in
+/// every way it is measured (alone, unprotected, with mtrdma). On the
+/// emulated host the NIC is software on the same two CPUs as eight or more
+/// tenant processes; at normal priority the probe waits for a CPU for
+/// milliseconds (its 500 us sleeps ended 0.8 ms late at the median and
+/// 9 ms at p99 next to 8 bulk tenants with mtrdma), so its p99 measured
+/// the CPU scheduler, not the link. A latency-critical service on such a
+/// host gets a CPU of its own or a priority; the softirq threads that do
+/// rxe's work run at the same priority (see the VM's link setup).
+const PROBE_PRIORITY: &str = "50";
 /// The control-path storm's policy rate (QP creations and MR registrations
 /// per second).
 const STORM_RATE: u64 = 50;
@@ -145,6 +155,8 @@ struct Site<'a> {
     next_port: u16,
     /// The sender device's network device.
     netdev: String,
+    /// Whether the probe runs at [`PROBE_PRIORITY`] (`chrt` works here).
+    probe_realtime: bool,
 }
 
 /// A tenant process and where its output goes.
@@ -315,7 +327,25 @@ impl Site<'_> {
 
     /// A perf client on the sender device, in its tenant's cgroup.
     fn client(&self, name: &str, port: u16, args: &[String]) -> Result<Proc, String> {
-        let mut cmd = self.perf();
+        self.client_with(name, port, args, false)
+    }
+
+    /// [`Site::client`], at [`PROBE_PRIORITY`] if `realtime` (and `chrt`
+    /// works here).
+    fn client_with(
+        &self,
+        name: &str,
+        port: u16,
+        args: &[String],
+        realtime: bool,
+    ) -> Result<Proc, String> {
+        let mut cmd = if realtime && self.probe_realtime {
+            let mut c = Command::new("chrt");
+            c.args(["-f", PROBE_PRIORITY]).arg(&self.perf);
+            c
+        } else {
+            self.perf()
+        };
         cmd.args([
             "--connect",
             "127.0.0.1",
@@ -408,6 +438,9 @@ impl Site<'_> {
                     if let Some(ppm) = self.args.window_target {
                         a.extend(["--window-target".into(), ppm.to_string()]);
                     }
+                    if let Some(us) = self.args.window_floor_us {
+                        a.extend(["--window-floor".into(), us.to_string()]);
+                    }
                 }
                 _ => a.extend(["--path".into(), "raw".into()]),
             }
@@ -467,7 +500,7 @@ impl Site<'_> {
             ]
             .map(String::from)
             .to_vec();
-            self.client("latency", port, &a)?.wait()?;
+            self.client_with("latency", port, &a, true)?.wait()?;
             measured.probe_us = read_samples(&samples)?;
         } else {
             std::thread::sleep(Duration::from_secs_f64(secs));
@@ -1002,15 +1035,35 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    let probe_realtime = Command::new("chrt")
+        .args(["-f", PROBE_PRIORITY, "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !probe_realtime {
+        eprintln!(
+            "isolation: warning: cannot run the latency probe at real-time priority (chrt -f {PROBE_PRIORITY}); \
+             its tail then measures the CPU scheduler as much as the link"
+        );
+    }
     r.say(format!(
         "\nmtrdma on the shared link: {} -> {} shaped to {:.0} Mbit/s ({:.2} MB/s); every tenant a process in its own cgroup, \
-         registered with the coordinator; {} s per measurement; bulk with mtrdma: delay windows, {} B pieces",
+         registered with the coordinator; {} s per measurement; bulk with mtrdma: delay windows, {} B pieces{}; \
+         the latency probe {}",
         link.sender,
         link.receiver,
         link.rate_bps as f64 / 1e6,
         link.mib_per_sec(),
         args.seconds,
-        args.chunk
+        args.chunk,
+        args.window_floor_us
+            .map_or(String::new(), |us| format!(", queue floor {us} us")),
+        if probe_realtime {
+            format!("at real-time CPU priority (chrt -f {PROBE_PRIORITY}) in every way")
+        } else {
+            "at normal CPU priority (chrt refused)".to_string()
+        }
     ));
     let mut site = Site {
         args,
@@ -1023,6 +1076,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         logs,
         next_port: 20_000 + (std::process::id() % 1_000) as u16 * 20,
         netdev: netdev_of(&link.sender)?,
+        probe_realtime,
     };
     let result = (|| -> Result<(), String> {
         for s in &args.scenarios {

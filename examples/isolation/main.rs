@@ -105,6 +105,9 @@ struct Args {
     /// On the link: the windows' queue allowance as a share of the path's
     /// delay (perf's `--window-target`), if not the window's default.
     window_target: Option<u32>,
+    /// On the link: the windows' least queue allowance in microseconds
+    /// (perf's `--window-floor`), if not the window's default.
+    window_floor_us: Option<u64>,
 }
 
 const USAGE: &str = "usage: isolation [--device NAME] [--peer-device NAME] [--out DIR] [--seconds S] [--warmup-ms MS]
@@ -112,7 +115,7 @@ const USAGE: &str = "usage: isolation [--device NAME] [--peer-device NAME] [--ou
     [--chunk BYTES] [--budget BYTES] [--cap-mbps MB/s]
 on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
        isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--chunk BYTES (default 4096)]
-    [--window-target PPM (the windows' queue allowance, see perf --help)]
+    [--window-target PPM (the windows' queue allowance, see perf --help)] [--window-floor USEC]
     [--scenarios latency,hogs,weights,cap,storm] [--cap-share 0.25]
 the link demo's storm tenant:
        isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET]";
@@ -139,6 +142,7 @@ fn parse() -> Result<Args, String> {
         budget: 128 << 10,
         cap_mbps: 4.0,
         window_target: None,
+        window_floor_us: None,
     };
     fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String>
     where
@@ -187,6 +191,7 @@ fn parse() -> Result<Args, String> {
             "--budget" => args.budget = num(&flag, v)?,
             "--cap-mbps" => args.cap_mbps = num(&flag, v)?,
             "--window-target" => args.window_target = Some(num(&flag, v)?),
+            "--window-floor" => args.window_floor_us = Some(num(&flag, v)?),
             other => return Err(format!("unknown flag {other}\n{USAGE}")),
         }
     }

@@ -181,6 +181,37 @@ pub(crate) trait Waitable {
     fn poll_by(&self) -> Option<Instant> {
         None
     }
+
+    /// The thread woke from the channel and then waited `late` for a CPU:
+    /// completions the next poll finds came that much before it ran
+    /// (zero: the next poll's are on time).
+    fn woke_late(&mut self, _late: Duration) {}
+}
+
+/// This thread's total wait on a CPU run queue so far (the second field of
+/// `/proc/thread-self/schedstat`, in nanoseconds), or `None` where the
+/// kernel does not account it. Around a sleep on a completion channel,
+/// its growth is how long the thread, woken by a completion, waited to run:
+/// on a host with more runnable threads than CPUs that is often longer
+/// than the completion took to come from the NIC.
+fn runqueue_wait() -> Option<u64> {
+    use std::cell::RefCell;
+    use std::fs::File;
+    thread_local! {
+        /// The thread's schedstat file, opened at its first use (`None`
+        /// after a failure: not tried again).
+        static SCHEDSTAT: RefCell<Option<Option<File>>> = const { RefCell::new(None) };
+    }
+    SCHEDSTAT.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let file = slot
+            .get_or_insert_with(|| File::open("/proc/thread-self/schedstat").ok())
+            .as_ref()?;
+        let mut buf = [0u8; 96];
+        let n = rustix::io::pread(file, &mut buf, 0).ok()?;
+        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        text.split_ascii_whitespace().nth(1)?.parse().ok()
+    })
 }
 
 /// Polls `w` until it adds completions to `out` or `timeout` runs out,
@@ -197,6 +228,7 @@ pub(crate) fn poll_wait<W: Waitable + ?Sized>(
     let before = out.len();
     loop {
         w.poll(out)?;
+        w.woke_late(Duration::ZERO);
         if out.len() > before {
             return Ok(out.len() - before);
         }
@@ -225,12 +257,16 @@ pub(crate) fn poll_wait<W: Waitable + ?Sized>(
         if out.len() > before {
             return Ok(out.len() - before);
         }
+        let waited = runqueue_wait();
         // SAFETY: `fd` is the completion channel of a completion queue `w`
         // owns (directly, or through an `Arc` it holds); the channel is
         // destroyed only when `w`'s queue pair is dropped, and `w` is
         // borrowed for the whole call.
         if unsafe { block(fd, until) }? {
             w.take_events()?;
+        }
+        if let (Some(a), Some(b)) = (waited, runqueue_wait()) {
+            w.woke_late(Duration::from_nanos(b.saturating_sub(a)));
         }
     }
 }
@@ -264,5 +300,24 @@ unsafe fn block(fd: RawFd, until: Option<Instant>) -> Result<bool, Error> {
             }
             Err(e) => return Err(Error::CompletionWait { source: e.into() }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runqueue_wait;
+
+    #[test]
+    fn reads_the_threads_own_run_queue_wait() {
+        // Linux accounts it for every thread (schedstat); it only grows,
+        // and another thread's file is its own.
+        let a = runqueue_wait().expect("/proc/thread-self/schedstat is readable");
+        std::thread::yield_now();
+        let b = runqueue_wait().expect("read again from the same open file");
+        assert!(b >= a, "{b} < {a}");
+        let other = std::thread::spawn(|| runqueue_wait().is_some())
+            .join()
+            .unwrap();
+        assert!(other);
     }
 }

@@ -743,6 +743,10 @@ impl<S: Sink> Waitable for Solo<S> {
     fn poll_by(&self) -> Option<Instant> {
         wake_instant(&self.engine.wake_at, &self.engine.clock)
     }
+
+    fn woke_late(&mut self, late: Duration) {
+        self.engine.host_delay = Nanos(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
+    }
 }
 
 impl<S: Sink> Drop for Solo<S> {
@@ -1147,7 +1151,7 @@ impl<S: Sink> Member<S> {
     /// refused post completed out of turn); returns the bytes it gives
     /// back to the bulk budget, or `None` if it is not in flight.
     #[inline]
-    fn release(&mut self, message: usize, now: impl FnOnce() -> Nanos) -> Option<u64> {
+    fn release(&mut self, message: usize, now: impl FnOnce() -> Nanos, host: Nanos) -> Option<u64> {
         let piece = match self.in_flight.front() {
             Some(p) if p.message == message => self.in_flight.pop_front(),
             _ => self
@@ -1159,7 +1163,7 @@ impl<S: Sink> Member<S> {
         let len = u64::from(piece.len);
         self.bytes_out -= len;
         if let Some(w) = &mut self.window {
-            w.on_completed(len, Nanos(piece.sent_at), now());
+            w.on_completed_late(len, Nanos(piece.sent_at), now(), host);
         }
         Some(self.bulk_bytes(len))
     }
@@ -1231,6 +1235,10 @@ struct Engine<S: Sink> {
     /// clock every process shares, so that their quiet times line up
     /// across processes.
     shared_offset: u64,
+    /// How long the thread that polls next waited for a CPU after a
+    /// completion woke it (see `Waitable::woke_late`): the completions it
+    /// finds are judged that much earlier by the windows.
+    host_delay: Nanos,
     /// The earliest time (the engine's clock) a queue pair held back by
     /// its rate limit or window pacing may go again, found by this pump.
     timed_wake: u64,
@@ -1276,6 +1284,7 @@ impl<S: Sink> Engine<S> {
             own_done: Vec::new(),
             scratch: Vec::new(),
             shared_offset: 0,
+            host_delay: Nanos::ZERO,
             timed_wake: u64::MAX,
             solo: false,
         })
@@ -1462,7 +1471,7 @@ impl<S: Sink> Engine<S> {
     #[inline]
     fn parked_done(&mut self, member: usize) {
         let m = self.member_mut(member);
-        let Some(bulk) = m.release(PARKED, || Nanos(0)) else {
+        let Some(bulk) = m.release(PARKED, || Nanos(0), Nanos::ZERO) else {
             tracing::error!("completion for a parked request that is not in flight");
             return;
         };
@@ -1788,12 +1797,12 @@ impl<S: Sink> Engine<S> {
     /// Accounts one finished piece.
     #[inline]
     fn piece_done(&mut self, member: usize, message: usize, status: WcStatus) {
-        let (clock, offset) = (&self.clock, self.shared_offset);
+        let (clock, offset, host) = (&self.clock, self.shared_offset, self.host_delay);
         let m = self
             .members
             .get_mut(member)
             .expect("a queue pair's member entry lives as long as it does");
-        let Some(bulk) = m.release(message, || Self::window_now(clock, offset)) else {
+        let Some(bulk) = m.release(message, || Self::window_now(clock, offset), host) else {
             tracing::error!(message, "completion for a piece that is not in flight");
             return;
         };
