@@ -1734,14 +1734,10 @@ fn client_lat(
             }
         }
     }
-    if !late.is_empty() {
-        late.sort_unstable();
-        let at = |q: f64| late[((late.len() - 1) as f64 * q) as usize] as f64 / 1e3;
+    if let Some(l) = lat_result(0, late, 1.0) {
         eprintln!(
             "perf: {} sleeps between requests ended late by p50 {:.0} us, p99 {:.0} us (the host's CPUs, not the link)",
-            late.len(),
-            at(0.5),
-            at(0.99)
+            l.iters, l.typical, l.p99
         );
     }
     Ok(samples)

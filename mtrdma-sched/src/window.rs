@@ -590,7 +590,7 @@ impl DelayWindow {
             self.base_now = self.base_now.min(sample);
         }
         self.advance_rounds(now);
-        let base = self.base_now.min(self.base_before);
+        let base = self.base_delay().map_or(0, |b| b.0);
         let sample = sample.saturating_sub(host).max(base).max(1);
         let filter = u64::from(self.config.filter);
         self.recent[(self.samples % filter) as usize] = sample;

@@ -227,8 +227,10 @@ pub(crate) fn poll_wait<W: Waitable + ?Sized>(
     let deadline = Instant::now().checked_add(timeout);
     let before = out.len();
     loop {
-        w.poll(out)?;
+        // Only the poll right after a wake-up is late, even if it failed.
+        let polled = w.poll(out);
         w.woke_late(Duration::ZERO);
+        polled?;
         if out.len() > before {
             return Ok(out.len() - before);
         }
