@@ -96,7 +96,11 @@ TEST:
                          1000000; at least the floor, --window-floor)
     --window-floor USEC  with --window: the least queue the window allows, in
                          microseconds (default 800: a sender woken by completion
-                         events sees that much noise on a busy host)
+                         events sees that much noise on a busy host); used while
+                         no link rate is measured
+    --window-queue BYTES with --window and --coordinator: the queue the window
+                         allows in bytes at the link rate the coordinator measures
+                         (default 10240), in place of the floor
     --class CLASS        scheduled path: latency | bulk (default: the tenant's class
                          from --policy, else bulk)
     --wait               sleep on the completion channel while no buffer is free,
@@ -289,6 +293,7 @@ struct Args {
     window: bool,
     window_target_ppm: Option<u32>,
     window_floor: Option<Nanos>,
+    window_queue: Option<u64>,
     class: Option<TrafficClass>,
     ack_timeout: Option<u8>,
     coordinator: Option<PathBuf>,
@@ -391,6 +396,13 @@ fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
                     return Err(format!("{flag}: give at most 10000000 us (10 s)"));
                 }
                 a.window_floor = Some(Nanos::from_micros(us));
+            }
+            "--window-queue" => {
+                let bytes = parse_size(&flag, &value()?)? as u64;
+                if bytes == 0 {
+                    return Err(format!("{flag} must be at least 1 byte"));
+                }
+                a.window_queue = Some(bytes);
             }
             "--wait" => a.wait = true,
             "--interval" => {
@@ -1005,6 +1017,68 @@ struct Conn {
     out: Vec<Completion>,
     /// Sleep on the completion channel while no buffer is free.
     wait: bool,
+    /// The window, sampled during a bandwidth run.
+    window_samples: WindowSamples,
+}
+
+/// A scheduled queue pair's window sampled every [`WINDOW_SAMPLE_NS`]
+/// during a bandwidth run: what it averaged, not only where it ended.
+#[derive(Debug, Default)]
+struct WindowSamples {
+    n: u64,
+    window: u64,
+    in_flight: u64,
+    /// Samples whose bytes in flight left no room for another piece.
+    bound: u64,
+    /// Sum of the smoothed delays (ns) of the samples that had one.
+    smoothed: u64,
+    with_delay: u64,
+    last_ns: u64,
+}
+
+/// How often a bandwidth run samples its window.
+const WINDOW_SAMPLE_NS: u64 = 5_000_000;
+
+impl WindowSamples {
+    /// Samples `w` if [`WINDOW_SAMPLE_NS`] passed since the last sample
+    /// (`now_ns` since the run's start), for pieces of `piece` bytes.
+    fn sample(&mut self, now_ns: u64, w: Option<mtrdma::verbs::WindowState>, piece: u64) {
+        let Some(w) = w else { return };
+        if self.n > 0 && now_ns < self.last_ns + WINDOW_SAMPLE_NS {
+            return;
+        }
+        self.last_ns = now_ns;
+        self.n += 1;
+        self.window += w.window_bytes;
+        self.in_flight += w.in_flight_bytes;
+        if w.in_flight_bytes + piece > w.window_bytes {
+            self.bound += 1;
+        }
+        if let Some(d) = w.smoothed_delay {
+            self.smoothed += d.0;
+            self.with_delay += 1;
+        }
+    }
+
+    /// One line for the report, or none without samples.
+    fn summary(&self) -> Option<String> {
+        if self.n == 0 {
+            return None;
+        }
+        let n = self.n as f64;
+        let delay = if self.with_delay == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.1}", self.smoothed as f64 / self.with_delay as f64 / 1e3)
+        };
+        Some(format!(
+            " window over the run ({} samples): mean {:.0} B, in flight mean {:.0} B, no room for a piece in {:.0}% of samples, smoothed delay mean {delay} us",
+            self.n,
+            self.window as f64 / n,
+            self.in_flight as f64 / n,
+            100.0 * self.bound as f64 / n,
+        ))
+    }
 }
 
 impl Conn {
@@ -1073,6 +1147,7 @@ struct Side {
     window: bool,
     window_target_ppm: Option<u32>,
     window_floor: Option<Nanos>,
+    window_queue: Option<u64>,
     class: Option<TrafficClass>,
     ack_timeout: Option<u8>,
     wait: bool,
@@ -1098,6 +1173,7 @@ impl Side {
             window: a.window,
             window_target_ppm: a.window_target_ppm,
             window_floor: a.window_floor,
+            window_queue: a.window_queue,
             class: a.class,
             ack_timeout: a.ack_timeout,
             wait: a.wait,
@@ -1223,6 +1299,7 @@ impl Side {
                                 .window_target_ppm
                                 .unwrap_or(window.target_ratio_ppm),
                             target_floor: self.window_floor.unwrap_or(window.target_floor),
+                            queue_bytes: self.window_queue.unwrap_or(window.queue_bytes),
                             ..window
                         }
                     }),
@@ -1242,6 +1319,7 @@ impl Side {
             peer: peer.endpoint,
             out: Vec::new(),
             wait: self.wait,
+            window_samples: WindowSamples::default(),
         })
     }
 }
@@ -1579,6 +1657,11 @@ fn client_bw(conn: &mut Conn, p: &Params) -> Result<Option<BwResult>, String> {
             posted += 1;
         }
         let n = conn.progress(p.test)?;
+        if let Qp::Sched(q) = &conn.qp {
+            let piece = p.chunk.min(size as u64);
+            conn.window_samples
+                .sample(ns_since(start), q.window(), piece);
+        }
         if n > 0 {
             let now = ns_since(start);
             tc.extend(std::iter::repeat_n(now, n));
@@ -1861,6 +1944,7 @@ fn client(a: &Args, host: &str, port: u16) -> Result<(), String> {
             Qp::Sched(q) => q.window(),
             Qp::Raw(_) => None,
         };
+        let sampled = conn.window_samples.summary();
         drop(conn);
         let Some(outcome) = outcome else {
             println!(" {size:<10} (no iteration completed)");
@@ -1878,6 +1962,9 @@ fn client(a: &Args, host: &str, port: u16) -> Result<(), String> {
                 us(w.smoothed_delay),
                 us(w.target_delay)
             );
+        }
+        if let Some(line) = sampled {
+            println!("{line}");
         }
         if let Some(csv) = &a.csv {
             append_csv(csv, &csv_line(&p, side.ctx.name(), &tenant_name, &outcome))?;

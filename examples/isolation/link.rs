@@ -441,6 +441,9 @@ impl Site<'_> {
                     if let Some(us) = self.args.window_floor_us {
                         a.extend(["--window-floor".into(), us.to_string()]);
                     }
+                    if let Some(bytes) = self.args.window_queue {
+                        a.extend(["--window-queue".into(), bytes.to_string()]);
+                    }
                 }
                 _ => a.extend(["--path".into(), "raw".into()]),
             }
@@ -1057,8 +1060,14 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         link.mib_per_sec(),
         args.seconds,
         args.chunk,
-        args.window_floor_us
-            .map_or(String::new(), |us| format!(", queue floor {us} us")),
+        match (args.window_floor_us, args.window_queue) {
+            (None, None) => String::new(),
+            (floor, queue) => format!(
+                ", queue floor {} us, queue {} B at the measured link rate",
+                floor.map_or("default".to_string(), |us| us.to_string()),
+                queue.map_or("default".to_string(), |b| b.to_string())
+            ),
+        },
         if probe_realtime {
             format!("at real-time CPU priority (chrt -f {PROBE_PRIORITY}) in every way")
         } else {

@@ -108,6 +108,9 @@ struct Args {
     /// On the link: the windows' least queue allowance in microseconds
     /// (perf's `--window-floor`), if not the window's default.
     window_floor_us: Option<u64>,
+    /// On the link: the windows' queue allowance in bytes at the measured
+    /// link rate (perf's `--window-queue`), if not the window's default.
+    window_queue: Option<u64>,
 }
 
 const USAGE: &str = "usage: isolation [--device NAME] [--peer-device NAME] [--out DIR] [--seconds S] [--warmup-ms MS]
@@ -115,7 +118,7 @@ const USAGE: &str = "usage: isolation [--device NAME] [--peer-device NAME] [--ou
     [--chunk BYTES] [--budget BYTES] [--cap-mbps MB/s]
 on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
        isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--chunk BYTES (default 4096)]
-    [--window-target PPM (the windows' queue allowance, see perf --help)] [--window-floor USEC]
+    [--window-target PPM (the windows' queue allowance, see perf --help)] [--window-floor USEC] [--window-queue BYTES]
     [--scenarios latency,hogs,weights,cap,storm] [--cap-share 0.25]
 the link demo's storm tenant:
        isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET]";
@@ -143,6 +146,7 @@ fn parse() -> Result<Args, String> {
         cap_mbps: 4.0,
         window_target: None,
         window_floor_us: None,
+        window_queue: None,
     };
     fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String>
     where
@@ -192,6 +196,7 @@ fn parse() -> Result<Args, String> {
             "--cap-mbps" => args.cap_mbps = num(&flag, v)?,
             "--window-target" => args.window_target = Some(num(&flag, v)?),
             "--window-floor" => args.window_floor_us = Some(num(&flag, v)?),
+            "--window-queue" => args.window_queue = Some(num(&flag, v)?),
             other => return Err(format!("unknown flag {other}\n{USAGE}")),
         }
     }

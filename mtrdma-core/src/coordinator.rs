@@ -100,6 +100,9 @@ pub struct Coordinator {
     /// Per tenant: bytes posted at the last recomputation.
     last_posted: HashMap<TenantId, u64>,
     last_recompute_ns: u64,
+    /// What the tenants together moved, smoothed over recomputations
+    /// (bytes per second), and the link estimate published from it.
+    moved: LinkEstimate,
     /// When `tick` last looked at the policy file and for dead processes
     /// (0: never).
     last_housekeeping_ns: u64,
@@ -114,6 +117,37 @@ pub struct Coordinator {
 /// a coordinator on an emulated CPU past a third of a core; a reload asked
 /// for with [`Coordinator::reload_flag`] (SIGHUP) is not delayed.
 pub const HOUSEKEEPING_INTERVAL_NS: u64 = 250_000_000;
+
+/// The link's rate as the tenants' traffic shows it: what they moved
+/// together, smoothed over about [`LinkEstimate::SMOOTHING_NS`], and the
+/// highest such rate seen lately, which falls by half every
+/// [`LinkEstimate::HALF_LIFE_NS`] while less is moved. Windows queue at
+/// most `queue_bytes` at this rate: an estimate above the link's rate only
+/// shortens their queues; one below (the link was not full) lasts only
+/// until the tenants fill it.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LinkEstimate {
+    smoothed: f64,
+    peak: f64,
+}
+
+impl LinkEstimate {
+    /// Over how long what was moved is averaged.
+    pub(crate) const SMOOTHING_NS: f64 = 200e6;
+    /// How fast the estimate forgets a rate no longer moved.
+    pub(crate) const HALF_LIFE_NS: f64 = 5e9;
+
+    /// Takes `bytes_per_sec` moved over the last `elapsed_ns`; returns the
+    /// estimate (bytes per second, 0 while nothing was moved).
+    pub(crate) fn update(&mut self, bytes_per_sec: u64, elapsed_ns: u64) -> u64 {
+        let dt = elapsed_ns as f64;
+        let alpha = (dt / Self::SMOOTHING_NS).min(1.0);
+        self.smoothed += alpha * (bytes_per_sec as f64 - self.smoothed);
+        let decay = 0.5f64.powf(dt / Self::HALF_LIFE_NS);
+        self.peak = (self.peak * decay).max(self.smoothed);
+        self.peak as u64
+    }
+}
 
 fn mtime(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
@@ -155,6 +189,7 @@ impl Coordinator {
             reload_requested: Arc::new(AtomicBool::new(false)),
             last_posted: HashMap::new(),
             last_recompute_ns: 0,
+            moved: LinkEstimate::default(),
             last_housekeeping_ns: 0,
             registration_waiting: None,
         })
@@ -278,11 +313,13 @@ impl Coordinator {
             .collect();
         tenants.sort_by_key(|(t, _)| t.id);
         let mut demands = Vec::with_capacity(tenants.len());
+        let mut observed_all = Vec::with_capacity(tenants.len());
         for &(t, slot) in &tenants {
             let (posted, backlog) = self.table.demand_counters(slot);
             let before = self.last_posted.insert(t.id, posted);
             let sent = posted.saturating_sub(before.unwrap_or(posted));
             let observed = (u128::from(sent) * 1_000_000_000 / u128::from(elapsed)) as u64;
+            observed_all.push(observed);
             let demand = if backlog > 0 {
                 u64::MAX
             } else if first {
@@ -295,6 +332,11 @@ impl Coordinator {
                 demand,
                 cap: t.rate.map(|c| c.per_second),
             });
+        }
+        if !first {
+            let total: u64 = observed_all.iter().sum();
+            self.table
+                .set_link_estimate(self.moved.update(total, elapsed));
         }
         let capacity = self.policy.link.capacity_bytes_per_sec;
         let rates = weighted_max_min(capacity, &demands);

@@ -216,3 +216,40 @@ fn a_restarted_coordinator_takes_over_and_tenants_carry_on() {
         "shutdown removed the table"
     );
 }
+
+#[test]
+fn the_link_estimate_follows_what_the_tenants_move_together() {
+    let s = Setup::new("estimate", TWO);
+    let mut c = Coordinator::start(s.config.clone()).unwrap();
+    let table = QuotaTable::open(&s.config.table).unwrap();
+    let a = table.attach(TenantId(1)).unwrap();
+    let b = table.attach(TenantId(2)).unwrap();
+    let t0 = table.now_ns();
+    c.recompute(t0);
+    assert_eq!(table.link_estimate(), None, "nothing measured yet");
+
+    // 20 ms intervals in which the two move 150 + 100 KB: 12.5 MB/s
+    // together. After a second the smoothed rate is within 1% of it.
+    let interval = 20_000_000u64;
+    let mut now = t0;
+    for _ in 0..50 {
+        a.record_posted(150_000, 37);
+        b.record_posted(100_000, 25);
+        now += interval;
+        c.recompute(now);
+    }
+    let rate = table.link_estimate().expect("measured") as f64;
+    assert!((rate / 12.5e6 - 1.0).abs() < 0.01, "{rate}");
+
+    // The tenants stop: the estimate falls slowly (by half in 5 s), so a
+    // pause does not turn a fast link into a slow one.
+    for _ in 0..50 {
+        now += interval;
+        c.recompute(now);
+    }
+    let paused = table.link_estimate().expect("still measured") as f64;
+    assert!(
+        paused > 0.85 * rate && paused < rate,
+        "{paused} after {rate}"
+    );
+}

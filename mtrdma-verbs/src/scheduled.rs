@@ -1163,6 +1163,10 @@ impl<S: Sink> Member<S> {
         let len = u64::from(piece.len);
         self.bytes_out -= len;
         if let Some(w) = &mut self.window {
+            if let Some(q) = &self.quota {
+                // The queue allowance in bytes at the link's measured rate.
+                w.set_link_rate(q.link_estimate());
+            }
             w.on_completed_late(len, Nanos(piece.sent_at), now(), host);
         }
         Some(self.bulk_bytes(len))

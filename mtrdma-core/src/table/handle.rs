@@ -538,6 +538,13 @@ impl TenantHandle {
         result
     }
 
+    /// The link's rate as the coordinator measures it from what every
+    /// tenant moves (bytes per second), or `None` without a measurement.
+    #[inline]
+    pub fn link_estimate(&self) -> Option<u64> {
+        self.inner.table.link_estimate()
+    }
+
     /// Counts traffic handed to the NIC (for usage and the coordinator's demand estimate).
     #[inline]
     pub fn record_posted(&self, bytes: u64, wrs: u64) {

@@ -54,7 +54,11 @@ pub(crate) struct PolicyHeader {
     pub(crate) clock_raw0: AtomicU64,
     pub(crate) clock_ns0: AtomicU64,
     pub(crate) clock_mult: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 4],
+    /// Bytes per second the tenants together moved through the link, as
+    /// the coordinator measures it (0: not measured). One word, outside
+    /// the seqlock.
+    pub(crate) link_estimate: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 3],
 }
 
 /// Slot flag: the slot holds a tenant.

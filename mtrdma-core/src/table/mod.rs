@@ -620,6 +620,23 @@ impl QuotaTable {
         self.policy_header().heartbeat_ns.load(Ordering::Acquire)
     }
 
+    /// Publishes the link's measured rate in bytes per second (0: not
+    /// measured).
+    pub(crate) fn set_link_estimate(&self, bytes_per_sec: u64) {
+        self.policy_header()
+            .link_estimate
+            .store(bytes_per_sec, Ordering::Release);
+    }
+
+    /// The rate the tenants together moved through the link, as the
+    /// coordinator last measured it (bytes per second), or `None` if no
+    /// coordinator measures it. Windows take their queue allowance from it
+    /// (see `mtrdma_sched::DelayWindow::set_link_rate`).
+    pub fn link_estimate(&self) -> Option<u64> {
+        let rate = self.policy_header().link_estimate.load(Ordering::Acquire);
+        (rate != 0).then_some(rate)
+    }
+
     /// Publishes a tenant's fair byte rate (0 withdraws it).
     pub(crate) fn set_fair_rate(&self, slot: u32, bytes_per_sec: u64) {
         self.policy_slot(slot)
