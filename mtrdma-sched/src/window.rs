@@ -321,8 +321,9 @@ pub struct DelayWindow {
     /// `on_completed`.
     out: u64,
     /// The queue allowance from the link's rate (ns; 0: no rate known,
-    /// `target_floor` applies).
+    /// `target_floor` applies), and the rate it was computed from.
     allowance: u64,
+    link_rate: u64,
 }
 
 impl DelayWindow {
@@ -348,6 +349,7 @@ impl DelayWindow {
             over_round: 0,
             out: 0,
             allowance: 0,
+            link_rate: 0,
         })
     }
 
@@ -393,6 +395,13 @@ impl DelayWindow {
     /// (at least 1 us, at most [`MAX_ALLOWANCE`]). Cheap: call it as often
     /// as the measurement changes.
     pub fn set_link_rate(&mut self, bytes_per_sec: Option<u64>) {
+        let rate = bytes_per_sec.unwrap_or(0);
+        if rate == self.link_rate {
+            // The engine tells it at every completion; the measurement
+            // changes every few milliseconds.
+            return;
+        }
+        self.link_rate = rate;
         self.allowance = match bytes_per_sec {
             Some(rate) if rate > 0 => {
                 let ns = u128::from(self.config.queue_bytes) * 1_000_000_000 / u128::from(rate);
