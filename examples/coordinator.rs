@@ -6,11 +6,16 @@
 //! weighted max-min fair rates of the link among tenants with demand,
 //! returns the resources of processes that died, reloads the policy on
 //! SIGHUP or when the file changes, and prints a per-tenant view every
-//! second. SIGINT or SIGTERM stops it and removes the table.
+//! second (with the capacity it divides and the share of bytes the
+//! tenants' delay windows judged over their target). SIGINT or SIGTERM
+//! stops it and removes the table. `--measure-capacity` divides what the
+//! link is seen to carry once the windows report a queue, instead of the
+//! policy's link capacity (`CoordinatorConfig::measure_capacity`).
 //!
 //! ```text
 //! cargo run --release --example coordinator -- --policy examples/policy.toml
 //!     [--table NAME] [--socket PATH] [--capacity N] [--processes N] [--quiet]
+//!     [--measure-capacity]
 //! ```
 //!
 //! Tenant processes then call `mtrdma::core::coordinator::register(socket)`.
@@ -20,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mtrdma::core::coordinator::{Coordinator, CoordinatorConfig};
+use mtrdma::core::coordinator::{Coordinator, CoordinatorConfig, DividedCapacity};
 use mtrdma::core::table::TenantUsage;
 
 struct Args {
@@ -44,6 +49,7 @@ fn parse() -> Result<Args, String> {
     let mut table = String::from("default");
     let mut socket = None;
     let (mut capacity, mut processes, mut quiet) = (64u32, 1024u32, false);
+    let mut measure_capacity = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -56,6 +62,7 @@ fn parse() -> Result<Args, String> {
                 processes = value()?.parse().map_err(|e| format!("--processes: {e}"))?
             }
             "--quiet" => quiet = true,
+            "--measure-capacity" => measure_capacity = true,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -68,6 +75,7 @@ fn parse() -> Result<Args, String> {
             policy_path,
             capacity,
             processes,
+            measure_capacity,
         },
         quiet,
     })
@@ -77,7 +85,18 @@ fn gbps(bytes_per_sec: f64) -> f64 {
     bytes_per_sec * 8.0 / 1e9
 }
 
-fn print_view(usage: &[TenantUsage], last: &[TenantUsage], secs: f64, link: u64) {
+fn print_view(usage: &[TenantUsage], last: &[TenantUsage], secs: f64, divided: DividedCapacity) {
+    let link = divided.bytes_per_sec;
+    println!(
+        "dividing {:.3} Gb/s ({}; {:.0}% of the windows' bytes over their target)",
+        gbps(link as f64),
+        if divided.measured {
+            "what the link carries: the tenants' windows found a queue"
+        } else {
+            "the policy's link capacity"
+        },
+        100.0 * divided.over_target
+    );
     println!(
         "{:>4} {:<16} {:<7} {:>9} {:>9} {:>6} {:>11} {:>14} {:>10} {:>5}",
         "id",
@@ -161,12 +180,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if !args.quiet && last_print.elapsed() >= Duration::from_secs(1) {
             let usage = coordinator.usage();
             let secs = last_print.elapsed().as_secs_f64();
-            print_view(
-                &usage,
-                &last_usage,
-                secs,
-                coordinator.policy().link.capacity_bytes_per_sec,
-            );
+            print_view(&usage, &last_usage, secs, coordinator.divided_capacity());
             last_usage = usage;
             last_print = Instant::now();
         }

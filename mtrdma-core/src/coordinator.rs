@@ -2,6 +2,14 @@
 //! registering process is, turns demand into weighted max-min fair rates,
 //! returns what dead processes held, and reloads its policy file.
 //!
+//! The fair rates divide the policy's link capacity (the NIC's nominal
+//! rate). With [`CoordinatorConfig::measure_capacity`], once the tenants'
+//! delay windows report a queue on the link, they divide what the link is
+//! seen to carry instead, a few percent more than the most the tenants
+//! moved together lately, so that weights and caps hold across processes
+//! to a rate's precision rather than a window's (see
+//! [`Coordinator::recompute`]).
+//!
 //! This is a library type; a daemon is a loop around
 //! [`Coordinator::tick`] (see `examples/coordinator.rs`). Tenants never need
 //! one: without it they use [`QuotaTable::embedded`] or attach to a table
@@ -17,10 +25,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::capacity::{LinkCapacity, LinkSignals};
 use crate::fairshare::{weighted_max_min, Demand};
 use crate::policy::{PeerCredentials, Policy, PolicyError};
 use crate::procinfo::{self, ProcessId};
-use crate::table::{QuotaTable, Reclaimed, TableError, TenantHandle, TenantUsage};
+use crate::table::{DemandCounters, QuotaTable, Reclaimed, TableError, TenantHandle, TenantUsage};
 use crate::TenantId;
 
 /// The first line a registering process sends.
@@ -69,6 +78,14 @@ pub struct CoordinatorConfig {
     pub capacity: u32,
     /// Process slots of the table.
     pub processes: u32,
+    /// Divide what the link is seen to carry, once the tenants' delay
+    /// windows report a queue on it, instead of the policy's link capacity
+    /// (see [`Coordinator::recompute`]). Off by default: on the emulated
+    /// link it kept a capped tenant to its cap next to a free one and
+    /// brought weights closer at 200 Mbit/s, but where the tenants' own
+    /// CPU rather than the link limits them it cost link share (the
+    /// README's figures).
+    pub measure_capacity: bool,
 }
 
 /// What one [`Coordinator::tick`] did.
@@ -88,6 +105,21 @@ pub struct TickReport {
     pub rates: Vec<(TenantId, u64)>,
 }
 
+/// The capacity the coordinator divides among tenants
+/// ([`Coordinator::divided_capacity`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DividedCapacity {
+    /// Bytes per second.
+    pub bytes_per_sec: u64,
+    /// Whether it is measured from the tenants' traffic (the link holds a
+    /// queue) rather than the policy's nominal link capacity.
+    pub measured: bool,
+    /// The share of bytes the tenants' delay windows judged over their
+    /// target lately (0 to 1): at a quarter, the link counts as holding a
+    /// queue.
+    pub over_target: f64,
+}
+
 /// The coordinator (see the module docs).
 #[derive(Debug)]
 pub struct Coordinator {
@@ -97,12 +129,12 @@ pub struct Coordinator {
     policy_mtime: Option<SystemTime>,
     listener: UnixListener,
     reload_requested: Arc<AtomicBool>,
-    /// Per tenant: bytes posted at the last recomputation.
-    last_posted: HashMap<TenantId, u64>,
+    /// Per tenant: its counters at the last recomputation.
+    last_counters: HashMap<TenantId, DemandCounters>,
     last_recompute_ns: u64,
-    /// What the tenants together moved, smoothed over recomputations
-    /// (bytes per second), and the link estimate published from it.
-    moved: LinkEstimate,
+    /// The capacity divided: nominal, or measured once the link holds a
+    /// queue; and the link estimate published for the windows.
+    capacity: LinkCapacity,
     /// When `tick` last looked at the policy file and for dead processes
     /// (0: never).
     last_housekeeping_ns: u64,
@@ -118,37 +150,6 @@ pub struct Coordinator {
 /// for with [`Coordinator::reload_flag`] (SIGHUP) is not delayed.
 pub const HOUSEKEEPING_INTERVAL_NS: u64 = 250_000_000;
 
-/// The link's rate as the tenants' traffic shows it: what they moved
-/// together, smoothed over about [`LinkEstimate::SMOOTHING_NS`], and the
-/// highest such rate seen lately, which falls by half every
-/// [`LinkEstimate::HALF_LIFE_NS`] while less is moved. Windows queue at
-/// most `queue_bytes` at this rate: an estimate above the link's rate only
-/// shortens their queues; one below (the link was not full) lasts only
-/// until the tenants fill it.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct LinkEstimate {
-    smoothed: f64,
-    peak: f64,
-}
-
-impl LinkEstimate {
-    /// Over how long what was moved is averaged.
-    pub(crate) const SMOOTHING_NS: f64 = 200e6;
-    /// How fast the estimate forgets a rate no longer moved.
-    pub(crate) const HALF_LIFE_NS: f64 = 5e9;
-
-    /// Takes `bytes_per_sec` moved over the last `elapsed_ns`; returns the
-    /// estimate (bytes per second, 0 while nothing was moved).
-    pub(crate) fn update(&mut self, bytes_per_sec: u64, elapsed_ns: u64) -> u64 {
-        let dt = elapsed_ns as f64;
-        let alpha = (dt / Self::SMOOTHING_NS).min(1.0);
-        self.smoothed += alpha * (bytes_per_sec as f64 - self.smoothed);
-        let decay = 0.5f64.powf(dt / Self::HALF_LIFE_NS);
-        self.peak = (self.peak * decay).max(self.smoothed);
-        self.peak as u64
-    }
-}
-
 fn mtime(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
@@ -159,6 +160,7 @@ impl Coordinator {
     /// registrations.
     pub fn start(config: CoordinatorConfig) -> Result<Coordinator, CoordinatorError> {
         let policy = Policy::from_file(&config.policy_path)?;
+        let nominal = policy.link.capacity_bytes_per_sec;
         let policy_mtime = mtime(&config.policy_path);
         let listener = bind(&config.socket)?;
         let table = match QuotaTable::open_writable(&config.table) {
@@ -187,9 +189,9 @@ impl Coordinator {
             policy_mtime,
             listener,
             reload_requested: Arc::new(AtomicBool::new(false)),
-            last_posted: HashMap::new(),
+            last_counters: HashMap::new(),
             last_recompute_ns: 0,
-            moved: LinkEstimate::default(),
+            capacity: LinkCapacity::new(nominal),
             last_housekeeping_ns: 0,
             registration_waiting: None,
         })
@@ -218,6 +220,8 @@ impl Coordinator {
         let policy = Policy::from_file(&self.config.policy_path)?;
         self.table.publish(&policy)?;
         tracing::info!(tenants = policy.tenants.len(), "policy reloaded");
+        self.capacity
+            .set_nominal(policy.link.capacity_bytes_per_sec);
         self.policy = policy;
         Ok(())
     }
@@ -293,10 +297,22 @@ impl Coordinator {
     /// Recomputes the weighted max-min fair byte rates from each tenant's
     /// demand over the last interval and publishes them.
     ///
-    /// A tenant with bytes waiting in its backlog wants all it can get (up
-    /// to its cap); one without wants what it sent, with 25% headroom to
-    /// grow. An idle tenant is published the share it would get by becoming
-    /// active, so it can start at once without taking more.
+    /// The capacity divided is the policy's link capacity; with
+    /// [`CoordinatorConfig::measure_capacity`], once the tenants' delay
+    /// windows report a queue on the link, it is a few percent more than
+    /// the most the tenants were seen to move together lately, so that
+    /// rates, which are kept exactly, decide the weighted shares rather
+    /// than the queue (the windows bound what the few percent would
+    /// queue). The windows' verdicts and what the tenants move are
+    /// followed either way ([`Coordinator::divided_capacity`] tells them).
+    ///
+    /// A tenant with bytes waiting that its rate held back in the interval
+    /// wants all it can get (up to its cap); any other wants what it sent,
+    /// with 25% headroom to grow (one that waits on something else, such as
+    /// its window or its CPU, would not use more). Every tenant is
+    /// published at least its weighted share of the capacity among the
+    /// active tenants (an idle one the share it would get by becoming
+    /// active), so a tenant that wants more can take its share at once.
     pub fn recompute(&mut self, now_ns: u64) -> Vec<(TenantId, u64)> {
         let Ok(snapshot) = self.table.snapshot() else {
             return Vec::new();
@@ -312,18 +328,26 @@ impl Coordinator {
             .filter_map(|t| Some((t, snapshot.slot_of(t.id)?)))
             .collect();
         tenants.sort_by_key(|(t, _)| t.id);
+        let per_sec = |bytes: u64| (u128::from(bytes) * 1_000_000_000 / u128::from(elapsed)) as u64;
         let mut demands = Vec::with_capacity(tenants.len());
-        let mut observed_all = Vec::with_capacity(tenants.len());
+        let mut signals = LinkSignals::default();
         for &(t, slot) in &tenants {
-            let (posted, backlog) = self.table.demand_counters(slot);
-            let before = self.last_posted.insert(t.id, posted);
-            let sent = posted.saturating_sub(before.unwrap_or(posted));
-            let observed = (u128::from(sent) * 1_000_000_000 / u128::from(elapsed)) as u64;
-            observed_all.push(observed);
-            let demand = if backlog > 0 {
-                u64::MAX
-            } else if first {
+            let now = self.table.demand_counters(slot);
+            let before = self.last_counters.insert(t.id, now).unwrap_or(now);
+            let observed = per_sec(now.posted.saturating_sub(before.posted));
+            let throttled = now.backlog > 0
+                && now.throttled_ns.saturating_sub(before.throttled_ns) >= elapsed / 20;
+            signals.moved = signals.moved.saturating_add(observed);
+            signals.judged = signals
+                .judged
+                .saturating_add(now.judged.saturating_sub(before.judged));
+            signals.over_target = signals
+                .over_target
+                .saturating_add(now.over_target.saturating_sub(before.over_target));
+            let demand = if first {
                 0
+            } else if throttled || (now.backlog > 0 && !self.divides_measured()) {
+                u64::MAX
             } else {
                 observed.saturating_add(observed / 4)
             };
@@ -334,11 +358,14 @@ impl Coordinator {
             });
         }
         if !first {
-            let total: u64 = observed_all.iter().sum();
-            self.table
-                .set_link_estimate(self.moved.update(total, elapsed));
+            let estimate = self.capacity.update(now_ns, elapsed, signals);
+            self.table.set_link_estimate(estimate);
         }
-        let capacity = self.policy.link.capacity_bytes_per_sec;
+        let capacity = if self.config.measure_capacity {
+            self.capacity.divided()
+        } else {
+            self.policy.link.capacity_bytes_per_sec
+        };
         let rates = weighted_max_min(capacity, &demands);
         let active_weight: u128 = demands
             .iter()
@@ -347,18 +374,43 @@ impl Coordinator {
             .sum();
         let mut out = Vec::with_capacity(tenants.len());
         for ((&(t, slot), d), rate) in tenants.iter().zip(&demands).zip(rates) {
-            let published = if d.effective() == 0 {
-                let w = u128::from(d.weight.max(1));
-                let entry = (u128::from(capacity) * w / (active_weight + w)) as u64;
-                d.cap.map_or(entry, |c| c.min(entry))
+            // Its weighted share among the active tenants (with itself
+            // counted in if idle), within its cap.
+            let w = u128::from(d.weight.max(1));
+            let among = if d.effective() == 0 {
+                active_weight + w
             } else {
-                rate
+                active_weight
             };
+            let share = (u128::from(capacity) * w / among.max(1)) as u64;
+            let share = d.cap.map_or(share, |c| c.min(share));
+            let published = rate.max(share);
             self.table.set_fair_rate(slot, published.max(1));
             out.push((t.id, published));
         }
         self.table.heartbeat(now_ns);
         out
+    }
+
+    /// The capacity the fair rates divide now: the policy's link capacity,
+    /// or what the link carries once the tenants' delay windows found a
+    /// queue on it (see [`Coordinator::recompute`]).
+    pub fn divided_capacity(&self) -> DividedCapacity {
+        let measured = self.divides_measured();
+        DividedCapacity {
+            bytes_per_sec: if measured {
+                self.capacity.divided()
+            } else {
+                self.policy.link.capacity_bytes_per_sec
+            },
+            measured,
+            over_target: self.capacity.over_share(),
+        }
+    }
+
+    /// Whether the fair rates divide the measured capacity now.
+    fn divides_measured(&self) -> bool {
+        self.config.measure_capacity && self.capacity.measured()
     }
 
     /// Returns the resources of processes that died.

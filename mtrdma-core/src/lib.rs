@@ -4,6 +4,7 @@
 //! tenant is ([`TenantId`]) and which traffic class a work request belongs to
 //! ([`TrafficClass`]).
 
+mod capacity;
 pub mod clock;
 pub mod coordinator;
 mod fairshare;

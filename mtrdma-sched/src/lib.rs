@@ -83,7 +83,7 @@ pub use mtrdma_core::{TenantId, TrafficClass};
 pub use policy::{SchedulerConfig, TenantPolicy, MAX_QUANTUM, MAX_WEIGHT};
 pub use tenant_scheduler::{Drained, TenantScheduler};
 pub use time::{Clock, ManualClock, Nanos, QuantaClock};
-pub use window::{Admit, DelayWindow, DelayWindowConfig, Window, MAX_ALLOWANCE};
+pub use window::{Admit, DelayWindow, DelayWindowConfig, Verdicts, Window, MAX_ALLOWANCE};
 
 /// A scheduler of RDMA work requests, driven by the caller.
 ///

@@ -142,6 +142,26 @@ pub trait Window: fmt::Debug + Send {
 
     /// The window now, in bytes.
     fn window(&self) -> u64;
+
+    /// What the window made of the pieces completed since the last call:
+    /// the bytes it judged and those it found over its target (a queue
+    /// longer than it allows). The engine adds them to the tenant's
+    /// counters in the quota table, where the coordinator reads whether
+    /// the link holds a queue (see `mtrdma_core::coordinator`). The
+    /// default judges nothing.
+    fn take_verdicts(&mut self) -> Verdicts {
+        Verdicts::default()
+    }
+}
+
+/// Bytes a [`Window`] judged, and how many of them it found over its
+/// target ([`Window::take_verdicts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Verdicts {
+    /// Bytes of completed pieces judged against the target.
+    pub judged: u64,
+    /// Of those, bytes whose delay was over the target.
+    pub over_target: u64,
 }
 
 /// Settings of a [`DelayWindow`]. [`DelayWindowConfig::for_piece`] gives
@@ -324,6 +344,8 @@ pub struct DelayWindow {
     /// `target_floor` applies), and the rate it was computed from.
     allowance: u64,
     link_rate: u64,
+    /// Verdicts since the last [`Window::take_verdicts`].
+    verdicts: Verdicts,
 }
 
 impl DelayWindow {
@@ -350,6 +372,7 @@ impl DelayWindow {
             out: 0,
             allowance: 0,
             link_rate: 0,
+            verdicts: Verdicts::default(),
         })
     }
 
@@ -552,6 +575,10 @@ impl DelayWindow {
         let floor = self.floor();
         let c = &self.config;
         let window = self.window.max(1);
+        self.verdicts.judged = self.verdicts.judged.saturating_add(bytes);
+        if sample > target {
+            self.verdicts.over_target = self.verdicts.over_target.saturating_add(bytes);
+        }
         if sample <= target {
             // increase x weight per round trip's worth of bytes.
             let grow = u128::from(c.additive_increase) * u128::from(c.weight) * u128::from(bytes)
@@ -634,6 +661,10 @@ impl Window for DelayWindow {
     #[inline]
     fn window(&self) -> u64 {
         self.window
+    }
+
+    fn take_verdicts(&mut self) -> Verdicts {
+        std::mem::take(&mut self.verdicts)
     }
 }
 
@@ -1217,6 +1248,23 @@ mod tests {
         // A longer path (say, rerouted) is learnt within two periods.
         run(&mut w, &mut now, Nanos::from_micros(500), 200_000);
         assert_eq!(w.base_delay(), Some(Nanos::from_micros(500)));
+    }
+
+    #[test]
+    fn tells_the_bytes_it_judged_and_those_over_its_target() {
+        let mut w = window();
+        let mut now = Nanos::ZERO;
+        // Path 100 us, target 200 us: ten pieces on time.
+        run(&mut w, &mut now, Nanos::from_micros(100), 10);
+        let v = w.take_verdicts();
+        assert_eq!(v.judged, 10 * PIECE);
+        assert_eq!(v.over_target, 0);
+        assert_eq!(w.take_verdicts(), Verdicts::default(), "taken once");
+        // A queue: four pieces at 500 us, one short piece (not judged).
+        run(&mut w, &mut now, Nanos::from_micros(500), 4);
+        w.on_completed(16, now, now + Nanos::from_millis(5));
+        let v = w.take_verdicts();
+        assert_eq!((v.judged, v.over_target), (4 * PIECE, 4 * PIECE));
     }
 
     #[test]

@@ -1168,6 +1168,13 @@ impl<S: Sink> Member<S> {
                 w.set_link_rate(q.link_estimate());
             }
             w.on_completed_late(len, Nanos(piece.sent_at), now(), host);
+            if let Some(q) = &self.quota {
+                // What the window saw, for the coordinator's capacity.
+                let v = w.take_verdicts();
+                if v.judged > 0 {
+                    q.record_verdicts(v.judged, v.over_target);
+                }
+            }
         }
         Some(self.bulk_bytes(len))
     }

@@ -13,6 +13,14 @@ use crate::policy::{RateCap, TenantPolicy};
 use crate::table::AdmissionError;
 use crate::{TenantId, TrafficClass};
 
+/// How far behind its fair rate a tenant may fall and still catch up, in
+/// nanoseconds of that rate: the burst its fair rate allows. A sender that
+/// sleeps until its next piece conforms wakes late by the time the host
+/// takes to run it (hundreds of microseconds on a loaded emulated CPU);
+/// without this allowance that time is lost at every piece, and a tenant
+/// held to its fair share moved a quarter less than it.
+pub const FAIR_RATE_TOLERANCE_NS: u64 = 1_000_000;
+
 /// Subtracts without wrapping below zero (a corrupted or double release
 /// must not turn into a huge "in use" count).
 pub(crate) fn sub_saturating(word: &AtomicU64, n: u64) {
@@ -516,14 +524,20 @@ impl TenantHandle {
         let fair = self.policy_slot().fair_rate.load(Ordering::Acquire);
         if fair != i.seen_fair.load(Ordering::Relaxed) {
             let cap = i.byte_cap.load(Ordering::Relaxed);
-            let rate = match (cap, fair) {
-                (0, f) => f,
-                (c, 0) => c,
-                (c, f) => c.min(f),
+            let burst = i.byte_burst.load(Ordering::Relaxed);
+            let (rate, burst) = match (cap, fair) {
+                (0, 0) => (0, 0),
+                (c, f) if c != 0 && (f == 0 || c <= f) => (c, burst),
+                // The fair rate binds: a sender woken late may catch up on
+                // what it was owed, up to FAIR_RATE_TOLERANCE_NS of it.
+                (_, f) => {
+                    let owed = u128::from(f) * u128::from(FAIR_RATE_TOLERANCE_NS) / 1_000_000_000;
+                    (f, burst.max(u64::try_from(owed).unwrap_or(u64::MAX)))
+                }
             };
             i.bytes.set((rate != 0).then_some(RateCap {
                 per_second: rate,
-                burst: i.byte_burst.load(Ordering::Relaxed),
+                burst,
             }));
             i.seen_fair.store(fair, Ordering::Relaxed);
         }
@@ -551,6 +565,19 @@ impl TenantHandle {
         let st = self.state();
         st.bytes_posted.fetch_add(bytes, Ordering::Relaxed);
         st.wrs_posted.fetch_add(wrs, Ordering::Relaxed);
+    }
+
+    /// Adds the verdicts of this tenant's delay windows on completed
+    /// pieces: `judged` bytes, `over_target` of them over the window's
+    /// target. The coordinator reads from them whether the link holds a
+    /// queue, and then divides what the link carries rather than its
+    /// nominal rate.
+    #[inline]
+    pub fn record_verdicts(&self, judged: u64, over_target: u64) {
+        let st = self.state();
+        st.judged_bytes.fetch_add(judged, Ordering::Relaxed);
+        st.over_target_bytes
+            .fetch_add(over_target, Ordering::Relaxed);
     }
 
     /// Adds to (positive) or removes from (negative) the bytes this tenant

@@ -123,7 +123,11 @@ pub(crate) struct TenantState {
     pub(crate) throttled_ns: AtomicU64,
     /// Admission refusals.
     pub(crate) refusals: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 4],
+    /// Bytes of completed pieces the tenant's delay windows judged, and
+    /// those they found over their target: whether the link holds a queue.
+    pub(crate) judged_bytes: AtomicU64,
+    pub(crate) over_target_bytes: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 2],
 }
 
 /// Process slot states.

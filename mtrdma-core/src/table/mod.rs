@@ -40,6 +40,7 @@ use arc_swap::ArcSwap;
 pub use error::{AdmissionError, TableError};
 pub use handle::{
     MrPermit, OwnedMrPermit, OwnedQpPermit, QpPermit, TenantHandle, TenantUsage, WrPermit,
+    FAIR_RATE_TOLERANCE_NS,
 };
 pub use layout::{MAX_PROCESSES, MAX_TENANTS};
 
@@ -52,6 +53,21 @@ use shm::Mapping;
 
 /// Process slots of a table made without an explicit count.
 pub const DEFAULT_PROCESSES: u32 = 256;
+
+/// A tenant's traffic counters as the coordinator reads them each
+/// recomputation (each only grows, but for `backlog`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct DemandCounters {
+    /// Bytes handed to the NIC.
+    pub(crate) posted: u64,
+    /// Bytes waiting in software backlogs now.
+    pub(crate) backlog: u64,
+    /// Nanoseconds its callers were told to wait by its rate limits.
+    pub(crate) throttled_ns: u64,
+    /// Bytes its delay windows judged, and those over their target.
+    pub(crate) judged: u64,
+    pub(crate) over_target: u64,
+}
 
 /// A quota table (cheap to clone: clones share the mappings).
 #[derive(Clone)]
@@ -811,12 +827,16 @@ impl QuotaTable {
     /// What the coordinator's fair-rate computation reads of tenant slot
     /// `slot`: bytes posted so far and bytes waiting in backlogs. Two
     /// loads, nothing allocated (it runs every few milliseconds).
-    pub(crate) fn demand_counters(&self, slot: u32) -> (u64, u64) {
+    pub(crate) fn demand_counters(&self, slot: u32) -> DemandCounters {
         let st = self.tenant_state(slot);
-        (
-            st.bytes_posted.load(Ordering::Relaxed),
-            st.backlog_bytes.load(Ordering::Relaxed),
-        )
+        let l = |w: &AtomicU64| w.load(Ordering::Relaxed);
+        DemandCounters {
+            posted: l(&st.bytes_posted),
+            backlog: l(&st.backlog_bytes),
+            throttled_ns: l(&st.throttled_ns),
+            judged: l(&st.judged_bytes),
+            over_target: l(&st.over_target_bytes),
+        }
     }
 
     /// Live processes attached to each tenant slot.
