@@ -8,7 +8,10 @@
 //! share it only roughly by weight (a sender's own round trip, its CPU and
 //! its piece size all move its share), while a rate is kept to within a
 //! piece. So once the tenants' windows report a queue (a quarter of the
-//! bytes they judge over their target, averaged over [`RECENT_NS`]), the
+//! bytes they judge over their target, averaged over [`RECENT_NS`]) after
+//! judging for [`PEAK_NS`] (windows that just started are still finding
+//! the link's rate, and a capacity taken from them would hold them there),
+//! the
 //! coordinator divides [`HEADROOM`] more than the most the tenants moved
 //! together in any [`BUCKET_NS`] of the last [`PEAK_NS`]. While they use
 //! all they are given, that grows with them by the headroom every bucket;
@@ -105,6 +108,11 @@ pub(crate) struct LinkCapacity {
     /// Whether the link was seen to hold a queue (the measured capacity is
     /// divided).
     queued: bool,
+    /// Since when windows have judged without a quiet [`QUIET_NS`] (0:
+    /// not judging): the measured capacity is taken only from traffic that
+    /// has had [`PEAK_NS`] to settle (windows that just started have not
+    /// found the link's rate yet).
+    judging_since: u64,
     /// The measured capacity (bytes per second): it rises whenever the
     /// tenants move more, and falls only while the windows report a
     /// queue (a tenant that cannot use all of its rate, its CPU too busy,
@@ -125,6 +133,7 @@ impl LinkCapacity {
             bucket_bytes: 0.0,
             bucket_ns: 0,
             queued: false,
+            judging_since: 0,
             capacity: 0.0,
             last_judged_ns: 0,
         }
@@ -166,11 +175,15 @@ impl LinkCapacity {
         self.bucket_ns += elapsed_ns;
 
         if s.judged > 0 {
+            if self.judging_since == 0 {
+                self.judging_since = now_ns.max(1);
+            }
             self.last_judged_ns = now_ns;
         } else if now_ns.saturating_sub(self.last_judged_ns) >= QUIET_NS {
             // No window judges: nothing shows a queue.
             self.queued = false;
             self.over_share = 0.0;
+            self.judging_since = 0;
             return estimate;
         }
         if s.judged >= MIN_JUDGED {
@@ -180,7 +193,9 @@ impl LinkCapacity {
         }
         let congested = self.over_share >= CONGESTED;
         let seen = (self.peak() * (1.0 + HEADROOM)).max(FLOOR);
-        if congested && self.peak() > 0.0 {
+        let settled =
+            self.judging_since != 0 && now_ns.saturating_sub(self.judging_since) >= PEAK_NS;
+        if congested && settled && self.peak() > 0.0 {
             self.capacity = seen;
             self.queued = true;
         } else if self.queued {
@@ -245,6 +260,14 @@ mod tests {
         }
     }
 
+    /// A capacity whose tenants' windows have judged, with no queue, for
+    /// the time it takes before a queue counts, moving `moved`.
+    fn settled(nominal: u64, now: &mut u64, moved: u64) -> LinkCapacity {
+        let mut c = LinkCapacity::new(nominal);
+        ticks(&mut c, now, (PEAK_NS / TICK) as usize, clear(moved));
+        c
+    }
+
     fn near(got: u64, want: f64, within: f64) -> bool {
         (got as f64 / want - 1.0).abs() <= within
     }
@@ -253,7 +276,11 @@ mod tests {
     fn divides_the_nominal_rate_until_the_link_holds_a_queue() {
         let mut c = LinkCapacity::new(NOMINAL);
         let mut now = 0;
-        ticks(&mut c, &mut now, 50, clear(LINK));
+        // Windows that just started are still finding the link's rate: a
+        // queue they see then does not count.
+        ticks(&mut c, &mut now, 10, queue(LINK / 2));
+        assert!(!c.measured());
+        ticks(&mut c, &mut now, (PEAK_NS / TICK) as usize, clear(LINK));
         assert_eq!(c.divided(), NOMINAL);
         assert!(!c.measured());
         // One interval's late pieces, or a few late pieces in a quiet
@@ -278,8 +305,8 @@ mod tests {
 
     #[test]
     fn grows_with_tenants_that_use_all_they_are_given_and_stops_at_the_link() {
-        let mut c = LinkCapacity::new(NOMINAL);
         let mut now = 0;
+        let mut c = settled(NOMINAL, &mut now, LINK / 2);
         // The queue is seen while the tenants move half the link.
         ticks(&mut c, &mut now, 10, queue(LINK / 2));
         assert!(near(
@@ -304,8 +331,8 @@ mod tests {
 
     #[test]
     fn follows_a_slower_link_within_the_peak_time() {
-        let mut c = LinkCapacity::new(NOMINAL);
         let mut now = 0;
+        let mut c = settled(NOMINAL, &mut now, LINK);
         ticks(&mut c, &mut now, 50, queue(LINK));
         ticks(
             &mut c,
@@ -322,8 +349,8 @@ mod tests {
 
     #[test]
     fn falls_only_while_the_windows_report_a_queue() {
-        let mut c = LinkCapacity::new(NOMINAL);
         let mut now = 0;
+        let mut c = settled(NOMINAL, &mut now, LINK);
         ticks(&mut c, &mut now, 10, queue(LINK));
         let first = c.divided();
         // The tenants move less (one's CPU cannot keep up with its rate)
@@ -346,8 +373,8 @@ mod tests {
 
     #[test]
     fn returns_to_nominal_when_no_window_judges_or_the_link_is_faster() {
-        let mut c = LinkCapacity::new(NOMINAL);
         let mut now = 0;
+        let mut c = settled(NOMINAL, &mut now, LINK);
         ticks(&mut c, &mut now, 5, queue(LINK));
         assert!(c.measured());
         ticks(
@@ -361,7 +388,7 @@ mod tests {
         );
         assert_eq!(c.divided(), NOMINAL);
         // Measured up to the nominal rate: the nominal rate again.
-        let mut c = LinkCapacity::new(30_000_000);
+        let mut c = settled(30_000_000, &mut now, LINK);
         ticks(&mut c, &mut now, 10, queue(LINK));
         assert!(c.measured());
         ticks(&mut c, &mut now, 20, clear(30_000_000));
@@ -371,8 +398,8 @@ mod tests {
 
     #[test]
     fn never_under_the_floor() {
-        let mut c = LinkCapacity::new(NOMINAL);
         let mut now = 0;
+        let mut c = settled(NOMINAL, &mut now, 10);
         ticks(&mut c, &mut now, 10, queue(10));
         assert_eq!(c.divided(), FLOOR as u64);
     }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use mtrdma_core::coordinator::{self, Coordinator, CoordinatorConfig, CoordinatorError};
 use mtrdma_core::table::FAIR_RATE_TOLERANCE_NS;
-use mtrdma_core::{QuotaTable, TenantId};
+use mtrdma_core::{QuotaTable, TenantHandle, TenantId};
 
 struct Setup {
     dir: PathBuf,
@@ -259,19 +259,29 @@ fn the_link_estimate_follows_what_the_tenants_move_together() {
     );
 }
 
-#[test]
-fn weights_divide_what_the_link_carries_once_the_windows_see_a_queue() {
-    let s = Setup::new("measured", TWO);
+/// A coordinator of `TWO` (measuring the link's capacity or not) and its
+/// two tenants, both with a backlog.
+fn two_backlogged(
+    s: &Setup,
+    measure_capacity: bool,
+) -> (Coordinator, QuotaTable, TenantHandle, TenantHandle) {
     let config = CoordinatorConfig {
-        measure_capacity: true,
+        measure_capacity,
         ..s.config.clone()
     };
-    let mut c = Coordinator::start(config).unwrap();
+    let c = Coordinator::start(config).unwrap();
     let table = QuotaTable::open(&s.config.table).unwrap();
     let light = table.attach(TenantId(1)).unwrap();
     let heavy = table.attach(TenantId(2)).unwrap();
     light.add_backlog(1 << 20);
     heavy.add_backlog(1 << 20);
+    (c, table, light, heavy)
+}
+
+#[test]
+fn weights_divide_what_the_link_carries_once_the_windows_see_a_queue() {
+    let s = Setup::new("measured", TWO);
+    let (mut c, table, light, heavy) = two_backlogged(&s, true);
     let t0 = table.now_ns();
     c.recompute(t0);
 
@@ -288,8 +298,10 @@ fn weights_divide_what_the_link_carries_once_the_windows_see_a_queue() {
         *now += interval;
         c.recompute(*now)
     };
+    // For 2.2 s: the windows have settled (a queue they see in their
+    // first two seconds does not count).
     let mut rates = Vec::new();
-    for _ in 0..10 {
+    for _ in 0..110 {
         rates = step(&mut now, 0);
     }
     assert_eq!(
@@ -342,12 +354,7 @@ fn weights_divide_what_the_link_carries_once_the_windows_see_a_queue() {
 #[test]
 fn without_measure_capacity_the_policys_capacity_is_divided_whatever_the_windows_see() {
     let s = Setup::new("nominal", TWO);
-    let mut c = Coordinator::start(s.config.clone()).unwrap();
-    let table = QuotaTable::open(&s.config.table).unwrap();
-    let light = table.attach(TenantId(1)).unwrap();
-    let heavy = table.attach(TenantId(2)).unwrap();
-    light.add_backlog(1 << 20);
-    heavy.add_backlog(1 << 20);
+    let (mut c, table, light, heavy) = two_backlogged(&s, false);
     let mut now = table.now_ns();
     c.recompute(now);
     let mut rates = Vec::new();
