@@ -6,16 +6,14 @@
 //! weighted max-min fair rates of the link among tenants with demand,
 //! returns the resources of processes that died, reloads the policy on
 //! SIGHUP or when the file changes, and prints a per-tenant view every
-//! second (with the capacity it divides and the share of bytes the
-//! tenants' delay windows judged over their target). SIGINT or SIGTERM
-//! stops it and removes the table. `--measure-capacity` divides what the
-//! link is seen to carry once the windows report a queue, instead of the
-//! policy's link capacity (`CoordinatorConfig::measure_capacity`).
+//! second (headed by the link estimate it publishes for the tenants'
+//! delay windows and the share of bytes the windows judged over their
+//! target).
+//! SIGINT or SIGTERM stops it and removes the table.
 //!
 //! ```text
 //! cargo run --release --example coordinator -- --policy examples/policy.toml
 //!     [--table NAME] [--socket PATH] [--capacity N] [--processes N] [--quiet]
-//!     [--measure-capacity]
 //! ```
 //!
 //! Tenant processes then call `mtrdma::core::coordinator::register(socket)`.
@@ -25,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mtrdma::core::coordinator::{Coordinator, CoordinatorConfig, DividedCapacity};
+use mtrdma::core::coordinator::{Coordinator, CoordinatorConfig, LinkView};
 use mtrdma::core::table::TenantUsage;
 
 struct Args {
@@ -49,7 +47,6 @@ fn parse() -> Result<Args, String> {
     let mut table = String::from("default");
     let mut socket = None;
     let (mut capacity, mut processes, mut quiet) = (64u32, 1024u32, false);
-    let mut measure_capacity = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -62,7 +59,6 @@ fn parse() -> Result<Args, String> {
                 processes = value()?.parse().map_err(|e| format!("--processes: {e}"))?
             }
             "--quiet" => quiet = true,
-            "--measure-capacity" => measure_capacity = true,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -75,7 +71,6 @@ fn parse() -> Result<Args, String> {
             policy_path,
             capacity,
             processes,
-            measure_capacity,
         },
         quiet,
     })
@@ -85,17 +80,12 @@ fn gbps(bytes_per_sec: f64) -> f64 {
     bytes_per_sec * 8.0 / 1e9
 }
 
-fn print_view(usage: &[TenantUsage], last: &[TenantUsage], secs: f64, divided: DividedCapacity) {
-    let link = divided.bytes_per_sec;
+fn print_view(usage: &[TenantUsage], last: &[TenantUsage], secs: f64, link: u64, view: LinkView) {
     println!(
-        "dividing {:.3} Gb/s ({}; {:.0}% of the windows' bytes over their target)",
-        gbps(link as f64),
-        if divided.measured {
-            "what the link carries: the tenants' windows found a queue"
-        } else {
-            "the policy's link capacity"
-        },
-        100.0 * divided.over_target
+        "link estimate {:.3} Gb/s (the most the tenants moved together lately); \
+         {:.0}% of their windows' bytes over target",
+        gbps(view.estimate_bytes_per_sec as f64),
+        100.0 * view.over_target
     );
     println!(
         "{:>4} {:<16} {:<7} {:>9} {:>9} {:>6} {:>11} {:>14} {:>10} {:>5}",
@@ -180,7 +170,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if !args.quiet && last_print.elapsed() >= Duration::from_secs(1) {
             let usage = coordinator.usage();
             let secs = last_print.elapsed().as_secs_f64();
-            print_view(&usage, &last_usage, secs, coordinator.divided_capacity());
+            print_view(
+                &usage,
+                &last_usage,
+                secs,
+                coordinator.policy().link.capacity_bytes_per_sec,
+                coordinator.link_view(),
+            );
             last_usage = usage;
             last_print = Instant::now();
         }

@@ -1020,7 +1020,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         .args(["--table", &format!("demo-{}", std::process::id())])
         .arg("--socket")
         .arg(&socket)
-        .args(args.measure_capacity.then_some("--measure-capacity"))
+        .arg("--quiet")
         .stdin(Stdio::null())
         .stdout(File::create(&coordinator_log).map_err(|e| e.to_string())?)
         .stderr(Stdio::inherit());
@@ -1053,7 +1053,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
     r.say(format!(
         "\nmtrdma on the shared link: {} -> {} shaped to {:.0} Mbit/s ({:.2} MB/s); every tenant a process in its own cgroup, \
          registered with the coordinator; {} s per measurement; bulk with mtrdma: delay windows, {} B pieces{}; \
-         the latency probe {}{}",
+         the latency probe {}",
         link.sender,
         link.receiver,
         link.rate_bps as f64 / 1e6,
@@ -1072,11 +1072,6 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
             format!("at real-time CPU priority (chrt -f {PROBE_PRIORITY}) in every way")
         } else {
             "at normal CPU priority (chrt refused)".to_string()
-        },
-        if args.measure_capacity {
-            "; the coordinator divides what the link is seen to carry (--measure-capacity)"
-        } else {
-            ""
         }
     ));
     let mut site = Site {

@@ -111,9 +111,6 @@ struct Args {
     /// On the link: the windows' queue allowance in bytes at the measured
     /// link rate (perf's `--window-queue`), if not the window's default.
     window_queue: Option<u64>,
-    /// On the link: the coordinator divides what the link is seen to
-    /// carry (its `--measure-capacity`).
-    measure_capacity: bool,
 }
 
 const USAGE: &str = "usage: isolation [--device NAME] [--peer-device NAME] [--out DIR] [--seconds S] [--warmup-ms MS]
@@ -121,7 +118,7 @@ const USAGE: &str = "usage: isolation [--device NAME] [--peer-device NAME] [--ou
     [--chunk BYTES] [--budget BYTES] [--cap-mbps MB/s]
 on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
        isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--chunk BYTES (default 4096)]
-    [--window-target PPM (the windows' queue allowance, see perf --help)] [--window-floor USEC] [--window-queue BYTES] [--measure-capacity (the coordinator divides what the link carries)]
+    [--window-target PPM (the windows' queue allowance, see perf --help)] [--window-floor USEC] [--window-queue BYTES]
     [--scenarios latency,hogs,weights,cap,storm] [--cap-share 0.25]
 the link demo's storm tenant:
        isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET]";
@@ -150,7 +147,6 @@ fn parse() -> Result<Args, String> {
         window_target: None,
         window_floor_us: None,
         window_queue: None,
-        measure_capacity: false,
     };
     fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String>
     where
@@ -173,10 +169,6 @@ fn parse() -> Result<Args, String> {
             }
             "--storm-tenant" => {
                 args.storm_tenant = true;
-                continue;
-            }
-            "--measure-capacity" => {
-                args.measure_capacity = true;
                 continue;
             }
             _ => {}

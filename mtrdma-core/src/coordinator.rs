@@ -2,13 +2,9 @@
 //! registering process is, turns demand into weighted max-min fair rates,
 //! returns what dead processes held, and reloads its policy file.
 //!
-//! The fair rates divide the policy's link capacity (the NIC's nominal
-//! rate). With [`CoordinatorConfig::measure_capacity`], once the tenants'
-//! delay windows report a queue on the link, they divide what the link is
-//! seen to carry instead, a few percent more than the most the tenants
-//! moved together lately, so that weights and caps hold across processes
-//! to a rate's precision rather than a window's (see
-//! [`Coordinator::recompute`]).
+//! It also follows what the tenants move together (the link estimate it
+//! publishes for their delay windows) and the share of bytes their
+//! windows judged over their target ([`Coordinator::link_view`]).
 //!
 //! This is a library type; a daemon is a loop around
 //! [`Coordinator::tick`] (see `examples/coordinator.rs`). Tenants never need
@@ -25,8 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::capacity::{LinkCapacity, LinkSignals};
 use crate::fairshare::{weighted_max_min, Demand};
+use crate::link_observer::{LinkObserver, LinkSignals};
 use crate::policy::{PeerCredentials, Policy, PolicyError};
 use crate::procinfo::{self, ProcessId};
 use crate::table::{DemandCounters, QuotaTable, Reclaimed, TableError, TenantHandle, TenantUsage};
@@ -78,14 +74,6 @@ pub struct CoordinatorConfig {
     pub capacity: u32,
     /// Process slots of the table.
     pub processes: u32,
-    /// Divide what the link is seen to carry, once the tenants' delay
-    /// windows report a queue on it, instead of the policy's link capacity
-    /// (see [`Coordinator::recompute`]). Off by default: on the emulated
-    /// link it kept a capped tenant to its cap next to a free one and
-    /// brought weights closer at 200 Mbit/s, but where the tenants' own
-    /// CPU rather than the link limits them it cost link share (the
-    /// README's figures).
-    pub measure_capacity: bool,
 }
 
 /// What one [`Coordinator::tick`] did.
@@ -105,18 +93,15 @@ pub struct TickReport {
     pub rates: Vec<(TenantId, u64)>,
 }
 
-/// The capacity the coordinator divides among tenants
-/// ([`Coordinator::divided_capacity`]).
+/// What the coordinator sees of the link ([`Coordinator::link_view`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DividedCapacity {
-    /// Bytes per second.
-    pub bytes_per_sec: u64,
-    /// Whether it is measured from the tenants' traffic (the link holds a
-    /// queue) rather than the policy's nominal link capacity.
-    pub measured: bool,
+pub struct LinkView {
+    /// The link estimate published for the tenants' windows: the most
+    /// they moved together lately (bytes per second; 0 while nothing was
+    /// measured).
+    pub estimate_bytes_per_sec: u64,
     /// The share of bytes the tenants' delay windows judged over their
-    /// target lately (0 to 1): at a quarter, the link counts as holding a
-    /// queue.
+    /// target lately (0 to 1).
     pub over_target: f64,
 }
 
@@ -132,9 +117,8 @@ pub struct Coordinator {
     /// Per tenant: its counters at the last recomputation.
     last_counters: HashMap<TenantId, DemandCounters>,
     last_recompute_ns: u64,
-    /// The capacity divided: nominal, or measured once the link holds a
-    /// queue; and the link estimate published for the windows.
-    capacity: LinkCapacity,
+    /// What the tenants move and what their windows judge.
+    link: LinkObserver,
     /// When `tick` last looked at the policy file and for dead processes
     /// (0: never).
     last_housekeeping_ns: u64,
@@ -160,7 +144,6 @@ impl Coordinator {
     /// registrations.
     pub fn start(config: CoordinatorConfig) -> Result<Coordinator, CoordinatorError> {
         let policy = Policy::from_file(&config.policy_path)?;
-        let nominal = policy.link.capacity_bytes_per_sec;
         let policy_mtime = mtime(&config.policy_path);
         let listener = bind(&config.socket)?;
         let table = match QuotaTable::open_writable(&config.table) {
@@ -191,7 +174,7 @@ impl Coordinator {
             reload_requested: Arc::new(AtomicBool::new(false)),
             last_counters: HashMap::new(),
             last_recompute_ns: 0,
-            capacity: LinkCapacity::new(nominal),
+            link: LinkObserver::default(),
             last_housekeeping_ns: 0,
             registration_waiting: None,
         })
@@ -220,8 +203,6 @@ impl Coordinator {
         let policy = Policy::from_file(&self.config.policy_path)?;
         self.table.publish(&policy)?;
         tracing::info!(tenants = policy.tenants.len(), "policy reloaded");
-        self.capacity
-            .set_nominal(policy.link.capacity_bytes_per_sec);
         self.policy = policy;
         Ok(())
     }
@@ -297,22 +278,12 @@ impl Coordinator {
     /// Recomputes the weighted max-min fair byte rates from each tenant's
     /// demand over the last interval and publishes them.
     ///
-    /// The capacity divided is the policy's link capacity; with
-    /// [`CoordinatorConfig::measure_capacity`], once the tenants' delay
-    /// windows report a queue on the link, it is a few percent more than
-    /// the most the tenants were seen to move together lately, so that
-    /// rates, which are kept exactly, decide the weighted shares rather
-    /// than the queue (the windows bound what the few percent would
-    /// queue). The windows' verdicts and what the tenants move are
-    /// followed either way ([`Coordinator::divided_capacity`] tells them).
-    ///
-    /// A tenant with bytes waiting that its rate held back in the interval
-    /// wants all it can get (up to its cap); any other wants what it sent,
-    /// with 25% headroom to grow (one that waits on something else, such as
-    /// its window or its CPU, would not use more). Every tenant is
-    /// published at least its weighted share of the capacity among the
-    /// active tenants (an idle one the share it would get by becoming
-    /// active), so a tenant that wants more can take its share at once.
+    /// A tenant with bytes waiting in its backlog wants all it can get (up
+    /// to its cap); one without wants what it sent, with 25% headroom to
+    /// grow. Every tenant is published at least its weighted share of the
+    /// capacity among the active tenants (an idle one the share it would
+    /// get by becoming active), so a tenant that starts to want more can
+    /// take its share at once rather than 25% more every interval.
     pub fn recompute(&mut self, now_ns: u64) -> Vec<(TenantId, u64)> {
         let Ok(snapshot) = self.table.snapshot() else {
             return Vec::new();
@@ -335,8 +306,6 @@ impl Coordinator {
             let now = self.table.demand_counters(slot);
             let before = self.last_counters.insert(t.id, now).unwrap_or(now);
             let observed = per_sec(now.posted.saturating_sub(before.posted));
-            let throttled = now.backlog > 0
-                && now.throttled_ns.saturating_sub(before.throttled_ns) >= elapsed / 20;
             signals.moved = signals.moved.saturating_add(observed);
             signals.judged = signals
                 .judged
@@ -344,10 +313,10 @@ impl Coordinator {
             signals.over_target = signals
                 .over_target
                 .saturating_add(now.over_target.saturating_sub(before.over_target));
-            let demand = if first {
-                0
-            } else if throttled || (now.backlog > 0 && !self.divides_measured()) {
+            let demand = if now.backlog > 0 {
                 u64::MAX
+            } else if first {
+                0
             } else {
                 observed.saturating_add(observed / 4)
             };
@@ -358,14 +327,10 @@ impl Coordinator {
             });
         }
         if !first {
-            let estimate = self.capacity.update(now_ns, elapsed, signals);
+            let estimate = self.link.update(now_ns, elapsed, signals);
             self.table.set_link_estimate(estimate);
         }
-        let capacity = if self.config.measure_capacity {
-            self.capacity.divided()
-        } else {
-            self.policy.link.capacity_bytes_per_sec
-        };
+        let capacity = self.policy.link.capacity_bytes_per_sec;
         let rates = weighted_max_min(capacity, &demands);
         let active_weight: u128 = demands
             .iter()
@@ -392,25 +357,13 @@ impl Coordinator {
         out
     }
 
-    /// The capacity the fair rates divide now: the policy's link capacity,
-    /// or what the link carries once the tenants' delay windows found a
-    /// queue on it (see [`Coordinator::recompute`]).
-    pub fn divided_capacity(&self) -> DividedCapacity {
-        let measured = self.divides_measured();
-        DividedCapacity {
-            bytes_per_sec: if measured {
-                self.capacity.divided()
-            } else {
-                self.policy.link.capacity_bytes_per_sec
-            },
-            measured,
-            over_target: self.capacity.over_share(),
+    /// The link estimate and the share of bytes the tenants' delay windows
+    /// judged over their target, as of the last recomputation.
+    pub fn link_view(&self) -> LinkView {
+        LinkView {
+            estimate_bytes_per_sec: self.table.link_estimate().unwrap_or(0),
+            over_target: self.link.over_share(),
         }
-    }
-
-    /// Whether the fair rates divide the measured capacity now.
-    fn divides_measured(&self) -> bool {
-        self.config.measure_capacity && self.capacity.measured()
     }
 
     /// Returns the resources of processes that died.

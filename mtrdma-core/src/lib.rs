@@ -4,11 +4,11 @@
 //! tenant is ([`TenantId`]) and which traffic class a work request belongs to
 //! ([`TrafficClass`]).
 
-mod capacity;
 pub mod clock;
 pub mod coordinator;
 mod fairshare;
 mod gcra;
+mod link_observer;
 pub mod policy;
 pub mod procinfo;
 pub mod table;

@@ -26,7 +26,6 @@ impl Setup {
                 policy_path,
                 capacity: 8,
                 processes: 8,
-                measure_capacity: false,
             },
             dir,
         }
@@ -115,13 +114,19 @@ fn reloads_a_changed_policy_and_keeps_the_old_one_when_the_new_is_bad() {
     drop((held, third));
 }
 
-#[test]
-fn fair_rates_follow_demand_and_weights() {
-    let s = Setup::new("fair", TWO);
-    let mut c = Coordinator::start(s.config.clone()).unwrap();
+/// A coordinator of `TWO`, and a handle of each of its tenants.
+fn two_tenants(s: &Setup) -> (Coordinator, QuotaTable, TenantHandle, TenantHandle) {
+    let c = Coordinator::start(s.config.clone()).unwrap();
     let table = QuotaTable::open(&s.config.table).unwrap();
     let light = table.attach(TenantId(1)).unwrap();
     let heavy = table.attach(TenantId(2)).unwrap();
+    (c, table, light, heavy)
+}
+
+#[test]
+fn fair_rates_follow_demand_and_weights() {
+    let s = Setup::new("fair", TWO);
+    let (mut c, table, light, heavy) = two_tenants(&s);
     let t0 = table.now_ns();
     c.recompute(t0);
 
@@ -259,121 +264,52 @@ fn the_link_estimate_follows_what_the_tenants_move_together() {
     );
 }
 
-/// A coordinator of `TWO` (measuring the link's capacity or not) and its
-/// two tenants, both with a backlog.
-fn two_backlogged(
-    s: &Setup,
-    measure_capacity: bool,
-) -> (Coordinator, QuotaTable, TenantHandle, TenantHandle) {
-    let config = CoordinatorConfig {
-        measure_capacity,
-        ..s.config.clone()
-    };
-    let c = Coordinator::start(config).unwrap();
-    let table = QuotaTable::open(&s.config.table).unwrap();
-    let light = table.attach(TenantId(1)).unwrap();
-    let heavy = table.attach(TenantId(2)).unwrap();
+#[test]
+fn the_windows_verdicts_show_in_the_link_view_and_rates_divide_the_policys_capacity() {
+    let s = Setup::new("verdicts", TWO);
+    let (mut c, table, light, heavy) = two_tenants(&s);
     light.add_backlog(1 << 20);
     heavy.add_backlog(1 << 20);
-    (c, table, light, heavy)
-}
-
-#[test]
-fn weights_divide_what_the_link_carries_once_the_windows_see_a_queue() {
-    let s = Setup::new("measured", TWO);
-    let (mut c, table, light, heavy) = two_backlogged(&s, true);
-    let t0 = table.now_ns();
-    c.recompute(t0);
-
-    // The nominal 1 GB/s is far above what the link carries: the two
-    // move 12.5 MB/s together, split 40:60 by their queue (weights 1:3),
-    // with no window over its target. Nothing changes the division.
-    let interval = 20_000_000u64;
-    let mut now = t0;
-    let mut step = |now: &mut u64, over: u64| {
-        light.record_posted(100_000, 25);
-        heavy.record_posted(150_000, 37);
-        light.record_verdicts(100_000, over * 2 / 5);
-        heavy.record_verdicts(150_000, over * 3 / 5);
-        *now += interval;
-        c.recompute(*now)
-    };
-    // For 2.2 s: the windows have settled (a queue they see in their
-    // first two seconds does not count).
-    let mut rates = Vec::new();
-    for _ in 0..110 {
-        rates = step(&mut now, 0);
-    }
-    assert_eq!(
-        rates,
-        vec![(TenantId(1), 250_000_000), (TenantId(2), 750_000_000)]
-    );
-
-    // The windows find every byte over their target: the link is the
-    // bottleneck, and 1:3 of a little more than what it carries is
-    // published (the headroom lets the tenants show it carries more).
-    let measured = step(&mut now, 250_000);
-    let (l, h) = (measured[0].1 as f64, measured[1].1 as f64);
-    assert!(
-        (l + h) / 12.5e6 >= 1.0 && (l + h) / 12.5e6 < 1.05,
-        "{measured:?}"
-    );
-    assert!((h / l - 3.0).abs() < 0.01, "{measured:?}");
-
-    // The light tenant's shared limiter keeps it to its share: over
-    // 100 ms of virtual time it may send about l / 10 bytes, and what it
-    // may catch up on besides.
-    let mut sent = 0u64;
-    let start = now;
-    for i in 0..10_000u64 {
-        if light.check_rate(start + i * 10_000, 4096, 1).is_ok() {
-            sent += 4096;
-        }
-    }
-    let tolerance = l * FAIR_RATE_TOLERANCE_NS as f64 / 1e9;
-    assert!(
-        (sent as f64) < l / 10.0 + tolerance + 2.0 * 4096.0,
-        "{sent} for {l}"
-    );
-    assert!((sent as f64) > l / 10.0 - 2.0 * 4096.0, "{sent} for {l}");
-
-    // No window judges anything for a second (no tenant uses one): the
-    // nominal capacity is divided again.
-    for _ in 0..55 {
-        light.record_posted(100_000, 25);
-        heavy.record_posted(150_000, 37);
-        now += interval;
-        rates = c.recompute(now);
-    }
-    assert_eq!(
-        rates,
-        vec![(TenantId(1), 250_000_000), (TenantId(2), 750_000_000)]
-    );
-}
-
-#[test]
-fn without_measure_capacity_the_policys_capacity_is_divided_whatever_the_windows_see() {
-    let s = Setup::new("nominal", TWO);
-    let (mut c, table, light, heavy) = two_backlogged(&s, false);
     let mut now = table.now_ns();
     c.recompute(now);
+    assert_eq!(c.link_view().over_target, 0.0);
+    // 20 ms intervals: the two move 12.5 MB/s together and their windows
+    // find 40% of their bytes over target.
     let mut rates = Vec::new();
-    for _ in 0..20 {
+    for _ in 0..60 {
         light.record_posted(100_000, 25);
         heavy.record_posted(150_000, 37);
-        light.record_verdicts(100_000, 100_000);
-        heavy.record_verdicts(150_000, 150_000);
+        light.record_verdicts(100_000, 40_000);
+        heavy.record_verdicts(150_000, 60_000);
         now += 20_000_000;
         rates = c.recompute(now);
     }
+    let view = c.link_view();
+    assert!((view.over_target - 0.4).abs() < 0.01, "{view:?}");
+    assert!(
+        (view.estimate_bytes_per_sec as f64 / 12.5e6 - 1.0).abs() < 0.02,
+        "{view:?}"
+    );
+    // The rates divide the policy's capacity whatever the windows see.
     assert_eq!(
         rates,
         vec![(TenantId(1), 250_000_000), (TenantId(2), 750_000_000)]
     );
-    // The verdicts are followed all the same (the daemon's view shows
-    // them).
-    let divided = c.divided_capacity();
-    assert!(!divided.measured);
-    assert_eq!(divided.bytes_per_sec, 1_000_000_000);
-    assert!(divided.over_target > 0.9, "{divided:?}");
+}
+
+#[test]
+fn a_tenant_that_starts_sending_may_take_its_share_at_once() {
+    let s = Setup::new("share", TWO);
+    let (mut c, table, light, heavy) = two_tenants(&s);
+    heavy.add_backlog(1 << 20);
+    let mut now = table.now_ns();
+    c.recompute(now);
+    // The light tenant sends a trickle with nothing waiting: it is
+    // published its weighted share (1/4), not 1.25 times its trickle.
+    for _ in 0..5 {
+        light.record_posted(1_000, 1);
+        now += 20_000_000;
+        let rates = c.recompute(now);
+        assert_eq!(rates[0], (TenantId(1), 250_000_000), "{rates:?}");
+    }
 }

@@ -267,7 +267,6 @@ fn killed_process_is_reclaimed_within_one_second() {
         policy_path,
         capacity: 4,
         processes: 8,
-        measure_capacity: false,
     })
     .unwrap();
     let mut kid = Kid::spawn(

@@ -146,9 +146,9 @@ pub trait Window: fmt::Debug + Send {
     /// What the window made of the pieces completed since the last call:
     /// the bytes it judged and those it found over its target (a queue
     /// longer than it allows). The engine adds them to the tenant's
-    /// counters in the quota table, where the coordinator reads whether
-    /// the link holds a queue (see `mtrdma_core::coordinator`). The
-    /// default judges nothing.
+    /// counters in the quota table, and the coordinator shows the share
+    /// over target (`mtrdma_core::coordinator::Coordinator::link_view`).
+    /// The default judges nothing.
     fn take_verdicts(&mut self) -> Verdicts {
         Verdicts::default()
     }

@@ -17,8 +17,8 @@ use crate::{TenantId, TrafficClass};
 /// nanoseconds of that rate: the burst its fair rate allows. A sender that
 /// sleeps until its next piece conforms wakes late by the time the host
 /// takes to run it (hundreds of microseconds on a loaded emulated CPU);
-/// without this allowance that time is lost at every piece, and a tenant
-/// held to its fair share moved a quarter less than it.
+/// without this allowance that time is lost for good at every piece, and a
+/// tenant held to its fair rate moves less than the rate.
 pub const FAIR_RATE_TOLERANCE_NS: u64 = 1_000_000;
 
 /// Subtracts without wrapping below zero (a corrupted or double release

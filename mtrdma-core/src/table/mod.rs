@@ -62,8 +62,6 @@ pub(crate) struct DemandCounters {
     pub(crate) posted: u64,
     /// Bytes waiting in software backlogs now.
     pub(crate) backlog: u64,
-    /// Nanoseconds its callers were told to wait by its rate limits.
-    pub(crate) throttled_ns: u64,
     /// Bytes its delay windows judged, and those over their target.
     pub(crate) judged: u64,
     pub(crate) over_target: u64,
@@ -833,7 +831,6 @@ impl QuotaTable {
         DemandCounters {
             posted: l(&st.bytes_posted),
             backlog: l(&st.backlog_bytes),
-            throttled_ns: l(&st.throttled_ns),
             judged: l(&st.judged_bytes),
             over_target: l(&st.over_target_bytes),
         }
