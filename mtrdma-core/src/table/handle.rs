@@ -525,15 +525,14 @@ impl TenantHandle {
         if fair != i.seen_fair.load(Ordering::Relaxed) {
             let cap = i.byte_cap.load(Ordering::Relaxed);
             let burst = i.byte_burst.load(Ordering::Relaxed);
-            let (rate, burst) = match (cap, fair) {
-                (0, 0) => (0, 0),
-                (c, f) if c != 0 && (f == 0 || c <= f) => (c, burst),
+            let (rate, burst) = if fair == 0 || (cap != 0 && cap <= fair) {
+                // The policy's cap binds (or nothing does: rate 0).
+                (cap, burst)
+            } else {
                 // The fair rate binds: a sender woken late may catch up on
                 // what it was owed, up to FAIR_RATE_TOLERANCE_NS of it.
-                (_, f) => {
-                    let owed = u128::from(f) * u128::from(FAIR_RATE_TOLERANCE_NS) / 1_000_000_000;
-                    (f, burst.max(u64::try_from(owed).unwrap_or(u64::MAX)))
-                }
+                let owed = u128::from(fair) * u128::from(FAIR_RATE_TOLERANCE_NS) / 1_000_000_000;
+                (fair, burst.max(u64::try_from(owed).unwrap_or(u64::MAX)))
             };
             i.bytes.set((rate != 0).then_some(RateCap {
                 per_second: rate,
@@ -569,9 +568,8 @@ impl TenantHandle {
 
     /// Adds the verdicts of this tenant's delay windows on completed
     /// pieces: `judged` bytes, `over_target` of them over the window's
-    /// target. The coordinator reads from them whether the link holds a
-    /// queue, and then divides what the link carries rather than its
-    /// nominal rate.
+    /// target. The coordinator shows the share over target
+    /// (`Coordinator::link_view`).
     #[inline]
     pub fn record_verdicts(&self, judged: u64, over_target: u64) {
         let st = self.state();

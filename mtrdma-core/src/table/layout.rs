@@ -124,7 +124,7 @@ pub(crate) struct TenantState {
     /// Admission refusals.
     pub(crate) refusals: AtomicU64,
     /// Bytes of completed pieces the tenant's delay windows judged, and
-    /// those they found over their target: whether the link holds a queue.
+    /// those they found over their target (the coordinator shows the share).
     pub(crate) judged_bytes: AtomicU64,
     pub(crate) over_target_bytes: AtomicU64,
     pub(crate) _reserved: [AtomicU64; 2],

@@ -823,8 +823,9 @@ impl QuotaTable {
     }
 
     /// What the coordinator's fair-rate computation reads of tenant slot
-    /// `slot`: bytes posted so far and bytes waiting in backlogs. Two
-    /// loads, nothing allocated (it runs every few milliseconds).
+    /// `slot`: bytes posted so far, bytes waiting in backlogs, and the
+    /// bytes its windows judged and found over target. Four loads, nothing
+    /// allocated (it runs every few milliseconds).
     pub(crate) fn demand_counters(&self, slot: u32) -> DemandCounters {
         let st = self.tenant_state(slot);
         let l = |w: &AtomicU64| w.load(Ordering::Relaxed);
