@@ -83,12 +83,9 @@ fn gbps(bytes_per_sec: f64) -> f64 {
 fn print_view(usage: &[TenantUsage], last: &[TenantUsage], secs: f64, link: u64, view: LinkView) {
     println!(
         "link estimate {:.3} Gb/s (the most the tenants moved together lately); \
-         {:.0}% of their windows' bytes over target; {} tenants held at their weighted share \
-         ({} holds dropped for idling the link)",
+         {:.0}% of their windows' bytes over target",
         gbps(view.estimate_bytes_per_sec as f64),
-        100.0 * view.over_target,
-        view.held,
-        view.holds_dropped
+        100.0 * view.over_target
     );
     println!(
         "{:>4} {:<16} {:<7} {:>9} {:>9} {:>6} {:>11} {:>14} {:>10} {:>5}",

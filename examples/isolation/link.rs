@@ -1020,6 +1020,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         .args(["--table", &format!("demo-{}", std::process::id())])
         .arg("--socket")
         .arg(&socket)
+        .arg("--quiet")
         .stdin(Stdio::null())
         .stdout(File::create(&coordinator_log).map_err(|e| e.to_string())?)
         .stderr(Stdio::inherit());

@@ -26,7 +26,6 @@ use crate::link_observer::{LinkObserver, LinkSignals};
 use crate::policy::{PeerCredentials, Policy, PolicyError};
 use crate::procinfo::{self, ProcessId};
 use crate::table::{DemandCounters, QuotaTable, Reclaimed, TableError, TenantHandle, TenantUsage};
-use crate::weight_keeper::{Moved, WeightKeeper};
 use crate::TenantId;
 
 /// The first line a registering process sends.
@@ -104,12 +103,6 @@ pub struct LinkView {
     /// The share of bytes the tenants' delay windows judged over their
     /// target lately (0 to 1).
     pub over_target: f64,
-    /// Tenants paced at their weighted share of what the tenants move now
-    /// (each moved more than it while another, wanting more, moved less).
-    pub held: usize,
-    /// How many times such holds were dropped because the link moved less
-    /// with them (the room they left went to no one).
-    pub holds_dropped: u64,
 }
 
 /// The coordinator (see the module docs).
@@ -126,8 +119,6 @@ pub struct Coordinator {
     last_recompute_ns: u64,
     /// What the tenants move and what their windows judge.
     link: LinkObserver,
-    /// Who moves more than its weighted share of what is moved.
-    weights: WeightKeeper,
     /// When `tick` last looked at the policy file and for dead processes
     /// (0: never).
     last_housekeeping_ns: u64,
@@ -184,7 +175,6 @@ impl Coordinator {
             last_counters: HashMap::new(),
             last_recompute_ns: 0,
             link: LinkObserver::default(),
-            weights: WeightKeeper::default(),
             last_housekeeping_ns: 0,
             registration_waiting: None,
         })
@@ -294,12 +284,6 @@ impl Coordinator {
     /// capacity among the active tenants (an idle one the share it would
     /// get by becoming active), so a tenant that starts to want more can
     /// take its share at once rather than 25% more every interval.
-    ///
-    /// The link's nominal rate binds no one on a slower link, so weights
-    /// are also kept on what the tenants move: a tenant that moves more
-    /// than its weighted share of it, while another that wants more moves
-    /// less than its own, is published its share and 3% more until that
-    /// changes (see `weight_keeper`).
     pub fn recompute(&mut self, now_ns: u64) -> Vec<(TenantId, u64)> {
         let Ok(snapshot) = self.table.snapshot() else {
             return Vec::new();
@@ -317,7 +301,6 @@ impl Coordinator {
         tenants.sort_by_key(|(t, _)| t.id);
         let per_sec = |bytes: u64| (u128::from(bytes) * 1_000_000_000 / u128::from(elapsed)) as u64;
         let mut demands = Vec::with_capacity(tenants.len());
-        let mut moved = Vec::with_capacity(tenants.len());
         let mut signals = LinkSignals::default();
         for &(t, slot) in &tenants {
             let now = self.table.demand_counters(slot);
@@ -342,21 +325,11 @@ impl Coordinator {
                 demand,
                 cap: t.rate.map(|c| c.per_second),
             });
-            moved.push(Moved {
-                id: t.id,
-                weight: t.weight,
-                cap: t.rate.map(|c| c.per_second),
-                backlogged: now.backlog > 0,
-                rate: observed,
-            });
         }
-        let holds = if first {
-            vec![None; tenants.len()]
-        } else {
+        if !first {
             let estimate = self.link.update(now_ns, elapsed, signals);
             self.table.set_link_estimate(estimate);
-            self.weights.update(elapsed, &moved)
-        };
+        }
         let capacity = self.policy.link.capacity_bytes_per_sec;
         let rates = weighted_max_min(capacity, &demands);
         let active_weight: u128 = demands
@@ -365,7 +338,7 @@ impl Coordinator {
             .map(|d| u128::from(d.weight.max(1)))
             .sum();
         let mut out = Vec::with_capacity(tenants.len());
-        for (((&(t, slot), d), rate), hold) in tenants.iter().zip(&demands).zip(rates).zip(holds) {
+        for ((&(t, slot), d), rate) in tenants.iter().zip(&demands).zip(rates) {
             // Its weighted share among the active tenants (with itself
             // counted in if idle), within its cap.
             let w = u128::from(d.weight.max(1));
@@ -377,7 +350,6 @@ impl Coordinator {
             let share = (u128::from(capacity) * w / among.max(1)) as u64;
             let share = d.cap.map_or(share, |c| c.min(share));
             let published = rate.max(share);
-            let published = hold.map_or(published, |h| h.min(published));
             self.table.set_fair_rate(slot, published.max(1));
             out.push((t.id, published));
         }
@@ -391,8 +363,6 @@ impl Coordinator {
         LinkView {
             estimate_bytes_per_sec: self.table.link_estimate().unwrap_or(0),
             over_target: self.link.over_share(),
-            held: self.weights.held().0,
-            holds_dropped: self.weights.held().1,
         }
     }
 

@@ -13,7 +13,6 @@ pub mod policy;
 pub mod procinfo;
 pub mod table;
 mod tenant;
-mod weight_keeper;
 
 pub use fairshare::{weighted_max_min, Demand};
 pub use gcra::{gcra_decide, gcra_shared, EmissionInterval};
