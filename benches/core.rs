@@ -27,17 +27,17 @@ use std::num::NonZeroU32;
 use criterion::{criterion_main, Criterion, Throughput};
 use governor::{Quota, RateLimiter};
 use mtrdma::core::clock::monotonic_ns;
-use mtrdma::core::{LinkConfig, Policy, QuotaTable, RateCap, TenantId, TenantPolicy};
+use mtrdma::core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId};
 
 const RATE: u32 = 1_000_000_000;
 const BURST: u32 = 1_000;
 
 fn table(tag: &str) -> (String, QuotaTable) {
     let name = format!("bench-{tag}-{}", std::process::id());
-    let tenant = TenantPolicy::new(TenantId(1), "bench")
+    let tenant = TenantEntry::new(TenantId(1), "bench")
         .with_max_qps(1_000)
         .with_max_mr_bytes(1 << 40)
-        .with_rate(RateCap::new(u64::from(RATE), u64::from(BURST)));
+        .with_rate(RateLimit::new(u64::from(RATE), u64::from(BURST)));
     let policy = Policy::new(LinkConfig::new(12_500_000_000), vec![tenant]);
     let table = QuotaTable::create(&name, 16, 16, &policy).expect("create a shared table");
     (name, table)

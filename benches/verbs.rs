@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime};
 
 use criterion::{criterion_main, Criterion, Throughput};
-use mtrdma::core::{LinkConfig, Policy, QuotaTable, RateCap, TenantId, TenantPolicy};
+use mtrdma::core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId};
 use mtrdma::verbs::bench::{self, HeapRegion, HostCompletion, NullScheduler, NullSink};
 use mtrdma::verbs::{RemoteRegion, ScheduleConfig, SendOp, SharedConfig};
 
@@ -143,8 +143,8 @@ fn data_path(c: &mut Criterion) {
     });
     drop(qps);
 
-    let tenant = TenantPolicy::new(TenantId(1), "bench")
-        .with_rate(RateCap::new(1 << 40, 1 << 30))
+    let tenant = TenantEntry::new(TenantId(1), "bench")
+        .with_rate(RateLimit::new(1 << 40, 1 << 30))
         .with_max_qps(1_000)
         .with_max_mr_bytes(1 << 40);
     let policy = Policy::new(LinkConfig::new(1 << 40), vec![tenant]);

@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 
 use mtrdma::core::coordinator::register;
 use mtrdma::core::{
-    AdmissionError, LinkConfig, Policy, QuotaTable, RateCap, TenantHandle, TenantId, TenantPolicy,
+    AdmissionError, LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantHandle, TenantId,
     TrafficClass,
 };
 use mtrdma::sched::{DelayWindowConfig, Nanos};
@@ -742,7 +742,7 @@ fn tenant_handle(a: &Args, chunk: u64) -> Result<Option<(TenantHandle, String)>,
         return Ok(Some((handle, desc)));
     }
     let cap = a.cap_mbps.map(|x| {
-        RateCap::new(
+        RateLimit::new(
             (x * MIB).round().max(1.0) as u64,
             chunk.max(64 << 10), // one chunk may go back-to-back
         )
@@ -752,7 +752,7 @@ fn tenant_handle(a: &Args, chunk: u64) -> Result<Option<(TenantHandle, String)>,
         (None, Some(cap)) => {
             let policy = Policy::new(
                 LinkConfig::new(12_500_000_000), // 100 Gbit/s: only the cap binds
-                vec![TenantPolicy::new(TenantId(1), "perf").with_rate(cap)],
+                vec![TenantEntry::new(TenantId(1), "perf").with_rate(cap)],
             );
             (policy, TenantId(1))
         }
@@ -789,7 +789,7 @@ fn tenant_handle(a: &Args, chunk: u64) -> Result<Option<(TenantHandle, String)>,
                 }
             };
             if let Some(cap) = cap {
-                policy.tenants[index].rate = Some(cap);
+                policy.tenants[index].schedule.byte_cap = Some(cap);
             }
             let id = policy.tenants[index].id;
             (policy, id)
@@ -801,13 +801,13 @@ fn tenant_handle(a: &Args, chunk: u64) -> Result<Option<(TenantHandle, String)>,
         .map_err(|e| format!("attaching as tenant {}: {e}", id.0))?;
     let t = policy.tenant(id).cloned().unwrap_or_else(|| {
         // `attach` found it, so the policy has it; keep a sane fallback.
-        TenantPolicy::new(id, "?")
+        TenantEntry::new(id, "?")
     });
     let mut desc = format!(
         "{} (id {}, {:?} class, weight {}",
-        t.name, id.0, t.class, t.weight
+        t.name, id.0, t.class, t.schedule.weight
     );
-    match t.rate {
+    match t.schedule.byte_cap {
         Some(r) => {
             let _ = write!(
                 desc,
@@ -818,7 +818,7 @@ fn tenant_handle(a: &Args, chunk: u64) -> Result<Option<(TenantHandle, String)>,
         }
         None => desc.push_str(", no byte-rate cap"),
     }
-    if let Some(r) = t.wr_rate {
+    if let Some(r) = t.schedule.wr_cap {
         let _ = write!(desc, ", {} WR/s cap", r.per_second);
     }
     desc.push(')');

@@ -16,5 +16,5 @@ pub use mtrdma_sched as sched;
 #[doc(inline)]
 pub use mtrdma_verbs as verbs;
 
-pub use mtrdma_core::{TenantId, TrafficClass};
+pub use mtrdma_sched::{TenantId, TrafficClass};
 pub use mtrdma_verbs::{Context, Error};

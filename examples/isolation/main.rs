@@ -60,7 +60,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use mtrdma::core::{
-    AdmissionError, LinkConfig, Policy, QuotaTable, RateCap, TenantHandle, TenantId, TenantPolicy,
+    AdmissionError, LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantHandle, TenantId,
     TrafficClass,
 };
 use mtrdma::verbs::{
@@ -242,24 +242,24 @@ fn parse() -> Result<Args, String> {
 
 /// The demo's tenants, all in one policy and one quota table.
 fn policy(args: &Args) -> Policy {
-    let mut tenants = vec![TenantPolicy::new(PROBE, "latency").with_class(TrafficClass::Latency)];
+    let mut tenants = vec![TenantEntry::new(PROBE, "latency").with_class(TrafficClass::Latency)];
     let most = args.bulk.iter().copied().max().unwrap_or(1) as u32;
     for i in 0..most {
-        tenants.push(TenantPolicy::new(TenantId(BULK0 + i), format!("bulk{i}")));
+        tenants.push(TenantEntry::new(TenantId(BULK0 + i), format!("bulk{i}")));
     }
     for (id, w) in WEIGHTED {
-        tenants.push(TenantPolicy::new(TenantId(id), format!("weight{w}")).with_weight(w));
+        tenants.push(TenantEntry::new(TenantId(id), format!("weight{w}")).with_weight(w));
     }
     let cap = (args.cap_mbps * 1e6) as u64;
     // A burst of four chunks: the capped tenant may catch up a turn it
     // lost because the bulk budget was full when its time came.
     let burst = args.chunk.saturating_mul(4);
-    tenants.push(TenantPolicy::new(CAPPED, "capped").with_rate(RateCap::new(cap, burst)));
-    tenants.push(TenantPolicy::new(FREE, "free"));
+    tenants.push(TenantEntry::new(CAPPED, "capped").with_rate(RateLimit::new(cap, burst)));
+    tenants.push(TenantEntry::new(FREE, "free"));
     tenants.push(
-        TenantPolicy::new(STORM, "storm")
-            .with_qp_create_rate(RateCap::new(STORM_RATE, 5))
-            .with_mr_reg_rate(RateCap::new(STORM_RATE, 5)),
+        TenantEntry::new(STORM, "storm")
+            .with_qp_create_rate(RateLimit::new(STORM_RATE, 5))
+            .with_mr_reg_rate(RateLimit::new(STORM_RATE, 5)),
     );
     Policy::new(LinkConfig::new(100_000_000_000), tenants)
 }

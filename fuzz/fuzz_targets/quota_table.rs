@@ -7,16 +7,16 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateCap, TenantId, TenantPolicy, TrafficClass};
+use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantId, TenantEntry, TrafficClass};
 
 fn valid() -> (Vec<u8>, Vec<u8>) {
     let policy = Policy::new(
         LinkConfig::new(12_500_000_000),
         vec![
-            TenantPolicy::new(TenantId(1), "kv").with_class(TrafficClass::Latency),
-            TenantPolicy::new(TenantId(2), "bulk")
+            TenantEntry::new(TenantId(1), "kv").with_class(TrafficClass::Latency),
+            TenantEntry::new(TenantId(2), "bulk")
                 .with_weight(3)
-                .with_rate(RateCap::new(1_000_000, 4096)),
+                .with_rate(RateLimit::new(1_000_000, 4096)),
         ],
     );
     QuotaTable::embedded_with_capacity(&policy, 4, 4)

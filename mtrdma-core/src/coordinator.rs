@@ -292,7 +292,7 @@ impl Coordinator {
         let first = self.last_recompute_ns == 0;
         self.last_recompute_ns = now_ns;
         // The policy's tenants in id order, with their slots' counters.
-        let mut tenants: Vec<(&crate::policy::TenantPolicy, u32)> = snapshot
+        let mut tenants: Vec<(&crate::policy::TenantEntry, u32)> = snapshot
             .policy
             .tenants
             .iter()
@@ -321,9 +321,9 @@ impl Coordinator {
                 observed.saturating_add(observed / 4)
             };
             demands.push(Demand {
-                weight: t.weight,
+                weight: t.schedule.weight,
                 demand,
-                cap: t.rate.map(|c| c.per_second),
+                cap: t.schedule.byte_cap.map(|c| c.per_second),
             });
         }
         if !first {

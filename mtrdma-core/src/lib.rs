@@ -1,23 +1,25 @@
-//! Tenants, policies and everything of mtrdma that crosses a process boundary.
+//! Tenants' policies, the shared-memory quota table and the coordinator:
+//! everything of mtrdma that crosses a process boundary.
 //!
-//! This crate holds the types every other mtrdma crate speaks in: who a
-//! tenant is ([`TenantId`]) and which traffic class a work request belongs to
-//! ([`TrafficClass`]).
+//! The pure types every mtrdma crate speaks in (who a tenant is,
+//! [`TenantId`]; the class of a work request, [`TrafficClass`]; rates,
+//! [`RateLimit`]; how a tenant is scheduled, [`TenantPolicy`]; the GCRA
+//! step) are `mtrdma-sched`'s, re-exported here.
 
 pub mod clock;
 pub mod coordinator;
 mod fairshare;
-mod gcra;
 mod link_observer;
 pub mod policy;
 pub mod procinfo;
 pub mod table;
-mod tenant;
 
 pub use fairshare::{weighted_max_min, Demand};
-pub use gcra::{gcra_decide, gcra_shared, EmissionInterval};
+pub use mtrdma_sched::{
+    gcra_decide, gcra_shared, EmissionInterval, RateLimit, TenantId, TenantPolicy, TrafficClass,
+    MAX_WEIGHT,
+};
 pub use policy::{
-    LinkConfig, MatchRule, PeerCredentials, Policy, PolicyError, RateCap, TenantPolicy, TenantRef,
+    LinkConfig, MatchRule, PeerCredentials, Policy, PolicyError, TenantEntry, TenantRef,
 };
 pub use table::{AdmissionError, QuotaTable, TableError, TenantHandle};
-pub use tenant::{TenantId, TrafficClass};

@@ -1,7 +1,7 @@
 //! Tenant policies: who a tenant is, what it may use, and how its processes
 //! are recognised; read from a TOML policy file and validated.
 //!
-//! A policy is either built in code ([`Policy::new`], [`TenantPolicy::new`]
+//! A policy is either built in code ([`Policy::new`], [`TenantEntry::new`]
 //! and its `with_*` methods, then [`Policy::validate`]) or read from a file
 //! ([`Policy::from_file`], [`Policy::from_toml_str`]), which validates it.
 //!
@@ -51,7 +51,7 @@
 //! "#)?;
 //! let kv = policy.tenant(TenantId(1)).unwrap();
 //! assert_eq!(kv.class, TrafficClass::Latency);
-//! assert_eq!(kv.rate.unwrap().per_second, 1_250_000_000);
+//! assert_eq!(kv.schedule.byte_cap.unwrap().per_second, 1_250_000_000);
 //! assert_eq!(policy.link.capacity_bytes_per_sec, 12_500_000_000);
 //! # Ok::<(), mtrdma_core::PolicyError>(())
 //! ```
@@ -63,7 +63,7 @@ mod validate;
 
 use std::path::Path;
 
-use crate::{TenantId, TrafficClass};
+use crate::{RateLimit, TenantId, TenantPolicy, TrafficClass};
 
 pub use error::{PolicyError, TenantRef};
 
@@ -73,7 +73,7 @@ pub struct Policy {
     /// The link whose capacity the fair rates divide.
     pub link: LinkConfig,
     /// The tenants, in file order (which decides [`Policy::tenant_for_peer`]).
-    pub tenants: Vec<TenantPolicy>,
+    pub tenants: Vec<TenantEntry>,
 }
 
 /// The link shared by all tenants.
@@ -110,26 +110,6 @@ impl LinkConfig {
             recompute_interval_ms: ms,
             ..self
         }
-    }
-}
-
-/// A rate limit: a sustained rate and a burst, in the same unit (bytes, work
-/// requests, or operations).
-///
-/// `burst` is how many units may go back-to-back beyond the sustained rate
-/// (0: strictly paced), as in `mtrdma_sched::RateLimit`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RateCap {
-    /// Units per second; greater than 0.
-    pub per_second: u64,
-    /// Units allowed in a burst on top of the sustained rate.
-    pub burst: u64,
-}
-
-impl RateCap {
-    /// `per_second` units per second with a burst of `burst` units.
-    pub const fn new(per_second: u64, burst: u64) -> RateCap {
-        RateCap { per_second, burst }
     }
 }
 
@@ -235,31 +215,32 @@ pub struct PeerCredentials {
     pub cgroup: Option<String>,
 }
 
-/// One tenant's identity and limits.
+/// One tenant of a [`Policy`]: its identity, how its work is scheduled
+/// (a [`TenantPolicy`], the same the schedulers of `mtrdma-sched` take) and
+/// its quotas.
 ///
 /// ```
-/// use mtrdma_core::{RateCap, TenantId, TenantPolicy, TrafficClass};
-/// let t = TenantPolicy::new(TenantId(1), "kv-latency")
+/// use mtrdma_core::{RateLimit, TenantEntry, TenantId, TrafficClass};
+/// let t = TenantEntry::new(TenantId(1), "kv-latency")
 ///     .with_class(TrafficClass::Latency)
 ///     .with_weight(4)
-///     .with_rate(RateCap::new(1_250_000_000, 64 << 10));
-/// assert_eq!(t.max_qps, TenantPolicy::DEFAULT_MAX_QPS);
+///     .with_rate(RateLimit::new(1_250_000_000, 64 << 10));
+/// assert_eq!(t.max_qps, TenantEntry::DEFAULT_MAX_QPS);
+/// assert_eq!(t.schedule.weight, 4);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TenantPolicy {
+pub struct TenantEntry {
     /// The tenant's id; unique within a policy.
     pub id: TenantId,
     /// The tenant's name: 1 to 31 bytes of `A-Z a-z 0-9 _ . -`; unique.
     pub name: String,
     /// The class of the tenant's work requests; default [`TrafficClass::Bulk`].
     pub class: TrafficClass,
-    /// Share of the link relative to other tenants: 1 to 1,000,000, default 1.
-    pub weight: u32,
-    /// Cap on the bytes per second the tenant posts, with a burst in bytes.
-    pub rate: Option<RateCap>,
-    /// Cap on the work requests per second the tenant posts, with a burst in
-    /// work requests.
-    pub wr_rate: Option<RateCap>,
+    /// How its work is scheduled: its share of the link relative to other
+    /// tenants (`weight`, 1 to [`MAX_WEIGHT`](crate::MAX_WEIGHT), default 1), and caps on the
+    /// bytes (`byte_cap`, burst in bytes) and work requests (`wr_cap`,
+    /// burst in work requests) it posts per second.
+    pub schedule: TenantPolicy,
     /// Most queue pairs the tenant may hold at once; default 1024.
     pub max_qps: u32,
     /// Most bytes of memory regions the tenant may hold at once; default 1 GiB.
@@ -268,19 +249,15 @@ pub struct TenantPolicy {
     /// default 4096.
     pub max_outstanding_wr: u32,
     /// Cap on queue pair creations per second (against control-path storms).
-    pub qp_create_rate: Option<RateCap>,
+    pub qp_create_rate: Option<RateLimit>,
     /// Cap on memory region registrations per second.
-    pub mr_reg_rate: Option<RateCap>,
+    pub mr_reg_rate: Option<RateLimit>,
     /// Rules that recognise the tenant's processes when a coordinator assigns
     /// identities; any one matching is enough.
     pub matches: Vec<MatchRule>,
 }
 
-impl TenantPolicy {
-    /// Default weight.
-    pub const DEFAULT_WEIGHT: u32 = 1;
-    /// Largest allowed weight.
-    pub const MAX_WEIGHT: u32 = 1_000_000;
+impl TenantEntry {
     /// Default [`max_qps`](Self::max_qps).
     pub const DEFAULT_MAX_QPS: u32 = 1024;
     /// Default [`max_mr_bytes`](Self::max_mr_bytes): 1 GiB.
@@ -293,17 +270,15 @@ impl TenantPolicy {
     /// A tenant with the defaults: bulk class, weight 1, no rate caps,
     /// 1024 QPs, 1 GiB of memory regions, 4096 outstanding work requests and
     /// no match rules.
-    pub fn new(id: TenantId, name: impl Into<String>) -> TenantPolicy {
-        TenantPolicy {
+    pub fn new(id: TenantId, name: impl Into<String>) -> TenantEntry {
+        TenantEntry {
             id,
             name: name.into(),
             class: TrafficClass::default(),
-            weight: TenantPolicy::DEFAULT_WEIGHT,
-            rate: None,
-            wr_rate: None,
-            max_qps: TenantPolicy::DEFAULT_MAX_QPS,
-            max_mr_bytes: TenantPolicy::DEFAULT_MAX_MR_BYTES,
-            max_outstanding_wr: TenantPolicy::DEFAULT_MAX_OUTSTANDING_WR,
+            schedule: TenantPolicy::default(),
+            max_qps: TenantEntry::DEFAULT_MAX_QPS,
+            max_mr_bytes: TenantEntry::DEFAULT_MAX_MR_BYTES,
+            max_outstanding_wr: TenantEntry::DEFAULT_MAX_OUTSTANDING_WR,
             qp_create_rate: None,
             mr_reg_rate: None,
             matches: Vec::new(),
@@ -311,70 +286,67 @@ impl TenantPolicy {
     }
 
     /// Sets the traffic class.
-    pub fn with_class(self, class: TrafficClass) -> TenantPolicy {
-        TenantPolicy { class, ..self }
+    pub fn with_class(self, class: TrafficClass) -> TenantEntry {
+        TenantEntry { class, ..self }
     }
 
     /// Sets the weight.
-    pub fn with_weight(self, weight: u32) -> TenantPolicy {
-        TenantPolicy { weight, ..self }
+    pub fn with_weight(mut self, weight: u32) -> TenantEntry {
+        self.schedule.weight = weight;
+        self
     }
 
     /// Caps the byte rate (bytes/s, burst in bytes).
-    pub fn with_rate(self, cap: RateCap) -> TenantPolicy {
-        TenantPolicy {
-            rate: Some(cap),
-            ..self
-        }
+    pub fn with_rate(mut self, cap: RateLimit) -> TenantEntry {
+        self.schedule.byte_cap = Some(cap);
+        self
     }
 
     /// Caps the work request rate (WRs/s, burst in WRs).
-    pub fn with_wr_rate(self, cap: RateCap) -> TenantPolicy {
-        TenantPolicy {
-            wr_rate: Some(cap),
-            ..self
-        }
+    pub fn with_wr_rate(mut self, cap: RateLimit) -> TenantEntry {
+        self.schedule.wr_cap = Some(cap);
+        self
     }
 
     /// Sets the most queue pairs held at once.
-    pub fn with_max_qps(self, max_qps: u32) -> TenantPolicy {
-        TenantPolicy { max_qps, ..self }
+    pub fn with_max_qps(self, max_qps: u32) -> TenantEntry {
+        TenantEntry { max_qps, ..self }
     }
 
     /// Sets the most memory region bytes held at once.
-    pub fn with_max_mr_bytes(self, max_mr_bytes: u64) -> TenantPolicy {
-        TenantPolicy {
+    pub fn with_max_mr_bytes(self, max_mr_bytes: u64) -> TenantEntry {
+        TenantEntry {
             max_mr_bytes,
             ..self
         }
     }
 
     /// Sets the most outstanding work requests.
-    pub fn with_max_outstanding_wr(self, max_outstanding_wr: u32) -> TenantPolicy {
-        TenantPolicy {
+    pub fn with_max_outstanding_wr(self, max_outstanding_wr: u32) -> TenantEntry {
+        TenantEntry {
             max_outstanding_wr,
             ..self
         }
     }
 
     /// Caps queue pair creations per second.
-    pub fn with_qp_create_rate(self, cap: RateCap) -> TenantPolicy {
-        TenantPolicy {
+    pub fn with_qp_create_rate(self, cap: RateLimit) -> TenantEntry {
+        TenantEntry {
             qp_create_rate: Some(cap),
             ..self
         }
     }
 
     /// Caps memory region registrations per second.
-    pub fn with_mr_reg_rate(self, cap: RateCap) -> TenantPolicy {
-        TenantPolicy {
+    pub fn with_mr_reg_rate(self, cap: RateLimit) -> TenantEntry {
+        TenantEntry {
             mr_reg_rate: Some(cap),
             ..self
         }
     }
 
     /// Adds a rule recognising the tenant's processes.
-    pub fn with_match(mut self, rule: MatchRule) -> TenantPolicy {
+    pub fn with_match(mut self, rule: MatchRule) -> TenantEntry {
         self.matches.push(rule);
         self
     }
@@ -382,7 +354,7 @@ impl TenantPolicy {
 
 impl Policy {
     /// A policy of `link` shared by `tenants` (not yet validated).
-    pub fn new(link: LinkConfig, tenants: Vec<TenantPolicy>) -> Policy {
+    pub fn new(link: LinkConfig, tenants: Vec<TenantEntry>) -> Policy {
         Policy { link, tenants }
     }
 
@@ -435,10 +407,10 @@ impl Policy {
     /// that set at least one condition with cgroups starting with `/`.
     ///
     /// ```
-    /// use mtrdma_core::{LinkConfig, Policy, TenantId, TenantPolicy};
+    /// use mtrdma_core::{LinkConfig, Policy, TenantId, TenantEntry};
     /// let policy = Policy::new(
     ///     LinkConfig::new(12_500_000_000),
-    ///     vec![TenantPolicy::new(TenantId(1), "a"), TenantPolicy::new(TenantId(1), "b")],
+    ///     vec![TenantEntry::new(TenantId(1), "a"), TenantEntry::new(TenantId(1), "b")],
     /// );
     /// let err = policy.validate().unwrap_err();
     /// assert_eq!(
@@ -455,13 +427,13 @@ impl Policy {
     }
 
     /// The tenant with id `id`, if any.
-    pub fn tenant(&self, id: TenantId) -> Option<&TenantPolicy> {
+    pub fn tenant(&self, id: TenantId) -> Option<&TenantEntry> {
         self.tenants.iter().find(|t| t.id == id)
     }
 
     /// The tenant a peer belongs to: the first tenant, in file order, with a
     /// match rule the peer satisfies.
-    pub fn tenant_for_peer(&self, peer: &PeerCredentials) -> Option<&TenantPolicy> {
+    pub fn tenant_for_peer(&self, peer: &PeerCredentials) -> Option<&TenantEntry> {
         self.tenants
             .iter()
             .find(|t| t.matches.iter().any(|rule| rule.matches(peer)))

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use mtrdma_core::{
-    LinkConfig, MatchRule, PeerCredentials, Policy, PolicyError, RateCap, TenantId, TenantPolicy,
+    LinkConfig, MatchRule, PeerCredentials, Policy, PolicyError, RateLimit, TenantEntry, TenantId,
     TenantRef, TrafficClass,
 };
 use proptest::prelude::*;
@@ -35,27 +35,27 @@ fn example_file_parses_to_expected_values() {
     let expected = Policy::new(
         LinkConfig::new(12_500_000_000).with_recompute_interval_ms(5),
         vec![
-            TenantPolicy::new(TenantId(1), "kv-latency")
+            TenantEntry::new(TenantId(1), "kv-latency")
                 .with_class(TrafficClass::Latency)
                 .with_weight(4)
-                .with_rate(RateCap::new(1_250_000_000, 65_536))
-                .with_wr_rate(RateCap::new(1_000_000, 64))
+                .with_rate(RateLimit::new(1_250_000_000, 65_536))
+                .with_wr_rate(RateLimit::new(1_000_000, 64))
                 .with_max_qps(64)
                 .with_max_mr_bytes(4 << 30)
                 .with_max_outstanding_wr(1024)
-                .with_qp_create_rate(RateCap::new(100, 10))
-                .with_mr_reg_rate(RateCap::new(1000, 100))
+                .with_qp_create_rate(RateLimit::new(100, 10))
+                .with_mr_reg_rate(RateLimit::new(1000, 100))
                 .with_match(MatchRule::default().with_uid(1000))
                 .with_match(
                     MatchRule::default()
                         .with_gid(2000)
                         .with_cgroup("/kubepods.slice/kv"),
                 ),
-            TenantPolicy::new(TenantId(2), "backup")
-                .with_rate(RateCap::new(1_250_000_000, 1 << 20))
+            TenantEntry::new(TenantId(2), "backup")
+                .with_rate(RateLimit::new(1_250_000_000, 1 << 20))
                 .with_max_mr_bytes(16 << 30)
                 .with_match(MatchRule::default().with_cgroup("/system.slice/backup.service")),
-            TenantPolicy::new(TenantId(3), "batch"),
+            TenantEntry::new(TenantId(3), "batch"),
         ],
     );
     assert_eq!(policy, expected);
@@ -67,14 +67,19 @@ fn omitted_settings_take_their_defaults() {
     let policy = Policy::from_toml_str(&one_tenant("")).unwrap();
     assert_eq!(policy.link.recompute_interval_ms, 5);
     let t = &policy.tenants[0];
-    assert_eq!(*t, TenantPolicy::new(TenantId(1), "kv"));
+    assert_eq!(*t, TenantEntry::new(TenantId(1), "kv"));
     assert_eq!(t.class, TrafficClass::Bulk);
-    assert_eq!(t.weight, 1);
+    assert_eq!(t.schedule.weight, 1);
     assert_eq!(t.max_qps, 1024);
     assert_eq!(t.max_mr_bytes, 1 << 30);
     assert_eq!(t.max_outstanding_wr, 4096);
     assert_eq!(
-        (t.rate, t.wr_rate, t.qp_create_rate, t.mr_reg_rate),
+        (
+            t.schedule.byte_cap,
+            t.schedule.wr_cap,
+            t.qp_create_rate,
+            t.mr_reg_rate
+        ),
         (None, None, None, None)
     );
     assert!(t.matches.is_empty());
@@ -83,7 +88,10 @@ fn omitted_settings_take_their_defaults() {
 #[test]
 fn a_missing_burst_is_zero() {
     let policy = Policy::from_toml_str(&one_tenant("wr_rate = { rate = 5 }\n")).unwrap();
-    assert_eq!(policy.tenants[0].wr_rate, Some(RateCap::new(5, 0)));
+    assert_eq!(
+        policy.tenants[0].schedule.wr_cap,
+        Some(RateLimit::new(5, 0))
+    );
 }
 
 #[test]
@@ -554,12 +562,12 @@ fn file_errors_name_the_path() {
 #[test]
 fn policies_built_in_code_are_validated_too() {
     let link = LinkConfig::new(1_000_000);
-    let ok = Policy::new(link, vec![TenantPolicy::new(TenantId(0), "a")]);
+    let ok = Policy::new(link, vec![TenantEntry::new(TenantId(0), "a")]);
     assert!(ok.validate().is_ok());
 
     let zero_weight = Policy::new(
         link,
-        vec![TenantPolicy::new(TenantId(1), "a").with_weight(0)],
+        vec![TenantEntry::new(TenantId(1), "a").with_weight(0)],
     );
     assert_eq!(
         zero_weight.validate().unwrap_err().to_string(),
@@ -567,7 +575,7 @@ fn policies_built_in_code_are_validated_too() {
     );
     let zero_wr = Policy::new(
         link,
-        vec![TenantPolicy::new(TenantId(1), "a").with_wr_rate(RateCap::new(0, 5))],
+        vec![TenantEntry::new(TenantId(1), "a").with_wr_rate(RateLimit::new(0, 5))],
     );
     assert_eq!(
         zero_wr.validate().unwrap_err().to_string(),
@@ -576,7 +584,7 @@ fn policies_built_in_code_are_validated_too() {
     );
     let bad_interval = Policy::new(
         link.with_recompute_interval_ms(0),
-        vec![TenantPolicy::new(TenantId(1), "a")],
+        vec![TenantEntry::new(TenantId(1), "a")],
     );
     assert_eq!(
         bad_interval.validate().unwrap_err().to_string(),
@@ -584,7 +592,7 @@ fn policies_built_in_code_are_validated_too() {
     );
     let empty_rule = Policy::new(
         link,
-        vec![TenantPolicy::new(TenantId(1), "a").with_match(MatchRule::default())],
+        vec![TenantEntry::new(TenantId(1), "a").with_match(MatchRule::default())],
     );
     assert!(empty_rule.validate().is_err());
     let no_tenants = Policy::new(link, Vec::new());
@@ -686,7 +694,7 @@ proptest! {
     fn any_value_in_a_unit_field_gives_a_policy_or_an_error(value in "[0-9. A-Za-z/]{0,16}") {
         let text = one_tenant(&format!("rate = {{ rate = {value:?}, burst = {value:?} }}\n"));
         if let Ok(policy) = Policy::from_toml_str(&text) {
-            prop_assert!(policy.tenants[0].rate.unwrap().per_second > 0);
+            prop_assert!(policy.tenants[0].schedule.byte_cap.unwrap().per_second > 0);
         }
     }
 }

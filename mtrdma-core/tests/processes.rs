@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mtrdma_core::coordinator::{self, Coordinator, CoordinatorConfig};
-use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateCap, TenantId, TenantPolicy};
+use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId};
 
 const TENANT: TenantId = TenantId(1);
 
@@ -76,7 +76,7 @@ fn unique(tag: &str) -> String {
     format!("proc-{tag}-{}", std::process::id())
 }
 
-fn policy(tenant: TenantPolicy) -> Policy {
+fn policy(tenant: TenantEntry) -> Policy {
     Policy::new(LinkConfig::new(12_500_000_000), vec![tenant])
 }
 
@@ -198,7 +198,7 @@ fn child(role: &str) {
     }
 }
 
-fn race(role: &str, tenant: TenantPolicy) -> (u64, u64) {
+fn race(role: &str, tenant: TenantEntry) -> (u64, u64) {
     let name = unique(role);
     let table = QuotaTable::create(&name, 4, 32, &policy(tenant)).unwrap();
     let mut kids: Vec<Kid> = (0..8).map(|_| Kid::spawn(role, &name, &[])).collect();
@@ -226,7 +226,7 @@ fn race(role: &str, tenant: TenantPolicy) -> (u64, u64) {
 }
 
 fn eight_processes_race_for_eight_qps() {
-    let (won, in_use) = race("qps", TenantPolicy::new(TENANT, "racer").with_max_qps(8));
+    let (won, in_use) = race("qps", TenantEntry::new(TENANT, "racer").with_max_qps(8));
     assert_eq!(
         (won, in_use),
         (8, 8),
@@ -237,7 +237,7 @@ fn eight_processes_race_for_eight_qps() {
 fn eight_processes_race_for_mr_bytes() {
     let (won, in_use) = race(
         "mr",
-        TenantPolicy::new(TENANT, "racer").with_max_mr_bytes(8 << 20),
+        TenantEntry::new(TENANT, "racer").with_max_mr_bytes(8 << 20),
     );
     assert_eq!(
         (won, in_use),
@@ -319,7 +319,7 @@ fn killed_process_is_reclaimed_within_one_second() {
 fn two_processes_share_one_rate_cap() {
     const CAP: u64 = 100_000_000; // 100 MB/s
     let name = unique("rate");
-    let tenant = TenantPolicy::new(TENANT, "capped").with_rate(RateCap::new(CAP, 64 << 10));
+    let tenant = TenantEntry::new(TENANT, "capped").with_rate(RateLimit::new(CAP, 64 << 10));
     let table = QuotaTable::create(&name, 4, 8, &policy(tenant)).unwrap();
     let mut kids: Vec<Kid> = (0..2).map(|_| Kid::spawn("rate", &name, &[])).collect();
     let start = table.now_ns();
@@ -357,7 +357,7 @@ fn tenant_uid_cannot_write_the_policy() {
         return;
     }
     let name = unique("perm");
-    let table = QuotaTable::create(&name, 4, 4, &policy(TenantPolicy::new(TENANT, "t"))).unwrap();
+    let table = QuotaTable::create(&name, 4, 4, &policy(TenantEntry::new(TENANT, "t"))).unwrap();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.uid(65534).gid(65534);
     let mut kid = Kid::spawn_with(cmd, "open-policy-rw", &name, &[]);

@@ -3,20 +3,20 @@
 
 use mtrdma_core::table::TableError;
 use mtrdma_core::{
-    AdmissionError, LinkConfig, Policy, QuotaTable, RateCap, TenantId, TenantPolicy, TrafficClass,
+    AdmissionError, LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId, TrafficClass,
 };
 
-fn policy(tenants: Vec<TenantPolicy>) -> Policy {
+fn policy(tenants: Vec<TenantEntry>) -> Policy {
     Policy::new(LinkConfig::new(12_500_000_000), tenants)
 }
 
 fn two_tenants() -> Policy {
     policy(vec![
-        TenantPolicy::new(TenantId(1), "kv")
+        TenantEntry::new(TenantId(1), "kv")
             .with_class(TrafficClass::Latency)
             .with_max_qps(4)
             .with_max_mr_bytes(1 << 20),
-        TenantPolicy::new(TenantId(2), "bulk").with_weight(3),
+        TenantEntry::new(TenantId(2), "bulk").with_weight(3),
     ])
 }
 
@@ -66,8 +66,8 @@ fn quota_refusal_names_tenant_limit_and_use() {
 
 #[test]
 fn control_path_rate_limits_storms() {
-    let p = policy(vec![TenantPolicy::new(TenantId(5), "stormy")
-        .with_qp_create_rate(RateCap::new(10, 3))
+    let p = policy(vec![TenantEntry::new(TenantId(5), "stormy")
+        .with_qp_create_rate(RateLimit::new(10, 3))
         .with_max_qps(1000)]);
     let table = QuotaTable::embedded(&p).unwrap();
     let t = table.attach(TenantId(5)).unwrap();
@@ -118,7 +118,7 @@ fn publishing_keeps_live_state_and_handles_see_new_limits() {
     // The coordinator raises kv's quota and adds a tenant.
     let mut p = two_tenants();
     p.tenants[0].max_qps = 6;
-    p.tenants.push(TenantPolicy::new(TenantId(9), "new"));
+    p.tenants.push(TenantEntry::new(TenantId(9), "new"));
     table.publish(&p).unwrap();
     assert_eq!(tenant_view.generation(), g0 + 1);
     let more: Vec<_> = (0..2).map(|_| kv.acquire_qp().unwrap()).collect();
@@ -158,7 +158,7 @@ fn named_tables_exist_once_and_errors_say_what_to_do() {
     ));
     // Too many tenants for the capacity.
     let many: Vec<_> = (0..5)
-        .map(|i| TenantPolicy::new(TenantId(i), format!("t{i}")))
+        .map(|i| TenantEntry::new(TenantId(i), format!("t{i}")))
         .collect();
     assert!(matches!(
         QuotaTable::embedded_with_capacity(&policy(many), 4, 4),
@@ -174,8 +174,8 @@ fn shared_rate_limit_holds_in_virtual_time() {
     // 1 GB/s with 64 KiB of burst: over 10 ms of virtual time two handles
     // of one tenant together send at most 10 MB + burst + one request.
     let p =
-        policy(vec![TenantPolicy::new(TenantId(3), "capped")
-            .with_rate(RateCap::new(1_000_000_000, 64 << 10))]);
+        policy(vec![TenantEntry::new(TenantId(3), "capped")
+            .with_rate(RateLimit::new(1_000_000_000, 64 << 10))]);
     let table = QuotaTable::embedded(&p).unwrap();
     let a = table.attach(TenantId(3)).unwrap();
     let b = table.attach(TenantId(3)).unwrap();
@@ -218,7 +218,7 @@ fn intact_bytes_validate() {
     assert_eq!(snap.policy.tenants.len(), 2);
     assert_eq!(snap.policy.tenants[0].name, "kv");
     assert_eq!(snap.policy.tenants[0].class, TrafficClass::Latency);
-    assert_eq!(snap.policy.tenants[1].weight, 3);
+    assert_eq!(snap.policy.tenants[1].schedule.weight, 3);
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! What the scheduler is fed (descriptors) and what it answers (grants).
 
-use mtrdma_core::{TenantId, TrafficClass};
+use crate::{TenantId, TrafficClass};
 
 use crate::time::Nanos;
 
@@ -32,7 +32,7 @@ impl Opcode {
 /// the real work request again (a slab index, typically).
 ///
 /// ```
-/// use mtrdma_core::{TenantId, TrafficClass};
+/// use mtrdma_sched::{TenantId, TrafficClass};
 /// use mtrdma_sched::{Descriptor, Opcode};
 /// let d = Descriptor::new(TenantId(1), TrafficClass::Bulk, Opcode::Write, 1 << 20, 42usize);
 /// assert_eq!(d.bytes, 1 << 20);

@@ -1,6 +1,6 @@
 //! Errors: invalid configuration, and descriptors handed back on refusal.
 
-use mtrdma_core::TenantId;
+use crate::TenantId;
 use thiserror::Error;
 
 use crate::descriptor::Descriptor;

@@ -12,7 +12,7 @@ use crate::{Rejected, Scheduler};
 /// of your own.
 ///
 /// ```
-/// use mtrdma_core::{TenantId, TrafficClass};
+/// use mtrdma_sched::{TenantId, TrafficClass};
 /// use mtrdma_sched::{Descriptor, Dequeue, FifoScheduler, Nanos, Opcode, Scheduler};
 /// let mut fifo = FifoScheduler::new();
 /// let d = |t, h| Descriptor::new(TenantId(t), TrafficClass::Bulk, Opcode::Write, 100, h);

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use mtrdma_core::TenantId;
+use crate::TenantId;
 
 /// Fibonacci hashing of a 32-bit id: one multiplication.
 #[derive(Debug, Default, Clone, Copy)]

@@ -23,7 +23,7 @@
 //! # Example
 //!
 //! ```
-//! use mtrdma_core::{TenantId, TrafficClass};
+//! use mtrdma_sched::{TenantId, TrafficClass};
 //! use mtrdma_sched::{
 //!     Clock, Descriptor, Dequeue, ManualClock, Nanos, Opcode, RateLimit, Scheduler,
 //!     SchedulerConfig, TenantPolicy, TenantScheduler,
@@ -70,6 +70,7 @@ mod id_hash;
 mod policy;
 mod ring;
 pub mod sim;
+mod tenant;
 mod tenant_scheduler;
 mod time;
 mod window;
@@ -78,9 +79,9 @@ pub use chunk::{Chunk, ChunkPolicy, Chunks};
 pub use descriptor::{Dequeue, Descriptor, Grant, Opcode};
 pub use error::{ConfigError, RejectReason, Rejected};
 pub use fifo::FifoScheduler;
-pub use gcra::{gcra_decide, EmissionInterval, Gcra, RateLimit};
-pub use mtrdma_core::{TenantId, TrafficClass};
+pub use gcra::{gcra_decide, gcra_shared, EmissionInterval, Gcra, RateLimit};
 pub use policy::{SchedulerConfig, TenantPolicy, MAX_QUANTUM, MAX_WEIGHT};
+pub use tenant::{TenantId, TrafficClass};
 pub use tenant_scheduler::{Drained, TenantScheduler};
 pub use time::{Clock, ManualClock, Nanos, QuantaClock};
 pub use window::{Admit, DelayWindow, DelayWindowConfig, Verdicts, Window, MAX_ALLOWANCE};

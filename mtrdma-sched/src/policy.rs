@@ -1,13 +1,13 @@
 //! Configuration of the composed scheduler and of each tenant.
 
-use mtrdma_core::TenantId;
+use crate::TenantId;
 
 use crate::chunk::ChunkPolicy;
 use crate::error::ConfigError;
 use crate::gcra::RateLimit;
 
 /// The largest tenant weight accepted.
-pub const MAX_WEIGHT: u32 = 1 << 20;
+pub const MAX_WEIGHT: u32 = 1_000_000;
 
 /// The largest DRR quantum accepted, in bytes (4 GiB).
 pub const MAX_QUANTUM: u64 = 1 << 32;

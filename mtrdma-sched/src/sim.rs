@@ -32,7 +32,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet, VecDeque};
 
-use mtrdma_core::{TenantId, TrafficClass};
+use crate::{TenantId, TrafficClass};
 use thiserror::Error;
 
 use crate::descriptor::{Dequeue, Descriptor, Grant, Opcode};

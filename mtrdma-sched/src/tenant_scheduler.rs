@@ -5,7 +5,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use mtrdma_core::{TenantId, TrafficClass};
+use crate::{TenantId, TrafficClass};
 
 use crate::chunk::ChunkPolicy;
 use crate::descriptor::{Dequeue, Descriptor, Grant};
@@ -281,7 +281,7 @@ pub struct Drained<H> {
 /// (at least 96 GiB of them).
 ///
 /// ```
-/// use mtrdma_core::{TenantId, TrafficClass};
+/// use mtrdma_sched::{TenantId, TrafficClass};
 /// use mtrdma_sched::{
 ///     Descriptor, Dequeue, Nanos, Opcode, RateLimit, Scheduler, SchedulerConfig, TenantPolicy,
 ///     TenantScheduler,

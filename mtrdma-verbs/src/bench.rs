@@ -451,8 +451,8 @@ mod tests {
     use super::*;
     use crate::RemoteRegion;
     use mtrdma_core::TrafficClass;
-    use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateCap};
-    use mtrdma_sched::{DelayWindowConfig, RateLimit};
+    use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit};
+    use mtrdma_sched::DelayWindowConfig;
 
     const REMOTE: RemoteRegion = RemoteRegion {
         addr: 0x7000_0000,
@@ -854,8 +854,8 @@ mod tests {
 
     #[test]
     fn a_tenant_handle_accounts_every_request() {
-        let tenant = mtrdma_core::TenantPolicy::new(TenantId(1), "host")
-            .with_rate(RateCap::new(1 << 40, 1 << 30));
+        let tenant = mtrdma_core::TenantEntry::new(TenantId(1), "host")
+            .with_rate(RateLimit::new(1 << 40, 1 << 30));
         let policy = Policy::new(LinkConfig::new(1 << 40), vec![tenant]);
         let table = QuotaTable::embedded(&policy).unwrap();
         let handle = table.attach(TenantId(1)).unwrap();

@@ -41,8 +41,8 @@ use ibverbs_sys as ffi;
 use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
 use mtrdma_sched::{
     Admit, Clock, DelayWindow, DelayWindowConfig, Dequeue, Descriptor, Grant, Nanos,
-    Opcode as SchedOpcode, QuantaClock, RateLimit, Scheduler, SchedulerConfig, TenantPolicy,
-    TenantScheduler, Window,
+    Opcode as SchedOpcode, QuantaClock, Scheduler, SchedulerConfig, TenantPolicy, TenantScheduler,
+    Window,
 };
 
 use crate::completion::{Completion, Opcode, WcStatus};
@@ -1315,15 +1315,14 @@ impl<S: Sink> Engine<S> {
             None => (config.tenant_id.unwrap_or(TenantId(0)), config.class),
         };
         if !self.explicit.contains(&tenant) {
-            // The tenant's weight, and its byte cap too: the scheduler then
+            // The tenant's weight, and its caps too: the scheduler then
             // holds a capped tenant back itself (the others keep its turns)
             // rather than granting pieces the quota table would refuse.
-            let policy = config.tenant.as_ref().and_then(TenantHandle::policy);
-            let mut local = TenantPolicy::weight(policy.as_ref().map_or(1, |p| p.weight));
-            if let Some(cap) = policy.as_ref().and_then(|p| p.rate) {
-                local = local
-                    .with_byte_cap(RateLimit::per_second(cap.per_second).with_burst(cap.burst));
-            }
+            let local = config
+                .tenant
+                .as_ref()
+                .and_then(TenantHandle::policy)
+                .map_or_else(TenantPolicy::default, |p| p.schedule);
             self.set_policy(tenant, local)?;
         }
         let window = match (&config.window, class) {

@@ -10,7 +10,7 @@ use common::{device, pattern};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateCap, TenantId, TenantPolicy};
+use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId};
 use mtrdma_verbs::{
     Access, Completion, Error, Opcode, ProtectionDomain, QueuePair, ScheduleConfig, SendOp,
     SharedConfig, SharedScheduler, UdCompletion, WcStatus,
@@ -204,7 +204,7 @@ fn requests_held_back_by_a_rate_cap_go_at_the_cap_through_poll_wait() {
     const N: u64 = 50;
     let policy = Policy::new(
         LinkConfig::new(1_000_000_000),
-        vec![TenantPolicy::new(TenantId(1), "capped").with_rate(RateCap::new(CAP, LEN as u64))],
+        vec![TenantEntry::new(TenantId(1), "capped").with_rate(RateLimit::new(CAP, LEN as u64))],
     );
     let table = QuotaTable::embedded(&policy).unwrap();
     let ctx = device();

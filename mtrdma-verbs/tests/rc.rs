@@ -8,7 +8,7 @@ use common::{device, pair, pattern, wait};
 
 use std::time::{Duration, Instant};
 
-use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantId, TenantPolicy};
+use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantEntry, TenantId};
 use mtrdma_verbs::{Access, Error, MemoryRegion, Opcode, SendOp, WcStatus};
 
 const SIZES: [usize; 9] = [
@@ -152,7 +152,7 @@ fn a_write_outside_the_remote_region_is_refused_before_posting() {
 }
 
 fn tenant_table(max_qps: u32, max_mr_bytes: u64) -> QuotaTable {
-    let tenant = TenantPolicy::new(TenantId(1), "t")
+    let tenant = TenantEntry::new(TenantId(1), "t")
         .with_max_qps(max_qps)
         .with_max_mr_bytes(max_mr_bytes);
     QuotaTable::embedded(&Policy::new(LinkConfig::new(1_000_000_000), vec![tenant])).unwrap()

@@ -8,7 +8,7 @@ use common::{device, pair, pattern, wait};
 
 use std::time::{Duration, Instant};
 
-use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateCap, TenantId, TenantPolicy};
+use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId};
 use mtrdma_verbs::{Access, Opcode, ScheduleConfig, SendOp, WcStatus};
 
 #[test]
@@ -99,8 +99,8 @@ fn a_capped_tenant_stays_within_5_percent_of_its_cap_next_to_an_uncapped_one() {
     let policy = Policy::new(
         LinkConfig::new(1_000_000_000),
         vec![
-            TenantPolicy::new(TenantId(1), "capped").with_rate(RateCap::new(CAP, 64 << 10)),
-            TenantPolicy::new(TenantId(2), "free"),
+            TenantEntry::new(TenantId(1), "capped").with_rate(RateLimit::new(CAP, 64 << 10)),
+            TenantEntry::new(TenantId(2), "free"),
         ],
     );
     let table = QuotaTable::embedded(&policy).unwrap();
@@ -226,7 +226,7 @@ fn one_request_at_a_time_under_a_cap_keeps_moving_at_the_cap() {
     const N: u64 = 100;
     let policy = Policy::new(
         LinkConfig::new(1_000_000_000),
-        vec![TenantPolicy::new(TenantId(1), "capped").with_rate(RateCap::new(CAP, LEN as u64))],
+        vec![TenantEntry::new(TenantId(1), "capped").with_rate(RateLimit::new(CAP, LEN as u64))],
     );
     let table = QuotaTable::embedded(&policy).unwrap();
     let ctx = device();

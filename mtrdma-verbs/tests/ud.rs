@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantId, TenantPolicy};
+use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantEntry, TenantId};
 use mtrdma_verbs::{
     Access, Context, Error, Gid, Opcode, ProtectionDomain, UdCompletion, UdQueuePair, WcStatus,
 };
@@ -311,7 +311,7 @@ fn an_over_mtu_send_is_refused_before_posting_and_the_region_comes_back() {
 }
 
 fn tenant_table() -> QuotaTable {
-    let tenant = TenantPolicy::new(TenantId(1), "t")
+    let tenant = TenantEntry::new(TenantId(1), "t")
         .with_max_qps(4)
         .with_max_mr_bytes(1 << 30);
     QuotaTable::embedded(&Policy::new(LinkConfig::new(1_000_000_000), vec![tenant])).unwrap()

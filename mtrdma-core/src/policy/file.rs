@@ -21,8 +21,8 @@ use toml::de::{DeTable, DeValue};
 use super::error::quote;
 use super::units::{self, Kind, UnitError};
 use super::validate::name_problem;
-use super::{LinkConfig, MatchRule, Policy, PolicyError, RateCap, TenantPolicy, TenantRef};
-use crate::{TenantId, TrafficClass};
+use super::{LinkConfig, MatchRule, Policy, PolicyError, RateLimit, TenantEntry, TenantRef};
+use crate::{TenantId, TenantPolicy, TrafficClass, MAX_WEIGHT};
 
 /// Parses `text` into a policy, without [`Policy::validate`].
 pub(super) fn parse(text: &str) -> Result<Policy, PolicyError> {
@@ -519,7 +519,7 @@ impl RawTenant {
         }
     }
 
-    fn convert(self, index: usize) -> Result<TenantPolicy, PolicyError> {
+    fn convert(self, index: usize) -> Result<TenantEntry, PolicyError> {
         let who = self.reference(index);
         let who = Some(&who);
         let id = match &self.id {
@@ -540,8 +540,8 @@ impl RawTenant {
             ));
         };
         let weight = match &self.weight {
-            Some(w) => ranged(w, 1, TenantPolicy::MAX_WEIGHT, who, "weight")?,
-            None => TenantPolicy::DEFAULT_WEIGHT,
+            Some(w) => ranged(w, 1, MAX_WEIGHT, who, "weight")?,
+            None => TenantPolicy::default().weight,
         };
         let count_cap = |cap: Option<RawRate<Whole>>, field: &str| {
             cap.map(|cap| cap.convert(field, who, |v, f| ranged(v, 0, u64::MAX, who, f)))
@@ -565,15 +565,15 @@ impl RawTenant {
         let mr_reg_rate = count_cap(self.mr_reg_rate, "mr_reg_rate")?;
         let max_qps = match &self.max_qps {
             Some(v) => ranged(v, 0, u32::MAX, who, "max_qps")?,
-            None => TenantPolicy::DEFAULT_MAX_QPS,
+            None => TenantEntry::DEFAULT_MAX_QPS,
         };
         let max_mr_bytes = match &self.max_mr_bytes {
             Some(v) => quantity(v, Kind::Size, who, "max_mr_bytes")?,
-            None => TenantPolicy::DEFAULT_MAX_MR_BYTES,
+            None => TenantEntry::DEFAULT_MAX_MR_BYTES,
         };
         let max_outstanding_wr = match &self.max_outstanding_wr {
             Some(v) => ranged(v, 0, u32::MAX, who, "max_outstanding_wr")?,
-            None => TenantPolicy::DEFAULT_MAX_OUTSTANDING_WR,
+            None => TenantEntry::DEFAULT_MAX_OUTSTANDING_WR,
         };
         let matches = self
             .matches
@@ -581,16 +581,18 @@ impl RawTenant {
             .enumerate()
             .map(|(j, rule)| rule.convert(j, who))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(TenantPolicy {
+        Ok(TenantEntry {
             id,
             name,
             class: match self.class {
                 Some(RawClass::Latency) => TrafficClass::Latency,
                 Some(RawClass::Bulk) | None => TrafficClass::Bulk,
             },
-            weight,
-            rate,
-            wr_rate,
+            schedule: TenantPolicy {
+                weight,
+                byte_cap: rate,
+                wr_cap: wr_rate,
+            },
             max_qps,
             max_mr_bytes,
             max_outstanding_wr,
@@ -608,7 +610,7 @@ impl<T> RawRate<T> {
         field: &str,
         who: Option<&TenantRef>,
         mut value: impl FnMut(&T, &str) -> Result<u64, PolicyError>,
-    ) -> Result<RateCap, PolicyError> {
+    ) -> Result<RateLimit, PolicyError> {
         let rate_field = format!("{field}.rate");
         let per_second = match &self.rate {
             Some(r) => value(r, &rate_field)?,
@@ -631,7 +633,7 @@ impl<T> RawRate<T> {
             Some(b) => value(b, &format!("{field}.burst"))?,
             None => 0,
         };
-        Ok(RateCap { per_second, burst })
+        Ok(RateLimit { per_second, burst })
     }
 }
 

@@ -3,7 +3,8 @@
 use std::collections::HashMap;
 
 use super::error::quote;
-use super::{LinkConfig, Policy, PolicyError, RateCap, TenantPolicy, TenantRef};
+use super::{LinkConfig, Policy, PolicyError, RateLimit, TenantEntry, TenantRef};
+use crate::MAX_WEIGHT;
 
 /// The characters a tenant name may use, for messages.
 pub(super) const NAME_RULE: &str = "use 1 to 31 letters, digits, '_', '.' or '-'";
@@ -72,7 +73,7 @@ fn link(link: &LinkConfig) -> Result<(), PolicyError> {
 }
 
 /// How a tenant built in code is referred to: by name if it is a valid one.
-fn reference(t: &TenantPolicy) -> TenantRef {
+fn reference(t: &TenantEntry) -> TenantRef {
     if name_problem(&t.name).is_none() {
         TenantRef::Name(t.name.clone())
     } else {
@@ -85,7 +86,7 @@ pub(super) fn name_problem(name: &str) -> Option<String> {
     if name.is_empty() {
         return Some(format!("the name is empty; {NAME_RULE}"));
     }
-    if name.len() > TenantPolicy::MAX_NAME_LEN {
+    if name.len() > TenantEntry::MAX_NAME_LEN {
         return Some(format!(
             "{} is {} bytes long; {NAME_RULE}",
             quote(name),
@@ -101,30 +102,29 @@ pub(super) fn name_problem(name: &str) -> Option<String> {
     })
 }
 
-fn tenant(t: &TenantPolicy) -> Result<(), PolicyError> {
+fn tenant(t: &TenantEntry) -> Result<(), PolicyError> {
     let who = reference(t);
     if let Some(problem) = name_problem(&t.name) {
         return Err(PolicyError::invalid(Some(&who), "name", problem));
     }
-    if !(1..=TenantPolicy::MAX_WEIGHT).contains(&t.weight) {
+    if !(1..=MAX_WEIGHT).contains(&t.schedule.weight) {
         return Err(PolicyError::invalid(
             Some(&who),
             "weight",
             format!(
                 "{} is out of range; use a whole number from 1 to {}",
-                t.weight,
-                TenantPolicy::MAX_WEIGHT
+                t.schedule.weight, MAX_WEIGHT
             ),
         ));
     }
     let caps = [
-        ("rate", t.rate),
-        ("wr_rate", t.wr_rate),
+        ("rate", t.schedule.byte_cap),
+        ("wr_rate", t.schedule.wr_cap),
         ("qp_create_rate", t.qp_create_rate),
         ("mr_reg_rate", t.mr_reg_rate),
     ];
     for (field, cap) in caps {
-        if let Some(RateCap { per_second: 0, .. }) = cap {
+        if let Some(RateLimit { per_second: 0, .. }) = cap {
             return Err(PolicyError::invalid(
                 Some(&who),
                 format!("{field}.rate"),

@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use super::layout::*;
 use super::{QuotaTable, TableError};
-use crate::gcra::{gcra_shared, EmissionInterval};
-use crate::policy::{RateCap, TenantPolicy};
+use crate::policy::TenantEntry;
 use crate::table::AdmissionError;
+use crate::RateLimit;
+use crate::{gcra_shared, EmissionInterval};
 use crate::{TenantId, TrafficClass};
 
 /// How far behind its fair rate a tenant may fall and still catch up, in
@@ -39,7 +40,7 @@ struct CachedCap {
 }
 
 impl CachedCap {
-    fn set(&self, cap: Option<RateCap>) {
+    fn set(&self, cap: Option<RateLimit>) {
         match cap.and_then(|c| EmissionInterval::from_rate(c.per_second).map(|i| (c, i))) {
             Some((c, i)) => {
                 self.interval.store(i.to_bits(), Ordering::Relaxed);
@@ -213,7 +214,7 @@ impl TenantHandle {
     }
 
     /// The tenant's current policy (from the table's cached snapshot).
-    pub fn policy(&self) -> Option<TenantPolicy> {
+    pub fn policy(&self) -> Option<TenantEntry> {
         self.inner
             .table
             .cached_snapshot()
@@ -260,8 +261,11 @@ impl TenantHandle {
             .store(t.max_outstanding_wr.into(), Ordering::Relaxed);
         i.qp_create.set(t.qp_create_rate);
         i.mr_reg.set(t.mr_reg_rate);
-        i.wrs.set(t.wr_rate);
-        let (cap, burst) = t.rate.map_or((0, 0), |c| (c.per_second, c.burst));
+        i.wrs.set(t.schedule.wr_cap);
+        let (cap, burst) = t
+            .schedule
+            .byte_cap
+            .map_or((0, 0), |c| (c.per_second, c.burst));
         i.byte_cap.store(cap, Ordering::Relaxed);
         i.byte_burst.store(burst, Ordering::Relaxed);
         i.seen_fair.store(u64::MAX, Ordering::Relaxed);
@@ -534,7 +538,7 @@ impl TenantHandle {
                 let owed = u128::from(fair) * u128::from(FAIR_RATE_TOLERANCE_NS) / 1_000_000_000;
                 (fair, burst.max(u64::try_from(owed).unwrap_or(u64::MAX)))
             };
-            i.bytes.set((rate != 0).then_some(RateCap {
+            i.bytes.set((rate != 0).then_some(RateLimit {
                 per_second: rate,
                 burst,
             }));
@@ -768,7 +772,7 @@ pub struct TenantUsage {
 impl TenantUsage {
     pub(crate) fn read(
         table: &QuotaTable,
-        t: &TenantPolicy,
+        t: &TenantEntry,
         slot: u32,
         processes: u32,
     ) -> TenantUsage {

@@ -11,9 +11,9 @@
 //! process-local memory.
 //!
 //! ```
-//! use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantId, TenantPolicy};
+//! use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantId, TenantEntry};
 //!
-//! let mut tenant = TenantPolicy::new(TenantId(1), "kv");
+//! let mut tenant = TenantEntry::new(TenantId(1), "kv");
 //! tenant.max_qps = 2;
 //! let policy = Policy::new(LinkConfig::new(12_500_000_000), vec![tenant]);
 //! let table = QuotaTable::embedded(&policy).unwrap();
@@ -45,8 +45,9 @@ pub use handle::{
 pub use layout::{MAX_PROCESSES, MAX_TENANTS};
 
 use crate::clock::SharedClock;
-use crate::policy::{LinkConfig, Policy, RateCap, TenantPolicy};
+use crate::policy::{LinkConfig, Policy, TenantEntry};
 use crate::procinfo::ProcessId;
+use crate::RateLimit;
 use crate::{TenantId, TrafficClass};
 use layout::*;
 use shm::Mapping;
@@ -1047,7 +1048,7 @@ impl RawSlot {
     }
 }
 
-fn write_slot(s: &PolicySlot, t: &TenantPolicy) {
+fn write_slot(s: &PolicySlot, t: &TenantEntry) {
     s.id.store(t.id.0, Ordering::Relaxed);
     s.class.store(
         match t.class {
@@ -1056,7 +1057,7 @@ fn write_slot(s: &PolicySlot, t: &TenantPolicy) {
         },
         Ordering::Relaxed,
     );
-    s.weight.store(t.weight, Ordering::Relaxed);
+    s.weight.store(t.schedule.weight, Ordering::Relaxed);
     s.max_qps.store(t.max_qps, Ordering::Relaxed);
     s.max_outstanding_wr
         .store(t.max_outstanding_wr, Ordering::Relaxed);
@@ -1071,8 +1072,8 @@ fn write_slot(s: &PolicySlot, t: &TenantPolicy) {
         w.store(u64::from_le_bytes(word), Ordering::Relaxed);
     }
     for (at, cap) in [
-        (CAP_BYTES, t.rate),
-        (CAP_WRS, t.wr_rate),
+        (CAP_BYTES, t.schedule.byte_cap),
+        (CAP_WRS, t.schedule.wr_cap),
         (CAP_QP_CREATE, t.qp_create_rate),
         (CAP_MR_REG, t.mr_reg_rate),
     ] {
@@ -1125,19 +1126,19 @@ fn decode(
             })?
             .to_string();
         let cap = |at: usize| {
-            (r.caps[at] != 0).then_some(RateCap {
+            (r.caps[at] != 0).then_some(RateLimit {
                 per_second: r.caps[at],
                 burst: r.caps[at + 1],
             })
         };
-        let mut t = TenantPolicy::new(TenantId(r.id), name);
+        let mut t = TenantEntry::new(TenantId(r.id), name);
         t.class = class;
-        t.weight = r.weight;
+        t.schedule.weight = r.weight;
         t.max_qps = r.max_qps;
         t.max_outstanding_wr = r.max_outstanding_wr;
         t.max_mr_bytes = r.max_mr_bytes;
-        t.rate = cap(CAP_BYTES);
-        t.wr_rate = cap(CAP_WRS);
+        t.schedule.byte_cap = cap(CAP_BYTES);
+        t.schedule.wr_cap = cap(CAP_WRS);
         t.qp_create_rate = cap(CAP_QP_CREATE);
         t.mr_reg_rate = cap(CAP_MR_REG);
         slots.insert(t.id, r.slot);
@@ -1162,13 +1163,13 @@ fn decode(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::TenantPolicy;
+    use crate::policy::TenantEntry;
 
     #[test]
     fn a_new_process_with_a_dead_ones_pid_is_not_confused_with_it() {
         let policy = Policy::new(
             LinkConfig::new(1_000_000),
-            vec![TenantPolicy::new(TenantId(1), "t")],
+            vec![TenantEntry::new(TenantId(1), "t")],
         );
         let table = QuotaTable::embedded(&policy).unwrap();
         let me = ProcessId::current().unwrap();
@@ -1214,7 +1215,7 @@ mod tests {
     fn lanes_add_up_across_threads_that_take_and_give_back() {
         let policy = Policy::new(
             LinkConfig::new(1_000_000),
-            vec![TenantPolicy::new(TenantId(1), "t").with_max_mr_bytes(1 << 30)],
+            vec![TenantEntry::new(TenantId(1), "t").with_max_mr_bytes(1 << 30)],
         );
         let table = QuotaTable::embedded(&policy).unwrap();
         let handle = table.attach(TenantId(1)).unwrap();

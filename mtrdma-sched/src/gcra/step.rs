@@ -1,12 +1,5 @@
-//! GCRA (generic cell rate algorithm) over one 64-bit word.
-//!
-//! The whole state of a rate limit is its *theoretical arrival time* (TAT):
-//! the time at which the flow would be idle again had it been sent at
-//! exactly its rate. [`gcra_decide`] is the pure step over plain `u64`s;
-//! `mtrdma-sched` wraps it for one owner, and [`gcra_shared`] runs it in a
-//! compare-and-swap loop on an `AtomicU64`, so that every process of a
-//! tenant shares one budget through the quota table with one CAS per
-//! decision and no daemon handing out tokens.
+//! The GCRA step over plain integers ([`gcra_decide`]) and on a shared
+//! atomic ([`gcra_shared`]); see the parent module.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -18,7 +11,7 @@ const FRAC_BITS: u32 = 32;
 /// are exact to better than one part in a billion.
 ///
 /// ```
-/// use mtrdma_core::EmissionInterval;
+/// use mtrdma_sched::EmissionInterval;
 /// // 100 Gb/s = 12.5e9 bytes/s: 1 MiB takes 83,886.08 ns, rounded up.
 /// let i = EmissionInterval::from_rate(12_500_000_000).unwrap();
 /// assert_eq!(i.increment(1 << 20), 83_887);
@@ -75,7 +68,7 @@ impl EmissionInterval {
 /// flow sends at most `rate * d + burst + one request`.
 ///
 /// ```
-/// use mtrdma_core::{gcra_decide, EmissionInterval};
+/// use mtrdma_sched::{gcra_decide, EmissionInterval};
 /// let per_byte = EmissionInterval::from_rate(1_000_000_000).unwrap(); // 1 GB/s
 /// let tat = gcra_decide(0, 1_000, 500, per_byte, 0).unwrap();
 /// assert_eq!(tat, 1_500);
@@ -102,7 +95,7 @@ pub fn gcra_decide(
 ///
 /// ```
 /// use std::sync::atomic::AtomicU64;
-/// use mtrdma_core::{gcra_shared, EmissionInterval};
+/// use mtrdma_sched::{gcra_shared, EmissionInterval};
 /// let tat = AtomicU64::new(0);
 /// let per_wr = EmissionInterval::from_rate(1_000).unwrap(); // 1,000 per second
 /// assert!(gcra_shared(&tat, 0, 1, per_wr, 0).is_ok());

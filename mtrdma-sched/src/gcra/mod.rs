@@ -3,15 +3,16 @@
 //! The whole state of a shaper is its *theoretical arrival time* (TAT): the
 //! time at which the shaped flow would be idle again if it had been sent at
 //! exactly its rate. [`gcra_decide`] is the pure step function over plain
-//! `u64`s, defined in `mtrdma-core` (which runs the very same step in a
-//! compare-and-swap loop on an `AtomicU64` in shared memory, see
-//! `mtrdma_core::gcra_shared`); [`Gcra`] is the single-owner wrapper the
-//! schedulers use.
+//! `u64`s; [`gcra_shared`] runs the very same step in a compare-and-swap
+//! loop on an `AtomicU64` (the quota table's shared memory in
+//! `mtrdma-core`); [`Gcra`] is the single-owner wrapper the schedulers use.
 
 use crate::error::ConfigError;
 use crate::time::Nanos;
 
-pub use mtrdma_core::{gcra_decide, EmissionInterval};
+mod step;
+
+pub use step::{gcra_decide, gcra_shared, EmissionInterval};
 
 /// The interval of a rate, or [`ConfigError::ZeroRate`].
 pub(crate) fn interval_of(per_second: u64) -> Result<EmissionInterval, ConfigError> {
@@ -37,6 +38,11 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
+    /// `per_second` units per second with a burst of `burst` units.
+    pub const fn new(per_second: u64, burst: u64) -> RateLimit {
+        RateLimit { per_second, burst }
+    }
+
     /// `per_second` units per second, no burst.
     pub const fn per_second(per_second: u64) -> RateLimit {
         RateLimit {

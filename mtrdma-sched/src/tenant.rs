@@ -7,7 +7,7 @@ use std::fmt;
 /// together.
 ///
 /// ```
-/// use mtrdma_core::TenantId;
+/// use mtrdma_sched::TenantId;
 /// let t = TenantId(7);
 /// assert_eq!(t.to_string(), "tenant 7");
 /// ```
