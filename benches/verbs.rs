@@ -45,7 +45,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime};
 
 use criterion::{criterion_main, Criterion, Throughput};
-use mtrdma::core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId};
+use mtrdma::core::{
+    LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId, TrafficClass,
+};
 use mtrdma::verbs::bench::{self, HeapRegion, HostCompletion, NullScheduler, NullSink};
 use mtrdma::verbs::{RemoteRegion, ScheduleConfig, SendOp, SharedConfig};
 
@@ -68,6 +70,11 @@ const ROUNDS: usize = 31;
 const ROUND_WRS: u32 = 200_000;
 
 /// One WRITE through the direct path, and its completion.
+/// Scheduled as tenant 0, bulk, by the scheduler alone.
+fn bulk0() -> ScheduleConfig {
+    ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
+}
+
 fn direct(sink: &mut NullSink, region: HeapRegion, out: &mut Vec<HostCompletion>) -> HeapRegion {
     let write = SendOp::Write(REMOTE);
     if sink.post_send(write, region, 0..BYTES, 1).is_err() {
@@ -109,8 +116,8 @@ fn data_path(c: &mut Criterion) {
         })
     });
 
-    let mut qp = bench::scheduled(NullSink::new(1, DEPTH), ScheduleConfig::default())
-        .expect("a scheduler of its own");
+    let mut qp =
+        bench::scheduled(NullSink::new(1, DEPTH), bulk0()).expect("a scheduler of its own");
     group.bench_function(CASES[1], |b| {
         b.iter(|| {
             let r = region.take().expect("region back");
@@ -122,10 +129,7 @@ fn data_path(c: &mut Criterion) {
     let shared = NullScheduler::new(SharedConfig::default()).expect("a shared scheduler");
     let mut qps: Vec<_> = (0..8u32)
         .map(|i| {
-            let config = ScheduleConfig {
-                tenant_id: Some(TenantId(i + 1)),
-                ..ScheduleConfig::default()
-            };
+            let config = ScheduleConfig::local(TenantId(i + 1), TrafficClass::Bulk);
             let qp = shared
                 .attach(NullSink::new(i + 1, DEPTH), config)
                 .expect("attach");
@@ -150,11 +154,8 @@ fn data_path(c: &mut Criterion) {
     let policy = Policy::new(LinkConfig::new(1 << 40), vec![tenant]);
     let table = QuotaTable::embedded(&policy).expect("an embedded quota table");
     let handle = table.attach(TenantId(1)).expect("attach the tenant");
-    let config = ScheduleConfig {
-        tenant: Some(handle),
-        ..ScheduleConfig::default()
-    };
-    let mut qp = bench::scheduled(NullSink::new(1, DEPTH), config).expect("with its tenant");
+    let sink = NullSink::new(1, DEPTH).with_tenant(handle);
+    let mut qp = bench::scheduled(sink, ScheduleConfig::default()).expect("with its tenant");
     group.bench_function(CASES[3], |b| {
         b.iter(|| {
             let r = region.take().expect("region back");
@@ -216,8 +217,8 @@ fn summary(dir: &Path, since: SystemTime) {
 fn paired() {
     let mut out = Vec::with_capacity(64);
     let mut sink = NullSink::new(1, DEPTH);
-    let mut qp = bench::scheduled(NullSink::new(1, DEPTH), ScheduleConfig::default())
-        .expect("a scheduler of its own");
+    let mut qp =
+        bench::scheduled(NullSink::new(1, DEPTH), bulk0()).expect("a scheduler of its own");
     let mut region = Some(HeapRegion::new(BYTES));
     let mut time = |f: &mut dyn FnMut(HeapRegion) -> HeapRegion| {
         let start = Instant::now();

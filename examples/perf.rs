@@ -61,7 +61,7 @@ use mtrdma::sched::{DelayWindowConfig, Nanos};
 use mtrdma::verbs::exchange::{exchange, Handshake};
 use mtrdma::verbs::{
     Access, Completion, Context, Endpoint, Gid, GidSelection, MemoryRegion, PreparedQueuePair,
-    ProtectionDomain, QueuePair, RemoteRegion, ScheduleConfig, ScheduledQueuePair, SendOp,
+    ProtectionDomain, QueuePair, RemoteRegion, ScheduleConfig, ScheduledQueuePair, SendOp, Tenancy,
 };
 
 const HELP: &str = "\
@@ -1290,8 +1290,15 @@ impl Side {
                 qp.scheduled(ScheduleConfig {
                     chunk_bytes: p.chunk,
                     max_pieces_in_flight: p.pieces,
-                    tenant: self.tenant.as_ref().map(|(t, _)| t.clone()),
-                    class: self.class.unwrap_or(TrafficClass::Bulk),
+                    // The queue pair's own tenant (it was built with it),
+                    // or, without a quota table, tenant 0 of this process.
+                    tenant: match &self.tenant {
+                        Some(_) => Tenancy::OfQueuePair,
+                        None => Tenancy::Local {
+                            id: TenantId(0),
+                            class: self.class.unwrap_or(TrafficClass::Bulk),
+                        },
+                    },
                     window: self.window.then(|| {
                         let window = DelayWindowConfig::for_piece(p.chunk);
                         DelayWindowConfig {
@@ -1303,7 +1310,6 @@ impl Side {
                             ..window
                         }
                     }),
-                    ..ScheduleConfig::default()
                 })
                 .map_err(|e| format!("setting up the scheduled path: {e}"))?,
             )),

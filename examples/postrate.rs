@@ -21,6 +21,7 @@ use mtrdma::verbs::{
     Access, Completion, Context, MemoryRegion, ProtectionDomain, QueuePair, ScheduleConfig,
     ScheduledQueuePair, SendOp,
 };
+use mtrdma::{TenantId, TrafficClass};
 
 struct Args {
     device: Option<String>,
@@ -139,9 +140,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let (mut direct, _peer_a) = pair(&pd, depth)?;
     let (sched_qp, _peer_b) = pair(&pd, depth)?;
+    // Scheduled as tenant 0 of this process alone: the scheduler's own
+    // cost, without a quota table.
     let mut scheduled = sched_qp.scheduled(ScheduleConfig {
         max_pieces_in_flight: depth,
-        ..ScheduleConfig::default()
+        ..ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
     })?;
 
     let (mut best_direct, mut best_sched) = (f64::MAX, f64::MAX);

@@ -348,17 +348,21 @@ impl Demo<'_> {
         self.peer.as_ref().unwrap_or(&self.pd)
     }
 
-    fn connect(&self, depth: u32) -> Result<(QueuePair, QueuePair), Error> {
+    /// A connected pair, the sending side created for `tenant` if given.
+    fn connect(
+        &self,
+        depth: u32,
+        tenant: Option<&TenantHandle>,
+    ) -> Result<(QueuePair, QueuePair), Error> {
         // A local ACK timeout of 4.096 us x 2^20 (about 4 s): across a
         // shaped link the unprotected bulk tenants' megabytes queue for
         // longer than the default 67 ms, which would resend what is only
         // waiting.
-        let a = self
-            .pd
-            .queue_pair()
-            .max_send_wr(depth)
-            .ack_timeout(20)
-            .build()?;
+        let mut a = self.pd.queue_pair().max_send_wr(depth).ack_timeout(20);
+        if let Some(t) = tenant {
+            a = a.tenant(t);
+        }
+        let a = a.build()?;
         let b = self
             .far()
             .queue_pair()
@@ -377,24 +381,28 @@ impl Demo<'_> {
         peers: &mut Vec<QueuePair>,
     ) -> Result<Box<dyn Lane>, String> {
         let depth = u32::try_from(self.args.depth.max(8) * 4).unwrap_or(u32::MAX);
-        let (qp, peer) = self.connect(depth).map_err(|e| e.to_string())?;
+        // Scheduled, the queue pair is created for its tenant (admitted
+        // against its quota, scheduled as it).
+        let handle = match shared {
+            Some(_) => Some(self.table.attach(tenant).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        let (qp, peer) = self
+            .connect(depth, handle.as_ref())
+            .map_err(|e| e.to_string())?;
         peers.push(peer);
         Ok(match shared {
             None => Box::new(qp),
-            Some(shared) => {
-                let handle = self.table.attach(tenant).map_err(|e| e.to_string())?;
-                Box::new(
-                    qp.scheduled_on(
-                        shared,
-                        ScheduleConfig {
-                            tenant: Some(handle),
-                            max_pieces_in_flight: depth,
-                            ..ScheduleConfig::default()
-                        },
-                    )
-                    .map_err(|e| e.to_string())?,
+            Some(shared) => Box::new(
+                qp.scheduled_on(
+                    shared,
+                    ScheduleConfig {
+                        max_pieces_in_flight: depth,
+                        ..ScheduleConfig::default()
+                    },
                 )
-            }
+                .map_err(|e| e.to_string())?,
+            ),
         })
     }
 

@@ -22,7 +22,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use ibverbs_sys as ffi;
-use mtrdma_core::TenantId;
+use mtrdma_core::{TenantHandle, TenantId};
 use mtrdma_sched::TenantPolicy;
 
 use crate::completion::{Opcode, WcStatus};
@@ -160,6 +160,7 @@ pub struct NullSink {
     fail: bool,
     log: Option<Vec<Posted>>,
     qpn: u32,
+    tenant: Option<TenantHandle>,
 }
 
 impl std::fmt::Debug for NullSink {
@@ -185,7 +186,17 @@ impl NullSink {
             fail: false,
             log: None,
             qpn,
+            tenant: None,
         }
+    }
+
+    /// The same sink, created for `tenant` (as a queue pair built with
+    /// [`QueuePairBuilder::tenant`](crate::QueuePairBuilder::tenant)): a
+    /// [`ScheduleConfig`] of the default [`Tenancy`](crate::Tenancy)
+    /// schedules it as that tenant.
+    pub fn with_tenant(mut self, tenant: TenantHandle) -> NullSink {
+        self.tenant = Some(tenant);
+        self
     }
 
     /// Also keeps every work request posted, for [`take_log`](Self::take_log).
@@ -251,6 +262,10 @@ impl Sink for NullSink {
 
     fn qpn(&self) -> u32 {
         self.qpn
+    }
+
+    fn tenant(&self) -> Option<&TenantHandle> {
+        self.tenant.as_ref()
     }
 
     fn books(&self) -> &Books<HeapRegion> {
@@ -440,6 +455,16 @@ impl NullScheduled {
         self.inner.queued()
     }
 
+    /// See [`ScheduledQueuePair::tenant`](crate::ScheduledQueuePair::tenant).
+    pub fn tenant(&self) -> TenantId {
+        self.inner.tenant
+    }
+
+    /// See [`ScheduledQueuePair::class`](crate::ScheduledQueuePair::class).
+    pub fn class(&self) -> mtrdma_core::TrafficClass {
+        self.inner.class
+    }
+
     /// Runs `f` on its null sink.
     pub fn with_sink<R>(&mut self, f: impl FnOnce(&mut NullSink) -> R) -> R {
         self.inner.with_sink(f)
@@ -453,6 +478,11 @@ mod tests {
     use mtrdma_core::TrafficClass;
     use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit};
     use mtrdma_sched::DelayWindowConfig;
+
+    /// Scheduled as tenant 0, bulk, by the scheduler alone.
+    fn bulk0() -> ScheduleConfig {
+        ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
+    }
 
     const REMOTE: RemoteRegion = RemoteRegion {
         addr: 0x7000_0000,
@@ -530,7 +560,7 @@ mod tests {
     fn every_request_completes_once_with_its_region_in_order() {
         let config = ScheduleConfig {
             max_pieces_in_flight: 4,
-            ..ScheduleConfig::default()
+            ..bulk0()
         };
         let mut qp = scheduled(NullSink::new(1, 16), config).unwrap();
         for i in 0..100 {
@@ -578,7 +608,7 @@ mod tests {
             chunk_bytes: piece,
             max_pieces_in_flight: 8,
             window: Some(window),
-            ..ScheduleConfig::default()
+            ..bulk0()
         };
         let mut qp = scheduled(NullSink::new(1, 16).recording(), config).unwrap();
         let remote = RemoteRegion {
@@ -621,10 +651,9 @@ mod tests {
             ..DelayWindowConfig::for_piece(4096)
         };
         let config = ScheduleConfig {
-            class: TrafficClass::Latency,
             max_pieces_in_flight: 4,
             window: Some(window),
-            ..ScheduleConfig::default()
+            ..ScheduleConfig::local(TenantId(0), TrafficClass::Latency)
         };
         let mut qp = scheduled(NullSink::new(1, 16), config).unwrap();
         for i in 0..4 {
@@ -640,7 +669,7 @@ mod tests {
 
     #[test]
     fn a_shallow_send_queue_bounds_the_pieces_posted() {
-        let mut qp = scheduled(NullSink::new(1, 2), ScheduleConfig::default()).unwrap();
+        let mut qp = scheduled(NullSink::new(1, 2), bulk0()).unwrap();
         for i in 0..10 {
             post(&mut qp, SendOp::Send, tagged(i), 64, i);
         }
@@ -656,7 +685,7 @@ mod tests {
         let config = ScheduleConfig {
             chunk_bytes: 4096,
             max_pieces_in_flight: 2,
-            ..ScheduleConfig::default()
+            ..bulk0()
         };
         let mut qp = scheduled(NullSink::new(1, 16).recording(), config).unwrap();
         let region = HeapRegion::new(16_384);
@@ -714,7 +743,7 @@ mod tests {
         let config = ScheduleConfig {
             chunk_bytes: 1024,
             max_pieces_in_flight: 1,
-            ..ScheduleConfig::default()
+            ..bulk0()
         };
         let shared = NullScheduler::new(SharedConfig::default()).unwrap();
         let solo = scheduled(NullSink::new(1, 16), config.clone()).unwrap();
@@ -749,7 +778,7 @@ mod tests {
 
     #[test]
     fn a_refused_post_comes_back_as_a_failed_completion() {
-        let mut qp = scheduled(NullSink::new(1, 16), ScheduleConfig::default()).unwrap();
+        let mut qp = scheduled(NullSink::new(1, 16), bulk0()).unwrap();
         qp.with_sink(|s| s.set_fail(true));
         post(&mut qp, SendOp::Write(REMOTE), tagged(7), 64, 7);
         let done = drain(&mut qp, 1);
@@ -768,7 +797,7 @@ mod tests {
         let config = ScheduleConfig {
             chunk_bytes: 1024,
             max_pieces_in_flight: 1,
-            ..ScheduleConfig::default()
+            ..bulk0()
         };
         let mut qp = scheduled(NullSink::new(1, 16).recording(), config).unwrap();
         if let Err((e, _)) = qp.post_send(SendOp::Write(REMOTE), HeapRegion::new(4096), 0..4096, 3)
@@ -804,10 +833,7 @@ mod tests {
         .unwrap();
         let mut qps: Vec<NullScheduled> = (0..8u32)
             .map(|i| {
-                let config = ScheduleConfig {
-                    tenant_id: Some(TenantId(i + 1)),
-                    ..ScheduleConfig::default()
-                };
+                let config = ScheduleConfig::local(TenantId(i + 1), TrafficClass::Bulk);
                 shared.attach(NullSink::new(i, 16), config).unwrap()
             })
             .collect();
@@ -859,11 +885,8 @@ mod tests {
         let policy = Policy::new(LinkConfig::new(1 << 40), vec![tenant]);
         let table = QuotaTable::embedded(&policy).unwrap();
         let handle = table.attach(TenantId(1)).unwrap();
-        let config = ScheduleConfig {
-            tenant: Some(handle),
-            ..ScheduleConfig::default()
-        };
-        let mut qp = scheduled(NullSink::new(1, 16), config).unwrap();
+        let sink = NullSink::new(1, 16).with_tenant(handle);
+        let mut qp = scheduled(sink, ScheduleConfig::default()).unwrap();
         for i in 0..50 {
             post(&mut qp, SendOp::Write(REMOTE), tagged(i), 64, i);
         }
@@ -873,8 +896,33 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_pair_created_without_a_tenant_is_not_scheduled_as_tenant_0_by_accident() {
+        // The default schedules a queue pair as the tenant it was created
+        // for; without one that is an error, on its own or shared.
+        let e = scheduled(NullSink::new(1, 16), ScheduleConfig::default()).unwrap_err();
+        assert!(matches!(e, Error::NoTenant), "{e:?}");
+        assert!(e.to_string().contains("ScheduleConfig::local"), "{e}");
+        let shared = NullScheduler::new(SharedConfig::default()).unwrap();
+        let e = shared
+            .attach(NullSink::new(2, 16), ScheduleConfig::default())
+            .unwrap_err();
+        assert!(matches!(e, Error::NoTenant), "{e:?}");
+        assert_eq!(shared.queue_pairs(), 0);
+        // Chosen explicitly, it is scheduled as the tenant named.
+        let qp = scheduled(
+            NullSink::new(3, 16),
+            ScheduleConfig::local(TenantId(7), TrafficClass::Latency),
+        )
+        .unwrap();
+        assert_eq!(
+            (qp.tenant(), qp.class()),
+            (TenantId(7), TrafficClass::Latency)
+        );
+    }
+
+    #[test]
     fn dropping_a_scheduled_queue_pair_with_work_queued_frees_it() {
-        let mut qp = scheduled(NullSink::new(1, 4), ScheduleConfig::default()).unwrap();
+        let mut qp = scheduled(NullSink::new(1, 4), bulk0()).unwrap();
         for i in 0..10 {
             post(&mut qp, SendOp::Write(REMOTE), tagged(i), 64, i);
         }
@@ -891,10 +939,7 @@ mod tests {
         shared
             .set_policy(TenantId(5), TenantPolicy::weight(1).with_byte_cap(cap))
             .unwrap();
-        let config = ScheduleConfig {
-            tenant_id: Some(TenantId(5)),
-            ..ScheduleConfig::default()
-        };
+        let config = ScheduleConfig::local(TenantId(5), TrafficClass::Bulk);
         let mut qp = shared.attach(NullSink::new(1, 16), config).unwrap();
         let remote = RemoteRegion {
             len: 64 << 10,
@@ -933,7 +978,7 @@ mod tests {
         let config = ScheduleConfig {
             chunk_bytes: 1024,
             max_pieces_in_flight: 4,
-            ..ScheduleConfig::default()
+            ..bulk0()
         };
         let mut qp = scheduled(NullSink::new(1, 16), config).unwrap();
         let mut want = Vec::new();

@@ -174,12 +174,26 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// The scheduler refused the configuration or the request.
-    #[error("scheduler: {0}")]
-    Schedule(String),
-    /// The peer's handshake could not be exchanged or read.
+    /// A queue pair created without a tenant was to be scheduled as the
+    /// tenant it was created for.
+    #[error(
+        "this queue pair was created without a tenant: create it with \
+         `QueuePairBuilder::tenant(&handle)` to schedule it as that tenant, or schedule it \
+         explicitly without shared limits with `ScheduleConfig::local(id, class)`"
+    )]
+    NoTenant,
+    /// The scheduler's settings are not valid (a chunk size, a weight, a
+    /// window's parameters).
+    #[error("scheduler settings: {0}")]
+    ScheduleConfig(#[source] mtrdma_sched::ConfigError),
+    /// The scheduler refused the request (its tenant has too many queued,
+    /// or no policy); the request's region is handed back with it.
+    #[error("the scheduler refused the request: {0}")]
+    Rejected(#[source] mtrdma_sched::RejectReason),
+    /// Endpoints could not be exchanged with the peer
+    /// ([`exchange`](crate::exchange::exchange)).
     #[error("endpoint exchange failed: {0}")]
-    Exchange(String),
+    Exchange(#[source] crate::exchange::HandshakeError),
     /// A libibverbs call failed.
     #[error("{call} failed on {device}: {source}")]
     Verbs {

@@ -9,7 +9,10 @@
 //! scheduler (chunking, bounded NIC occupancy, shared rate limits), and
 //! queue pair creation and memory registration can be admitted against a
 //! tenant's quota ([`QueuePairBuilder::tenant`],
-//! [`ProtectionDomain::register_for`]). A queue pair built with
+//! [`ProtectionDomain::register_for`]). A scheduled queue pair is
+//! scheduled as the tenant it was created for; one created without a
+//! tenant is scheduled only when a tenant of this process is named
+//! explicitly ([`Tenancy`]), never as tenant 0 by accident. A queue pair built with
 //! [`completion_events(true)`](QueuePairBuilder::completion_events) can
 //! sleep until its next completion ([`QueuePair::poll_wait`],
 //! [`ScheduledQueuePair::poll_wait`], [`UdQueuePair::poll_wait`]) rather
@@ -96,7 +99,7 @@ pub use pd::ProtectionDomain;
 pub use progress::ProgressThread;
 pub use qp::{Endpoint, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder, SendOp};
 pub use scheduled::{
-    ScheduleConfig, ScheduledQueuePair, SharedConfig, SharedScheduler, WindowState,
+    ScheduleConfig, ScheduledQueuePair, SharedConfig, SharedScheduler, Tenancy, WindowState,
 };
 pub use ud::{
     AddressHandle, UdCompletion, UdEndpoint, UdQueuePair, UdQueuePairBuilder, UdSource,

@@ -924,6 +924,9 @@ pub(crate) trait Sink: Send + 'static {
         Ok(n)
     }
 
+    /// The tenant it was created for, if any.
+    fn tenant(&self) -> Option<&TenantHandle>;
+
     /// Whether the send queue has room for another request.
     fn send_room(&self) -> u32 {
         let books = self.books();
@@ -1219,6 +1222,10 @@ impl Sink for QueuePair {
 
     fn qpn(&self) -> u32 {
         QueuePair::qpn(self)
+    }
+
+    fn tenant(&self) -> Option<&TenantHandle> {
+        self._permit.as_ref().map(OwnedQpPermit::handle)
     }
 
     fn books(&self) -> &Books<MemoryRegion> {

@@ -54,6 +54,29 @@ use crate::qp::{
 use crate::slab::Slab;
 use crate::{Error, MemoryRegion};
 
+/// Who a scheduled queue pair's sends are scheduled as
+/// ([`ScheduleConfig::tenant`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Tenancy {
+    /// The tenant the queue pair was created for
+    /// ([`QueuePairBuilder::tenant`](crate::QueuePairBuilder::tenant)): its
+    /// class, weight and caps from its policy in the quota table, its
+    /// shared rate limit (cap and the coordinator's fair rate) and its
+    /// accounting there. The default; a queue pair created without a
+    /// tenant is refused with [`Error::NoTenant`].
+    #[default]
+    OfQueuePair,
+    /// Scheduled as tenant `id`, of `class`, by this process's scheduler
+    /// alone: no quota table, no limit shared with other processes (weights
+    /// and caps set with [`SharedScheduler::set_policy`], or weight 1).
+    Local {
+        /// The tenant it counts as in the scheduler.
+        id: TenantId,
+        /// Its sends' class.
+        class: TrafficClass,
+    },
+}
+
 /// How a queue pair's sends are scheduled.
 #[derive(Debug, Clone)]
 pub struct ScheduleConfig {
@@ -64,15 +87,11 @@ pub struct ScheduleConfig {
     /// Pieces of this queue pair in the NIC at once (default 4): what a
     /// latency-sensitive neighbour may find ahead of it.
     pub max_pieces_in_flight: u32,
-    /// The traffic class when no tenant handle gives one (default bulk).
-    pub class: TrafficClass,
-    /// The tenant whose quota table rates and accounting apply (none: the
-    /// queue pair is scheduled on its own, without shared limits).
-    pub tenant: Option<TenantHandle>,
-    /// The tenant the sends are scheduled as when `tenant` gives none
-    /// (default tenant 0). Queue pairs of different tenants on one
+    /// Who its sends are scheduled as: the tenant the queue pair was
+    /// created for (the default), or explicitly a tenant of this process's
+    /// scheduler alone. Queue pairs of different tenants on one
     /// [`SharedScheduler`] share it by their weights.
-    pub tenant_id: Option<TenantId>,
+    pub tenant: Tenancy,
     /// A bulk queue pair's bytes in the NIC follow a [`DelayWindow`] with
     /// these settings (default none: only `max_pieces_in_flight` bounds
     /// them). This is what protects a latency-sensitive tenant in another
@@ -94,10 +113,46 @@ impl Default for ScheduleConfig {
         ScheduleConfig {
             chunk_bytes: 64 << 10,
             max_pieces_in_flight: 4,
-            class: TrafficClass::Bulk,
-            tenant: None,
-            tenant_id: None,
+            tenant: Tenancy::OfQueuePair,
             window: None,
+        }
+    }
+}
+
+impl ScheduleConfig {
+    /// The defaults, scheduled as tenant `id` of `class` by this process's
+    /// scheduler alone ([`Tenancy::Local`]).
+    pub fn local(id: TenantId, class: TrafficClass) -> ScheduleConfig {
+        ScheduleConfig {
+            tenant: Tenancy::Local { id, class },
+            ..ScheduleConfig::default()
+        }
+    }
+}
+
+/// Who a queue pair is scheduled as, resolved against its sink.
+struct Who {
+    tenant: TenantId,
+    class: TrafficClass,
+    quota: Option<TenantHandle>,
+}
+
+impl Who {
+    fn of<S: Sink>(sink: &S, tenancy: Tenancy) -> Result<Who, Error> {
+        match tenancy {
+            Tenancy::OfQueuePair => {
+                let handle = sink.tenant().ok_or(Error::NoTenant)?.clone();
+                Ok(Who {
+                    tenant: handle.tenant(),
+                    class: handle.class(),
+                    quota: Some(handle),
+                })
+            }
+            Tenancy::Local { id, class } => Ok(Who {
+                tenant: id,
+                class,
+                quota: None,
+            }),
         }
     }
 }
@@ -169,10 +224,12 @@ impl Default for SharedConfig {
 /// shared.set_policy(TenantId(2), TenantPolicy::weight(4))?;
 /// let (a, b) = (pd.queue_pair().build()?, pd.queue_pair().build()?);
 /// let (ea, eb) = (a.endpoint(), b.endpoint());
-/// let bulk = a.connect(&eb)?.scheduled_on(
-///     &shared,
-///     ScheduleConfig { tenant_id: Some(TenantId(2)), ..ScheduleConfig::default() },
-/// )?;
+/// // Tenant 2 of this process's scheduler, without a quota table (a queue
+/// // pair created with `.tenant(&handle)` is scheduled as its tenant by
+/// // `ScheduleConfig::default()`).
+/// let bulk = a
+///     .connect(&eb)?
+///     .scheduled_on(&shared, ScheduleConfig::local(TenantId(2), TrafficClass::Bulk))?;
 /// # let _ = (bulk, b.connect(&ea)?);
 /// # Ok(())
 /// # }
@@ -270,6 +327,7 @@ impl<S: Sink> Shared<S> {
     /// Attaches `sink`: its sends are scheduled with the other queue pairs
     /// of this scheduler.
     pub(crate) fn attach(&self, sink: S, config: ScheduleConfig) -> Result<Scheduled<S>, Error> {
+        let who = Who::of(&sink, config.tenant)?;
         let qpn = sink.qpn();
         let sq_room = sink.send_room();
         let side = Arc::new(Side {
@@ -279,7 +337,7 @@ impl<S: Sink> Shared<S> {
         });
         let mut e = self.lock();
         let (member, tenant, class) =
-            e.add_member(Some(Arc::clone(&side)), qpn, sq_room, config)?;
+            e.add_member(Some(Arc::clone(&side)), qpn, sq_room, who, config)?;
         let (wake_at, clock) = (Arc::clone(&e.wake_at), e.clock.clone());
         drop(e);
         let attached = Attached {
@@ -307,10 +365,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // thread's call does not leave them half-changed in a way that matters
     // more than refusing every later call would.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn schedule_error(e: impl std::fmt::Display) -> Error {
-    Error::Schedule(e.to_string())
 }
 
 impl QueuePair {
@@ -488,8 +542,10 @@ impl<S: Sink> Scheduled<S> {
             ..SharedConfig::default()
         })?;
         engine.solo = true;
+        let who = Who::of(&sink, config.tenant)?;
         let qpn = sink.qpn();
-        let (member, tenant, class) = engine.add_member(None, qpn, sink.send_room(), config)?;
+        let (member, tenant, class) =
+            engine.add_member(None, qpn, sink.send_room(), who, config)?;
         Ok(Scheduled {
             way: Way::Solo(Box::new(Solo {
                 engine,
@@ -1275,7 +1331,7 @@ impl<S: Sink> Engine<S> {
             ..SchedulerConfig::default()
         };
         Ok(Engine {
-            sched: TenantScheduler::new(sched_config).map_err(schedule_error)?,
+            sched: TenantScheduler::new(sched_config).map_err(Error::ScheduleConfig)?,
             chunk_bytes: config.chunk_bytes,
             budget: config.bulk_bytes_in_flight.max(1),
             bulk_in_flight: 0,
@@ -1308,18 +1364,19 @@ impl<S: Sink> Engine<S> {
         side: Option<Arc<Side<S>>>,
         qpn: u32,
         sq_room: u32,
+        who: Who,
         config: ScheduleConfig,
     ) -> Result<(usize, TenantId, TrafficClass), Error> {
-        let (tenant, class) = match &config.tenant {
-            Some(t) => (t.tenant(), t.class()),
-            None => (config.tenant_id.unwrap_or(TenantId(0)), config.class),
-        };
+        let Who {
+            tenant,
+            class,
+            quota,
+        } = who;
         if !self.explicit.contains(&tenant) {
             // The tenant's weight, and its caps too: the scheduler then
             // holds a capped tenant back itself (the others keep its turns)
             // rather than granting pieces the quota table would refuse.
-            let local = config
-                .tenant
+            let local = quota
                 .as_ref()
                 .and_then(TenantHandle::policy)
                 .map_or_else(TenantPolicy::default, |p| p.schedule);
@@ -1348,7 +1405,7 @@ impl<S: Sink> Engine<S> {
                         weight,
                         ..w.clone()
                     })
-                    .map_err(schedule_error)?,
+                    .map_err(Error::ScheduleConfig)?,
                 )
             }
             _ => None,
@@ -1358,7 +1415,7 @@ impl<S: Sink> Engine<S> {
             sq_room,
             tenant,
             class,
-            quota: config.tenant,
+            quota,
             max_pieces: config.max_pieces_in_flight.max(1),
             in_flight: VecDeque::new(),
             pending: VecDeque::new(),
@@ -1390,7 +1447,7 @@ impl<S: Sink> Engine<S> {
     fn set_policy(&mut self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
         self.sched
             .set_policy(tenant, policy)
-            .map_err(schedule_error)?;
+            .map_err(Error::ScheduleConfig)?;
         self.capped |= policy.byte_cap.is_some() || policy.wr_cap.is_some();
         Ok(())
     }
@@ -1573,7 +1630,7 @@ impl<S: Sink> Engine<S> {
         if let Err(rejected) = self.sched.enqueue(descriptor, self.now()) {
             self.member_mut(member).accepted -= 1;
             let message = self.messages.remove(message).expect("just stored");
-            return Err((Error::Schedule(rejected.reason.to_string()), message.region));
+            return Err((Error::Rejected(rejected.reason), message.region));
         }
         if latency {
             self.latency_queued += 1;

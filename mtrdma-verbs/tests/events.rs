@@ -10,7 +10,9 @@ use common::{device, pattern};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId};
+use mtrdma_core::{
+    LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantHandle, TenantId, TrafficClass,
+};
 use mtrdma_verbs::{
     Access, Completion, Error, Opcode, ProtectionDomain, QueuePair, ScheduleConfig, SendOp,
     SharedConfig, SharedScheduler, UdCompletion, WcStatus,
@@ -20,7 +22,20 @@ use rustix::time::{clock_gettime, ClockId};
 /// Two connected queue pairs on one PD; the first has completion events,
 /// the second too if `both`.
 fn pair_with_events(pd: &ProtectionDomain, both: bool) -> (QueuePair, QueuePair) {
-    let a = pd.queue_pair().completion_events(true).build().unwrap();
+    pair_with_events_of(pd, both, None)
+}
+
+/// As [`pair_with_events`], the first created for `tenant` if given.
+fn pair_with_events_of(
+    pd: &ProtectionDomain,
+    both: bool,
+    tenant: Option<&TenantHandle>,
+) -> (QueuePair, QueuePair) {
+    let mut a = pd.queue_pair().completion_events(true);
+    if let Some(t) = tenant {
+        a = a.tenant(t);
+    }
+    let a = a.build().unwrap();
     let b = pd.queue_pair().completion_events(both).build().unwrap();
     let (ea, eb) = (a.endpoint(), b.endpoint());
     (a.connect(&eb).unwrap(), b.connect(&ea).unwrap())
@@ -159,7 +174,7 @@ fn scheduled_requests_queued_behind_the_piece_limit_all_complete_through_poll_wa
         .scheduled(ScheduleConfig {
             chunk_bytes: 64 << 10,
             max_pieces_in_flight: 1,
-            ..ScheduleConfig::default()
+            ..ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
         })
         .unwrap();
     let target = pd.allocate(N * LEN, Access::REMOTE_READ_WRITE).unwrap();
@@ -209,13 +224,9 @@ fn requests_held_back_by_a_rate_cap_go_at_the_cap_through_poll_wait() {
     let table = QuotaTable::embedded(&policy).unwrap();
     let ctx = device();
     let pd = ctx.alloc_pd().unwrap();
-    let (a, _b) = pair_with_events(&pd, false);
-    let mut a = a
-        .scheduled(ScheduleConfig {
-            tenant: Some(table.attach(TenantId(1)).unwrap()),
-            ..ScheduleConfig::default()
-        })
-        .unwrap();
+    let handle = table.attach(TenantId(1)).unwrap();
+    let (a, _b) = pair_with_events_of(&pd, false, Some(&handle));
+    let mut a = a.scheduled(ScheduleConfig::default()).unwrap();
     let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
     let remote = target.remote().unwrap();
     let mut region = pd.allocate(LEN, Access::LOCAL).unwrap();
@@ -258,10 +269,7 @@ fn a_queue_pair_on_a_shared_scheduler_completes_queued_work_through_poll_wait() 
     let mut a = a
         .scheduled_on(
             &shared,
-            ScheduleConfig {
-                tenant_id: Some(TenantId(1)),
-                ..ScheduleConfig::default()
-            },
+            ScheduleConfig::local(TenantId(1), TrafficClass::Bulk),
         )
         .unwrap();
     let target = pd.allocate(N * LEN, Access::REMOTE_READ_WRITE).unwrap();
@@ -301,7 +309,9 @@ fn poll_wait_without_completion_events_is_a_clear_error() {
         .unwrap_err();
     assert!(matches!(e, Error::NoCompletionEvents), "{e:?}");
     assert!(e.to_string().contains("completion_events(true)"), "{e}");
-    let mut b = b.scheduled(ScheduleConfig::default()).unwrap();
+    let mut b = b
+        .scheduled(ScheduleConfig::local(TenantId(0), TrafficClass::Bulk))
+        .unwrap();
     let e = b
         .poll_wait(&mut out, Duration::from_millis(10))
         .unwrap_err();
@@ -354,7 +364,9 @@ fn dropping_queue_pairs_after_events_and_timeouts_does_not_hang() {
         drop(b);
         // A scheduled queue pair too.
         let (a, _b) = pair_with_events(&pd, false);
-        let mut a = a.scheduled(ScheduleConfig::default()).unwrap();
+        let mut a = a
+            .scheduled(ScheduleConfig::local(TenantId(0), TrafficClass::Bulk))
+            .unwrap();
         let src = pd.allocate(4096, Access::LOCAL).unwrap();
         a.post_send(SendOp::Write(remote), src, 0..4096, 5).unwrap();
         assert_eq!(a.poll_wait(&mut out, Duration::from_secs(30)).unwrap(), 1);

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use mtrdma_verbs::exchange::{exchange, Handshake};
+use mtrdma_verbs::exchange::{exchange, Handshake, HandshakeError};
 use mtrdma_verbs::{Access, Context, Endpoint, Error, Opcode, RemoteRegion, SendOp};
 
 fn handshake(qpn: u32) -> Handshake {
@@ -78,7 +78,7 @@ fn an_endless_handshake_is_refused() {
     });
     let mut c = TcpStream::connect(addr).unwrap();
     match exchange(&mut c, &handshake(2)) {
-        Err(Error::Exchange(msg)) => assert!(msg.contains("longer than"), "{msg}"),
+        Err(Error::Exchange(HandshakeError::TooLong)) => {}
         other => panic!("expected an exchange error, got {other:?}"),
     }
     drop(c);
@@ -98,15 +98,13 @@ fn a_garbled_or_missing_handshake_is_a_clear_error() {
     });
     let mut c = TcpStream::connect(addr).unwrap();
     match exchange(&mut c, &handshake(2)) {
-        Err(Error::Exchange(msg)) => assert!(msg.contains("not valid"), "{msg}"),
+        Err(Error::Exchange(HandshakeError::Invalid(_))) => {}
         other => panic!("expected an exchange error, got {other:?}"),
     }
     let mut c2 = TcpStream::connect(addr).unwrap();
     server.join().unwrap();
     match exchange(&mut c2, &handshake(3)) {
-        Err(Error::Exchange(msg)) => {
-            assert!(msg.contains("closed") || msg.contains("sending"), "{msg}")
-        }
+        Err(Error::Exchange(HandshakeError::Closed | HandshakeError::Send(_))) => {}
         other => panic!("expected an exchange error, got {other:?}"),
     }
 }

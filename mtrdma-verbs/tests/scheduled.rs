@@ -4,11 +4,11 @@
 
 mod common;
 
-use common::{device, pair, pattern, wait};
+use common::{device, pair, pair_of, pattern, wait};
 
 use std::time::{Duration, Instant};
 
-use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId};
+use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId, TrafficClass};
 use mtrdma_verbs::{Access, Opcode, ScheduleConfig, SendOp, WcStatus};
 
 #[test]
@@ -20,7 +20,7 @@ fn chunked_writes_and_reads_show_one_completion_and_move_every_byte() {
     let mut a = a
         .scheduled(ScheduleConfig {
             chunk_bytes: 64 << 10,
-            ..ScheduleConfig::default()
+            ..ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
         })
         .unwrap();
     for (i, &len) in [1usize, 65_535, 65_536, 65_537, (1 << 20) + 7, 8 << 20]
@@ -111,13 +111,8 @@ fn a_capped_tenant_stays_within_5_percent_of_its_cap_next_to_an_uncapped_one() {
     let mut peers = Vec::new();
     for tenant in [1, 2] {
         let handle = table.attach(TenantId(tenant)).unwrap();
-        let (a, b) = pair(&pd);
-        let a = a
-            .scheduled(ScheduleConfig {
-                tenant: Some(handle),
-                ..ScheduleConfig::default()
-            })
-            .unwrap();
+        let (a, b) = pair_of(&pd, &handle);
+        let a = a.scheduled(ScheduleConfig::default()).unwrap();
         qps.push(a);
         peers.push(b);
         targets.push(pd.allocate(MSG, Access::REMOTE_READ_WRITE).unwrap());
@@ -184,7 +179,7 @@ fn a_progress_thread_completes_work_the_application_never_polls() {
     let a = a
         .scheduled(ScheduleConfig {
             chunk_bytes: 16 << 10,
-            ..ScheduleConfig::default()
+            ..ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
         })
         .unwrap();
     let driven = a.with_progress_thread(Duration::from_micros(50));
@@ -231,13 +226,8 @@ fn one_request_at_a_time_under_a_cap_keeps_moving_at_the_cap() {
     let table = QuotaTable::embedded(&policy).unwrap();
     let ctx = device();
     let pd = ctx.alloc_pd().unwrap();
-    let (a, _b) = pair(&pd);
-    let mut a = a
-        .scheduled(ScheduleConfig {
-            tenant: Some(table.attach(TenantId(1)).unwrap()),
-            ..ScheduleConfig::default()
-        })
-        .unwrap();
+    let (a, _b) = pair_of(&pd, &table.attach(TenantId(1)).unwrap());
+    let mut a = a.scheduled(ScheduleConfig::default()).unwrap();
     let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
     let remote = target.remote().unwrap();
     let mut region = pd.allocate(LEN, Access::LOCAL).unwrap();

@@ -24,10 +24,8 @@ fn attach(
     qp.scheduled_on(
         shared,
         ScheduleConfig {
-            tenant_id: Some(TenantId(tenant)),
-            class,
             max_pieces_in_flight: 8,
-            ..ScheduleConfig::default()
+            ..ScheduleConfig::local(TenantId(tenant), class)
         },
     )
     .expect("attach to the shared scheduler")

@@ -654,6 +654,11 @@ impl OwnedQpPermit {
     pub fn tenant(&self) -> TenantId {
         self.handle.tenant()
     }
+
+    /// The handle of the tenant it was admitted for.
+    pub fn handle(&self) -> &TenantHandle {
+        &self.handle
+    }
 }
 
 impl Drop for OwnedQpPermit {

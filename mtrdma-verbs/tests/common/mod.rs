@@ -4,7 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use mtrdma_verbs::{Completion, Context, ProtectionDomain, QueuePair, ScheduledQueuePair};
+use mtrdma_core::TenantHandle;
+use mtrdma_verbs::{
+    Completion, Context, PreparedQueuePair, ProtectionDomain, QueuePair, ScheduledQueuePair,
+};
 
 /// The device the tests run on: the one MTRDMA_TEST_DEVICE names. Running
 /// device tests without naming one is a mistake worth failing on.
@@ -21,7 +24,16 @@ pub(crate) fn device_name() -> String {
 
 /// Two queue pairs on one PD, connected to each other.
 pub(crate) fn pair(pd: &ProtectionDomain) -> (QueuePair, QueuePair) {
-    let a = pd.queue_pair().build().expect("build A");
+    pair_with(pd, pd.queue_pair().build().expect("build A"))
+}
+
+/// As [`pair`], the first created for `tenant` (admitted against its
+/// quota, and scheduled as it by default).
+pub(crate) fn pair_of(pd: &ProtectionDomain, tenant: &TenantHandle) -> (QueuePair, QueuePair) {
+    pair_with(pd, pd.queue_pair().tenant(tenant).build().expect("build A"))
+}
+
+fn pair_with(pd: &ProtectionDomain, a: PreparedQueuePair) -> (QueuePair, QueuePair) {
     let b = pd.queue_pair().build().expect("build B");
     let (ea, eb) = (a.endpoint(), b.endpoint());
     (
