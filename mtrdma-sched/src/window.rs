@@ -285,7 +285,7 @@ impl DelayWindowConfig {
             return bad("additive_increase must be at least 1 byte");
         }
         if !(1..=MAX_WEIGHT).contains(&self.weight) {
-            return bad("weight must be between 1 and 1,048,576");
+            return bad("weight must be between 1 and MAX_WEIGHT (1,000,000)");
         }
         if !(1..=MAX_FILTER).contains(&self.filter) {
             return bad("filter must be between 1 and 8 samples");
@@ -408,6 +408,22 @@ impl DelayWindow {
         };
         let queue = mul_ppm(base, self.config.target_ratio_ppm).max(floor);
         Some(Nanos(base.saturating_add(queue)))
+    }
+
+    /// Gives the sender another weight (a policy reload), from the next
+    /// completion on; the window itself moves from there by the rule.
+    ///
+    /// # Errors
+    /// [`ConfigError::Window`] for a weight of 0 or over
+    /// [`MAX_WEIGHT`](crate::MAX_WEIGHT); the weight is then unchanged.
+    pub fn set_weight(&mut self, weight: u32) -> Result<(), ConfigError> {
+        DelayWindowConfig {
+            weight,
+            ..self.config.clone()
+        }
+        .validate()?;
+        self.config.weight = weight;
+        Ok(())
     }
 
     /// Tells the window the rate of the link its pieces cross, in bytes
@@ -804,6 +820,19 @@ mod tests {
         // 6.25 MB/s (under).
         assert!(shrinks(25_000_000, 600));
         assert!(!shrinks(6_250_000, 600));
+    }
+
+    #[test]
+    fn a_new_weight_applies_from_the_next_completion_and_a_bad_one_is_refused() {
+        let mut w = DelayWindow::new(config()).unwrap();
+        w.set_weight(4).unwrap();
+        w.on_sent(PIECE, Nanos::ZERO);
+        w.on_completed(PIECE, Nanos::ZERO, Nanos::from_micros(100));
+        // A window of one piece grows by 4 x 1/8 piece for a window's worth.
+        assert_eq!(w.window(), PIECE + 4 * PIECE / 8);
+        assert!(w.set_weight(0).is_err());
+        assert!(w.set_weight(MAX_WEIGHT + 1).is_err());
+        assert_eq!(w.config().weight, 4);
     }
 
     #[test]

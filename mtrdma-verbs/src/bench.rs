@@ -455,6 +455,11 @@ impl NullScheduled {
         self.inner.queued()
     }
 
+    /// See [`ScheduledQueuePair::window`](crate::ScheduledQueuePair::window).
+    pub fn window(&self) -> Option<crate::WindowState> {
+        self.inner.window()
+    }
+
     /// See [`ScheduledQueuePair::tenant`](crate::ScheduledQueuePair::tenant).
     pub fn tenant(&self) -> TenantId {
         self.inner.tenant
@@ -918,6 +923,33 @@ mod tests {
             (qp.tenant(), qp.class()),
             (TenantId(7), TrafficClass::Latency)
         );
+    }
+
+    #[test]
+    fn a_policy_reload_reaches_a_running_queue_pair() {
+        let policy = |weight| {
+            Policy::new(
+                LinkConfig::new(1 << 40),
+                vec![mtrdma_core::TenantEntry::new(TenantId(1), "t").with_weight(weight)],
+            )
+        };
+        let table = QuotaTable::embedded(&policy(1)).unwrap();
+        let sink = NullSink::new(1, 16).with_tenant(table.attach(TenantId(1)).unwrap());
+        let config = ScheduleConfig {
+            chunk_bytes: 4096,
+            window: Some(DelayWindowConfig::for_piece(4096)),
+            ..ScheduleConfig::default()
+        };
+        let mut qp = scheduled(sink, config).unwrap();
+        assert_eq!(qp.window().unwrap().weight, 1);
+        post(&mut qp, SendOp::Write(REMOTE), tagged(0), 64, 0);
+        drain(&mut qp, 1);
+        // The coordinator (here the table's creator) publishes weight 4:
+        // the next request runs under it.
+        table.publish(&policy(4)).unwrap();
+        post(&mut qp, SendOp::Write(REMOTE), tagged(1), 64, 1);
+        drain(&mut qp, 1);
+        assert_eq!(qp.window().unwrap().weight, 4);
     }
 
     #[test]

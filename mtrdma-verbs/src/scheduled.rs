@@ -170,6 +170,9 @@ pub struct WindowState {
     pub smoothed_delay: Option<Nanos>,
     /// Completion times above this shrink the window.
     pub target_delay: Option<Nanos>,
+    /// The sender's weight: its tenant's (from its policy, following
+    /// reloads) unless the configuration named one.
+    pub weight: u32,
 }
 
 /// Settings of a [`SharedScheduler`].
@@ -585,6 +588,7 @@ impl<S: Sink> Scheduled<S> {
                 base_delay: w.base_delay(),
                 smoothed_delay: w.smoothed_delay(),
                 target_delay: w.target_delay(),
+                weight: w.config().weight,
             })
         };
         match &self.way {
@@ -1174,6 +1178,12 @@ struct Member<S: Sink> {
     raw_out: u32,
     /// What bounds its bulk bytes in the NIC by their completion times.
     window: Option<DelayWindow>,
+    /// Whether the window's weight is the tenant's (left at 1 in the
+    /// configuration), so that a reload changes it too.
+    window_takes_weight: bool,
+    /// The quota table's policy sequence its tenant's weight and caps were
+    /// read at (see [`Engine::follow_policy`]).
+    policy_seq: u64,
     /// Bytes of `in_flight`.
     bytes_out: u64,
 }
@@ -1372,6 +1382,7 @@ impl<S: Sink> Engine<S> {
             class,
             quota,
         } = who;
+        let policy_seq = quota.as_ref().map_or(0, TenantHandle::policy_seq);
         if !self.explicit.contains(&tenant) {
             // The tenant's weight, and its caps too: the scheduler then
             // holds a capped tenant back itself (the others keep its turns)
@@ -1382,6 +1393,7 @@ impl<S: Sink> Engine<S> {
                 .map_or_else(TenantPolicy::default, |p| p.schedule);
             self.set_policy(tenant, local)?;
         }
+        let window_takes_weight = config.window.as_ref().is_some_and(|w| w.weight == 1);
         let window = match (&config.window, class) {
             (Some(w), TrafficClass::Bulk) => {
                 if self.shared_offset == 0 {
@@ -1425,6 +1437,8 @@ impl<S: Sink> Engine<S> {
             accepted: 0,
             raw_out: 0,
             window,
+            window_takes_weight,
+            policy_seq,
             bytes_out: 0,
         });
         Ok((member, tenant, class))
@@ -1440,6 +1454,53 @@ impl<S: Sink> Engine<S> {
         // a wake-up is due.
         if due || !self.sched.is_empty() || !self.waiting.is_empty() {
             self.pump();
+        }
+    }
+
+    /// Takes up a policy reload: when the quota table's policy changed
+    /// since `member`'s tenant's weight and caps were read, reads them
+    /// again into the scheduler (unless set with
+    /// [`SharedScheduler::set_policy`]) and into the windows of its
+    /// tenant's queue pairs that follow its weight. One atomic load per
+    /// request when nothing changed.
+    #[inline]
+    fn follow_policy(&mut self, member: usize) {
+        let m = self.member(member);
+        let Some(q) = &m.quota else {
+            return;
+        };
+        let seq = q.policy_seq();
+        if seq != m.policy_seq {
+            self.policy_changed(member, seq);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn policy_changed(&mut self, member: usize, seq: u64) {
+        let m = self.member_mut(member);
+        m.policy_seq = seq;
+        let tenant = m.tenant;
+        let Some(policy) = m.quota.as_ref().and_then(TenantHandle::policy) else {
+            return;
+        };
+        if !self.explicit.contains(&tenant) {
+            if let Err(e) = self.set_policy(tenant, policy.schedule) {
+                tracing::warn!(%tenant, error = %e, "keeping the last weight and caps");
+                return;
+            }
+        }
+        let weight = self.sched.policy(tenant).map_or(1, |p| p.weight);
+        for m in self.members.values_mut() {
+            if m.tenant != tenant {
+                continue;
+            }
+            m.policy_seq = seq;
+            if let (Some(w), true) = (&mut m.window, m.window_takes_weight) {
+                if let Err(e) = w.set_weight(weight) {
+                    tracing::warn!(%tenant, error = %e, "keeping the window's weight");
+                }
+            }
         }
     }
 
@@ -1567,6 +1628,7 @@ impl<S: Sink> Engine<S> {
         sge: ffi::ibv_sge,
         context: u64,
     ) -> Result<Option<RawSend>, (Error, S::Region)> {
+        self.follow_policy(member);
         let len = (range.end - range.start) as u64;
         let seq = self.next_seq;
         self.next_seq += 1;

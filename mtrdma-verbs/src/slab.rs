@@ -67,6 +67,11 @@ impl<T> Slab<T> {
             .filter_map(|(k, e)| e.as_ref().map(|v| (k, v)))
     }
 
+    /// Every stored value, to change.
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut T> + '_ {
+        self.entries.iter_mut().filter_map(Option::as_mut)
+    }
+
     /// Takes out every value for which `pred` holds.
     pub(crate) fn remove_where(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
         let mut out = Vec::new();

@@ -223,6 +223,17 @@ impl TenantHandle {
             .cloned()
     }
 
+    /// The sequence number of the policy this handle's limits were read
+    /// from, after re-reading them if the table's policy changed: it moves
+    /// when a policy is published (a reload), not when fair rates are. One
+    /// atomic load when nothing changed. Schedulers that copy the tenant's
+    /// weight and caps compare it to see a reload.
+    #[inline]
+    pub fn policy_seq(&self) -> u64 {
+        self.refresh();
+        self.inner.seen_seq.load(Ordering::Acquire)
+    }
+
     /// Re-reads the limits when the policy's generation changed. A policy
     /// that cannot be read (mid-update for too long, invalid) leaves the
     /// last limits in force: fail-static.
