@@ -49,10 +49,14 @@ pub struct Descriptor<H> {
     pub bytes: u64,
     /// The caller's handle, returned with every grant.
     pub handle: H,
+    /// Granted in one piece whatever its size, even a WRITE or READ larger
+    /// than the chunk size (see [`whole`](Self::whole)).
+    pub whole: bool,
 }
 
 impl<H> Descriptor<H> {
-    /// A descriptor with these fields.
+    /// A descriptor with these fields (split into chunks if its kind may
+    /// be).
     pub fn new(tenant: TenantId, class: TrafficClass, op: Opcode, bytes: u64, handle: H) -> Self {
         Descriptor {
             tenant,
@@ -60,7 +64,24 @@ impl<H> Descriptor<H> {
             op,
             bytes,
             handle,
+            whole: false,
         }
+    }
+
+    /// The same descriptor, granted in one piece: for a request the peer
+    /// must see as one (a WRITE with immediate, whose receive completion
+    /// reports only the bytes of the piece that carries the immediate).
+    /// Its bytes are charged to its tenant as one piece.
+    pub fn whole(self) -> Self {
+        Descriptor {
+            whole: true,
+            ..self
+        }
+    }
+
+    /// Whether it may be split into chunks.
+    pub fn is_splittable(&self) -> bool {
+        !self.whole && self.op.is_splittable()
     }
 }
 

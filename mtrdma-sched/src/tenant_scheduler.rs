@@ -571,7 +571,11 @@ impl<H: Clone> TenantScheduler<H> {
             let n = lane.head;
             let head = self.nodes.get(n)?;
             let remaining = head.bytes - lane.head_sent;
-            let len = self.chunks.next_len(head.op, remaining);
+            let len = if head.whole {
+                remaining
+            } else {
+                self.chunks.next_len(head.op, remaining)
+            };
             if hot.flags & CAPPED != 0 {
                 if let Some(caps) = self.cold[s as usize].caps.as_mut() {
                     if let Err(at) = caps.admit(now, len) {
@@ -790,6 +794,41 @@ mod tests {
         assert_eq!(nodes.alloc(d(4)), a);
         assert_eq!(nodes.alloc(d(5)), 2);
         assert_eq!(nodes.get(a), Some(&d(4)));
+    }
+
+    #[test]
+    fn a_whole_descriptor_is_granted_in_one_piece() {
+        let mut s = TenantScheduler::new(SchedulerConfig {
+            chunk_bytes: 4096,
+            quantum_bytes: 4096,
+            ..SchedulerConfig::default()
+        })
+        .unwrap();
+        s.set_policy(TenantId(1), TenantPolicy::weight(1)).unwrap();
+        let d = |bytes, h| {
+            Descriptor::new(
+                TenantId(1),
+                TrafficClass::Bulk,
+                crate::Opcode::Write,
+                bytes,
+                h,
+            )
+        };
+        s.enqueue(d(10_000, 1).whole(), Nanos::ZERO).unwrap();
+        s.enqueue(d(10_000, 2), Nanos::ZERO).unwrap();
+        let mut grants = Vec::new();
+        while let Dequeue::Ready(g) = s.dequeue(Nanos::ZERO) {
+            grants.push((g.handle, g.len, g.is_last));
+        }
+        assert_eq!(
+            grants,
+            [
+                (1, 10_000, true),
+                (2, 4096, false),
+                (2, 4096, false),
+                (2, 1808, true)
+            ]
+        );
     }
 
     #[test]

@@ -431,7 +431,18 @@ impl NullScheduled {
         range: Range<usize>,
         context: u64,
     ) -> Result<(), (Error, HeapRegion)> {
-        self.inner.post_send(op, region, range, context)
+        self.inner.post_send(op, region, range, context, false)
+    }
+
+    /// See [`ScheduledQueuePair::post_send_whole`](crate::ScheduledQueuePair::post_send_whole).
+    pub fn post_send_whole(
+        &mut self,
+        op: SendOp,
+        region: HeapRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), (Error, HeapRegion)> {
+        self.inner.post_send(op, region, range, context, true)
     }
 
     /// See [`ScheduledQueuePair::poll`](crate::ScheduledQueuePair::poll).
@@ -683,6 +694,54 @@ mod tests {
         let contexts: Vec<u64> = out.iter().map(|c| c.context).collect();
         assert_eq!(contexts, (0..10).collect::<Vec<_>>());
         assert!(out.iter().all(|c| c.opcode == Opcode::Send));
+    }
+
+    #[test]
+    fn a_whole_write_with_immediate_goes_as_one_work_request() {
+        // Queued behind another request (not the fast path) and on it.
+        for queued_behind in [true, false] {
+            let config = ScheduleConfig {
+                chunk_bytes: 4096,
+                max_pieces_in_flight: 2,
+                ..bulk0()
+            };
+            let mut qp = scheduled(NullSink::new(1, 16).recording(), config).unwrap();
+            let remote = RemoteRegion {
+                addr: 0x9000_0000,
+                len: 16_384,
+                rkey: 5,
+            };
+            if queued_behind {
+                let op = SendOp::Write(remote);
+                if let Err((e, _)) = qp.post_send(op, HeapRegion::new(16_384), 0..16_384, 1) {
+                    panic!("refused: {e}");
+                }
+            }
+            let region = HeapRegion::new(10_000);
+            let op = SendOp::WriteWithImm(remote, 42);
+            if let Err((e, _)) = qp.post_send_whole(op, region, 0..10_000, 9) {
+                panic!("refused: {e}");
+            }
+            let done = drain(&mut qp, 1 + usize::from(queued_behind));
+            let c = done
+                .iter()
+                .find(|c| c.context == 9)
+                .expect("its completion");
+            assert_eq!((c.status, c.byte_len), (WcStatus::Success, 10_000));
+            let log = qp.with_sink(NullSink::take_log);
+            let mine: Vec<&Posted> = log.iter().filter(|p| p.imm.is_some()).collect();
+            assert_eq!(mine.len(), 1, "one work request");
+            assert_eq!(
+                (mine[0].opcode, mine[0].length, mine[0].imm),
+                (
+                    ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+                    10_000,
+                    Some(42)
+                )
+            );
+            // Every other work request is a piece of the first request.
+            assert_eq!(log.len(), 1 + 4 * usize::from(queued_behind));
+        }
     }
 
     #[test]

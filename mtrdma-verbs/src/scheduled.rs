@@ -130,6 +130,14 @@ impl ScheduleConfig {
     }
 }
 
+/// A send-side request's operation, and whether it goes as one work
+/// request however long ([`ScheduledQueuePair::post_send_whole`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Op {
+    pub(crate) op: SendOp,
+    pub(crate) whole: bool,
+}
+
 /// Who a queue pair is scheduled as, resolved against its sink.
 struct Who {
     tenant: TenantId,
@@ -437,6 +445,14 @@ impl ScheduledQueuePair {
     /// [`poll`](Self::poll) (of this or another queue pair of the same
     /// scheduler). Bounds are checked first; a refused request hands its
     /// region back.
+    ///
+    /// A WRITE or READ longer than the chunk size goes as pieces, and the
+    /// request completes once, after its last. The peer sees a split
+    /// [`SendOp::WriteWithImm`] as plain WRITEs and a last WRITE with the
+    /// immediate, so its receive completion reports only the last piece's
+    /// bytes (16 KiB for a 64 KiB write in 16 KiB pieces): a peer that
+    /// sizes the message from its completion must be sent it with
+    /// [`post_send_whole`](Self::post_send_whole).
     pub fn post_send(
         &mut self,
         op: SendOp,
@@ -445,7 +461,24 @@ impl ScheduledQueuePair {
         context: u64,
     ) -> Result<(), PostError> {
         self.inner
-            .post_send(op, region, range, context)
+            .post_send(op, region, range, context, false)
+            .map_err(PostError::new)
+    }
+
+    /// [`post_send`](Self::post_send), but the request goes to the NIC as
+    /// one work request however long it is: scheduled and charged to its
+    /// tenant as one piece, so it holds the NIC (and what waits behind it)
+    /// for as long as it takes. For a [`SendOp::WriteWithImm`] whose peer
+    /// reads the message's length from its receive completion.
+    pub fn post_send_whole(
+        &mut self,
+        op: SendOp,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        self.inner
+            .post_send(op, region, range, context, true)
             .map_err(PostError::new)
     }
 
@@ -613,11 +646,13 @@ impl<S: Sink> Scheduled<S> {
         region: S::Region,
         range: Range<usize>,
         context: u64,
+        whole: bool,
     ) -> Result<(), (Error, S::Region)> {
         let sge = match check_send(op, &region, &range) {
             Ok(sge) => sge,
             Err(error) => return Err((error, region)),
         };
+        let op = Op { op, whole };
         match &mut self.way {
             Way::Solo(solo) => solo.post_send(op, region, range, sge, context),
             Way::Attached(a) => {
@@ -708,7 +743,7 @@ impl<S: Sink> Solo<S> {
     #[inline]
     fn post_send(
         &mut self,
-        op: SendOp,
+        op: Op,
         region: S::Region,
         range: Range<usize>,
         sge: ffi::ibv_sge,
@@ -717,7 +752,10 @@ impl<S: Sink> Solo<S> {
         let region = if self.engine.may_park(self.member, op, u64::from(sge.length)) {
             // Posted as the direct path posts, its region parked in the
             // queue pair's books; the engine only counts it.
-            match self.sink.park_and_post(op, region, sge, context, SCHED_WR) {
+            match self
+                .sink
+                .park_and_post(op.op, region, sge, context, SCHED_WR)
+            {
                 Ok(()) => {
                     self.engine.parked(self.member, sge.length);
                     return Ok(());
@@ -1545,7 +1583,7 @@ impl<S: Sink> Engine<S> {
     /// of one piece with nothing queued ahead, room in the NIC, and no raw
     /// piece in flight (whose request would finish after this one's).
     #[inline]
-    fn may_park(&self, member: usize, op: SendOp, len: u64) -> bool {
+    fn may_park(&self, member: usize, op: Op, len: u64) -> bool {
         let m = self.member(member);
         m.side.is_none()
             && m.quota.is_none()
@@ -1560,10 +1598,11 @@ impl<S: Sink> Engine<S> {
     /// should wait behind is queued, and there is room for it in the NIC
     /// and in the bulk budget.
     #[inline]
-    fn unhindered(&self, m: &Member<S>, op: SendOp, len: u64) -> bool {
+    fn unhindered(&self, m: &Member<S>, op: Op, len: u64) -> bool {
         let latency = m.class == TrafficClass::Latency;
-        let one_piece =
-            len <= self.chunk_bytes || matches!(op, SendOp::Send | SendOp::SendWithImm(_));
+        let one_piece = len <= self.chunk_bytes
+            || op.whole
+            || matches!(op.op, SendOp::Send | SendOp::SendWithImm(_));
         let nothing_ahead = if latency {
             self.latency_queued == 0
         } else {
@@ -1622,7 +1661,7 @@ impl<S: Sink> Engine<S> {
     fn post_send(
         &mut self,
         member: usize,
-        op: SendOp,
+        Op { op, whole }: Op,
         region: S::Region,
         range: Range<usize>,
         sge: ffi::ibv_sge,
@@ -1643,7 +1682,7 @@ impl<S: Sink> Engine<S> {
         // Fast path: nothing in the way and the tenant's caps in this
         // scheduler let it go now: post it without a trip through the
         // scheduler's queues (if its shared rate limit agrees).
-        let fast = self.unhindered(m, op, len)
+        let fast = self.unhindered(m, Op { op, whole }, len)
             && (!self.capped || self.sched.admit_now(tenant, len, self.now()).is_ok());
         let go = fast && self.rate_allows(member, len);
         let message = self.messages.insert(Message {
@@ -1688,7 +1727,10 @@ impl<S: Sink> Engine<S> {
             self.pump();
             return Ok(None);
         }
-        let descriptor = Descriptor::new(tenant, class, kind, len, handle);
+        let mut descriptor = Descriptor::new(tenant, class, kind, len, handle);
+        if whole {
+            descriptor = descriptor.whole();
+        }
         if let Err(rejected) = self.sched.enqueue(descriptor, self.now()) {
             self.member_mut(member).accepted -= 1;
             let message = self.messages.remove(message).expect("just stored");

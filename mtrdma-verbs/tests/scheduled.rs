@@ -93,6 +93,48 @@ fn chunked_writes_and_reads_show_one_completion_and_move_every_byte() {
 
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_write_with_immediate_sent_whole_shows_its_length_to_the_peer() {
+    // 64 KiB in 16 KiB pieces: split, the peer's receive completion
+    // reports the last piece's 16 KiB; sent whole, all 64 KiB.
+    const LEN: usize = 64 << 10;
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let (a, mut b) = pair(&pd);
+    let mut a = a
+        .scheduled(ScheduleConfig {
+            chunk_bytes: 16 << 10,
+            ..ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
+        })
+        .unwrap();
+    let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
+    let remote = target.remote().unwrap();
+    for (whole, want) in [(false, 16 << 10), (true, LEN as u32)] {
+        b.post_recv(pd.allocate(1, Access::LOCAL).unwrap(), 0..1, 1)
+            .unwrap();
+        let src = pd.register(pattern(LEN, 9), Access::LOCAL).unwrap();
+        let op = SendOp::WriteWithImm(remote, 77);
+        if whole {
+            a.post_send_whole(op, src, 0..LEN, 2).unwrap();
+        } else {
+            a.post_send(op, src, 0..LEN, 2).unwrap();
+        }
+        let done = wait(&mut a, 1).pop().unwrap();
+        assert_eq!(
+            (done.status, done.byte_len),
+            (WcStatus::Success, LEN as u32)
+        );
+        let got = wait(&mut b, 1).pop().unwrap();
+        assert_eq!(
+            (got.opcode, got.imm, got.byte_len),
+            (Opcode::RecvWithImm, Some(77), want),
+            "sent whole: {whole}"
+        );
+        assert!(target.read() == pattern(LEN, 9));
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_capped_tenant_stays_within_5_percent_of_its_cap_next_to_an_uncapped_one() {
     const CAP: u64 = 2_000_000; // 2 MB/s: well below what rxe under emulation gives one tenant
     const MSG: usize = 1 << 20;
