@@ -6,8 +6,13 @@
 //!
 //! This facade re-exports the member crates:
 //! - [`verbs`]: safe verbs (devices, ports, GIDs, and the scheduled data path);
-//! - [`sched`]: the pure scheduling algorithms;
+//! - [`sched`]: the pure scheduling algorithms and the types every crate
+//!   speaks in (tenant ids, traffic classes, rate limits);
 //! - [`core`]: tenants, policies, and the shared-memory quota table.
+//!
+//! # Example
+//!
+#![doc = include_str!("../docs/using-from-rust.md")]
 
 #[doc(inline)]
 pub use mtrdma_core as core;
