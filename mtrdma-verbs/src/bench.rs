@@ -1,6 +1,7 @@
 //! Host stand-ins for the device, to measure and test the data path
-//! without an RDMA device. Not a stable API: for mtrdma's own benches and
-//! tests.
+//! without an RDMA device. Built only with the `null-sink` feature (and
+//! in this crate's own tests): for mtrdma's benches and tests, not a
+//! stable API, and not compiled into an application's build.
 //!
 //! A [`NullSink`] takes the place of a connected queue pair. The code that
 //! runs is the library's own, through the same seam a [`QueuePair`] uses,

@@ -74,7 +74,7 @@
 //! # }
 //! ```
 
-#[doc(hidden)]
+#[cfg(any(test, feature = "null-sink"))]
 pub mod bench;
 mod completion;
 mod device;
