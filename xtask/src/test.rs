@@ -71,6 +71,19 @@ pub(crate) fn run() -> Result<ExitCode> {
             ]))?;
             Ok((ok, String::new(), None))
         });
+        // Every published crate packages and builds from its package alone
+        // (README, licence and metadata included), in dependency order.
+        stage("package", &mut || {
+            let ok = proc::status(proc::cargo().args([
+                "package",
+                "--workspace",
+                "--exclude",
+                "xtask",
+                "--allow-dirty",
+                "--quiet",
+            ]))?;
+            Ok((ok, String::new(), None))
+        });
         stage("host tests", &mut || {
             let (ok, out) = proc::tee(proc::cargo().args([
                 "test",
@@ -113,7 +126,7 @@ pub(crate) fn run() -> Result<ExitCode> {
         println!("{line}");
     }
     println!("total: {} passed, {} failed", total.passed, total.failed);
-    let ok = stages.len() == 6 && stages.iter().all(|s| s.ok);
+    let ok = stages.len() == 7 && stages.iter().all(|s| s.ok);
     Ok(if ok {
         ExitCode::SUCCESS
     } else {
