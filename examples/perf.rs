@@ -1231,6 +1231,25 @@ impl Side {
             .map_err(|e| format!("registering {size} bytes: {e}"))
     }
 
+    /// `count` buffers of `size` bytes, pieces of one registration: one
+    /// region per side, posted as many requests at once.
+    fn buffers(
+        &self,
+        size: usize,
+        count: usize,
+        access: Access,
+    ) -> Result<Vec<MemoryRegion>, String> {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let total = size
+            .checked_mul(count)
+            .ok_or_else(|| format!("{count} buffers of {size} bytes do not fit in memory"))?;
+        self.allocate(total, access)?
+            .into_pieces(size)
+            .map_err(|e| format!("splitting {total} bytes into {size}-byte buffers: {e}"))
+    }
+
     /// Creates the queue pair and buffers for `size`, swaps endpoints over
     /// `hs`, connects.
     fn connect(&self, p: &Params, size: usize, hs: &mut TcpStream) -> Result<Conn, String> {
@@ -1253,15 +1272,12 @@ impl Side {
             .remote()
             .ok_or("a region with remote access has no remote descriptor")?;
         // Receives go in before connecting, so the first SEND finds one.
-        for _ in 0..recvs {
-            let r = self.allocate(size, Access::LOCAL)?;
+        for r in self.buffers(size, recvs, Access::LOCAL)? {
             prepared
                 .post_recv(r, 0..size, RECV_CTX)
                 .map_err(|e| format!("posting a receive: {e}"))?;
         }
-        let pool = (0..sends)
-            .map(|_| self.allocate(size, Access::LOCAL))
-            .collect::<Result<Vec<_>, _>>()?;
+        let pool = self.buffers(size, sends, Access::LOCAL)?;
         let local = prepared.endpoint();
         let peer = exchange(
             hs,

@@ -440,9 +440,11 @@ impl Demo<'_> {
                 .far()
                 .allocate(args.msg, Access::REMOTE_READ_WRITE)
                 .map_err(err)?;
-            let pool = (0..args.depth)
-                .map(|_| self.pd.allocate(args.msg, Access::LOCAL))
-                .collect::<Result<_, _>>()
+            // One registration per tenant, its `depth` buffers pieces of it.
+            let pool = self
+                .pd
+                .allocate(args.msg * args.depth, Access::LOCAL)
+                .and_then(|r| r.into_pieces(args.msg))
                 .map_err(err)?;
             bulk.push(BulkLane {
                 lane,

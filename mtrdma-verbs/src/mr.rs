@@ -4,6 +4,7 @@ use std::fmt;
 use std::io;
 use std::ops::Range;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use ibverbs_sys as ffi;
 use mtrdma_core::table::OwnedMrPermit;
@@ -77,33 +78,74 @@ impl RemoteRegion {
     }
 }
 
-/// A registered buffer owned by mtrdma.
+/// A registered buffer owned by mtrdma, or a piece of one.
 ///
 /// While no work request uses it, it reads and writes like a byte slice.
 /// Posting moves it into the queue pair; the completion hands it back, so
 /// safe code can never touch memory the NIC may be using.
+///
+/// One registration can be split into pieces ([`split_off`](Self::split_off),
+/// [`into_pieces`](Self::into_pieces)) that are posted independently: each
+/// piece owns its bytes alone, so several requests may be in flight from
+/// one registration at once, each handing its piece back with its
+/// completion, without a registration per request. Adjacent pieces join
+/// again ([`join`](Self::join)); the registration is released when its
+/// last piece is dropped.
 pub struct MemoryRegion {
-    // Field order is drop order: deregister before freeing the buffer.
+    reg: Arc<Registration>,
+    /// Where this piece starts in the registration's buffer.
+    offset: usize,
+    /// Its length (at least 1).
+    len: usize,
+}
+
+/// A registration and the buffer it covers, shared by the pieces of one
+/// region. Each piece owns a disjoint range of the buffer.
+struct Registration {
+    // Field order is drop order: deregister (in `Drop`) before freeing.
     mr: NonNull<ffi::ibv_mr>,
-    buf: Box<[u8]>,
+    /// The buffer, leaked from its box at registration and freed in
+    /// `Drop` after deregistration.
+    buf: NonNull<u8>,
+    len: usize,
     access: Access,
     pd: ProtectionDomain,
     _permit: Option<OwnedMrPermit>,
 }
 
-// SAFETY: the region owns its buffer and registration; moving it to
-// another thread moves that ownership, and verbs calls on `mr` are
-// thread-safe.
-unsafe impl Send for MemoryRegion {}
-// SAFETY: `&MemoryRegion` only reads the buffer and the keys.
-unsafe impl Sync for MemoryRegion {}
+// SAFETY: the registration owns its buffer and its `ibv_mr`; verbs calls
+// on `mr` are thread-safe, and the buffer's bytes are only reached through
+// the piece that owns them.
+unsafe impl Send for Registration {}
+// SAFETY: shared references read only the keys, length and access.
+unsafe impl Sync for Registration {}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // SAFETY: `mr` is our registration, deregistered once. No piece is
+        // left (this is the last reference), so no work request uses the
+        // buffer (a queue pair owns the pieces in flight).
+        let rc = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+        if rc != 0 {
+            // The NIC may still map the buffer: leak it rather than free it.
+            tracing::error!(rc, "ibv_dereg_mr failed; leaking the buffer");
+            return;
+        }
+        let slice = std::ptr::slice_from_raw_parts_mut(self.buf.as_ptr(), self.len);
+        // SAFETY: `buf` came from `Box::into_raw` of a boxed slice of `len`
+        // bytes at registration, and is freed once, here.
+        drop(unsafe { Box::from_raw(slice) });
+    }
+}
 
 impl fmt::Debug for MemoryRegion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryRegion")
-            .field("len", &self.buf.len())
+            .field("len", &self.len)
+            .field("offset", &self.offset)
+            .field("registered_len", &self.reg.len)
             .field("lkey", &self.lkey())
-            .field("access", &self.access)
+            .field("access", &self.reg.access)
             .finish()
     }
 }
@@ -192,12 +234,20 @@ impl ProtectionDomain {
             });
         };
         tracing::debug!(%device, len = buf.len(), ?access, "registered memory region");
+        let len = buf.len();
+        let buf = NonNull::new(Box::into_raw(buf).cast::<u8>())
+            .expect("a boxed slice's pointer is never null");
         Ok(MemoryRegion {
-            mr,
-            buf,
-            access,
-            pd: self.clone(),
-            _permit: permit,
+            reg: Arc::new(Registration {
+                mr,
+                buf,
+                len,
+                access,
+                pd: self.clone(),
+                _permit: permit,
+            }),
+            offset: 0,
+            len,
         })
     }
 }
@@ -205,43 +255,49 @@ impl ProtectionDomain {
 impl MemoryRegion {
     /// Its length in bytes.
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.len
     }
 
-    /// Never true: empty regions cannot be registered.
+    /// Never true: empty regions cannot be registered or split off.
     pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+        self.len == 0
+    }
+
+    /// The first byte of this piece.
+    fn base(&self) -> *mut u8 {
+        // SAFETY: `offset < reg.len` (a piece is never empty and lies in
+        // the buffer), so the result is in bounds of the allocation.
+        unsafe { self.reg.buf.as_ptr().add(self.offset) }
     }
 
     /// The bytes, unless the region grants remote write access: a peer
     /// may then change it at any moment, so it is read with
     /// [`read`](Self::read) / [`read_into`](Self::read_into) instead.
     pub fn as_slice(&self) -> Option<&[u8]> {
-        (!self.access.remote_write).then_some(&*self.buf)
+        // SAFETY: this piece owns `len` bytes at `base` alone (pieces are
+        // disjoint), no work request uses them (the queue pair would own
+        // the piece), and no peer may write them (checked).
+        (!self.reg.access.remote_write)
+            .then(|| unsafe { std::slice::from_raw_parts(self.base(), self.len) })
     }
 
     /// The bytes, to fill before sending, unless the region grants remote
     /// write access (then use [`write_at`](Self::write_at)).
     pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
-        (!self.access.remote_write).then_some(&mut *self.buf)
+        // SAFETY: as in `as_slice`, and `&mut self` makes the borrow
+        // exclusive.
+        (!self.reg.access.remote_write)
+            .then(|| unsafe { std::slice::from_raw_parts_mut(self.base(), self.len) })
     }
 
     /// Copies the bytes at `offset` into `buf`, reading each byte once
     /// (volatile), as memory a peer may write must be read.
     pub fn read_into(&self, offset: usize, buf: &mut [u8]) -> Result<(), Error> {
-        let end = offset
-            .checked_add(buf.len())
-            .filter(|&e| e <= self.buf.len());
-        if end.is_none() {
-            return Err(Error::LocalRangeOutOfBounds {
-                range: offset..offset.saturating_add(buf.len()),
-                len: self.buf.len(),
-            });
-        }
-        let base = self.buf.as_ptr();
+        self.check(offset, buf.len())?;
+        let base = self.base();
         for (i, b) in buf.iter_mut().enumerate() {
-            // SAFETY: `offset + i < len` (checked above): in bounds of the
-            // buffer this region owns; a byte read is always valid.
+            // SAFETY: `offset + i < len` (checked): in bounds of the bytes
+            // this piece owns; a byte read is always valid.
             *b = unsafe { base.add(offset + i).read_volatile() };
         }
         Ok(())
@@ -249,7 +305,7 @@ impl MemoryRegion {
 
     /// A copy of the whole region (see [`read_into`](Self::read_into)).
     pub fn read(&self) -> Vec<u8> {
-        let mut out = vec![0u8; self.buf.len()];
+        let mut out = vec![0u8; self.len];
         self.read_into(0, &mut out)
             .expect("the whole region is in bounds");
         out
@@ -257,63 +313,137 @@ impl MemoryRegion {
 
     /// Writes `data` at `offset`, each byte once (volatile).
     pub fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<(), Error> {
-        let end = offset
-            .checked_add(data.len())
-            .filter(|&e| e <= self.buf.len());
-        if end.is_none() {
-            return Err(Error::LocalRangeOutOfBounds {
-                range: offset..offset.saturating_add(data.len()),
-                len: self.buf.len(),
-            });
-        }
-        let base = self.buf.as_mut_ptr();
+        self.check(offset, data.len())?;
+        let base = self.base();
         for (i, &b) in data.iter().enumerate() {
-            // SAFETY: in bounds (checked above) of the buffer this region
-            // owns exclusively (`&mut self`).
+            // SAFETY: in bounds (checked) of the bytes this piece owns
+            // exclusively (`&mut self`).
             unsafe { base.add(offset + i).write_volatile(b) };
         }
         Ok(())
     }
 
+    fn check(&self, offset: usize, len: usize) -> Result<(), Error> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::LocalRangeOutOfBounds {
+                range: offset..offset.saturating_add(len),
+                len: self.len,
+            }),
+        }
+    }
+
+    /// Splits the region in two at `at`: this one keeps its first `at`
+    /// bytes, the returned piece owns the rest. Both stay registered (one
+    /// registration, counted once against the tenant's quota) and may be
+    /// posted on their own.
+    ///
+    /// # Errors
+    /// [`Error::LocalRangeOutOfBounds`] unless `0 < at < len` (neither
+    /// piece may be empty); the region is unchanged.
+    pub fn split_off(&mut self, at: usize) -> Result<MemoryRegion, Error> {
+        if at == 0 || at >= self.len {
+            return Err(Error::LocalRangeOutOfBounds {
+                range: at..self.len,
+                len: self.len,
+            });
+        }
+        let rest = MemoryRegion {
+            reg: Arc::clone(&self.reg),
+            offset: self.offset + at,
+            len: self.len - at,
+        };
+        self.len = at;
+        Ok(rest)
+    }
+
+    /// The region as pieces of `piece` bytes each (the last may be
+    /// shorter), in order: one registration posted as many requests.
+    ///
+    /// # Errors
+    /// [`Error::LocalRangeOutOfBounds`] for a piece size of 0.
+    pub fn into_pieces(mut self, piece: usize) -> Result<Vec<MemoryRegion>, Error> {
+        if piece == 0 {
+            return Err(Error::LocalRangeOutOfBounds {
+                range: 0..0,
+                len: self.len,
+            });
+        }
+        let mut pieces = Vec::with_capacity(self.len.div_ceil(piece));
+        while self.len > piece {
+            let rest = self.split_off(piece)?;
+            pieces.push(std::mem::replace(&mut self, rest));
+        }
+        pieces.push(self);
+        Ok(pieces)
+    }
+
+    /// Joins `next`, the piece that follows this one in the same
+    /// registration, back onto it.
+    ///
+    /// # Errors
+    /// Both pieces back, unchanged, if `next` is of another registration
+    /// or does not start where this one ends.
+    pub fn join(self, next: MemoryRegion) -> Result<MemoryRegion, (MemoryRegion, MemoryRegion)> {
+        if !Arc::ptr_eq(&self.reg, &next.reg) || self.offset + self.len != next.offset {
+            return Err((self, next));
+        }
+        Ok(MemoryRegion {
+            len: self.len + next.len,
+            ..self
+        })
+    }
+
+    /// Where this piece starts in its registration (0 for a whole region).
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The length of the whole registration this piece is part of.
+    pub fn registered_len(&self) -> usize {
+        self.reg.len
+    }
+
     /// The access it was registered with.
     pub fn access(&self) -> Access {
-        self.access
+        self.reg.access
     }
 
     /// The protection domain it belongs to.
     pub fn pd(&self) -> &ProtectionDomain {
-        &self.pd
+        &self.reg.pd
     }
 
     /// The local key.
     pub fn lkey(&self) -> u32 {
-        // SAFETY: `mr` is a live registration owned by `self`.
-        unsafe { self.mr.as_ref().lkey }
+        // SAFETY: `mr` is a live registration (alive while any piece is).
+        unsafe { self.reg.mr.as_ref().lkey }
     }
 
-    /// The remote key.
+    /// The remote key (the whole registration's).
     pub fn rkey(&self) -> u32 {
         // SAFETY: as above.
-        unsafe { self.mr.as_ref().rkey }
+        unsafe { self.reg.mr.as_ref().rkey }
     }
 
     pub(crate) fn addr(&self) -> u64 {
-        self.buf.as_ptr() as u64
+        self.base() as u64
     }
 
-    /// The descriptor a peer needs to READ or WRITE this whole region, if
-    /// remote access was granted.
+    /// The descriptor a peer needs to READ or WRITE this region (this
+    /// piece), if remote access was granted.
     pub fn remote(&self) -> Option<RemoteRegion> {
-        (self.access.remote_read || self.access.remote_write).then(|| RemoteRegion {
+        let access = self.reg.access;
+        (access.remote_read || access.remote_write).then(|| RemoteRegion {
             addr: self.addr(),
-            len: self.buf.len() as u64,
+            len: self.len as u64,
             rkey: self.rkey(),
         })
     }
 
     /// Checks that `range` lies in the region and returns its (address, length).
     pub(crate) fn sge(&self, range: &Range<usize>) -> Option<ffi::ibv_sge> {
-        if range.start > range.end || range.end > self.buf.len() {
+        if range.start > range.end || range.end > self.len {
             return None;
         }
         Some(ffi::ibv_sge {
@@ -321,19 +451,5 @@ impl MemoryRegion {
             length: u32::try_from(range.end - range.start).ok()?,
             lkey: self.lkey(),
         })
-    }
-}
-
-impl Drop for MemoryRegion {
-    fn drop(&mut self) {
-        // SAFETY: `mr` is our registration, deregistered once, before the
-        // buffer (a later field) is freed. A region is only dropped when no
-        // work request uses it (the queue pair owns it while one does).
-        let rc = unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
-        if rc != 0 {
-            // The NIC may still map the buffer: leak it rather than free it.
-            tracing::error!(rc, "ibv_dereg_mr failed; leaking the buffer");
-            std::mem::forget(std::mem::take(&mut self.buf));
-        }
     }
 }

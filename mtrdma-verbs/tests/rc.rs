@@ -334,3 +334,58 @@ fn small_sends_go_inline_and_arrive_intact() {
         );
     }
 }
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn pieces_of_one_registration_are_posted_at_once_and_come_back() {
+    const PIECE: usize = 16 << 10;
+    const PIECES: usize = 8;
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    // One registration of 128 KiB for the tenant, counted once.
+    let table = tenant_table(16, 1 << 30);
+    let t = table.attach(TenantId(1)).unwrap();
+    let (mut a, _b) = pair(&pd);
+    let target = pd
+        .allocate(PIECE * PIECES, Access::REMOTE_READ_WRITE)
+        .unwrap();
+    let remote = target.remote().unwrap();
+    let mut data = Vec::new();
+    for i in 0..PIECES {
+        data.extend(pattern(PIECE, i as u8));
+    }
+    let source = pd.register_for(&t, data.clone(), Access::LOCAL).unwrap();
+    assert_eq!(
+        table.usage().unwrap()[0].mr_bytes.0,
+        (PIECE * PIECES) as u64
+    );
+    // Every piece in flight at once, each WRITE to its own slice.
+    let pieces = source.into_pieces(PIECE).unwrap();
+    assert_eq!(pieces.len(), PIECES);
+    for (i, piece) in pieces.into_iter().enumerate() {
+        assert_eq!((piece.offset(), piece.len()), (i * PIECE, PIECE));
+        let to = remote.slice((i * PIECE) as u64, PIECE as u64).unwrap();
+        a.post_send(SendOp::Write(to), piece, 0..PIECE, i as u64)
+            .unwrap();
+    }
+    assert_eq!(a.in_flight().0, PIECES as u32);
+    let mut done = wait(&mut a, PIECES);
+    assert!(done.iter().all(|c| c.status == WcStatus::Success));
+    assert!(target.read() == data, "every piece landed at its place");
+    // The pieces come back and join into the registration again.
+    done.sort_by_key(|c| c.context);
+    let mut pieces = done.into_iter().map(|c| c.region);
+    let mut whole = pieces.next().unwrap();
+    for piece in pieces {
+        whole = whole.join(piece).map_err(|_| "adjacent pieces").unwrap();
+    }
+    assert_eq!((whole.offset(), whole.len()), (0, PIECE * PIECES));
+    assert!(whole.as_slice().unwrap() == &data[..]);
+    // Still one registration until the last piece goes.
+    assert_eq!(
+        table.usage().unwrap()[0].mr_bytes.0,
+        (PIECE * PIECES) as u64
+    );
+    drop(whole);
+    assert_eq!(table.usage().unwrap()[0].mr_bytes.0, 0);
+}
