@@ -63,6 +63,7 @@ use mtrdma::core::{
     AdmissionError, LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantHandle, TenantId,
     TrafficClass,
 };
+use mtrdma::sched::stats::{jain_index, percentile};
 use mtrdma::verbs::{
     Access, Completion, Context, Error, MemoryRegion, ProtectionDomain, QueuePair, RemoteRegion,
     ScheduleConfig, ScheduledQueuePair, SendOp, SharedConfig, SharedScheduler,
@@ -651,14 +652,6 @@ fn timeline(records: &[Record], tenants: usize, end: Duration) -> Vec<Vec<(f64, 
         .collect()
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 /// p99.9 is reported only over at least this many samples: below, it is
 /// one or a few samples' worth of noise.
 pub(crate) const P999_MIN_SAMPLES: usize = 10_000;
@@ -691,20 +684,13 @@ fn lat(samples: &[f64]) -> Lat {
     let mut s = samples.to_vec();
     s.sort_by(f64::total_cmp);
     Lat {
-        p50: percentile(&s, 50.0),
-        p99: percentile(&s, 99.0),
-        p999: (s.len() >= P999_MIN_SAMPLES).then(|| percentile(&s, 99.9)),
+        p50: percentile(&s, 0.50).unwrap_or(f64::NAN),
+        p99: percentile(&s, 0.99).unwrap_or(f64::NAN),
+        p999: (s.len() >= P999_MIN_SAMPLES)
+            .then(|| percentile(&s, 0.999))
+            .flatten(),
         n: s.len(),
     }
-}
-
-fn jain(xs: &[f64]) -> f64 {
-    let sum: f64 = xs.iter().sum();
-    let sq: f64 = xs.iter().map(|x| x * x).sum();
-    if sq == 0.0 {
-        return f64::NAN;
-    }
-    sum * sum / (xs.len() as f64 * sq)
 }
 
 /// Everything written out: the tables, one CSV line per figure, the
@@ -909,7 +895,7 @@ fn scenario_weights(demo: &Demo<'_>, r: &mut Report) -> Result<(), String> {
         let j = if *way == Way::Alone {
             f64::NAN
         } else {
-            jain(&normalised)
+            jain_index(&normalised)
         };
         let total: f64 = v.iter().sum();
         r.say(format!(

@@ -384,11 +384,9 @@ impl<'a> Cdf<'a> {
         }
     }
 
-    /// Nearest-rank percentile of a sorted, non-empty slice.
+    /// Nearest-rank percentile of a sorted slice (NaN for none).
     fn percentile(sorted: &[f64], p: f64) -> f64 {
-        let n = sorted.len();
-        let rank = (p * n as f64).ceil() as usize;
-        sorted[rank.clamp(1, n) - 1]
+        mtrdma::sched::stats::percentile(sorted, p).unwrap_or(f64::NAN)
     }
 
     /// Points of one curve, thinned to what the picture can show: a step

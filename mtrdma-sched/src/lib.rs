@@ -70,6 +70,7 @@ mod id_hash;
 mod policy;
 mod ring;
 pub mod sim;
+pub mod stats;
 mod tenant;
 mod tenant_scheduler;
 mod time;

@@ -29,6 +29,7 @@
 //! assert!(p99(&sched) < p99(&fifo));
 //! ```
 
+pub use crate::stats::{jain_index, percentile};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet, VecDeque};
 
@@ -289,41 +290,6 @@ impl Report {
     pub fn tenant(&self, id: TenantId) -> Option<&TenantReport> {
         self.tenants.iter().find(|t| t.id == id)
     }
-}
-
-/// Jain's fairness index of `xs`: `(sum x)^2 / (n * sum x^2)`, 1 when all
-/// are equal, `1/n` when one gets everything. 1 for an empty or all-zero
-/// input (nothing to be unfair about).
-///
-/// ```
-/// use mtrdma_sched::sim::jain_index;
-/// assert_eq!(jain_index(&[2.0, 2.0, 2.0]), 1.0);
-/// assert!((jain_index(&[1.0, 0.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
-/// ```
-pub fn jain_index(xs: &[f64]) -> f64 {
-    let sum: f64 = xs.iter().sum();
-    let sq: f64 = xs.iter().map(|x| x * x).sum();
-    if sq == 0.0 {
-        return 1.0;
-    }
-    sum * sum / (xs.len() as f64 * sq)
-}
-
-/// The `p`-quantile (0 < p <= 1) of sorted `xs` by nearest rank.
-///
-/// ```
-/// use mtrdma_sched::sim::percentile;
-/// let xs: Vec<u64> = (1..=1000).collect();
-/// assert_eq!(percentile(&xs, 0.5), Some(500));
-/// assert_eq!(percentile(&xs, 0.999), Some(999));
-/// assert_eq!(percentile(&[], 0.5), None);
-/// ```
-pub fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = (p * sorted.len() as f64).ceil() as usize;
-    Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
 /// Runs `tenants` on the port described by `config`, with or without the
