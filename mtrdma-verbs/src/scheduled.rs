@@ -133,9 +133,9 @@ impl ScheduleConfig {
 /// A send-side request's operation, and whether it goes as one work
 /// request however long ([`ScheduledQueuePair::post_send_whole`]).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Op {
-    pub(crate) op: SendOp,
-    pub(crate) whole: bool,
+struct Op {
+    op: SendOp,
+    whole: bool,
 }
 
 /// Who a queue pair is scheduled as, resolved against its sink.
@@ -652,13 +652,13 @@ impl<S: Sink> Scheduled<S> {
             Ok(sge) => sge,
             Err(error) => return Err((error, region)),
         };
-        let op = Op { op, whole };
         match &mut self.way {
-            Way::Solo(solo) => solo.post_send(op, region, range, sge, context),
+            Way::Solo(solo) => solo.post_send(op, whole, region, range, sge, context),
             Way::Attached(a) => {
                 let member = a.member;
                 a.with_engine(|e| {
-                    let piece = e.post_send(member, op, region, range, sge, context)?;
+                    let piece =
+                        e.post_send(member, Op { op, whole }, region, range, sge, context)?;
                     e.own_pieces.extend(piece);
                     Ok(())
                 })
@@ -743,19 +743,18 @@ impl<S: Sink> Solo<S> {
     #[inline]
     fn post_send(
         &mut self,
-        op: Op,
+        op: SendOp,
+        whole: bool,
         region: S::Region,
         range: Range<usize>,
         sge: ffi::ibv_sge,
         context: u64,
     ) -> Result<(), (Error, S::Region)> {
-        let region = if self.engine.may_park(self.member, op, u64::from(sge.length)) {
+        // A request sent whole (rare) always goes through the engine.
+        let region = if !whole && self.engine.may_park(self.member, op, u64::from(sge.length)) {
             // Posted as the direct path posts, its region parked in the
             // queue pair's books; the engine only counts it.
-            match self
-                .sink
-                .park_and_post(op.op, region, sge, context, SCHED_WR)
-            {
+            match self.sink.park_and_post(op, region, sge, context, SCHED_WR) {
                 Ok(()) => {
                     self.engine.parked(self.member, sge.length);
                     return Ok(());
@@ -768,9 +767,9 @@ impl<S: Sink> Solo<S> {
         } else {
             region
         };
-        let result = self
-            .engine
-            .post_send(self.member, op, region, range, sge, context);
+        let result =
+            self.engine
+                .post_send(self.member, Op { op, whole }, region, range, sge, context);
         if let Ok(Some(piece)) = result {
             // The fast path: nothing else was decided.
             if let Some(failed) = post_piece(&mut self.sink, piece) {
@@ -1583,7 +1582,7 @@ impl<S: Sink> Engine<S> {
     /// of one piece with nothing queued ahead, room in the NIC, and no raw
     /// piece in flight (whose request would finish after this one's).
     #[inline]
-    fn may_park(&self, member: usize, op: Op, len: u64) -> bool {
+    fn may_park(&self, member: usize, op: SendOp, len: u64) -> bool {
         let m = self.member(member);
         m.side.is_none()
             && m.quota.is_none()
@@ -1598,11 +1597,10 @@ impl<S: Sink> Engine<S> {
     /// should wait behind is queued, and there is room for it in the NIC
     /// and in the bulk budget.
     #[inline]
-    fn unhindered(&self, m: &Member<S>, op: Op, len: u64) -> bool {
+    fn unhindered(&self, m: &Member<S>, op: SendOp, len: u64) -> bool {
         let latency = m.class == TrafficClass::Latency;
-        let one_piece = len <= self.chunk_bytes
-            || op.whole
-            || matches!(op.op, SendOp::Send | SendOp::SendWithImm(_));
+        let one_piece =
+            len <= self.chunk_bytes || matches!(op, SendOp::Send | SendOp::SendWithImm(_));
         let nothing_ahead = if latency {
             self.latency_queued == 0
         } else {
@@ -1682,7 +1680,9 @@ impl<S: Sink> Engine<S> {
         // Fast path: nothing in the way and the tenant's caps in this
         // scheduler let it go now: post it without a trip through the
         // scheduler's queues (if its shared rate limit agrees).
-        let fast = self.unhindered(m, Op { op, whole }, len)
+        // A request sent whole that is longer than a piece waits for the
+        // scheduler, which grants it as one piece.
+        let fast = self.unhindered(m, op, len)
             && (!self.capped || self.sched.admit_now(tenant, len, self.now()).is_ok());
         let go = fast && self.rate_allows(member, len);
         let message = self.messages.insert(Message {
