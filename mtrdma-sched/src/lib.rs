@@ -74,7 +74,7 @@ pub mod stats;
 mod tenant;
 mod tenant_scheduler;
 mod time;
-mod window;
+pub mod window;
 
 pub use chunk::{Chunk, ChunkPolicy, Chunks};
 pub use descriptor::{Dequeue, Descriptor, Grant, Opcode};

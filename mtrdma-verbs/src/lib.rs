@@ -86,7 +86,7 @@ mod mr;
 mod pd;
 mod progress;
 mod qp;
-mod scheduled;
+pub mod scheduled;
 mod slab;
 mod ud;
 
