@@ -415,7 +415,7 @@ impl DelayWindow {
     ///
     /// # Errors
     /// [`ConfigError::Window`] for a weight of 0 or over
-    /// [`MAX_WEIGHT`](crate::MAX_WEIGHT); the weight is then unchanged.
+    /// [`MAX_WEIGHT`]; the weight is then unchanged.
     pub fn set_weight(&mut self, weight: u32) -> Result<(), ConfigError> {
         DelayWindowConfig {
             weight,
