@@ -117,4 +117,31 @@ pub trait Scheduler<H> {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Sets how `tenant` is treated (its weight and caps), for schedulers
+    /// that weigh or cap tenants; the default takes note of nothing.
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a policy the scheduler cannot follow.
+    fn set_policy(&mut self, tenant: TenantId, policy: TenantPolicy) -> Result<(), ConfigError> {
+        let _ = (tenant, policy);
+        Ok(())
+    }
+
+    /// How `tenant` is treated, if the scheduler keeps policies.
+    fn policy(&self, tenant: TenantId) -> Option<TenantPolicy> {
+        let _ = tenant;
+        None
+    }
+
+    /// Charges `tenant`'s caps for `len` bytes the caller wants to send at
+    /// `now` without queueing them (nothing else is queued), or says when
+    /// they would allow it. The default has no caps: always now.
+    ///
+    /// # Errors
+    /// The time at which the caps would let the bytes go.
+    fn admit_now(&mut self, tenant: TenantId, len: u64, now: Nanos) -> Result<(), Nanos> {
+        let _ = (tenant, len, now);
+        Ok(())
+    }
 }

@@ -706,6 +706,21 @@ fn update_cap(
 
 impl<H: Clone> Scheduler<H> for TenantScheduler<H> {
     #[inline]
+    fn set_policy(&mut self, tenant: TenantId, policy: TenantPolicy) -> Result<(), ConfigError> {
+        TenantScheduler::set_policy(self, tenant, policy)
+    }
+
+    #[inline]
+    fn policy(&self, tenant: TenantId) -> Option<TenantPolicy> {
+        TenantScheduler::policy(self, tenant)
+    }
+
+    #[inline]
+    fn admit_now(&mut self, tenant: TenantId, len: u64, now: Nanos) -> Result<(), Nanos> {
+        TenantScheduler::admit_now(self, tenant, len, now)
+    }
+
+    #[inline]
     fn enqueue(&mut self, d: Descriptor<H>, _now: Nanos) -> Result<(), Rejected<H>> {
         let Some(s) = self.index.get(d.tenant) else {
             return Err(reject(RejectReason::UnknownTenant(d.tenant), d));
