@@ -29,7 +29,8 @@ use mtrdma_sched::TenantPolicy;
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
 use crate::qp::{Books, RawCompletion, Region, SendOp, Sink, Wc};
-use crate::scheduled::{Scheduled, Shared};
+use crate::scheduled::{default_scheduler, Scheduled, Shared};
+use crate::{DefaultScheduler, PieceScheduler};
 use crate::{Error, ScheduleConfig, SharedConfig};
 
 /// A plain heap buffer standing in for a [`MemoryRegion`](crate::MemoryRegion).
@@ -364,7 +365,7 @@ impl Sink for NullSink {
 /// A [`SharedScheduler`](crate::SharedScheduler) for null sinks.
 #[derive(Clone)]
 pub struct NullScheduler {
-    shared: Shared<NullSink>,
+    shared: Shared<NullSink, DefaultScheduler>,
 }
 
 impl std::fmt::Debug for NullScheduler {
@@ -376,8 +377,9 @@ impl std::fmt::Debug for NullScheduler {
 impl NullScheduler {
     /// See [`SharedScheduler::new`](crate::SharedScheduler::new).
     pub fn new(config: SharedConfig) -> Result<NullScheduler, Error> {
+        let sched = default_scheduler(&config)?;
         Ok(NullScheduler {
-            shared: Shared::new(config)?,
+            shared: Shared::new(config, sched)?,
         })
     }
 
@@ -407,23 +409,37 @@ impl NullScheduler {
 /// See [`QueuePair::scheduled`](crate::QueuePair::scheduled): a null sink
 /// on a scheduler of its own.
 pub fn scheduled(sink: NullSink, config: ScheduleConfig) -> Result<NullScheduled, Error> {
+    let sched = default_scheduler(&SharedConfig {
+        chunk_bytes: config.chunk_bytes,
+        ..SharedConfig::default()
+    })?;
+    scheduled_with(sink, config, sched)
+}
+
+/// See [`QueuePair::scheduled_with`](crate::QueuePair::scheduled_with): a
+/// null sink on a scheduler of its own, `sched`.
+pub fn scheduled_with<Q: PieceScheduler>(
+    sink: NullSink,
+    config: ScheduleConfig,
+    sched: Q,
+) -> Result<NullScheduled<Q>, Error> {
     Ok(NullScheduled {
-        inner: Scheduled::solo(sink, config)?,
+        inner: Scheduled::solo(sink, config, sched)?,
     })
 }
 
 /// A [`ScheduledQueuePair`](crate::ScheduledQueuePair) on a null sink.
-pub struct NullScheduled {
-    inner: Scheduled<NullSink>,
+pub struct NullScheduled<Q: PieceScheduler = DefaultScheduler> {
+    inner: Scheduled<NullSink, Q>,
 }
 
-impl std::fmt::Debug for NullScheduled {
+impl<Q: PieceScheduler> std::fmt::Debug for NullScheduled<Q> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.inner.debug("NullScheduled", f)
     }
 }
 
-impl NullScheduled {
+impl<Q: PieceScheduler> NullScheduled<Q> {
     /// See [`ScheduledQueuePair::post_send`](crate::ScheduledQueuePair::post_send).
     pub fn post_send(
         &mut self,
@@ -743,6 +759,57 @@ mod tests {
             // Every other work request is a piece of the first request.
             assert_eq!(log.len(), 1 + 4 * usize::from(queued_behind));
         }
+    }
+
+    #[test]
+    fn a_scheduler_of_ones_own_decides_what_reaches_the_nic() {
+        // The built-in scheduler splits a 16 KiB WRITE into 4 KiB pieces;
+        // a FIFO plugged in its place grants it whole, in arrival order.
+        let config = ScheduleConfig {
+            chunk_bytes: 4096,
+            ..bulk0()
+        };
+        let remote = RemoteRegion {
+            addr: 0x9000_0000,
+            len: 1 << 20,
+            rkey: 5,
+        };
+        let mut fifo = scheduled_with(
+            NullSink::new(1, 16).recording(),
+            config.clone(),
+            mtrdma_sched::FifoScheduler::new(),
+        )
+        .unwrap();
+        let mut builtin = scheduled(NullSink::new(2, 16).recording(), config).unwrap();
+        for i in 0..3u64 {
+            let region = HeapRegion::new(16 << 10);
+            if let Err((e, _)) = fifo.post_send(SendOp::Write(remote), region, 0..16 << 10, i) {
+                panic!("refused: {e}");
+            }
+            let region = HeapRegion::new(16 << 10);
+            if let Err((e, _)) = builtin.post_send(SendOp::Write(remote), region, 0..16 << 10, i) {
+                panic!("refused: {e}");
+            }
+        }
+        let mut out = Vec::new();
+        while out.len() < 3 {
+            fifo.poll(&mut out).unwrap();
+        }
+        let order: Vec<u64> = out.iter().map(|c| c.context).collect();
+        assert_eq!(order, [0, 1, 2]);
+        assert!(out.iter().all(|c| c.byte_len == 16 << 10));
+        let lens: Vec<u32> = fifo
+            .with_sink(NullSink::take_log)
+            .iter()
+            .map(|p| p.length)
+            .collect();
+        assert_eq!(lens, [16 << 10; 3], "one work request each");
+        assert_eq!(drain(&mut builtin, 3).len(), 3);
+        assert_eq!(
+            builtin.with_sink(NullSink::take_log).len(),
+            12,
+            "4 pieces each"
+        );
     }
 
     #[test]

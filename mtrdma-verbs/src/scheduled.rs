@@ -130,6 +130,23 @@ impl ScheduleConfig {
     }
 }
 
+/// A scheduler the data path can be driven by: any [`Scheduler`] of
+/// [`PieceRef`]s that may move to another thread. Implement
+/// [`Scheduler`] for every handle type (`impl<H> Scheduler<H> for
+/// MySched<H>`) and pass it to [`QueuePair::scheduled_with`] or
+/// [`SharedScheduler::with_scheduler`]; it then decides what reaches the
+/// NIC, in place of the built-in [`TenantScheduler`] (which
+/// [`QueuePair::scheduled`] and [`SharedScheduler::new`] use). The engine
+/// around it keeps the rest: pieces in the NIC, windows, shared rate
+/// limits, one completion per request.
+pub trait PieceScheduler: Scheduler<PieceRef> + Send + 'static {}
+
+impl<T: Scheduler<PieceRef> + Send + 'static> PieceScheduler for T {}
+
+/// The built-in scheduler of [`QueuePair::scheduled`] and
+/// [`SharedScheduler::new`].
+pub type DefaultScheduler = TenantScheduler<PieceRef>;
+
 /// A send-side request's operation, and whether it goes as one work
 /// request however long ([`ScheduledQueuePair::post_send_whole`]).
 #[derive(Debug, Clone, Copy)]
@@ -245,22 +262,39 @@ impl Default for SharedConfig {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone)]
-pub struct SharedScheduler {
-    shared: Shared<QueuePair>,
+pub struct SharedScheduler<Q: PieceScheduler = DefaultScheduler> {
+    shared: Shared<QueuePair, Q>,
 }
 
-impl std::fmt::Debug for SharedScheduler {
+impl<Q: PieceScheduler> Clone for SharedScheduler<Q> {
+    fn clone(&self) -> Self {
+        SharedScheduler {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<Q: PieceScheduler> std::fmt::Debug for SharedScheduler<Q> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.shared.debug("SharedScheduler", f)
     }
 }
 
 impl SharedScheduler {
-    /// A scheduler with no queue pairs yet.
+    /// A scheduler with no queue pairs yet, deciding with the built-in
+    /// [`TenantScheduler`].
     pub fn new(config: SharedConfig) -> Result<SharedScheduler, Error> {
+        let sched = default_scheduler(&config)?;
+        SharedScheduler::with_scheduler(config, sched)
+    }
+}
+
+impl<Q: PieceScheduler> SharedScheduler<Q> {
+    /// A scheduler with no queue pairs yet, deciding with `sched` (see
+    /// [`PieceScheduler`]).
+    pub fn with_scheduler(config: SharedConfig, sched: Q) -> Result<SharedScheduler<Q>, Error> {
         Ok(SharedScheduler {
-            shared: Shared::new(config)?,
+            shared: Shared::new(config, sched)?,
         })
     }
 
@@ -286,11 +320,11 @@ impl SharedScheduler {
 /// The engine behind a [`SharedScheduler`], for queue pairs whose work
 /// requests go to any [`Sink`]: the device's send queues, or a null sink
 /// on the host ([`crate::bench`]).
-pub(crate) struct Shared<S: Sink> {
-    engine: Arc<Mutex<Engine<S>>>,
+pub(crate) struct Shared<S: Sink, Q: PieceScheduler> {
+    engine: Arc<Mutex<Engine<S, Q>>>,
 }
 
-impl<S: Sink> Clone for Shared<S> {
+impl<S: Sink, Q: PieceScheduler> Clone for Shared<S, Q> {
     fn clone(&self) -> Self {
         Shared {
             engine: Arc::clone(&self.engine),
@@ -298,10 +332,10 @@ impl<S: Sink> Clone for Shared<S> {
     }
 }
 
-impl<S: Sink> Shared<S> {
-    pub(crate) fn new(config: SharedConfig) -> Result<Shared<S>, Error> {
+impl<S: Sink, Q: PieceScheduler> Shared<S, Q> {
+    pub(crate) fn new(config: SharedConfig, sched: Q) -> Result<Shared<S, Q>, Error> {
         Ok(Shared {
-            engine: Arc::new(Mutex::new(Engine::new(config)?)),
+            engine: Arc::new(Mutex::new(Engine::new(config, sched)?)),
         })
     }
 
@@ -331,13 +365,13 @@ impl<S: Sink> Shared<S> {
         self.lock().members.len()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Engine<S>> {
+    fn lock(&self) -> MutexGuard<'_, Engine<S, Q>> {
         lock(&self.engine)
     }
 
     /// Attaches `sink`: its sends are scheduled with the other queue pairs
     /// of this scheduler.
-    pub(crate) fn attach(&self, sink: S, config: ScheduleConfig) -> Result<Scheduled<S>, Error> {
+    pub(crate) fn attach(&self, sink: S, config: ScheduleConfig) -> Result<Scheduled<S, Q>, Error> {
         let who = Who::of(&sink, config.tenant)?;
         let qpn = sink.qpn();
         let sq_room = sink.send_room();
@@ -379,19 +413,34 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl QueuePair {
-    /// Routes this queue pair's sends through a scheduler of its own.
+    /// Routes this queue pair's sends through a scheduler of its own, the
+    /// built-in [`TenantScheduler`].
     pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledQueuePair, Error> {
-        let inner = Scheduled::solo(self, config)?;
+        let sched = default_scheduler(&SharedConfig {
+            chunk_bytes: config.chunk_bytes,
+            ..SharedConfig::default()
+        })?;
+        self.scheduled_with(config, sched)
+    }
+
+    /// Routes this queue pair's sends through `sched`, a scheduler of its
+    /// own (see [`PieceScheduler`]).
+    pub fn scheduled_with<Q: PieceScheduler>(
+        self,
+        config: ScheduleConfig,
+        sched: Q,
+    ) -> Result<ScheduledQueuePair<Q>, Error> {
+        let inner = Scheduled::solo(self, config, sched)?;
         Ok(ScheduledQueuePair { inner })
     }
 
     /// Routes this queue pair's sends through `shared`, together with the
     /// other queue pairs attached to it.
-    pub fn scheduled_on(
+    pub fn scheduled_on<Q: PieceScheduler>(
         self,
-        shared: &SharedScheduler,
+        shared: &SharedScheduler<Q>,
         config: ScheduleConfig,
-    ) -> Result<ScheduledQueuePair, Error> {
+    ) -> Result<ScheduledQueuePair<Q>, Error> {
         let inner = shared.shared.attach(self, config)?;
         Ok(ScheduledQueuePair { inner })
     }
@@ -403,17 +452,17 @@ impl QueuePair {
 /// take `&mut self`, so one thread uses it at a time (wrap it in a mutex,
 /// or use [`with_progress_thread`](Self::with_progress_thread), to share
 /// it).
-pub struct ScheduledQueuePair {
-    inner: Scheduled<QueuePair>,
+pub struct ScheduledQueuePair<Q: PieceScheduler = DefaultScheduler> {
+    inner: Scheduled<QueuePair, Q>,
 }
 
-impl std::fmt::Debug for ScheduledQueuePair {
+impl<Q: PieceScheduler> std::fmt::Debug for ScheduledQueuePair<Q> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.inner.debug("ScheduledQueuePair", f)
     }
 }
 
-impl ScheduledQueuePair {
+impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
     /// The queue pair number.
     pub fn qpn(&self) -> u32 {
         self.inner.qpn
@@ -552,31 +601,38 @@ pub(crate) type Done<S> = <<S as Sink>::Region as Region>::Completion;
 
 /// A scheduled queue pair, for any [`Sink`]: what [`ScheduledQueuePair`]
 /// is.
-pub(crate) struct Scheduled<S: Sink> {
-    way: Way<S>,
+pub(crate) struct Scheduled<S: Sink, Q: PieceScheduler> {
+    way: Way<S, Q>,
     pub(crate) qpn: u32,
     pub(crate) tenant: TenantId,
     pub(crate) class: TrafficClass,
 }
 
 /// How a queue pair reaches its engine.
-enum Way<S: Sink> {
+enum Way<S: Sink, Q: PieceScheduler> {
     /// An engine of its own ([`QueuePair::scheduled`]), owned outright: no
     /// other thread can reach it, so nothing is locked.
-    Solo(Box<Solo<S>>),
+    Solo(Box<Solo<S, Q>>),
     /// A [`SharedScheduler`]'s engine, behind its lock.
-    Attached(Attached<S>),
+    Attached(Attached<S, Q>),
 }
 
-impl<S: Sink> Scheduled<S> {
+impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
     /// `sink` on a scheduler of its own.
-    pub(crate) fn solo(sink: S, config: ScheduleConfig) -> Result<Scheduled<S>, Error> {
-        let mut engine = Engine::new(SharedConfig {
-            chunk_bytes: config.chunk_bytes,
-            // One queue pair: `max_pieces_in_flight` is its bound.
-            bulk_bytes_in_flight: u64::MAX,
-            ..SharedConfig::default()
-        })?;
+    pub(crate) fn solo(
+        sink: S,
+        config: ScheduleConfig,
+        sched: Q,
+    ) -> Result<Scheduled<S, Q>, Error> {
+        let mut engine = Engine::new(
+            SharedConfig {
+                chunk_bytes: config.chunk_bytes,
+                // One queue pair: `max_pieces_in_flight` is its bound.
+                bulk_bytes_in_flight: u64::MAX,
+                ..SharedConfig::default()
+            },
+            sched,
+        )?;
         engine.solo = true;
         let who = Who::of(&sink, config.tenant)?;
         let qpn = sink.qpn();
@@ -731,15 +787,15 @@ const ATTACHED_WAIT: Duration = Duration::from_millis(1);
 /// leaves in a side's book for its owner goes straight to the owner here
 /// (`own_pieces`, `own_done`), and the owner posts and polls its queue
 /// pair itself.
-struct Solo<S: Sink> {
-    engine: Engine<S>,
+struct Solo<S: Sink, Q: PieceScheduler> {
+    engine: Engine<S, Q>,
     sink: S,
     member: usize,
     /// Piece completions to match: polled, or of pieces the NIC refused.
     raw: Vec<RawCompletion>,
 }
 
-impl<S: Sink> Solo<S> {
+impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
     #[inline]
     fn post_send(
         &mut self,
@@ -818,7 +874,7 @@ impl<S: Sink> Solo<S> {
     }
 }
 
-impl<S: Sink> Waitable for Solo<S> {
+impl<S: Sink, Q: PieceScheduler> Waitable for Solo<S, Q> {
     type Item = Done<S>;
 
     fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
@@ -846,7 +902,7 @@ impl<S: Sink> Waitable for Solo<S> {
     }
 }
 
-impl<S: Sink> Drop for Solo<S> {
+impl<S: Sink, Q: PieceScheduler> Drop for Solo<S, Q> {
     fn drop(&mut self) {
         self.engine.detach(self.member, Some(&mut self.sink));
     }
@@ -879,8 +935,8 @@ fn refused(wr_id: u64, e: &Error) -> RawCompletion {
 }
 
 /// A queue pair attached to a [`Shared`] engine.
-struct Attached<S: Sink> {
-    engine: Arc<Mutex<Engine<S>>>,
+struct Attached<S: Sink, Q: PieceScheduler> {
+    engine: Arc<Mutex<Engine<S, Q>>>,
     /// Its queue pair and finished requests: polled without the engine's
     /// lock, which is taken only when there is scheduling to do.
     side: Arc<Side<S>>,
@@ -898,7 +954,7 @@ struct Attached<S: Sink> {
     class: TrafficClass,
 }
 
-impl<S: Sink> Attached<S> {
+impl<S: Sink, Q: PieceScheduler> Attached<S, Q> {
     fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
         let before = out.len();
         let mut raw = std::mem::take(&mut self.raw);
@@ -942,7 +998,7 @@ impl<S: Sink> Attached<S> {
     /// [`HELP_AFTER_NS`]: then a bulk queue pair posts them (never a
     /// latency one, whose thread must not be held up by other tenants'
     /// work).
-    fn with_engine<R>(&mut self, f: impl FnOnce(&mut Engine<S>) -> R) -> R {
+    fn with_engine<R>(&mut self, f: impl FnOnce(&mut Engine<S, Q>) -> R) -> R {
         let mut e = lock(&self.engine);
         e.caller = self.member;
         let result = f(&mut e);
@@ -1003,7 +1059,7 @@ impl<S: Sink> Attached<S> {
     }
 }
 
-impl<S: Sink> Waitable for Attached<S> {
+impl<S: Sink, Q: PieceScheduler> Waitable for Attached<S, Q> {
     type Item = Done<S>;
 
     fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
@@ -1028,18 +1084,20 @@ impl<S: Sink> Waitable for Attached<S> {
     }
 }
 
-impl<S: Sink> Drop for Attached<S> {
+impl<S: Sink, Q: PieceScheduler> Drop for Attached<S, Q> {
     fn drop(&mut self) {
         let member = self.member;
         self.with_engine(|e| e.detach(member, None));
     }
 }
 
-/// Which message a scheduled piece belongs to. `seq` tells a message from
-/// a later one stored under the same key (the descriptors of a detached
-/// queue pair stay queued until the scheduler hands them out).
+/// The handle of a scheduled request, as a [`PieceScheduler`] sees it
+/// (opaque: a scheduler only keeps it and hands it back in its grants).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct PieceRef {
+pub struct PieceRef {
+    // Which message a scheduled piece belongs to. `seq` tells a message
+    // from a later one stored under the same key (the descriptors of a
+    // detached queue pair stay queued until the scheduler hands them out).
     message: usize,
     seq: u64,
 }
@@ -1313,8 +1371,8 @@ impl<S: Sink> Member<S> {
 
 /// Everything behind a [`SharedScheduler`]: the queue pairs, their
 /// requests, and the one scheduler that orders them.
-struct Engine<S: Sink> {
-    sched: TenantScheduler<PieceRef>,
+struct Engine<S: Sink, Q: PieceScheduler> {
+    sched: Q,
     chunk_bytes: u64,
     /// Bound on `bulk_in_flight`.
     budget: u64,
@@ -1369,16 +1427,22 @@ const REAP_INTERVAL_NS: u64 = 100_000;
 /// them before another thread does.
 const HELP_AFTER_NS: u64 = 1_000_000;
 
-impl<S: Sink> Engine<S> {
-    fn new(config: SharedConfig) -> Result<Engine<S>, Error> {
-        let sched_config = SchedulerConfig {
-            chunk_bytes: config.chunk_bytes,
-            quantum_bytes: config.chunk_bytes,
-            bulk_min_share_ppm: config.bulk_min_share_ppm,
-            ..SchedulerConfig::default()
-        };
+/// The built-in scheduler for `config`: latency first, weighted DRR,
+/// caps, chunks of `chunk_bytes`.
+pub(crate) fn default_scheduler(config: &SharedConfig) -> Result<DefaultScheduler, Error> {
+    TenantScheduler::new(SchedulerConfig {
+        chunk_bytes: config.chunk_bytes,
+        quantum_bytes: config.chunk_bytes,
+        bulk_min_share_ppm: config.bulk_min_share_ppm,
+        ..SchedulerConfig::default()
+    })
+    .map_err(Error::ScheduleConfig)
+}
+
+impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
+    fn new(config: SharedConfig, sched: Q) -> Result<Engine<S, Q>, Error> {
         Ok(Engine {
-            sched: TenantScheduler::new(sched_config).map_err(Error::ScheduleConfig)?,
+            sched,
             chunk_bytes: config.chunk_bytes,
             budget: config.bulk_bytes_in_flight.max(1),
             bulk_in_flight: 0,

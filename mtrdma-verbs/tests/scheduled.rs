@@ -9,7 +9,10 @@ use common::{device, pair, pair_of, pattern, wait};
 use std::time::{Duration, Instant};
 
 use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId, TrafficClass};
-use mtrdma_verbs::{Access, Opcode, ScheduleConfig, SendOp, WcStatus};
+use mtrdma_sched::FifoScheduler;
+use mtrdma_verbs::{
+    Access, Opcode, ScheduleConfig, SendOp, SharedConfig, SharedScheduler, WcStatus,
+};
 
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
@@ -288,4 +291,44 @@ fn one_request_at_a_time_under_a_cap_keeps_moving_at_the_cap() {
         rate >= CAP as f64 * 0.8,
         "{rate:.0} B/s: held back far below the cap"
     );
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_scheduler_of_ones_own_drives_queue_pairs_on_their_own_and_shared() {
+    // A strict FIFO (mtrdma_sched::FifoScheduler) in place of the built-in
+    // scheduler: every request completes once, every byte lands, in order.
+    const LEN: usize = 1 << 20;
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let local = || ScheduleConfig::local(TenantId(0), TrafficClass::Bulk);
+    let (a, _b) = pair(&pd);
+    let solo = a.scheduled_with(local(), FifoScheduler::new()).unwrap();
+    let shared =
+        SharedScheduler::with_scheduler(SharedConfig::default(), FifoScheduler::new()).unwrap();
+    let (c, _d) = pair(&pd);
+    let attached = c.scheduled_on(&shared, local()).unwrap();
+    for (k, mut qp) in [solo, attached].into_iter().enumerate() {
+        let target = pd.allocate(4 * LEN, Access::REMOTE_READ_WRITE).unwrap();
+        let remote = target.remote().unwrap();
+        for i in 0..4usize {
+            let src = pd
+                .register(pattern(LEN, (k * 4 + i) as u8), Access::LOCAL)
+                .unwrap();
+            let to = remote.slice((i * LEN) as u64, LEN as u64).unwrap();
+            qp.post_send(SendOp::Write(to), src, 0..LEN, i as u64)
+                .unwrap();
+        }
+        let done = wait(&mut qp, 4);
+        let order: Vec<u64> = done.iter().map(|c| c.context).collect();
+        assert_eq!(order, [0, 1, 2, 3], "queue pair {k}: in order");
+        assert!(done.iter().all(|c| c.status == WcStatus::Success));
+        let got = target.read();
+        for i in 0..4usize {
+            assert!(
+                got[i * LEN..(i + 1) * LEN] == pattern(LEN, (k * 4 + i) as u8),
+                "queue pair {k}: request {i} landed"
+            );
+        }
+    }
 }

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use mtrdma_core::TenantHandle;
 use mtrdma_verbs::{
-    Completion, Context, PreparedQueuePair, ProtectionDomain, QueuePair, ScheduledQueuePair,
+    Completion, Context, PieceScheduler, PreparedQueuePair, ProtectionDomain, QueuePair,
+    ScheduledQueuePair,
 };
 
 /// The device the tests run on: the one MTRDMA_TEST_DEVICE names. Running
@@ -54,7 +55,7 @@ impl Poll for QueuePair {
     }
 }
 
-impl Poll for ScheduledQueuePair {
+impl<Q: PieceScheduler> Poll for ScheduledQueuePair<Q> {
     fn poll_into(&mut self, out: &mut Vec<Completion>) {
         self.poll(out).expect("poll");
     }
