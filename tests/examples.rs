@@ -277,3 +277,28 @@ fn the_isolation_demo_runs_every_scenario_and_writes_tables_csv_and_pictures() {
     }
     std::fs::remove_dir_all(&out_dir).ok();
 }
+
+/// `examples/own_scheduler`: a scheduler written in the example (smallest
+/// request first) decides what reaches the NIC in place of the built-in
+/// one; mtrdma_sched's FIFO keeps the posting order.
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_scheduler_of_ones_own_orders_what_reaches_the_nic() {
+    let out = run(Command::new(example("own_scheduler")).arg(device()));
+    let order = |name: &str| -> Vec<u64> {
+        let line = out
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} completion order: ")))
+            .unwrap_or_else(|| panic!("no {name} line in:\n{out}"));
+        line.split(' ')
+            .map(|w| w.parse().expect("a request"))
+            .collect()
+    };
+    assert_eq!(order("fifo"), [0, 1, 2, 3], "{out}");
+    let sjf = order("sjf");
+    let at = |i: u64| sjf.iter().position(|&c| c == i).expect("every request");
+    assert!(
+        at(3) < at(1) && at(3) < at(2),
+        "the small request goes before the large ones queued with it:\n{out}"
+    );
+}
