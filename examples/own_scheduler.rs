@@ -11,9 +11,9 @@
 //! `max_pieces_in_flight` pieces in the NIC, one completion per request,
 //! the tenant's shared rate limit. Here one piece at a time: three 1 MiB
 //! WRITEs and then a 4 KiB one are posted at once; the first WRITE goes,
-//! and when it completes the scheduler picks the small one before the other
-//! two. The same requests through `mtrdma::sched::FifoScheduler` complete
-//! in the order they were posted.
+//! the second waits for room, and the scheduler holds the others and picks
+//! the small one before the third. The same requests through
+//! `mtrdma::sched::FifoScheduler` complete in the order they were posted.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -297,8 +297,10 @@ fn a_scheduler_of_ones_own_orders_what_reaches_the_nic() {
     assert_eq!(order("fifo"), [0, 1, 2, 3], "{out}");
     let sjf = order("sjf");
     let at = |i: u64| sjf.iter().position(|&c| c == i).expect("every request");
+    // The first large WRITE goes at once and the second waits for room;
+    // the scheduler holds the rest and picks the small one next.
     assert!(
-        at(3) < at(1) && at(3) < at(2),
-        "the small request goes before the large ones queued with it:\n{out}"
+        at(3) < at(2),
+        "the small request overtakes a large one queued before it:\n{out}"
     );
 }

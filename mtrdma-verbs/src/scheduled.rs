@@ -1929,8 +1929,15 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         }
         let mut reaped = false;
         // Grants waiting for their queue pair do not hold up the others,
-        // but their number is bounded so the scheduler keeps the order.
-        let pending_cap = 64.max(4 * self.members.len());
+        // but their number is bounded so the scheduler keeps the order. A
+        // queue pair on its own has no others: one grant waits for room,
+        // the rest stay with the scheduler, which orders them when room
+        // comes (a scheduler of the user's own decides then, not now).
+        let pending_cap = if self.solo {
+            1
+        } else {
+            64.max(4 * self.members.len())
+        };
         let reap_soon = self.clock.now().0.saturating_add(REAP_INTERVAL_NS);
         while self.pending_total < pending_cap {
             if self.latency_queued == 0 && !self.bulk_fits(1) {

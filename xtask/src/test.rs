@@ -74,6 +74,7 @@ pub(crate) fn run() -> Result<ExitCode> {
         // Every published crate packages and builds from its package alone
         // (README, licence and metadata included), in dependency order.
         stage("package", &mut || {
+            forget_packaged_sources()?;
             let ok = proc::status(proc::cargo().args([
                 "package",
                 "--workspace",
@@ -132,6 +133,48 @@ pub(crate) fn run() -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Removes cargo's unpacked copies of this workspace's crates from earlier
+/// `cargo package` runs. Packaging verifies each crate against the others'
+/// packages through a local registry, and cargo unpacks a package of a
+/// given name and version once: a copy left by an earlier run would be
+/// built instead of the one just packaged. Only local registries (whose
+/// directories' names start with `-`) are touched; nothing of crates.io.
+fn forget_packaged_sources() -> Result<()> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")));
+    let Some(home) = home else {
+        return Ok(());
+    };
+    let ours = ["mtrdma-", "mtrdma-core-", "mtrdma-sched-", "mtrdma-verbs-"];
+    for kind in ["src", "cache"] {
+        let Ok(registries) = std::fs::read_dir(home.join("registry").join(kind)) else {
+            continue;
+        };
+        for registry in registries.flatten() {
+            if !registry.file_name().to_string_lossy().starts_with('-') {
+                continue;
+            }
+            for entry in std::fs::read_dir(registry.path())?.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let version = |prefix: &str| {
+                    name.strip_prefix(prefix)
+                        .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+                };
+                if ours.iter().any(|p| version(p)) {
+                    let path = entry.path();
+                    if path.is_dir() {
+                        std::fs::remove_dir_all(&path)?;
+                    } else {
+                        std::fs::remove_file(&path)?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Builds the test binaries and runs their ignored (device) tests, in the VM
