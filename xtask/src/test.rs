@@ -74,15 +74,27 @@ pub(crate) fn run() -> Result<ExitCode> {
         // Every published crate packages and builds from its package alone
         // (README, licence and metadata included), in dependency order.
         stage("package", &mut || {
+            // Verification builds each package against the others as
+            // registry crates, which cargo takes as unchanging for a name
+            // and version: stale copies and builds from earlier runs must go.
             forget_packaged_sources()?;
-            let ok = proc::status(proc::cargo().args([
-                "package",
-                "--workspace",
-                "--exclude",
-                "xtask",
-                "--allow-dirty",
-                "--quiet",
-            ]))?;
+            let target = proc::workspace_root().join("target").join("package-verify");
+            if target.exists() {
+                std::fs::remove_dir_all(&target)?;
+            }
+            let ok = proc::status(
+                proc::cargo()
+                    .args([
+                        "package",
+                        "--workspace",
+                        "--exclude",
+                        "xtask",
+                        "--allow-dirty",
+                        "--quiet",
+                        "--target-dir",
+                    ])
+                    .arg(&target),
+            )?;
             Ok((ok, String::new(), None))
         });
         stage("host tests", &mut || {
@@ -141,6 +153,8 @@ pub(crate) fn run() -> Result<ExitCode> {
 /// given name and version once: a copy left by an earlier run would be
 /// built instead of the one just packaged. Only local registries (whose
 /// directories' names start with `-`) are touched; nothing of crates.io.
+/// (The builds of such copies are kept apart in their own target
+/// directory, removed before each run.)
 fn forget_packaged_sources() -> Result<()> {
     let home = std::env::var_os("CARGO_HOME")
         .map(std::path::PathBuf::from)
