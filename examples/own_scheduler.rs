@@ -18,7 +18,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use mtrdma::sched::{Dequeue, Descriptor, FifoScheduler, Grant, Nanos, Rejected, Scheduler};
+use mtrdma::sched::{Dequeue, Descriptor, FifoScheduler, Nanos, Rejected, Scheduler};
 use mtrdma::verbs::{Access, Context, PieceScheduler, ProtectionDomain, ScheduleConfig, SendOp};
 use mtrdma::{TenantId, TrafficClass};
 
@@ -59,15 +59,7 @@ impl<H> Scheduler<H> for Sjf<H> {
         if self.heap.is_empty() {
             self.waiting.clear();
         }
-        Dequeue::Ready(Grant {
-            tenant: d.tenant,
-            class: d.class,
-            op: d.op,
-            handle: d.handle,
-            offset: 0,
-            len: d.bytes,
-            is_last: true,
-        })
+        Dequeue::Ready(d.grant_whole())
     }
 
     fn len(&self) -> usize {

@@ -83,6 +83,20 @@ impl<H> Descriptor<H> {
     pub fn is_splittable(&self) -> bool {
         !self.whole && self.op.is_splittable()
     }
+
+    /// The one grant of all its bytes: what a scheduler that does not
+    /// split hands out.
+    pub fn grant_whole(self) -> Grant<H> {
+        Grant {
+            tenant: self.tenant,
+            class: self.class,
+            op: self.op,
+            handle: self.handle,
+            offset: 0,
+            len: self.bytes,
+            is_last: true,
+        }
+    }
 }
 
 /// Permission to post (part of) one descriptor now.

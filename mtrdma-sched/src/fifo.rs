@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use crate::descriptor::{Dequeue, Descriptor, Grant};
+use crate::descriptor::{Dequeue, Descriptor};
 use crate::time::Nanos;
 use crate::{Rejected, Scheduler};
 
@@ -50,15 +50,7 @@ impl<H> Scheduler<H> for FifoScheduler<H> {
 
     fn dequeue(&mut self, _now: Nanos) -> Dequeue<H> {
         match self.queue.pop_front() {
-            Some(d) => Dequeue::Ready(Grant {
-                tenant: d.tenant,
-                class: d.class,
-                op: d.op,
-                handle: d.handle,
-                offset: 0,
-                len: d.bytes,
-                is_last: true,
-            }),
+            Some(d) => Dequeue::Ready(d.grant_whole()),
             None => Dequeue::Empty,
         }
     }
