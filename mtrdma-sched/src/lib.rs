@@ -9,8 +9,15 @@
 //! tests and in the [`sim`] simulator, and on a real [`QuantaClock`] in
 //! `mtrdma-verbs`.
 //!
-//! * [`Scheduler`]: the trait the verbs layer drives; implement it to plug
-//!   in a scheduler of your own ([`FifoScheduler`] is the smallest example).
+//! * [`Scheduler`]: the trait the verbs layer's engine is generic over;
+//!   implement it to plug in a scheduler of your own
+//!   (`mtrdma_verbs::QueuePair::scheduled_with`,
+//!   `SharedScheduler::with_scheduler`; [`FifoScheduler`] is the smallest
+//!   example, `examples/own_scheduler.rs` another).
+//! * The types every mtrdma crate speaks in: [`TenantId`], [`TrafficClass`],
+//!   [`RateLimit`], [`TenantPolicy`] (a tenant's weight and caps), and
+//!   [`stats`] (percentiles, Jain's index). This crate depends on no other
+//!   mtrdma crate.
 //! * [`TenantScheduler`]: the default. Latency class first with a
 //!   starvation guard for bulk, weighted deficit round robin across
 //!   tenants (O(1) per decision), GCRA caps per tenant, chunking of large
