@@ -18,6 +18,9 @@
 //!
 //! Tenant processes then call `mtrdma::core::coordinator::register(socket)`.
 
+#[path = "shared/args.rs"]
+mod args;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -47,17 +50,18 @@ fn parse() -> Result<Args, String> {
     let mut table = String::from("default");
     let mut socket = None;
     let (mut capacity, mut processes, mut quiet) = (64u32, 1024u32, false);
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+    let mut it = args::Args::from_env();
+    while let Some(token) = it.next()? {
+        let flag = match token {
+            args::Token::Flag(flag) => flag,
+            args::Token::Value(v) => return Err(format!("unexpected argument {v}")),
+        };
         match flag.as_str() {
-            "--policy" => policy = Some(PathBuf::from(value()?)),
-            "--table" => table = value()?,
-            "--socket" => socket = Some(PathBuf::from(value()?)),
-            "--capacity" => capacity = value()?.parse().map_err(|e| format!("--capacity: {e}"))?,
-            "--processes" => {
-                processes = value()?.parse().map_err(|e| format!("--processes: {e}"))?
-            }
+            "--policy" => policy = Some(PathBuf::from(it.value(&flag)?)),
+            "--table" => table = it.value(&flag)?,
+            "--socket" => socket = Some(PathBuf::from(it.value(&flag)?)),
+            "--capacity" => capacity = it.parse(&flag)?,
+            "--processes" => processes = it.parse(&flag)?,
             "--quiet" => quiet = true,
             other => return Err(format!("unknown flag {other}")),
         }

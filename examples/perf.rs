@@ -45,6 +45,9 @@
 //! message size (a fresh queue pair for every size, so receives posted for
 //! one size never meet the next).
 
+#[path = "shared/args.rs"]
+mod args;
+
 use std::fmt::Write as _;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -338,7 +341,7 @@ fn parse_num<T: std::str::FromStr>(flag: &str, s: &str, what: &str) -> Result<T,
 
 fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
     let mut a = Args::default();
-    let mut it = raw.into_iter();
+    let mut it = args::Args::from_args(raw);
     let set_mode = |a: &mut Args, m: Mode| -> Result<(), String> {
         if let Some(old) = &a.mode {
             if *old != m {
@@ -351,20 +354,16 @@ fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
         a.mode = Some(m);
         Ok(())
     };
-    while let Some(arg) = it.next() {
-        // `--flag=value` as well as `--flag value`.
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = || -> Result<String, String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => it
-                    .next()
-                    .ok_or_else(|| format!("{flag} needs a value (see --help)")),
+    while let Some(token) = it.next()? {
+        let flag = match token {
+            args::Token::Flag(flag) => flag,
+            // A plain argument is the server to connect to.
+            args::Token::Value(host) => {
+                set_mode(&mut a, Mode::Client(host))?;
+                continue;
             }
         };
+        let mut value = || it.value(&flag);
         match flag.as_str() {
             "-h" | "--help" => return Ok(Parsed::Help),
             "--test" => a.test = Some(Test::parse(&value()?)?),
@@ -448,10 +447,7 @@ fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
             "--csv" => a.csv = Some(PathBuf::from(value()?)),
             "--samples" => a.samples = Some(PathBuf::from(value()?)),
             "-d" | "--device" | "--ib-dev" => a.device = Some(value()?),
-            f if f.starts_with('-') => {
-                return Err(format!("unknown flag {f} (see --help)"));
-            }
-            host => set_mode(&mut a, Mode::Client(host.to_string()))?,
+            f => return Err(format!("unknown flag {f} (see --help)")),
         }
     }
     check_args(&a)?;

@@ -15,6 +15,9 @@
 //! median of the rounds' own ratios (each round's mtrdma rate over the
 //! direct rate of the same round, so drift between rounds cancels).
 
+#[path = "shared/args.rs"]
+mod args;
+
 use std::time::Instant;
 
 use mtrdma::verbs::{
@@ -39,19 +42,18 @@ fn parse() -> Result<Args, String> {
         outstanding: 16,
         rounds: 3,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+    let mut it = args::Args::from_env();
+    while let Some(token) = it.next()? {
+        let flag = match token {
+            args::Token::Flag(flag) => flag,
+            args::Token::Value(v) => return Err(format!("unexpected argument {v}")),
+        };
         match flag.as_str() {
-            "--device" => args.device = Some(value()?),
-            "--size" => args.size = value()?.parse().map_err(|e| format!("--size: {e}"))?,
-            "--iters" => args.iters = value()?.parse().map_err(|e| format!("--iters: {e}"))?,
-            "--outstanding" => {
-                args.outstanding = value()?
-                    .parse()
-                    .map_err(|e| format!("--outstanding: {e}"))?
-            }
-            "--rounds" => args.rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?,
+            "--device" => args.device = Some(it.value(&flag)?),
+            "--size" => args.size = it.parse(&flag)?,
+            "--iters" => args.iters = it.parse(&flag)?,
+            "--outstanding" => args.outstanding = it.parse(&flag)?,
+            "--rounds" => args.rounds = it.parse(&flag)?,
             other => return Err(format!("unknown flag {other}")),
         }
     }

@@ -32,6 +32,9 @@
 //! `--ms T` simulated milliseconds (default 20; 1 ms warm-up),
 //! `--rows N` tenants shown (default 40).
 
+#[path = "shared/args.rs"]
+mod args;
+
 use std::process::ExitCode;
 
 use mtrdma::sched::sim::{run, Mode, Report, SimConfig, TenantReport, TenantSpec, Workload};
@@ -74,8 +77,12 @@ fn parse() -> Result<Args, String> {
         ms: 20,
         rows: 40,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
+    let mut it = args::Args::from_env();
+    while let Some(token) = it.next()? {
+        let flag = match token {
+            args::Token::Flag(flag) => flag,
+            args::Token::Value(v) => return Err(format!("unexpected argument {v}")),
+        };
         if flag == "--help" || flag == "-h" {
             return Err(String::new());
         }
@@ -83,7 +90,7 @@ fn parse() -> Result<Args, String> {
             a.separate = true;
             continue;
         }
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let value = it.value(&flag)?;
         let num = |v: &str| -> Result<u64, String> {
             v.parse::<u64>().map_err(|e| format!("{flag} {v}: {e}"))
         };

@@ -51,6 +51,8 @@
 //! (per-tenant throughput in 250 ms bins), and SVG + PNG pictures; the link
 //! run adds `link-policy.toml` and `logs/` (every process's output).
 
+#[path = "../shared/args.rs"]
+mod args;
 mod link;
 mod plot;
 
@@ -155,10 +157,14 @@ fn parse() -> Result<Args, String> {
     {
         v.parse().map_err(|e| format!("{flag} {v}: {e}"))
     }
-    let mut it = std::env::args().skip(1);
+    let mut it = args::Args::from_env();
     let mut seconds = None;
     let mut chunk = None;
-    while let Some(flag) = it.next() {
+    while let Some(token) = it.next()? {
+        let flag = match token {
+            args::Token::Flag(flag) => flag,
+            args::Token::Value(v) => return Err(format!("unexpected argument {v}\n{USAGE}")),
+        };
         match flag.as_str() {
             "--help" | "-h" => {
                 println!("{USAGE}");
@@ -174,7 +180,7 @@ fn parse() -> Result<Args, String> {
             }
             _ => {}
         }
-        let v = it.next().ok_or(format!("{flag} needs a value\n{USAGE}"))?;
+        let v = it.value(&flag)?;
         match flag.as_str() {
             "--device" => args.device = Some(v),
             "--peer-device" => args.peer_device = Some(v),
