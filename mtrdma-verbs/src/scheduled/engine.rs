@@ -1,0 +1,990 @@
+//! The engine behind every scheduled queue pair: which pieces go to the
+//! NIC when, the requests they belong to, and the queue pairs they go to.
+
+use super::*;
+
+/// One attached queue pair.
+pub(super) struct Member<S: Sink> {
+    /// Its side, or none for a queue pair with an engine of its own, whose
+    /// pieces and finished requests go to `own_pieces` and `own_done`.
+    pub(super) side: Option<Arc<Side<S>>>,
+    /// Send queue slots for its pieces.
+    pub(super) sq_room: u32,
+    pub(super) tenant: TenantId,
+    pub(super) class: TrafficClass,
+    pub(super) quota: Option<TenantHandle>,
+    pub(super) max_pieces: u32,
+    pub(super) in_flight: VecDeque<InFlight>,
+    /// Pieces granted and not yet posted (the queue pair was full, the
+    /// bulk budget spent, or its shared rate limit said wait), in order.
+    pub(super) pending: VecDeque<Grant<PieceRef>>,
+    /// When the shared rate limit lets the head of `pending` go (on the
+    /// quota table's clock).
+    pub(super) retry_at: u64,
+    /// Whether it is in the engine's `waiting` list.
+    pub(super) waiting: bool,
+    /// Bytes accepted and not yet posted (its share of the tenant's demand
+    /// in the quota table).
+    pub(super) backlog: u64,
+    /// Requests accepted and not yet handed back.
+    pub(super) accepted: usize,
+    /// Pieces of `in_flight` the engine posted raw (the others were
+    /// parked in the queue pair's books, see [`Engine::may_park`]).
+    pub(super) raw_out: u32,
+    /// What bounds its bulk bytes in the NIC by their completion times.
+    pub(super) window: Option<DelayWindow>,
+    /// Whether the window's weight is the tenant's (left at 1 in the
+    /// configuration), so that a reload changes it too.
+    pub(super) window_takes_weight: bool,
+    /// The quota table's policy sequence its tenant's weight and caps were
+    /// read at (see [`Engine::follow_policy`]).
+    pub(super) policy_seq: u64,
+    /// Bytes of `in_flight`.
+    pub(super) bytes_out: u64,
+}
+
+impl<S: Sink> Member<S> {
+    /// Counts a piece of `message` (or [`PARKED`]) of `len` bytes as in
+    /// the NIC from `now` (read only for a queue pair with a window);
+    /// returns the bytes it takes from the bulk budget (none for the
+    /// latency class).
+    #[inline]
+    pub(super) fn hold(&mut self, message: usize, len: u64, now: impl FnOnce() -> Nanos) -> u64 {
+        let sent_at = match &mut self.window {
+            Some(w) => {
+                let now = now();
+                w.on_sent(len, now);
+                now.0
+            }
+            None => 0,
+        };
+        self.in_flight.push_back(InFlight {
+            message,
+            len: u32::try_from(len).unwrap_or(u32::MAX),
+            sent_at,
+        });
+        self.bytes_out += len;
+        self.bulk_bytes(len)
+    }
+
+    /// Takes the piece of `message` (or [`PARKED`]) out of `in_flight`
+    /// (the front one, as an RC send queue completes in order, unless a
+    /// refused post completed out of turn); returns the bytes it gives
+    /// back to the bulk budget, or `None` if it is not in flight.
+    #[inline]
+    pub(super) fn release(
+        &mut self,
+        message: usize,
+        now: impl FnOnce() -> Nanos,
+        host: Nanos,
+    ) -> Option<u64> {
+        let piece = match self.in_flight.front() {
+            Some(p) if p.message == message => self.in_flight.pop_front(),
+            _ => self
+                .in_flight
+                .iter()
+                .position(|p| p.message == message)
+                .and_then(|at| self.in_flight.remove(at)),
+        }?;
+        let len = u64::from(piece.len);
+        self.bytes_out -= len;
+        if let Some(w) = &mut self.window {
+            if let Some(q) = &self.quota {
+                // The queue allowance in bytes at the link's measured rate.
+                w.set_link_rate(q.link_estimate());
+            }
+            w.on_completed_late(len, Nanos(piece.sent_at), now(), host);
+            if let Some(q) = &self.quota {
+                // What the window saw, for the coordinator's capacity.
+                let v = w.take_verdicts();
+                if v.judged > 0 {
+                    q.record_verdicts(v.judged, v.over_target);
+                }
+            }
+        }
+        Some(self.bulk_bytes(len))
+    }
+
+    /// Whether its window lets a piece of `len` bytes go at `now` (always
+    /// without a window); if pacing says later, `wake` is brought forward
+    /// to that time.
+    #[inline]
+    pub(super) fn window_admits(&self, len: u64, now: Nanos, wake: &mut u64) -> bool {
+        let Some(w) = &self.window else {
+            return true;
+        };
+        match w.admit(self.bytes_out, len, now) {
+            Admit::Now => true,
+            Admit::At(at) => {
+                *wake = (*wake).min(at.0);
+                false
+            }
+            Admit::AfterCompletion => false,
+        }
+    }
+
+    /// What `len` bytes of this queue pair count against the bulk budget.
+    #[inline]
+    pub(super) fn bulk_bytes(&self, len: u64) -> u64 {
+        if self.class == TrafficClass::Latency {
+            0
+        } else {
+            len
+        }
+    }
+}
+
+/// Everything behind a [`SharedScheduler`]: the queue pairs, their
+/// requests, and the one scheduler that orders them.
+pub(super) struct Engine<S: Sink, Q: PieceScheduler> {
+    pub(super) sched: Q,
+    pub(super) chunk_bytes: u64,
+    /// Bound on `bulk_in_flight`.
+    pub(super) budget: u64,
+    pub(super) bulk_in_flight: u64,
+    /// Latency-class descriptors in `sched`.
+    pub(super) latency_queued: usize,
+    pub(super) members: Slab<Member<S>>,
+    pub(super) messages: Slab<Message<S::Region>>,
+    /// Members with pending pieces.
+    pub(super) waiting: Vec<usize>,
+    pub(super) pending_total: usize,
+    pub(super) next_seq: u64,
+    /// Tenants whose policy was set on the scheduler itself.
+    pub(super) explicit: Vec<TenantId>,
+    /// Whether any tenant was ever given caps in `sched` (which the fast
+    /// path must then ask).
+    pub(super) capped: bool,
+    pub(super) clock: QuantaClock,
+    /// Shared with the queue pairs: see `ScheduledQueuePair::wake_at`.
+    pub(super) wake_at: Arc<AtomicU64>,
+    /// Sides with pieces to post once the engine's lock is released.
+    pub(super) flush: Vec<Arc<Side<S>>>,
+    /// The member whose owner holds the engine's lock (`usize::MAX`: none).
+    pub(super) caller: usize,
+    /// Pieces decided for `caller`, which it posts itself.
+    pub(super) own_pieces: Vec<RawSend>,
+    /// Requests of `caller` that finished, which it takes itself.
+    pub(super) own_done: Vec<Done<S>>,
+    /// Piece completions being matched (kept for its capacity).
+    pub(super) scratch: Vec<RawCompletion>,
+    /// `CLOCK_MONOTONIC` minus `clock` at creation: windows run on the
+    /// clock every process shares, so that their quiet times line up
+    /// across processes.
+    pub(super) shared_offset: u64,
+    /// How long the thread that polls next waited for a CPU after a
+    /// completion woke it (see `Waitable::woke_late`): the completions it
+    /// finds are judged that much earlier by the windows.
+    pub(super) host_delay: Nanos,
+    /// The earliest time (the engine's clock) a queue pair held back by
+    /// its rate limit or window pacing may go again, found by this pump.
+    pub(super) timed_wake: u64,
+    /// Whether every queue pair has an engine of its own (no sides): then
+    /// nothing but completions and `timed_wake` makes work.
+    pub(super) solo: bool,
+}
+
+/// How often queue pairs that hold bulk budget are polled by the others
+/// when the budget is spent and their owners have not polled them.
+pub(super) const REAP_INTERVAL_NS: u64 = 100_000;
+
+/// How long pieces decided for a queue pair wait for its owner to post
+/// them before another thread does.
+pub(super) const HELP_AFTER_NS: u64 = 1_000_000;
+
+/// The built-in scheduler for `config`: latency first, weighted DRR,
+/// caps, chunks of `chunk_bytes`.
+pub(crate) fn default_scheduler(config: &SharedConfig) -> Result<DefaultScheduler, Error> {
+    TenantScheduler::new(SchedulerConfig {
+        chunk_bytes: config.chunk_bytes,
+        quantum_bytes: config.chunk_bytes,
+        bulk_min_share_ppm: config.bulk_min_share_ppm,
+        ..SchedulerConfig::default()
+    })
+    .map_err(Error::ScheduleConfig)
+}
+
+impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
+    pub(super) fn new(config: SharedConfig, sched: Q) -> Result<Engine<S, Q>, Error> {
+        Ok(Engine {
+            sched,
+            chunk_bytes: config.chunk_bytes,
+            budget: config.bulk_bytes_in_flight.max(1),
+            bulk_in_flight: 0,
+            latency_queued: 0,
+            members: Slab::default(),
+            messages: Slab::default(),
+            waiting: Vec::new(),
+            pending_total: 0,
+            next_seq: 0,
+            explicit: Vec::new(),
+            capped: false,
+            clock: QuantaClock::new(),
+            wake_at: Arc::new(AtomicU64::new(u64::MAX)),
+            flush: Vec::new(),
+            caller: usize::MAX,
+            own_pieces: Vec::new(),
+            own_done: Vec::new(),
+            scratch: Vec::new(),
+            shared_offset: 0,
+            host_delay: Nanos::ZERO,
+            timed_wake: u64::MAX,
+            solo: false,
+        })
+    }
+
+    /// Adds queue pair `qpn` with `sq_room` send queue slots; returns its
+    /// member key, tenant and class.
+    pub(super) fn add_member(
+        &mut self,
+        side: Option<Arc<Side<S>>>,
+        qpn: u32,
+        sq_room: u32,
+        who: Who,
+        config: ScheduleConfig,
+    ) -> Result<(usize, TenantId, TrafficClass), Error> {
+        let Who {
+            tenant,
+            class,
+            quota,
+        } = who;
+        let policy_seq = quota.as_ref().map_or(0, TenantHandle::policy_seq);
+        if !self.explicit.contains(&tenant) {
+            // The tenant's weight, and its caps too: the scheduler then
+            // holds a capped tenant back itself (the others keep its turns)
+            // rather than granting pieces the quota table would refuse.
+            let local = quota
+                .as_ref()
+                .and_then(TenantHandle::policy)
+                .map_or_else(TenantPolicy::default, |p| p.schedule);
+            self.set_policy(tenant, local)?;
+        }
+        let window_takes_weight = config.window.as_ref().is_some_and(|w| w.weight == 1);
+        let window = match (&config.window, class) {
+            (Some(w), TrafficClass::Bulk) => {
+                if self.shared_offset == 0 {
+                    self.shared_offset =
+                        mtrdma_core::clock::monotonic_ns().saturating_sub(self.clock.now().0);
+                }
+                // Queue pairs of one port start again after a quiet time
+                // at points of their own.
+                let seed = u64::from(qpn);
+                // A window left at weight 1 takes the tenant's weight, so
+                // that tenants in different processes share the port by
+                // their policies' weights.
+                let weight = if w.weight == 1 {
+                    self.sched.policy(tenant).map_or(1, |p| p.weight)
+                } else {
+                    w.weight
+                };
+                Some(
+                    DelayWindow::new(DelayWindowConfig {
+                        seed,
+                        weight,
+                        ..w.clone()
+                    })
+                    .map_err(Error::ScheduleConfig)?,
+                )
+            }
+            _ => None,
+        };
+        let member = self.members.insert(Member {
+            side,
+            sq_room,
+            tenant,
+            class,
+            quota,
+            max_pieces: config.max_pieces_in_flight.max(1),
+            in_flight: VecDeque::new(),
+            pending: VecDeque::new(),
+            retry_at: 0,
+            waiting: false,
+            backlog: 0,
+            accepted: 0,
+            raw_out: 0,
+            window,
+            window_takes_weight,
+            policy_seq,
+            bytes_out: 0,
+        });
+        Ok((member, tenant, class))
+    }
+
+    /// Matches the piece completions `member` polled (`raw`) to their
+    /// requests, then decides what goes next if there may be anything
+    /// (`due`: a wake-up the engine asked for has come).
+    #[inline]
+    pub(super) fn completed(&mut self, member: usize, raw: &[RawCompletion], due: bool) {
+        self.process(member, raw);
+        // With nothing queued or waiting there is nothing to decide unless
+        // a wake-up is due.
+        if due || !self.sched.is_empty() || !self.waiting.is_empty() {
+            self.pump();
+        }
+    }
+
+    /// Takes up a policy reload: when the quota table's policy changed
+    /// since `member`'s tenant's weight and caps were read, reads them
+    /// again into the scheduler (unless set with
+    /// [`SharedScheduler::set_policy`]) and into the windows of its
+    /// tenant's queue pairs that follow its weight. One atomic load per
+    /// request when nothing changed.
+    #[inline]
+    pub(super) fn follow_policy(&mut self, member: usize) {
+        let m = self.member(member);
+        let Some(q) = &m.quota else {
+            return;
+        };
+        let seq = q.policy_seq();
+        if seq != m.policy_seq {
+            self.policy_changed(member, seq);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    pub(super) fn policy_changed(&mut self, member: usize, seq: u64) {
+        let m = self.member_mut(member);
+        m.policy_seq = seq;
+        let tenant = m.tenant;
+        let Some(policy) = m.quota.as_ref().and_then(TenantHandle::policy) else {
+            return;
+        };
+        if !self.explicit.contains(&tenant) {
+            if let Err(e) = self.set_policy(tenant, policy.schedule) {
+                tracing::warn!(%tenant, error = %e, "keeping the last weight and caps");
+                return;
+            }
+        }
+        let weight = self.sched.policy(tenant).map_or(1, |p| p.weight);
+        for m in self.members.values_mut() {
+            if m.tenant != tenant {
+                continue;
+            }
+            m.policy_seq = seq;
+            if let (Some(w), true) = (&mut m.window, m.window_takes_weight) {
+                if let Err(e) = w.set_weight(weight) {
+                    tracing::warn!(%tenant, error = %e, "keeping the window's weight");
+                }
+            }
+        }
+    }
+
+    /// Sets `tenant`'s weight and caps in the scheduler.
+    pub(super) fn set_policy(
+        &mut self,
+        tenant: TenantId,
+        policy: TenantPolicy,
+    ) -> Result<(), Error> {
+        self.sched
+            .set_policy(tenant, policy)
+            .map_err(Error::ScheduleConfig)?;
+        self.capped |= policy.byte_cap.is_some() || policy.wr_cap.is_some();
+        Ok(())
+    }
+
+    pub(super) fn now(&self) -> Nanos {
+        Nanos(self.clock.now().0)
+    }
+
+    /// The engine's clock as the windows see it (shared by every process).
+    #[inline]
+    pub(super) fn window_now(clock: &QuantaClock, offset: u64) -> Nanos {
+        Nanos(clock.now().0.saturating_add(offset))
+    }
+
+    #[inline]
+    pub(super) fn member(&self, member: usize) -> &Member<S> {
+        self.members
+            .get(member)
+            .expect("a queue pair's member entry lives as long as it does")
+    }
+
+    #[inline]
+    pub(super) fn member_mut(&mut self, member: usize) -> &mut Member<S> {
+        self.members
+            .get_mut(member)
+            .expect("a queue pair's member entry lives as long as it does")
+    }
+
+    /// Whether `member`'s request of `len` bytes may be posted now as the
+    /// direct path posts it, its region parked in the queue pair's own
+    /// books (its completion then comes out of the queue pair's poll in
+    /// order, and the engine only counts the piece): a queue pair with an
+    /// engine of its own, no shared rate limit or caps to charge, a request
+    /// of one piece with nothing queued ahead, room in the NIC, and no raw
+    /// piece in flight (whose request would finish after this one's).
+    #[inline]
+    pub(super) fn may_park(&self, member: usize, op: SendOp, len: u64) -> bool {
+        let m = self.member(member);
+        m.side.is_none()
+            && m.quota.is_none()
+            && m.window.is_none()
+            && !self.capped
+            && m.raw_out == 0
+            && self.unhindered(m, op, len)
+    }
+
+    /// Whether `m`'s request of `len` bytes may skip the scheduler's
+    /// queues (before caps and rate limits): it is one piece, nothing it
+    /// should wait behind is queued, and there is room for it in the NIC
+    /// and in the bulk budget.
+    #[inline]
+    pub(super) fn unhindered(&self, m: &Member<S>, op: SendOp, len: u64) -> bool {
+        let latency = m.class == TrafficClass::Latency;
+        let one_piece =
+            len <= self.chunk_bytes || matches!(op, SendOp::Send | SendOp::SendWithImm(_));
+        let nothing_ahead = if latency {
+            self.latency_queued == 0
+        } else {
+            self.sched.is_empty()
+        };
+        one_piece
+            && nothing_ahead
+            && m.pending.is_empty()
+            && (m.in_flight.len() as u32) < m.max_pieces.min(m.sq_room)
+            && (latency || self.bulk_fits(len))
+            && (m.window.is_none() || {
+                let now = Self::window_now(&self.clock, self.shared_offset);
+                // A time to try again is found when the request is pumped.
+                let mut later = u64::MAX;
+                m.window_admits(len, now, &mut later)
+            })
+    }
+
+    /// Counts a request of `len` bytes that `may_park` let go, posted.
+    #[inline]
+    pub(super) fn parked(&mut self, member: usize, len: u32) {
+        let m = self
+            .members
+            .get_mut(member)
+            .expect("a queue pair's member entry lives as long as it does");
+        // No window on a parked queue pair (`may_park`): no clock reading.
+        self.bulk_in_flight += m.hold(PARKED, u64::from(len), || Nanos(0));
+        m.accepted += 1;
+    }
+
+    /// Counts one parked request as finished (its completion went to the
+    /// owner from the queue pair's poll).
+    #[inline]
+    pub(super) fn parked_done(&mut self, member: usize) {
+        let m = self.member_mut(member);
+        let Some(bulk) = m.release(PARKED, || Nanos(0), Nanos::ZERO) else {
+            tracing::error!("completion for a parked request that is not in flight");
+            return;
+        };
+        m.accepted -= 1;
+        self.bulk_in_flight -= bulk;
+    }
+
+    /// Whether a bulk piece of `len` bytes fits the budget now.
+    #[inline]
+    pub(super) fn bulk_fits(&self, len: u64) -> bool {
+        self.bulk_in_flight == 0 || self.bulk_in_flight.saturating_add(len) <= self.budget
+    }
+
+    /// Accepts a request whose range `check_send` found to be `sge`:
+    /// lets it go now if it may (the fast path), or queues it. Returns the
+    /// piece when its owner is to post it at once (the caller holding the
+    /// engine, or a queue pair with an engine of its own); anything else
+    /// decided is in `own_pieces` or the books.
+    #[inline]
+    pub(super) fn post_send(
+        &mut self,
+        member: usize,
+        Op { op, whole }: Op,
+        region: S::Region,
+        range: Range<usize>,
+        sge: ffi::ibv_sge,
+        context: u64,
+    ) -> Result<Option<RawSend>, (Error, S::Region)> {
+        self.follow_policy(member);
+        let len = (range.end - range.start) as u64;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let kind = match op {
+            SendOp::Send | SendOp::SendWithImm(_) => SchedOpcode::Send,
+            SendOp::Write(_) | SendOp::WriteWithImm(..) => SchedOpcode::Write,
+            SendOp::Read(_) => SchedOpcode::Read,
+        };
+        let m = self.member(member);
+        let (tenant, class) = (m.tenant, m.class);
+        let latency = class == TrafficClass::Latency;
+        // Fast path: nothing in the way and the tenant's caps in this
+        // scheduler let it go now: post it without a trip through the
+        // scheduler's queues (if its shared rate limit agrees).
+        // A request sent whole that is longer than a piece waits for the
+        // scheduler, which grants it as one piece.
+        let fast = self.unhindered(m, op, len)
+            && (!self.capped || self.sched.admit_now(tenant, len, self.now()).is_ok());
+        let go = fast && self.rate_allows(member, len);
+        let message = self.messages.insert(Message {
+            member,
+            seq,
+            op,
+            region,
+            start: range.start,
+            len,
+            context,
+            // Sent now: its one piece is out, and the last.
+            pieces_out: u32::from(go),
+            last_granted: go,
+            status: WcStatus::Success,
+        });
+        self.member_mut(member).accepted += 1;
+        if go {
+            let (opcode, remote, imm) = op.lower(true);
+            let raw = RawSend {
+                wr_id: RAW_WR | message as u64,
+                opcode,
+                sge,
+                remote: remote.map(|r| (r.addr, r.rkey)),
+                imm,
+            };
+            return Ok(self.launch(member, raw, len));
+        }
+        let handle = PieceRef { message, seq };
+        if fast {
+            // Held back by its shared rate limit only (its caps here have
+            // been charged): the wake-up time must say when to try again.
+            self.add_backlog(member, len);
+            self.make_pending(Grant {
+                tenant,
+                class,
+                op: kind,
+                handle,
+                offset: 0,
+                len,
+                is_last: true,
+            });
+            self.pump();
+            return Ok(None);
+        }
+        let mut descriptor = Descriptor::new(tenant, class, kind, len, handle);
+        if whole {
+            descriptor = descriptor.whole();
+        }
+        if let Err(rejected) = self.sched.enqueue(descriptor, self.now()) {
+            self.member_mut(member).accepted -= 1;
+            let message = self.messages.remove(message).expect("just stored");
+            return Err((Error::Rejected(rejected.reason), message.region));
+        }
+        if latency {
+            self.latency_queued += 1;
+        }
+        self.add_backlog(member, len);
+        self.pump();
+        Ok(None)
+    }
+
+    /// Counts `len` accepted bytes as the tenant's demand until posted.
+    pub(super) fn add_backlog(&mut self, member: usize, len: u64) {
+        let m = self.member_mut(member);
+        if let Some(q) = &m.quota {
+            m.backlog += len;
+            q.add_backlog(i64::try_from(len).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Queues a granted piece behind its queue pair's other pending ones.
+    pub(super) fn make_pending(&mut self, grant: Grant<PieceRef>) {
+        let Some(msg) = self
+            .messages
+            .get(grant.handle.message)
+            .filter(|m| m.seq == grant.handle.seq)
+        else {
+            // The queue pair it belonged to was detached.
+            return;
+        };
+        let member = msg.member;
+        let m = self.member_mut(member);
+        m.pending.push_back(grant);
+        if !m.waiting {
+            m.waiting = true;
+            self.waiting.push(member);
+        }
+        self.pending_total += 1;
+    }
+
+    /// Posts `member`'s pending pieces, in order, while its queue pair,
+    /// the bulk budget and its shared rate limit allow.
+    pub(super) fn drain_member(&mut self, member: usize) {
+        loop {
+            let budget_ok = {
+                let m = self.member(member);
+                let Some(g) = m.pending.front() else { return };
+                let slots = m.max_pieces.min(m.sq_room);
+                if m.in_flight.len() as u32 >= slots {
+                    return;
+                }
+                g.class == TrafficClass::Latency || self.bulk_fits(g.len)
+            };
+            if !budget_ok {
+                return;
+            }
+            let len = self.member(member).pending.front().map_or(0, |g| g.len);
+            let m = self.member(member);
+            if m.window.is_some() {
+                let now = Self::window_now(&self.clock, self.shared_offset);
+                let mut at = u64::MAX;
+                if !m.window_admits(len, now, &mut at) {
+                    if at != u64::MAX {
+                        let wait = at.saturating_sub(now.0);
+                        self.timed_wake = self.timed_wake.min(self.clock.now().0 + wait);
+                    }
+                    return;
+                }
+            }
+            if !self.rate_allows(member, len) {
+                let m = self.member(member);
+                if let Some(q) = &m.quota {
+                    let wait = m.retry_at.saturating_sub(q.now_ns());
+                    self.timed_wake = self.timed_wake.min(self.clock.now().0 + wait);
+                }
+                return;
+            }
+            let m = self.member_mut(member);
+            let grant = m.pending.pop_front().expect("checked above");
+            self.pending_total -= 1;
+            self.post_piece(member, grant);
+        }
+    }
+
+    /// Whether `member`'s tenant may post `len` bytes now by its shared rate
+    /// limit (charging it if so; otherwise noting when to try again).
+    #[inline]
+    pub(super) fn rate_allows(&mut self, member: usize, len: u64) -> bool {
+        let m = self.member_mut(member);
+        let Some(q) = &m.quota else {
+            return true;
+        };
+        let now = q.now_ns();
+        if now < m.retry_at {
+            return false;
+        }
+        match q.check_rate(now, len, 1) {
+            Ok(()) => true,
+            Err(at) => {
+                m.retry_at = at;
+                false
+            }
+        }
+    }
+
+    /// Posts pending pieces, then new ones from the scheduler, while the
+    /// queue pairs, the bulk budget and the rate limits allow.
+    pub(super) fn pump(&mut self) {
+        self.timed_wake = u64::MAX;
+        let wake = self.pump_until();
+        self.wake_at.store(wake, Ordering::Release);
+    }
+
+    /// [`pump`](Self::pump); returns when the engine next wants to be
+    /// pumped if no piece completes and nothing is posted before then.
+    pub(super) fn pump_until(&mut self) -> u64 {
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let member = self.waiting[i];
+            self.drain_member(member);
+            match self.members.get_mut(member) {
+                Some(m) if !m.pending.is_empty() => i += 1,
+                other => {
+                    if let Some(m) = other {
+                        m.waiting = false;
+                    }
+                    self.waiting.swap_remove(i);
+                }
+            }
+        }
+        let mut reaped = false;
+        // Grants waiting for their queue pair do not hold up the others,
+        // but their number is bounded so the scheduler keeps the order. A
+        // queue pair on its own has no others: one grant waits for room,
+        // the rest stay with the scheduler, which orders them when room
+        // comes (a scheduler of the user's own decides then, not now).
+        let pending_cap = if self.solo {
+            1
+        } else {
+            64.max(4 * self.members.len())
+        };
+        let reap_soon = self.clock.now().0.saturating_add(REAP_INTERVAL_NS);
+        while self.pending_total < pending_cap {
+            if self.latency_queued == 0 && !self.bulk_fits(1) {
+                // Nothing may go until a bulk piece completes; queue pairs
+                // whose owners have not polled may hold finished ones.
+                if reaped {
+                    return self.soon(reap_soon);
+                }
+                reaped = true;
+                self.reap_others();
+                continue;
+            }
+            let grant = match self.sched.dequeue(self.now()) {
+                Dequeue::Ready(grant) => grant,
+                Dequeue::Wait(at) if self.waiting.is_empty() => return at.0,
+                Dequeue::Wait(at) => return at.0.min(self.soon(reap_soon)),
+                Dequeue::Empty if self.waiting.is_empty() => return u64::MAX,
+                Dequeue::Empty => return self.soon(reap_soon),
+            };
+            if grant.is_last && grant.class == TrafficClass::Latency {
+                self.latency_queued -= 1;
+            }
+            let member = self
+                .messages
+                .get(grant.handle.message)
+                .filter(|m| m.seq == grant.handle.seq)
+                .map(|m| m.member);
+            self.make_pending(grant);
+            if let Some(member) = member {
+                self.drain_member(member);
+            }
+        }
+        self.soon(reap_soon)
+    }
+
+    /// When to look again at pieces that wait: a queue pair with an engine
+    /// of its own waits only for its completions or for `timed_wake` (what
+    /// its rate limit or window pacing named, as found so far in this
+    /// pump); a shared engine also looks again at `reap_soon` for the
+    /// other queue pairs' sake.
+    #[inline]
+    pub(super) fn soon(&self, reap_soon: u64) -> u64 {
+        if self.solo {
+            self.timed_wake
+        } else {
+            reap_soon
+        }
+    }
+
+    /// Polls the queue pairs that hold bulk pieces in the NIC (their
+    /// finished requests wait in `done` for their owners).
+    pub(super) fn reap_others(&mut self) {
+        let holders: Vec<usize> = self
+            .members
+            .iter()
+            .filter(|(_, m)| {
+                m.side.is_some() && m.class != TrafficClass::Latency && !m.in_flight.is_empty()
+            })
+            .map(|(k, _)| k)
+            .collect();
+        for member in holders {
+            if let Err(e) = self.reap(member) {
+                tracing::warn!(error = %e, "polling a scheduled queue pair failed");
+            }
+        }
+    }
+
+    /// Polls `member`'s completion queue: receives go to its `done`, pieces
+    /// are matched to their requests, and finished requests go to `done`.
+    pub(super) fn reap(&mut self, member: usize) -> Result<(), Error> {
+        let Some(side) = self.member(member).side.clone() else {
+            return Ok(());
+        };
+        let result = side.try_reap();
+        let mut raw = std::mem::take(&mut self.scratch);
+        if side.mail.load(Ordering::Acquire) {
+            std::mem::swap(&mut raw, &mut lock(&side.book).raw);
+        }
+        self.process(member, &raw);
+        raw.clear();
+        self.scratch = raw;
+        result
+    }
+
+    /// Matches the piece completions `member`'s side has collected to
+    /// their requests.
+    #[inline]
+    pub(super) fn process(&mut self, member: usize, raw: &[RawCompletion]) {
+        for c in raw {
+            if c.wr_id == PARKED_DONE {
+                self.parked_done(member);
+            } else {
+                let message = (c.wr_id & !RAW_WR) as usize;
+                self.piece_done(member, message, c.status);
+            }
+        }
+    }
+
+    /// Accounts one finished piece.
+    #[inline]
+    pub(super) fn piece_done(&mut self, member: usize, message: usize, status: WcStatus) {
+        let (clock, offset, host) = (&self.clock, self.shared_offset, self.host_delay);
+        let m = self
+            .members
+            .get_mut(member)
+            .expect("a queue pair's member entry lives as long as it does");
+        let Some(bulk) = m.release(message, || Self::window_now(clock, offset), host) else {
+            tracing::error!(message, "completion for a piece that is not in flight");
+            return;
+        };
+        m.raw_out -= 1;
+        self.bulk_in_flight -= bulk;
+        let Some(msg) = self.messages.get_mut(message) else {
+            return;
+        };
+        if !status.is_success() && msg.status.is_success() {
+            msg.status = status;
+        }
+        if msg.pieces_out == 1 && msg.last_granted {
+            // Its last piece: finished (the count is not written first, so
+            // the move out of the slab does not wait for that store).
+            self.finish(message);
+        } else {
+            msg.pieces_out -= 1;
+        }
+    }
+
+    pub(super) fn post_piece(&mut self, member: usize, grant: Grant<PieceRef>) {
+        let PieceRef { message, seq } = grant.handle;
+        let Some(msg) = self.messages.get_mut(message).filter(|m| m.seq == seq) else {
+            return;
+        };
+        if grant.is_last {
+            msg.last_granted = true;
+        }
+        let m = self
+            .members
+            .get_mut(member)
+            .expect("pending pieces belong to attached queue pairs");
+        if let Some(q) = &m.quota {
+            m.backlog = m.backlog.saturating_sub(grant.len);
+            q.add_backlog(-i64::try_from(grant.len).unwrap_or(i64::MAX));
+        }
+        if !msg.status.is_success() {
+            // The request already failed: its remaining pieces are dropped.
+            self.finish_if_done(message);
+            return;
+        }
+        let (opcode, remote, imm) = msg.op.lower(grant.is_last);
+        let Some(mut sge) = msg.region.sge(&(msg.start..msg.start + msg.len as usize)) else {
+            // Checked at `post_send`; should it ever fail, fail the request
+            // rather than leave it waiting forever.
+            msg.status = WcStatus::LocalLength;
+            self.finish_if_done(message);
+            return;
+        };
+        sge.addr += grant.offset;
+        sge.length = u32::try_from(grant.len).unwrap_or(u32::MAX);
+        let raw = RawSend {
+            wr_id: RAW_WR | message as u64,
+            opcode,
+            sge,
+            remote: remote.map(|r| (r.addr + grant.offset, r.rkey)),
+            imm,
+        };
+        msg.pieces_out += 1;
+        if let Some(raw) = self.launch(member, raw, grant.len) {
+            self.own_pieces.push(raw);
+        }
+    }
+
+    /// Counts `raw`, a piece of `len` bytes, as in flight on `member`'s
+    /// queue pair and hands it to whoever posts it: back to the caller if
+    /// the owner does (it holds the engine, or has no side), else to its
+    /// side's book.
+    #[inline]
+    #[must_use]
+    pub(super) fn launch(&mut self, member: usize, raw: RawSend, len: u64) -> Option<RawSend> {
+        let message = (raw.wr_id & !RAW_WR) as usize;
+        let (clock, offset) = (&self.clock, self.shared_offset);
+        let m = self
+            .members
+            .get_mut(member)
+            .expect("pieces belong to attached queue pairs");
+        self.bulk_in_flight += m.hold(message, len, || Self::window_now(clock, offset));
+        m.raw_out += 1;
+        if let Some(q) = &m.quota {
+            q.record_posted(len, 1);
+        }
+        let side = match &m.side {
+            // Its owner holds the engine and posts it on the way out; no
+            // piece of it waits in the book (that would set the mail).
+            Some(side) if member != self.caller || side.mail.load(Ordering::Acquire) => side,
+            _ => return Some(raw),
+        };
+        let now = self.clock.now().0;
+        side.deliver(|book| {
+            if book.to_post.is_empty() {
+                book.decided_at = now;
+            }
+            book.to_post.push_back(raw);
+        });
+        if !self.flush.iter().any(|s| Arc::ptr_eq(s, side)) {
+            self.flush.push(Arc::clone(side));
+        }
+        None
+    }
+
+    /// Completes a request once all its pieces are granted and done.
+    pub(super) fn finish_if_done(&mut self, message: usize) {
+        let ready = matches!(
+            self.messages.get(message),
+            Some(m) if m.pieces_out == 0 && m.last_granted
+        );
+        if ready {
+            self.finish(message);
+        }
+    }
+
+    /// Completes request `message` (all its pieces are done or dropped).
+    #[inline]
+    pub(super) fn finish(&mut self, message: usize) {
+        let Some(m) = self.messages.remove(message) else {
+            return;
+        };
+        let Some(owner) = self.members.get_mut(m.member) else {
+            // Its queue pair was detached: the region is dropped.
+            return;
+        };
+        owner.accepted -= 1;
+        match &owner.side {
+            Some(side) if m.member != self.caller => side.deliver_done(m.complete()),
+            _ => push_in_place(&mut self.own_done, m.complete()),
+        }
+    }
+
+    /// Takes a queue pair out: its requests are dropped (their regions
+    /// freed once the NIC is done with them, or never) and its share of
+    /// the bulk budget returned. `own` is the queue pair of a member
+    /// without a side.
+    pub(super) fn detach(&mut self, member: usize, own: Option<&mut S>) {
+        let Some(m) = self.members.remove(member) else {
+            return;
+        };
+        if let Some(q) = &m.quota {
+            // What is still waiting here is no longer demand.
+            q.add_backlog(-i64::try_from(m.backlog).unwrap_or(i64::MAX));
+        }
+        self.pending_total -= m.pending.len();
+        if m.waiting {
+            self.waiting.retain(|&w| w != member);
+        }
+        let bulk = m.bulk_bytes(m.in_flight.iter().map(|p| u64::from(p.len)).sum());
+        let drained = match (&m.side, own) {
+            (Some(side), _) => {
+                // Pieces decided and not posted never reach the NIC.
+                self.flush.retain(|s| !Arc::ptr_eq(s, side));
+                let mut qp = lock(&side.qp);
+                lock(&side.book).to_post.clear();
+                qp.shutdown()
+            }
+            (None, Some(qp)) => {
+                self.own_pieces.clear();
+                qp.shutdown()
+            }
+            // No queue pair to drain: keep the regions.
+            (None, None) => false,
+        };
+        self.bulk_in_flight -= bulk;
+        let messages = self.messages.remove_where(|msg| msg.member == member);
+        if !drained {
+            // The NIC may still reach these regions: never free them.
+            for msg in messages {
+                std::mem::forget(msg.region);
+            }
+        }
+        // Its queued descriptors stay in the scheduler until handed out
+        // and are dropped then (their messages are gone).
+        self.pump();
+    }
+}

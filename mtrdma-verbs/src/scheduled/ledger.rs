@@ -1,0 +1,157 @@
+//! What the engine keeps of each request and queue pair: the requests and
+//! their pieces in the NIC, and each attached queue pair's side (its lock,
+//! and the book of what was decided for it and what it finished).
+
+use super::*;
+
+/// The handle of a scheduled request, as a [`PieceScheduler`] sees it
+/// (opaque: a scheduler only keeps it and hands it back in its grants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PieceRef {
+    // Which message a scheduled piece belongs to. `seq` tells a message
+    // from a later one stored under the same key (the descriptors of a
+    // detached queue pair stay queued until the scheduler hands them out).
+    pub(super) message: usize,
+    pub(super) seq: u64,
+}
+
+/// One send request and the pieces of it still in the NIC.
+pub(super) struct Message<R> {
+    pub(super) member: usize,
+    pub(super) seq: u64,
+    pub(super) op: SendOp,
+    pub(super) region: R,
+    pub(super) start: usize,
+    pub(super) len: u64,
+    pub(super) context: u64,
+    pub(super) pieces_out: u32,
+    pub(super) last_granted: bool,
+    pub(super) status: WcStatus,
+}
+
+impl<R: Region> Message<R> {
+    /// The request's one completion, its region handed back.
+    #[inline]
+    pub(super) fn complete(self) -> R::Completion {
+        let opcode = if self.status.is_success() {
+            self.op.completion_opcode()
+        } else {
+            Opcode::Unknown
+        };
+        let byte_len = u32::try_from(self.len).unwrap_or(u32::MAX);
+        self.region
+            .complete(self.context, self.status, opcode, byte_len, None)
+    }
+}
+
+/// A piece in the NIC. An RC send queue completes in order, so the front
+/// of a queue pair's list is the next completion's piece. Whether it counts
+/// against the bulk budget is its queue pair's class. (Two words, so it
+/// travels in registers.)
+#[derive(Debug, Clone, Copy)]
+pub(super) struct InFlight {
+    /// Its request's key, or [`PARKED`].
+    pub(super) message: usize,
+    /// Bytes (a piece's scatter entry holds at most `u32::MAX`).
+    pub(super) len: u32,
+    /// When it was posted (the engine's clock), for a queue pair with a
+    /// window; 0 otherwise.
+    pub(super) sent_at: u64,
+}
+
+/// [`InFlight::message`] of a request parked in the queue pair's books.
+pub(super) const PARKED: usize = usize::MAX;
+
+/// A queue pair and what its owner collects at its next poll.
+///
+/// Two locks, so that the engine never waits for a post in progress
+/// (on SoftRoCE a post moves the data before it returns): `qp` is held to
+/// post and to poll, `book` only for moments. Lock order: engine, then
+/// `qp`, then `book`; the engine only ever tries `qp` (`reap_others`) or
+/// takes it to tear down (`detach`).
+pub(super) struct Side<S: Sink> {
+    pub(super) qp: Mutex<S>,
+    pub(super) book: Mutex<Book<Done<S>>>,
+    /// Whether `book` may hold something for the owner (set under the
+    /// book's lock by whoever adds; cleared by the owner under it), so an
+    /// owner's poll with nothing new takes no lock but the queue pair's.
+    pub(super) mail: AtomicBool,
+}
+
+/// A queue pair's bookkeeping between the engine and its owner.
+pub(super) struct Book<C> {
+    /// Pieces the engine decided to post, in order, posted by `flush`.
+    pub(super) to_post: VecDeque<RawSend>,
+    /// When the oldest of `to_post` was decided (the engine's clock).
+    pub(super) decided_at: u64,
+    /// Finished requests and receives waiting for the owner's poll.
+    pub(super) done: Vec<C>,
+    /// Completions of pieces polled and not yet matched to their requests.
+    pub(super) raw: Vec<RawCompletion>,
+}
+
+impl<C> Default for Book<C> {
+    fn default() -> Self {
+        Book {
+            to_post: VecDeque::new(),
+            decided_at: 0,
+            done: Vec::new(),
+            raw: Vec::new(),
+        }
+    }
+}
+
+impl<S: Sink> Side<S> {
+    /// Posts the pieces the engine queued, in order.
+    pub(super) fn flush(&self) {
+        if lock(&self.book).to_post.is_empty() {
+            return;
+        }
+        let mut qp = lock(&self.qp);
+        loop {
+            // Only the holder of `qp` takes pieces, so they go in order.
+            let Some(piece) = lock(&self.book).to_post.pop_front() else {
+                return;
+            };
+            self.post(&mut qp, piece);
+        }
+    }
+
+    /// Posts one piece on `qp` (this side's, locked by the caller). A
+    /// piece the NIC refuses completes as failed at the next poll.
+    pub(super) fn post(&self, qp: &mut S, piece: RawSend) {
+        if let Some(failed) = post_piece(qp, piece) {
+            self.deliver(|book| book.raw.push(failed));
+        }
+    }
+
+    /// Leaves a finished request for the owner's next poll.
+    #[inline(never)]
+    pub(super) fn deliver_done(&self, done: Done<S>) {
+        self.deliver(|book| book.done.push(done));
+    }
+
+    /// Leaves something in the book for the owner's next poll.
+    pub(super) fn deliver(&self, f: impl FnOnce(&mut Book<Done<S>>)) {
+        let mut book = lock(&self.book);
+        f(&mut book);
+        self.mail.store(true, Ordering::Release);
+    }
+
+    /// Polls into the book (for the engine, on the owner's behalf);
+    /// skipped while the queue pair is busy posting.
+    pub(super) fn try_reap(&self) -> Result<(), Error> {
+        let Ok(mut qp) = self.qp.try_lock() else {
+            return Ok(());
+        };
+        let (mut done, mut raw) = (Vec::new(), Vec::new());
+        let polled = qp.poll(&mut done, &mut raw);
+        if !done.is_empty() || !raw.is_empty() {
+            self.deliver(|book| {
+                book.done.append(&mut done);
+                book.raw.append(&mut raw);
+            });
+        }
+        polled.map(|_| ())
+    }
+}

@@ -1,0 +1,610 @@
+//! The scheduled data path: every send goes through a per-tenant scheduler
+//! before it reaches the NIC.
+//!
+//! [`ScheduledQueuePair`] wraps a connected [`QueuePair`]. A send is handed
+//! to mtrdma's [`TenantScheduler`]; large WRITE and READ are split into
+//! chunks (so a latency-sensitive tenant waits behind at most one chunk of
+//! anyone's), the number of pieces in the NIC at once is bounded, and the
+//! tenant's rate limits (its caps, and the coordinator's fair rate, shared
+//! by all its processes through the quota table) are applied to every
+//! piece. Only the last piece's completion is shown to the application, as
+//! one completion for the whole request with its region handed back.
+//!
+//! A queue pair is scheduled on its own ([`QueuePair::scheduled`]) or
+//! together with the queue pairs of other tenants of the same process on a
+//! [`SharedScheduler`] ([`QueuePair::scheduled_on`]): then one weighted
+//! deficit round robin decides between the tenants, the latency class goes
+//! first, and the bulk bytes all of them have in the NIC at once are
+//! bounded, so a latency request finds little ahead of it whatever the
+//! number of bulk tenants. A queue pair on its own owns its scheduler
+//! outright and takes no lock to post or poll; on a shared scheduler the
+//! scheduler's lock is taken only to decide, never while posting. On a
+//! queue pair of its own, a request that may go at once (one piece,
+//! nothing queued ahead, room in the NIC, no shared rate limit or caps to
+//! charge, no chunked request in flight) is posted exactly as the direct
+//! path posts it, its region parked in the queue pair's books, and the
+//! scheduler only counts it: the scheduled path then costs next to nothing
+//! more than the direct one.
+//!
+//! Progress is made when the application polls: [`ScheduledQueuePair::poll`]
+//! reaps completions and posts whatever the scheduler lets go next, for
+//! every queue pair of the scheduler. There is no background thread (see
+//! [`ScheduledQueuePair::with_progress_thread`] for one).
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
+
+use ibverbs_sys as ffi;
+use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
+use mtrdma_sched::{
+    Admit, Clock, DelayWindow, DelayWindowConfig, Dequeue, Descriptor, Grant, Nanos,
+    Opcode as SchedOpcode, QuantaClock, Scheduler, SchedulerConfig, TenantPolicy, TenantScheduler,
+    Window,
+};
+
+use crate::completion::{Completion, Opcode, WcStatus};
+use crate::events::{Armed, Waitable};
+use crate::qp::{
+    check_send, PostError, QueuePair, RawCompletion, RawSend, Region, SendOp, Sink, PARKED_DONE,
+    RAW_WR, SCHED_WR,
+};
+use crate::slab::Slab;
+
+mod engine;
+mod ledger;
+mod paths;
+use crate::{Error, MemoryRegion};
+pub(crate) use engine::default_scheduler;
+use engine::{Engine, Member, HELP_AFTER_NS};
+pub use ledger::PieceRef;
+use ledger::{Book, InFlight, Message, Side, PARKED};
+pub(crate) use paths::Scheduled;
+use paths::*;
+
+/// Who a scheduled queue pair's sends are scheduled as
+/// ([`ScheduleConfig::tenant`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Tenancy {
+    /// The tenant the queue pair was created for
+    /// ([`QueuePairBuilder::tenant`](crate::QueuePairBuilder::tenant)): its
+    /// class, weight and caps from its policy in the quota table, its
+    /// shared rate limit (cap and the coordinator's fair rate) and its
+    /// accounting there. The default; a queue pair created without a
+    /// tenant is refused with [`Error::NoTenant`].
+    #[default]
+    OfQueuePair,
+    /// Scheduled as tenant `id`, of `class`, by this process's scheduler
+    /// alone: no quota table, no limit shared with other processes (weights
+    /// and caps set with [`SharedScheduler::set_policy`], or weight 1).
+    Local {
+        /// The tenant it counts as in the scheduler.
+        id: TenantId,
+        /// Its sends' class.
+        class: TrafficClass,
+    },
+}
+
+/// How a queue pair's sends are scheduled.
+#[derive(Debug, Clone)]
+pub struct ScheduleConfig {
+    /// WRITE and READ longer than this are split into pieces of at most
+    /// this many bytes (default 64 KiB). On a [`SharedScheduler`] its own
+    /// [`SharedConfig::chunk_bytes`] applies instead.
+    pub chunk_bytes: u64,
+    /// Pieces of this queue pair in the NIC at once (default 4): what a
+    /// latency-sensitive neighbour may find ahead of it.
+    pub max_pieces_in_flight: u32,
+    /// Who its sends are scheduled as: the tenant the queue pair was
+    /// created for (the default), or explicitly a tenant of this process's
+    /// scheduler alone. Queue pairs of different tenants on one
+    /// [`SharedScheduler`] share it by their weights.
+    pub tenant: Tenancy,
+    /// A bulk queue pair's bytes in the NIC follow a [`DelayWindow`] with
+    /// these settings (default none: only `max_pieces_in_flight` bounds
+    /// them). This is what protects a latency-sensitive tenant in another
+    /// process: every bulk queue pair that shares the port backs off when
+    /// its own pieces' completion times show a queue, so together they
+    /// keep the port's queue near the window's target without sharing any
+    /// state. Use pieces no longer than the queue a latency request may
+    /// find (`chunk_bytes` of one or a few MTUs), and
+    /// [`DelayWindowConfig::for_piece`] of that size. A window whose
+    /// `weight` is left at 1 takes the tenant's weight (from its policy in
+    /// the quota table, or the scheduler's), so bulk tenants in different
+    /// processes share the port by their weights. Latency-class queue
+    /// pairs have no window.
+    pub window: Option<DelayWindowConfig>,
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        ScheduleConfig {
+            chunk_bytes: 64 << 10,
+            max_pieces_in_flight: 4,
+            tenant: Tenancy::OfQueuePair,
+            window: None,
+        }
+    }
+}
+
+impl ScheduleConfig {
+    /// The defaults, scheduled as tenant `id` of `class` by this process's
+    /// scheduler alone ([`Tenancy::Local`]).
+    pub fn local(id: TenantId, class: TrafficClass) -> ScheduleConfig {
+        ScheduleConfig {
+            tenant: Tenancy::Local { id, class },
+            ..ScheduleConfig::default()
+        }
+    }
+}
+
+/// A scheduler the data path can be driven by: any [`Scheduler`] of
+/// [`PieceRef`]s that may move to another thread. Implement
+/// [`Scheduler`] for every handle type (`impl<H> Scheduler<H> for
+/// MySched<H>`) and pass it to [`QueuePair::scheduled_with`] or
+/// [`SharedScheduler::with_scheduler`]; it then decides what reaches the
+/// NIC, in place of the built-in [`TenantScheduler`] (which
+/// [`QueuePair::scheduled`] and [`SharedScheduler::new`] use). The engine
+/// around it keeps the rest: pieces in the NIC, windows, shared rate
+/// limits, one completion per request.
+pub trait PieceScheduler: Scheduler<PieceRef> + Send + 'static {}
+
+impl<T: Scheduler<PieceRef> + Send + 'static> PieceScheduler for T {}
+
+/// The built-in scheduler of [`QueuePair::scheduled`] and
+/// [`SharedScheduler::new`].
+pub type DefaultScheduler = TenantScheduler<PieceRef>;
+
+/// A send-side request's operation, and whether it goes as one work
+/// request however long ([`ScheduledQueuePair::post_send_whole`]).
+#[derive(Debug, Clone, Copy)]
+struct Op {
+    op: SendOp,
+    whole: bool,
+}
+
+/// Who a queue pair is scheduled as, resolved against its sink.
+struct Who {
+    tenant: TenantId,
+    class: TrafficClass,
+    quota: Option<TenantHandle>,
+}
+
+impl Who {
+    fn of<S: Sink>(sink: &S, tenancy: Tenancy) -> Result<Who, Error> {
+        match tenancy {
+            Tenancy::OfQueuePair => {
+                let handle = sink.tenant().ok_or(Error::NoTenant)?.clone();
+                Ok(Who {
+                    tenant: handle.tenant(),
+                    class: handle.class(),
+                    quota: Some(handle),
+                })
+            }
+            Tenancy::Local { id, class } => Ok(Who {
+                tenant: id,
+                class,
+                quota: None,
+            }),
+        }
+    }
+}
+
+/// A queue pair's window as it stands ([`ScheduledQueuePair::window`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowState {
+    /// Bytes it may have in the NIC.
+    pub window_bytes: u64,
+    /// Bytes it has in the NIC.
+    pub in_flight_bytes: u64,
+    /// The path's own delay: the lowest recent completion time of a piece.
+    pub base_delay: Option<Nanos>,
+    /// The smoothed completion time of recent pieces.
+    pub smoothed_delay: Option<Nanos>,
+    /// Completion times above this shrink the window.
+    pub target_delay: Option<Nanos>,
+    /// The sender's weight: its tenant's (from its policy, following
+    /// reloads) unless the configuration named one.
+    pub weight: u32,
+}
+
+/// Settings of a [`SharedScheduler`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedConfig {
+    /// WRITE and READ longer than this are split into pieces of at most
+    /// this many bytes (default 64 KiB); also the DRR quantum of a weight-1
+    /// tenant.
+    pub chunk_bytes: u64,
+    /// Bulk-class bytes that all the scheduler's queue pairs together may
+    /// have in the NIC at once (default 256 KiB): what a latency request
+    /// finds ahead of it. A piece larger than this still goes, alone.
+    /// Latency-class pieces do not count against it.
+    pub bulk_bytes_in_flight: u64,
+    /// Share of the bytes, in parts per million, that bulk traffic keeps
+    /// while the latency class is saturated (default 100,000: 10%).
+    pub bulk_min_share_ppm: u32,
+}
+
+impl Default for SharedConfig {
+    fn default() -> Self {
+        SharedConfig {
+            chunk_bytes: 64 << 10,
+            bulk_bytes_in_flight: 256 << 10,
+            bulk_min_share_ppm: 100_000,
+        }
+    }
+}
+
+/// One scheduler for the queue pairs of several tenants in one process.
+///
+/// Attach queue pairs with [`QueuePair::scheduled_on`]; each is one
+/// tenant's (tenants may have several). Requests of the latency class go
+/// first, bulk tenants share by weighted deficit round robin (set weights
+/// and caps with [`set_policy`](Self::set_policy)), and the bulk bytes in
+/// the NIC are bounded by [`SharedConfig::bulk_bytes_in_flight`].
+/// Cloning gives another handle to the same scheduler; it may be used from
+/// several threads.
+///
+/// Every queue pair attached must be polled (or have a progress thread):
+/// polling is what moves the shared work along.
+///
+/// ```no_run
+/// use mtrdma_core::{TenantId, TrafficClass};
+/// use mtrdma_sched::TenantPolicy;
+/// use mtrdma_verbs::{Context, ScheduleConfig, SharedConfig, SharedScheduler};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = Context::open_first_active()?;
+/// let pd = ctx.alloc_pd()?;
+/// let shared = SharedScheduler::new(SharedConfig::default())?;
+/// shared.set_policy(TenantId(2), TenantPolicy::weight(4))?;
+/// let (a, b) = (pd.queue_pair().build()?, pd.queue_pair().build()?);
+/// let (ea, eb) = (a.endpoint(), b.endpoint());
+/// // Tenant 2 of this process's scheduler, without a quota table (a queue
+/// // pair created with `.tenant(&handle)` is scheduled as its tenant by
+/// // `ScheduleConfig::default()`).
+/// let bulk = a
+///     .connect(&eb)?
+///     .scheduled_on(&shared, ScheduleConfig::local(TenantId(2), TrafficClass::Bulk))?;
+/// # let _ = (bulk, b.connect(&ea)?);
+/// # Ok(())
+/// # }
+/// ```
+pub struct SharedScheduler<Q: PieceScheduler = DefaultScheduler> {
+    shared: Shared<QueuePair, Q>,
+}
+
+impl<Q: PieceScheduler> Clone for SharedScheduler<Q> {
+    fn clone(&self) -> Self {
+        SharedScheduler {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<Q: PieceScheduler> std::fmt::Debug for SharedScheduler<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.shared.debug("SharedScheduler", f)
+    }
+}
+
+impl SharedScheduler {
+    /// A scheduler with no queue pairs yet, deciding with the built-in
+    /// [`TenantScheduler`].
+    pub fn new(config: SharedConfig) -> Result<SharedScheduler, Error> {
+        let sched = default_scheduler(&config)?;
+        SharedScheduler::with_scheduler(config, sched)
+    }
+}
+
+impl<Q: PieceScheduler> SharedScheduler<Q> {
+    /// A scheduler with no queue pairs yet, deciding with `sched` (see
+    /// [`PieceScheduler`]).
+    pub fn with_scheduler(config: SharedConfig, sched: Q) -> Result<SharedScheduler<Q>, Error> {
+        Ok(SharedScheduler {
+            shared: Shared::new(config, sched)?,
+        })
+    }
+
+    /// Sets `tenant`'s weight and caps (also while it runs: a changed cap
+    /// keeps its rate state). A tenant without one gets the weight of its
+    /// quota table policy, or 1.
+    pub fn set_policy(&self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
+        self.shared.set_policy(tenant, policy)
+    }
+
+    /// Bulk bytes posted by the scheduler's queue pairs and not yet
+    /// completed.
+    pub fn bulk_bytes_in_flight(&self) -> u64 {
+        self.shared.bulk_bytes_in_flight()
+    }
+
+    /// Queue pairs attached.
+    pub fn queue_pairs(&self) -> usize {
+        self.shared.queue_pairs()
+    }
+}
+
+/// The engine behind a [`SharedScheduler`], for queue pairs whose work
+/// requests go to any [`Sink`]: the device's send queues, or a null sink
+/// on the host ([`crate::bench`]).
+pub(crate) struct Shared<S: Sink, Q: PieceScheduler> {
+    engine: Arc<Mutex<Engine<S, Q>>>,
+}
+
+impl<S: Sink, Q: PieceScheduler> Clone for Shared<S, Q> {
+    fn clone(&self) -> Self {
+        Shared {
+            engine: Arc::clone(&self.engine),
+        }
+    }
+}
+
+impl<S: Sink, Q: PieceScheduler> Shared<S, Q> {
+    pub(crate) fn new(config: SharedConfig, sched: Q) -> Result<Shared<S, Q>, Error> {
+        Ok(Shared {
+            engine: Arc::new(Mutex::new(Engine::new(config, sched)?)),
+        })
+    }
+
+    pub(crate) fn debug(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let e = self.lock();
+        f.debug_struct(name)
+            .field("queue_pairs", &e.members.len())
+            .field("queued", &e.sched.len())
+            .field("bulk_bytes_in_flight", &e.bulk_in_flight)
+            .finish()
+    }
+
+    pub(crate) fn set_policy(&self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
+        let mut e = self.lock();
+        e.set_policy(tenant, policy)?;
+        if !e.explicit.contains(&tenant) {
+            e.explicit.push(tenant);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn bulk_bytes_in_flight(&self) -> u64 {
+        self.lock().bulk_in_flight
+    }
+
+    pub(crate) fn queue_pairs(&self) -> usize {
+        self.lock().members.len()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Engine<S, Q>> {
+        lock(&self.engine)
+    }
+
+    /// Attaches `sink`: its sends are scheduled with the other queue pairs
+    /// of this scheduler.
+    pub(crate) fn attach(&self, sink: S, config: ScheduleConfig) -> Result<Scheduled<S, Q>, Error> {
+        let who = Who::of(&sink, config.tenant)?;
+        let qpn = sink.qpn();
+        let sq_room = sink.send_room();
+        let side = Arc::new(Side {
+            qp: Mutex::new(sink),
+            book: Mutex::new(Book::default()),
+            mail: AtomicBool::new(false),
+        });
+        let mut e = self.lock();
+        let (member, tenant, class) =
+            e.add_member(Some(Arc::clone(&side)), qpn, sq_room, who, config)?;
+        let (wake_at, clock) = (Arc::clone(&e.wake_at), e.clock.clone());
+        drop(e);
+        let attached = Attached {
+            engine: Arc::clone(&self.engine),
+            side,
+            wake_at,
+            clock,
+            raw: Vec::new(),
+            pieces: Vec::new(),
+            sides: Vec::new(),
+            member,
+            class,
+        };
+        Ok(Scheduled {
+            way: Way::Attached(attached),
+            qpn,
+            tenant,
+            class,
+        })
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The engine's invariants hold between calls; a panic in another
+    // thread's call does not leave them half-changed in a way that matters
+    // more than refusing every later call would.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl QueuePair {
+    /// Routes this queue pair's sends through a scheduler of its own, the
+    /// built-in [`TenantScheduler`].
+    pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledQueuePair, Error> {
+        let sched = default_scheduler(&SharedConfig {
+            chunk_bytes: config.chunk_bytes,
+            ..SharedConfig::default()
+        })?;
+        self.scheduled_with(config, sched)
+    }
+
+    /// Routes this queue pair's sends through `sched`, a scheduler of its
+    /// own (see [`PieceScheduler`]).
+    pub fn scheduled_with<Q: PieceScheduler>(
+        self,
+        config: ScheduleConfig,
+        sched: Q,
+    ) -> Result<ScheduledQueuePair<Q>, Error> {
+        let inner = Scheduled::solo(self, config, sched)?;
+        Ok(ScheduledQueuePair { inner })
+    }
+
+    /// Routes this queue pair's sends through `shared`, together with the
+    /// other queue pairs attached to it.
+    pub fn scheduled_on<Q: PieceScheduler>(
+        self,
+        shared: &SharedScheduler<Q>,
+        config: ScheduleConfig,
+    ) -> Result<ScheduledQueuePair<Q>, Error> {
+        let inner = shared.shared.attach(self, config)?;
+        Ok(ScheduledQueuePair { inner })
+    }
+}
+
+/// A queue pair whose sends are scheduled (see the module docs).
+///
+/// It may be moved to another thread (it is `Send`); posting and polling
+/// take `&mut self`, so one thread uses it at a time (wrap it in a mutex,
+/// or use [`with_progress_thread`](Self::with_progress_thread), to share
+/// it).
+pub struct ScheduledQueuePair<Q: PieceScheduler = DefaultScheduler> {
+    inner: Scheduled<QueuePair, Q>,
+}
+
+impl<Q: PieceScheduler> std::fmt::Debug for ScheduledQueuePair<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.debug("ScheduledQueuePair", f)
+    }
+}
+
+impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
+    /// The queue pair number.
+    pub fn qpn(&self) -> u32 {
+        self.inner.qpn
+    }
+
+    /// The tenant its sends are scheduled as.
+    pub fn tenant(&self) -> TenantId {
+        self.inner.tenant
+    }
+
+    /// Its traffic class.
+    pub fn class(&self) -> TrafficClass {
+        self.inner.class
+    }
+
+    /// Send requests accepted and not yet handed back by [`poll`](Self::poll).
+    pub fn queued(&self) -> usize {
+        self.inner.queued()
+    }
+
+    /// What its window (see [`ScheduleConfig::window`]) has learnt, if it
+    /// has one.
+    pub fn window(&self) -> Option<WindowState> {
+        self.inner.window()
+    }
+
+    /// Accepts a send-side request. It is posted now if the scheduler lets
+    /// it go, or kept in the software backlog and posted by a later
+    /// [`poll`](Self::poll) (of this or another queue pair of the same
+    /// scheduler). Bounds are checked first; a refused request hands its
+    /// region back.
+    ///
+    /// A WRITE or READ longer than the chunk size goes as pieces, and the
+    /// request completes once, after its last. The peer sees a split
+    /// [`SendOp::WriteWithImm`] as plain WRITEs and a last WRITE with the
+    /// immediate, so its receive completion reports only the last piece's
+    /// bytes (16 KiB for a 64 KiB write in 16 KiB pieces): a peer that
+    /// sizes the message from its completion must be sent it with
+    /// [`post_send_whole`](Self::post_send_whole).
+    pub fn post_send(
+        &mut self,
+        op: SendOp,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        self.inner
+            .post_send(op, region, range, context, false)
+            .map_err(PostError::new)
+    }
+
+    /// [`post_send`](Self::post_send), but the request goes to the NIC as
+    /// one work request however long it is: scheduled and charged to its
+    /// tenant as one piece, so it holds the NIC (and what waits behind it)
+    /// for as long as it takes. For a [`SendOp::WriteWithImm`] whose peer
+    /// reads the message's length from its receive completion.
+    pub fn post_send_whole(
+        &mut self,
+        op: SendOp,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        self.inner
+            .post_send(op, region, range, context, true)
+            .map_err(PostError::new)
+    }
+
+    /// Posts a receive (receives are not scheduled).
+    pub fn post_recv(
+        &mut self,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        self.inner
+            .with_sink(|qp| qp.post_recv(region, range, context))
+    }
+
+    /// Reaps completions, posts what the scheduler lets go next, and moves
+    /// finished requests (one completion each, region handed back) and
+    /// receives into `out`. Returns how many it added.
+    pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
+        self.inner.poll(out)
+    }
+
+    /// [`poll`](Self::poll), sleeping rather than spinning while there is
+    /// nothing to hand back: it returns once it has added completions to
+    /// `out` (how many), or with 0 when `timeout` runs out. The queue pair
+    /// must have been built with
+    /// [`completion_events(true)`](crate::QueuePairBuilder::completion_events);
+    /// otherwise this returns [`Error::NoCompletionEvents`].
+    ///
+    /// It wakes for a completion on the queue pair, and also when the
+    /// scheduler asked to run again without one (a rate limit or pacing
+    /// that said "later"): it then polls, which posts what is due, and
+    /// sleeps on. On a [`SharedScheduler`], the other queue pairs' polls
+    /// can also decide work for this one or finish its requests, which
+    /// raises no event on its channel: its sleep is then cut into slices of
+    /// at most 1 ms, so such work waits about 1 ms at most.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use mtrdma_verbs::{Access, Context, ScheduleConfig, SendOp};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ctx = Context::open_first_active()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let a = pd.queue_pair().completion_events(true).build()?;
+    /// let b = pd.queue_pair().build()?;
+    /// let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// let mut a = a.connect(&eb)?.scheduled(ScheduleConfig::default())?;
+    /// let _b = b.connect(&ea)?;
+    ///
+    /// let target = pd.allocate(1 << 20, Access::REMOTE_READ_WRITE)?;
+    /// let src = pd.allocate(1 << 20, Access::LOCAL)?;
+    /// a.post_send(SendOp::Write(target.remote().unwrap()), src, 0..1 << 20, 1)?;
+    /// let mut done = Vec::new();
+    /// while done.is_empty() {
+    ///     a.poll_wait(&mut done, Duration::from_millis(100))?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn poll_wait(
+        &mut self,
+        out: &mut Vec<Completion>,
+        timeout: Duration,
+    ) -> Result<usize, Error> {
+        self.inner.poll_wait(out, timeout)
+    }
+}
+
+/// What a finished request of a queue pair of sink `S` is handed back as.
+pub(crate) type Done<S> = <<S as Sink>::Region as Region>::Completion;

@@ -1,0 +1,498 @@
+//! The two ways a scheduled queue pair reaches its engine: one of its own
+//! (`Solo`, owned outright, nothing locked) or a shared one (`Attached`,
+//! behind the scheduler's lock, with its side for what is decided and
+//! finished while its owner is away).
+
+use super::*;
+
+/// A scheduled queue pair, for any [`Sink`]: what [`ScheduledQueuePair`]
+/// is.
+pub(crate) struct Scheduled<S: Sink, Q: PieceScheduler> {
+    pub(super) way: Way<S, Q>,
+    pub(crate) qpn: u32,
+    pub(crate) tenant: TenantId,
+    pub(crate) class: TrafficClass,
+}
+
+/// How a queue pair reaches its engine.
+pub(super) enum Way<S: Sink, Q: PieceScheduler> {
+    /// An engine of its own ([`QueuePair::scheduled`]), owned outright: no
+    /// other thread can reach it, so nothing is locked.
+    Solo(Box<Solo<S, Q>>),
+    /// A [`SharedScheduler`]'s engine, behind its lock.
+    Attached(Attached<S, Q>),
+}
+
+impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
+    /// `sink` on a scheduler of its own.
+    pub(crate) fn solo(
+        sink: S,
+        config: ScheduleConfig,
+        sched: Q,
+    ) -> Result<Scheduled<S, Q>, Error> {
+        let mut engine = Engine::new(
+            SharedConfig {
+                chunk_bytes: config.chunk_bytes,
+                // One queue pair: `max_pieces_in_flight` is its bound.
+                bulk_bytes_in_flight: u64::MAX,
+                ..SharedConfig::default()
+            },
+            sched,
+        )?;
+        engine.solo = true;
+        let who = Who::of(&sink, config.tenant)?;
+        let qpn = sink.qpn();
+        let (member, tenant, class) =
+            engine.add_member(None, qpn, sink.send_room(), who, config)?;
+        Ok(Scheduled {
+            way: Way::Solo(Box::new(Solo {
+                engine,
+                sink,
+                member,
+                raw: Vec::new(),
+            })),
+            qpn,
+            tenant,
+            class,
+        })
+    }
+
+    pub(crate) fn debug(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(name)
+            .field("qpn", &self.qpn)
+            .field("tenant", &self.tenant)
+            .field("class", &self.class)
+            .field("queued", &self.queued())
+            .finish()
+    }
+
+    /// Requests accepted and not yet handed back.
+    pub(crate) fn queued(&self) -> usize {
+        match &self.way {
+            Way::Solo(solo) => solo.engine.member(solo.member).accepted,
+            Way::Attached(a) => lock(&a.engine).member(a.member).accepted,
+        }
+    }
+
+    /// See [`ScheduledQueuePair::window`].
+    pub(crate) fn window(&self) -> Option<WindowState> {
+        let state = |m: &Member<S>| {
+            m.window.as_ref().map(|w| WindowState {
+                window_bytes: w.window(),
+                in_flight_bytes: m.bytes_out,
+                base_delay: w.base_delay(),
+                smoothed_delay: w.smoothed_delay(),
+                target_delay: w.target_delay(),
+                weight: w.config().weight,
+            })
+        };
+        match &self.way {
+            Way::Solo(solo) => state(solo.engine.member(solo.member)),
+            Way::Attached(a) => state(lock(&a.engine).member(a.member)),
+        }
+    }
+
+    /// Runs `f` on the queue pair (not on the engine).
+    pub(crate) fn with_sink<R>(&mut self, f: impl FnOnce(&mut S) -> R) -> R {
+        match &mut self.way {
+            Way::Solo(solo) => f(&mut solo.sink),
+            Way::Attached(a) => f(&mut lock(&a.side.qp)),
+        }
+    }
+
+    /// See [`ScheduledQueuePair::post_send`].
+    #[inline]
+    pub(crate) fn post_send(
+        &mut self,
+        op: SendOp,
+        region: S::Region,
+        range: Range<usize>,
+        context: u64,
+        whole: bool,
+    ) -> Result<(), (Error, S::Region)> {
+        let sge = match check_send(op, &region, &range) {
+            Ok(sge) => sge,
+            Err(error) => return Err((error, region)),
+        };
+        match &mut self.way {
+            Way::Solo(solo) => solo.post_send(op, whole, region, range, sge, context),
+            Way::Attached(a) => {
+                let member = a.member;
+                a.with_engine(|e| {
+                    let piece =
+                        e.post_send(member, Op { op, whole }, region, range, sge, context)?;
+                    e.own_pieces.extend(piece);
+                    Ok(())
+                })
+            }
+        }
+    }
+
+    /// See [`ScheduledQueuePair::poll`].
+    #[inline]
+    pub(crate) fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
+        match &mut self.way {
+            Way::Solo(solo) => solo.poll(out),
+            Way::Attached(a) => a.poll(out),
+        }
+    }
+
+    /// See [`ScheduledQueuePair::poll_wait`].
+    pub(crate) fn poll_wait(
+        &mut self,
+        out: &mut Vec<Done<S>>,
+        timeout: Duration,
+    ) -> Result<usize, Error> {
+        match &mut self.way {
+            Way::Solo(solo) => crate::events::poll_wait(&mut **solo, out, timeout),
+            Way::Attached(a) => crate::events::poll_wait(a, out, timeout),
+        }
+    }
+}
+
+/// `v.push(x)`, always inlined: `x` (a completion, several words) is
+/// written straight into `v`'s buffer rather than built on the stack and
+/// copied by an out-of-line `push` (which reads back the narrow stores
+/// just made, a stall that cost ~5 ns per request on the null-sink bench).
+#[inline(always)]
+pub(super) fn push_in_place<T>(v: &mut Vec<T>, x: T) {
+    v.reserve(1);
+    let len = v.len();
+    // SAFETY: `reserve(1)` left room for at least one more element at
+    // index `len`, which is written before the length covers it.
+    unsafe {
+        v.as_mut_ptr().add(len).write(x);
+        v.set_len(len + 1);
+    }
+}
+
+/// Whether the engine asked (through `wake_at`) to be pumped by now.
+#[inline]
+pub(super) fn wake_due(wake_at: &AtomicU64, clock: &QuantaClock) -> bool {
+    let wake = wake_at.load(Ordering::Acquire);
+    wake != u64::MAX && clock.now().0 >= wake
+}
+
+/// When the engine asked (through `wake_at`) to be pumped, as an instant;
+/// `None`: not before a completion or a post.
+pub(super) fn wake_instant(wake_at: &AtomicU64, clock: &QuantaClock) -> Option<Instant> {
+    let wake = wake_at.load(Ordering::Acquire);
+    if wake == u64::MAX {
+        return None;
+    }
+    let left = Duration::from_nanos(wake.saturating_sub(clock.now().0));
+    Instant::now().checked_add(left)
+}
+
+/// The longest a queue pair on a [`SharedScheduler`] sleeps in
+/// `poll_wait` before polling again: work the other queue pairs decide
+/// for it raises no event on its channel.
+pub(super) const ATTACHED_WAIT: Duration = Duration::from_millis(1);
+
+/// A queue pair with an engine of its own. Everything the shared engine
+/// leaves in a side's book for its owner goes straight to the owner here
+/// (`own_pieces`, `own_done`), and the owner posts and polls its queue
+/// pair itself.
+pub(super) struct Solo<S: Sink, Q: PieceScheduler> {
+    pub(super) engine: Engine<S, Q>,
+    pub(super) sink: S,
+    pub(super) member: usize,
+    /// Piece completions to match: polled, or of pieces the NIC refused.
+    pub(super) raw: Vec<RawCompletion>,
+}
+
+impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
+    #[inline]
+    pub(super) fn post_send(
+        &mut self,
+        op: SendOp,
+        whole: bool,
+        region: S::Region,
+        range: Range<usize>,
+        sge: ffi::ibv_sge,
+        context: u64,
+    ) -> Result<(), (Error, S::Region)> {
+        // A request sent whole (rare) always goes through the engine.
+        let region = if !whole && self.engine.may_park(self.member, op, u64::from(sge.length)) {
+            // Posted as the direct path posts, its region parked in the
+            // queue pair's books; the engine only counts it.
+            match self.sink.park_and_post(op, region, sge, context, SCHED_WR) {
+                Ok(()) => {
+                    self.engine.parked(self.member, sge.length);
+                    return Ok(());
+                }
+                // Refused by the queue pair: through the engine, whose
+                // refused pieces complete as failed at the next poll (as
+                // every accepted request ends, with one completion).
+                Err((_, region)) => region,
+            }
+        } else {
+            region
+        };
+        let result =
+            self.engine
+                .post_send(self.member, Op { op, whole }, region, range, sge, context);
+        if let Ok(Some(piece)) = result {
+            // The fast path: nothing else was decided.
+            if let Some(failed) = post_piece(&mut self.sink, piece) {
+                self.raw.push(failed);
+            }
+            return Ok(());
+        }
+        self.post_decided();
+        result.map(|_| ())
+    }
+
+    #[inline]
+    pub(super) fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
+        let before = out.len();
+        let polled = self.sink.poll(out, &mut self.raw);
+        let due = wake_due(&self.engine.wake_at, &self.engine.clock);
+        if !self.raw.is_empty() || due {
+            // Finished requests go straight to `out` (the engine's list is
+            // empty between calls).
+            std::mem::swap(out, &mut self.engine.own_done);
+            self.engine.completed(self.member, &self.raw, due);
+            std::mem::swap(out, &mut self.engine.own_done);
+            out.append(&mut self.engine.own_done);
+            self.raw.clear();
+            self.post_decided();
+        }
+        polled.map(|_| out.len() - before)
+    }
+
+    /// Posts the pieces the engine decided, in order; a piece the NIC
+    /// refuses completes as failed at the next poll.
+    #[inline]
+    pub(super) fn post_decided(&mut self) {
+        if !self.engine.own_pieces.is_empty() {
+            self.post_pieces();
+        }
+    }
+
+    #[inline(never)]
+    pub(super) fn post_pieces(&mut self) {
+        for piece in self.engine.own_pieces.drain(..) {
+            if let Some(failed) = post_piece(&mut self.sink, piece) {
+                self.raw.push(failed);
+            }
+        }
+    }
+}
+
+impl<S: Sink, Q: PieceScheduler> Waitable for Solo<S, Q> {
+    type Item = Done<S>;
+
+    fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
+        Solo::poll(self, out)
+    }
+
+    fn check_events(&mut self) -> Result<(), Error> {
+        self.sink.check_events()
+    }
+
+    fn arm(&mut self) -> Result<Armed, Error> {
+        self.sink.arm_events()
+    }
+
+    fn take_events(&mut self) -> Result<(), Error> {
+        self.sink.take_events()
+    }
+
+    fn poll_by(&self) -> Option<Instant> {
+        wake_instant(&self.engine.wake_at, &self.engine.clock)
+    }
+
+    fn woke_late(&mut self, late: Duration) {
+        self.engine.host_delay = Nanos(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
+    }
+}
+
+impl<S: Sink, Q: PieceScheduler> Drop for Solo<S, Q> {
+    fn drop(&mut self) {
+        self.engine.detach(self.member, Some(&mut self.sink));
+    }
+}
+
+/// Posts one piece on `qp`; if the NIC refuses it, the completion that
+/// fails it.
+#[inline(always)]
+pub(super) fn post_piece<S: Sink>(qp: &mut S, piece: RawSend) -> Option<RawCompletion> {
+    let wr_id = piece.wr_id;
+    // SAFETY: the piece lies inside its message's region (checked at
+    // `post_send`), and the engine keeps the message, region and all,
+    // until every piece decided for it has completed or failed
+    // (`finish_if_done` counts decided pieces), or forever if the queue
+    // pair cannot be drained (`detach`).
+    match unsafe { qp.post(piece) } {
+        Ok(()) => None,
+        Err(e) => Some(refused(wr_id, &e)),
+    }
+}
+
+/// The completion that fails piece `wr_id`, which the NIC refused.
+#[cold]
+pub(super) fn refused(wr_id: u64, e: &Error) -> RawCompletion {
+    tracing::warn!(error = %e, "posting a scheduled piece failed");
+    RawCompletion {
+        wr_id,
+        status: WcStatus::LocalQpOperation,
+    }
+}
+
+/// A queue pair attached to a [`Shared`] engine.
+pub(super) struct Attached<S: Sink, Q: PieceScheduler> {
+    pub(super) engine: Arc<Mutex<Engine<S, Q>>>,
+    /// Its queue pair and finished requests: polled without the engine's
+    /// lock, which is taken only when there is scheduling to do.
+    pub(super) side: Arc<Side<S>>,
+    /// When the engine next wants a pump without a completion (the
+    /// engine's clock; `u64::MAX`: not before a completion or a post).
+    pub(super) wake_at: Arc<AtomicU64>,
+    pub(super) clock: QuantaClock,
+    /// Piece completions polled and not yet matched (kept for its capacity).
+    pub(super) raw: Vec<RawCompletion>,
+    /// Own pieces the engine decided, to post (kept for its capacity).
+    pub(super) pieces: Vec<RawSend>,
+    /// Other queue pairs' sides to post for (kept for its capacity).
+    pub(super) sides: Vec<Arc<Side<S>>>,
+    pub(super) member: usize,
+    pub(super) class: TrafficClass,
+}
+
+impl<S: Sink, Q: PieceScheduler> Attached<S, Q> {
+    pub(super) fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
+        let before = out.len();
+        let mut raw = std::mem::take(&mut self.raw);
+        let polled = lock(&self.side.qp).poll(out, &mut raw);
+        // What the engine or other threads left for this queue pair.
+        if self.side.mail.load(Ordering::Acquire) {
+            let to_post = {
+                let mut book = lock(&self.side.book);
+                self.side.mail.store(false, Ordering::Relaxed);
+                out.append(&mut book.done);
+                raw.append(&mut book.raw);
+                !book.to_post.is_empty()
+            };
+            if to_post {
+                self.side.flush();
+            }
+        }
+        // Only a finished piece or a due wake-up gives the scheduler
+        // something to do; otherwise the engine's lock is left to others.
+        let due = wake_due(&self.wake_at, &self.clock);
+        if !raw.is_empty() || due {
+            let member = self.member;
+            self.with_engine(|e| {
+                e.completed(member, &raw, due);
+                out.append(&mut e.own_done);
+            });
+        }
+        raw.clear();
+        self.raw = raw;
+        polled.map(|_| out.len() - before)
+    }
+
+    /// Runs `f` on the engine, then posts what it decided outside the
+    /// engine's lock: posting can be slow (SoftRoCE moves the data in the
+    /// posting thread) and must not hold up the other queue pairs.
+    ///
+    /// Pieces decided for this queue pair are posted by this thread, which
+    /// takes the queue pair's lock before letting go of the engine's, so
+    /// they keep their order. Pieces decided for other queue pairs are left
+    /// to their owners' next poll, unless they have waited longer than
+    /// [`HELP_AFTER_NS`]: then a bulk queue pair posts them (never a
+    /// latency one, whose thread must not be held up by other tenants'
+    /// work).
+    pub(super) fn with_engine<R>(&mut self, f: impl FnOnce(&mut Engine<S, Q>) -> R) -> R {
+        let mut e = lock(&self.engine);
+        e.caller = self.member;
+        let result = f(&mut e);
+        e.caller = usize::MAX;
+        std::mem::swap(&mut self.pieces, &mut e.own_pieces);
+        if !e.own_done.is_empty() {
+            // Finished while posting (another queue pair's poll reaped
+            // them): the next poll hands them over.
+            let mut book = lock(&self.side.book);
+            book.done.append(&mut e.own_done);
+            self.side.mail.store(true, Ordering::Release);
+        }
+        if !e.flush.is_empty() {
+            let now = e.clock.now().0;
+            let helps = self.class == TrafficClass::Bulk;
+            let (own, sides) = (&self.side, &mut self.sides);
+            e.flush.retain(|s| {
+                let due = Arc::ptr_eq(s, own)
+                    || (helps && now.saturating_sub(lock(&s.book).decided_at) >= HELP_AFTER_NS);
+                if due {
+                    sides.push(Arc::clone(s));
+                }
+                !due
+            });
+        }
+        let qp = if self.pieces.is_empty() {
+            None
+        } else {
+            match self.side.qp.try_lock() {
+                Ok(qp) => Some(qp),
+                Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(TryLockError::WouldBlock) => {
+                    // Another thread is posting for this queue pair: queue
+                    // these behind its pieces for it (or the next poll).
+                    let mut book = lock(&self.side.book);
+                    if book.to_post.is_empty() {
+                        book.decided_at = e.clock.now().0;
+                    }
+                    book.to_post.extend(self.pieces.drain(..));
+                    self.side.mail.store(true, Ordering::Release);
+                    if !e.flush.iter().any(|s| Arc::ptr_eq(s, &self.side)) {
+                        e.flush.push(Arc::clone(&self.side));
+                    }
+                    None
+                }
+            }
+        };
+        drop(e);
+        if let Some(mut qp) = qp {
+            for piece in self.pieces.drain(..) {
+                self.side.post(&mut qp, piece);
+            }
+        }
+        for side in self.sides.drain(..) {
+            side.flush();
+        }
+        result
+    }
+}
+
+impl<S: Sink, Q: PieceScheduler> Waitable for Attached<S, Q> {
+    type Item = Done<S>;
+
+    fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
+        Attached::poll(self, out)
+    }
+
+    fn check_events(&mut self) -> Result<(), Error> {
+        lock(&self.side.qp).check_events()
+    }
+
+    fn arm(&mut self) -> Result<Armed, Error> {
+        lock(&self.side.qp).arm_events()
+    }
+
+    fn take_events(&mut self) -> Result<(), Error> {
+        lock(&self.side.qp).take_events()
+    }
+
+    fn poll_by(&self) -> Option<Instant> {
+        let slice = Instant::now() + ATTACHED_WAIT;
+        Some(wake_instant(&self.wake_at, &self.clock).map_or(slice, |at| at.min(slice)))
+    }
+}
+
+impl<S: Sink, Q: PieceScheduler> Drop for Attached<S, Q> {
+    fn drop(&mut self) {
+        let member = self.member;
+        self.with_engine(|e| e.detach(member, None));
+    }
+}
