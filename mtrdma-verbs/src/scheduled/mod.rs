@@ -576,6 +576,7 @@ impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
     ///
     /// ```no_run
     /// use std::time::Duration;
+    /// use mtrdma_core::{TenantId, TrafficClass};
     /// use mtrdma_verbs::{Access, Context, ScheduleConfig, SendOp};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -584,7 +585,9 @@ impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
     /// let a = pd.queue_pair().completion_events(true).build()?;
     /// let b = pd.queue_pair().build()?;
     /// let (ea, eb) = (a.endpoint(), b.endpoint());
-    /// let mut a = a.connect(&eb)?.scheduled(ScheduleConfig::default())?;
+    /// // No quota table here: tenant 0 of this process's scheduler.
+    /// let config = ScheduleConfig::local(TenantId(0), TrafficClass::Bulk);
+    /// let mut a = a.connect(&eb)?.scheduled(config)?;
     /// let _b = b.connect(&ea)?;
     ///
     /// let target = pd.allocate(1 << 20, Access::REMOTE_READ_WRITE)?;
