@@ -249,16 +249,13 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             quota,
         } = who;
         let policy_seq = quota.as_ref().map_or(0, TenantHandle::policy_seq);
-        if !self.explicit.contains(&tenant) {
-            // The tenant's weight, and its caps too: the scheduler then
-            // holds a capped tenant back itself (the others keep its turns)
-            // rather than granting pieces the quota table would refuse.
-            let local = quota
+        let tenant_weight = self.adopt_policy(
+            tenant,
+            quota
                 .as_ref()
                 .and_then(TenantHandle::policy)
-                .map_or_else(TenantPolicy::default, |p| p.schedule);
-            self.set_policy(tenant, local)?;
-        }
+                .map(|p| p.schedule),
+        )?;
         let window_takes_weight = config.window.as_ref().is_some_and(|w| w.weight == 1);
         let window = match (&config.window, class) {
             (Some(w), TrafficClass::Bulk) => {
@@ -273,7 +270,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 // that tenants in different processes share the port by
                 // their policies' weights.
                 let weight = if w.weight == 1 {
-                    self.sched.policy(tenant).map_or(1, |p| p.weight)
+                    tenant_weight
                 } else {
                     w.weight
                 };
@@ -350,13 +347,13 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         let Some(policy) = m.quota.as_ref().and_then(TenantHandle::policy) else {
             return;
         };
-        if !self.explicit.contains(&tenant) {
-            if let Err(e) = self.set_policy(tenant, policy.schedule) {
+        let weight = match self.adopt_policy(tenant, Some(policy.schedule)) {
+            Ok(weight) => weight,
+            Err(e) => {
                 tracing::warn!(%tenant, error = %e, "keeping the last weight and caps");
                 return;
             }
-        }
-        let weight = self.sched.policy(tenant).map_or(1, |p| p.weight);
+        };
         for m in self.members.values_mut() {
             if m.tenant != tenant {
                 continue;
@@ -368,6 +365,28 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 }
             }
         }
+    }
+
+    /// Takes `tenant`'s weight and caps from its quota-table policy (the
+    /// defaults without one) into the scheduler, unless they were set with
+    /// [`SharedScheduler::set_policy`]: the scheduler then holds a capped
+    /// tenant back itself (the others keep its turns) rather than granting
+    /// pieces the quota table would refuse. Returns the weight the
+    /// tenant's windows follow: the scheduler's for it, or the policy's
+    /// where the scheduler keeps none (one of the user's own).
+    pub(super) fn adopt_policy(
+        &mut self,
+        tenant: TenantId,
+        policy: Option<TenantPolicy>,
+    ) -> Result<u32, Error> {
+        let policy = policy.unwrap_or_default();
+        if !self.explicit.contains(&tenant) {
+            self.set_policy(tenant, policy)?;
+        }
+        Ok(self
+            .sched
+            .policy(tenant)
+            .map_or(policy.weight, |p| p.weight))
     }
 
     /// Sets `tenant`'s weight and caps in the scheduler.
