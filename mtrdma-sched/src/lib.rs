@@ -71,6 +71,7 @@ mod chunk;
 mod descriptor;
 mod error;
 mod fifo;
+pub mod gate;
 mod gcra;
 mod guard;
 mod id_hash;

@@ -71,6 +71,16 @@ impl SendOp {
         }
     }
 
+    /// Its kind as the scheduler sees it (whether it may be split).
+    #[inline]
+    pub(crate) fn kind(self) -> mtrdma_sched::Opcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm(_) => mtrdma_sched::Opcode::Send,
+            SendOp::Write(_) | SendOp::WriteWithImm(..) => mtrdma_sched::Opcode::Write,
+            SendOp::Read(_) => mtrdma_sched::Opcode::Read,
+        }
+    }
+
     /// The completion opcode a whole operation reports.
     pub(crate) fn completion_opcode(self) -> Opcode {
         match self {

@@ -8,18 +8,15 @@ pub(super) struct Member<S: Sink> {
     /// Its side, or none for a queue pair with an engine of its own, whose
     /// pieces and finished requests go to `own_pieces` and `own_done`.
     pub(super) side: Option<Arc<Side<S>>>,
-    /// Send queue slots for its pieces.
-    pub(super) sq_room: u32,
     pub(super) tenant: TenantId,
-    pub(super) class: TrafficClass,
     pub(super) quota: Option<TenantHandle>,
-    pub(super) max_pieces: u32,
-    pub(super) in_flight: VecDeque<InFlight>,
-    /// Pieces granted and not yet posted (the queue pair was full, the
-    /// bulk budget spent, or its shared rate limit said wait), in order.
-    pub(super) pending: VecDeque<Grant<PieceRef>>,
-    /// When the shared rate limit lets the head of `pending` go (on the
-    /// quota table's clock).
+    /// Its pieces in the NIC, the pieces granted and not yet posted (the
+    /// queue pair was full, the bulk budget spent, its window or its
+    /// shared rate limit said wait), and its window: the rules of
+    /// [`mtrdma_sched::gate`].
+    pub(super) lane: Lane<PieceRef>,
+    /// When the shared rate limit lets the head of its pending pieces go
+    /// (on the quota table's clock).
     pub(super) retry_at: u64,
     /// Whether it is in the engine's `waiting` list.
     pub(super) waiting: bool,
@@ -28,109 +25,22 @@ pub(super) struct Member<S: Sink> {
     pub(super) backlog: u64,
     /// Requests accepted and not yet handed back.
     pub(super) accepted: usize,
-    /// Pieces of `in_flight` the engine posted raw (the others were
-    /// parked in the queue pair's books, see [`Engine::may_park`]).
+    /// Pieces in flight the engine posted raw (the others were parked in
+    /// the queue pair's books, see [`Engine::may_park`]).
     pub(super) raw_out: u32,
-    /// What bounds its bulk bytes in the NIC by their completion times.
-    pub(super) window: Option<DelayWindow>,
     /// Whether the window's weight is the tenant's (left at 1 in the
     /// configuration), so that a reload changes it too.
     pub(super) window_takes_weight: bool,
     /// The quota table's policy sequence its tenant's weight and caps were
     /// read at (see [`Engine::follow_policy`]).
     pub(super) policy_seq: u64,
-    /// Bytes of `in_flight`.
-    pub(super) bytes_out: u64,
 }
 
 impl<S: Sink> Member<S> {
-    /// Counts a piece of `message` (or [`PARKED`]) of `len` bytes as in
-    /// the NIC from `now` (read only for a queue pair with a window);
-    /// returns the bytes it takes from the bulk budget (none for the
-    /// latency class).
+    /// Its class.
     #[inline]
-    pub(super) fn hold(&mut self, message: usize, len: u64, now: impl FnOnce() -> Nanos) -> u64 {
-        let sent_at = match &mut self.window {
-            Some(w) => {
-                let now = now();
-                w.on_sent(len, now);
-                now.0
-            }
-            None => 0,
-        };
-        self.in_flight.push_back(InFlight {
-            message,
-            len: u32::try_from(len).unwrap_or(u32::MAX),
-            sent_at,
-        });
-        self.bytes_out += len;
-        self.bulk_bytes(len)
-    }
-
-    /// Takes the piece of `message` (or [`PARKED`]) out of `in_flight`
-    /// (the front one, as an RC send queue completes in order, unless a
-    /// refused post completed out of turn); returns the bytes it gives
-    /// back to the bulk budget, or `None` if it is not in flight.
-    #[inline]
-    pub(super) fn release(
-        &mut self,
-        message: usize,
-        now: impl FnOnce() -> Nanos,
-        host: Nanos,
-    ) -> Option<u64> {
-        let piece = match self.in_flight.front() {
-            Some(p) if p.message == message => self.in_flight.pop_front(),
-            _ => self
-                .in_flight
-                .iter()
-                .position(|p| p.message == message)
-                .and_then(|at| self.in_flight.remove(at)),
-        }?;
-        let len = u64::from(piece.len);
-        self.bytes_out -= len;
-        if let Some(w) = &mut self.window {
-            if let Some(q) = &self.quota {
-                // The queue allowance in bytes at the link's measured rate.
-                w.set_link_rate(q.link_estimate());
-            }
-            w.on_completed_late(len, Nanos(piece.sent_at), now(), host);
-            if let Some(q) = &self.quota {
-                // What the window saw, for the coordinator's capacity.
-                let v = w.take_verdicts();
-                if v.judged > 0 {
-                    q.record_verdicts(v.judged, v.over_target);
-                }
-            }
-        }
-        Some(self.bulk_bytes(len))
-    }
-
-    /// Whether its window lets a piece of `len` bytes go at `now` (always
-    /// without a window); if pacing says later, `wake` is brought forward
-    /// to that time.
-    #[inline]
-    pub(super) fn window_admits(&self, len: u64, now: Nanos, wake: &mut u64) -> bool {
-        let Some(w) = &self.window else {
-            return true;
-        };
-        match w.admit(self.bytes_out, len, now) {
-            Admit::Now => true,
-            Admit::At(at) => {
-                *wake = (*wake).min(at.0);
-                false
-            }
-            Admit::AfterCompletion => false,
-        }
-    }
-
-    /// What `len` bytes of this queue pair count against the bulk budget.
-    #[inline]
-    pub(super) fn bulk_bytes(&self, len: u64) -> u64 {
-        if self.class == TrafficClass::Latency {
-            0
-        } else {
-            len
-        }
+    pub(super) fn class(&self) -> TrafficClass {
+        self.lane.class()
     }
 }
 
@@ -138,12 +48,9 @@ impl<S: Sink> Member<S> {
 /// requests, and the one scheduler that orders them.
 pub(super) struct Engine<S: Sink, Q: PieceScheduler> {
     pub(super) sched: Q,
-    pub(super) chunk_bytes: u64,
-    /// Bound on `bulk_in_flight`.
-    pub(super) budget: u64,
-    pub(super) bulk_in_flight: u64,
-    /// Latency-class descriptors in `sched`.
-    pub(super) latency_queued: usize,
+    /// The piece size, the bulk budget and the latency count: what
+    /// reaches the NIC when ([`mtrdma_sched::gate`]).
+    pub(super) gate: Gate,
     pub(super) members: Slab<Member<S>>,
     pub(super) messages: Slab<Message<S::Region>>,
     /// Members with pending pieces.
@@ -208,10 +115,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
     pub(super) fn new(config: SharedConfig, sched: Q) -> Result<Engine<S, Q>, Error> {
         Ok(Engine {
             sched,
-            chunk_bytes: config.chunk_bytes,
-            budget: config.bulk_bytes_in_flight.max(1),
-            bulk_in_flight: 0,
-            latency_queued: 0,
+            gate: Gate::new(config.chunk_bytes, config.bulk_bytes_in_flight),
             members: Slab::default(),
             messages: Slab::default(),
             waiting: Vec::new(),
@@ -285,24 +189,19 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             }
             _ => None,
         };
+        let slots = config.max_pieces_in_flight.max(1).min(sq_room);
         let member = self.members.insert(Member {
             side,
-            sq_room,
             tenant,
-            class,
             quota,
-            max_pieces: config.max_pieces_in_flight.max(1),
-            in_flight: VecDeque::new(),
-            pending: VecDeque::new(),
+            lane: Lane::new(class, slots, window),
             retry_at: 0,
             waiting: false,
             backlog: 0,
             accepted: 0,
             raw_out: 0,
-            window,
             window_takes_weight,
             policy_seq,
-            bytes_out: 0,
         });
         Ok((member, tenant, class))
     }
@@ -359,7 +258,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 continue;
             }
             m.policy_seq = seq;
-            if let (Some(w), true) = (&mut m.window, m.window_takes_weight) {
+            if let (Some(w), true) = (m.lane.window_mut(), m.window_takes_weight) {
                 if let Err(e) = w.set_weight(weight) {
                     tracing::warn!(%tenant, error = %e, "keeping the window's weight");
                 }
@@ -438,36 +337,20 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         let m = self.member(member);
         m.side.is_none()
             && m.quota.is_none()
-            && m.window.is_none()
+            && m.lane.window().is_none()
             && !self.capped
             && m.raw_out == 0
-            && self.unhindered(m, op, len)
+            && self.unhindered(m, op.kind(), len)
     }
 
     /// Whether `m`'s request of `len` bytes may skip the scheduler's
-    /// queues (before caps and rate limits): it is one piece, nothing it
-    /// should wait behind is queued, and there is room for it in the NIC
-    /// and in the bulk budget.
+    /// queues (before caps and rate limits): [`Gate::unhindered`].
     #[inline]
-    pub(super) fn unhindered(&self, m: &Member<S>, op: SendOp, len: u64) -> bool {
-        let latency = m.class == TrafficClass::Latency;
-        let one_piece =
-            len <= self.chunk_bytes || matches!(op, SendOp::Send | SendOp::SendWithImm(_));
-        let nothing_ahead = if latency {
-            self.latency_queued == 0
-        } else {
-            self.sched.is_empty()
-        };
-        one_piece
-            && nothing_ahead
-            && m.pending.is_empty()
-            && (m.in_flight.len() as u32) < m.max_pieces.min(m.sq_room)
-            && (latency || self.bulk_fits(len))
-            && (m.window.is_none() || {
-                let now = Self::window_now(&self.clock, self.shared_offset);
-                // A time to try again is found when the request is pumped.
-                let mut later = u64::MAX;
-                m.window_admits(len, now, &mut later)
+    pub(super) fn unhindered(&self, m: &Member<S>, op: SchedOpcode, len: u64) -> bool {
+        // A time to try again is found when the request is pumped.
+        self.gate
+            .unhindered(&m.lane, op, len, self.sched.is_empty(), || {
+                Self::window_now(&self.clock, self.shared_offset)
             })
     }
 
@@ -479,7 +362,8 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             .get_mut(member)
             .expect("a queue pair's member entry lives as long as it does");
         // No window on a parked queue pair (`may_park`): no clock reading.
-        self.bulk_in_flight += m.hold(PARKED, u64::from(len), || Nanos(0));
+        self.gate
+            .sent(&mut m.lane, PARKED, u64::from(len), || Nanos(0));
         m.accepted += 1;
     }
 
@@ -487,19 +371,18 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
     /// owner from the queue pair's poll).
     #[inline]
     pub(super) fn parked_done(&mut self, member: usize) {
-        let m = self.member_mut(member);
-        let Some(bulk) = m.release(PARKED, || Nanos(0), Nanos::ZERO) else {
+        let m = self
+            .members
+            .get_mut(member)
+            .expect("a queue pair's member entry lives as long as it does");
+        let done = self
+            .gate
+            .completed(&mut m.lane, PARKED, || Nanos(0), Nanos::ZERO);
+        if done.is_none() {
             tracing::error!("completion for a parked request that is not in flight");
             return;
-        };
+        }
         m.accepted -= 1;
-        self.bulk_in_flight -= bulk;
-    }
-
-    /// Whether a bulk piece of `len` bytes fits the budget now.
-    #[inline]
-    pub(super) fn bulk_fits(&self, len: u64) -> bool {
-        self.bulk_in_flight == 0 || self.bulk_in_flight.saturating_add(len) <= self.budget
     }
 
     /// Accepts a request whose range `check_send` found to be `sge`:
@@ -521,20 +404,15 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         let len = (range.end - range.start) as u64;
         let seq = self.next_seq;
         self.next_seq += 1;
-        let kind = match op {
-            SendOp::Send | SendOp::SendWithImm(_) => SchedOpcode::Send,
-            SendOp::Write(_) | SendOp::WriteWithImm(..) => SchedOpcode::Write,
-            SendOp::Read(_) => SchedOpcode::Read,
-        };
+        let kind = op.kind();
         let m = self.member(member);
-        let (tenant, class) = (m.tenant, m.class);
-        let latency = class == TrafficClass::Latency;
+        let (tenant, class) = (m.tenant, m.class());
         // Fast path: nothing in the way and the tenant's caps in this
         // scheduler let it go now: post it without a trip through the
         // scheduler's queues (if its shared rate limit agrees).
         // A request sent whole that is longer than a piece waits for the
         // scheduler, which grants it as one piece.
-        let fast = self.unhindered(m, op, len)
+        let fast = self.unhindered(m, kind, len)
             && (!self.capped || self.sched.admit_now(tenant, len, self.now()).is_ok());
         let go = fast && self.rate_allows(member, len);
         let message = self.messages.insert(Message {
@@ -588,9 +466,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             let message = self.messages.remove(message).expect("just stored");
             return Err((Error::Rejected(rejected.reason), message.region));
         }
-        if latency {
-            self.latency_queued += 1;
-        }
+        self.gate.enqueued(class);
         self.add_backlog(member, len);
         self.pump();
         Ok(None)
@@ -617,7 +493,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         };
         let member = msg.member;
         let m = self.member_mut(member);
-        m.pending.push_back(grant);
+        m.lane.push_pending(grant);
         if !m.waiting {
             m.waiting = true;
             self.waiting.push(member);
@@ -629,30 +505,24 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
     /// the bulk budget and its shared rate limit allow.
     pub(super) fn drain_member(&mut self, member: usize) {
         loop {
-            let budget_ok = {
-                let m = self.member(member);
-                let Some(g) = m.pending.front() else { return };
-                let slots = m.max_pieces.min(m.sq_room);
-                if m.in_flight.len() as u32 >= slots {
-                    return;
-                }
-                g.class == TrafficClass::Latency || self.bulk_fits(g.len)
-            };
-            if !budget_ok {
-                return;
-            }
-            let len = self.member(member).pending.front().map_or(0, |g| g.len);
             let m = self.member(member);
-            if m.window.is_some() {
-                let now = Self::window_now(&self.clock, self.shared_offset);
-                let mut at = u64::MAX;
-                if !m.window_admits(len, now, &mut at) {
-                    if at != u64::MAX {
-                        let wait = at.saturating_sub(now.0);
-                        self.timed_wake = self.timed_wake.min(self.clock.now().0 + wait);
-                    }
+            let Some(len) = m.lane.pending().front().map(|g| g.len) else {
+                return;
+            };
+            let (clock, offset) = (&self.clock, self.shared_offset);
+            match self
+                .gate
+                .admits(&m.lane, len, || Self::window_now(clock, offset))
+            {
+                Admit::Now => {}
+                Admit::At(at) => {
+                    // Window pacing: the window's clock is the engine's
+                    // plus `offset`.
+                    let at = at.0.saturating_sub(offset);
+                    self.timed_wake = self.timed_wake.min(at);
                     return;
                 }
+                Admit::AfterCompletion => return,
             }
             if !self.rate_allows(member, len) {
                 let m = self.member(member);
@@ -663,7 +533,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 return;
             }
             let m = self.member_mut(member);
-            let grant = m.pending.pop_front().expect("checked above");
+            let grant = m.lane.pop_pending().expect("checked above");
             self.pending_total -= 1;
             self.post_piece(member, grant);
         }
@@ -706,7 +576,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             let member = self.waiting[i];
             self.drain_member(member);
             match self.members.get_mut(member) {
-                Some(m) if !m.pending.is_empty() => i += 1,
+                Some(m) if !m.lane.pending().is_empty() => i += 1,
                 other => {
                     if let Some(m) = other {
                         m.waiting = false;
@@ -717,18 +587,11 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         }
         let mut reaped = false;
         // Grants waiting for their queue pair do not hold up the others,
-        // but their number is bounded so the scheduler keeps the order. A
-        // queue pair on its own has no others: one grant waits for room,
-        // the rest stay with the scheduler, which orders them when room
-        // comes (a scheduler of the user's own decides then, not now).
-        let pending_cap = if self.solo {
-            1
-        } else {
-            64.max(4 * self.members.len())
-        };
+        // but their number is bounded so the scheduler keeps the order.
+        let pending_cap = Gate::pending_bound(self.members.len(), self.solo);
         let reap_soon = self.clock.now().0.saturating_add(REAP_INTERVAL_NS);
         while self.pending_total < pending_cap {
-            if self.latency_queued == 0 && !self.bulk_fits(1) {
+            if !self.gate.may_grant() {
                 // Nothing may go until a bulk piece completes; queue pairs
                 // whose owners have not polled may hold finished ones.
                 if reaped {
@@ -745,9 +608,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 Dequeue::Empty if self.waiting.is_empty() => return u64::MAX,
                 Dequeue::Empty => return self.soon(reap_soon),
             };
-            if grant.is_last && grant.class == TrafficClass::Latency {
-                self.latency_queued -= 1;
-            }
+            self.gate.granted(&grant);
             let member = self
                 .messages
                 .get(grant.handle.message)
@@ -781,9 +642,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         let holders: Vec<usize> = self
             .members
             .iter()
-            .filter(|(_, m)| {
-                m.side.is_some() && m.class != TrafficClass::Latency && !m.in_flight.is_empty()
-            })
+            .filter(|(_, m)| m.side.is_some() && m.lane.bulk_bytes_out() > 0)
             .map(|(k, _)| k)
             .collect();
         for member in holders {
@@ -832,12 +691,28 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             .members
             .get_mut(member)
             .expect("a queue pair's member entry lives as long as it does");
-        let Some(bulk) = m.release(message, || Self::window_now(clock, offset), host) else {
+        if let (Some(w), Some(q)) = (m.lane.window_mut(), &m.quota) {
+            // The queue allowance in bytes at the link's measured rate.
+            w.set_link_rate(q.link_estimate());
+        }
+        let done = self.gate.completed(
+            &mut m.lane,
+            message,
+            || Self::window_now(clock, offset),
+            host,
+        );
+        if done.is_none() {
             tracing::error!(message, "completion for a piece that is not in flight");
             return;
-        };
+        }
+        if let (Some(w), Some(q)) = (m.lane.window_mut(), &m.quota) {
+            // What the window saw, for the coordinator's capacity.
+            let v = w.take_verdicts();
+            if v.judged > 0 {
+                q.record_verdicts(v.judged, v.over_target);
+            }
+        }
         m.raw_out -= 1;
-        self.bulk_in_flight -= bulk;
         let Some(msg) = self.messages.get_mut(message) else {
             return;
         };
@@ -910,7 +785,9 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             .members
             .get_mut(member)
             .expect("pieces belong to attached queue pairs");
-        self.bulk_in_flight += m.hold(message, len, || Self::window_now(clock, offset));
+        self.gate.sent(&mut m.lane, message, len, || {
+            Self::window_now(clock, offset)
+        });
         m.raw_out += 1;
         if let Some(q) = &m.quota {
             q.record_posted(len, 1);
@@ -974,11 +851,10 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             // What is still waiting here is no longer demand.
             q.add_backlog(-i64::try_from(m.backlog).unwrap_or(i64::MAX));
         }
-        self.pending_total -= m.pending.len();
+        self.pending_total -= m.lane.pending().len();
         if m.waiting {
             self.waiting.retain(|&w| w != member);
         }
-        let bulk = m.bulk_bytes(m.in_flight.iter().map(|p| u64::from(p.len)).sum());
         let drained = match (&m.side, own) {
             (Some(side), _) => {
                 // Pieces decided and not posted never reach the NIC.
@@ -994,7 +870,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             // No queue pair to drain: keep the regions.
             (None, None) => false,
         };
-        self.bulk_in_flight -= bulk;
+        self.gate.forget(&m.lane);
         let messages = self.messages.remove_where(|msg| msg.member == member);
         if !drained {
             // The NIC may still reach these regions: never free them.

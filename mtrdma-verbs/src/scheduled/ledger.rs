@@ -44,22 +44,7 @@ impl<R: Region> Message<R> {
     }
 }
 
-/// A piece in the NIC. An RC send queue completes in order, so the front
-/// of a queue pair's list is the next completion's piece. Whether it counts
-/// against the bulk budget is its queue pair's class. (Two words, so it
-/// travels in registers.)
-#[derive(Debug, Clone, Copy)]
-pub(super) struct InFlight {
-    /// Its request's key, or [`PARKED`].
-    pub(super) message: usize,
-    /// Bytes (a piece's scatter entry holds at most `u32::MAX`).
-    pub(super) len: u32,
-    /// When it was posted (the engine's clock), for a queue pair with a
-    /// window; 0 otherwise.
-    pub(super) sent_at: u64,
-}
-
-/// [`InFlight::message`] of a request parked in the queue pair's books.
+/// The tag in its lane of a request parked in the queue pair's books.
 pub(super) const PARKED: usize = usize::MAX;
 
 /// A queue pair and what its owner collects at its next poll.

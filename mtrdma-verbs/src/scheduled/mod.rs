@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use ibverbs_sys as ffi;
 use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
+use mtrdma_sched::gate::{Gate, Lane};
 use mtrdma_sched::{
     Admit, Clock, DelayWindow, DelayWindowConfig, Dequeue, Descriptor, Grant, Nanos,
     Opcode as SchedOpcode, QuantaClock, Scheduler, SchedulerConfig, TenantPolicy, TenantScheduler,
@@ -60,7 +61,7 @@ use crate::{Error, MemoryRegion};
 pub(crate) use engine::default_scheduler;
 use engine::{Engine, Member, HELP_AFTER_NS};
 pub use ledger::PieceRef;
-use ledger::{Book, InFlight, Message, Side, PARKED};
+use ledger::{Book, Message, Side, PARKED};
 pub(crate) use paths::Scheduled;
 use paths::*;
 
@@ -354,7 +355,7 @@ impl<S: Sink, Q: PieceScheduler> Shared<S, Q> {
         f.debug_struct(name)
             .field("queue_pairs", &e.members.len())
             .field("queued", &e.sched.len())
-            .field("bulk_bytes_in_flight", &e.bulk_in_flight)
+            .field("bulk_bytes_in_flight", &e.gate.bulk_in_flight())
             .finish()
     }
 
@@ -368,7 +369,7 @@ impl<S: Sink, Q: PieceScheduler> Shared<S, Q> {
     }
 
     pub(crate) fn bulk_bytes_in_flight(&self) -> u64 {
-        self.lock().bulk_in_flight
+        self.lock().gate.bulk_in_flight()
     }
 
     pub(crate) fn queue_pairs(&self) -> usize {

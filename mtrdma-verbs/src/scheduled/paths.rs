@@ -77,9 +77,9 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
     /// See [`ScheduledQueuePair::window`].
     pub(crate) fn window(&self) -> Option<WindowState> {
         let state = |m: &Member<S>| {
-            m.window.as_ref().map(|w| WindowState {
+            m.lane.window().map(|w| WindowState {
                 window_bytes: w.window(),
-                in_flight_bytes: m.bytes_out,
+                in_flight_bytes: m.lane.bytes_out(),
                 base_delay: w.base_delay(),
                 smoothed_delay: w.smoothed_delay(),
                 target_delay: w.target_delay(),

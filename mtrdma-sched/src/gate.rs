@@ -1,0 +1,486 @@
+//! What reaches the NIC, and when: the rules every mtrdma engine keeps
+//! around its [`Scheduler`](crate::Scheduler).
+//!
+//! A scheduler orders work; the [`Gate`] decides how much of it is in the
+//! NIC at once. `mtrdma-verbs`' engine (every scheduled queue pair) and
+//! the [`sim`](crate::sim) simulator both run these functions, so what the
+//! simulator shows is what the data path does:
+//!
+//! * **The bulk budget.** The bulk-class bytes of all the engine's queue
+//!   pairs together in the NIC are bounded: that, and not the scheduler's
+//!   queues, is what a latency request finds ahead of it in the NIC's own
+//!   FIFO. A piece larger than the budget still goes, alone, so nothing
+//!   waits forever. Latency-class pieces do not count against it.
+//! * **A queue pair's [`Lane`].** At most `slots` pieces of one queue pair
+//!   in the NIC; its granted pieces leave in the order granted; and a bulk
+//!   queue pair with a [`DelayWindow`] keeps in the NIC what the window
+//!   allows, when its pacing allows (the cross-process protection).
+//! * **The fast path.** A request of one piece with nothing it should wait
+//!   behind, room in its lane and in the budget goes to the NIC without a
+//!   trip through the scheduler's queues ([`Gate::unhindered`]).
+//! * **When to ask the scheduler.** Only while a latency-class descriptor
+//!   is queued or the budget has room ([`Gate::may_grant`]): a bulk grant
+//!   taken with no room would wait with its queue pair, and a latency
+//!   request enqueued after it would wait behind it.
+//!
+//! A piece is in the NIC from its post until its completion is seen
+//! ([`Gate::sent`], [`Gate::completed`]).
+//!
+//! ```
+//! use mtrdma_sched::gate::{Gate, Lane};
+//! use mtrdma_sched::{Admit, Nanos, Opcode, TrafficClass};
+//!
+//! // 8 KiB pieces, 16 KiB of bulk bytes in the NIC.
+//! let mut gate = Gate::new(8 << 10, 16 << 10);
+//! let mut bulk: Lane<()> = Lane::new(TrafficClass::Bulk, 4, None);
+//! let now = || Nanos(0);
+//! assert!(gate.unhindered(&bulk, Opcode::Write, 8 << 10, true, now));
+//! gate.sent(&mut bulk, 1, 8 << 10, now);
+//! gate.sent(&mut bulk, 2, 8 << 10, now);
+//! // The budget is spent: the next piece waits for a completion.
+//! assert_eq!(gate.admits(&bulk, 8 << 10, now), Admit::AfterCompletion);
+//! assert_eq!(gate.completed(&mut bulk, 1, now, Nanos::ZERO), Some(8 << 10));
+//! assert_eq!(gate.admits(&bulk, 8 << 10, now), Admit::Now);
+//! ```
+
+use std::collections::VecDeque;
+
+use crate::descriptor::{Grant, Opcode};
+use crate::time::Nanos;
+use crate::window::{Admit, DelayWindow, Window};
+use crate::TrafficClass;
+
+/// The engine-wide rules: the piece size, the bulk budget, and the count
+/// of latency-class descriptors queued in the scheduler.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    chunk_bytes: u64,
+    budget: u64,
+    bulk_in_flight: u64,
+    latency_queued: usize,
+}
+
+/// A piece in the NIC. An RC send queue completes in order, so the front
+/// of a lane's list is the next completion's piece. (Two words, so it
+/// travels in registers.)
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    /// The caller's tag for it (its request's key, typically).
+    tag: usize,
+    /// Bytes (a piece's scatter entry holds at most `u32::MAX`).
+    len: u32,
+    /// When it was posted, for a lane with a window; 0 otherwise.
+    sent_at: u64,
+}
+
+/// One queue pair's way into the NIC: its pieces in flight, the pieces
+/// granted to it and not yet posted (in order), and its delay window.
+/// `H` is the scheduler's handle type.
+#[derive(Debug)]
+pub struct Lane<H> {
+    class: TrafficClass,
+    slots: u32,
+    in_flight: VecDeque<Piece>,
+    bytes_out: u64,
+    pending: VecDeque<Grant<H>>,
+    window: Option<DelayWindow>,
+}
+
+impl<H> Lane<H> {
+    /// A lane for a queue pair of `class` that may have `slots` pieces in
+    /// the NIC (at least 1), bounded also by `window` if it has one.
+    pub fn new(class: TrafficClass, slots: u32, window: Option<DelayWindow>) -> Lane<H> {
+        Lane {
+            class,
+            slots: slots.max(1),
+            in_flight: VecDeque::new(),
+            bytes_out: 0,
+            pending: VecDeque::new(),
+            window,
+        }
+    }
+
+    /// Its class.
+    #[inline]
+    pub fn class(&self) -> TrafficClass {
+        self.class
+    }
+
+    /// Pieces it may have in the NIC.
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Pieces it has in the NIC.
+    #[inline]
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Bytes it has in the NIC.
+    #[inline]
+    pub fn bytes_out(&self) -> u64 {
+        self.bytes_out
+    }
+
+    /// Whether another piece fits its slots.
+    #[inline]
+    pub fn has_room(&self) -> bool {
+        (self.in_flight.len() as u32) < self.slots
+    }
+
+    /// Its delay window.
+    #[inline]
+    pub fn window(&self) -> Option<&DelayWindow> {
+        self.window.as_ref()
+    }
+
+    /// Its delay window, to retune (link rate, weight) or read verdicts.
+    #[inline]
+    pub fn window_mut(&mut self) -> Option<&mut DelayWindow> {
+        self.window.as_mut()
+    }
+
+    /// Pieces granted to it and not yet posted.
+    #[inline]
+    pub fn pending(&self) -> &VecDeque<Grant<H>> {
+        &self.pending
+    }
+
+    /// Queues a granted piece behind its other pending ones.
+    #[inline]
+    pub fn push_pending(&mut self, grant: Grant<H>) {
+        self.pending.push_back(grant);
+    }
+
+    /// Takes the first pending piece (once [`Gate::admits`] let it go).
+    #[inline]
+    pub fn pop_pending(&mut self) -> Option<Grant<H>> {
+        self.pending.pop_front()
+    }
+
+    /// Bytes of its pieces in the NIC that count against the bulk budget.
+    pub fn bulk_bytes_out(&self) -> u64 {
+        self.bulk_bytes(self.bytes_out)
+    }
+
+    /// What `len` bytes of this lane count against the bulk budget.
+    #[inline]
+    fn bulk_bytes(&self, len: u64) -> u64 {
+        if self.class == TrafficClass::Latency {
+            0
+        } else {
+            len
+        }
+    }
+
+    /// What its window says of a piece of `len` bytes at `now` (read only
+    /// with a window).
+    #[inline]
+    fn window_admits(&self, len: u64, now: impl FnOnce() -> Nanos) -> Admit {
+        match &self.window {
+            Some(w) => w.admit(self.bytes_out, len, now()),
+            None => Admit::Now,
+        }
+    }
+}
+
+impl Gate {
+    /// Rules for pieces of at most `chunk_bytes` (WRITE and READ longer
+    /// than that are split by the scheduler) and at most
+    /// `bulk_bytes_in_flight` bulk bytes in the NIC (at least 1).
+    pub fn new(chunk_bytes: u64, bulk_bytes_in_flight: u64) -> Gate {
+        Gate {
+            chunk_bytes,
+            budget: bulk_bytes_in_flight.max(1),
+            bulk_in_flight: 0,
+            latency_queued: 0,
+        }
+    }
+
+    /// The piece size.
+    #[inline]
+    pub fn chunk_bytes(&self) -> u64 {
+        self.chunk_bytes
+    }
+
+    /// The bound on bulk bytes in the NIC.
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// Bulk bytes in the NIC.
+    #[inline]
+    pub fn bulk_in_flight(&self) -> u64 {
+        self.bulk_in_flight
+    }
+
+    /// Latency-class descriptors queued in the scheduler.
+    pub fn latency_queued(&self) -> usize {
+        self.latency_queued
+    }
+
+    /// Whether a bulk piece of `len` bytes fits the budget now (always
+    /// when no bulk byte is in the NIC).
+    #[inline]
+    pub fn bulk_fits(&self, len: u64) -> bool {
+        self.bulk_in_flight == 0 || self.bulk_in_flight.saturating_add(len) <= self.budget
+    }
+
+    /// Whether a request of `op` and `len` bytes goes as one piece.
+    #[inline]
+    pub fn one_piece(&self, op: Opcode, len: u64) -> bool {
+        len <= self.chunk_bytes || !op.is_splittable()
+    }
+
+    /// Whether the scheduler may be asked for a grant: a latency-class
+    /// descriptor is queued, or the budget has room.
+    #[inline]
+    pub fn may_grant(&self) -> bool {
+        self.latency_queued > 0 || self.bulk_fits(1)
+    }
+
+    /// Whether a request of `op` and `len` bytes on `lane` may skip the
+    /// scheduler's queues (before caps and rate limits): it is one piece;
+    /// nothing it should wait behind is queued (for the latency class, no
+    /// latency descriptor; for bulk, nothing at all: `sched_empty`); the
+    /// lane has no pending piece and room; it fits the budget; and the
+    /// lane's window lets it go at `now` (read only with a window).
+    #[inline]
+    pub fn unhindered<H>(
+        &self,
+        lane: &Lane<H>,
+        op: Opcode,
+        len: u64,
+        sched_empty: bool,
+        now: impl FnOnce() -> Nanos,
+    ) -> bool {
+        let latency = lane.class == TrafficClass::Latency;
+        let nothing_ahead = if latency {
+            self.latency_queued == 0
+        } else {
+            sched_empty
+        };
+        self.one_piece(op, len)
+            && nothing_ahead
+            && lane.pending.is_empty()
+            && lane.has_room()
+            && (latency || self.bulk_fits(len))
+            && lane.window_admits(len, now) == Admit::Now
+    }
+
+    /// Whether the first pending piece of `lane`, of `len` bytes, may go
+    /// at `now` by its slots, the budget and its window (`now` read only
+    /// with a window).
+    #[inline]
+    pub fn admits<H>(&self, lane: &Lane<H>, len: u64, now: impl FnOnce() -> Nanos) -> Admit {
+        if !lane.has_room() || (lane.class != TrafficClass::Latency && !self.bulk_fits(len)) {
+            return Admit::AfterCompletion;
+        }
+        lane.window_admits(len, now)
+    }
+
+    /// How many granted pieces may wait in lanes (for room, the budget, a
+    /// window or a rate limit) before the scheduler is asked for more; the
+    /// scheduler keeps the order of the rest. A lane of an engine of its
+    /// own (`solo`) keeps one, so that the scheduler (perhaps one of the
+    /// user's own) decides the order of the rest when room comes; an
+    /// engine of `lanes` lanes keeps enough that one blocked lane does not
+    /// hold up the others.
+    #[inline]
+    pub fn pending_bound(lanes: usize, solo: bool) -> usize {
+        if solo {
+            1
+        } else {
+            64.max(4 * lanes)
+        }
+    }
+
+    /// Counts a descriptor of `class` the scheduler accepted.
+    #[inline]
+    pub fn enqueued(&mut self, class: TrafficClass) {
+        if class == TrafficClass::Latency {
+            self.latency_queued += 1;
+        }
+    }
+
+    /// Counts a grant the scheduler handed out (its descriptor leaves the
+    /// scheduler with its last piece).
+    #[inline]
+    pub fn granted<H>(&mut self, grant: &Grant<H>) {
+        if grant.is_last && grant.class == TrafficClass::Latency {
+            self.latency_queued -= 1;
+        }
+    }
+
+    /// Counts a piece of `len` bytes, tagged `tag`, as posted on `lane`
+    /// (`now` read only with a window).
+    #[inline]
+    pub fn sent<H>(
+        &mut self,
+        lane: &mut Lane<H>,
+        tag: usize,
+        len: u64,
+        now: impl FnOnce() -> Nanos,
+    ) {
+        let sent_at = match &mut lane.window {
+            Some(w) => {
+                let now = now();
+                w.on_sent(len, now);
+                now.0
+            }
+            None => 0,
+        };
+        lane.in_flight.push_back(Piece {
+            tag,
+            len: u32::try_from(len).unwrap_or(u32::MAX),
+            sent_at,
+        });
+        lane.bytes_out += len;
+        self.bulk_in_flight += lane.bulk_bytes(len);
+    }
+
+    /// Counts the piece tagged `tag` on `lane` as completed, seen at `now`
+    /// by a poller that woke `host` late (`now` read only with a window):
+    /// the front piece, as an RC send queue completes in order, unless a
+    /// refused post completed out of turn. Returns its bytes, or `None`
+    /// if no such piece is in flight.
+    #[inline]
+    pub fn completed<H>(
+        &mut self,
+        lane: &mut Lane<H>,
+        tag: usize,
+        now: impl FnOnce() -> Nanos,
+        host: Nanos,
+    ) -> Option<u64> {
+        let piece = match lane.in_flight.front() {
+            Some(p) if p.tag == tag => lane.in_flight.pop_front(),
+            _ => lane
+                .in_flight
+                .iter()
+                .position(|p| p.tag == tag)
+                .and_then(|at| lane.in_flight.remove(at)),
+        }?;
+        let len = u64::from(piece.len);
+        lane.bytes_out -= len;
+        self.bulk_in_flight -= lane.bulk_bytes(len);
+        if let Some(w) = &mut lane.window {
+            w.on_completed_late(len, Nanos(piece.sent_at), now(), host);
+        }
+        Some(len)
+    }
+
+    /// Gives back what `lane` held of the budget: its queue pair is gone,
+    /// and its pieces will not be seen to complete.
+    pub fn forget<H>(&mut self, lane: &Lane<H>) {
+        self.bulk_in_flight -= lane.bulk_bytes_out();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DelayWindowConfig, TenantId};
+
+    fn grant(class: TrafficClass, len: u64, is_last: bool) -> Grant<()> {
+        Grant {
+            tenant: TenantId(1),
+            class,
+            op: Opcode::Write,
+            handle: (),
+            offset: 0,
+            len,
+            is_last,
+        }
+    }
+
+    #[test]
+    fn a_piece_larger_than_the_budget_goes_alone() {
+        let mut gate = Gate::new(1 << 20, 4096);
+        let mut lane: Lane<()> = Lane::new(TrafficClass::Bulk, 8, None);
+        let now = || Nanos(0);
+        assert_eq!(gate.admits(&lane, 1 << 20, now), Admit::Now);
+        gate.sent(&mut lane, 0, 1 << 20, now);
+        assert_eq!(gate.admits(&lane, 1, now), Admit::AfterCompletion);
+        assert!(!gate.may_grant());
+        assert_eq!(
+            gate.completed(&mut lane, 0, now, Nanos::ZERO),
+            Some(1 << 20)
+        );
+        assert_eq!(gate.bulk_in_flight(), 0);
+        assert!(gate.may_grant());
+    }
+
+    #[test]
+    fn latency_pieces_take_slots_but_no_budget() {
+        let mut gate = Gate::new(4096, 4096);
+        let mut bulk: Lane<()> = Lane::new(TrafficClass::Bulk, 8, None);
+        let mut lat: Lane<()> = Lane::new(TrafficClass::Latency, 2, None);
+        let now = || Nanos(0);
+        gate.sent(&mut bulk, 0, 4096, now);
+        assert!(!gate.unhindered(&bulk, Opcode::Write, 4096, true, now));
+        assert!(gate.unhindered(&lat, Opcode::Send, 64, true, now));
+        gate.sent(&mut lat, 1, 64, now);
+        gate.sent(&mut lat, 2, 64, now);
+        assert_eq!(gate.bulk_in_flight(), 4096);
+        // Two slots: the third waits for a completion.
+        assert_eq!(gate.admits(&lat, 64, now), Admit::AfterCompletion);
+        assert_eq!(gate.completed(&mut lat, 2, now, Nanos::ZERO), Some(64));
+        assert_eq!(gate.admits(&lat, 64, now), Admit::Now);
+    }
+
+    #[test]
+    fn a_queued_latency_descriptor_keeps_others_off_the_fast_path_until_granted() {
+        let mut gate = Gate::new(4096, 1 << 20);
+        let lat: Lane<()> = Lane::new(TrafficClass::Latency, 8, None);
+        let now = || Nanos(0);
+        gate.enqueued(TrafficClass::Latency);
+        assert!(!gate.unhindered(&lat, Opcode::Send, 64, false, now));
+        // Its first piece out is not its last: still queued.
+        gate.granted(&grant(TrafficClass::Latency, 64, false));
+        assert_eq!(gate.latency_queued(), 1);
+        gate.granted(&grant(TrafficClass::Latency, 64, true));
+        assert!(gate.unhindered(&lat, Opcode::Send, 64, false, now));
+    }
+
+    #[test]
+    fn splittable_requests_longer_than_a_piece_take_the_scheduler() {
+        let gate = Gate::new(4096, 1 << 20);
+        let lane: Lane<()> = Lane::new(TrafficClass::Bulk, 8, None);
+        let now = || Nanos(0);
+        assert!(!gate.unhindered(&lane, Opcode::Write, 4097, true, now));
+        assert!(!gate.unhindered(&lane, Opcode::Read, 4097, true, now));
+        assert!(gate.unhindered(&lane, Opcode::Send, 4097, true, now));
+        // Bulk waits behind anything queued.
+        assert!(!gate.unhindered(&lane, Opcode::Write, 64, false, now));
+    }
+
+    #[test]
+    fn a_window_bounds_a_lane_and_out_of_turn_completions_are_found() {
+        let mut gate = Gate::new(4096, u64::MAX);
+        let window = DelayWindow::new(DelayWindowConfig::for_piece(4096)).unwrap();
+        let first = window.window();
+        let mut lane: Lane<()> = Lane::new(TrafficClass::Bulk, 1024, Some(window));
+        let mut t = 0;
+        let mut tag = 0;
+        while gate.admits(&lane, 4096, || Nanos(t)) == Admit::Now {
+            gate.sent(&mut lane, tag, 4096, || Nanos(t));
+            tag += 1;
+            t += 1;
+            assert!(tag < 1024, "the window bounds the lane");
+        }
+        assert!(lane.bytes_out() >= first.min(4096));
+        // A piece that completes out of turn is found, and counted once.
+        let last = tag - 1;
+        assert_eq!(
+            gate.completed(&mut lane, last, || Nanos(t), Nanos::ZERO),
+            Some(4096)
+        );
+        assert_eq!(
+            gate.completed(&mut lane, last, || Nanos(t), Nanos::ZERO),
+            None
+        );
+        gate.forget(&lane);
+        assert_eq!(gate.bulk_in_flight(), 0);
+    }
+}
