@@ -185,6 +185,119 @@ impl<H> Lane<H> {
     }
 }
 
+/// What became of a lane's first pending piece when an engine tried to
+/// post it ([`GrantOrder::drain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Post {
+    /// It went to the NIC.
+    Posted,
+    /// Its lane held it back (slots, window, rate limit): the others go on.
+    Held,
+    /// The bulk budget held it back ([`Gate::budget_holds`]): no later
+    /// bulk piece goes ahead of it.
+    Budget,
+}
+
+/// The order in which pieces waiting in lanes were granted, so that they
+/// reach the NIC in the scheduler's order: latency-class pieces first,
+/// then bulk pieces, which take the budget strictly in the order granted
+/// (a smaller piece granted later does not go ahead of one the budget
+/// holds back, and a spent budget costs one look however many wait); a
+/// piece whose own lane holds it back does not hold up the others. Lanes
+/// are named by the caller's keys.
+#[derive(Debug, Default)]
+pub struct GrantOrder {
+    order: [VecDeque<usize>; 2],
+    /// Whether the last look at each class stopped at the budget.
+    stopped: [bool; 2],
+}
+
+impl GrantOrder {
+    /// Notes a piece granted to lane `key` of `class`, queued in the lane.
+    #[inline]
+    pub fn push(&mut self, class: TrafficClass, key: usize) {
+        self.order[class_index(class)].push_back(key);
+    }
+
+    /// Pieces waiting.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.order[0].len() + self.order[1].len()
+    }
+
+    /// Whether no piece waits.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets lane `key` of `class` (its queue pair is gone); returns how
+    /// many of its pieces waited.
+    pub fn remove_lane(&mut self, class: TrafficClass, key: usize) -> usize {
+        let order = &mut self.order[class_index(class)];
+        let before = order.len();
+        order.retain(|&k| k != key);
+        before - order.len()
+    }
+
+    /// Offers the waiting pieces to `post` in the order granted, latency
+    /// class first: `post(key)` tries lane `key`'s first pending piece
+    /// (a lane's own pieces are in order, so that is the earliest it has)
+    /// and says what became of it.
+    pub fn drain(&mut self, mut post: impl FnMut(usize) -> Post) {
+        for c in 0..2 {
+            self.stopped[c] = false;
+            let mut k = 0;
+            while k < self.order[c].len() {
+                match post(self.order[c][k]) {
+                    Post::Posted => {
+                        self.order[c].remove(k);
+                    }
+                    Post::Held => k += 1,
+                    Post::Budget => {
+                        self.stopped[c] = true;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// After [`push`](Self::push): offers the piece just granted to lane
+    /// `key` of `class` to `post`, unless a piece granted before it waits
+    /// for the budget (then it waits behind).
+    #[inline]
+    pub fn drain_newest(
+        &mut self,
+        class: TrafficClass,
+        key: usize,
+        post: impl FnOnce(usize) -> Post,
+    ) {
+        let c = class_index(class);
+        if self.stopped[c] {
+            return;
+        }
+        match post(key) {
+            Post::Posted => {
+                // The lane's earliest piece went: its first entry goes.
+                if let Some(at) = self.order[c].iter().rposition(|&k| k == key) {
+                    self.order[c].remove(at);
+                }
+            }
+            Post::Held => {}
+            Post::Budget => self.stopped[c] = true,
+        }
+    }
+}
+
+#[inline]
+fn class_index(class: TrafficClass) -> usize {
+    match class {
+        TrafficClass::Latency => 0,
+        TrafficClass::Bulk => 1,
+    }
+}
+
 impl Gate {
     /// Rules for pieces of at most `chunk_bytes` (WRITE and READ longer
     /// than that are split by the scheduler) and at most
@@ -225,6 +338,13 @@ impl Gate {
     #[inline]
     pub fn bulk_fits(&self, len: u64) -> bool {
         self.bulk_in_flight == 0 || self.bulk_in_flight.saturating_add(len) <= self.budget
+    }
+
+    /// Whether the bulk budget, not the lane, holds back a piece of `len`
+    /// bytes of `lane` ([`Post::Budget`]).
+    #[inline]
+    pub fn budget_holds<H>(&self, lane: &Lane<H>, len: u64) -> bool {
+        lane.class != TrafficClass::Latency && !self.bulk_fits(len)
     }
 
     /// Whether a request of `op` and `len` bytes goes as one piece.
@@ -392,6 +512,49 @@ mod tests {
             len,
             is_last,
         }
+    }
+
+    #[test]
+    fn waiting_pieces_go_in_grant_order_past_held_lanes_but_not_past_the_budget() {
+        let mut order = GrantOrder::default();
+        // Lane 1 is held by its own slots; lane 2's piece is held by the
+        // budget; lane 3's (granted after it) must wait behind it.
+        for key in [1, 2, 3] {
+            order.push(TrafficClass::Bulk, key);
+        }
+        order.push(TrafficClass::Latency, 9);
+        let mut offered = Vec::new();
+        order.drain(|key| {
+            offered.push(key);
+            match key {
+                9 => Post::Posted,
+                1 => Post::Held,
+                _ => Post::Budget,
+            }
+        });
+        assert_eq!(
+            offered,
+            [9, 1, 2],
+            "latency first; nothing after the budget stop"
+        );
+        assert_eq!(order.len(), 3);
+        // A new bulk grant waits behind the one the budget holds.
+        order.push(TrafficClass::Bulk, 4);
+        order.drain_newest(TrafficClass::Bulk, 4, |_| panic!("must wait its turn"));
+        // Once the budget frees, they go in the order granted.
+        let mut offered = Vec::new();
+        order.drain(|key| {
+            offered.push(key);
+            if key == 1 {
+                Post::Held
+            } else {
+                Post::Posted
+            }
+        });
+        assert_eq!(offered, [1, 2, 3, 4]);
+        assert_eq!(order.len(), 1);
+        assert_eq!(order.remove_lane(TrafficClass::Bulk, 1), 1);
+        assert!(order.is_empty());
     }
 
     #[test]

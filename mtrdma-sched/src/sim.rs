@@ -4,19 +4,25 @@
 //! The model:
 //! * One port of `link_bps`; a work request occupies the wire for its bytes
 //!   at that rate, one at a time.
-//! * In front of the wire, a FIFO NIC queue of bounded depth. Whatever is in
-//!   it is sent in order, so a small work request behind large ones waits
-//!   for all of them: head-of-line blocking.
+//! * In front of the wire, the NIC's FIFO queue. Whatever is in it is sent
+//!   in order, so a small work request behind large ones waits for all of
+//!   them: head-of-line blocking.
 //! * A work request's completion reaches the application `base_latency_ns`
 //!   after its last byte leaves (NIC processing, fabric, remote NIC, ack).
-//! * Tenants run closed-loop workloads ([`Workload`]): latency probes,
-//!   message-rate batches and bulk transfers.
+//! * Tenants run closed-loop workloads ([`Workload`]), each on one queue
+//!   pair: latency probes, message-rate batches and bulk transfers.
 //! * Without mtrdma ([`Mode::Fifo`]) every post goes to the NIC queue in
-//!   post order (posts that do not fit wait, in order, for room). With
-//!   mtrdma ([`Mode::Scheduled`]) posts go to a
-//!   [`TenantScheduler`], which keeps only
-//!   `scheduled_nic_depth` pieces in the NIC queue and chooses what goes
-//!   next each time one leaves. [`run_with`] takes any [`Scheduler`].
+//!   post order (posts that do not fit its `nic_queue_depth` wait, in
+//!   order, for room).
+//! * With mtrdma, the shipped engine's rules decide what enters the NIC
+//!   queue: the same functions of [`crate::gate`] that
+//!   `mtrdma-verbs` runs for every scheduled queue pair (the fast path,
+//!   the bulk budget, each queue pair's pieces in flight and delay
+//!   window), around a [`TenantScheduler`] ([`Mode::Scheduled`]: one
+//!   engine for every tenant, as a `SharedScheduler`; [`Mode::Windowed`]:
+//!   one engine per tenant, as tenants in separate processes) or any
+//!   [`Scheduler`] ([`run_with`]). A piece counts as in the NIC from its
+//!   post until its completion reaches its sender, as in the verbs engine.
 //!
 //! ```
 //! use mtrdma_sched::sim::{run, Mode, SimConfig, TenantSpec};
@@ -39,10 +45,11 @@ use thiserror::Error;
 use crate::descriptor::{Dequeue, Descriptor, Grant, Opcode};
 use crate::error::{ConfigError, RejectReason};
 use crate::fifo::FifoScheduler;
+use crate::gate::{Gate, GrantOrder, Lane, Post};
 use crate::policy::{SchedulerConfig, TenantPolicy};
 use crate::tenant_scheduler::TenantScheduler;
 use crate::time::Nanos;
-use crate::window::{splitmix64, Admit, DelayWindow, DelayWindowConfig, Window};
+use crate::window::{splitmix64, Admit, DelayWindow, DelayWindowConfig};
 use crate::Scheduler;
 
 /// Settings of the simulated port and of the run.
@@ -53,10 +60,24 @@ pub struct SimConfig {
     /// Work requests the NIC queue holds, counting the one on the wire.
     /// Default 16.
     pub nic_queue_depth: usize,
-    /// With a scheduler: pieces it keeps in the NIC queue. Default 1: the
-    /// next piece is chosen the moment the wire frees (the model has no
-    /// doorbell delay, so the wire never idles while work is queued).
-    pub scheduled_nic_depth: usize,
+    /// With mtrdma: the bulk-class bytes all the tenants of one engine
+    /// may have in the NIC at once ([`Gate`]'s budget, as
+    /// `mtrdma_verbs::SharedConfig::bulk_bytes_in_flight`). A piece is in
+    /// the NIC until its completion is seen, so this must cover the
+    /// link's bytes in flight (rate times `base_latency_ns`) to keep the
+    /// link full; what it holds beyond that is the queue a latency request
+    /// finds. Default 64 KiB (21 KB are in flight on a 100 Gb/s link with
+    /// 1.7 us to the completion). Not used with [`Mode::Windowed`], where
+    /// each tenant's window bounds its own bytes.
+    pub bulk_bytes_in_flight: u64,
+    /// With mtrdma: pieces each tenant's queue pair may have in the NIC
+    /// (`mtrdma_verbs::ScheduleConfig::max_pieces_in_flight`). Default 4.
+    pub pieces_per_queue_pair: u32,
+    /// With [`run_with`]: WRITEs and READs longer than this are not sent
+    /// on the fast path (the scheduler splits them). [`Mode::Scheduled`]
+    /// and [`Mode::Windowed`] take it from their scheduler configuration.
+    /// Default 8 KiB.
+    pub chunk_bytes: u64,
     /// Delay from the last byte on the wire to the completion seen by the
     /// application. Default 1,700 ns.
     pub base_latency_ns: u64,
@@ -75,7 +96,9 @@ impl Default for SimConfig {
         SimConfig {
             link_bps: 100_000_000_000,
             nic_queue_depth: 16,
-            scheduled_nic_depth: 1,
+            bulk_bytes_in_flight: 32 << 10,
+            pieces_per_queue_pair: 4,
+            chunk_bytes: 8 << 10,
             base_latency_ns: 1_700,
             completion_jitter_ns: 0,
             duration: Nanos::from_millis(20),
@@ -146,6 +169,9 @@ pub struct TenantSpec {
     pub policy: TenantPolicy,
     /// What it sends.
     pub workload: Workload,
+    /// With mtrdma: pieces its queue pair may have in the NIC, if not
+    /// [`SimConfig::pieces_per_queue_pair`].
+    pub pieces_in_flight: Option<u32>,
 }
 
 impl TenantSpec {
@@ -159,10 +185,12 @@ impl TenantSpec {
                 bytes: 16,
                 think_ns: 0,
             },
+            pieces_in_flight: None,
         }
     }
 
-    /// Batches of 64 x 16 B messages, in the bulk class.
+    /// Batches of 64 x 16 B messages, in the bulk class, on a queue pair
+    /// that may have a whole batch in the NIC.
     pub fn message_rate(id: TenantId) -> TenantSpec {
         TenantSpec {
             id,
@@ -172,6 +200,7 @@ impl TenantSpec {
                 batch: 64,
                 bytes: 16,
             },
+            pieces_in_flight: Some(64),
         }
     }
 
@@ -185,6 +214,7 @@ impl TenantSpec {
                 bytes: 1 << 20,
                 outstanding: 4,
             },
+            pieces_in_flight: None,
         }
     }
 
@@ -299,43 +329,52 @@ impl Report {
 /// [`SimError`] for an invalid setting.
 pub fn run(config: &SimConfig, tenants: &[TenantSpec], mode: &Mode) -> Result<Report, SimError> {
     match mode {
-        Mode::Fifo => run_with(
-            config,
-            tenants,
-            FifoScheduler::new(),
-            config.nic_queue_depth,
-        ),
+        Mode::Fifo => {
+            let engine = Engine::raw(FifoScheduler::new(), config.nic_queue_depth);
+            simulate(config, tenants, vec![engine], vec![None; tenants.len()])
+        }
         Mode::Scheduled(sched_config) => {
             let mut sched = TenantScheduler::new(sched_config.clone())?;
             for t in tenants {
                 sched.set_policy(t.id, t.policy)?;
             }
-            run_with(config, tenants, sched, config.scheduled_nic_depth)
+            let gate = Gate::new(sched_config.chunk_bytes, config.bulk_bytes_in_flight);
+            let engine = Engine::gated(sched, gate, false);
+            simulate(config, tenants, vec![engine], vec![None; tenants.len()])
         }
         Mode::Windowed(sched_config, window) => {
-            let mut sources = Vec::with_capacity(tenants.len());
+            let mut engines = Vec::with_capacity(tenants.len());
+            let mut windows = Vec::with_capacity(tenants.len());
             for t in tenants {
                 let mut sched = TenantScheduler::new(sched_config.clone())?;
                 sched.set_policy(t.id, t.policy)?;
-                let window = match t.class {
+                // An engine of its own: its window, not a budget, bounds
+                // its bytes in the NIC (as a queue pair scheduled alone).
+                engines.push(Engine::gated(
+                    sched,
+                    Gate::new(sched_config.chunk_bytes, u64::MAX),
+                    true,
+                ));
+                windows.push(match t.class {
                     TrafficClass::Latency => None,
                     TrafficClass::Bulk => Some(DelayWindow::new(DelayWindowConfig {
                         seed: u64::from(t.id.0),
                         weight: t.policy.weight,
                         ..window.clone()
                     })?),
-                };
-                sources.push(Source::new(sched, window));
+                });
             }
-            let owner = (0..tenants.len()).collect();
-            // The windows bound what is in the NIC, not a depth.
-            simulate(config, tenants, sources, owner, usize::MAX)
+            simulate(config, tenants, engines, windows)
         }
     }
 }
 
 /// Runs `tenants` through any scheduler `sched` (already configured for
-/// them), which keeps at most `nic_depth` work requests in the NIC queue.
+/// them) behind the engine's rules ([`crate::gate`]): every tenant one
+/// queue pair of [`SimConfig::pieces_per_queue_pair`] pieces, their bulk
+/// bytes in the NIC bounded together by
+/// [`SimConfig::bulk_bytes_in_flight`], pieces of at most
+/// [`SimConfig::chunk_bytes`] where the scheduler does not split.
 /// Handles are message numbers.
 ///
 /// # Errors
@@ -344,30 +383,32 @@ pub fn run_with<S: Scheduler<u64>>(
     config: &SimConfig,
     tenants: &[TenantSpec],
     sched: S,
-    nic_depth: usize,
 ) -> Result<Report, SimError> {
-    let owner = vec![0; tenants.len()];
+    let gate = Gate::new(config.chunk_bytes, config.bulk_bytes_in_flight);
     simulate(
         config,
         tenants,
-        vec![Source::new(sched, None)],
-        owner,
-        nic_depth,
+        vec![Engine::gated(sched, gate, false)],
+        vec![None; tenants.len()],
     )
 }
 
-/// Runs `tenants`, tenant `i` posting through `sources[owner[i]]`.
+/// Runs `tenants`, tenant `i` posting through `engines[i]` if there is one
+/// per tenant, else through `engines[0]`; tenant `i`'s queue pair has
+/// window `windows[i]`.
 fn simulate<S: Scheduler<u64>>(
     config: &SimConfig,
     tenants: &[TenantSpec],
-    sources: Vec<Source<S>>,
-    owner: Vec<usize>,
-    nic_depth: usize,
+    engines: Vec<Engine<S>>,
+    windows: Vec<Option<DelayWindow>>,
 ) -> Result<Report, SimError> {
     if config.link_bps == 0 {
         return Err(SimError::ZeroLink);
     }
-    if nic_depth == 0 || config.nic_queue_depth == 0 || config.scheduled_nic_depth == 0 {
+    if config.nic_queue_depth == 0
+        || config.pieces_per_queue_pair == 0
+        || tenants.iter().any(|t| t.pieces_in_flight == Some(0))
+    {
         return Err(SimError::ZeroDepth);
     }
     if config.warmup >= config.duration {
@@ -390,18 +431,32 @@ fn simulate<S: Scheduler<u64>>(
             return Err(SimError::IdleWorkload(t.id));
         }
     }
+    let owner = if engines.len() == tenants.len() {
+        (0..tenants.len()).collect()
+    } else {
+        vec![0; tenants.len()]
+    };
+    let lanes = tenants
+        .iter()
+        .zip(windows)
+        .map(|(t, w)| {
+            let slots = t.pieces_in_flight.unwrap_or(config.pieces_per_queue_pair);
+            Lane::new(t.class, slots, w)
+        })
+        .collect();
     let mut sim = Sim {
         config,
         specs: tenants,
-        sources,
+        engines,
         owner,
-        next_source: 0,
-        nic_depth,
+        lanes,
+        next_engine: 0,
         nic: VecDeque::new(),
         wire_busy: false,
         wire_end: 0,
         events: BinaryHeap::new(),
         seq: 0,
+        next_tag: 0,
         wake_at: None,
         msgs: Vec::new(),
         state: tenants.iter().map(|_| TenantState::default()).collect(),
@@ -418,11 +473,11 @@ enum Event {
     WireDone,
     /// A message's completion reaches its application.
     Completion { msg: u64 },
-    /// A piece's completion reaches its sender (for its window).
-    PieceDone { source: u32, len: u64, sent_at: u64 },
+    /// A piece's completion reaches its sender (for its lane).
+    PieceDone { tenant: u32, tag: usize },
     /// A tenant posts (after a think time).
     Post { tenant: u32 },
-    /// The scheduler asked to be called again.
+    /// An engine asked to be called again.
     Wake,
 }
 
@@ -440,25 +495,37 @@ struct TenantState {
     samples: Vec<u64>,
 }
 
-/// Where pieces come from: one scheduler for every tenant, or one per
-/// tenant (a process of its own), with the window that bounds what it
-/// keeps in the NIC.
-struct Source<S> {
+/// One process's sending side: its scheduler, and either the engine's
+/// rules ([`Gate`]) or none (posts go to the NIC queue in order, at most
+/// `raw_depth` in it: no mtrdma).
+struct Engine<S> {
     sched: S,
-    window: Option<DelayWindow>,
-    /// Bytes of its pieces in the NIC and not yet completed.
-    in_flight: u64,
-    /// A piece granted by its scheduler that its window held back.
-    held: Option<Grant<u64>>,
+    gate: Option<Gate>,
+    /// An engine of one queue pair ([`Gate::pending_bound`]).
+    solo: bool,
+    raw_depth: usize,
+    /// Tenants (queue pairs) with pending pieces, in grant order.
+    order: GrantOrder,
 }
 
-impl<S> Source<S> {
-    fn new(sched: S, window: Option<DelayWindow>) -> Source<S> {
-        Source {
+impl<S> Engine<S> {
+    fn raw(sched: S, depth: usize) -> Engine<S> {
+        Engine {
             sched,
-            window,
-            in_flight: 0,
-            held: None,
+            gate: None,
+            solo: false,
+            raw_depth: depth,
+            order: GrantOrder::default(),
+        }
+    }
+
+    fn gated(sched: S, gate: Gate, solo: bool) -> Engine<S> {
+        Engine {
+            sched,
+            gate: Some(gate),
+            solo,
+            raw_depth: usize::MAX,
+            order: GrantOrder::default(),
         }
     }
 }
@@ -466,19 +533,20 @@ impl<S> Source<S> {
 /// A piece in the NIC queue.
 struct InNic {
     grant: Grant<u64>,
-    source: u32,
-    sent_at: u64,
+    /// Its tag in its tenant's lane (none without mtrdma).
+    tag: Option<usize>,
 }
 
 struct Sim<'a, S> {
     config: &'a SimConfig,
     specs: &'a [TenantSpec],
-    sources: Vec<Source<S>>,
-    /// The source each tenant posts through.
+    engines: Vec<Engine<S>>,
+    /// The engine each tenant posts through.
     owner: Vec<usize>,
-    /// Where the next fill of the NIC starts (round robin over sources).
-    next_source: usize,
-    nic_depth: usize,
+    /// Each tenant's queue pair.
+    lanes: Vec<Lane<u64>>,
+    /// Where the next fill of the NIC starts (round robin over engines).
+    next_engine: usize,
     nic: VecDeque<InNic>,
     wire_busy: bool,
     /// Exact time the wire frees, in units of 1/link_bps ns, so that
@@ -486,6 +554,7 @@ struct Sim<'a, S> {
     wire_end: u128,
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
     seq: u64,
+    next_tag: usize,
     wake_at: Option<u64>,
     msgs: Vec<Msg>,
     state: Vec<TenantState>,
@@ -530,7 +599,10 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
         Ok(())
     }
 
-    /// Tenant `t` posts what its workload posts at once.
+    /// Tenant `t` posts what its workload posts at once: each message goes
+    /// straight to the NIC if the engine's fast path lets it
+    /// ([`Gate::unhindered`], and the scheduler's caps), else to the
+    /// scheduler.
     fn post(&mut self, t: u32, now: u64) -> Result<(), SimError> {
         let spec = self.specs[t as usize];
         let (op, bytes, count) = match spec.workload {
@@ -541,48 +613,79 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
             }
             Workload::Bulk { bytes, .. } => (Opcode::Write, bytes, 1),
         };
+        let e = self.owner[t as usize];
         for _ in 0..count {
             let msg = self.msgs.len() as u64;
             self.msgs.push(Msg {
                 tenant: t,
                 posted: now,
             });
+            let engine = &mut self.engines[e];
+            let lane = &self.lanes[t as usize];
+            let fast = engine.gate.as_ref().is_some_and(|g| {
+                g.unhindered(lane, op, bytes, engine.sched.is_empty(), || Nanos(now))
+            }) && engine.sched.admit_now(spec.id, bytes, Nanos(now)).is_ok();
+            if fast {
+                let grant = Grant {
+                    tenant: spec.id,
+                    class: spec.class,
+                    op,
+                    handle: msg,
+                    offset: 0,
+                    len: bytes,
+                    is_last: true,
+                };
+                self.send(t as usize, grant, now);
+                continue;
+            }
             let d = Descriptor::new(spec.id, spec.class, op, bytes, msg);
-            self.sources[self.owner[t as usize]]
+            let engine = &mut self.engines[e];
+            engine
                 .sched
                 .enqueue(d, Nanos(now))
                 .map_err(|r| SimError::Refused(r.reason))?;
+            if let Some(g) = &mut engine.gate {
+                g.enqueued(spec.class);
+            }
         }
         Ok(())
     }
 
-    /// Fills the NIC queue from the sources and starts the wire.
+    /// Puts `grant`, of tenant `t`, in the NIC queue, counted in its lane.
+    fn send(&mut self, t: usize, grant: Grant<u64>, now: u64) {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let gate = self.engines[self.owner[t]]
+            .gate
+            .as_mut()
+            .expect("only gated engines have lanes");
+        gate.sent(&mut self.lanes[t], tag, grant.len, || Nanos(now));
+        self.nic.push_back(InNic {
+            grant,
+            tag: Some(tag),
+        });
+    }
+
+    /// Fills the NIC queue from the engines and starts the wire.
     /// `wire_just_freed`: called on the event of the wire freeing, whose
     /// time is rounded up to a whole ns; the next piece starts at the exact
     /// free time.
     fn pump(&mut self, now: u64, wire_just_freed: bool) {
-        // Round robin over the sources, one piece each per turn, until
-        // none has a piece it may post or the NIC queue is full.
-        let n = self.sources.len();
-        let mut idle = 0;
-        while idle < n && self.nic.len() < self.nic_depth {
-            let i = self.next_source % n;
-            self.next_source = (i + 1) % n;
-            match self.next_piece(i, now) {
-                Some(grant) => {
+        let n = self.engines.len();
+        if n == 1 {
+            self.step(0, now, usize::MAX);
+        } else {
+            // Processes posting at once: round robin over their engines,
+            // one step each per turn, until none moves.
+            let mut idle = 0;
+            while idle < n {
+                let e = self.next_engine % n;
+                self.next_engine = (e + 1) % n;
+                if self.step(e, now, 1) > 0 {
                     idle = 0;
-                    let src = &mut self.sources[i];
-                    src.in_flight += grant.len;
-                    if let Some(w) = &mut src.window {
-                        w.on_sent(grant.len, Nanos(now));
-                    }
-                    self.nic.push_back(InNic {
-                        grant,
-                        source: i as u32,
-                        sent_at: now,
-                    });
+                } else {
+                    idle += 1;
                 }
-                None => idle += 1,
             }
         }
         if !self.wire_busy {
@@ -601,36 +704,104 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
         }
     }
 
-    /// Source `i`'s next piece, if its scheduler grants one and its window
-    /// lets it go now (else it is held, with a wake-up when pacing names a
-    /// time).
-    fn next_piece(&mut self, i: usize, now: u64) -> Option<Grant<u64>> {
-        let src = &mut self.sources[i];
-        let grant = match src.held.take() {
-            Some(g) => g,
-            None => match src.sched.dequeue(Nanos(now)) {
-                Dequeue::Ready(g) => g,
+    /// Engine `e` at `now`, as the verbs engine pumps: its lanes' pending
+    /// pieces first, in grant order, then new grants from its scheduler
+    /// while the gate lets it ask, each posted if it may go. Stops after
+    /// `limit` moves (a piece posted or a grant taken); returns them.
+    fn step(&mut self, e: usize, now: u64, limit: usize) -> usize {
+        if self.engines[e].gate.is_none() {
+            return self.step_raw(e, now, limit);
+        }
+        let mut moved = 0;
+        let mut order = std::mem::take(&mut self.engines[e].order);
+        order.drain(|t| {
+            if moved >= limit {
+                return Post::Held;
+            }
+            let post = self.post_head(e, t, now);
+            if post == Post::Posted {
+                moved += 1;
+            }
+            post
+        });
+        let bound = Gate::pending_bound(self.lanes.len(), self.engines[e].solo);
+        while moved < limit && order.len() < bound {
+            let engine = &mut self.engines[e];
+            let gate = engine.gate.as_mut().expect("checked above");
+            if !gate.may_grant() {
+                break;
+            }
+            let grant = match engine.sched.dequeue(Nanos(now)) {
+                Dequeue::Ready(grant) => grant,
                 Dequeue::Wait(t) => {
                     self.wake(t.0);
-                    return None;
+                    break;
                 }
-                Dequeue::Empty => return None,
-            },
+                Dequeue::Empty => break,
+            };
+            gate.granted(&grant);
+            let t = self.msgs[grant.handle as usize].tenant as usize;
+            let class = grant.class;
+            self.lanes[t].push_pending(grant);
+            order.push(class, t);
+            moved += 1;
+            if moved < limit {
+                order.drain_newest(class, t, |t| {
+                    let post = self.post_head(e, t, now);
+                    if post == Post::Posted {
+                        moved += 1;
+                    }
+                    post
+                });
+            }
+        }
+        self.engines[e].order = order;
+        moved
+    }
+
+    /// No mtrdma: whatever engine `e`'s scheduler hands out, while the
+    /// NIC queue has room.
+    fn step_raw(&mut self, e: usize, now: u64, limit: usize) -> usize {
+        let mut moved = 0;
+        while moved < limit && self.nic.len() < self.engines[e].raw_depth {
+            match self.engines[e].sched.dequeue(Nanos(now)) {
+                Dequeue::Ready(grant) => {
+                    self.nic.push_back(InNic { grant, tag: None });
+                    moved += 1;
+                }
+                Dequeue::Wait(t) => {
+                    self.wake(t.0);
+                    break;
+                }
+                Dequeue::Empty => break,
+            }
+        }
+        moved
+    }
+
+    /// Posts tenant `t`'s first pending piece if the gate of engine `e`
+    /// lets it go at `now` (asking for a wake-up when its window's pacing
+    /// names a time).
+    fn post_head(&mut self, e: usize, t: usize, now: u64) -> Post {
+        let lane = &self.lanes[t];
+        let Some(len) = lane.pending().front().map(|g| g.len) else {
+            return Post::Held;
         };
-        let admit = src.window.as_ref().map_or(Admit::Now, |w| {
-            w.admit(src.in_flight, grant.len, Nanos(now))
-        });
-        match admit {
-            Admit::Now => Some(grant),
-            Admit::At(t) => {
-                src.held = Some(grant);
-                self.wake(t.0);
-                None
+        let gate = self.engines[e].gate.as_ref().expect("gated");
+        if gate.budget_holds(lane, len) {
+            return Post::Budget;
+        }
+        match gate.admits(lane, len, || Nanos(now)) {
+            Admit::Now => {
+                let grant = self.lanes[t].pop_pending().expect("checked above");
+                self.send(t, grant, now);
+                Post::Posted
             }
-            Admit::AfterCompletion => {
-                src.held = Some(grant);
-                None
+            Admit::At(at) => {
+                self.wake(at.0);
+                Post::Held
             }
+            Admit::AfterCompletion => Post::Held,
         }
     }
 
@@ -652,12 +823,7 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
             match event {
                 Event::WireDone => {
                     self.wire_busy = false;
-                    if let Some(InNic {
-                        grant: g,
-                        source,
-                        sent_at,
-                    }) = self.nic.pop_front()
-                    {
+                    if let Some(InNic { grant: g, tag }) = self.nic.pop_front() {
                         let msg = self.msgs[g.handle as usize];
                         if now > warm {
                             // Bytes of the piece that left inside the window.
@@ -667,15 +833,10 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                             self.state[msg.tenant as usize].bytes += bytes as u64;
                         }
                         let done = now + self.config.base_latency_ns + self.jitter();
-                        let len = g.len;
-                        self.at(
-                            done,
-                            Event::PieceDone {
-                                source,
-                                len,
-                                sent_at,
-                            },
-                        );
+                        if let Some(tag) = tag {
+                            let tenant = msg.tenant;
+                            self.at(done, Event::PieceDone { tenant, tag });
+                        }
                         if g.is_last {
                             self.at(done, Event::Completion { msg: g.handle });
                         }
@@ -704,16 +865,13 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                     }
                     self.pump(now, false);
                 }
-                Event::PieceDone {
-                    source,
-                    len,
-                    sent_at,
-                } => {
-                    let src = &mut self.sources[source as usize];
-                    src.in_flight -= len;
-                    if let Some(w) = &mut src.window {
-                        w.on_completed(len, Nanos(sent_at), Nanos(now));
-                    }
+                Event::PieceDone { tenant, tag } => {
+                    let t = tenant as usize;
+                    let gate = self.engines[self.owner[t]]
+                        .gate
+                        .as_mut()
+                        .expect("only gated engines tag pieces");
+                    gate.completed(&mut self.lanes[t], tag, || Nanos(now), Nanos::ZERO);
                     self.pump(now, false);
                 }
                 Event::Post { tenant } => {

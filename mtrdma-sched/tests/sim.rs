@@ -8,6 +8,11 @@ fn probe_p99(r: &Report) -> u64 {
     r.tenant(TenantId(0)).unwrap().p99.unwrap().0
 }
 
+/// The time the bulk budget takes on the wire.
+fn budget_ns(config: &SimConfig) -> u64 {
+    config.bulk_bytes_in_flight * 8_000_000_000 / config.link_bps
+}
+
 fn isolation(bulk: u32) -> Vec<TenantSpec> {
     let mut tenants = vec![TenantSpec::probe(TenantId(0))];
     tenants.extend((1..=bulk).map(|t| TenantSpec::bulk(TenantId(t))));
@@ -26,8 +31,9 @@ fn latency_tenant_is_isolated_from_1_8_and_16_bulk_tenants() {
         let with = run(&config, &tenants, &scheduled).unwrap();
         let without = run(&config, &tenants, &Mode::Fifo).unwrap();
         let (p_with, p_without) = (probe_p99(&with), probe_p99(&without));
+        // What a probe may find ahead of it in the NIC: the bulk budget.
         assert!(
-            p_with as f64 <= 1.5 * alone_p99 as f64,
+            p_with <= alone_p99 + budget_ns(&config),
             "{bulk} bulk: p99 {p_with} ns with the scheduler vs {alone_p99} ns alone"
         );
         if bulk == 16 {
@@ -95,8 +101,20 @@ fn ten_thousand_tenants() {
     .unwrap();
     assert_eq!(with.tenants.len(), 10_000);
     assert!(with.total_gbps > 99.0, "{} Gb/s", with.total_gbps);
-    // Every bulk tenant gets a fair cut of the link, within a chunk or so.
-    assert!(with.jain_index >= 0.99, "Jain {}", with.jain_index);
+    // Every bulk tenant gets a fair cut of the link. Each moves only ~8
+    // pieces of 8 KiB in the measured 50 ms, so one piece more or less is
+    // 12% (Jain's index is then ~0.985 at best): judge it in pieces.
+    assert!(with.jain_index >= 0.97, "Jain {}", with.jain_index);
+    let bulk: Vec<u64> = with.tenants[200..].iter().map(|t| t.bytes).collect();
+    let mean = bulk.iter().sum::<u64>() / bulk.len() as u64;
+    let piece = SimConfig::scheduler_config().chunk_bytes;
+    for (t, b) in bulk.iter().enumerate() {
+        assert!(
+            b.abs_diff(mean) <= 2 * piece,
+            "bulk tenant {}: {b} B against a mean of {mean} B",
+            t + 200
+        );
+    }
     // Latency probes keep a tail near their unloaded latency.
     for t in 0..100 {
         let p = with.tenant(TenantId(t)).unwrap();

@@ -18,8 +18,6 @@ pub(super) struct Member<S: Sink> {
     /// When the shared rate limit lets the head of its pending pieces go
     /// (on the quota table's clock).
     pub(super) retry_at: u64,
-    /// Whether it is in the engine's `waiting` list.
-    pub(super) waiting: bool,
     /// Bytes accepted and not yet posted (its share of the tenant's demand
     /// in the quota table).
     pub(super) backlog: u64,
@@ -54,8 +52,8 @@ pub(super) struct Engine<S: Sink, Q: PieceScheduler> {
     pub(super) members: Slab<Member<S>>,
     pub(super) messages: Slab<Message<S::Region>>,
     /// Members with pending pieces.
-    pub(super) waiting: Vec<usize>,
-    pub(super) pending_total: usize,
+    /// Members' pending pieces, in the order granted.
+    pub(super) order: GrantOrder,
     pub(super) next_seq: u64,
     /// Tenants whose policy was set on the scheduler itself.
     pub(super) explicit: Vec<TenantId>,
@@ -118,8 +116,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             gate: Gate::new(config.chunk_bytes, config.bulk_bytes_in_flight),
             members: Slab::default(),
             messages: Slab::default(),
-            waiting: Vec::new(),
-            pending_total: 0,
+            order: GrantOrder::default(),
             next_seq: 0,
             explicit: Vec::new(),
             capped: false,
@@ -196,7 +193,6 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             quota,
             lane: Lane::new(class, slots, window),
             retry_at: 0,
-            waiting: false,
             backlog: 0,
             accepted: 0,
             raw_out: 0,
@@ -214,7 +210,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         self.process(member, raw);
         // With nothing queued or waiting there is nothing to decide unless
         // a wake-up is due.
-        if due || !self.sched.is_empty() || !self.waiting.is_empty() {
+        if due || !self.sched.is_empty() || !self.order.is_empty() {
             self.pump();
         }
     }
@@ -481,62 +477,63 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         }
     }
 
-    /// Queues a granted piece behind its queue pair's other pending ones.
-    pub(super) fn make_pending(&mut self, grant: Grant<PieceRef>) {
+    /// Queues a granted piece behind its queue pair's other pending ones;
+    /// returns its member, unless its queue pair was detached.
+    pub(super) fn make_pending(&mut self, grant: Grant<PieceRef>) -> Option<usize> {
         let Some(msg) = self
             .messages
             .get(grant.handle.message)
             .filter(|m| m.seq == grant.handle.seq)
         else {
             // The queue pair it belonged to was detached.
-            return;
+            return None;
         };
         let member = msg.member;
         let m = self.member_mut(member);
+        let class = m.class();
         m.lane.push_pending(grant);
-        if !m.waiting {
-            m.waiting = true;
-            self.waiting.push(member);
-        }
-        self.pending_total += 1;
+        self.order.push(class, member);
+        Some(member)
     }
 
-    /// Posts `member`'s pending pieces, in order, while its queue pair,
-    /// the bulk budget and its shared rate limit allow.
-    pub(super) fn drain_member(&mut self, member: usize) {
-        loop {
-            let m = self.member(member);
-            let Some(len) = m.lane.pending().front().map(|g| g.len) else {
-                return;
-            };
-            let (clock, offset) = (&self.clock, self.shared_offset);
-            match self
-                .gate
-                .admits(&m.lane, len, || Self::window_now(clock, offset))
-            {
-                Admit::Now => {}
-                Admit::At(at) => {
-                    // Window pacing: the window's clock is the engine's
-                    // plus `offset`.
-                    let at = at.0.saturating_sub(offset);
-                    self.timed_wake = self.timed_wake.min(at);
-                    return;
-                }
-                Admit::AfterCompletion => return,
-            }
-            if !self.rate_allows(member, len) {
-                let m = self.member(member);
-                if let Some(q) = &m.quota {
-                    let wait = m.retry_at.saturating_sub(q.now_ns());
-                    self.timed_wake = self.timed_wake.min(self.clock.now().0 + wait);
-                }
-                return;
-            }
-            let m = self.member_mut(member);
-            let grant = m.lane.pop_pending().expect("checked above");
-            self.pending_total -= 1;
-            self.post_piece(member, grant);
+    /// Posts `member`'s first pending piece if its queue pair, the bulk
+    /// budget, its window and its shared rate limit let it go now, noting
+    /// when to look again if pacing or the rate limit names a time.
+    pub(super) fn post_head(&mut self, member: usize) -> Post {
+        let m = self.member(member);
+        let Some(len) = m.lane.pending().front().map(|g| g.len) else {
+            return Post::Held;
+        };
+        if self.gate.budget_holds(&m.lane, len) {
+            return Post::Budget;
         }
+        let (clock, offset) = (&self.clock, self.shared_offset);
+        match self
+            .gate
+            .admits(&m.lane, len, || Self::window_now(clock, offset))
+        {
+            Admit::Now => {}
+            Admit::At(at) => {
+                // Window pacing: the window's clock is the engine's plus
+                // `offset`.
+                let at = at.0.saturating_sub(offset);
+                self.timed_wake = self.timed_wake.min(at);
+                return Post::Held;
+            }
+            Admit::AfterCompletion => return Post::Held,
+        }
+        if !self.rate_allows(member, len) {
+            let m = self.member(member);
+            if let Some(q) = &m.quota {
+                let wait = m.retry_at.saturating_sub(q.now_ns());
+                self.timed_wake = self.timed_wake.min(self.clock.now().0 + wait);
+            }
+            return Post::Held;
+        }
+        let m = self.member_mut(member);
+        let grant = m.lane.pop_pending().expect("checked above");
+        self.post_piece(member, grant);
+        Post::Posted
     }
 
     /// Whether `member`'s tenant may post `len` bytes now by its shared rate
@@ -571,26 +568,15 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
     /// [`pump`](Self::pump); returns when the engine next wants to be
     /// pumped if no piece completes and nothing is posted before then.
     pub(super) fn pump_until(&mut self) -> u64 {
-        let mut i = 0;
-        while i < self.waiting.len() {
-            let member = self.waiting[i];
-            self.drain_member(member);
-            match self.members.get_mut(member) {
-                Some(m) if !m.lane.pending().is_empty() => i += 1,
-                other => {
-                    if let Some(m) = other {
-                        m.waiting = false;
-                    }
-                    self.waiting.swap_remove(i);
-                }
-            }
-        }
+        let mut order = std::mem::take(&mut self.order);
+        order.drain(|member| self.post_head(member));
+        self.order = order;
         let mut reaped = false;
         // Grants waiting for their queue pair do not hold up the others,
         // but their number is bounded so the scheduler keeps the order.
         let pending_cap = Gate::pending_bound(self.members.len(), self.solo);
         let reap_soon = self.clock.now().0.saturating_add(REAP_INTERVAL_NS);
-        while self.pending_total < pending_cap {
+        while self.order.len() < pending_cap {
             if !self.gate.may_grant() {
                 // Nothing may go until a bulk piece completes; queue pairs
                 // whose owners have not polled may hold finished ones.
@@ -603,20 +589,17 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             }
             let grant = match self.sched.dequeue(self.now()) {
                 Dequeue::Ready(grant) => grant,
-                Dequeue::Wait(at) if self.waiting.is_empty() => return at.0,
+                Dequeue::Wait(at) if self.order.is_empty() => return at.0,
                 Dequeue::Wait(at) => return at.0.min(self.soon(reap_soon)),
-                Dequeue::Empty if self.waiting.is_empty() => return u64::MAX,
+                Dequeue::Empty if self.order.is_empty() => return u64::MAX,
                 Dequeue::Empty => return self.soon(reap_soon),
             };
             self.gate.granted(&grant);
-            let member = self
-                .messages
-                .get(grant.handle.message)
-                .filter(|m| m.seq == grant.handle.seq)
-                .map(|m| m.member);
-            self.make_pending(grant);
-            if let Some(member) = member {
-                self.drain_member(member);
+            let class = grant.class;
+            if let Some(member) = self.make_pending(grant) {
+                let mut order = std::mem::take(&mut self.order);
+                order.drain_newest(class, member, |member| self.post_head(member));
+                self.order = order;
             }
         }
         self.soon(reap_soon)
@@ -851,10 +834,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             // What is still waiting here is no longer demand.
             q.add_backlog(-i64::try_from(m.backlog).unwrap_or(i64::MAX));
         }
-        self.pending_total -= m.lane.pending().len();
-        if m.waiting {
-            self.waiting.retain(|&w| w != member);
-        }
+        self.order.remove_lane(m.class(), member);
         let drained = match (&m.side, own) {
             (Some(side), _) => {
                 // Pieces decided and not posted never reach the NIC.

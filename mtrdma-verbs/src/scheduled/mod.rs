@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use ibverbs_sys as ffi;
 use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
-use mtrdma_sched::gate::{Gate, Lane};
+use mtrdma_sched::gate::{Gate, GrantOrder, Lane, Post};
 use mtrdma_sched::{
     Admit, Clock, DelayWindow, DelayWindowConfig, Dequeue, Descriptor, Grant, Nanos,
     Opcode as SchedOpcode, QuantaClock, Scheduler, SchedulerConfig, TenantPolicy, TenantScheduler,
