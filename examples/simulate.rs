@@ -1,6 +1,9 @@
 //! Simulates one NIC port shared by a latency tenant, message-rate tenants
-//! and bulk tenants, with and without mtrdma's scheduler, and prints a
-//! table side by side.
+//! and bulk tenants, with and without mtrdma, and prints a table side by
+//! side. With mtrdma, what enters the NIC is decided by the same functions
+//! the verbs engine runs (`mtrdma_sched::gate`: the bulk budget, each queue
+//! pair's pieces in flight and window, the fast path, grant order) around
+//! the built-in scheduler.
 //!
 //! ```text
 //! cargo run --release --example simulate -- --bulk 16
@@ -27,7 +30,12 @@
 //! window (the cross-process protection) instead,
 //! `--target-ppm P` with `--separate`, the windows' target queueing delay
 //! as a share of the path's own delay (default 500000),
-//! `--nic-depth N` NIC queue depth in work requests (default 16),
+//! `--nic-depth N` NIC queue depth in work requests without mtrdma
+//! (default 16),
+//! `--budget-kib K` with mtrdma, bulk bytes in the NIC (the engine's
+//! budget, `SharedConfig::bulk_bytes_in_flight`; default 32),
+//! `--pieces N` with mtrdma, pieces each queue pair may have in the NIC
+//! (`ScheduleConfig::max_pieces_in_flight`; default 4),
 //! `--chunk-kib K` scheduler chunk and quantum (default 8),
 //! `--ms T` simulated milliseconds (default 20; 1 ms warm-up),
 //! `--rows N` tenants shown (default 40).
@@ -54,6 +62,8 @@ struct Args {
     separate: bool,
     target_ppm: u32,
     nic_depth: usize,
+    budget_kib: u64,
+    pieces: u32,
     chunk_kib: u64,
     ms: u64,
     rows: usize,
@@ -73,6 +83,8 @@ fn parse() -> Result<Args, String> {
         separate: false,
         target_ppm: 500_000,
         nic_depth: 16,
+        budget_kib: 32,
+        pieces: 4,
         chunk_kib: 8,
         ms: 20,
         rows: 40,
@@ -121,6 +133,11 @@ fn parse() -> Result<Args, String> {
                     .map_err(|_| format!("{flag} {value}: at most 4294967295"))?
             }
             "--nic-depth" => a.nic_depth = num(&value)? as usize,
+            "--budget-kib" => a.budget_kib = num(&value)?,
+            "--pieces" => {
+                a.pieces = u32::try_from(num(&value)?)
+                    .map_err(|_| format!("{flag} {value}: at most 4294967295"))?
+            }
             "--chunk-kib" => a.chunk_kib = num(&value)?,
             "--ms" => a.ms = num(&value)?,
             "--rows" => a.rows = num(&value)? as usize,
@@ -154,7 +171,7 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("error: {e}");
             }
-            eprintln!("usage: simulate [--probes N] [--msg-rate N] [--bulk N] [--bulk-kib K] [--outstanding N] [--weights W,..] [--cap-gbps G] [--link-gbps G | --link-mbps M] [--base-us U] [--separate] [--target-ppm P] [--nic-depth N] [--chunk-kib K] [--ms T] [--rows N]");
+            eprintln!("usage: simulate [--probes N] [--msg-rate N] [--bulk N] [--bulk-kib K] [--outstanding N] [--weights W,..] [--cap-gbps G] [--link-gbps G | --link-mbps M] [--base-us U] [--separate] [--target-ppm P] [--nic-depth N] [--budget-kib K] [--pieces N] [--chunk-kib K] [--ms T] [--rows N]");
             return if e.is_empty() {
                 ExitCode::SUCCESS
             } else {
@@ -191,6 +208,8 @@ fn main() -> ExitCode {
         link_bps: args.link_bps,
         base_latency_ns: args.base_ns,
         nic_queue_depth: args.nic_depth,
+        bulk_bytes_in_flight: args.budget_kib.saturating_mul(1 << 10),
+        pieces_per_queue_pair: args.pieces,
         duration: Nanos::from_millis(args.ms),
         warmup: Nanos::from_millis(1),
         ..SimConfig::default()
@@ -239,6 +258,17 @@ fn main() -> ExitCode {
         args.ms - 1,
         tenants.len()
     );
+    if args.separate {
+        println!(
+            "mtrdma: every tenant an engine of its own, {} pieces of {} KiB per queue pair, delay windows",
+            args.pieces, args.chunk_kib
+        );
+    } else {
+        println!(
+            "mtrdma: one engine, bulk budget {} KiB, {} pieces of {} KiB per queue pair",
+            args.budget_kib, args.pieces, args.chunk_kib
+        );
+    }
     println!(
         "{:>6} {:>8} {:>7} {:>6} | {:^37} | {:^37}",
         "tenant",

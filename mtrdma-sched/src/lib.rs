@@ -24,8 +24,12 @@
 //!   WRITE/READ descriptors.
 //! * [`gcra_decide`] / [`Gcra`]: rate shaping whose whole state is one
 //!   `u64`, so it also runs on an atomic in shared memory.
-//! * [`sim`]: a discrete-event model of one NIC port, with and without a
-//!   scheduler.
+//! * [`gate`]: what reaches the NIC and when around a scheduler (the bulk
+//!   budget, each queue pair's pieces in flight and delay window, the fast
+//!   path, grant order): the rules `mtrdma-verbs`' engine runs, and the
+//!   simulator with it.
+//! * [`sim`]: a discrete-event model of one NIC port, with and without
+//!   mtrdma, running the shipped rules of [`gate`].
 //!
 //! # Example
 //!
