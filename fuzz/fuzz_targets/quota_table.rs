@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantId, TenantEntry, TrafficClass};
+use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId, TrafficClass};
 
 fn valid() -> (Vec<u8>, Vec<u8>) {
     let policy = Policy::new(

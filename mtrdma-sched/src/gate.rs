@@ -463,8 +463,9 @@ impl Gate {
     /// Counts the piece tagged `tag` on `lane` as completed, seen at `now`
     /// by a poller that woke `host` late (`now` read only with a window):
     /// the front piece, as an RC send queue completes in order, unless a
-    /// refused post completed out of turn. Returns its bytes, or `None`
-    /// if no such piece is in flight.
+    /// refused post completed out of turn (then the newest piece so
+    /// tagged: the one just refused). Returns its bytes, or `None` if no
+    /// such piece is in flight.
     #[inline]
     pub fn completed<H>(
         &mut self,
@@ -478,7 +479,7 @@ impl Gate {
             _ => lane
                 .in_flight
                 .iter()
-                .position(|p| p.tag == tag)
+                .rposition(|p| p.tag == tag)
                 .and_then(|at| lane.in_flight.remove(at)),
         }?;
         let len = u64::from(piece.len);
