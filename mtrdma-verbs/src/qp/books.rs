@@ -1,0 +1,234 @@
+//! The books of a queue pair's work requests in flight: the buffers they
+//! own until their completions, and the raw work requests of the layer
+//! above.
+
+use super::*;
+
+/// `wr_id`s with this bit set belong to a layer above (the scheduled
+/// queue pair), which owns their buffers; [`Sink::poll`] hands their
+/// completions back as they are.
+pub(crate) const RAW_WR: u64 = 1 << 63;
+
+/// `wr_id`s with this bit (and not [`RAW_WR`]) are the queue pair's own,
+/// parked like the direct path's, but posted by a scheduled queue pair:
+/// their completion goes to `out` with the request's length, and [`Sink::poll`]
+/// also reports a raw completion with `wr_id` [`PARKED_DONE`] so the
+/// scheduler counts the piece as finished.
+pub(crate) const SCHED_WR: u64 = 1 << 62;
+
+/// The raw completion that says one of the [`SCHED_WR`] requests finished.
+pub(crate) const PARKED_DONE: u64 = RAW_WR | SCHED_WR;
+
+/// A completion of a raw work request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawCompletion {
+    pub(crate) wr_id: u64,
+    pub(crate) status: WcStatus,
+}
+
+/// Where a raw send's data lives and goes.
+pub(crate) struct RawSend {
+    pub(crate) wr_id: u64,
+    pub(crate) opcode: ffi::ibv_wr_opcode::Type,
+    pub(crate) sge: ffi::ibv_sge,
+    pub(crate) remote: Option<(u64, u32)>,
+    pub(crate) imm: Option<u32>,
+}
+
+/// A buffer a work request may use: a [`MemoryRegion`] on a device, a
+/// plain heap buffer on the host (benches and tests, see
+/// [`crate::bench`]). It is moved into the queue pair while the NIC may
+/// use it and handed back in its completion.
+pub(crate) trait Region: Send + Sync + 'static {
+    /// What a finished request hands back to the application.
+    type Completion: Send + 'static;
+
+    /// Its length in bytes.
+    fn len(&self) -> usize;
+
+    /// Checks that `range` lies in the region and returns its scatter
+    /// entry.
+    fn sge(&self, range: &Range<usize>) -> Option<ffi::ibv_sge>;
+
+    /// The completion that hands the region back.
+    fn complete(
+        self,
+        context: u64,
+        status: WcStatus,
+        opcode: Opcode,
+        byte_len: u32,
+        imm: Option<u32>,
+    ) -> Self::Completion;
+}
+
+impl Region for MemoryRegion {
+    type Completion = Completion;
+
+    fn len(&self) -> usize {
+        MemoryRegion::len(self)
+    }
+
+    fn sge(&self, range: &Range<usize>) -> Option<ffi::ibv_sge> {
+        MemoryRegion::sge(self, range)
+    }
+
+    fn complete(
+        self,
+        context: u64,
+        status: WcStatus,
+        opcode: Opcode,
+        byte_len: u32,
+        imm: Option<u32>,
+    ) -> Completion {
+        Completion {
+            context,
+            status,
+            opcode,
+            byte_len,
+            imm,
+            region: self,
+        }
+    }
+}
+
+/// A work request in flight: its region stays here until it completes.
+pub(crate) struct Slot<R> {
+    pub(super) context: u64,
+    pub(super) region: R,
+    pub(super) send: bool,
+    /// Bytes of a send (reported for [`SCHED_WR`] requests).
+    pub(super) len: u32,
+}
+
+/// A queue pair's own bookkeeping, apart from the device: the regions of
+/// its work requests in flight, parked under their `wr_id`s, and the
+/// number of requests in each queue.
+pub(crate) struct Books<R> {
+    slots: Slab<Slot<R>>,
+    pub(crate) sends_in_flight: u32,
+    pub(crate) recvs_in_flight: u32,
+    pub(crate) max_send_wr: u32,
+    pub(crate) max_recv_wr: u32,
+}
+
+/// One work completion as the device reported it.
+pub(crate) struct Wc {
+    pub(crate) wr_id: u64,
+    pub(crate) status: WcStatus,
+    pub(crate) opcode: ffi::ibv_wc_opcode::Type,
+    pub(crate) byte_len: u32,
+    /// Immediate data, in network order.
+    pub(crate) imm: Option<u32>,
+}
+
+impl<R: Region> Books<R> {
+    pub(crate) fn new(max_send_wr: u32, max_recv_wr: u32) -> Self {
+        Books {
+            slots: Slab::default(),
+            sends_in_flight: 0,
+            recvs_in_flight: 0,
+            max_send_wr,
+            max_recv_wr,
+        }
+    }
+
+    pub(super) fn park(&mut self, slot: Slot<R>) -> usize {
+        self.slots.insert(slot)
+    }
+
+    pub(super) fn unpark(&mut self, i: usize) -> Option<Slot<R>> {
+        self.slots.remove(i)
+    }
+
+    /// Work requests in flight, both queues.
+    pub(crate) fn outstanding(&self) -> u32 {
+        self.sends_in_flight + self.recvs_in_flight
+    }
+
+    /// Takes every parked region out (teardown).
+    pub(crate) fn drain_regions(&mut self) -> impl Iterator<Item = R> + '_ {
+        self.slots.drain().map(|slot| slot.region)
+    }
+
+    /// Matches one completion to its work request: a raw one goes to
+    /// `raw` as it is; one of the queue pair's own hands its parked
+    /// region back in `out`.
+    pub(crate) fn complete(
+        &mut self,
+        wc: Wc,
+        out: &mut Vec<R::Completion>,
+        raw: &mut Vec<RawCompletion>,
+    ) {
+        if wc.wr_id & RAW_WR != 0 {
+            self.sends_in_flight -= 1;
+            raw.push(RawCompletion {
+                wr_id: wc.wr_id,
+                status: wc.status,
+            });
+            return;
+        }
+        let sched = wc.wr_id & SCHED_WR != 0;
+        let Some(slot) = usize::try_from(wc.wr_id & !SCHED_WR)
+            .ok()
+            .and_then(|i| self.unpark(i))
+        else {
+            tracing::error!(wr_id = wc.wr_id, "completion for an unknown work request");
+            return;
+        };
+        if slot.send {
+            self.sends_in_flight -= 1;
+        } else {
+            self.recvs_in_flight -= 1;
+        }
+        let opcode = if !wc.status.is_success() {
+            Opcode::Unknown
+        } else {
+            use ffi::ibv_wc_opcode as o;
+            match wc.opcode {
+                o::IBV_WC_SEND => Opcode::Send,
+                o::IBV_WC_RDMA_WRITE => Opcode::Write,
+                o::IBV_WC_RDMA_READ => Opcode::Read,
+                o::IBV_WC_RECV => Opcode::Recv,
+                o::IBV_WC_RECV_RDMA_WITH_IMM => Opcode::RecvWithImm,
+                _ => Opcode::Unknown,
+            }
+        };
+        // A scheduled request reports its own length, as the scheduler
+        // does for the requests it splits.
+        let byte_len = if sched { slot.len } else { wc.byte_len };
+        out.push(slot.region.complete(
+            slot.context,
+            wc.status,
+            opcode,
+            byte_len,
+            wc.imm.map(u32::from_be),
+        ));
+        if sched {
+            raw.push(RawCompletion {
+                wr_id: PARKED_DONE,
+                status: wc.status,
+            });
+        }
+    }
+}
+
+/// The verbs work request for `raw`, its scatter list in `sge`.
+pub(crate) fn send_wr(raw: &RawSend, sge: &mut ffi::ibv_sge) -> ffi::ibv_send_wr {
+    let mut wr = ffi::ibv_send_wr {
+        wr_id: raw.wr_id,
+        next: std::ptr::null_mut(),
+        sg_list: sge,
+        num_sge: i32::from(sge.length > 0),
+        opcode: raw.opcode,
+        send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+        // SAFETY: all-zero is a valid value of this plain C struct.
+        ..unsafe { MaybeUninit::zeroed().assume_init() }
+    };
+    if let Some(imm) = raw.imm {
+        wr.__bindgen_anon_1.imm_data = imm.to_be();
+    }
+    if let Some((remote_addr, rkey)) = raw.remote {
+        wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
+    }
+    wr
+}

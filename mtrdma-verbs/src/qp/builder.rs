@@ -1,0 +1,436 @@
+//! Building a queue pair: its settings, its creation on the device and its
+//! connection to a peer.
+
+use super::*;
+
+/// How to build a queue pair (see [`ProtectionDomain::queue_pair`]).
+#[derive(Debug)]
+pub struct QueuePairBuilder<'a> {
+    pd: &'a ProtectionDomain,
+    settings: QpSettings,
+    access: Access,
+    max_inline: u32,
+    ack_timeout: u8,
+}
+
+/// The default local ACK timeout exponent: 4.096 us x 2^14, about 67 ms.
+const DEFAULT_ACK_TIMEOUT: u8 = 14;
+
+/// What the RC and UD queue pair builders share.
+#[derive(Debug)]
+pub(crate) struct QpSettings {
+    pub(crate) max_send_wr: u32,
+    pub(crate) max_recv_wr: u32,
+    pub(crate) port: u8,
+    pub(crate) gid: GidSelection,
+    pub(crate) tenant: Option<TenantHandle>,
+    /// Whether the completion queue gets a completion channel.
+    pub(crate) events: bool,
+}
+
+impl Default for QpSettings {
+    fn default() -> Self {
+        QpSettings {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            port: 1,
+            gid: GidSelection::Auto,
+            tenant: None,
+            events: false,
+        }
+    }
+}
+
+/// What creating a queue pair begins with (see [`QpSettings::begin`]).
+pub(crate) struct QpStart {
+    /// The tenant's admission of the queue pair, given back on drop.
+    pub(crate) permit: Option<OwnedQpPermit>,
+    pub(crate) device: String,
+    pub(crate) port_num: u8,
+    pub(crate) port: PortInfo,
+    pub(crate) gid: GidEntry,
+    pub(crate) max_send_wr: u32,
+    pub(crate) max_recv_wr: u32,
+    pub(crate) events: bool,
+}
+
+impl QpSettings {
+    /// Admits a new queue pair against its tenant's quota (count and
+    /// creation rate), then finds its port and GID on `pd`'s device.
+    pub(crate) fn begin(&self, pd: &ProtectionDomain) -> Result<QpStart, Error> {
+        let permit = match &self.tenant {
+            Some(t) => Some(t.acquire_qp()?.into_owned()),
+            None => None,
+        };
+        let ctx = pd.context();
+        Ok(QpStart {
+            permit,
+            device: ctx.name().to_string(),
+            port_num: self.port,
+            port: ctx.port(self.port)?,
+            gid: ctx.select_gid(self.port, self.gid)?,
+            max_send_wr: self.max_send_wr,
+            max_recv_wr: self.max_recv_wr,
+            events: self.events,
+        })
+    }
+}
+
+/// The setters both queue pair builders have, on their `settings`.
+macro_rules! qp_settings_setters {
+    () => {
+        /// Send queue depth (default 128).
+        pub fn max_send_wr(mut self, n: u32) -> Self {
+            self.settings.max_send_wr = n.max(1);
+            self
+        }
+
+        /// The port (default 1).
+        pub fn port(mut self, port: u8) -> Self {
+            self.settings.port = port;
+            self
+        }
+
+        /// How to choose the local GID (default [`GidSelection::Auto`]).
+        pub fn gid(mut self, gid: GidSelection) -> Self {
+            self.settings.gid = gid;
+            self
+        }
+
+        /// Gives the queue pair a completion channel, so that `poll_wait`
+        /// can sleep until a completion arrives (or a timeout runs out)
+        /// rather than spin on `poll` (default off). Tenants that share a
+        /// few CPUs should wait this way.
+        ///
+        /// Off by default because each channel is one file descriptor per
+        /// queue pair: a tenant with thousands of queue pairs would run
+        /// into its open-file limit (`ulimit -n`). Turn it on for the
+        /// queue pairs a thread actually waits on.
+        pub fn completion_events(mut self, on: bool) -> Self {
+            self.settings.events = on;
+            self
+        }
+    };
+}
+pub(crate) use qp_settings_setters;
+
+impl ProtectionDomain {
+    /// Starts building a reliable-connected queue pair (with its own
+    /// completion queue).
+    pub fn queue_pair(&self) -> QueuePairBuilder<'_> {
+        QueuePairBuilder {
+            pd: self,
+            settings: QpSettings::default(),
+            access: Access::REMOTE_READ_WRITE,
+            max_inline: 0,
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+        }
+    }
+}
+
+impl QueuePairBuilder<'_> {
+    qp_settings_setters!();
+
+    /// Receive queue depth (default 128).
+    pub fn max_recv_wr(mut self, n: u32) -> Self {
+        self.settings.max_recv_wr = n.max(1);
+        self
+    }
+
+    /// What peers may do through this queue pair (default READ and WRITE;
+    /// each region grants its own rights too).
+    pub fn access(mut self, access: Access) -> Self {
+        self.access = access;
+        self
+    }
+
+    /// Sends of at most this many bytes are copied into the work request
+    /// at post time (inline) rather than read by the NIC from the region,
+    /// which shortens their latency (default 0: never). READs are never
+    /// inline. Creation fails if the device supports less.
+    pub fn max_inline_data(mut self, bytes: u32) -> Self {
+        self.max_inline = bytes;
+        self
+    }
+
+    /// The tenant the queue pair belongs to: creation is admitted against
+    /// its quota (count and creation rate) and the queue pair gives its
+    /// place back when dropped.
+    pub fn tenant(mut self, tenant: &TenantHandle) -> Self {
+        self.settings.tenant = Some(tenant.clone());
+        self
+    }
+
+    /// How long a sent packet waits for its acknowledgement before it is
+    /// sent again: 4.096 us x 2^`exp` (default 14, about 67 ms; at most
+    /// 31, larger values are taken as 31; 0 waits forever). A queue pair
+    /// that keeps megabytes queued in front of a slow link (a bulk sender
+    /// without a window) needs more than its queue's delay, or it resends
+    /// what is still queued and its throughput collapses.
+    pub fn ack_timeout(mut self, exp: u8) -> Self {
+        self.ack_timeout = exp.min(31);
+        self
+    }
+
+    /// Creates the queue pair and moves it to INIT. Connect it with
+    /// [`PreparedQueuePair::connect`] once the peer's [`Endpoint`] is known.
+    pub fn build(self) -> Result<PreparedQueuePair, Error> {
+        let QpStart {
+            permit,
+            device,
+            port_num,
+            port,
+            gid,
+            max_send_wr,
+            max_recv_wr,
+            events,
+        } = self.settings.begin(self.pd)?;
+        let cq = Cq::new(self.pd.context(), max_send_wr + max_recv_wr, events)?;
+        let mut init = ffi::ibv_qp_init_attr {
+            send_cq: cq.cq.as_ptr(),
+            recv_cq: cq.cq.as_ptr(),
+            qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
+            sq_sig_all: 1,
+            cap: ffi::ibv_qp_cap {
+                max_send_wr,
+                max_recv_wr,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: self.max_inline,
+            },
+            ..Default::default()
+        };
+        let qp = create_qp(self.pd, &mut init)?;
+        // The provider writes back what it granted (at least what was asked).
+        let max_inline = init.cap.max_inline_data.max(self.max_inline);
+        let psn = random_psn();
+        let qp = QueuePair {
+            qp,
+            cq,
+            pd: self.pd.clone(),
+            // The requested depths, not the provider's (possibly rounded
+            // up) ones: the completion queue was sized for these.
+            books: Books::new(max_send_wr, max_recv_wr),
+            port: port_num,
+            gid_index: gid.index,
+            max_inline: if self.max_inline == 0 { 0 } else { max_inline },
+            destroyed: false,
+            _permit: permit,
+        };
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
+            pkey_index: 0,
+            port_num,
+            qp_access_flags: self.access.qp_flags(),
+            ..Default::default()
+        };
+        use ffi::ibv_qp_attr_mask as m;
+        qp.modify(
+            &mut attr,
+            m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS,
+            "INIT",
+            "port, P_Key index 0, access flags",
+        )?;
+        let endpoint = Endpoint {
+            // SAFETY: `qp` is a live queue pair.
+            qpn: unsafe { qp.qp.as_ref().qp_num },
+            psn,
+            gid: gid.gid.0,
+            lid: port.lid,
+            mtu: port.active_mtu.map_or(1024, |mtu| mtu.bytes()),
+        };
+        tracing::debug!(%device, qpn = endpoint.qpn, gid = %gid.gid, "created RC queue pair");
+        Ok(PreparedQueuePair {
+            qp,
+            endpoint,
+            ack_timeout: self.ack_timeout,
+        })
+    }
+}
+
+/// A 24-bit packet sequence number that differs between queue pairs.
+pub(crate) fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(mtrdma_core::clock::monotonic_ns());
+    (h.finish() as u32) & 0x00ff_ffff
+}
+
+/// A queue pair in INIT, waiting for its peer's endpoint.
+#[derive(Debug)]
+pub struct PreparedQueuePair {
+    qp: QueuePair,
+    endpoint: Endpoint,
+    ack_timeout: u8,
+}
+
+impl PreparedQueuePair {
+    /// What the peer needs to connect to this queue pair.
+    pub fn endpoint(&self) -> Endpoint {
+        self.endpoint
+    }
+
+    /// Posts a receive before connecting (so the first SEND finds it).
+    pub fn post_recv(
+        &mut self,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        self.qp.post_recv(region, range, context)
+    }
+
+    /// Connects to `remote`: INIT to RTR (path MTU, remote QPN and PSN,
+    /// address vector with the remote GID) and RTR to RTS.
+    pub fn connect(self, remote: &Endpoint) -> Result<QueuePair, Error> {
+        let qp = self.qp;
+        let local = self.endpoint;
+        let ctx = qp.pd.context();
+        let attrs = device_attrs(ctx)?;
+        let rd_atomic = u8::try_from(attrs.max_qp_rd_atom.clamp(1, 16)).unwrap_or(1);
+        let mtu = local.mtu.min(remote.mtu);
+        use ffi::ibv_qp_attr_mask as m;
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_RTR,
+            path_mtu: mtu_enum(mtu),
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: rd_atomic,
+            min_rnr_timer: 12,
+            ah_attr: global_ah_attr(remote.gid, remote.lid, qp.port, qp.gid_index),
+            ..Default::default()
+        };
+        qp.modify(
+            &mut attr,
+            m::IBV_QP_STATE
+                | m::IBV_QP_AV
+                | m::IBV_QP_PATH_MTU
+                | m::IBV_QP_DEST_QPN
+                | m::IBV_QP_RQ_PSN
+                | m::IBV_QP_MAX_DEST_RD_ATOMIC
+                | m::IBV_QP_MIN_RNR_TIMER,
+            "RTR",
+            "path MTU, remote QPN/PSN, address vector (remote GID, local GID index)",
+        )?;
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
+            timeout: self.ack_timeout,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            sq_psn: local.psn,
+            max_rd_atomic: rd_atomic,
+            ..Default::default()
+        };
+        qp.modify(
+            &mut attr,
+            m::IBV_QP_STATE
+                | m::IBV_QP_TIMEOUT
+                | m::IBV_QP_RETRY_CNT
+                | m::IBV_QP_RNR_RETRY
+                | m::IBV_QP_SQ_PSN
+                | m::IBV_QP_MAX_QP_RD_ATOMIC,
+            "RTS",
+            "timeout, retry counts, local PSN, outstanding READs",
+        )?;
+        tracing::debug!(
+            qpn = local.qpn,
+            remote_qpn = remote.qpn,
+            mtu,
+            "queue pair connected"
+        );
+        Ok(qp)
+    }
+}
+
+pub(crate) fn device_attrs(ctx: &crate::Context) -> Result<ffi::ibv_device_attr, Error> {
+    let mut attr = ffi::ibv_device_attr::default();
+    // SAFETY: the context is open; `attr` is writable.
+    let rc = unsafe { ffi::ibv_query_device(ctx.raw(), &mut attr) };
+    if rc != 0 {
+        return Err(Error::Verbs {
+            call: "ibv_query_device",
+            device: ctx.name().to_string(),
+            source: io::Error::from_raw_os_error(rc),
+        });
+    }
+    Ok(attr)
+}
+
+pub(crate) fn mtu_enum(bytes: u32) -> ffi::ibv_mtu {
+    match bytes {
+        0..=256 => ffi::IBV_MTU_256,
+        257..=512 => ffi::IBV_MTU_512,
+        513..=1024 => ffi::IBV_MTU_1024,
+        1025..=2048 => ffi::IBV_MTU_2048,
+        _ => ffi::IBV_MTU_4096,
+    }
+}
+
+/// Creates a queue pair on `pd` with `init`.
+pub(crate) fn create_qp(
+    pd: &ProtectionDomain,
+    init: &mut ffi::ibv_qp_init_attr,
+) -> Result<NonNull<ffi::ibv_qp>, Error> {
+    // SAFETY: the PD (and the CQs `init` names) are alive; `init` is a
+    // valid attribute set, and the call writes the granted caps back.
+    let qp = unsafe { ffi::ibv_create_qp(pd.raw(), init) };
+    NonNull::new(qp).ok_or_else(|| Error::Verbs {
+        call: "ibv_create_qp",
+        device: pd.context().name().to_string(),
+        source: io::Error::last_os_error(),
+    })
+}
+
+/// Moves `qp` to another state; a failure names the transition, the
+/// attributes it set, and the likely cause where one is known.
+pub(crate) fn modify_qp(
+    qp: NonNull<ffi::ibv_qp>,
+    attr: &mut ffi::ibv_qp_attr,
+    mask: ffi::ibv_qp_attr_mask,
+    to: &'static str,
+    attrs: &'static str,
+) -> Result<(), Error> {
+    // SAFETY: the caller's queue pair is live; `attr` holds the fields
+    // `mask` names.
+    let rc = unsafe { ffi::ibv_modify_qp(qp.as_ptr(), attr, mask.0 as i32) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let hint = match (to, rc) {
+        ("INIT", 22) => "; EINVAL at INIT usually means a wrong port number",
+        ("RTR", 22) => "; EINVAL at RTR usually means a wrong GID index or MTU for this port (RoCE needs a RoCE v2 GID, not index 0)",
+        ("RTR", 110) | ("RTS", 110) => "; a timeout usually means the peer's GID is unreachable from this port",
+        _ => "",
+    };
+    Err(Error::Transition {
+        to,
+        attrs,
+        source: io::Error::from_raw_os_error(rc),
+        hint,
+    })
+}
+
+/// An address vector to `dgid` (RoCE needs the global route, and it works
+/// on InfiniBand too) from local GID `sgid_index` of `port`.
+pub(crate) fn global_ah_attr(
+    dgid: [u8; 16],
+    dlid: u16,
+    port: u8,
+    sgid_index: u32,
+) -> ffi::ibv_ah_attr {
+    ffi::ibv_ah_attr {
+        dlid,
+        sl: 0,
+        src_path_bits: 0,
+        is_global: 1,
+        port_num: port,
+        grh: ffi::ibv_global_route {
+            dgid: ffi::ibv_gid { raw: dgid },
+            flow_label: 0,
+            sgid_index: u8::try_from(sgid_index).unwrap_or(0),
+            hop_limit: 64,
+            traffic_class: 0,
+        },
+        ..Default::default()
+    }
+}

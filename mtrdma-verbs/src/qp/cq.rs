@@ -1,0 +1,67 @@
+//! The completion queue a queue pair polls.
+
+use super::*;
+
+pub(crate) struct Cq {
+    pub(crate) cq: NonNull<ffi::ibv_cq>,
+    /// Its completion channel, if it has one (see [`crate::events`]).
+    /// Dropped after `Drop::drop` destroyed the CQ: the channel goes last.
+    pub(crate) events: Option<CompChannel>,
+}
+
+impl Cq {
+    /// A completion queue of at least `entries` entries, with a completion
+    /// channel of its own if `events`.
+    pub(crate) fn new(ctx: &crate::Context, entries: u32, events: bool) -> Result<Cq, Error> {
+        let cqe = i32::try_from(entries).unwrap_or(i32::MAX);
+        let events = if events {
+            Some(CompChannel::new(ctx)?)
+        } else {
+            None
+        };
+        let channel = events
+            .as_ref()
+            .map_or(std::ptr::null_mut(), CompChannel::raw);
+        // SAFETY: the context is open; the channel, if any, is live and
+        // outlives the CQ (see `events`); no context pointer.
+        let cq = unsafe { ffi::ibv_create_cq(ctx.raw(), cqe, std::ptr::null_mut(), channel, 0) };
+        match NonNull::new(cq) {
+            Some(cq) => Ok(Cq { cq, events }),
+            None => Err(Error::Verbs {
+                call: "ibv_create_cq",
+                device: ctx.name().to_string(),
+                source: io::Error::last_os_error(),
+            }),
+        }
+    }
+
+    /// Polls up to `wcs.len()` completions into `wcs`; returns how many
+    /// (the first that many entries are written), or the provider's error.
+    pub(crate) fn poll(&self, wcs: &mut [MaybeUninit<ffi::ibv_wc>]) -> Result<usize, io::Error> {
+        let room = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
+        // SAFETY: the CQ is live while `self` is (and so is its context,
+        // kept open by the owner's PD); `wcs` has room for `room` entries.
+        let n = unsafe {
+            let ctx = self.cq.as_ref().context;
+            match (*ctx).ops.poll_cq {
+                Some(poll) => poll(self.cq.as_ptr(), room, wcs.as_mut_ptr().cast()),
+                None => -libc_enosys(),
+            }
+        };
+        usize::try_from(n)
+            .map(|n| n.min(wcs.len()))
+            .map_err(|_| io::Error::from_raw_os_error(-n))
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // SAFETY: the CQ is ours; its QP was destroyed first (field order
+        // and `QueuePair::drop`). Every event taken from its channel was
+        // acknowledged at once (`Cq::take_events`), so this does not wait.
+        let rc = unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(rc, "ibv_destroy_cq failed");
+        }
+    }
+}

@@ -1,0 +1,535 @@
+//! Reliable-connected queue pairs: creation, connection, posting, polling
+//! and safe teardown.
+//!
+//! Along its seams: `builder` (settings, creation and connection), `cq`
+//! (the completion queue), `books` (the work requests in flight and the
+//! buffers they own), `sink` (where send-side work requests go: the
+//! device, or the null sink of benches and tests), and here the queue
+//! pair itself and what posting takes (endpoints, operations, errors).
+
+use std::fmt;
+use std::io;
+use std::mem::MaybeUninit;
+use std::ops::Range;
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use ibverbs_sys as ffi;
+use mtrdma_core::table::OwnedQpPermit;
+use mtrdma_core::TenantHandle;
+
+use crate::completion::{Completion, Opcode, WcStatus};
+use crate::events::{Armed, CompChannel, Waitable};
+use crate::mr::{Access, RemoteRegion};
+use crate::slab::Slab;
+use crate::{Error, GidEntry, GidSelection, MemoryRegion, PortInfo, ProtectionDomain};
+
+mod books;
+mod builder;
+mod cq;
+mod sink;
+
+pub(crate) use books::*;
+pub use builder::*;
+pub(crate) use cq::*;
+pub(crate) use sink::*;
+
+/// What a peer needs to connect to a queue pair. Serialisable, to send it
+/// over any channel (see [`crate::exchange`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Endpoint {
+    /// Queue pair number.
+    pub qpn: u32,
+    /// First packet sequence number.
+    pub psn: u32,
+    /// The GID the queue pair is addressed by.
+    pub gid: [u8; 16],
+    /// The port's LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// The port's active MTU in bytes.
+    pub mtu: u32,
+}
+
+/// One send-side operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// SEND: consumes a receive the peer posted.
+    Send,
+    /// SEND with 32 bits of immediate data.
+    SendWithImm(u32),
+    /// RDMA WRITE into `remote`, which must be at least as long as the local range.
+    Write(RemoteRegion),
+    /// RDMA WRITE that also consumes a peer receive and delivers `imm`.
+    WriteWithImm(RemoteRegion, u32),
+    /// RDMA READ from `remote` into the local range.
+    Read(RemoteRegion),
+}
+
+impl SendOp {
+    /// The verbs opcode, remote region and immediate of this operation, or
+    /// of one of its pieces (`last`: only the last piece of a WRITE with
+    /// immediate carries the immediate; RC delivers pieces in order, so
+    /// the peer sees it after all the data).
+    pub(crate) fn lower(
+        self,
+        last: bool,
+    ) -> (ffi::ibv_wr_opcode::Type, Option<RemoteRegion>, Option<u32>) {
+        use ffi::ibv_wr_opcode as o;
+        match self {
+            SendOp::Send => (o::IBV_WR_SEND, None, None),
+            SendOp::SendWithImm(imm) => (o::IBV_WR_SEND_WITH_IMM, None, Some(imm)),
+            SendOp::Write(r) => (o::IBV_WR_RDMA_WRITE, Some(r), None),
+            SendOp::WriteWithImm(r, imm) if last => {
+                (o::IBV_WR_RDMA_WRITE_WITH_IMM, Some(r), Some(imm))
+            }
+            SendOp::WriteWithImm(r, _) => (o::IBV_WR_RDMA_WRITE, Some(r), None),
+            SendOp::Read(r) => (o::IBV_WR_RDMA_READ, Some(r), None),
+        }
+    }
+
+    /// Its kind as the scheduler sees it (whether it may be split).
+    #[inline]
+    pub(crate) fn kind(self) -> mtrdma_sched::Opcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm(_) => mtrdma_sched::Opcode::Send,
+            SendOp::Write(_) | SendOp::WriteWithImm(..) => mtrdma_sched::Opcode::Write,
+            SendOp::Read(_) => mtrdma_sched::Opcode::Read,
+        }
+    }
+
+    /// The completion opcode a whole operation reports.
+    pub(crate) fn completion_opcode(self) -> Opcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm(_) => Opcode::Send,
+            SendOp::Write(_) | SendOp::WriteWithImm(..) => Opcode::Write,
+            SendOp::Read(_) => Opcode::Read,
+        }
+    }
+}
+
+/// Checks a send-side request before anything is posted: the local range
+/// lies in the region, and a WRITE or READ fits the remote region.
+pub(crate) fn check_send<R: Region>(
+    op: SendOp,
+    region: &R,
+    range: &Range<usize>,
+) -> Result<ffi::ibv_sge, Error> {
+    let Some(sge) = region.sge(range) else {
+        return Err(Error::LocalRangeOutOfBounds {
+            range: range.clone(),
+            len: region.len(),
+        });
+    };
+    if let (_, Some(r), _) = op.lower(true) {
+        let len = u64::from(sge.length);
+        if len > r.len {
+            return Err(Error::RemoteOutOfBounds { remote: r, len });
+        }
+    }
+    Ok(sge)
+}
+
+/// A refused post: the error, and the region handed back.
+#[derive(Debug)]
+pub struct PostError {
+    /// Why it was refused.
+    pub error: Box<Error>,
+    /// The region, untouched.
+    pub region: MemoryRegion,
+}
+
+impl PostError {
+    /// A refusal of `region` for `error`.
+    pub(crate) fn new((error, region): (Error, MemoryRegion)) -> PostError {
+        PostError {
+            error: Box::new(error),
+            region,
+        }
+    }
+}
+
+impl fmt::Display for PostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for PostError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// A connected reliable queue pair.
+///
+/// Posting moves the region into the queue pair; [`poll`](Self::poll)
+/// returns it in the completion. Dropping the queue pair with work in flight
+/// moves it to the error state, waits for every request to be flushed, and
+/// only then frees the regions, so the NIC never touches freed memory.
+pub struct QueuePair {
+    qp: NonNull<ffi::ibv_qp>,
+    cq: Cq,
+    pd: ProtectionDomain,
+    books: Books<MemoryRegion>,
+    port: u8,
+    gid_index: u32,
+    /// Sends up to this many bytes go inline.
+    max_inline: u32,
+    destroyed: bool,
+    _permit: Option<OwnedQpPermit>,
+}
+
+// SAFETY: the queue pair owns its verbs objects and in-flight regions;
+// moving it to another thread moves all of it. It is not Sync: posting and
+// polling take `&mut self`.
+unsafe impl Send for QueuePair {}
+
+impl fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qpn", &self.qpn())
+            .field("sends_in_flight", &self.books.sends_in_flight)
+            .field("recvs_in_flight", &self.books.recvs_in_flight)
+            .finish()
+    }
+}
+
+impl QueuePair {
+    /// The queue pair number.
+    pub fn qpn(&self) -> u32 {
+        // SAFETY: `qp` is live while `self` is.
+        unsafe { self.qp.as_ref().qp_num }
+    }
+
+    /// Work requests posted and not yet polled (send, receive).
+    pub fn in_flight(&self) -> (u32, u32) {
+        (self.books.sends_in_flight, self.books.recvs_in_flight)
+    }
+
+    fn modify(
+        &self,
+        attr: &mut ffi::ibv_qp_attr,
+        mask: ffi::ibv_qp_attr_mask,
+        to: &'static str,
+        attrs: &'static str,
+    ) -> Result<(), Error> {
+        modify_qp(self.qp, attr, mask, to, attrs)
+    }
+
+    /// Posts a send-side operation on `range` of `region`. The region is
+    /// the queue pair's until its completion is polled; on refusal it comes
+    /// back in the [`PostError`].
+    pub fn post_send(
+        &mut self,
+        op: SendOp,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        self.post_parked(op, region, range, context)
+            .map_err(PostError::new)
+    }
+
+    /// Posts a receive into `range` of `region`.
+    pub fn post_recv(
+        &mut self,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        let refuse = |error, region| Err(PostError::new((error, region)));
+        let Some(mut sge) = region.sge(&range) else {
+            let len = region.len();
+            return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
+        };
+        if self.books.recvs_in_flight >= self.books.max_recv_wr {
+            return refuse(
+                Error::RecvQueueFull {
+                    depth: self.books.max_recv_wr,
+                },
+                region,
+            );
+        }
+        let slot = self.books.park(Slot {
+            context,
+            region,
+            send: false,
+            len: 0,
+        });
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id: slot as u64,
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: i32::from(sge.length > 0),
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: as for `post_send`: the buffer stays parked until polled.
+        let rc = unsafe {
+            let ctx = self.qp.as_ref().context;
+            match (*ctx).ops.post_recv {
+                Some(post) => post(self.qp.as_ptr(), &mut wr, &mut bad),
+                None => libc_enosys(),
+            }
+        };
+        if rc != 0 {
+            let slot = self.books.unpark(slot).expect("just parked");
+            return refuse(
+                Error::Verbs {
+                    call: "ibv_post_recv",
+                    device: self.pd.context().name().to_string(),
+                    source: io::Error::from_raw_os_error(rc),
+                },
+                slot.region,
+            );
+        }
+        self.books.recvs_in_flight += 1;
+        Ok(())
+    }
+
+    /// Polls up to 32 completions into `out`; returns how many.
+    pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
+        self.poll_own(out)
+    }
+
+    /// Polls; if nothing has completed, sleeps until something does or
+    /// `timeout` runs out, without spinning. Returns how many completions
+    /// it added to `out` (0: the timeout ran out). An interrupted sleep
+    /// goes on for the time that remains.
+    ///
+    /// The queue pair must be built with
+    /// [`completion_events(true)`](QueuePairBuilder::completion_events);
+    /// otherwise this returns [`Error::NoCompletionEvents`]. While one
+    /// thread sleeps here, the CPU is free for others: a machine with a
+    /// few cores can host many tenants that wait rather than spin.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use mtrdma_verbs::{Access, Context, SendOp};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ctx = Context::open_first_active()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let a = pd.queue_pair().completion_events(true).build()?;
+    /// let b = pd.queue_pair().build()?;
+    /// let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// let (mut a, _b) = (a.connect(&eb)?, b.connect(&ea)?);
+    ///
+    /// let target = pd.allocate(4096, Access::REMOTE_READ_WRITE)?;
+    /// let src = pd.allocate(4096, Access::LOCAL)?;
+    /// a.post_send(SendOp::Write(target.remote().unwrap()), src, 0..4096, 1)?;
+    /// let mut done = Vec::new();
+    /// while done.is_empty() {
+    ///     // Sleeps until the WRITE completes (checking every second).
+    ///     a.poll_wait(&mut done, Duration::from_secs(1))?;
+    /// }
+    /// assert!(done[0].status.is_success());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn poll_wait(
+        &mut self,
+        out: &mut Vec<Completion>,
+        timeout: Duration,
+    ) -> Result<usize, Error> {
+        crate::events::poll_wait(self, out, timeout)
+    }
+
+    /// A failed verbs call on this queue pair's device.
+    fn verbs_error(&self, (call, source): (&'static str, io::Error)) -> Error {
+        Error::Verbs {
+            call,
+            device: self.pd.context().name().to_string(),
+            source,
+        }
+    }
+
+    /// Moves the queue pair to the error state: every outstanding request
+    /// completes with [`WcStatus::Flushed`] (or its real error).
+    pub fn set_error(&self) -> Result<(), Error> {
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        self.modify(
+            &mut attr,
+            ffi::ibv_qp_attr_mask::IBV_QP_STATE,
+            "ERR",
+            "state",
+        )
+    }
+}
+
+pub(crate) fn libc_enosys() -> i32 {
+    38
+}
+
+impl Sink for QueuePair {
+    type Region = MemoryRegion;
+
+    fn qpn(&self) -> u32 {
+        QueuePair::qpn(self)
+    }
+
+    fn tenant(&self) -> Option<&TenantHandle> {
+        self._permit.as_ref().map(OwnedQpPermit::handle)
+    }
+
+    fn books(&self) -> &Books<MemoryRegion> {
+        &self.books
+    }
+
+    fn books_mut(&mut self) -> &mut Books<MemoryRegion> {
+        &mut self.books
+    }
+
+    unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
+        if wr.num_sge == 1 && wr.opcode != ffi::ibv_wr_opcode::IBV_WR_RDMA_READ {
+            // SAFETY: `num_sge` is 1, so `sg_list` points at one valid sge.
+            let len = unsafe { (*wr.sg_list).length };
+            if len <= self.max_inline {
+                // Copied into the request now; the region is not read later.
+                wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+            }
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the QP is live; `wr` and its scatter list outlive the
+        // call (the provider copies them into the send queue); the caller
+        // keeps the buffer alive until the completion.
+        let rc = unsafe {
+            let ctx = self.qp.as_ref().context;
+            match (*ctx).ops.post_send {
+                Some(post) => post(self.qp.as_ptr(), wr, &mut bad),
+                None => libc_enosys(),
+            }
+        };
+        if rc != 0 {
+            return Err(Error::Verbs {
+                call: "ibv_post_send",
+                device: self.pd.context().name().to_string(),
+                source: io::Error::from_raw_os_error(rc),
+            });
+        }
+        Ok(())
+    }
+
+    fn poll(
+        &mut self,
+        out: &mut Vec<Completion>,
+        raw: &mut Vec<RawCompletion>,
+    ) -> Result<usize, Error> {
+        // Not zeroed: the provider writes the entries it returns, and a
+        // busy poll that finds nothing should cost nothing but the call.
+        let mut wcs = [const { MaybeUninit::<ffi::ibv_wc>::uninit() }; 32];
+        // SAFETY: the CQ is live; `wcs` has room for 32 entries.
+        let n = unsafe {
+            let ctx = self.qp.as_ref().context;
+            match (*ctx).ops.poll_cq {
+                Some(poll) => poll(self.cq.cq.as_ptr(), 32, wcs.as_mut_ptr().cast()),
+                None => -libc_enosys(),
+            }
+        };
+        if n < 0 {
+            return Err(Error::Verbs {
+                call: "ibv_poll_cq",
+                device: self.pd.context().name().to_string(),
+                source: io::Error::from_raw_os_error(-n),
+            });
+        }
+        let n = (n as usize).min(wcs.len());
+        for wc in &wcs[..n] {
+            // SAFETY: `ibv_poll_cq` wrote the first `n` entries.
+            let wc = unsafe { wc.assume_init_ref() };
+            let status = wc
+                .error()
+                .map_or(WcStatus::Success, |(s, _)| WcStatus::from_raw(s));
+            let wc = Wc {
+                wr_id: wc.wr_id(),
+                status,
+                opcode: wc.opcode(),
+                byte_len: u32::try_from(wc.len()).unwrap_or(u32::MAX),
+                imm: wc.imm_data(),
+            };
+            self.books.complete(wc, out, raw);
+        }
+        Ok(n)
+    }
+
+    fn shutdown(&mut self) -> bool {
+        if self.destroyed {
+            return self.books.outstanding() == 0;
+        }
+        let outstanding = self.books.outstanding();
+        if outstanding > 0 {
+            let _ = self.set_error();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let (mut sink, mut raw) = (Vec::new(), Vec::new());
+            while self.books.outstanding() > 0 && Instant::now() < deadline {
+                if Sink::poll(self, &mut sink, &mut raw).is_err() {
+                    break;
+                }
+                sink.clear();
+                raw.clear();
+            }
+        }
+        let drained = self.books.outstanding() == 0;
+        tracing::debug!(outstanding, drained, "destroying queue pair");
+        // SAFETY: the QP is ours and destroyed once (guarded by
+        // `destroyed`), before its CQ.
+        let rc = unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
+        self.destroyed = true;
+        if rc != 0 || !drained {
+            // The NIC may still reach the buffers: never free them.
+            tracing::error!(
+                rc,
+                drained,
+                "queue pair teardown incomplete; leaking in-flight buffers"
+            );
+            for region in self.books.drain_regions() {
+                std::mem::forget(region);
+            }
+            return false;
+        }
+        true
+    }
+
+    fn check_events(&self) -> Result<(), Error> {
+        self.cq.check_events()
+    }
+
+    fn arm_events(&mut self) -> Result<Armed, Error> {
+        self.cq.arm().map_err(|e| self.verbs_error(e))
+    }
+
+    fn take_events(&mut self) -> Result<(), Error> {
+        self.cq
+            .take_events()
+            .map(drop)
+            .map_err(|e| self.verbs_error(e))
+    }
+}
+
+impl Waitable for QueuePair {
+    type Item = Completion;
+
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
+        self.poll_own(out)
+    }
+
+    fn check_events(&mut self) -> Result<(), Error> {
+        Sink::check_events(self)
+    }
+
+    fn arm(&mut self) -> Result<Armed, Error> {
+        self.arm_events()
+    }
+
+    fn take_events(&mut self) -> Result<(), Error> {
+        Sink::take_events(self)
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        Sink::shutdown(self);
+    }
+}
