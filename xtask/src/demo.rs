@@ -3,7 +3,7 @@
 //!
 //! One boot, with the shared link set up, runs in order: perftest's `ib_write_lat` (16 B) and
 //! `ib_write_bw` (64 KiB) alone, the same two tests with mtrdma's
-//! `examples/perf.rs` on the plain and on the scheduled path (all on
+//! `examples/perf/` on the plain and on the scheduled path (all on
 //! `rxe0`), then the link's rate: what rxe carries across it unshaped in
 //! this boot is measured, and the link is shaped to half of that (at most
 //! 200 Mbit/s; `--link RATE` shapes it to RATE instead), since under

@@ -1,0 +1,284 @@
+//! Results: bandwidth and latency figures, the printed table and the CSV.
+
+use super::*;
+
+#[derive(Debug, Clone)]
+pub(crate) struct BwResult {
+    pub(crate) size: usize,
+    pub(crate) iters: u64,
+    pub(crate) peak: f64,
+    pub(crate) avg: f64,
+    pub(crate) msg_rate: f64,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct LatResult {
+    pub(crate) size: usize,
+    pub(crate) iters: u64,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+    pub(crate) typical: f64,
+    pub(crate) avg: f64,
+    pub(crate) stdev: f64,
+    pub(crate) p99: f64,
+    pub(crate) p999: f64,
+}
+
+pub(crate) enum Outcome {
+    Bw(BwResult),
+    Lat(LatResult),
+}
+
+/// perftest's figures from post times `tp` and completion times `tc` (ns):
+/// average over first post to last completion; peak as perftest's best
+/// `(tc[j] - tp[i]) / (j - i + 1)` (sampled on a grid of at most ~1000x1000
+/// points for long runs).
+pub(crate) fn bw_result(size: usize, tp: &[u64], tc: &[u64]) -> Option<BwResult> {
+    let n = tc.len().min(tp.len());
+    if n == 0 {
+        return None;
+    }
+    let secs = tc[n - 1].saturating_sub(tp[0]).max(1) as f64 / 1e9;
+    let mut best = f64::MAX;
+    let step = (n / 1000).max(1);
+    let mut i = 0;
+    while i < n {
+        let mut j = i;
+        loop {
+            let t = tc[j].saturating_sub(tp[i]).max(1) as f64 / (j - i + 1) as f64;
+            best = best.min(t);
+            if j == n - 1 {
+                break;
+            }
+            j = (j + step).min(n - 1);
+        }
+        i += step;
+    }
+    Some(BwResult {
+        size,
+        iters: n as u64,
+        peak: size as f64 / (best / 1e9) / MIB,
+        avg: size as f64 * n as f64 / secs / MIB,
+        msg_rate: n as f64 / secs / 1e6,
+    })
+}
+
+/// perftest's latency statistics: samples (ns) divided by `factor` (2 for
+/// round trips), the two largest dropped, median as `t_typical`.
+pub(crate) fn lat_result(size: usize, mut samples: Vec<u64>, factor: f64) -> Option<LatResult> {
+    let n = samples.len();
+    if n == 0 {
+        return None;
+    }
+    samples.sort_unstable();
+    let cnt = if n > 2 { n - 2 } else { n };
+    let us = |ns: u64| ns as f64 / 1e3 / factor;
+    let kept = &samples[..cnt];
+    let median = if cnt % 2 == 0 {
+        (us(kept[cnt / 2 - 1]) + us(kept[cnt / 2])) / 2.0
+    } else {
+        us(kept[cnt / 2])
+    };
+    let avg = kept.iter().map(|&s| us(s)).sum::<f64>() / cnt as f64;
+    let var = kept.iter().map(|&s| (us(s) - avg).powi(2)).sum::<f64>() / cnt as f64;
+    let at = |q: f64| us(samples[((cnt as f64 * q).ceil() as usize).min(n - 1)]);
+    Some(LatResult {
+        size,
+        iters: n as u64,
+        min: us(samples[0]),
+        max: us(samples[cnt.min(n - 1)]),
+        typical: median,
+        avg,
+        stdev: var.sqrt(),
+        p99: at(0.99),
+        p999: at(0.999),
+    })
+}
+
+pub(crate) const LINE: &str =
+    "---------------------------------------------------------------------------------------";
+
+pub(crate) fn print_columns(test: Test) {
+    let columns: &[(&str, usize)] = if test.is_bw() {
+        &[
+            ("#bytes", 10),
+            ("#iterations", 14),
+            ("BW peak[MB/sec]", 18),
+            ("BW average[MB/sec]", 20),
+            ("MsgRate[Mpps]", 0),
+        ]
+    } else {
+        &[
+            ("#bytes", 10),
+            ("#iterations", 12),
+            ("t_min[usec]", 12),
+            ("t_max[usec]", 12),
+            ("t_typical[usec]", 16),
+            ("t_avg[usec]", 12),
+            ("t_stdev[usec]", 14),
+            ("99% percentile[usec]", 22),
+            ("99.9% percentile[usec]", 0),
+        ]
+    };
+    let mut line = String::new();
+    for (name, width) in columns {
+        let _ = write!(line, " {name:<width$}");
+    }
+    println!("{}", line.trim_end());
+}
+
+pub(crate) fn print_outcome(o: &Outcome) {
+    match o {
+        Outcome::Bw(r) => println!(
+            " {:<10} {:<14} {:<18.2} {:<20.2} {:.6}",
+            r.size, r.iters, r.peak, r.avg, r.msg_rate
+        ),
+        Outcome::Lat(r) => println!(
+            " {:<10} {:<12} {:<12.2} {:<12.2} {:<16.2} {:<12.2} {:<14.2} {:<22.2} {:.2}",
+            r.size, r.iters, r.min, r.max, r.typical, r.avg, r.stdev, r.p99, r.p999
+        ),
+    }
+}
+
+pub(crate) const CSV_HEADER: &str =
+    "test,path,device,tenant,tx_depth,chunk_bytes,pieces,bytes,iterations,\
+bw_peak_MBps,bw_avg_MBps,msg_rate_Mpps,t_min_us,t_max_us,t_typical_us,t_avg_us,t_stdev_us,\
+t_p99_us,t_p99_9_us";
+
+pub(crate) fn csv_line(p: &Params, device: &str, tenant: &str, o: &Outcome) -> String {
+    let pre = format!(
+        "{},{},{},{},{},{},{}",
+        p.test.name(),
+        p.path.name(),
+        device,
+        tenant,
+        if p.test.is_bw() { p.tx_depth } else { 1 },
+        p.chunk,
+        p.pieces
+    );
+    match o {
+        Outcome::Bw(r) => format!(
+            "{pre},{},{},{:.4},{:.4},{:.6},,,,,,,",
+            r.size, r.iters, r.peak, r.avg, r.msg_rate
+        ),
+        Outcome::Lat(r) => format!(
+            "{pre},{},{},,,,{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3}",
+            r.size, r.iters, r.min, r.max, r.typical, r.avg, r.stdev, r.p99, r.p999
+        ),
+    }
+}
+
+/// Appends `samples` (ns) divided by `factor`, in usec, one per line,
+/// after a line naming the size.
+pub(crate) fn write_samples(
+    path: &PathBuf,
+    size: usize,
+    samples: &[u64],
+    factor: f64,
+) -> Result<(), String> {
+    let mut text = format!("# {size} B\n");
+    for s in samples {
+        let _ = writeln!(text, "{:.3}", *s as f64 / 1e3 / factor);
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(|e| format!("--samples {}: {e}", path.display()))
+}
+
+pub(crate) fn append_csv(path: &PathBuf, line: &str) -> Result<(), String> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| format!("--csv {}: {e}", path.display()))?;
+    let empty = f.metadata().map(|m| m.len() == 0).unwrap_or(true);
+    let text = if empty {
+        format!("{CSV_HEADER}\n{line}\n")
+    } else {
+        format!("{line}\n")
+    };
+    f.write_all(text.as_bytes())
+        .map_err(|e| format!("--csv {}: {e}", path.display()))
+}
+
+pub(crate) fn print_header(side: &Side, p: &Params, conn: &Conn, limited: Option<(usize, usize)>) {
+    let ctx = &side.ctx;
+    let port = ctx.port(1).ok();
+    let gid = ctx.select_gid(1, GidSelection::Auto).ok();
+    println!("{LINE}");
+    println!("                    {} (mtrdma perf)", p.test.title());
+    println!(" Device          : {}", ctx.name());
+    match p.path {
+        PathKind::Mtrdma => println!(
+            " Path            : mtrdma (ScheduledQueuePair; chunk {} B, {} pieces in flight)",
+            p.chunk, p.pieces
+        ),
+        PathKind::Raw => println!(" Path            : raw (QueuePair::post_send)"),
+    }
+    match &side.tenant {
+        Some((_, desc)) if p.path == PathKind::Raw => {
+            println!(" Tenant          : {desc}; raw path: QP admission only, no rate limits")
+        }
+        Some((_, desc)) => println!(" Tenant          : {desc}"),
+        None => println!(" Tenant          : none"),
+    }
+    println!(" Number of qps   : 1\t\tTransport type : IB");
+    println!(" Connection type : RC\t\tUsing SRQ      : OFF");
+    println!(" Max inline data : {}[B]", p.inline);
+    if p.test.is_bw() {
+        println!(" TX depth        : {}", p.tx_depth);
+        if let Some((size, n)) = limited {
+            println!(
+                " Outstanding     : {n} from {size} B up (--pool-mib {} limits buffers)",
+                side.pool_bytes >> 20
+            );
+        }
+    } else {
+        println!(" TX depth        : 1");
+    }
+    println!(
+        " Mtu             : {}[B]",
+        conn.local.mtu.min(conn.peer.mtu)
+    );
+    if let Some(port) = port {
+        println!(" Link type       : {}", port.link_layer);
+    }
+    match gid {
+        Some(g) => println!(" GID index       : {}", g.index),
+        None => println!(" GID index       : ?"),
+    }
+    println!(" Data ex. method : Ethernet (TCP, mtrdma::verbs::exchange)");
+    match p.duration() {
+        Some(d) => println!(" Duration        : {:.1} s per size", d.as_secs_f64()),
+        None => println!(" Iterations      : {} per size", p.iters),
+    }
+    if p.test.is_bw() {
+        println!(" Units           : MB = 2^20 bytes (as perftest), Mpps = 10^6 msg/s");
+    } else {
+        println!(
+            " Units           : usec; {}",
+            if p.test == Test::ReadLat {
+                "READ post to completion"
+            } else if p.test == Test::WriteCompLat {
+                "WRITE post to completion"
+            } else {
+                "ping-pong round trip / 2"
+            }
+        );
+    }
+    println!("{LINE}");
+    for (name, ep) in [("local", conn.local), ("remote", conn.peer)] {
+        println!(
+            " {name} address: LID {:#06x} QPN {:#06x} PSN {:#08x} GID: {}",
+            ep.lid,
+            ep.qpn,
+            ep.psn,
+            Gid(ep.gid)
+        );
+    }
+    println!("{LINE}");
+    print_columns(p.test);
+}
