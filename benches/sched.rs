@@ -20,6 +20,7 @@ use std::sync::atomic::AtomicU64;
 use criterion::{criterion_main, BenchmarkId, Criterion, Throughput};
 use governor::{Quota, RateLimiter};
 use mtrdma::core::gcra_shared;
+use mtrdma::sched::compose::composed;
 use mtrdma::sched::{
     Clock, Dequeue, Descriptor, Gcra, Nanos, Opcode, QuantaClock, RateLimit, Scheduler,
     SchedulerConfig, TenantId, TenantPolicy, TenantScheduler, TrafficClass,
@@ -86,6 +87,27 @@ fn enqueue_dequeue(c: &mut Criterion) {
                     unreachable!("every tenant stays backlogged")
                 };
                 s.enqueue(descriptor(g.tenant, g.handle), Nanos(0))
+                    .expect("tenant is known");
+                black_box(g.handle)
+            })
+        });
+
+        let mut pieces = composed::<u64>(&SchedulerConfig::default()).expect("valid config");
+        for t in 0..n {
+            pieces
+                .set_policy(TenantId(t), TenantPolicy::weight(1 + t % 4))
+                .expect("valid policy");
+            pieces
+                .enqueue(descriptor(TenantId(t), u64::from(t)), Nanos(0))
+                .expect("tenant is known");
+        }
+        group.bench_with_input(BenchmarkId::new("composed", n), &n, |b, _| {
+            b.iter(|| {
+                let Dequeue::Ready(g) = pieces.dequeue(Nanos(0)) else {
+                    unreachable!("every tenant stays backlogged")
+                };
+                pieces
+                    .enqueue(descriptor(g.tenant, g.handle), Nanos(0))
                     .expect("tenant is known");
                 black_box(g.handle)
             })

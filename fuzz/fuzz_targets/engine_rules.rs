@@ -15,6 +15,7 @@
 use std::collections::VecDeque;
 
 use libfuzzer_sys::fuzz_target;
+use mtrdma_sched::compose::composed;
 use mtrdma_sched::gate::{Gate, GrantOrder, Lane, Post};
 use mtrdma_sched::{
     Admit, Dequeue, Descriptor, Grant, Nanos, Opcode, RateLimit, Scheduler, SchedulerConfig,
@@ -32,8 +33,8 @@ struct Request {
     last: bool,
 }
 
-struct Engine {
-    sched: TenantScheduler<usize>,
+struct Engine<S> {
+    sched: S,
     gate: Gate,
     order: GrantOrder,
     lanes: Vec<Lane<usize>>,
@@ -44,14 +45,26 @@ struct Engine {
     now: u64,
 }
 
-impl Engine {
-    fn new(chunk: u64, budget: u64, slots: &[u32; LANES]) -> Engine {
-        let sched = TenantScheduler::new(SchedulerConfig {
-            chunk_bytes: chunk,
-            quantum_bytes: chunk,
-            ..SchedulerConfig::default()
-        })
-        .expect("a valid configuration");
+fn config(chunk: u64) -> SchedulerConfig {
+    SchedulerConfig {
+        chunk_bytes: chunk,
+        quantum_bytes: chunk,
+        ..SchedulerConfig::default()
+    }
+}
+
+fn tenant(lane: usize) -> TenantId {
+    TenantId(lane as u32 + 1)
+}
+
+impl<S: Scheduler<usize>> Engine<S> {
+    fn new(mut sched: S, chunk: u64, budget: u64, slots: &[u32; LANES]) -> Engine<S> {
+        // Every queue pair's tenant is known, as the engine adopts it.
+        for lane in 0..LANES {
+            sched
+                .set_policy(tenant(lane), TenantPolicy::weight(1))
+                .expect("a valid policy");
+        }
         let lanes = (0..LANES)
             .map(|i| {
                 let class = if i == 0 {
@@ -73,10 +86,6 @@ impl Engine {
         }
     }
 
-    fn tenant(lane: usize) -> TenantId {
-        TenantId(lane as u32 + 1)
-    }
-
     /// A request on `lane`: the fast path if the gate and the caps let it
     /// go now, else the scheduler.
     fn post(&mut self, lane: usize, op: Opcode, len: u64) {
@@ -88,7 +97,7 @@ impl Engine {
             last: false,
         });
         let now = Nanos(self.now);
-        let tenant = Self::tenant(lane);
+        let tenant = tenant(lane);
         let class = self.lanes[lane].class();
         let fast = self
             .gate
@@ -224,6 +233,19 @@ fuzz_target!(|data: &[u8]| {
     if data.len() < 6 {
         return;
     }
+    // The first byte's top bit: the built-in scheduler, or the same policy
+    // composed of pieces (mtrdma_sched::compose).
+    let chunk = 64 << (data[0] % 8);
+    if data[0] & 0x80 == 0 {
+        let sched = TenantScheduler::new(config(chunk)).expect("a valid configuration");
+        drive(sched, data);
+    } else {
+        let sched = composed(&config(chunk)).expect("a valid configuration");
+        drive(sched, data);
+    }
+});
+
+fn drive<S: Scheduler<usize>>(sched: S, data: &[u8]) {
     let chunk = 64 << (data[0] % 8);
     let budget = u64::from(data[1]) * 512;
     let slots = [
@@ -232,7 +254,7 @@ fuzz_target!(|data: &[u8]| {
         u32::from(data[4] % 8) + 1,
         u32::from(data[5] % 8) + 1,
     ];
-    let mut e = Engine::new(chunk, budget, &slots);
+    let mut e = Engine::new(sched, chunk, budget, &slots);
     for op in data[6..].chunks_exact(3) {
         let lane = usize::from(op[0] >> 4) % LANES;
         match op[0] % 8 {
@@ -252,7 +274,7 @@ fuzz_target!(|data: &[u8]| {
                 if op[2] % 2 == 1 {
                     policy = policy.with_byte_cap(RateLimit::new(u64::from(op[2]) * 1000, 4096));
                 }
-                let _ = e.sched.set_policy(Engine::tenant(lane), policy);
+                let _ = e.sched.set_policy(tenant(lane), policy);
             }
             _ => {}
         }
@@ -282,4 +304,4 @@ fuzz_target!(|data: &[u8]| {
             r.posted, r.len
         );
     }
-});
+}

@@ -22,6 +22,13 @@
 //!   starvation guard for bulk, weighted deficit round robin across
 //!   tenants (O(1) per decision), GCRA caps per tenant, chunking of large
 //!   WRITE/READ descriptors.
+//! * [`compose`]: the default's three ideas as separate pieces that
+//!   compose through [`Scheduler`]: weighted DRR ([`compose::Drr`]),
+//!   latency priority with the starvation guard ([`compose::Priority`])
+//!   and GCRA caps in front of any scheduler ([`compose::Shaped`]).
+//!   [`compose::composed`] puts them together as the default behaves (it
+//!   grants exactly what [`TenantScheduler`] grants, tested); take them
+//!   apart for other schedulers.
 //! * [`gcra_decide`] / [`Gcra`]: rate shaping whose whole state is one
 //!   `u64`, so it also runs on an atomic in shared memory.
 //! * [`gate`]: what reaches the NIC and when around a scheduler (the bulk
@@ -72,6 +79,7 @@
 #![forbid(unsafe_code)]
 
 mod chunk;
+pub mod compose;
 mod descriptor;
 mod error;
 mod fifo;
@@ -79,6 +87,7 @@ pub mod gate;
 mod gcra;
 mod guard;
 mod id_hash;
+mod nodes;
 mod policy;
 mod ring;
 pub mod sim;

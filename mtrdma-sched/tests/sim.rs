@@ -376,3 +376,30 @@ fn windows_share_the_port_in_the_order_of_the_weights() {
         );
     }
 }
+
+#[test]
+fn the_composed_pieces_run_the_port_as_the_built_in_scheduler_does() {
+    let config = SimConfig {
+        chunk_bytes: SimConfig::scheduler_config().chunk_bytes,
+        ..SimConfig::default()
+    };
+    let mut tenants = vec![
+        TenantSpec::probe(TenantId(0)),
+        TenantSpec::message_rate(TenantId(1)),
+    ];
+    tenants.extend(
+        (2..=4u32).map(|t| TenantSpec::bulk(TenantId(t)).with_policy(TenantPolicy::weight(t - 1))),
+    );
+    let built_in = run(
+        &config,
+        &tenants,
+        &Mode::Scheduled(SimConfig::scheduler_config()),
+    )
+    .unwrap();
+    let mut pieces = mtrdma_sched::compose::composed(&SimConfig::scheduler_config()).unwrap();
+    for t in &tenants {
+        mtrdma_sched::Scheduler::set_policy(&mut pieces, t.id, t.policy).unwrap();
+    }
+    let composed = mtrdma_sched::sim::run_with(&config, &tenants, pieces).unwrap();
+    assert_eq!(built_in, composed);
+}
