@@ -48,10 +48,8 @@ use criterion::{criterion_main, Criterion, Throughput};
 use mtrdma::core::{
     LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId, TrafficClass,
 };
-use mtrdma::sched::compose::composed;
-use mtrdma::sched::{SchedulerConfig, TenantScheduler};
 use mtrdma::verbs::bench::{self, HeapRegion, HostCompletion, NullScheduler, NullSink};
-use mtrdma::verbs::{PieceScheduler, RemoteRegion, ScheduleConfig, SendOp, SharedConfig};
+use mtrdma::verbs::{RemoteRegion, ScheduleConfig, SendOp, SharedConfig};
 
 /// Bytes per WRITE.
 const BYTES: usize = 64;
@@ -87,8 +85,8 @@ fn direct(sink: &mut NullSink, region: HeapRegion, out: &mut Vec<HostCompletion>
 }
 
 /// One WRITE through a scheduled queue pair, and its completion.
-fn scheduled<Q: PieceScheduler>(
-    qp: &mut bench::NullScheduled<Q>,
+fn scheduled(
+    qp: &mut bench::NullScheduled,
     region: HeapRegion,
     out: &mut Vec<HostCompletion>,
 ) -> HeapRegion {
@@ -268,79 +266,6 @@ fn paired() {
     println!("  target: scheduled adds at most {TARGET_NS} ns: {verdict} ({median_added:.1} ns)");
 }
 
-/// What the built-in policy built from pieces (`mtrdma_sched::compose`,
-/// plugged in through the `Scheduler` trait) may add per request over the
-/// fused built-in scheduler.
-const COMPOSED_TARGET_NS: f64 = 5.0;
-
-/// Runs the built-in scheduler and the same policy composed of pieces
-/// alternately, every request through the scheduler (64 B WRITEs in two
-/// 32 B pieces, so none takes the fast path), and prints what the
-/// composition adds.
-fn paired_composed() {
-    let config = SchedulerConfig {
-        chunk_bytes: 32,
-        quantum_bytes: 32,
-        ..SchedulerConfig::default()
-    };
-    let schedule = ScheduleConfig {
-        chunk_bytes: 32,
-        ..bulk0()
-    };
-    let mut out = Vec::with_capacity(64);
-    let built_in = TenantScheduler::new(config.clone()).expect("valid configuration");
-    let mut fused = bench::scheduled_with(NullSink::new(1, DEPTH), schedule.clone(), built_in)
-        .expect("a scheduler of its own");
-    let pieces = composed(&config).expect("valid configuration");
-    let mut composed = bench::scheduled_with(NullSink::new(1, DEPTH), schedule, pieces)
-        .expect("a scheduler of its own");
-    let mut region = Some(HeapRegion::new(BYTES));
-    let mut time = |f: &mut dyn FnMut(HeapRegion) -> HeapRegion| {
-        let start = Instant::now();
-        for _ in 0..ROUND_WRS {
-            let r = region.take().expect("region back");
-            region = Some(black_box(f(r)));
-        }
-        start.elapsed().as_nanos() as f64 / f64::from(ROUND_WRS)
-    };
-    let (mut f, mut c, mut added) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..=ROUNDS {
-        let fused_ns = time(&mut |r| scheduled(&mut fused, r, &mut out));
-        let composed_ns = time(&mut |r| scheduled(&mut composed, r, &mut out));
-        if round == 0 {
-            continue; // warm-up
-        }
-        f.push(fused_ns);
-        c.push(composed_ns);
-        added.push(composed_ns - fused_ns);
-    }
-    let q = |v: &mut Vec<f64>, p: f64| {
-        v.sort_by(f64::total_cmp);
-        v[((v.len() - 1) as f64 * p).round() as usize]
-    };
-    let median_added = q(&mut added, 0.5);
-    println!(
-        "
-paired rounds, every request through the scheduler ({ROUNDS} x {ROUND_WRS}): \
-         built-in {:.1} ns, composed of pieces {:.1} ns (medians)",
-        q(&mut f, 0.5),
-        q(&mut c, 0.5)
-    );
-    println!(
-        "  composed adds {median_added:.1} ns (median; quartiles {:.1} to {:.1})",
-        q(&mut added, 0.25),
-        q(&mut added, 0.75)
-    );
-    let verdict = if median_added <= COMPOSED_TARGET_NS {
-        "met"
-    } else {
-        "NOT met"
-    };
-    println!(
-        "  target: composed adds at most {COMPOSED_TARGET_NS} ns: {verdict} ({median_added:.1} ns)"
-    );
-}
-
 /// Runs the group, then the summary (written out rather than with
 /// `criterion_group!`, whose generated public function has no doc comment).
 fn benches() {
@@ -356,7 +281,6 @@ fn benches() {
     let has = |flag: &str| args.iter().any(|a| a == flag);
     if has("--bench") && !has("--list") && !has("--profile-time") {
         paired();
-        paired_composed();
     }
 }
 

@@ -141,7 +141,7 @@ impl<H: Clone> Drr<H> {
 }
 
 impl<H: Clone> Scheduler<H> for Drr<H> {
-    #[inline]
+    #[inline(always)]
     fn enqueue(&mut self, d: Descriptor<H>, _now: Nanos) -> Result<(), Rejected<H>> {
         let Some(s) = self.index.get(d.tenant) else {
             let reason = RejectReason::UnknownTenant(d.tenant);
@@ -351,7 +351,7 @@ impl<Hi, Lo> Priority<Hi, Lo> {
 }
 
 impl<H, Hi: Scheduler<H>, Lo: Scheduler<H>> Scheduler<H> for Priority<Hi, Lo> {
-    #[inline]
+    #[inline(always)]
     fn enqueue(&mut self, d: Descriptor<H>, now: Nanos) -> Result<(), Rejected<H>> {
         match d.class {
             TrafficClass::Latency => self.hi.enqueue(d, now),
@@ -359,7 +359,7 @@ impl<H, Hi: Scheduler<H>, Lo: Scheduler<H>> Scheduler<H> for Priority<Hi, Lo> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn dequeue(&mut self, now: Nanos) -> Dequeue<H> {
         let bulk_first = self.guard.bulk_first() && !self.lo.is_empty();
         let (first, second) = if bulk_first || self.hi.is_empty() {
@@ -601,7 +601,7 @@ impl<H: Clone, S: Scheduler<Part<H>>> Shaped<H, S> {
 }
 
 impl<H: Clone, S: Scheduler<Part<H>>> Scheduler<H> for Shaped<H, S> {
-    #[inline]
+    #[inline(always)]
     fn enqueue(&mut self, d: Descriptor<H>, now: Nanos) -> Result<(), Rejected<H>> {
         let held = self.capped > 0 && self.tenants.get(&d.tenant).is_some_and(ShapeSlot::capped);
         if !held {
@@ -647,7 +647,7 @@ impl<H: Clone, S: Scheduler<Part<H>>> Scheduler<H> for Shaped<H, S> {
         Ok(())
     }
 
-    #[inline]
+    #[inline(always)]
     fn dequeue(&mut self, now: Nanos) -> Dequeue<H> {
         if self.queued == 0 {
             return Dequeue::Empty;
