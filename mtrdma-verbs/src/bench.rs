@@ -255,6 +255,7 @@ impl NullSink {
             opcode,
             byte_len: posted.length,
             imm: None,
+            source: None,
         }
     }
 }

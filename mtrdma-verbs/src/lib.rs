@@ -99,8 +99,8 @@ pub use pd::ProtectionDomain;
 pub use progress::ProgressThread;
 pub use qp::{Endpoint, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder, SendOp};
 pub use scheduled::{
-    DefaultScheduler, PieceRef, PieceScheduler, ScheduleConfig, ScheduledQueuePair, SharedConfig,
-    SharedScheduler, Tenancy, WindowState,
+    DefaultScheduler, PieceRef, PieceScheduler, ScheduleConfig, ScheduledQueuePair,
+    ScheduledUdQueuePair, SharedConfig, SharedScheduler, Tenancy, WindowState,
 };
 pub use ud::{
     AddressHandle, UdCompletion, UdEndpoint, UdQueuePair, UdQueuePairBuilder, UdSource,

@@ -27,9 +27,9 @@ use crate::completion::{Opcode, WcStatus};
 use crate::events::{Armed, Waitable};
 use crate::qp::{
     create_qp, device_attrs, global_ah_attr, libc_enosys, modify_qp, qp_settings_setters,
-    random_psn, Cq, PostError, QpSettings, QpStart,
+    random_psn, Books, Cq, PostError, QpSettings, QpStart, RawCompletion, Region, SendOp, Sink,
+    Slot, UdDest, Wc,
 };
-use crate::slab::Slab;
 use crate::{Access, Error, Gid, GidSelection, MemoryRegion, ProtectionDomain};
 
 /// Bytes at the start of every UD receive reserved for the Global Routing
@@ -241,11 +241,7 @@ impl UdQueuePairBuilder<'_> {
             grh_lkey: grh.lkey(),
             grh: Some(grh),
             free_cells: (0..max_recv_wr as usize).rev().collect(),
-            slab: Slab::default(),
-            sends_in_flight: 0,
-            recvs_in_flight: 0,
-            max_send_wr,
-            max_recv_wr,
+            books: Books::new(max_send_wr, max_recv_wr),
             port: port_num,
             gid_index: gid.index,
             gid: gid.gid,
@@ -373,18 +369,90 @@ pub(crate) fn grh_source_gid(grh: &[u8; GRH_BYTES]) -> Option<Gid> {
     }
 }
 
-enum Kind {
-    /// A send: the address handle must outlive the request.
-    Send { _ah: AddressHandle, len: u32 },
+/// A send's destination, kept with its region until the completion (the
+/// address handle must outlive the request).
+pub(crate) struct Datagram {
+    ah: AddressHandle,
+    qpn: u32,
+    qkey: u32,
+}
+
+/// What a UD work request in flight keeps besides its region.
+pub(crate) enum UdKind {
+    /// A send, and where it goes.
+    Send(Datagram),
     /// A receive: its GRH goes to this cell of the GRH buffer.
     Recv { cell: usize },
 }
 
-/// A work request in flight: its region stays here until it completes.
-struct UdSlot {
-    context: u64,
+/// A UD work request's buffer as the queue pair's books and the scheduling
+/// engine keep it: the caller's region, and what the request needs until
+/// it completes. Its completion is a [`UdCompletion`].
+pub(crate) struct UdRegion {
     region: MemoryRegion,
-    kind: Kind,
+    kind: UdKind,
+}
+
+impl UdRegion {
+    /// The caller's region, back from a refused request.
+    pub(crate) fn into_region(self) -> MemoryRegion {
+        self.region
+    }
+}
+
+impl Region for UdRegion {
+    type Completion = UdCompletion;
+
+    fn len(&self) -> usize {
+        self.region.len()
+    }
+
+    fn sge(&self, range: &Range<usize>) -> Option<ffi::ibv_sge> {
+        self.region.sge(range)
+    }
+
+    fn complete(
+        self,
+        context: u64,
+        status: WcStatus,
+        opcode: Opcode,
+        byte_len: u32,
+        imm: Option<u32>,
+    ) -> UdCompletion {
+        self.complete_from(context, status, opcode, byte_len, imm, None)
+    }
+
+    fn complete_from(
+        self,
+        context: u64,
+        status: WcStatus,
+        opcode: Opcode,
+        byte_len: u32,
+        imm: Option<u32>,
+        source: Option<UdSource>,
+    ) -> UdCompletion {
+        UdCompletion {
+            context,
+            status,
+            opcode,
+            byte_len,
+            imm,
+            source,
+            region: self.region,
+        }
+    }
+
+    #[inline]
+    fn datagram(&self) -> Option<UdDest> {
+        match &self.kind {
+            UdKind::Send(d) => Some(UdDest {
+                ah: d.ah.raw() as usize,
+                qpn: d.qpn,
+                qkey: d.qkey,
+            }),
+            UdKind::Recv { .. } => None,
+        }
+    }
 }
 
 /// An unreliable-datagram queue pair, ready to send and receive.
@@ -436,11 +504,7 @@ pub struct UdQueuePair {
     grh_addr: u64,
     grh_lkey: u32,
     free_cells: Vec<usize>,
-    slab: Slab<UdSlot>,
-    sends_in_flight: u32,
-    recvs_in_flight: u32,
-    max_send_wr: u32,
-    max_recv_wr: u32,
+    books: Books<UdRegion>,
     port: u8,
     gid_index: u32,
     gid: Gid,
@@ -463,8 +527,8 @@ impl fmt::Debug for UdQueuePair {
             .field("qpn", &self.qpn())
             .field("gid", &self.gid)
             .field("mtu", &self.mtu)
-            .field("sends_in_flight", &self.sends_in_flight)
-            .field("recvs_in_flight", &self.recvs_in_flight)
+            .field("sends_in_flight", &self.books.sends_in_flight)
+            .field("recvs_in_flight", &self.books.recvs_in_flight)
             .finish()
     }
 }
@@ -497,7 +561,7 @@ impl UdQueuePair {
 
     /// Work requests posted and not yet polled (send, receive).
     pub fn in_flight(&self) -> (u32, u32) {
-        (self.sends_in_flight, self.recvs_in_flight)
+        (self.books.sends_in_flight, self.books.recvs_in_flight)
     }
 
     /// An address handle for sending from this queue pair's port and GID
@@ -531,8 +595,25 @@ impl UdQueuePair {
         range: Range<usize>,
         context: u64,
     ) -> Result<(), PostError> {
-        let Some(mut sge) = region.sge(&range) else {
+        let (region, sge) = self.datagram(dest, remote_qpn, remote_qkey, region, &range)?;
+        self.park_and_post(SendOp::Send, region, sge, context, 0)
+            .map_err(|(error, region)| PostError::new((error, region.region)))
+    }
+
+    /// Checks a datagram of `range` of `region` to `dest` (in the region,
+    /// within the MTU, an address handle of this protection domain) and
+    /// wraps it for the books; on refusal the region comes back.
+    pub(crate) fn datagram(
+        &self,
+        dest: &AddressHandle,
+        remote_qpn: u32,
+        remote_qkey: u32,
+        region: MemoryRegion,
+        range: &Range<usize>,
+    ) -> Result<(UdRegion, ffi::ibv_sge), PostError> {
+        let Some(sge) = region.sge(range) else {
             let len = region.len();
+            let range = range.clone();
             return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
         };
         if sge.length > self.mtu {
@@ -545,57 +626,12 @@ impl UdQueuePair {
         if dest.inner.pd.raw() != self.pd.raw() {
             return refuse(Error::ForeignAddressHandle, region);
         }
-        if self.sends_in_flight >= self.max_send_wr {
-            let depth = self.max_send_wr;
-            return refuse(Error::SendQueueFull { depth }, region);
-        }
-        let len = sge.length;
-        let slot = self.slab.insert(UdSlot {
-            context,
-            region,
-            kind: Kind::Send {
-                _ah: dest.clone(),
-                len,
-            },
+        let kind = UdKind::Send(Datagram {
+            ah: dest.clone(),
+            qpn: remote_qpn,
+            qkey: remote_qkey,
         });
-        let mut wr = ffi::ibv_send_wr {
-            wr_id: slot as u64,
-            next: std::ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: i32::from(len > 0),
-            opcode: ffi::ibv_wr_opcode::IBV_WR_SEND,
-            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
-            // SAFETY: all-zero is a valid value of this plain C struct.
-            ..unsafe { MaybeUninit::zeroed().assume_init() }
-        };
-        wr.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
-            ah: dest.raw(),
-            remote_qpn,
-            remote_qkey,
-        };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: the QP is live; `wr` and `sge` outlive the call (the
-        // provider copies them); the buffer `sge` names and the address
-        // handle are owned by the slot just parked and stay there until the
-        // completion is polled.
-        let rc = unsafe {
-            let ctx = self.qp.as_ref().context;
-            match (*ctx).ops.post_send {
-                Some(post) => post(self.qp.as_ptr(), &mut wr, &mut bad),
-                None => libc_enosys(),
-            }
-        };
-        if rc != 0 {
-            let slot = self.slab.remove(slot).expect("just parked");
-            let error = Error::Verbs {
-                call: "ibv_post_send",
-                device: self.pd.context().name().to_string(),
-                source: io::Error::from_raw_os_error(rc),
-            };
-            return refuse(error, slot.region);
-        }
-        self.sends_in_flight += 1;
-        Ok(())
+        Ok((UdRegion { region, kind }, sge))
     }
 
     /// Posts a receive into `range` of `region`: the payload of the next
@@ -615,8 +651,8 @@ impl UdQueuePair {
             let len = region.len();
             return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
         };
-        if self.recvs_in_flight >= self.max_recv_wr {
-            let depth = self.max_recv_wr;
+        if self.books.recvs_in_flight >= self.books.max_recv_wr {
+            let depth = self.books.max_recv_wr;
             return refuse(Error::RecvQueueFull { depth }, region);
         }
         let cell = self
@@ -631,10 +667,14 @@ impl UdQueuePair {
             },
             payload,
         ];
-        let slot = self.slab.insert(UdSlot {
+        let slot = self.books.park(Slot {
             context,
-            region,
-            kind: Kind::Recv { cell },
+            region: UdRegion {
+                region,
+                kind: UdKind::Recv { cell },
+            },
+            send: false,
+            len: 0,
         });
         let mut wr = ffi::ibv_recv_wr {
             wr_id: slot as u64,
@@ -656,88 +696,21 @@ impl UdQueuePair {
         };
         if rc != 0 {
             self.free_cells.push(cell);
-            let slot = self.slab.remove(slot).expect("just parked");
+            let slot = self.books.unpark(slot).expect("just parked");
             let error = Error::Verbs {
                 call: "ibv_post_recv",
                 device: self.pd.context().name().to_string(),
                 source: io::Error::from_raw_os_error(rc),
             };
-            return refuse(error, slot.region);
+            return refuse(error, slot.region.region);
         }
-        self.recvs_in_flight += 1;
+        self.books.recvs_in_flight += 1;
         Ok(())
     }
 
     /// Polls up to 32 completions into `out`; returns how many.
     pub fn poll(&mut self, out: &mut Vec<UdCompletion>) -> Result<usize, Error> {
-        // Not zeroed: the provider writes the entries it returns.
-        let mut wcs = [const { MaybeUninit::<ffi::ibv_wc>::uninit() }; 32];
-        let n = self.cq.poll(&mut wcs).map_err(|source| Error::Verbs {
-            call: "ibv_poll_cq",
-            device: self.pd.context().name().to_string(),
-            source,
-        })?;
-        for wc in &wcs[..n] {
-            // SAFETY: `Cq::poll` returns how many entries the provider wrote.
-            let wc = unsafe { wc.assume_init_ref() };
-            let status = wc
-                .error()
-                .map_or(WcStatus::Success, |(s, _)| WcStatus::from_raw(s));
-            let Some(slot) = usize::try_from(wc.wr_id())
-                .ok()
-                .and_then(|i| self.slab.remove(i))
-            else {
-                tracing::error!(wr_id = wc.wr_id(), "completion for an unknown work request");
-                continue;
-            };
-            let completion = match slot.kind {
-                Kind::Send { len, .. } => {
-                    self.sends_in_flight -= 1;
-                    UdCompletion {
-                        context: slot.context,
-                        status,
-                        opcode: if status.is_success() {
-                            Opcode::Send
-                        } else {
-                            Opcode::Unknown
-                        },
-                        byte_len: len,
-                        imm: None,
-                        source: None,
-                        region: slot.region,
-                    }
-                }
-                Kind::Recv { cell } => {
-                    self.recvs_in_flight -= 1;
-                    let source = status.is_success().then(|| {
-                        let has_grh = (wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_GRH).0 != 0;
-                        UdSource {
-                            qpn: wc.src_qp,
-                            gid: has_grh
-                                .then(|| grh_source_gid(&self.read_grh(cell)))
-                                .flatten(),
-                        }
-                    });
-                    self.free_cells.push(cell);
-                    UdCompletion {
-                        context: slot.context,
-                        status,
-                        opcode: if status.is_success() {
-                            Opcode::Recv
-                        } else {
-                            Opcode::Unknown
-                        },
-                        byte_len: u32::try_from(wc.len().saturating_sub(GRH_BYTES))
-                            .unwrap_or(u32::MAX),
-                        imm: wc.imm_data().map(u32::from_be),
-                        source,
-                        region: slot.region,
-                    }
-                }
-            };
-            out.push(completion);
-        }
-        Ok(n)
+        self.poll_own(out)
     }
 
     /// Polls; if nothing has completed, sleeps until something does or
@@ -785,7 +758,7 @@ impl UdQueuePair {
 
     /// A copy of GRH cell `cell`, whose receive has completed.
     fn read_grh(&self, cell: usize) -> [u8; GRH_BYTES] {
-        assert!(cell < self.max_recv_wr as usize);
+        assert!(cell < self.books.max_recv_wr as usize);
         let mut grh = [0u8; GRH_BYTES];
         // SAFETY: the cell lies inside the GRH buffer (checked above), which
         // lives as long as `self`; its receive has completed, so the NIC is
@@ -819,24 +792,26 @@ impl UdQueuePair {
     /// Flushes every outstanding request, waits (5 s at most) for the NIC
     /// to complete them all, and destroys the queue pair. If that fails the
     /// in-flight regions and the GRH buffer are leaked, never freed while
-    /// the NIC may reach them. Runs once.
-    fn shutdown(&mut self) {
+    /// the NIC may reach them. Runs once; returns whether everything was
+    /// drained (later calls give the first answer).
+    fn teardown(&mut self) -> bool {
         if self.destroyed {
-            return;
+            return self.books.outstanding() == 0;
         }
-        let outstanding = self.sends_in_flight + self.recvs_in_flight;
+        let outstanding = self.books.outstanding();
         if outstanding > 0 {
             let _ = self.set_error();
             let deadline = Instant::now() + Duration::from_secs(5);
-            let mut sink = Vec::new();
-            while self.sends_in_flight + self.recvs_in_flight > 0 && Instant::now() < deadline {
-                if self.poll(&mut sink).is_err() {
+            let (mut sink, mut raw) = (Vec::new(), Vec::new());
+            while self.books.outstanding() > 0 && Instant::now() < deadline {
+                if Sink::poll(self, &mut sink, &mut raw).is_err() {
                     break;
                 }
                 sink.clear();
+                raw.clear();
             }
         }
-        let drained = self.sends_in_flight + self.recvs_in_flight == 0;
+        let drained = self.books.outstanding() == 0;
         tracing::debug!(outstanding, drained, "destroying UD queue pair");
         // SAFETY: the QP is ours and destroyed once (guarded by
         // `destroyed`), before its CQ (a later field).
@@ -848,11 +823,13 @@ impl UdQueuePair {
                 drained,
                 "UD queue pair teardown incomplete; leaking in-flight buffers"
             );
-            for slot in self.slab.drain() {
-                std::mem::forget(slot);
+            for region in self.books.drain_regions() {
+                std::mem::forget(region);
             }
             std::mem::forget(self.grh.take());
+            return false;
         }
+        true
     }
 }
 
@@ -881,7 +858,125 @@ impl Waitable for UdQueuePair {
 
 impl Drop for UdQueuePair {
     fn drop(&mut self) {
-        self.shutdown();
+        self.teardown();
+    }
+}
+
+impl Sink for UdQueuePair {
+    type Region = UdRegion;
+
+    fn qpn(&self) -> u32 {
+        UdQueuePair::qpn(self)
+    }
+
+    fn tenant(&self) -> Option<&TenantHandle> {
+        self._permit.as_ref().map(OwnedQpPermit::handle)
+    }
+
+    fn books(&self) -> &Books<UdRegion> {
+        &self.books
+    }
+
+    fn books_mut(&mut self) -> &mut Books<UdRegion> {
+        &mut self.books
+    }
+
+    unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the QP is live; `wr` and its scatter list outlive the
+        // call (the provider copies them into the send queue); the caller
+        // keeps the buffer and the address handle alive until the
+        // completion (both are in the request's `UdRegion`).
+        let rc = unsafe {
+            let ctx = self.qp.as_ref().context;
+            match (*ctx).ops.post_send {
+                Some(post) => post(self.qp.as_ptr(), wr, &mut bad),
+                None => libc_enosys(),
+            }
+        };
+        if rc != 0 {
+            return Err(Error::Verbs {
+                call: "ibv_post_send",
+                device: self.pd.context().name().to_string(),
+                source: io::Error::from_raw_os_error(rc),
+            });
+        }
+        Ok(())
+    }
+
+    fn poll(
+        &mut self,
+        out: &mut Vec<UdCompletion>,
+        raw: &mut Vec<RawCompletion>,
+    ) -> Result<usize, Error> {
+        // Not zeroed: the provider writes the entries it returns.
+        let mut wcs = [const { MaybeUninit::<ffi::ibv_wc>::uninit() }; 32];
+        let n = self.cq.poll(&mut wcs).map_err(|source| Error::Verbs {
+            call: "ibv_poll_cq",
+            device: self.pd.context().name().to_string(),
+            source,
+        })?;
+        for wc in &wcs[..n] {
+            // SAFETY: `Cq::poll` returns how many entries the provider wrote.
+            let wc = unsafe { wc.assume_init_ref() };
+            let status = wc
+                .error()
+                .map_or(WcStatus::Success, |(s, _)| WcStatus::from_raw(s));
+            // A receive's GRH cell: its source is read, and the cell freed.
+            let cell = match self.books.parked(wc.wr_id()) {
+                Some(UdRegion {
+                    kind: UdKind::Recv { cell },
+                    ..
+                }) => Some(*cell),
+                _ => None,
+            };
+            let (byte_len, source) = match cell {
+                Some(cell) => {
+                    let source = status.is_success().then(|| {
+                        let has_grh = (wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_GRH).0 != 0;
+                        UdSource {
+                            qpn: wc.src_qp,
+                            gid: has_grh
+                                .then(|| grh_source_gid(&self.read_grh(cell)))
+                                .flatten(),
+                        }
+                    });
+                    self.free_cells.push(cell);
+                    let payload = wc.len().saturating_sub(GRH_BYTES);
+                    (u32::try_from(payload).unwrap_or(u32::MAX), source)
+                }
+                None => (u32::try_from(wc.len()).unwrap_or(u32::MAX), None),
+            };
+            let wc = Wc {
+                wr_id: wc.wr_id(),
+                status,
+                opcode: wc.opcode(),
+                byte_len,
+                imm: wc.imm_data(),
+                source,
+            };
+            self.books.complete(wc, out, raw);
+        }
+        Ok(n)
+    }
+
+    fn shutdown(&mut self) -> bool {
+        self.teardown()
+    }
+
+    fn check_events(&self) -> Result<(), Error> {
+        self.cq.check_events()
+    }
+
+    fn arm_events(&mut self) -> Result<Armed, Error> {
+        self.cq.arm().map_err(|e| self.verbs_error(e))
+    }
+
+    fn take_events(&mut self) -> Result<(), Error> {
+        self.cq
+            .take_events()
+            .map(drop)
+            .map_err(|e| self.verbs_error(e))
     }
 }
 

@@ -406,3 +406,140 @@ fn a_datagram_longer_than_the_receive_range_fails_and_the_region_comes_back() {
     );
     assert_eq!(receiver.in_flight(), (0, 0));
 }
+
+/// Polls a scheduled UD queue pair until `n` completions arrive (10 s at
+/// most).
+fn wait_scheduled(qp: &mut mtrdma_verbs::ScheduledUdQueuePair, n: usize) -> Vec<UdCompletion> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while out.len() < n {
+        qp.poll(&mut out).expect("poll");
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} completions",
+            out.len()
+        );
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn scheduled_ud_sends_arrive_whole_with_their_source_and_complete_once() {
+    use mtrdma_verbs::ScheduleConfig;
+    let table = tenant_table();
+    let handle = table.attach(TenantId(1)).unwrap();
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut server = pd.ud_queue_pair().max_recv_wr(64).build().unwrap();
+    let mtu = server.mtu() as usize;
+    // The client's tenant is its queue pair's: scheduled by its policy.
+    let mut client = pd
+        .ud_queue_pair()
+        .tenant(&handle)
+        .build()
+        .unwrap()
+        .scheduled(ScheduleConfig {
+            max_pieces_in_flight: 2,
+            ..ScheduleConfig::default()
+        })
+        .unwrap();
+    assert_eq!(client.tenant(), TenantId(1));
+    let sizes = sizes(mtu);
+    for i in 0..sizes.len() {
+        let mut r = pd.allocate(mtu + 64, Access::LOCAL).unwrap();
+        r.write_at(0, &vec![FILL; mtu + 64]).unwrap();
+        server.post_recv(r, 32..32 + mtu, i as u64).unwrap();
+    }
+    let ep = server.endpoint();
+    let to_server = client.address_handle(&ep).unwrap();
+    // Posted all at once: two in the NIC, the rest wait for the scheduler.
+    for (i, &len) in sizes.iter().enumerate() {
+        let mut msg = pd.allocate(len, Access::LOCAL).unwrap();
+        msg.write_at(0, &pattern(len, seed(0, i))).unwrap();
+        client
+            .post_send(&to_server, ep.qpn, ep.qkey, msg, 0..len, 100 + i as u64)
+            .unwrap();
+    }
+    // An over-MTU datagram is refused before it is queued.
+    let big = pd.allocate(mtu + 1, Access::LOCAL).unwrap();
+    let refused = client
+        .post_send(&to_server, ep.qpn, ep.qkey, big, 0..mtu + 1, 999)
+        .unwrap_err();
+    assert!(matches!(*refused.error, Error::MessageTooLarge { .. }));
+    assert_eq!(refused.region.len(), mtu + 1, "the region comes back");
+    let sent = wait_scheduled(&mut client, sizes.len());
+    let contexts: Vec<u64> = sent.iter().map(|c| c.context).collect();
+    let expected: Vec<u64> = (0..sizes.len() as u64).map(|i| 100 + i).collect();
+    assert_eq!(contexts, expected, "one completion per datagram, in order");
+    for (c, &len) in sent.iter().zip(&sizes) {
+        assert_eq!((c.status, c.opcode), (WcStatus::Success, Opcode::Send));
+        assert_eq!(c.byte_len as usize, len);
+    }
+    assert_eq!(client.queued(), 0);
+    let got = wait(&mut server, sizes.len());
+    for c in &got {
+        assert_eq!(c.status, WcStatus::Success);
+        assert_eq!(c.source.unwrap().qpn, client.qpn(), "the sender is known");
+        let i = c.context as usize;
+        check_received(c, 32, &pattern(sizes[i], seed(0, i)));
+    }
+    // The tenant's table saw every datagram posted.
+    let usage = table.usage().unwrap();
+    let bytes: usize = sizes.iter().sum();
+    assert_eq!(usage[0].bytes_posted, bytes as u64);
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_scheduled_ud_tenant_keeps_to_its_cap() {
+    use mtrdma_core::RateLimit;
+    use mtrdma_verbs::ScheduleConfig;
+    const CAP: u64 = 400_000; // 400 kB/s
+    const LEN: usize = 1024;
+    let tenant = TenantEntry::new(TenantId(1), "capped")
+        .with_max_qps(4)
+        .with_max_mr_bytes(1 << 30)
+        .with_rate(RateLimit::new(CAP, 4 * LEN as u64));
+    let table =
+        QuotaTable::embedded(&Policy::new(LinkConfig::new(1_000_000_000), vec![tenant])).unwrap();
+    let handle = table.attach(TenantId(1)).unwrap();
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let server = pd.ud_queue_pair().build().unwrap();
+    let mut client = pd
+        .ud_queue_pair()
+        .tenant(&handle)
+        .build()
+        .unwrap()
+        .scheduled(ScheduleConfig::default())
+        .unwrap();
+    let ep = server.endpoint();
+    let to_server = client.address_handle(&ep).unwrap();
+    let mut spare: Vec<_> = (0..16)
+        .map(|_| pd.allocate(LEN, Access::LOCAL).unwrap())
+        .collect();
+    let (mut done, mut out) = (0u64, Vec::new());
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(1500) {
+        while let Some(msg) = spare.pop() {
+            client
+                .post_send(&to_server, ep.qpn, ep.qkey, msg, 0..LEN, 0)
+                .unwrap();
+        }
+        client.poll(&mut out).unwrap();
+        for c in out.drain(..) {
+            assert_eq!(c.status, WcStatus::Success);
+            done += u64::from(c.byte_len);
+            spare.push(c.region);
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let rate = done as f64 / secs;
+    println!("capped UD tenant: {rate:.0} B/s against a cap of {CAP} B/s");
+    assert!(
+        rate <= CAP as f64 * 1.05 + (4 * LEN) as f64 / secs,
+        "{rate:.0} B/s above the cap"
+    );
+    assert!(rate >= CAP as f64 * 0.8, "{rate:.0} B/s far below the cap");
+}

@@ -33,6 +33,18 @@ pub(crate) struct RawSend {
     pub(crate) sge: ffi::ibv_sge,
     pub(crate) remote: Option<(u64, u32)>,
     pub(crate) imm: Option<u32>,
+    /// A datagram's destination (UD queue pairs).
+    pub(crate) ud: Option<UdDest>,
+}
+
+/// Where a UD send goes: the address handle (its address; the request's
+/// region keeps the handle alive until the completion), the remote queue
+/// pair and its Q_Key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UdDest {
+    pub(crate) ah: usize,
+    pub(crate) qpn: u32,
+    pub(crate) qkey: u32,
 }
 
 /// A buffer a work request may use: a [`MemoryRegion`] on a device, a
@@ -59,6 +71,32 @@ pub(crate) trait Region: Send + Sync + 'static {
         byte_len: u32,
         imm: Option<u32>,
     ) -> Self::Completion;
+
+    /// As [`complete`](Self::complete), for a completion the device
+    /// reported with the datagram's source (UD receives); the default
+    /// drops the source.
+    fn complete_from(
+        self,
+        context: u64,
+        status: WcStatus,
+        opcode: Opcode,
+        byte_len: u32,
+        imm: Option<u32>,
+        source: Option<crate::ud::UdSource>,
+    ) -> Self::Completion
+    where
+        Self: Sized,
+    {
+        let _ = source;
+        self.complete(context, status, opcode, byte_len, imm)
+    }
+
+    /// Where a send on this region goes as a datagram (UD queue pairs);
+    /// none for connected queue pairs.
+    #[inline]
+    fn datagram(&self) -> Option<UdDest> {
+        None
+    }
 }
 
 impl Region for MemoryRegion {
@@ -93,11 +131,11 @@ impl Region for MemoryRegion {
 
 /// A work request in flight: its region stays here until it completes.
 pub(crate) struct Slot<R> {
-    pub(super) context: u64,
-    pub(super) region: R,
-    pub(super) send: bool,
+    pub(crate) context: u64,
+    pub(crate) region: R,
+    pub(crate) send: bool,
     /// Bytes of a send (reported for [`SCHED_WR`] requests).
-    pub(super) len: u32,
+    pub(crate) len: u32,
 }
 
 /// A queue pair's own bookkeeping, apart from the device: the regions of
@@ -119,6 +157,8 @@ pub(crate) struct Wc {
     pub(crate) byte_len: u32,
     /// Immediate data, in network order.
     pub(crate) imm: Option<u32>,
+    /// A UD receive's source.
+    pub(crate) source: Option<crate::ud::UdSource>,
 }
 
 impl<R: Region> Books<R> {
@@ -132,12 +172,22 @@ impl<R: Region> Books<R> {
         }
     }
 
-    pub(super) fn park(&mut self, slot: Slot<R>) -> usize {
+    pub(crate) fn park(&mut self, slot: Slot<R>) -> usize {
         self.slots.insert(slot)
     }
 
-    pub(super) fn unpark(&mut self, i: usize) -> Option<Slot<R>> {
+    pub(crate) fn unpark(&mut self, i: usize) -> Option<Slot<R>> {
         self.slots.remove(i)
+    }
+
+    /// The region parked under `wr_id` (one of the queue pair's own work
+    /// requests), if any.
+    pub(crate) fn parked(&self, wr_id: u64) -> Option<&R> {
+        if wr_id & RAW_WR != 0 {
+            return None;
+        }
+        let i = usize::try_from(wr_id & !SCHED_WR).ok()?;
+        self.slots.get(i).map(|slot| &slot.region)
     }
 
     /// Work requests in flight, both queues.
@@ -196,12 +246,13 @@ impl<R: Region> Books<R> {
         // A scheduled request reports its own length, as the scheduler
         // does for the requests it splits.
         let byte_len = if sched { slot.len } else { wc.byte_len };
-        out.push(slot.region.complete(
+        out.push(slot.region.complete_from(
             slot.context,
             wc.status,
             opcode,
             byte_len,
             wc.imm.map(u32::from_be),
+            wc.source,
         ));
         if sched {
             raw.push(RawCompletion {
@@ -229,6 +280,13 @@ pub(crate) fn send_wr(raw: &RawSend, sge: &mut ffi::ibv_sge) -> ffi::ibv_send_wr
     }
     if let Some((remote_addr, rkey)) = raw.remote {
         wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
+    }
+    if let Some(ud) = raw.ud {
+        wr.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+            ah: ud.ah as *mut ffi::ibv_ah,
+            remote_qpn: ud.qpn,
+            remote_qkey: ud.qkey,
+        };
     }
     wr
 }

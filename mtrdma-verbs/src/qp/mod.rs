@@ -448,6 +448,7 @@ impl Sink for QueuePair {
                 opcode: wc.opcode(),
                 byte_len: u32::try_from(wc.len()).unwrap_or(u32::MAX),
                 imm: wc.imm_data(),
+                source: None,
             };
             self.books.complete(wc, out, raw);
         }

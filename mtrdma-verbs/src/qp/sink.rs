@@ -134,6 +134,7 @@ pub(crate) trait Sink: Send + 'static {
             return Err((Error::SendQueueFull { depth }, region));
         }
         let (opcode, remote, imm) = op.lower(true);
+        let ud = region.datagram();
         let slot = books.park(Slot {
             context,
             region,
@@ -146,6 +147,7 @@ pub(crate) trait Sink: Send + 'static {
             sge,
             remote: remote.map(|r| (r.addr, r.rkey)),
             imm,
+            ud,
         };
         // SAFETY: the buffer `sge` points at is owned by the slot just
         // parked and stays there until the completion is polled.

@@ -411,6 +411,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         let fast = self.unhindered(m, kind, len)
             && (!self.capped || self.sched.admit_now(tenant, len, self.now()).is_ok());
         let go = fast && self.rate_allows(member, len);
+        let ud = region.datagram();
         let message = self.messages.insert(Message {
             member,
             seq,
@@ -433,6 +434,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 sge,
                 remote: remote.map(|r| (r.addr, r.rkey)),
                 imm,
+                ud,
             };
             return Ok(self.launch(member, raw, len));
         }
@@ -748,6 +750,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             sge,
             remote: remote.map(|r| (r.addr + grant.offset, r.rkey)),
             imm,
+            ud: msg.region.datagram(),
         };
         msg.pieces_out += 1;
         if let Some(raw) = self.launch(member, raw, grant.len) {

@@ -10,6 +10,11 @@
 //! piece. Only the last piece's completion is shown to the application, as
 //! one completion for the whole request with its region handed back.
 //!
+//! A UD queue pair's sends go through the same engine
+//! ([`UdQueuePair::scheduled`](crate::UdQueuePair::scheduled), giving a
+//! [`ScheduledUdQueuePair`]): each datagram one piece, its destination
+//! kept with it until it completes.
+//!
 //! A queue pair is scheduled on its own ([`QueuePair::scheduled`]) or
 //! together with the queue pairs of other tenants of the same process on a
 //! [`SharedScheduler`] ([`QueuePair::scheduled_on`]): then one weighted
@@ -57,6 +62,7 @@ use crate::slab::Slab;
 mod engine;
 mod ledger;
 mod paths;
+mod ud;
 use crate::{Error, MemoryRegion};
 pub(crate) use engine::default_scheduler;
 use engine::{Engine, Member, HELP_AFTER_NS};
@@ -64,6 +70,7 @@ pub use ledger::PieceRef;
 use ledger::{Book, Message, Side, PARKED};
 pub(crate) use paths::Scheduled;
 use paths::*;
+pub use ud::ScheduledUdQueuePair;
 
 /// Who a scheduled queue pair's sends are scheduled as
 /// ([`ScheduleConfig::tenant`]).

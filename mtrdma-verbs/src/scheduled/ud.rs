@@ -1,0 +1,181 @@
+//! UD queue pairs through the same engine: their sends are scheduled as
+//! an RC queue pair's are (the tenant's class, weight and caps, its shared
+//! rate limit and delay window, pieces in the NIC bounded), each datagram
+//! one piece (a UD send is never split: it fits one MTU).
+
+use super::*;
+use crate::ud::UdRegion;
+use crate::{AddressHandle, UdCompletion, UdEndpoint, UdQueuePair};
+
+impl UdQueuePair {
+    /// Routes this queue pair's sends through a scheduler of its own, the
+    /// built-in [`TenantScheduler`]: a UD service's datagrams then keep to
+    /// its tenant's policy (with [`Tenancy::OfQueuePair`], the default:
+    /// its class, its caps and the coordinator's fair rate shared with its
+    /// other processes through the quota table, and a delay window with
+    /// [`ScheduleConfig::window`]). Receives are not scheduled.
+    ///
+    /// ```no_run
+    /// use mtrdma_core::{TenantId, TrafficClass};
+    /// use mtrdma_verbs::{Access, Context, ScheduleConfig, UdCompletion};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ctx = Context::open("rxe0")?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let mut server = pd.ud_queue_pair().build()?;
+    /// let config = ScheduleConfig::local(TenantId(1), TrafficClass::Latency);
+    /// let mut client = pd.ud_queue_pair().build()?.scheduled(config)?;
+    /// server.post_recv(pd.allocate(server.mtu() as usize, Access::LOCAL)?, 0..64, 1)?;
+    /// let to_server = client.address_handle(&server.endpoint())?;
+    /// let mut msg = pd.allocate(5, Access::LOCAL)?;
+    /// msg.write_at(0, b"hello")?;
+    /// let ep = server.endpoint();
+    /// client.post_send(&to_server, ep.qpn, ep.qkey, msg, 0..5, 2)?;
+    /// let mut done: Vec<UdCompletion> = Vec::new();
+    /// while done.is_empty() {
+    ///     server.poll(&mut done)?;
+    ///     client.poll(&mut Vec::new())?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledUdQueuePair, Error> {
+        let sched = default_scheduler(&SharedConfig {
+            chunk_bytes: config.chunk_bytes,
+            ..SharedConfig::default()
+        })?;
+        self.scheduled_with(config, sched)
+    }
+
+    /// Routes this queue pair's sends through `sched`, a scheduler of its
+    /// own (see [`PieceScheduler`]).
+    pub fn scheduled_with<Q: PieceScheduler>(
+        self,
+        config: ScheduleConfig,
+        sched: Q,
+    ) -> Result<ScheduledUdQueuePair<Q>, Error> {
+        let endpoint = self.endpoint();
+        let mtu = self.mtu();
+        let inner = Scheduled::solo(self, config, sched)?;
+        Ok(ScheduledUdQueuePair {
+            inner,
+            endpoint,
+            mtu,
+        })
+    }
+}
+
+/// A UD queue pair whose sends are scheduled
+/// ([`UdQueuePair::scheduled`]). Sends are handed back in
+/// [`UdCompletion`]s, one per datagram, as the queue pair's own are;
+/// receives come out of the same [`poll`](Self::poll) with their source.
+pub struct ScheduledUdQueuePair<Q: PieceScheduler = DefaultScheduler> {
+    inner: Scheduled<UdQueuePair, Q>,
+    endpoint: UdEndpoint,
+    mtu: u32,
+}
+
+impl<Q: PieceScheduler> std::fmt::Debug for ScheduledUdQueuePair<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.debug("ScheduledUdQueuePair", f)
+    }
+}
+
+impl<Q: PieceScheduler> ScheduledUdQueuePair<Q> {
+    /// The queue pair number.
+    pub fn qpn(&self) -> u32 {
+        self.inner.qpn
+    }
+
+    /// What peers need to send to this queue pair.
+    pub fn endpoint(&self) -> UdEndpoint {
+        self.endpoint
+    }
+
+    /// The largest datagram it sends: the port's active MTU in bytes.
+    pub fn mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    /// The tenant its sends are scheduled as.
+    pub fn tenant(&self) -> TenantId {
+        self.inner.tenant
+    }
+
+    /// Its traffic class.
+    pub fn class(&self) -> TrafficClass {
+        self.inner.class
+    }
+
+    /// Sends accepted and not yet handed back by [`poll`](Self::poll).
+    pub fn queued(&self) -> usize {
+        self.inner.queued()
+    }
+
+    /// What its window (see [`ScheduleConfig::window`]) has learnt, if it
+    /// has one.
+    pub fn window(&self) -> Option<WindowState> {
+        self.inner.window()
+    }
+
+    /// An address handle for sending from this queue pair's port and GID
+    /// to `remote`.
+    pub fn address_handle(&mut self, remote: &UdEndpoint) -> Result<AddressHandle, Error> {
+        self.inner.with_sink(|qp| qp.address_handle(remote))
+    }
+
+    /// Accepts a datagram of `range` of `region` for the queue pair
+    /// `remote_qpn` (Q_Key `remote_qkey`) behind `dest`, as
+    /// [`UdQueuePair::post_send`] does, and lets it go when its tenant's
+    /// scheduler does: now, or at a later [`poll`](Self::poll). Checked
+    /// first (range, MTU, address handle); a refused datagram hands its
+    /// region back. The address handle is kept until the send completes.
+    pub fn post_send(
+        &mut self,
+        dest: &AddressHandle,
+        remote_qpn: u32,
+        remote_qkey: u32,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        let (region, _) = self
+            .inner
+            .with_sink(|qp| qp.datagram(dest, remote_qpn, remote_qkey, region, &range))?;
+        self.inner
+            .post_send(SendOp::Send, region, range, context, true)
+            .map_err(|(error, region): (Error, UdRegion)| {
+                PostError::new((error, region.into_region()))
+            })
+    }
+
+    /// Posts a receive (receives are not scheduled): see
+    /// [`UdQueuePair::post_recv`].
+    pub fn post_recv(
+        &mut self,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        self.inner
+            .with_sink(|qp| qp.post_recv(region, range, context))
+    }
+
+    /// Reaps completions, posts what the scheduler lets go next, and moves
+    /// finished sends and receives into `out`. Returns how many it added.
+    pub fn poll(&mut self, out: &mut Vec<UdCompletion>) -> Result<usize, Error> {
+        self.inner.poll(out)
+    }
+
+    /// [`poll`](Self::poll), sleeping rather than spinning while there is
+    /// nothing to hand back (see [`ScheduledQueuePair::poll_wait`]). The
+    /// queue pair must be built with
+    /// [`completion_events(true)`](crate::UdQueuePairBuilder::completion_events).
+    pub fn poll_wait(
+        &mut self,
+        out: &mut Vec<UdCompletion>,
+        timeout: Duration,
+    ) -> Result<usize, Error> {
+        self.inner.poll_wait(out, timeout)
+    }
+}
