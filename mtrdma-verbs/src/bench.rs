@@ -29,7 +29,7 @@ use mtrdma_sched::TenantPolicy;
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
 use crate::qp::{Books, RawCompletion, Region, SendOp, Sink, Wc};
-use crate::scheduled::{default_scheduler, Scheduled, Shared};
+use crate::scheduled::{default_scheduler, solo_scheduler, Scheduled, Shared};
 use crate::{DefaultScheduler, PieceScheduler};
 use crate::{Error, ScheduleConfig, SharedConfig};
 
@@ -410,10 +410,7 @@ impl NullScheduler {
 /// See [`QueuePair::scheduled`](crate::QueuePair::scheduled): a null sink
 /// on a scheduler of its own.
 pub fn scheduled(sink: NullSink, config: ScheduleConfig) -> Result<NullScheduled, Error> {
-    let sched = default_scheduler(&SharedConfig {
-        chunk_bytes: config.chunk_bytes,
-        ..SharedConfig::default()
-    })?;
+    let sched = solo_scheduler(&config)?;
     scheduled_with(sink, config, sched)
 }
 

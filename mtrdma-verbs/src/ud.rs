@@ -17,7 +17,7 @@ use std::net::Ipv4Addr;
 use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ibverbs_sys as ffi;
 use mtrdma_core::table::OwnedQpPermit;
@@ -798,38 +798,17 @@ impl UdQueuePair {
         if self.destroyed {
             return self.books.outstanding() == 0;
         }
-        let outstanding = self.books.outstanding();
-        if outstanding > 0 {
-            let _ = self.set_error();
-            let deadline = Instant::now() + Duration::from_secs(5);
-            let (mut sink, mut raw) = (Vec::new(), Vec::new());
-            while self.books.outstanding() > 0 && Instant::now() < deadline {
-                if Sink::poll(self, &mut sink, &mut raw).is_err() {
-                    break;
-                }
-                sink.clear();
-                raw.clear();
-            }
-        }
-        let drained = self.books.outstanding() == 0;
-        tracing::debug!(outstanding, drained, "destroying UD queue pair");
-        // SAFETY: the QP is ours and destroyed once (guarded by
-        // `destroyed`), before its CQ (a later field).
-        let rc = unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
-        self.destroyed = true;
-        if rc != 0 || !drained {
-            tracing::error!(
-                rc,
-                drained,
-                "UD queue pair teardown incomplete; leaking in-flight buffers"
-            );
-            for region in self.books.drain_regions() {
-                std::mem::forget(region);
-            }
+        let drained = self.drain_and_destroy("UD queue pair", UdQueuePair::set_error, |qp| {
+            qp.destroyed = true;
+            // SAFETY: the QP is ours and destroyed once (guarded by
+            // `destroyed`), before its CQ (a later field).
+            unsafe { ffi::ibv_destroy_qp(qp.qp.as_ptr()) }
+        });
+        if !drained {
+            // The NIC may still write GRHs into it.
             std::mem::forget(self.grh.take());
-            return false;
         }
-        true
+        drained
     }
 }
 

@@ -459,38 +459,12 @@ impl Sink for QueuePair {
         if self.destroyed {
             return self.books.outstanding() == 0;
         }
-        let outstanding = self.books.outstanding();
-        if outstanding > 0 {
-            let _ = self.set_error();
-            let deadline = Instant::now() + Duration::from_secs(5);
-            let (mut sink, mut raw) = (Vec::new(), Vec::new());
-            while self.books.outstanding() > 0 && Instant::now() < deadline {
-                if Sink::poll(self, &mut sink, &mut raw).is_err() {
-                    break;
-                }
-                sink.clear();
-                raw.clear();
-            }
-        }
-        let drained = self.books.outstanding() == 0;
-        tracing::debug!(outstanding, drained, "destroying queue pair");
-        // SAFETY: the QP is ours and destroyed once (guarded by
-        // `destroyed`), before its CQ.
-        let rc = unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
-        self.destroyed = true;
-        if rc != 0 || !drained {
-            // The NIC may still reach the buffers: never free them.
-            tracing::error!(
-                rc,
-                drained,
-                "queue pair teardown incomplete; leaking in-flight buffers"
-            );
-            for region in self.books.drain_regions() {
-                std::mem::forget(region);
-            }
-            return false;
-        }
-        true
+        self.drain_and_destroy("queue pair", QueuePair::set_error, |qp| {
+            qp.destroyed = true;
+            // SAFETY: the QP is ours and destroyed once (guarded by
+            // `destroyed`), before its CQ.
+            unsafe { ffi::ibv_destroy_qp(qp.qp.as_ptr()) }
+        })
     }
 
     fn check_events(&self) -> Result<(), Error> {

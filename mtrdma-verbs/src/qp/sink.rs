@@ -52,6 +52,51 @@ pub(crate) trait Sink: Send + 'static {
     /// Takes and acknowledges the completion events that arrived.
     fn take_events(&mut self) -> Result<(), Error>;
 
+    /// A device queue pair's teardown: moves it to the error state with
+    /// `set_error` if requests are outstanding, waits (5 s at most) for
+    /// every one of them to complete, and destroys it with `destroy` (which
+    /// returns `ibv_destroy_qp`'s code). Returns whether everything was
+    /// drained; if not, or if the destroy failed, every parked region is
+    /// leaked, never freed while the NIC may still reach it.
+    fn drain_and_destroy(
+        &mut self,
+        what: &'static str,
+        set_error: impl FnOnce(&Self) -> Result<(), Error>,
+        destroy: impl FnOnce(&mut Self) -> i32,
+    ) -> bool
+    where
+        Self: Sized,
+    {
+        let outstanding = self.books().outstanding();
+        if outstanding > 0 {
+            let _ = set_error(self);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let (mut sink, mut raw) = (Vec::new(), Vec::new());
+            while self.books().outstanding() > 0 && Instant::now() < deadline {
+                if self.poll(&mut sink, &mut raw).is_err() {
+                    break;
+                }
+                sink.clear();
+                raw.clear();
+            }
+        }
+        let drained = self.books().outstanding() == 0;
+        tracing::debug!(outstanding, drained, "destroying {what}");
+        let rc = destroy(self);
+        if rc != 0 || !drained {
+            tracing::error!(
+                rc,
+                drained,
+                "{what} teardown incomplete; leaking in-flight buffers"
+            );
+            for region in self.books_mut().drain_regions() {
+                std::mem::forget(region);
+            }
+            return false;
+        }
+        true
+    }
+
     /// Polls completions of its own (not raw) work requests into `out`:
     /// the direct path's poll.
     fn poll_own(

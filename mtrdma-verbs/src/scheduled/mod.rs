@@ -430,14 +430,20 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The built-in scheduler of a queue pair scheduled on its own with
+/// `config`.
+pub(crate) fn solo_scheduler(config: &ScheduleConfig) -> Result<DefaultScheduler, Error> {
+    default_scheduler(&SharedConfig {
+        chunk_bytes: config.chunk_bytes,
+        ..SharedConfig::default()
+    })
+}
+
 impl QueuePair {
     /// Routes this queue pair's sends through a scheduler of its own, the
     /// built-in [`TenantScheduler`].
     pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledQueuePair, Error> {
-        let sched = default_scheduler(&SharedConfig {
-            chunk_bytes: config.chunk_bytes,
-            ..SharedConfig::default()
-        })?;
+        let sched = solo_scheduler(&config)?;
         self.scheduled_with(config, sched)
     }
 

@@ -40,10 +40,7 @@ impl UdQueuePair {
     /// # }
     /// ```
     pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledUdQueuePair, Error> {
-        let sched = default_scheduler(&SharedConfig {
-            chunk_bytes: config.chunk_bytes,
-            ..SharedConfig::default()
-        })?;
+        let sched = solo_scheduler(&config)?;
         self.scheduled_with(config, sched)
     }
 
