@@ -36,7 +36,7 @@ impl<H> Nodes<H> {
     /// Stores `d` in a node of its own (linked to nothing) and returns it.
     ///
     /// Panics if 2^32 - 1 descriptors are queued already (at least 96 GiB).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn alloc(&mut self, d: Descriptor<H>) -> u32 {
         if let Some(node) = self.nodes.get_mut(self.free as usize) {
             let n = self.free;
@@ -57,13 +57,13 @@ impl<H> Nodes<H> {
     }
 
     /// The descriptor in node `n`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get(&self, n: u32) -> Option<&Descriptor<H>> {
         self.nodes.get(n as usize)?.descriptor.as_ref()
     }
 
     /// Makes `to` follow `from` in its list.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn link(&mut self, from: u32, to: u32) {
         if let Some(node) = self.nodes.get_mut(from as usize) {
             node.next = to;
@@ -72,7 +72,7 @@ impl<H> Nodes<H> {
 
     /// Frees node `n`, returning its descriptor and the node that followed
     /// it.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn release(&mut self, n: u32) -> (Option<Descriptor<H>>, u32) {
         let Some(node) = self.nodes.get_mut(n as usize) else {
             return (None, NIL);
