@@ -26,9 +26,9 @@ use mtrdma_core::TenantHandle;
 use crate::completion::{Opcode, WcStatus};
 use crate::events::{Armed, Waitable};
 use crate::qp::{
-    create_qp, device_attrs, global_ah_attr, libc_enosys, modify_qp, qp_settings_setters,
-    random_psn, Books, Cq, PostError, QpSettings, QpStart, RawCompletion, Region, SendOp, Sink,
-    Slot, UdDest, Wc,
+    create_qp, device_attrs, global_ah_attr, libc_enosys, modify_qp, post_send_wr,
+    qp_settings_setters, random_psn, Books, Cq, PostError, QpSettings, QpStart, RawCompletion,
+    Region, SendOp, Sink, Slot, UdDest, Wc,
 };
 use crate::{Access, Error, Gid, GidSelection, MemoryRegion, ProtectionDomain};
 
@@ -816,22 +816,19 @@ impl Waitable for UdQueuePair {
     type Item = UdCompletion;
 
     fn poll(&mut self, out: &mut Vec<UdCompletion>) -> Result<usize, Error> {
-        UdQueuePair::poll(self, out)
+        self.poll_own(out)
     }
 
     fn check_events(&mut self) -> Result<(), Error> {
-        self.cq.check_events()
+        Sink::check_events(self)
     }
 
     fn arm(&mut self) -> Result<Armed, Error> {
-        self.cq.arm().map_err(|e| self.verbs_error(e))
+        self.arm_events()
     }
 
     fn take_events(&mut self) -> Result<(), Error> {
-        self.cq
-            .take_events()
-            .map(drop)
-            .map_err(|e| self.verbs_error(e))
+        Sink::take_events(self)
     }
 }
 
@@ -861,26 +858,10 @@ impl Sink for UdQueuePair {
     }
 
     unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: the QP is live; `wr` and its scatter list outlive the
-        // call (the provider copies them into the send queue); the caller
-        // keeps the buffer and the address handle alive until the
-        // completion (both are in the request's `UdRegion`).
-        let rc = unsafe {
-            let ctx = self.qp.as_ref().context;
-            match (*ctx).ops.post_send {
-                Some(post) => post(self.qp.as_ptr(), wr, &mut bad),
-                None => libc_enosys(),
-            }
-        };
-        if rc != 0 {
-            return Err(Error::Verbs {
-                call: "ibv_post_send",
-                device: self.pd.context().name().to_string(),
-                source: io::Error::from_raw_os_error(rc),
-            });
-        }
-        Ok(())
+        // SAFETY: the QP is live while `self` is; the caller keeps the
+        // buffer and the address handle alive until the completion (both
+        // are in the request's `UdRegion`).
+        unsafe { post_send_wr(self.qp, wr, &self.pd) }
     }
 
     fn poll(

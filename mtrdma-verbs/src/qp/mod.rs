@@ -363,6 +363,40 @@ pub(crate) fn libc_enosys() -> i32 {
     38
 }
 
+/// `ibv_post_send` of one work request on `qp`, through the provider's
+/// ops table (the inline function's body), its failure an
+/// [`Error::Verbs`] naming `pd`'s device.
+///
+/// # Safety
+/// `qp` must be live; the memory `wr` names must stay valid and untouched
+/// by safe code until the request completes.
+#[inline]
+pub(crate) unsafe fn post_send_wr(
+    qp: NonNull<ffi::ibv_qp>,
+    wr: &mut ffi::ibv_send_wr,
+    pd: &ProtectionDomain,
+) -> Result<(), Error> {
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: `qp` is live (the caller's promise); `wr` and its scatter
+    // list outlive the call (the provider copies them into the send
+    // queue).
+    let rc = unsafe {
+        let ctx = qp.as_ref().context;
+        match (*ctx).ops.post_send {
+            Some(post) => post(qp.as_ptr(), wr, &mut bad),
+            None => libc_enosys(),
+        }
+    };
+    if rc != 0 {
+        return Err(Error::Verbs {
+            call: "ibv_post_send",
+            device: pd.context().name().to_string(),
+            source: io::Error::from_raw_os_error(rc),
+        });
+    }
+    Ok(())
+}
+
 impl Sink for QueuePair {
     type Region = MemoryRegion;
 
@@ -391,25 +425,9 @@ impl Sink for QueuePair {
                 wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
             }
         }
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: the QP is live; `wr` and its scatter list outlive the
-        // call (the provider copies them into the send queue); the caller
-        // keeps the buffer alive until the completion.
-        let rc = unsafe {
-            let ctx = self.qp.as_ref().context;
-            match (*ctx).ops.post_send {
-                Some(post) => post(self.qp.as_ptr(), wr, &mut bad),
-                None => libc_enosys(),
-            }
-        };
-        if rc != 0 {
-            return Err(Error::Verbs {
-                call: "ibv_post_send",
-                device: self.pd.context().name().to_string(),
-                source: io::Error::from_raw_os_error(rc),
-            });
-        }
-        Ok(())
+        // SAFETY: the QP is live while `self` is; the caller keeps the
+        // buffer alive until the completion.
+        unsafe { post_send_wr(self.qp, wr, &self.pd) }
     }
 
     fn poll(
