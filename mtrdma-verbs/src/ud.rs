@@ -28,7 +28,7 @@ use crate::events::{Armed, Waitable};
 use crate::qp::{
     create_qp, device_attrs, global_ah_attr, libc_enosys, modify_qp, post_send_wr,
     qp_settings_setters, random_psn, Books, Cq, PostError, QpSettings, QpStart, RawCompletion,
-    Region, SendOp, Sink, Slot, UdDest, Wc,
+    RawWc, Region, SendOp, Sink, Slot, UdDest, Wc,
 };
 use crate::{Access, Error, Gid, GidSelection, MemoryRegion, ProtectionDomain};
 
@@ -876,46 +876,33 @@ impl Sink for UdQueuePair {
             device: self.pd.context().name().to_string(),
             source,
         })?;
-        for wc in &wcs[..n] {
+        for entry in &wcs[..n] {
             // SAFETY: `Cq::poll` returns how many entries the provider wrote.
-            let wc = unsafe { wc.assume_init_ref() };
-            let status = wc
-                .error()
-                .map_or(WcStatus::Success, |(s, _)| WcStatus::from_raw(s));
+            let wc = unsafe { RawWc::read(entry) };
             // A receive's GRH cell: its source is read, and the cell freed.
-            let cell = match self.books.parked(wc.wr_id()) {
+            let cell = match self.books.parked(wc.wr_id) {
                 Some(UdRegion {
                     kind: UdKind::Recv { cell },
                     ..
                 }) => Some(*cell),
                 _ => None,
             };
-            let (byte_len, source) = match cell {
-                Some(cell) => {
-                    let source = status.is_success().then(|| {
-                        let has_grh = (wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_GRH).0 != 0;
-                        UdSource {
-                            qpn: wc.src_qp,
-                            gid: has_grh
-                                .then(|| grh_source_gid(&self.read_grh(cell)))
-                                .flatten(),
-                        }
-                    });
-                    self.free_cells.push(cell);
-                    let payload = wc.len().saturating_sub(GRH_BYTES);
-                    (u32::try_from(payload).unwrap_or(u32::MAX), source)
-                }
-                None => (u32::try_from(wc.len()).unwrap_or(u32::MAX), None),
-            };
-            let wc = Wc {
-                wr_id: wc.wr_id(),
-                status,
-                opcode: wc.opcode(),
-                byte_len,
-                imm: wc.imm_data(),
-                source,
-            };
-            self.books.complete(wc, out, raw);
+            let source = cell.and_then(|cell| {
+                self.free_cells.push(cell);
+                wc.src_qp.map(|qpn| UdSource {
+                    qpn,
+                    gid: wc
+                        .grh
+                        .then(|| grh_source_gid(&self.read_grh(cell)))
+                        .flatten(),
+                })
+            });
+            let mut entry = Wc::from_raw(&wc, source);
+            if cell.is_some() {
+                // The payload only: the GRH is not the caller's.
+                entry.byte_len = entry.byte_len.saturating_sub(GRH_BYTES as u32);
+            }
+            self.books.complete(entry, out, raw);
         }
         Ok(n)
     }

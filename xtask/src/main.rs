@@ -4,7 +4,7 @@
 //! cargo xtask deps                      install the Debian packages the build, VM and baselines need
 //! cargo xtask vm [OPTIONS] -- CMD...    run CMD inside a QEMU VM with SoftRoCE (rxe0; with
 //!                                       --link RATE also rxa -> rxb over a shaped link)
-//! cargo xtask test                      deps, fmt, clippy, package, unit tests, fuzz, device tests in the VM
+//! cargo xtask test                      deps, fmt, clippy, package, unit tests, Miri, fuzz, device tests in the VM
 //! cargo xtask demo                      the isolation demo and perftest reference inside the VM
 //! ```
 
@@ -14,6 +14,7 @@ mod deps;
 mod fuzz;
 mod kernel;
 mod link;
+mod miri;
 mod proc;
 mod test;
 mod vm;
@@ -46,7 +47,8 @@ commands:
       --link-mtu BYTES    the veth MTU with --link (default 4200: rxe active MTU 4096;
                           1500 gives 1024)
   test                    deps, cargo fmt --check, clippy -D warnings, cargo package
-                          (every published crate packages and builds), cargo test, every
+                          (every published crate packages and builds), cargo test, the
+                          work-completion reads under Miri, every
                           fuzz target for 30 s, and the device tests (#[ignore]d on the
                           host) inside one VM boot, with --link 200mbit;
                           with MTRDMA_TEST_DEVICE set, the device tests run on this host's

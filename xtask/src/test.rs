@@ -1,7 +1,9 @@
 //! `cargo xtask test`: every check and test, device tests included.
 //!
 //! Stages: deps, `cargo fmt --check`, `cargo clippy -D warnings`,
-//! `cargo test --workspace` on the host, each cargo-fuzz target for 30 s,
+//! `cargo package`, `cargo test --workspace` on the host, the tests of
+//! memory a device may leave unwritten under Miri, each cargo-fuzz target
+//! for 30 s,
 //! then the device tests (the
 //! `#[ignore]`d ones) of every test binary with `--ignored` against a real
 //! verbs device: `rxe0` inside one boot of the SoftRoCE VM, or the host's
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::proc::{self, TestCounts};
-use crate::{deps, fuzz, link, vm};
+use crate::{deps, fuzz, link, miri, vm};
 
 /// How long each fuzz target runs.
 const FUZZ_TIME: Duration = Duration::from_secs(30);
@@ -107,6 +109,10 @@ pub(crate) fn run() -> Result<ExitCode> {
             ]))?;
             let counts = TestCounts::parse(&out);
             Ok((ok && counts.failed == 0, String::new(), Some(counts)))
+        });
+        stage("miri", &mut || {
+            let (ok, detail) = miri::run()?;
+            Ok((ok, detail, None))
         });
         stage("fuzz", &mut || {
             let detail = fuzz::run(FUZZ_TIME)?;

@@ -149,6 +149,23 @@ pub(crate) struct Books<R> {
     pub(crate) max_recv_wr: u32,
 }
 
+impl Wc {
+    /// What the books need of `wc`, with a UD receive's `source`.
+    #[inline]
+    pub(crate) fn from_raw(wc: &RawWc, source: Option<crate::ud::UdSource>) -> Wc {
+        Wc {
+            wr_id: wc.wr_id,
+            status: wc.status,
+            // Read only on success, where it is defined.
+            opcode: wc.opcode.unwrap_or(u32::MAX),
+            // Defined for receives (a send reports its posted length).
+            byte_len: wc.byte_len.unwrap_or(0),
+            imm: wc.imm,
+            source,
+        }
+    }
+}
+
 /// One work completion as the device reported it.
 pub(crate) struct Wc {
     pub(crate) wr_id: u64,
@@ -243,9 +260,15 @@ impl<R: Region> Books<R> {
                 _ => Opcode::Unknown,
             }
         };
-        // A scheduled request reports its own length, as the scheduler
-        // does for the requests it splits.
-        let byte_len = if sched { slot.len } else { wc.byte_len };
+        // A send reports the length it was posted with (a scheduled one
+        // its request's, as the scheduler does for the requests it
+        // splits): the device defines a length only for receives, READs
+        // and atomics.
+        let byte_len = if sched || slot.send {
+            slot.len
+        } else {
+            wc.byte_len
+        };
         out.push(slot.region.complete_from(
             slot.context,
             wc.status,

@@ -28,11 +28,13 @@ mod books;
 mod builder;
 mod cq;
 mod sink;
+mod wc;
 
 pub(crate) use books::*;
 pub use builder::*;
 pub(crate) use cq::*;
 pub(crate) use sink::*;
+pub(crate) use wc::RawWc;
 
 /// What a peer needs to connect to a queue pair. Serialisable, to send it
 /// over any channel (see [`crate::exchange`]).
@@ -454,21 +456,10 @@ impl Sink for QueuePair {
             });
         }
         let n = (n as usize).min(wcs.len());
-        for wc in &wcs[..n] {
+        for entry in &wcs[..n] {
             // SAFETY: `ibv_poll_cq` wrote the first `n` entries.
-            let wc = unsafe { wc.assume_init_ref() };
-            let status = wc
-                .error()
-                .map_or(WcStatus::Success, |(s, _)| WcStatus::from_raw(s));
-            let wc = Wc {
-                wr_id: wc.wr_id(),
-                status,
-                opcode: wc.opcode(),
-                byte_len: u32::try_from(wc.len()).unwrap_or(u32::MAX),
-                imm: wc.imm_data(),
-                source: None,
-            };
-            self.books.complete(wc, out, raw);
+            let wc = unsafe { RawWc::read(entry) };
+            self.books.complete(Wc::from_raw(&wc, None), out, raw);
         }
         Ok(n)
     }
