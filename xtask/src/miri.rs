@@ -93,5 +93,5 @@ pub(crate) fn run() -> Result<(bool, String)> {
             .unwrap_or("?");
         ran.push(format!("{package} {filter}: {passed} passed"));
     }
-    Ok((true, format!("({})", ran.join(", "))))
+    Ok((true, ran.join(", ")))
 }
