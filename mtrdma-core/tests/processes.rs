@@ -18,7 +18,7 @@ fn main() {
         child(&role);
         return;
     }
-    let tests: &[(&str, fn())] = &[
+    let tests: &[Test] = &[
         (
             "eight_processes_race_for_eight_qps",
             eight_processes_race_for_eight_qps,
@@ -39,6 +39,10 @@ fn main() {
             "tenant_uid_cannot_write_the_policy",
             tenant_uid_cannot_write_the_policy,
         ),
+        (
+            "the_uid_test_runs_from_a_directory_other_users_cannot_enter",
+            the_uid_test_runs_from_a_directory_other_users_cannot_enter,
+        ),
     ];
     let filter: Vec<String> = std::env::args()
         .skip(1)
@@ -49,22 +53,31 @@ fn main() {
         println!("\nrunning 0 tests\n\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; {} filtered out\n", tests.len());
         return;
     }
-    let (mut passed, mut failed) = (0, 0);
+    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     println!("\nrunning {} tests", tests.len());
     for (name, test) in tests {
         if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
             continue;
         }
-        let ok = std::panic::catch_unwind(test).is_ok();
-        println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
-        if ok {
-            passed += 1;
-        } else {
-            failed += 1;
+        // A test that cannot run here says so, and counts as ignored,
+        // never as passed.
+        match std::panic::catch_unwind(test) {
+            Ok(Outcome::Ran) => {
+                println!("test {name} ... ok");
+                passed += 1;
+            }
+            Ok(Outcome::Skipped(why)) => {
+                println!("test {name} ... ignored, {why}");
+                skipped += 1;
+            }
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                failed += 1;
+            }
         }
     }
     println!(
-        "\ntest result: {}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out\n",
+        "\ntest result: {}. {passed} passed; {failed} failed; {skipped} ignored; 0 measured; 0 filtered out\n",
         if failed == 0 { "ok" } else { "FAILED" }
     );
     if failed > 0 {
@@ -225,16 +238,17 @@ fn race(role: &str, tenant: TenantEntry) -> (u64, u64) {
     (won, in_use)
 }
 
-fn eight_processes_race_for_eight_qps() {
+fn eight_processes_race_for_eight_qps() -> Outcome {
     let (won, in_use) = race("qps", TenantEntry::new(TENANT, "racer").with_max_qps(8));
     assert_eq!(
         (won, in_use),
         (8, 8),
         "8 processes x 4 attempts against max_qps = 8"
     );
+    Outcome::Ran
 }
 
-fn eight_processes_race_for_mr_bytes() {
+fn eight_processes_race_for_mr_bytes() -> Outcome {
     let (won, in_use) = race(
         "mr",
         TenantEntry::new(TENANT, "racer").with_max_mr_bytes(8 << 20),
@@ -244,9 +258,10 @@ fn eight_processes_race_for_mr_bytes() {
         (8, 8 << 20),
         "8 processes x 4 MiB against 8 MiB"
     );
+    Outcome::Ran
 }
 
-fn killed_process_is_reclaimed_within_one_second() {
+fn killed_process_is_reclaimed_within_one_second() -> Outcome {
     let dir = std::env::temp_dir().join(unique("coord"));
     std::fs::create_dir_all(&dir).unwrap();
     let policy_path = dir.join("policy.toml");
@@ -309,6 +324,7 @@ fn killed_process_is_reclaimed_within_one_second() {
     assert_eq!((usage.qps.0, usage.mr_bytes.0, usage.processes), (0, 0, 0));
     coord.shutdown(true).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+    Outcome::Ran
 }
 
 /// Two processes of one tenant draw on one 100 MB/s budget in the table.
@@ -316,7 +332,7 @@ fn killed_process_is_reclaimed_within_one_second() {
 /// than the 64 KiB burst lasts, as for a sender that never pauses) so that
 /// the result depends on the shared limit, not on how the machine schedules
 /// them; within each tick they race for the budget for real.
-fn two_processes_share_one_rate_cap() {
+fn two_processes_share_one_rate_cap() -> Outcome {
     const CAP: u64 = 100_000_000; // 100 MB/s
     let name = unique("rate");
     let tenant = TenantEntry::new(TENANT, "capped").with_rate(RateLimit::new(CAP, 64 << 10));
@@ -349,16 +365,54 @@ fn two_processes_share_one_rate_cap() {
         (0.98..=1.02).contains(&ratio),
         "together {ratio:.4} of the cap"
     );
+    Outcome::Ran
 }
 
-fn tenant_uid_cannot_write_the_policy() {
+/// A test: its name and body.
+type Test = (&'static str, fn() -> Outcome);
+
+/// Whether a test ran, or why it could not here.
+enum Outcome {
+    Ran,
+    Skipped(&'static str),
+}
+
+/// A copy of this test binary that `uid` can execute: the build's own
+/// may sit under a directory other users cannot enter (a clone in `/root`,
+/// mode 0700). Removed with the returned directory's guard.
+struct Reachable {
+    dir: PathBuf,
+    exe: PathBuf,
+}
+
+impl Reachable {
+    fn copy_of_this_binary() -> Reachable {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(unique("exe"));
+        std::fs::create_dir(&dir).expect("make a directory for the copy");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let exe = dir.join("processes");
+        std::fs::copy(std::env::current_exe().unwrap(), &exe).expect("copy the test binary");
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Reachable { dir, exe }
+    }
+}
+
+impl Drop for Reachable {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn tenant_uid_cannot_write_the_policy() -> Outcome {
     if !rustix::process::geteuid().is_root() {
-        println!("(skipped: dropping to another uid needs root)");
-        return;
+        return Outcome::Skipped("dropping to another uid needs root");
     }
     let name = unique("perm");
     let table = QuotaTable::create(&name, 4, 4, &policy(TenantEntry::new(TENANT, "t"))).unwrap();
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    // Run as uid 65534 from a copy that uid can reach.
+    let reachable = Reachable::copy_of_this_binary();
+    let mut cmd = Command::new(&reachable.exe);
     cmd.uid(65534).gid(65534);
     let mut kid = Kid::spawn_with(cmd, "open-policy-rw", &name, &[]);
     let answer = kid.hear();
@@ -375,4 +429,33 @@ fn tenant_uid_cannot_write_the_policy() {
             && answer.contains("Permission denied"),
         "{answer}"
     );
+    Outcome::Ran
+}
+
+/// The README's test command as root on a clone under a directory other
+/// users cannot enter (`/root`, mode 0700): the test that drops to uid
+/// 65534 must still run, from a copy that uid can reach. Runs this binary
+/// from such a directory with only that test selected.
+fn the_uid_test_runs_from_a_directory_other_users_cannot_enter() -> Outcome {
+    use std::os::unix::fs::PermissionsExt;
+    if !rustix::process::geteuid().is_root() {
+        return Outcome::Skipped("dropping to another uid needs root");
+    }
+    let closed = std::env::temp_dir().join(unique("closed"));
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let exe = closed.join("processes");
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    let out = Command::new(&exe)
+        .arg("tenant_uid_cannot_write_the_policy")
+        .output()
+        .expect("run the copy");
+    let _ = std::fs::remove_dir_all(&closed);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("test tenant_uid_cannot_write_the_policy ... ok"),
+        "from a 0700 directory: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Outcome::Ran
 }
