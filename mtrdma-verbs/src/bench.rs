@@ -811,6 +811,38 @@ mod tests {
     }
 
     #[test]
+    fn a_remote_region_reaching_past_the_address_space_is_refused_not_a_panic() {
+        // A peer's description: 1 MiB at 100 bytes below the top of the
+        // address space. A chunked WRITE's later pieces would overflow.
+        let remote = RemoteRegion {
+            addr: u64::MAX - 100,
+            len: 1 << 20,
+            rkey: 9,
+        };
+        assert_eq!(remote.slice(200, 8), None);
+        let config = ScheduleConfig {
+            chunk_bytes: 4096,
+            ..bulk0()
+        };
+        let mut qp = scheduled(NullSink::new(1, 16), config).unwrap();
+        let region = HeapRegion::new(16_384);
+        let base = region.addr();
+        match qp.post_send(SendOp::Write(remote), region, 0..16_384, 1) {
+            Err((Error::RemoteOutOfBounds { .. }, back)) => {
+                assert_eq!(back.addr(), base, "the region comes back");
+            }
+            Err((e, _)) => panic!("refused for another reason: {e}"),
+            Ok(()) => panic!("posted pieces past the end of the address space"),
+        }
+        // The direct path refuses it too.
+        let mut sink = NullSink::new(1, 16);
+        assert!(matches!(
+            sink.post_send(SendOp::Read(remote), HeapRegion::new(64), 0..64, 2),
+            Err((Error::RemoteOutOfBounds { .. }, _))
+        ));
+    }
+
+    #[test]
     fn chunked_write_pieces_go_in_order_with_their_offsets() {
         let config = ScheduleConfig {
             chunk_bytes: 4096,

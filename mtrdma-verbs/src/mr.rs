@@ -67,11 +67,15 @@ pub struct RemoteRegion {
 }
 
 impl RemoteRegion {
-    /// The `len` bytes at `offset`, if they lie inside the region.
+    /// The `len` bytes at `offset`, if they lie inside the region (and
+    /// its addresses inside the address space: a region a peer described
+    /// may claim otherwise).
     pub fn slice(&self, offset: u64, len: u64) -> Option<RemoteRegion> {
         let end = offset.checked_add(len)?;
-        (end <= self.len).then(|| RemoteRegion {
-            addr: self.addr + offset,
+        let addr = self.addr.checked_add(offset)?;
+        addr.checked_add(len)?;
+        (end <= self.len).then_some(RemoteRegion {
+            addr,
             len,
             rkey: self.rkey,
         })

@@ -124,7 +124,9 @@ pub(crate) fn check_send<R: Region>(
     };
     if let (_, Some(r), _) = op.lower(true) {
         let len = u64::from(sge.length);
-        if len > r.len {
+        // A peer names the remote region: its end must lie in the address
+        // space too, so that no piece's address overflows.
+        if len > r.len || r.addr.checked_add(r.len).is_none() {
             return Err(Error::RemoteOutOfBounds { remote: r, len });
         }
     }
