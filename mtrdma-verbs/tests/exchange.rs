@@ -175,3 +175,35 @@ fn two_threads_connect_through_tcp_and_write() {
     assert!(out.iter().all(|c| c.status.is_success()));
     server.join().unwrap();
 }
+
+#[test]
+fn a_silent_peer_fails_the_exchange_in_time() {
+    use mtrdma_verbs::exchange::exchange_within;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (hold, held) = std::sync::mpsc::channel::<()>();
+    let server = std::thread::spawn(move || {
+        // Accepts, reads nothing and says nothing until told to go.
+        let (s, _) = listener.accept().unwrap();
+        let _ = held.recv();
+        drop(s);
+    });
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(77))).unwrap();
+    let start = Instant::now();
+    match exchange_within(&mut c, &handshake(2), Duration::from_millis(300)) {
+        Err(Error::Exchange(HandshakeError::TimedOut(t))) => {
+            assert_eq!(t, Duration::from_millis(300));
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(5), "gave up after {took:?}");
+    assert_eq!(
+        c.read_timeout().unwrap(),
+        Some(Duration::from_secs(77)),
+        "the stream's own timeout is put back"
+    );
+    hold.send(()).unwrap();
+    server.join().unwrap();
+}
