@@ -153,6 +153,21 @@ pub enum Error {
         /// The most it allows.
         max_sge: i32,
     },
+    /// A queue asked for is deeper than the device allows (its
+    /// `max_qp_wr`, or `max_cqe` for the completion queue that holds both
+    /// queues' completions).
+    #[error("{what} of {asked} is more than device {device} allows ({max})")]
+    QueueTooDeep {
+        /// The device.
+        device: String,
+        /// Which depth (`max_send_wr`, `max_recv_wr`, or the completion
+        /// queue's entries).
+        what: &'static str,
+        /// The depth asked for.
+        asked: u64,
+        /// The most the device allows.
+        max: u64,
+    },
     /// An address handle was used with a queue pair of another protection
     /// domain (the NIC would fail the send).
     #[error(

@@ -217,6 +217,8 @@ impl UdQueuePairBuilder<'_> {
         };
         // The CQ holds one entry per request the queue pair lets in flight
         // (its own limits below, not the provider's possibly larger caps).
+        // Within the device's `max_cqe` (checked in `begin`), so this sum
+        // fits.
         let cq = Cq::new(ctx, max_send_wr + max_recv_wr, events)?;
         let mut init = ffi::ibv_qp_init_attr {
             send_cq: cq.cq.as_ptr(),

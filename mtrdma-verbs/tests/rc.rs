@@ -389,3 +389,36 @@ fn pieces_of_one_registration_are_posted_at_once_and_come_back() {
     drop(whole);
     assert_eq!(table.usage().unwrap()[0].mr_bytes.0, 0);
 }
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn queues_deeper_than_the_device_allows_are_refused_by_name() {
+    let table = tenant_table(4, 1 << 30);
+    let handle = table.attach(TenantId(1)).unwrap();
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    // u32::MAX + 128 for the completion queue overflowed before.
+    match pd
+        .queue_pair()
+        .tenant(&handle)
+        .max_send_wr(u32::MAX)
+        .build()
+    {
+        Err(Error::QueueTooDeep { what, asked, .. }) => {
+            assert_eq!((what, asked), ("max_send_wr", u64::from(u32::MAX)));
+        }
+        other => panic!("expected QueueTooDeep, got {other:?}"),
+    }
+    match pd
+        .ud_queue_pair()
+        .tenant(&handle)
+        .max_recv_wr(u32::MAX)
+        .build()
+    {
+        Err(Error::QueueTooDeep { what, .. }) => assert_eq!(what, "max_recv_wr"),
+        other => panic!("expected QueueTooDeep, got {other:?}"),
+    }
+    // The refused queue pairs' admissions were given back.
+    assert_eq!(table.usage().unwrap()[0].qps.0, 0);
+    pd.queue_pair().tenant(&handle).build().unwrap();
+}

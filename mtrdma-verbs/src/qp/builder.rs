@@ -63,6 +63,29 @@ impl QpSettings {
             None => None,
         };
         let ctx = pd.context();
+        // Depths the device cannot take are refused here, with their
+        // names, rather than by the provider (or by an overflow adding
+        // them up for the completion queue).
+        let attrs = device_attrs(ctx)?;
+        let too_deep = |what, asked: u64, max: i32| {
+            let max = u64::try_from(max).unwrap_or(0);
+            (asked > max).then(|| Error::QueueTooDeep {
+                device: ctx.name().to_string(),
+                what,
+                asked,
+                max,
+            })
+        };
+        let (send, recv) = (u64::from(self.max_send_wr), u64::from(self.max_recv_wr));
+        for (what, asked, max) in [
+            ("max_send_wr", send, attrs.max_qp_wr),
+            ("max_recv_wr", recv, attrs.max_qp_wr),
+            ("the completion queue's entries", send + recv, attrs.max_cqe),
+        ] {
+            if let Some(e) = too_deep(what, asked, max) {
+                return Err(e);
+            }
+        }
         Ok(QpStart {
             permit,
             device: ctx.name().to_string(),
@@ -185,6 +208,8 @@ impl QueuePairBuilder<'_> {
             max_recv_wr,
             events,
         } = self.settings.begin(self.pd)?;
+        // Within the device's `max_cqe` (checked in `begin`), so this sum
+        // fits.
         let cq = Cq::new(self.pd.context(), max_send_wr + max_recv_wr, events)?;
         let mut init = ffi::ibv_qp_init_attr {
             send_cq: cq.cq.as_ptr(),
