@@ -105,9 +105,17 @@ fn print_view(usage: &[TenantUsage], last: &[TenantUsage], secs: f64, link: u64,
         "procs"
     );
     for u in usage {
-        let before = last.iter().find(|l| l.tenant == u.tenant);
-        let sent = u.bytes_posted - before.map_or(u.bytes_posted, |b| b.bytes_posted);
-        let throttled = u.throttled_ns - before.map_or(u.throttled_ns, |b| b.throttled_ns);
+        // The counters are in memory the tenant writes: a counter that went
+        // backwards moves nothing (and is said), never an underflow.
+        let moved = last
+            .iter()
+            .find(|l| l.tenant == u.tenant)
+            .map(|before| u.since(before))
+            .unwrap_or_default();
+        if moved.went_backwards {
+            eprintln!("tenant {}: a counter went backwards", u.tenant.0);
+        }
+        let (sent, throttled) = (moved.bytes_posted, moved.throttled_ns);
         println!(
             "{:>4} {:<16} {:<7} {:>9.3} {:>9.3} {:>5.1}% {:>5}/{:<5} {:>6}/{:<7} {:>8.1}ms {:>5}",
             u.tenant.0,

@@ -754,6 +754,21 @@ impl Drop for WrPermit {
     }
 }
 
+/// What a tenant's counters moved between two readings
+/// ([`TenantUsage::since`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UsageDelta {
+    /// Bytes handed to the NIC in between.
+    pub bytes_posted: u64,
+    /// Work requests handed to the NIC in between.
+    pub wrs_posted: u64,
+    /// Time its callers were told to wait in between, in ns.
+    pub throttled_ns: u64,
+    /// Whether a counter read lower than before (written by a tenant's
+    /// process, not by mtrdma): its change counts as 0.
+    pub went_backwards: bool,
+}
+
 /// One tenant's use of the table, for display.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TenantUsage {
@@ -808,6 +823,41 @@ impl TenantUsage {
             refusals: l(&st.refusals),
             fair_rate: table.policy_slot(slot).fair_rate.load(Ordering::Relaxed),
             processes,
+        }
+    }
+
+    /// What changed since `before` (the same tenant's earlier reading):
+    /// bytes and work requests posted and the time throttled in between.
+    /// These counters live in memory the tenant's processes write, so a
+    /// hostile or broken tenant can make one go backwards: such a counter
+    /// counts as 0 here, never as an underflow (nothing that displays or
+    /// bills by it is stopped).
+    ///
+    /// ```
+    /// use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantEntry, TenantId};
+    ///
+    /// let policy = Policy::new(LinkConfig::new(1_000_000_000), vec![TenantEntry::new(TenantId(1), "t")]);
+    /// let table = QuotaTable::embedded(&policy).unwrap();
+    /// let handle = table.attach(TenantId(1)).unwrap();
+    /// let before = table.usage().unwrap().remove(0);
+    /// handle.record_posted(4096, 2);
+    /// let now = table.usage().unwrap().remove(0);
+    /// let moved = now.since(&before);
+    /// assert_eq!((moved.bytes_posted, moved.wrs_posted), (4096, 2));
+    /// // Read the other way round (as after a tenant wrote its counter
+    /// // back): no underflow, and it says so.
+    /// let back = before.since(&now);
+    /// assert_eq!(back.bytes_posted, 0);
+    /// assert!(back.went_backwards);
+    /// ```
+    pub fn since(&self, before: &TenantUsage) -> UsageDelta {
+        UsageDelta {
+            bytes_posted: self.bytes_posted.saturating_sub(before.bytes_posted),
+            wrs_posted: self.wrs_posted.saturating_sub(before.wrs_posted),
+            throttled_ns: self.throttled_ns.saturating_sub(before.throttled_ns),
+            went_backwards: self.bytes_posted < before.bytes_posted
+                || self.wrs_posted < before.wrs_posted
+                || self.throttled_ns < before.throttled_ns,
         }
     }
 }

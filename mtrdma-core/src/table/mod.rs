@@ -39,8 +39,8 @@ use arc_swap::ArcSwap;
 
 pub use error::{AdmissionError, TableError};
 pub use handle::{
-    MrPermit, OwnedMrPermit, OwnedQpPermit, QpPermit, TenantHandle, TenantUsage, WrPermit,
-    FAIR_RATE_TOLERANCE_NS,
+    MrPermit, OwnedMrPermit, OwnedQpPermit, QpPermit, TenantHandle, TenantUsage, UsageDelta,
+    WrPermit, FAIR_RATE_TOLERANCE_NS,
 };
 pub use layout::{MAX_PROCESSES, MAX_TENANTS};
 
