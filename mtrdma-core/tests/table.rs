@@ -388,3 +388,34 @@ fn a_writer_that_died_mid_update_is_reported_not_waited_on_forever() {
         Err(TableError::Torn)
     ));
 }
+
+#[test]
+fn a_writer_that_takes_over_a_half_written_policy_recovers_it() {
+    use std::os::unix::fs::FileExt;
+    let name = format!("torn-{}", std::process::id());
+    let policy = |weight| {
+        Policy::new(
+            LinkConfig::new(1_000_000_000),
+            vec![TenantEntry::new(TenantId(1), "t").with_weight(weight)],
+        )
+    };
+    let first = QuotaTable::create(&name, 4, 4, &policy(1)).unwrap();
+    let tenant = QuotaTable::open(&name).unwrap();
+    // The coordinator dies in the middle of publishing: the sequence stays
+    // odd (offset 24 of the policy region).
+    let shm = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/dev/shm/mtrdma.{name}.policy"))
+        .unwrap();
+    shm.write_all_at(&7u64.to_le_bytes(), 24).unwrap();
+    drop(first);
+    // A restarted coordinator takes the table over (it could not before:
+    // opening failed on the half-written policy) and publishes a whole one.
+    let taken = QuotaTable::open_writable(&name).expect("take over a half-written policy");
+    taken.publish(&policy(3)).unwrap();
+    // The tenant that was running sees it.
+    let snap = tenant.snapshot().unwrap();
+    assert_eq!(snap.policy.tenants[0].schedule.weight, 3);
+    drop((taken, tenant));
+    QuotaTable::remove(&name).unwrap();
+}

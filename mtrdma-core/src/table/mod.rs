@@ -327,7 +327,20 @@ impl QuotaTable {
                 clock,
             }),
         };
-        table.snapshot()?;
+        match table.snapshot() {
+            Ok(_) => {}
+            // A writer that died in the middle of publishing left the
+            // policy half-written. Whoever opens it to write takes it over
+            // and publishes a whole one (`publish` starts from an odd
+            // sequence); tenants keep their last good policy until then.
+            Err(TableError::Torn) if table.inner.policy.writable() => {
+                tracing::warn!(
+                    "the table's policy was left half-written by a writer that stopped; \
+                     publish one to recover"
+                );
+            }
+            Err(e) => return Err(e),
+        }
         Ok(table)
     }
 
