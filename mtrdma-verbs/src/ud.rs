@@ -26,9 +26,9 @@ use mtrdma_core::TenantHandle;
 use crate::completion::{Opcode, WcStatus};
 use crate::events::{Armed, Waitable};
 use crate::qp::{
-    create_qp, device_attrs, global_ah_attr, libc_enosys, modify_qp, post_send_wr,
-    qp_settings_setters, random_psn, Books, Cq, PostError, QpSettings, QpStart, RawCompletion,
-    RawWc, Region, SendOp, Sink, Slot, UdDest, Wc,
+    create_qp, global_ah_attr, libc_enosys, modify_qp, post_send_wr, qp_settings_setters,
+    random_psn, Books, Cq, PostError, QpSettings, QpStart, RawCompletion, RawWc, Region, SendOp,
+    Sink, Slot, UdDest, Wc,
 };
 use crate::{Access, Error, Gid, GidSelection, MemoryRegion, ProtectionDomain};
 
@@ -201,9 +201,9 @@ impl UdQueuePairBuilder<'_> {
             max_send_wr,
             max_recv_wr,
             events,
+            attrs,
         } = self.settings.begin(self.pd)?;
         let ctx = self.pd.context();
-        let attrs = device_attrs(ctx)?;
         if attrs.max_sge < 2 {
             return Err(Error::TooFewSges {
                 device,

@@ -52,6 +52,9 @@ pub(crate) struct QpStart {
     pub(crate) max_send_wr: u32,
     pub(crate) max_recv_wr: u32,
     pub(crate) events: bool,
+    /// The device's attributes, read once for the checks here and the
+    /// builder's own.
+    pub(crate) attrs: ffi::ibv_device_attr,
 }
 
 impl QpSettings {
@@ -95,6 +98,7 @@ impl QpSettings {
             max_send_wr: self.max_send_wr,
             max_recv_wr: self.max_recv_wr,
             events: self.events,
+            attrs,
         })
     }
 }
@@ -207,6 +211,7 @@ impl QueuePairBuilder<'_> {
             max_send_wr,
             max_recv_wr,
             events,
+            ..
         } = self.settings.begin(self.pd)?;
         // Within the device's `max_cqe` (checked in `begin`), so this sum
         // fits.

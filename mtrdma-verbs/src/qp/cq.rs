@@ -37,6 +37,7 @@ impl Cq {
 
     /// Polls up to `wcs.len()` completions into `wcs`; returns how many
     /// (the first that many entries are written), or the provider's error.
+    #[inline]
     pub(crate) fn poll(&self, wcs: &mut [MaybeUninit<ffi::ibv_wc>]) -> Result<usize, io::Error> {
         let room = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
         // SAFETY: the CQ is live while `self` is (and so is its context,

@@ -442,22 +442,10 @@ impl Sink for QueuePair {
         // Not zeroed: the provider writes the entries it returns, and a
         // busy poll that finds nothing should cost nothing but the call.
         let mut wcs = [const { MaybeUninit::<ffi::ibv_wc>::uninit() }; 32];
-        // SAFETY: the CQ is live; `wcs` has room for 32 entries.
-        let n = unsafe {
-            let ctx = self.qp.as_ref().context;
-            match (*ctx).ops.poll_cq {
-                Some(poll) => poll(self.cq.cq.as_ptr(), 32, wcs.as_mut_ptr().cast()),
-                None => -libc_enosys(),
-            }
-        };
-        if n < 0 {
-            return Err(Error::Verbs {
-                call: "ibv_poll_cq",
-                device: self.pd.context().name().to_string(),
-                source: io::Error::from_raw_os_error(-n),
-            });
-        }
-        let n = (n as usize).min(wcs.len());
+        let n = self
+            .cq
+            .poll(&mut wcs)
+            .map_err(|source| self.verbs_error(("ibv_poll_cq", source)))?;
         for entry in &wcs[..n] {
             // SAFETY: `ibv_poll_cq` wrote the first `n` entries.
             let wc = unsafe { RawWc::read(entry) };
