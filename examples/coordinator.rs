@@ -8,12 +8,14 @@
 //! SIGHUP or when the file changes, and prints a per-tenant view every
 //! second (headed by the link estimate it publishes for the tenants'
 //! delay windows and the share of bytes the windows judged over their
-//! target).
+//! target; per tenant, the gain it sets on the windows' growth so that
+//! tenants in separate processes share the link by their weights).
 //! SIGINT or SIGTERM stops it and removes the table.
 //!
 //! ```text
 //! cargo run --release --example coordinator -- --policy examples/policy.toml
 //!     [--table NAME] [--socket PATH] [--capacity N] [--processes N] [--quiet]
+//!     [--no-window-gains]
 //! ```
 //!
 //! Tenant processes then call `mtrdma::core::coordinator::register(socket)`.
@@ -32,6 +34,9 @@ use mtrdma::core::table::TenantUsage;
 struct Args {
     config: CoordinatorConfig,
     quiet: bool,
+    /// Whether to set gains on the tenants' delay windows (see
+    /// `Coordinator::set_window_gains`).
+    window_gains: bool,
 }
 
 fn default_socket(table: &str) -> PathBuf {
@@ -50,6 +55,7 @@ fn parse() -> Result<Args, String> {
     let mut table = String::from("default");
     let mut socket = None;
     let (mut capacity, mut processes, mut quiet) = (64u32, 1024u32, false);
+    let mut window_gains = true;
     let mut it = args::Args::from_env();
     while let Some(token) = it.next()? {
         let flag = match token {
@@ -63,6 +69,7 @@ fn parse() -> Result<Args, String> {
             "--capacity" => capacity = it.parse(&flag)?,
             "--processes" => processes = it.parse(&flag)?,
             "--quiet" => quiet = true,
+            "--no-window-gains" => window_gains = false,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -77,6 +84,7 @@ fn parse() -> Result<Args, String> {
             processes,
         },
         quiet,
+        window_gains,
     })
 }
 
@@ -92,13 +100,14 @@ fn print_view(usage: &[TenantUsage], last: &[TenantUsage], secs: f64, link: u64,
         100.0 * view.over_target
     );
     println!(
-        "{:>4} {:<16} {:<7} {:>9} {:>9} {:>6} {:>11} {:>14} {:>10} {:>5}",
+        "{:>4} {:<16} {:<7} {:>9} {:>9} {:>6} {:>5} {:>11} {:>14} {:>10} {:>5}",
         "id",
         "name",
         "class",
         "sent Gb/s",
         "fair Gb/s",
         "share",
+        "gain",
         "QPs",
         "MR MiB",
         "throttled",
@@ -117,13 +126,19 @@ fn print_view(usage: &[TenantUsage], last: &[TenantUsage], secs: f64, link: u64,
         }
         let (sent, throttled) = (moved.bytes_posted, moved.throttled_ns);
         println!(
-            "{:>4} {:<16} {:<7} {:>9.3} {:>9.3} {:>5.1}% {:>5}/{:<5} {:>6}/{:<7} {:>8.1}ms {:>5}",
+            "{:>4} {:<16} {:<7} {:>9.3} {:>9.3} {:>5.1}% {:>5.2} {:>5}/{:<5} {:>6}/{:<7} {:>8.1}ms {:>5}",
             u.tenant.0,
             u.name,
             u.class.to_string(),
             gbps(sent as f64 / secs),
             gbps(u.fair_rate as f64),
             100.0 * u.fair_rate as f64 / link.max(1) as f64,
+            // The gain on its windows' growth (1: none published).
+            if u.window_gain == 0 {
+                1.0
+            } else {
+                u.window_gain as f64 / 1e6
+            },
             u.qps.0,
             u.qps.1,
             u.mr_bytes.0 >> 20,
@@ -142,6 +157,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let socket = args.config.socket.clone();
     let mut coordinator = Coordinator::start(args.config)?;
+    coordinator.set_window_gains(args.window_gains);
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;

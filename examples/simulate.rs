@@ -11,6 +11,8 @@
 //! cargo run --release --example simulate -- --bulk 9999 --ms 100 --rows 10
 //! cargo run --release --example simulate -- --separate --link-mbps 200 --base-us 100 \
 //!     --chunk-kib 2 --bulk 8 --ms 4000
+//! cargo run --release --example simulate -- --separate --link-mbps 200 --base-us 100 \
+//!     --chunk-kib 2 --probes 0 --bulk 3 --weights 1,2,4 --ms 12000 --warmup-ms 2000
 //! ```
 //!
 //! Flags (all optional):
@@ -30,6 +32,9 @@
 //! window (the cross-process protection) instead,
 //! `--target-ppm P` with `--separate`, the windows' target queueing delay
 //! as a share of the path's own delay (default 500000),
+//! `--no-gains` with `--separate`, no coordinator: every window grows by
+//! its weight alone (by default a coordinator sets gains on their growth
+//! every 20 ms from what each tenant moved, `mtrdma_sched::share`),
 //! `--nic-depth N` NIC queue depth in work requests without mtrdma
 //! (default 16),
 //! `--budget-kib K` with mtrdma, bulk bytes in the NIC (the engine's
@@ -37,7 +42,8 @@
 //! `--pieces N` with mtrdma, pieces each queue pair may have in the NIC
 //! (`ScheduleConfig::max_pieces_in_flight`; default 4),
 //! `--chunk-kib K` scheduler chunk and quantum (default 8),
-//! `--ms T` simulated milliseconds (default 20; 1 ms warm-up),
+//! `--ms T` simulated milliseconds (default 20),
+//! `--warmup-ms W` of which not measured at the start (default 1),
 //! `--rows N` tenants shown (default 40).
 
 #[path = "shared/args.rs"]
@@ -60,6 +66,8 @@ struct Args {
     link_bps: u64,
     base_ns: u64,
     separate: bool,
+    gains: bool,
+    warmup_ms: u64,
     target_ppm: u32,
     nic_depth: usize,
     budget_kib: u64,
@@ -81,6 +89,8 @@ fn parse() -> Result<Args, String> {
         link_bps: 100_000_000_000,
         base_ns: 1_700,
         separate: false,
+        gains: true,
+        warmup_ms: 1,
         target_ppm: 500_000,
         nic_depth: 16,
         budget_kib: 32,
@@ -100,6 +110,10 @@ fn parse() -> Result<Args, String> {
         }
         if flag == "--separate" {
             a.separate = true;
+            continue;
+        }
+        if flag == "--no-gains" {
+            a.gains = false;
             continue;
         }
         let value = it.value(&flag)?;
@@ -140,6 +154,7 @@ fn parse() -> Result<Args, String> {
             }
             "--chunk-kib" => a.chunk_kib = num(&value)?,
             "--ms" => a.ms = num(&value)?,
+            "--warmup-ms" => a.warmup_ms = num(&value)?,
             "--rows" => a.rows = num(&value)? as usize,
             other => return Err(format!("unknown flag {other}")),
         }
@@ -171,7 +186,7 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("error: {e}");
             }
-            eprintln!("usage: simulate [--probes N] [--msg-rate N] [--bulk N] [--bulk-kib K] [--outstanding N] [--weights W,..] [--cap-gbps G] [--link-gbps G | --link-mbps M] [--base-us U] [--separate] [--target-ppm P] [--nic-depth N] [--budget-kib K] [--pieces N] [--chunk-kib K] [--ms T] [--rows N]");
+            eprintln!("usage: simulate [--probes N] [--msg-rate N] [--bulk N] [--bulk-kib K] [--outstanding N] [--weights W,..] [--cap-gbps G] [--link-gbps G | --link-mbps M] [--base-us U] [--separate] [--target-ppm P] [--no-gains] [--nic-depth N] [--budget-kib K] [--pieces N] [--chunk-kib K] [--ms T] [--warmup-ms W] [--rows N]");
             return if e.is_empty() {
                 ExitCode::SUCCESS
             } else {
@@ -211,7 +226,12 @@ fn main() -> ExitCode {
         bulk_bytes_in_flight: args.budget_kib.saturating_mul(1 << 10),
         pieces_per_queue_pair: args.pieces,
         duration: Nanos::from_millis(args.ms),
-        warmup: Nanos::from_millis(1),
+        warmup: Nanos::from_millis(args.warmup_ms),
+        coordinator_every: if args.gains {
+            SimConfig::default().coordinator_every
+        } else {
+            Nanos::ZERO
+        },
         ..SimConfig::default()
     };
     let sched_config = mtrdma::sched::SchedulerConfig {
@@ -255,13 +275,19 @@ fn main() -> ExitCode {
         args.link_bps as f64 / 1e9,
         args.nic_depth,
         args.ms,
-        args.ms - 1,
+        args.ms - args.warmup_ms,
         tenants.len()
     );
     if args.separate {
         println!(
-            "mtrdma: every tenant an engine of its own, {} pieces of {} KiB per queue pair, delay windows",
-            args.pieces, args.chunk_kib
+            "mtrdma: every tenant an engine of its own, {} pieces of {} KiB per queue pair, delay windows, {}",
+            args.pieces,
+            args.chunk_kib,
+            if args.gains {
+                "the coordinator's gains on their growth every 20 ms"
+            } else {
+                "no coordinator"
+            }
         );
     } else {
         println!(

@@ -32,6 +32,9 @@ pub(crate) struct Args {
     /// On the link: the windows' queue allowance in bytes at the measured
     /// link rate (perf's `--window-queue`), if not the window's default.
     pub(crate) window_queue: Option<u64>,
+    /// On the link: whether the coordinator sets gains on the windows'
+    /// growth (coordinator's `--no-window-gains` when not).
+    pub(crate) window_gains: bool,
 }
 
 pub(crate) const USAGE: &str = "usage: isolation [--device NAME] [--peer-device NAME] [--out DIR] [--seconds S] [--warmup-ms MS]
@@ -40,6 +43,7 @@ pub(crate) const USAGE: &str = "usage: isolation [--device NAME] [--peer-device 
 on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
        isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--chunk BYTES (default 4096)]
     [--window-target PPM (the windows' queue allowance, see perf --help)] [--window-floor USEC] [--window-queue BYTES]
+    [--no-window-gains (the coordinator leaves the windows' growth to their weights)]
     [--scenarios latency,hogs,weights,cap,storm] [--cap-share 0.25]
 the link demo's storm tenant:
        isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET]";
@@ -68,6 +72,7 @@ pub(crate) fn parse() -> Result<Args, String> {
         window_target: None,
         window_floor_us: None,
         window_queue: None,
+        window_gains: true,
     };
     pub(crate) fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String>
     where
@@ -94,6 +99,10 @@ pub(crate) fn parse() -> Result<Args, String> {
             }
             "--storm-tenant" => {
                 args.storm_tenant = true;
+                continue;
+            }
+            "--no-window-gains" => {
+                args.window_gains = false;
                 continue;
             }
             _ => {}

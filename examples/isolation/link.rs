@@ -149,6 +149,9 @@ struct Site<'a> {
     perf: PathBuf,
     me: PathBuf,
     socket: PathBuf,
+    /// The coordinator's quota table, whose counters say what each
+    /// registered tenant posted.
+    table: String,
     coordinator: Child,
     coordinator_started: Instant,
     logs: PathBuf,
@@ -481,6 +484,7 @@ impl Site<'_> {
         ));
         let mut measured = Measured::default();
         let counted = (self.link_bytes()?, Instant::now());
+        let posted_before = self.posted();
         if let Some(port) = probe_port {
             let samples = self.logs.join("latency.samples");
             let _ = std::fs::remove_file(&samples);
@@ -508,9 +512,17 @@ impl Site<'_> {
         } else {
             std::thread::sleep(Duration::from_secs_f64(secs));
         }
-        measured.link_mbps = (self.link_bytes()? - counted.0) as f64
-            / counted.1.elapsed().as_secs_f64()
-            / 1_048_576.0;
+        let window = counted.1.elapsed().as_secs_f64();
+        measured.link_mbps = (self.link_bytes()? - counted.0) as f64 / window / 1_048_576.0;
+        let posted_after = self.posted();
+        for (name, way) in &run.bulk {
+            let before = posted_before.iter().find(|(n, _)| n == name);
+            let after = posted_after.iter().find(|(n, _)| n == name);
+            if let (Way::Mtrdma, Some((_, a)), Some((_, b))) = (way, before, after) {
+                let mbps = b.saturating_sub(*a) as f64 / window / 1_048_576.0;
+                measured.bulk_window.push((name.clone(), mbps));
+            }
+        }
         for (name, csv, p) in senders {
             p.wait()?;
             measured.bulk.push((name, bw_avg(&csv)?));
@@ -540,6 +552,22 @@ impl Site<'_> {
     }
 }
 
+impl Site<'_> {
+    /// Bytes each registered tenant has posted so far, by name, from the
+    /// coordinator's quota table (none if it cannot be read).
+    fn posted(&self) -> Vec<(String, u64)> {
+        mtrdma::core::QuotaTable::open(&self.table)
+            .and_then(|t| t.usage())
+            .map(|usage| {
+                usage
+                    .into_iter()
+                    .map(|u| (u.name, u.bytes_posted))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
 /// Who runs in one measurement.
 #[derive(Default)]
 struct Run {
@@ -553,8 +581,15 @@ struct Run {
 #[derive(Default)]
 struct Measured {
     probe_us: Vec<f64>,
-    /// (tenant, MB/s with MB = 2^20 bytes) per bulk sender.
+    /// (tenant, MB/s with MB = 2^20 bytes) per bulk sender: its own
+    /// average over its run (perf's `bw_avg`).
     bulk: Vec<(String, f64)>,
+    /// (tenant, MB/s) per bulk sender registered with the coordinator:
+    /// what it posted in the measured window (after the bulk senders'
+    /// start, while the probe ran), from the quota table's counters. All
+    /// the tenants over the same seconds, unlike their own averages, whose
+    /// runs start one after another.
+    bulk_window: Vec<(String, f64)>,
     /// (operations done, refused, seconds) of the storm.
     storm: Option<(u64, u64, f64)>,
     /// What left the sender's network device while the probe ran (MB/s,
@@ -829,6 +864,10 @@ fn scenario_weights(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
         "total",
         "shares (want .143 .286 .571)"
     ));
+    r.say(
+        "(mtrdma: what each tenant posted in the same measured seconds, from the quota table's \
+         counters; unprotected tenants are not registered: each one's average over its own run)",
+    );
     let mut groups: Vec<BarGroup> = crate::WEIGHTED
         .iter()
         .map(|&(_, w)| BarGroup {
@@ -845,8 +884,16 @@ fn scenario_weights(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
             ..Run::default()
         };
         let m = site.measure(&format!("weights-{}", way.name()), &run)?;
-        let total = m.bulk_total();
-        let v: Vec<f64> = m.bulk.iter().map(|(_, x)| *x).collect();
+        // With mtrdma, what each tenant posted over the same seconds (the
+        // quota table's counters); unprotected tenants are not registered,
+        // so their own averages over their runs.
+        let rates = if m.bulk_window.len() == run.bulk.len() {
+            &m.bulk_window
+        } else {
+            &m.bulk
+        };
+        let total: f64 = rates.iter().map(|(_, x)| x).sum();
+        let v: Vec<f64> = rates.iter().map(|(_, x)| *x).collect();
         let shares: Vec<f64> = v.iter().map(|x| x / total).collect();
         let worst = shares
             .iter()
@@ -873,9 +920,13 @@ fn scenario_weights(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
                 String::new()
             }
         ));
-        for ((name, x), g) in m.bulk.iter().zip(&mut groups) {
+        for ((name, x), g) in rates.iter().zip(&mut groups) {
             r.figure("link_weights", way, "1:2:4", name, "mbps", *x);
             g.values.push(*x);
+        }
+        // Each tenant's own average over its run, for comparison.
+        for (name, x) in &m.bulk {
+            r.figure("link_weights", way, "1:2:4", name, "mbps_own_run", *x);
         }
         r.figure(
             "link_weights",
@@ -1011,16 +1062,18 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
     std::fs::write(&policy, policy_toml(args, link))
         .map_err(|e| format!("{}: {e}", policy.display()))?;
     let socket = std::env::temp_dir().join(format!("mtrdma-demo-{}.sock", std::process::id()));
+    let table = format!("demo-{}", std::process::id());
     let logs = args.out.join("logs");
     std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
     let coordinator_log = logs.join("coordinator.log");
     let mut cmd = Command::new(&coordinator);
     cmd.arg("--policy")
         .arg(&policy)
-        .args(["--table", &format!("demo-{}", std::process::id())])
+        .args(["--table", &table])
         .arg("--socket")
         .arg(&socket)
         .arg("--quiet")
+        .args((!args.window_gains).then_some("--no-window-gains"))
         .stdin(Stdio::null())
         .stdout(File::create(&coordinator_log).map_err(|e| e.to_string())?)
         .stderr(Stdio::inherit());
@@ -1067,6 +1120,10 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
                 floor.map_or("default".to_string(), |us| us.to_string()),
                 queue.map_or("default".to_string(), |b| b.to_string())
             ),
+        } + if args.window_gains {
+            ""
+        } else {
+            ", no window gains from the coordinator"
         },
         if probe_realtime {
             format!("at real-time CPU priority (chrt -f {PROBE_PRIORITY}) in every way")
@@ -1080,6 +1137,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         perf,
         me,
         socket,
+        table,
         coordinator: child,
         coordinator_started: started,
         logs,

@@ -93,6 +93,8 @@ pub(crate) struct WindowSamples {
     /// Sum of the smoothed delays (ns) of the samples that had one.
     pub(crate) smoothed: u64,
     pub(crate) with_delay: u64,
+    /// Sum of the coordinator's gains on the window's growth (ppm).
+    pub(crate) gain: u64,
     pub(crate) last_ns: u64,
 }
 
@@ -116,6 +118,7 @@ impl WindowSamples {
         self.n += 1;
         self.window += w.window_bytes;
         self.in_flight += w.in_flight_bytes;
+        self.gain += u64::from(w.gain_ppm);
         if w.in_flight_bytes + piece > w.window_bytes {
             self.bound += 1;
         }
@@ -137,11 +140,12 @@ impl WindowSamples {
             format!("{:.1}", self.smoothed as f64 / self.with_delay as f64 / 1e3)
         };
         Some(format!(
-            " window over the run ({} samples): mean {:.0} B, in flight mean {:.0} B, no room for a piece in {:.0}% of samples, smoothed delay mean {delay} us",
+            " window over the run ({} samples): mean {:.0} B, in flight mean {:.0} B, no room for a piece in {:.0}% of samples, smoothed delay mean {delay} us, coordinator's gain mean {:.2}",
             self.n,
             self.window as f64 / n,
             self.in_flight as f64 / n,
             100.0 * self.bound as f64 / n,
+            self.gain as f64 / n / 1e6,
         ))
     }
 }

@@ -27,6 +27,7 @@ use crate::policy::{PeerCredentials, Policy, PolicyError};
 use crate::procinfo::{self, ProcessId};
 use crate::table::{DemandCounters, QuotaTable, Reclaimed, TableError, TenantHandle, TenantUsage};
 use crate::TenantId;
+use mtrdma_sched::share::{ShareGains, TenantRate};
 
 /// The first line a registering process sends.
 const HELLO: &str = "MTRDMA-REGISTER 1";
@@ -119,6 +120,9 @@ pub struct Coordinator {
     last_recompute_ns: u64,
     /// What the tenants move and what their windows judge.
     link: LinkObserver,
+    /// The gains on the tenants' windows' growth, from what each moved
+    /// (`None`: turned off, every gain 1).
+    gains: Option<ShareGains>,
     /// When `tick` last looked at the policy file and for dead processes
     /// (0: never).
     last_housekeeping_ns: u64,
@@ -175,6 +179,7 @@ impl Coordinator {
             last_counters: HashMap::new(),
             last_recompute_ns: 0,
             link: LinkObserver::default(),
+            gains: Some(ShareGains::default()),
             last_housekeeping_ns: 0,
             registration_waiting: None,
         })
@@ -301,6 +306,7 @@ impl Coordinator {
         tenants.sort_by_key(|(t, _)| t.id);
         let per_sec = |bytes: u64| (u128::from(bytes) * 1_000_000_000 / u128::from(elapsed)) as u64;
         let mut demands = Vec::with_capacity(tenants.len());
+        let mut moved = Vec::with_capacity(tenants.len());
         let mut signals = LinkSignals::default();
         for &(t, slot) in &tenants {
             let now = self.table.demand_counters(slot);
@@ -325,6 +331,18 @@ impl Coordinator {
                 demand,
                 cap: t.schedule.byte_cap.map(|c| c.per_second),
             });
+            moved.push(TenantRate {
+                id: t.id,
+                weight: t.schedule.weight,
+                bytes_per_sec: observed,
+                wants_more: now.backlog > 0,
+                cap: t.schedule.byte_cap.map(|c| c.per_second),
+            });
+        }
+        if let Some(gains) = self.gains.as_mut().filter(|_| !first) {
+            // Windows of tenants in separate processes: each grows by its
+            // gain so that what they move follows their weights.
+            gains.update(mtrdma_sched::Nanos(now_ns), &moved);
         }
         if !first {
             let estimate = self.link.update(now_ns, elapsed, signals);
@@ -351,10 +369,22 @@ impl Coordinator {
             let share = d.cap.map_or(share, |c| c.min(share));
             let published = rate.max(share);
             self.table.set_fair_rate(slot, published.max(1));
+            let gain = self.gains.as_ref().map_or(0, |g| g.gain(t.id));
+            self.table.set_window_gain(slot, gain);
             out.push((t.id, published));
         }
         self.table.heartbeat(now_ns);
         out
+    }
+
+    /// Whether the coordinator sets gains on the tenants' delay windows'
+    /// growth so that tenants in separate processes share the link by
+    /// their weights (`mtrdma_sched::share`; on by default). Off, every
+    /// window grows by its weight alone, as without a coordinator.
+    pub fn set_window_gains(&mut self, on: bool) {
+        if on != self.gains.is_some() {
+            self.gains = on.then(ShareGains::default);
+        }
     }
 
     /// The link estimate and the share of bytes the tenants' delay windows

@@ -314,3 +314,71 @@ fn a_tenant_that_starts_sending_may_take_its_share_at_once() {
         assert_eq!(rates[0], (TenantId(1), 250_000_000), "{rates:?}");
     }
 }
+
+/// Two tenants with work waiting, moving 1:5 while their weights say 1:3:
+/// the coordinator publishes a gain above 1 on the light tenant's
+/// windows and under 1 on the heavy one's. A tenant reads 1 when the
+/// coordinator's recomputations stop for a second (fail-static: the
+/// windows go back to their weights alone), when it has nothing waiting,
+/// and when the coordinator's gains are turned off.
+#[test]
+fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
+    use mtrdma_core::table::GAIN_STALE_NS;
+    use mtrdma_sched::share::GAIN_ONE;
+
+    let s = Setup::new("gains", TWO);
+    let (mut c, table, light, heavy) = two_tenants(&s);
+    light.add_backlog(1 << 20);
+    heavy.add_backlog(1 << 20);
+    let interval = 20_000_000u64;
+    let mut now = table.now_ns();
+    c.recompute(now);
+    assert_eq!(light.window_gain(now), GAIN_ONE, "nothing measured yet");
+    for _ in 0..50 {
+        light.record_posted(100_000, 25);
+        heavy.record_posted(500_000, 125);
+        now += interval;
+        c.recompute(now);
+    }
+    let (l, h) = (light.window_gain(now), heavy.window_gain(now));
+    assert!(l > GAIN_ONE * 3 / 2, "light tenant's gain {l}");
+    assert!(h < GAIN_ONE * 2 / 3, "heavy tenant's gain {h}");
+    // Normalised: a geometric mean of 1.
+    let mean = (f64::from(l) * f64::from(h)).sqrt() / f64::from(GAIN_ONE);
+    assert!((mean - 1.0).abs() < 0.01, "geometric mean {mean}");
+
+    // No recomputation for longer than GAIN_STALE_NS: gain 1.
+    assert_eq!(light.window_gain(now + GAIN_STALE_NS + 1), GAIN_ONE);
+    assert_eq!(heavy.window_gain(now + GAIN_STALE_NS + 1), GAIN_ONE);
+
+    // Nothing waiting any more: the light tenant no longer contends. A
+    // moment of it keeps its gain; a second of it gives it 1 again, and the
+    // heavy tenant, with nobody to share with, goes back to 1 too.
+    light.add_backlog(-(1 << 20));
+    let mut pause = |now: &mut u64, n: u32| {
+        for _ in 0..n {
+            light.record_posted(100_000, 25);
+            heavy.record_posted(500_000, 125);
+            *now += interval;
+            c.recompute(*now);
+        }
+    };
+    pause(&mut now, 2);
+    assert_eq!(light.window_gain(now), l, "a moment without work keeps it");
+    pause(&mut now, 100);
+    assert_eq!(light.window_gain(now), GAIN_ONE);
+    let h = f64::from(heavy.window_gain(now)) / f64::from(GAIN_ONE);
+    assert!((h - 1.0).abs() < 0.001, "the heavy tenant alone: gain {h}");
+
+    // Turned off: 1 for every tenant, whatever they move.
+    light.add_backlog(1 << 20);
+    c.set_window_gains(false);
+    for _ in 0..10 {
+        light.record_posted(100_000, 25);
+        heavy.record_posted(500_000, 125);
+        now += interval;
+        c.recompute(now);
+    }
+    assert_eq!(light.window_gain(now), GAIN_ONE);
+    assert_eq!(heavy.window_gain(now), GAIN_ONE);
+}

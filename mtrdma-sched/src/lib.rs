@@ -90,6 +90,7 @@ mod id_hash;
 mod nodes;
 mod policy;
 mod ring;
+pub mod share;
 pub mod sim;
 pub mod stats;
 mod tenant;

@@ -47,6 +47,7 @@ use crate::error::{ConfigError, RejectReason};
 use crate::fifo::FifoScheduler;
 use crate::gate::{Gate, GrantOrder, Lane, Post};
 use crate::policy::{SchedulerConfig, TenantPolicy};
+use crate::share::{ShareGains, ShareGainsConfig, TenantRate};
 use crate::tenant_scheduler::TenantScheduler;
 use crate::time::Nanos;
 use crate::window::{splitmix64, Admit, DelayWindow, DelayWindowConfig};
@@ -89,6 +90,15 @@ pub struct SimConfig {
     pub duration: Nanos,
     /// Time at the start not measured. Default 1 ms.
     pub warmup: Nanos,
+    /// With [`Mode::Windowed`]: how often a coordinator takes what every
+    /// tenant moved and sets the gains of their windows' growth
+    /// ([`ShareGains`], as `mtrdma_core`'s coordinator does at its
+    /// recomputation), so that tenants in separate processes share the
+    /// port by their weights. [`Nanos::ZERO`]: no coordinator, every window
+    /// on its own. Default 20 ms.
+    pub coordinator_every: Nanos,
+    /// The coordinator's settings for those gains.
+    pub share_gains: ShareGainsConfig,
 }
 
 impl Default for SimConfig {
@@ -103,6 +113,8 @@ impl Default for SimConfig {
             completion_jitter_ns: 0,
             duration: Nanos::from_millis(20),
             warmup: Nanos::from_millis(1),
+            coordinator_every: Nanos::from_millis(20),
+            share_gains: ShareGainsConfig::default(),
         }
     }
 }
@@ -461,7 +473,12 @@ fn simulate<S: Scheduler<u64>>(
         msgs: Vec::new(),
         state: tenants.iter().map(|_| TenantState::default()).collect(),
         rng: 0,
+        gains: None,
     };
+    if config.coordinator_every > Nanos::ZERO && sim.lanes.iter().any(|l| l.window().is_some()) {
+        sim.gains = Some(ShareGains::new(config.share_gains));
+        sim.at(config.coordinator_every.0, Event::Recompute);
+    }
     sim.start()?;
     sim.run()?;
     Ok(sim.report())
@@ -479,6 +496,8 @@ enum Event {
     Post { tenant: u32 },
     /// An engine asked to be called again.
     Wake,
+    /// The coordinator recomputes the windows' gains.
+    Recompute,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -492,6 +511,8 @@ struct TenantState {
     /// Messages of the current batch not yet complete (message-rate).
     batch_left: u32,
     bytes: u64,
+    /// Bytes that left the wire since the coordinator last looked.
+    moved: u64,
     samples: Vec<u64>,
 }
 
@@ -560,6 +581,9 @@ struct Sim<'a, S> {
     state: Vec<TenantState>,
     /// State of the jitter's generator.
     rng: u64,
+    /// The coordinator's gains ([`SimConfig::coordinator_every`]), if the
+    /// tenants have windows and a coordinator runs.
+    gains: Option<ShareGains>,
 }
 
 impl<S: Scheduler<u64>> Sim<'_, S> {
@@ -825,6 +849,7 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                     self.wire_busy = false;
                     if let Some(InNic { grant: g, tag }) = self.nic.pop_front() {
                         let msg = self.msgs[g.handle as usize];
+                        self.state[msg.tenant as usize].moved += g.len;
                         if now > warm {
                             // Bytes of the piece that left inside the window.
                             let tx = self.tx_ns(g.len).max(1);
@@ -878,6 +903,11 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                     self.post(tenant, now)?;
                     self.pump(now, false);
                 }
+                Event::Recompute => {
+                    self.recompute(now);
+                    self.at(now + self.config.coordinator_every.0, Event::Recompute);
+                    self.pump(now, false);
+                }
                 Event::Wake => {
                     if self.wake_at == Some(now) {
                         self.wake_at = None;
@@ -887,6 +917,37 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
             }
         }
         Ok(())
+    }
+
+    /// The coordinator's recomputation: what each tenant moved since the
+    /// last, into the gains of their windows.
+    fn recompute(&mut self, now: u64) {
+        let Some(gains) = self.gains.as_mut() else {
+            return;
+        };
+        let every = self.config.coordinator_every.0.max(1);
+        let rates: Vec<TenantRate> = self
+            .specs
+            .iter()
+            .zip(&mut self.state)
+            .map(|(spec, st)| {
+                let moved = std::mem::take(&mut st.moved);
+                TenantRate {
+                    id: spec.id,
+                    weight: spec.policy.weight,
+                    bytes_per_sec: (u128::from(moved) * 1_000_000_000 / u128::from(every)) as u64,
+                    // A bulk tenant always has more to send.
+                    wants_more: matches!(spec.workload, Workload::Bulk { .. }),
+                    cap: spec.policy.byte_cap.map(|c| c.per_second),
+                }
+            })
+            .collect();
+        gains.update(Nanos(now), &rates);
+        for (spec, lane) in self.specs.iter().zip(&mut self.lanes) {
+            if let Some(w) = lane.window_mut() {
+                w.set_gain(gains.gain(spec.id));
+            }
+        }
     }
 
     fn report(&mut self) -> Report {

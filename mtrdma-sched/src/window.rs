@@ -30,13 +30,22 @@
 //! because its sender was asleep is not taken for a queue.
 //!
 //! A window that ends inside a piece moves that fraction of a piece per
-//! round trip too: it is rounded up to the next whole piece in that share
-//! of round trips, spread evenly, and down in the others (a window of 2.5
-//! pieces keeps 3 in flight every other round trip and 2 in between). A
-//! window under one piece is the same rule: one piece in a quarter of the
-//! round trips for a quarter of a piece. Each sender counts its round
-//! trips from its own first completion, with a starting remainder from
-//! its seed, so that senders do not all round up at the same moment.
+//! round trip too. Above one piece, one round trip in every
+//! `piece / fraction` keeps a piece more in flight than the whole pieces
+//! (a window of 2.5 pieces keeps 3 in flight every other round trip and 2
+//! in between). Under one piece, one piece goes every `piece / window`
+//! round trips (a quarter of a piece: one piece every fourth round trip),
+//! each due one interval after the last was due, so that a piece its
+//! sender posted late (it waited for the one before, or for a CPU) does
+//! not push the later ones back: the sender moves `window` bytes per round
+//! trip, as a larger window does. Each sender's intervals start at a point
+//! of its own (from its seed), so that senders do not all go beyond their
+//! windows at the same moment.
+//!
+//! The coordinator can set a gain on a window's growth
+//! ([`DelayWindow::set_gain`], from [`ShareGains`](crate::share::ShareGains)):
+//! tenants in separate processes then share the port by their weights where
+//! the port's details would bend their shares.
 //!
 //! The target is the path's own delay plus a queue allowance: a share of
 //! the path's delay ([`DelayWindowConfig::target_ratio_ppm`]; the path's
@@ -171,8 +180,9 @@ pub struct DelayWindowConfig {
     /// The window at the start, in bytes. Default: one piece.
     pub initial_window: u64,
     /// The smallest window of a sender of weight 1 (a sender of weight
-    /// `w` keeps `w` times it). Below one piece it is kept by sending one
-    /// piece in `window / piece` of the round trips. Default: a quarter of
+    /// `w` keeps `w` times it, and times its gain,
+    /// [`DelayWindow::set_gain`]). Below one piece it is kept by sending
+    /// one piece every `piece / window` round trips. Default: a quarter of
     /// a piece. The round trip of a sender that sleeps between pieces is,
     /// on a loaded host, mostly the time it takes to be woken: windows far
     /// under a piece then starve their senders for no queue at all (at 1/64
@@ -182,7 +192,8 @@ pub struct DelayWindowConfig {
     /// The largest window. Default: 256 pieces.
     pub max_window: u64,
     /// Bytes added per round trip while the delay is under the target, for
-    /// a sender of weight 1 (`w` times as many for weight `w`). Default:
+    /// a sender of weight 1 (`w` times as many for weight `w`, and times
+    /// its gain, [`DelayWindow::set_gain`]). Default:
     /// 1/8 of a piece. Senders sharing a port overshoot the target by
     /// about the sum of theirs before they all back off.
     pub additive_increase: u64,
@@ -327,16 +338,13 @@ pub struct DelayWindow {
     /// The largest piece seen: samples of pieces under half of it are not
     /// used (a short piece's delay says less about the queue).
     largest: u64,
-    /// The round trip count (for rounding a window that ends inside a
-    /// piece) and when its current round trip started.
-    round: u64,
-    round_start: Nanos,
-    /// Bytes of the window's fraction of a piece carried into the current
-    /// round trip (under one piece).
-    carry: u64,
-    /// One more than the round trip in which a piece beyond the window was
-    /// last posted (0: none).
-    over_round: u64,
+    /// When the last piece beyond the window's whole pieces was due (ns;
+    /// `None`: none posted yet), and when the first piece completed.
+    extra_at: Option<u64>,
+    first_completion: u64,
+    /// The coordinator's gain on the growth ([`DelayWindow::set_gain`]),
+    /// parts per million.
+    gain: u32,
     /// Bytes posted and not yet completed, as told by `on_sent` and
     /// `on_completed`.
     out: u64,
@@ -365,10 +373,9 @@ impl DelayWindow {
             recent: [u64::MAX; MAX_FILTER as usize],
             samples: 0,
             largest: 0,
-            round: 0,
-            round_start: Nanos::ZERO,
-            carry: 0,
-            over_round: 0,
+            extra_at: None,
+            first_completion: 0,
+            gain: crate::share::GAIN_ONE,
             out: 0,
             allowance: 0,
             link_rate: 0,
@@ -426,6 +433,23 @@ impl DelayWindow {
         Ok(())
     }
 
+    /// Multiplies how fast the window grows, and its smallest size, by
+    /// `ppm` parts per million (`GAIN_ONE`, 1,000,000: as its weight says;
+    /// 0 counts as 1 ppm), as a weight would. The
+    /// coordinator keeps such a gain per tenant
+    /// ([`ShareGains`](crate::share::ShareGains)) so that tenants in
+    /// separate processes share a port by their weights where the port's
+    /// details (piece sizes, when each sender sees the queue) would bend
+    /// their shares. Cheap: call it as often as the gain changes.
+    pub fn set_gain(&mut self, ppm: u32) {
+        self.gain = ppm.max(1);
+    }
+
+    /// The gain on the window's growth, parts per million.
+    pub fn gain(&self) -> u32 {
+        self.gain
+    }
+
     /// Tells the window the rate of the link its pieces cross, in bytes
     /// per second, as measured (`None` or 0: not known, and
     /// [`target_floor`](DelayWindowConfig::target_floor) applies). The
@@ -455,27 +479,16 @@ impl DelayWindow {
     /// The smallest window: the configured one times the weight.
     fn floor(&self) -> u64 {
         let c = &self.config;
-        c.min_window
-            .saturating_mul(u64::from(c.weight))
-            .min(c.max_window)
+        let floor = u128::from(c.min_window) * u128::from(c.weight) * u128::from(self.gain)
+            / u128::from(PPM);
+        u64::try_from(floor)
+            .unwrap_or(u64::MAX)
+            .clamp(1, c.max_window)
     }
 
     /// The piece size: the largest piece posted so far.
     fn piece(&self) -> u64 {
         self.largest.max(1)
-    }
-
-    /// The round trip `now` falls in: round trips are counted from this
-    /// sender's last event, one per smoothed round trip.
-    fn round_of(&self, now: Nanos) -> u64 {
-        let since = now.0.saturating_sub(self.round_start.0);
-        self.round + since / self.srtt.max(1)
-    }
-
-    /// When round trip `round` (at least the current one) starts.
-    fn round_start_of(&self, round: u64) -> Nanos {
-        let ahead = round.saturating_sub(self.round);
-        self.round_start + Nanos(ahead.saturating_mul(self.srtt.max(1)))
     }
 
     /// The window's fraction of a piece beyond its whole pieces, and the
@@ -485,65 +498,46 @@ impl DelayWindow {
         (self.window % piece, piece)
     }
 
-    /// Whether round trip `round` (at least the current one) rounds a
-    /// window that ends inside a piece up to the next whole piece. The
-    /// fraction accumulates round trip by round trip; a round trip in which
-    /// it passes a whole piece rounds up. So `fraction / piece` of all
-    /// round trips do, spread evenly, and a window that changes a little
-    /// changes the pattern a little.
-    fn rounds_up(&self, round: u64) -> bool {
+    /// The time between two pieces beyond the window's whole pieces: one
+    /// round trip for each `fraction / piece` of a piece, so that the
+    /// fraction moves its share of a piece per round trip (at most 65,536
+    /// round trips; `None` for a window of whole pieces).
+    fn extra_interval(&self) -> Option<u64> {
         let (frac, piece) = self.fraction();
         if frac == 0 {
-            return false;
+            return None;
         }
-        let k = u128::from(round.saturating_sub(self.round));
-        let (acc, frac, piece) = (u128::from(self.carry), u128::from(frac), u128::from(piece));
-        (acc + (k + 1) * frac) / piece > (acc + k * frac) / piece
+        let srtt = u128::from(self.srtt.max(1));
+        let gap = (srtt * u128::from(piece) / u128::from(frac)).min(srtt << 16);
+        Some(u64::try_from(gap).unwrap_or(u64::MAX))
     }
 
-    /// The first round trip after `round` (at least the current one) that
-    /// rounds up: the one in which the carried fraction passes the next
-    /// whole piece (at most `piece / fraction` on, and never more than
-    /// 65,536 on).
-    fn next_round_up(&self, round: u64) -> u64 {
-        let (frac, piece) = self.fraction();
-        if frac == 0 {
-            return round + (1 << 16);
+    /// Where this sender's pieces beyond its window's whole pieces are
+    /// counted from: when the last one was due (a window under one piece)
+    /// or when the last round trip rounded up began (a larger one). The
+    /// first is a point of this sender's own (from its seed) within one
+    /// interval of its first completion, so that senders do not all go
+    /// beyond their windows at the same moments.
+    fn extra_anchor(&self, interval: u64) -> u64 {
+        match self.extra_at {
+            Some(at) => at,
+            None => {
+                let turn = splitmix64(self.config.seed) >> 32;
+                let offset = (u128::from(interval) * u128::from(turn)) >> 32;
+                self.first_completion
+                    .saturating_add(offset as u64)
+                    .saturating_sub(interval)
+            }
         }
-        let k = u128::from(round.saturating_sub(self.round));
-        let (acc, frac, piece) = (u128::from(self.carry), u128::from(frac), u128::from(piece));
-        // Round trip k' rounds up when acc + (k' + 1) x frac reaches the
-        // next multiple of `piece` above acc + k x frac.
-        let next_whole = ((acc + k * frac) / piece + 1) * piece;
-        let first = (next_whole - acc).div_ceil(frac) - 1;
-        let ahead = u64::try_from(first - k)
-            .unwrap_or(u64::MAX)
-            .clamp(1, 1 << 16);
-        round + ahead
     }
 
-    /// Moves the round trip count up to `now`. The first call starts the
-    /// count with a carry of this sender's own (from its seed), so that
-    /// senders do not round their windows up at the same moments.
-    fn advance_rounds(&mut self, now: Nanos) {
-        if self.srtt == 0 {
-            return;
-        }
-        let (frac, piece) = self.fraction();
-        if self.round_start == Nanos::ZERO {
-            self.carry = splitmix64(self.config.seed) % piece;
-            self.round_start = now;
-            return;
-        }
-        let rounds = self.round_of(now) - self.round;
-        if rounds == 0 {
-            return;
-        }
-        let carry =
-            (u128::from(self.carry) + u128::from(rounds) * u128::from(frac)) % u128::from(piece);
-        self.carry = carry as u64;
-        self.round += rounds;
-        self.round_start = self.round_start + Nanos(rounds.saturating_mul(self.srtt));
+    /// With a window of at least one piece: the start of the last round
+    /// trip at or before `now` that rounds the window up (they start
+    /// every interval from the anchor), if one has started.
+    fn rounded_up_since(&self, interval: u64, now: u64) -> Option<u64> {
+        let anchor = self.extra_anchor(interval);
+        let since = now.checked_sub(anchor)?;
+        Some(anchor + since / interval * interval)
     }
 
     /// The time over which senders start again after a quiet time: one
@@ -597,8 +591,11 @@ impl DelayWindow {
         }
         if sample <= target {
             // increase x weight per round trip's worth of bytes.
-            let grow = u128::from(c.additive_increase) * u128::from(c.weight) * u128::from(bytes)
-                / u128::from(window);
+            let grow = u128::from(c.additive_increase)
+                * u128::from(c.weight)
+                * u128::from(self.gain)
+                * u128::from(bytes)
+                / (u128::from(window) * u128::from(PPM));
             let grow = u64::try_from(grow).unwrap_or(u64::MAX);
             self.window = self.window.saturating_add(grow.max(1)).min(c.max_window);
         } else {
@@ -633,32 +630,62 @@ impl Window for DelayWindow {
                 Admit::AfterCompletion
             };
         }
-        // The window ends inside a piece: it is rounded up to the next
-        // whole piece in the share of round trips that its fraction of a
-        // piece makes, down in the others.
+        // The window ends inside a piece: every `piece / fraction` round
+        // trips, one round trip keeps a piece more than the whole pieces,
+        // so that the fraction moves its share of a piece per round trip.
         let (frac, piece) = self.fraction();
         let whole = self.window - frac;
         if in_flight.saturating_add(bytes) > whole + piece || frac == 0 {
             return Admit::AfterCompletion;
         }
-        let round = self.round_of(now);
-        // Under one piece, one piece per round trip that rounds up (a piece
-        // that completes within the round trip does not make room for a
-        // second); above, the rounded window bounds what is in flight.
-        if self.rounds_up(round) && (whole > 0 || self.over_round != round + 1) {
-            return Admit::Now;
+        let Some(interval) = self.extra_interval() else {
+            return Admit::AfterCompletion;
+        };
+        let due = if whole == 0 {
+            // Under one piece: one piece per interval, whenever the one
+            // before has completed.
+            self.extra_anchor(interval).saturating_add(interval)
+        } else {
+            // Above: the window is a piece larger for one round trip in
+            // every interval.
+            match self.rounded_up_since(interval, now.0) {
+                Some(start) if now.0 < start.saturating_add(self.srtt.min(interval)) => {
+                    return Admit::Now;
+                }
+                Some(start) => start.saturating_add(interval),
+                None => self.extra_anchor(interval),
+            }
+        };
+        if now.0 >= due {
+            Admit::Now
+        } else {
+            Admit::At(Nanos(due))
         }
-        Admit::At(self.round_start_of(self.next_round_up(round)))
     }
 
     #[inline]
     fn on_sent(&mut self, bytes: u64, now: Nanos) {
         self.largest = self.largest.max(bytes);
-        self.advance_rounds(now);
-        if self.out.saturating_add(bytes) > self.window {
-            // The piece beyond the window of a round trip that rounds up:
-            // one such piece per round trip.
-            self.over_round = self.round_of(now) + 1;
+        if let Some(interval) = self.extra_interval() {
+            let (frac, piece) = self.fraction();
+            if self.window < piece && self.out.saturating_add(bytes) > self.window {
+                // A piece beyond a window under one piece. The next is due
+                // one interval after this one was due, so that a piece
+                // posted late (its sender waited for a completion or for a
+                // CPU) does not push the later ones back; but a sender that
+                // posted none for long does not save them up (at most half
+                // an interval early), and one posted before it was due (a
+                // first piece) counts from when it went.
+                let due = self.extra_anchor(interval).saturating_add(interval);
+                let floor = now.0.saturating_sub(interval / 2);
+                self.extra_at = Some(due.clamp(floor, now.0.max(floor)));
+            } else if frac > 0 && self.window >= piece {
+                // Keep the anchor near: a window that changes its fraction
+                // changes the interval from here on, not the phase so far.
+                if let Some(start) = self.rounded_up_since(interval, now.0) {
+                    self.extra_at = Some(start);
+                }
+            }
         }
         self.out = self.out.saturating_add(bytes);
     }
@@ -693,6 +720,7 @@ impl DelayWindow {
         }
         let sample = (now - sent_at).0.max(1);
         self.srtt = if self.srtt == 0 {
+            self.first_completion = now.0;
             sample
         } else {
             // srtt += (sample - srtt) / 8
@@ -705,7 +733,6 @@ impl DelayWindow {
         } else {
             self.base_now = self.base_now.min(sample);
         }
-        self.advance_rounds(now);
         let base = self.base_delay().map_or(0, |b| b.0);
         let sample = sample.saturating_sub(host).max(base).max(1);
         let filter = u64::from(self.config.filter);
@@ -986,6 +1013,18 @@ mod tests {
     /// Each piece takes `rtt` and up to a tenth more (as real completions
     /// do), so that nothing locks to the round trips' phase.
     fn pieces_per_round_trip(w: &mut DelayWindow, now: &mut Nanos, rtt: Nanos, rounds: u64) -> f64 {
+        pieces_per_round_trip_spread(w, now, rtt, rounds, 10)
+    }
+
+    /// As [`pieces_per_round_trip`], each piece taking `rtt` and up to
+    /// `spread` percent more.
+    fn pieces_per_round_trip_spread(
+        w: &mut DelayWindow,
+        now: &mut Nanos,
+        rtt: Nanos,
+        rounds: u64,
+        spread: u64,
+    ) -> f64 {
         // (posted, completes)
         let mut in_nic: Vec<(Nanos, Nanos)> = Vec::new();
         let mut sent = 0u64;
@@ -998,13 +1037,41 @@ mod tests {
             }
             while w.admit(in_nic.len() as u64 * PIECE, PIECE, *now) == Admit::Now {
                 w.on_sent(PIECE, *now);
-                let extra = splitmix64(sent) % (rtt.0 / 10).max(1);
+                let extra = splitmix64(sent) % (rtt.0 * spread / 100).max(1);
                 in_nic.push((*now, *now + rtt + Nanos(extra)));
                 sent += 1;
             }
             *now = *now + step;
         }
         sent as f64 / rounds as f64
+    }
+
+    #[test]
+    fn a_gain_scales_the_growth_and_the_floor_as_a_weight_does() {
+        let one = crate::share::GAIN_ONE;
+        for (gain, growth, floor) in [
+            (one, PIECE / 8, PIECE / 4),
+            (2 * one, PIECE / 4, PIECE / 2),
+            (one / 2, PIECE / 16, PIECE / 8),
+        ] {
+            let mut w = window();
+            w.set_gain(gain);
+            assert_eq!(w.gain(), gain);
+            let mut now = Nanos::ZERO;
+            // One piece as large as the window: a round trip's worth of
+            // bytes under the target.
+            run(&mut w, &mut now, Nanos::from_micros(100), 1);
+            assert_eq!(w.window(), PIECE + growth, "gain {gain}");
+            // Far over the target for long: down to the floor.
+            for _ in 0..200 {
+                run(&mut w, &mut now, Nanos::from_millis(2), 1);
+            }
+            assert_eq!(w.window(), floor, "gain {gain}");
+        }
+        // 0 counts as the least gain, never as a window of 0.
+        let mut w = window();
+        w.set_gain(0);
+        assert_eq!(w.gain(), 1);
     }
 
     #[test]
@@ -1051,6 +1118,33 @@ mod tests {
         }
     }
 
+    /// A window of 0.6 pieces, pieces whose time varies from one to three
+    /// round trips: a piece that could not go when it was due (the one
+    /// before had not completed) goes as soon as it can, and the next is
+    /// still due on time, so the sender moves its window's worth per
+    /// (average) round trip.
+    #[test]
+    fn a_window_under_a_piece_moves_its_share_when_round_trips_vary() {
+        // Held at 0.6 pieces: it may grow no further.
+        let mut w = DelayWindow::new(DelayWindowConfig {
+            initial_window: 6 * PIECE / 10,
+            min_window: 1,
+            max_window: 6 * PIECE / 10,
+            target_ratio_ppm: 10_000_000,
+            ..config()
+        })
+        .unwrap();
+        let mut now = Nanos::ZERO;
+        let rtt = Nanos::from_millis(1);
+        let per_rtt = pieces_per_round_trip_spread(&mut w, &mut now, rtt, 2000, 200);
+        // Pieces take 2 round trips on average: 0.6 / 2 pieces per `rtt`.
+        let want = 0.6 / 2.0;
+        assert!(
+            (per_rtt / want - 1.0).abs() < 0.05,
+            "{per_rtt} pieces per round trip, want {want}"
+        );
+    }
+
     #[test]
     fn a_window_that_ends_inside_a_piece_moves_that_fraction_per_round_trip() {
         // A window of 2.5 pieces, pieces that take 1 ms: 2.5 pieces per
@@ -1078,35 +1172,6 @@ mod tests {
                 (per_rtt / want - 1.0).abs() < 0.05,
                 "window {window}: {per_rtt} pieces per round trip, want {want}"
             );
-        }
-    }
-
-    #[test]
-    fn the_next_round_trip_that_rounds_up_is_the_first_one_rounds_up_names() {
-        let mut w = window();
-        w.on_sent(PIECE, Nanos::ZERO);
-        for (window, carry, round, from) in [
-            (PIECE / 3, 0, 0, 0),
-            (PIECE / 3, 4000, 7, 9),
-            (5 * PIECE / 2, 100, 3, 3),
-            (PIECE + 1, 17, 0, 5),
-            (PIECE / 64, 4095, 2, 2),
-            (PIECE - 1, 1, 10, 11),
-        ] {
-            (w.window, w.carry, w.round) = (window, carry, round);
-            let mut from = from;
-            for _ in 0..20 {
-                if w.rounds_up(from) {
-                    from += 1;
-                    continue;
-                }
-                let mut want = from + 1;
-                while !w.rounds_up(want) {
-                    want += 1;
-                }
-                assert_eq!(w.next_round_up(from), want, "window {window} carry {carry}");
-                from = want;
-            }
         }
     }
 

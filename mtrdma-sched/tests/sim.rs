@@ -348,15 +348,69 @@ fn windows_keep_a_capped_tenant_at_its_cap_next_to_a_free_one() {
     }
 }
 
-/// Bulk tenants with weights 1:2:4, each in a process of its own: their
-/// windows grow by their weights, and they move bytes in that order, the
-/// heaviest several times the lightest. (Not yet within 5% of 1/7, 2/7,
-/// 4/7: the lightest gets 0.10 to 0.14 of the link, the heaviest 0.53 to
-/// 0.59.)
+/// The worst relative error of the tenants' shares of what they moved
+/// against the shares of their weights, and what they moved of the link.
+fn weighted_shares(config: &SimConfig, weights: &[u32], msg: u64) -> (f64, f64) {
+    let tenants: Vec<_> = weights
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| windowed_bulk(i as u32 + 1, msg, TenantPolicy::weight(w)))
+        .collect();
+    let r = run(config, &tenants, &windowed_mode()).unwrap();
+    let total: f64 = r.tenants.iter().map(|t| t.gbps).sum();
+    let sum: u32 = weights.iter().sum();
+    let worst = r
+        .tenants
+        .iter()
+        .zip(weights)
+        .map(|(t, &w)| ((t.gbps / total) / (f64::from(w) / f64::from(sum)) - 1.0).abs())
+        .fold(0.0, f64::max);
+    (worst, total * 1e9 / config.link_bps as f64)
+}
+
+/// Bulk tenants with weights, each in a process of its own, with the
+/// coordinator's gains on their windows' growth (every 20 ms, from what
+/// each moved): once the gains have settled (2 s), every tenant's share of
+/// what they move together over 10 s is within 5% of its weight's share,
+/// at 50 to 200 Mbit/s, for 64 KiB to 4 MiB messages, and they keep at
+/// least 85% of the link. (Over 28 s the worst share is 2% off; without
+/// the gains 24%.)
 #[test]
-fn windows_share_the_port_in_the_order_of_the_weights() {
+fn windows_share_the_port_by_the_weights_with_the_coordinators_gains() {
+    for mbit in [50u64, 110, 200] {
+        for msg in [64 << 10, 4 << 20] {
+            for weights in [&[1u32, 2, 4][..], &[1, 3], &[1, 1, 1, 1, 4]] {
+                let config = SimConfig {
+                    duration: Nanos::from_secs(12),
+                    warmup: Nanos::from_secs(2),
+                    ..slow_link(mbit, 30)
+                };
+                let (worst, link) = weighted_shares(&config, weights, msg);
+                assert!(
+                    worst <= 0.05,
+                    "{mbit} Mbit/s, {msg} B, weights {weights:?}: a share {:.1}% off",
+                    worst * 100.0
+                );
+                assert!(
+                    link >= 0.85,
+                    "{mbit} Mbit/s, {msg} B, weights {weights:?}: {link:.3} of the link"
+                );
+            }
+        }
+    }
+}
+
+/// Without a coordinator, every window grows by its weight alone: the
+/// tenants still move bytes in the order of their weights, the heaviest
+/// several times the lightest, but the port's details bend the shares
+/// (the lightest 12 to 24% off at 1:2:4, the reason for the gains).
+#[test]
+fn windows_alone_share_the_port_in_the_order_of_the_weights() {
     for mbit in [50u64, 200] {
-        let config = slow_link(mbit, 30);
+        let config = SimConfig {
+            coordinator_every: Nanos::ZERO,
+            ..slow_link(mbit, 30)
+        };
         let tenants: Vec<_> = [1u32, 2, 4]
             .iter()
             .enumerate()

@@ -13,6 +13,7 @@ use crate::table::AdmissionError;
 use crate::RateLimit;
 use crate::{gcra_shared, EmissionInterval};
 use crate::{TenantId, TrafficClass};
+use mtrdma_sched::share::{GAIN_ONE, MAX_GAIN};
 
 /// How far behind its fair rate a tenant may fall and still catch up, in
 /// nanoseconds of that rate: the burst its fair rate allows. A sender that
@@ -21,6 +22,12 @@ use crate::{TenantId, TrafficClass};
 /// without this allowance that time is lost for good at every piece, and a
 /// tenant held to its fair rate moves less than the rate.
 pub const FAIR_RATE_TOLERANCE_NS: u64 = 1_000_000;
+
+/// A window gain ([`TenantHandle::window_gain`]) published longer than
+/// this before (by the coordinator's heartbeat) is no longer applied: the
+/// coordinator recomputes every few tens of milliseconds, so a second
+/// without it means it stopped.
+pub const GAIN_STALE_NS: u64 = 1_000_000_000;
 
 /// Subtracts without wrapping below zero (a corrupted or double release
 /// must not turn into a huge "in use" count).
@@ -573,6 +580,26 @@ impl TenantHandle {
         self.inner.table.link_estimate()
     }
 
+    /// The gain the coordinator set on this tenant's delay windows' growth,
+    /// parts per million (`mtrdma_sched::share::GAIN_ONE` is 1), so that
+    /// tenants in separate processes share the link by their weights (see
+    /// `mtrdma_sched::share`). A gain of 1 where none is published, where
+    /// the coordinator's last recomputation is more than
+    /// [`GAIN_STALE_NS`] before `now_ns` (a stopped coordinator leaves the
+    /// windows to their weights alone), and for a word out of range.
+    #[inline]
+    pub fn window_gain(&self, now_ns: u64) -> u32 {
+        let ppm = self.policy_slot().window_gain.load(Ordering::Acquire);
+        let beat = self.inner.table.last_heartbeat_ns();
+        let fresh = beat != 0 && now_ns.saturating_sub(beat) <= GAIN_STALE_NS;
+        let one = u64::from(GAIN_ONE);
+        let max = (GAIN_ONE as f64 * MAX_GAIN) as u64;
+        if !fresh || ppm == 0 || !(one * one / max..=max).contains(&ppm) {
+            return GAIN_ONE;
+        }
+        ppm as u32
+    }
+
     /// Counts traffic handed to the NIC (for usage and the coordinator's demand estimate).
     #[inline]
     pub fn record_posted(&self, bytes: u64, wrs: u64) {
@@ -796,6 +823,9 @@ pub struct TenantUsage {
     pub refusals: u64,
     /// The fair byte rate the coordinator publishes (0: none).
     pub fair_rate: u64,
+    /// The gain on its delay windows' growth the coordinator publishes,
+    /// parts per million (0: none; see `mtrdma_sched::share`).
+    pub window_gain: u64,
     /// Live processes attached.
     pub processes: u32,
 }
@@ -822,6 +852,7 @@ impl TenantUsage {
             throttled_ns: l(&st.throttled_ns),
             refusals: l(&st.refusals),
             fair_rate: table.policy_slot(slot).fair_rate.load(Ordering::Relaxed),
+            window_gain: table.policy_slot(slot).window_gain.load(Ordering::Relaxed),
             processes,
         }
     }

@@ -7,8 +7,8 @@
 //!   processes, so a tenant cannot raise its own quota. Readers take
 //!   consistent snapshots with a seqlock (`seq` is odd while a write is in
 //!   progress; `seq / 2` is the policy's generation). Each slot's
-//!   `fair_rate` is a single word published every few milliseconds outside
-//!   the seqlock.
+//!   `fair_rate` and `window_gain` are single words published every few
+//!   milliseconds outside the seqlock.
 //! * the **state region** (`NAME.state`), written by tenant processes: per
 //!   tenant, the shared GCRA states, resources in use and traffic counters;
 //!   per process, what it holds (for reclamation when it dies).
@@ -85,7 +85,11 @@ pub(crate) struct PolicySlot {
     /// The coordinator's current fair byte rate for the tenant (0: none
     /// published). Outside the seqlock: one word, read on its own.
     pub(crate) fair_rate: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 7],
+    /// The coordinator's gain on the tenant's delay windows' growth, parts
+    /// per million (0: none published; see `mtrdma_sched::share`). One
+    /// word outside the seqlock, as `fair_rate`.
+    pub(crate) window_gain: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 6],
 }
 
 /// Header of the state region.

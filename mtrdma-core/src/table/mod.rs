@@ -40,7 +40,7 @@ use arc_swap::ArcSwap;
 pub use error::{AdmissionError, TableError};
 pub use handle::{
     MrPermit, OwnedMrPermit, OwnedQpPermit, QpPermit, TenantHandle, TenantUsage, UsageDelta,
-    WrPermit, FAIR_RATE_TOLERANCE_NS,
+    WrPermit, FAIR_RATE_TOLERANCE_NS, GAIN_STALE_NS,
 };
 pub use layout::{MAX_PROCESSES, MAX_TENANTS};
 
@@ -582,12 +582,16 @@ impl QuotaTable {
             {
                 s.flags.store(0, Ordering::Relaxed);
                 s.fair_rate.store(0, Ordering::Relaxed);
+                s.window_gain.store(0, Ordering::Relaxed);
             }
         }
         for &(slot, t, fresh) in &placement {
             if fresh {
                 self.reset_state(slot);
                 self.policy_slot(slot).fair_rate.store(0, Ordering::Relaxed);
+                self.policy_slot(slot)
+                    .window_gain
+                    .store(0, Ordering::Relaxed);
             }
             write_slot(self.policy_slot(slot), t);
         }
@@ -670,6 +674,14 @@ impl QuotaTable {
         self.policy_slot(slot)
             .fair_rate
             .store(bytes_per_sec, Ordering::Release);
+    }
+
+    /// Publishes the gain on a tenant's delay windows' growth, parts per
+    /// million (0 withdraws it).
+    pub(crate) fn set_window_gain(&self, slot: u32, ppm: u32) {
+        self.policy_slot(slot)
+            .window_gain
+            .store(u64::from(ppm), Ordering::Release);
     }
 
     /// Returns the resources of processes that died without releasing them

@@ -677,8 +677,11 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             .get_mut(member)
             .expect("a queue pair's member entry lives as long as it does");
         if let (Some(w), Some(q)) = (m.lane.window_mut(), &m.quota) {
-            // The queue allowance in bytes at the link's measured rate.
+            // The queue allowance in bytes at the link's measured rate, and
+            // the coordinator's gain that brings the tenants' shares to
+            // their weights.
             w.set_link_rate(q.link_estimate());
+            w.set_gain(q.window_gain(Self::window_now(clock, offset).0));
         }
         let done = self.gate.completed(
             &mut m.lane,

@@ -216,6 +216,9 @@ pub struct WindowState {
     /// The sender's weight: its tenant's (from its policy, following
     /// reloads) unless the configuration named one.
     pub weight: u32,
+    /// The coordinator's gain on the window's growth, parts per million
+    /// (1,000,000: none; see `mtrdma_sched::share`).
+    pub gain_ppm: u32,
 }
 
 /// Settings of a [`SharedScheduler`].

@@ -84,6 +84,7 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
                 smoothed_delay: w.smoothed_delay(),
                 target_delay: w.target_delay(),
                 weight: w.config().weight,
+                gain_ppm: w.gain(),
             })
         };
         match &self.way {
