@@ -14,10 +14,11 @@
 //! percent, in either direction.
 //!
 //! The coordinator sees what every tenant moves. [`ShareGains`] takes that
-//! every recomputation and keeps, per tenant, a gain on its window's
-//! growth ([`DelayWindow::set_gain`](crate::DelayWindow::set_gain)): a
-//! tenant that moved less than its weighted share of what the contending
-//! tenants moved together grows faster, one that moved more grows slower,
+//! every recomputation and keeps, per tenant, a gain on its window
+//! ([`DelayWindow::set_gain`](crate::DelayWindow::set_gain)): a tenant
+//! that moved less than its weighted share of what the contending tenants
+//! moved together grows faster and is cut less, one that moved more grows
+//! slower and is cut more,
 //! until the shares are the weights' (an integral controller: it corrects
 //! whatever bias there is without a model of it). Only tenants that want
 //! more than they get count as contending: a tenant that is idle, sends
@@ -28,10 +29,12 @@
 //! are normalised to a geometric mean of 1, so that together they neither
 //! drift up (a longer queue) nor down (an idle link).
 //!
-//! The gains only change how fast a window grows; every window still
-//! shrinks when its pieces' delay passes its target, so the queue a latency
-//! request waits behind is what it was. A tenant is never given more than
-//! [`MAX_GAIN`] or less than its inverse.
+//! The gains change how fast windows grow and shrink, not their target:
+//! every window still shrinks when its pieces' delay passes it, so
+//! together they hold the queue a latency request waits behind where it
+//! was. A tenant is never given more than [`MAX_GAIN`] or less than its
+//! inverse, and a gain over 1 never raises a window's floor (which holds a
+//! window up whatever the queue).
 //!
 //! ```
 //! use mtrdma_sched::share::{ShareGains, TenantRate, GAIN_ONE};
@@ -63,9 +66,10 @@ use crate::time::Nanos;
 /// A gain of 1, in parts per million.
 pub const GAIN_ONE: u32 = 1_000_000;
 
-/// The most a gain multiplies a window's growth by (and the least it
-/// divides it by).
-pub const MAX_GAIN: f64 = 16.0;
+/// The most a gain multiplies a window's growth by and divides its cuts by
+/// (and the least). A window's size goes with its growth over its cuts,
+/// so gains from 1/4 to 4 move windows by up to 16 times either way.
+pub const MAX_GAIN: f64 = 4.0;
 
 /// What one tenant moved over the last recomputation interval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -42,7 +42,7 @@
 //! of its own (from its seed), so that senders do not all go beyond their
 //! windows at the same moment.
 //!
-//! The coordinator can set a gain on a window's growth
+//! The coordinator can set a gain on a window's growth and cuts
 //! ([`DelayWindow::set_gain`], from [`ShareGains`](crate::share::ShareGains)):
 //! tenants in separate processes then share the port by their weights where
 //! the port's details would bend their shares.
@@ -180,7 +180,7 @@ pub struct DelayWindowConfig {
     /// The window at the start, in bytes. Default: one piece.
     pub initial_window: u64,
     /// The smallest window of a sender of weight 1 (a sender of weight
-    /// `w` keeps `w` times it, and times its gain,
+    /// `w` keeps `w` times it, and times its gain if under 1,
     /// [`DelayWindow::set_gain`]). Below one piece it is kept by sending
     /// one piece every `piece / window` round trips. Default: a quarter of
     /// a piece. The round trip of a sender that sleeps between pieces is,
@@ -433,9 +433,10 @@ impl DelayWindow {
         Ok(())
     }
 
-    /// Multiplies how fast the window grows, and its smallest size, by
-    /// `ppm` parts per million (`GAIN_ONE`, 1,000,000: as its weight says;
-    /// 0 counts as 1 ppm), as a weight would. The
+    /// Multiplies how fast the window grows by `ppm` parts per million and
+    /// divides its cuts by as much (`GAIN_ONE`, 1,000,000: as its weight
+    /// says; 0 counts as 1 ppm); a gain under 1 also lowers its smallest
+    /// size, as a smaller weight would (one over 1 does not raise it). The
     /// coordinator keeps such a gain per tenant
     /// ([`ShareGains`](crate::share::ShareGains)) so that tenants in
     /// separate processes share a port by their weights where the port's
@@ -479,8 +480,12 @@ impl DelayWindow {
     /// The smallest window: the configured one times the weight.
     fn floor(&self) -> u64 {
         let c = &self.config;
-        let floor = u128::from(c.min_window) * u128::from(c.weight) * u128::from(self.gain)
-            / u128::from(PPM);
+        // A gain under 1 lowers the floor as a smaller weight would; one
+        // over 1 does not raise it (a floor holds a window up whatever the
+        // queue, so a large one would keep a queue standing).
+        let gain = u64::from(self.gain).min(PPM);
+        let floor =
+            u128::from(c.min_window) * u128::from(c.weight) * u128::from(gain) / u128::from(PPM);
         u64::try_from(floor)
             .unwrap_or(u64::MAX)
             .clamp(1, c.max_window)
@@ -607,7 +612,10 @@ impl DelayWindow {
             let excess = u128::from(sample - target) * u128::from(c.decrease_ppm)
                 / u128::from(sample.max(1));
             let cut = excess.min(u128::from(c.max_decrease_ppm));
-            let take = u64::try_from(cut * u128::from(bytes) / u128::from(PPM)).unwrap_or(u64::MAX);
+            // The coordinator's gain divides the cut as it multiplies the
+            // growth: a window's size goes with the growth over the cut.
+            let take = cut * u128::from(bytes) / u128::from(self.gain.max(1));
+            let take = u64::try_from(take).unwrap_or(u64::MAX);
             self.window = self.window.saturating_sub(take).max(floor);
         }
     }
@@ -1047,11 +1055,11 @@ mod tests {
     }
 
     #[test]
-    fn a_gain_scales_the_growth_and_the_floor_as_a_weight_does() {
+    fn a_gain_scales_the_growth_and_lowers_the_floor_as_a_weight_does() {
         let one = crate::share::GAIN_ONE;
         for (gain, growth, floor) in [
             (one, PIECE / 8, PIECE / 4),
-            (2 * one, PIECE / 4, PIECE / 2),
+            (2 * one, PIECE / 4, PIECE / 4),
             (one / 2, PIECE / 16, PIECE / 8),
         ] {
             let mut w = window();
