@@ -373,8 +373,8 @@ fn weighted_shares(config: &SimConfig, weights: &[u32], msg: u64) -> (f64, f64) 
 /// each moved): once the gains have settled (2 s), every tenant's share of
 /// what they move together over 10 s is within 5% of its weight's share,
 /// at 50 to 200 Mbit/s, for 64 KiB to 4 MiB messages, and they keep at
-/// least 85% of the link. (Over 28 s the worst share is 2% off; without
-/// the gains 24%.)
+/// least 85% of the link. (The worst share is 2.3% off over these
+/// settings; without the gains 23%.)
 #[test]
 fn windows_share_the_port_by_the_weights_with_the_coordinators_gains() {
     for mbit in [50u64, 110, 200] {
