@@ -419,3 +419,80 @@ fn a_writer_that_takes_over_a_half_written_policy_recovers_it() {
     drop((taken, tenant));
     QuotaTable::remove(&name).unwrap();
 }
+
+/// Counts the warnings logged on the thread it is the default for.
+struct Warnings(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// A coordinator that dies in the middle of publishing leaves the policy
+/// half written. A running tenant keeps its last good policy (its limits
+/// still hold) and reads the table again only when it changes: it says so
+/// once, not at every call after a wait on the table each time. A
+/// restarted coordinator's publish reaches it.
+#[test]
+fn a_tenant_keeps_its_last_policy_while_the_table_is_half_written() {
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let name = format!("torn-tenant-{}", std::process::id());
+    let policy = |max_qps| {
+        Policy::new(
+            LinkConfig::new(1_000_000_000),
+            vec![TenantEntry::new(TenantId(1), "t").with_max_qps(max_qps)],
+        )
+    };
+    let first = QuotaTable::create(&name, 4, 4, &policy(2)).unwrap();
+    let table = QuotaTable::open(&name).unwrap();
+    let tenant = table.attach(TenantId(1)).unwrap();
+    let shm = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/dev/shm/mtrdma.{name}.policy"))
+        .unwrap();
+    shm.write_all_at(&7u64.to_le_bytes(), 24).unwrap();
+    drop(first);
+
+    let warnings = Arc::new(AtomicUsize::new(0));
+    let subscriber = Warnings(Arc::clone(&warnings));
+    let held = tracing::subscriber::with_default(subscriber, || {
+        let now = tenant.now_ns();
+        for i in 0..50 {
+            assert!(tenant.check_rate(now + i, 64, 1).is_ok());
+        }
+        // The last good policy's limits still hold.
+        let held: Vec<_> = (0..2).map(|_| tenant.acquire_qp().unwrap()).collect();
+        assert!(tenant.acquire_qp().is_err(), "max_qps = 2 still holds");
+        held
+    });
+    assert_eq!(
+        warnings.load(Ordering::SeqCst),
+        1,
+        "one warning for the half-written policy, not one per call"
+    );
+
+    // A restarted coordinator takes over and publishes: the tenant sees it.
+    let taken = QuotaTable::open_writable(&name).unwrap();
+    taken.publish(&policy(3)).unwrap();
+    let third = tenant
+        .acquire_qp()
+        .expect("the new policy's max_qps = 3 applies");
+    drop((held, third));
+    drop((tenant, taken, table));
+    QuotaTable::remove(&name).unwrap();
+}

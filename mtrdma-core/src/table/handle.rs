@@ -192,7 +192,7 @@ impl TenantHandle {
                 bytes: CachedCap::default(),
             }),
         };
-        handle.refresh_now()?;
+        handle.refresh_now(handle.header().seq.load(Ordering::Acquire))?;
         Ok(handle)
     }
 
@@ -248,23 +248,27 @@ impl TenantHandle {
     fn refresh(&self) {
         let seq = self.header().seq.load(Ordering::Acquire);
         if seq != self.inner.seen_seq.load(Ordering::Relaxed) {
-            self.refresh_changed();
+            self.refresh_changed(seq);
         }
     }
 
     /// [`refresh`](Self::refresh) once the generation changed: out of line,
-    /// so the check above is all that callers inline.
+    /// so the check above is all that callers inline. A policy that cannot
+    /// be read (its writer died in the middle, or it does not validate) is
+    /// said once and not read again until the table changes: the tenant
+    /// keeps its last good policy (fail-static) and its calls do not wait
+    /// on the table each time.
     #[cold]
     #[inline(never)]
-    fn refresh_changed(&self) {
-        if let Err(e) = self.refresh_now() {
+    fn refresh_changed(&self, seq: u64) {
+        if let Err(e) = self.refresh_now(seq) {
+            self.inner.seen_seq.store(seq, Ordering::Release);
             tracing::warn!(tenant = %self.inner.tenant, error = %e, "keeping the last policy");
         }
     }
 
-    fn refresh_now(&self) -> Result<(), TableError> {
+    fn refresh_now(&self, seq: u64) -> Result<(), TableError> {
         let i = &self.inner;
-        let seq = i.table.policy_header().seq.load(Ordering::Acquire);
         let snapshot = i.table.snapshot()?;
         let t = snapshot
             .policy
