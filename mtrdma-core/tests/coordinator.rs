@@ -323,7 +323,7 @@ fn a_tenant_that_starts_sending_may_take_its_share_at_once() {
 /// and when the coordinator's gains are turned off.
 #[test]
 fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
-    use mtrdma_core::table::GAIN_STALE_NS;
+    use mtrdma_core::table::HEARTBEAT_STALE_NS;
     use mtrdma_sched::share::GAIN_ONE;
 
     let s = Setup::new("gains", TWO);
@@ -347,9 +347,9 @@ fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
     let mean = (f64::from(l) * f64::from(h)).sqrt() / f64::from(GAIN_ONE);
     assert!((mean - 1.0).abs() < 0.01, "geometric mean {mean}");
 
-    // No recomputation for longer than GAIN_STALE_NS: gain 1.
-    assert_eq!(light.window_gain(now + GAIN_STALE_NS + 1), GAIN_ONE);
-    assert_eq!(heavy.window_gain(now + GAIN_STALE_NS + 1), GAIN_ONE);
+    // No recomputation for longer than HEARTBEAT_STALE_NS: gain 1.
+    assert_eq!(light.window_gain(now + HEARTBEAT_STALE_NS + 1), GAIN_ONE);
+    assert_eq!(heavy.window_gain(now + HEARTBEAT_STALE_NS + 1), GAIN_ONE);
 
     // Nothing waiting any more: the light tenant no longer contends. A
     // moment of it keeps its gain; a second of it gives it 1 again, and the
@@ -381,4 +381,42 @@ fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
     }
     assert_eq!(light.window_gain(now), GAIN_ONE);
     assert_eq!(heavy.window_gain(now), GAIN_ONE);
+}
+
+/// A coordinator that stops recomputing: once its heartbeat is more than
+/// `HEARTBEAT_STALE_NS` old, a tenant is no longer held to the fair rate
+/// it last published, only to its policy (here: no cap), and a new
+/// recomputation applies again.
+#[test]
+fn fair_rates_lapse_when_the_coordinator_stops() {
+    use mtrdma_core::table::HEARTBEAT_STALE_NS;
+
+    let s = Setup::new("lapse", TWO);
+    let (mut c, table, light, heavy) = two_tenants(&s);
+    let t0 = table.now_ns();
+    c.recompute(t0);
+    light.add_backlog(1 << 20);
+    heavy.add_backlog(1 << 20);
+    let rates = c.recompute(t0 + 1_000_000);
+    assert_eq!(rates[1], (TenantId(2), 750_000_000));
+    // What the heavy tenant may send in 10 ms of virtual time from `start`.
+    let sent_in_10ms = |start: u64| {
+        (0..10_000u64)
+            .filter(|step| heavy.check_rate(start + step * 1_000, 4096, 1).is_ok())
+            .count() as u64
+            * 4096
+    };
+    let held = sent_in_10ms(t0 + 2_000_000);
+    assert!(held <= 7_500_000 + FAIR_RATE_TOLERANCE_NS + 8192, "{held}");
+    // The coordinator is silent for longer than the heartbeat allows.
+    let later = t0 + 1_000_000 + HEARTBEAT_STALE_NS + 1_000_000;
+    let free = sent_in_10ms(later);
+    assert_eq!(free, 10_000 * 4096, "no fair rate holds it any more");
+    // It comes back: the fair rate holds again.
+    c.recompute(later + 20_000_000);
+    let again = sent_in_10ms(later + 21_000_000);
+    assert!(
+        again <= 7_500_000 + FAIR_RATE_TOLERANCE_NS + 8192,
+        "{again}"
+    );
 }

@@ -23,11 +23,13 @@ use mtrdma_sched::share::{GAIN_ONE, MAX_GAIN};
 /// tenant held to its fair rate moves less than the rate.
 pub const FAIR_RATE_TOLERANCE_NS: u64 = 1_000_000;
 
-/// A window gain ([`TenantHandle::window_gain`]) published longer than
-/// this before (by the coordinator's heartbeat) is no longer applied: the
-/// coordinator recomputes every few tens of milliseconds, so a second
-/// without it means it stopped.
-pub const GAIN_STALE_NS: u64 = 1_000_000_000;
+/// A fair rate ([`TenantHandle::check_rate`]) or a window gain
+/// ([`TenantHandle::window_gain`]) published longer than this before (by
+/// the coordinator's heartbeat) is no longer applied: the coordinator
+/// recomputes every few tens of milliseconds, so a second without it means
+/// it stopped, and a tenant falls back to what its policy alone says
+/// (fail-static).
+pub const HEARTBEAT_STALE_NS: u64 = 1_000_000_000;
 
 /// Subtracts without wrapping below zero (a corrupted or double release
 /// must not turn into a huge "in use" count).
@@ -541,13 +543,21 @@ impl TenantHandle {
     /// over).
     ///
     /// The byte rate is the smaller of the policy's cap and the fair rate
-    /// the coordinator publishes (none without a coordinator).
+    /// the coordinator publishes (none without a coordinator, and none
+    /// once its heartbeat is more than [`HEARTBEAT_STALE_NS`] before
+    /// `now_ns`: a coordinator that stopped does not hold tenants to the
+    /// rates of a moment that has passed).
     #[inline]
     pub fn check_rate(&self, now_ns: u64, bytes: u64, wrs: u64) -> Result<(), u64> {
         self.refresh();
         let i = &self.inner;
         let st = self.state();
-        let fair = self.policy_slot().fair_rate.load(Ordering::Acquire);
+        let beat = i.table.last_heartbeat_ns();
+        let fair = if beat != 0 && now_ns.saturating_sub(beat) <= HEARTBEAT_STALE_NS {
+            self.policy_slot().fair_rate.load(Ordering::Acquire)
+        } else {
+            0
+        };
         if fair != i.seen_fair.load(Ordering::Relaxed) {
             let cap = i.byte_cap.load(Ordering::Relaxed);
             let burst = i.byte_burst.load(Ordering::Relaxed);
@@ -589,13 +599,13 @@ impl TenantHandle {
     /// tenants in separate processes share the link by their weights (see
     /// `mtrdma_sched::share`). A gain of 1 where none is published, where
     /// the coordinator's last recomputation is more than
-    /// [`GAIN_STALE_NS`] before `now_ns` (a stopped coordinator leaves the
+    /// [`HEARTBEAT_STALE_NS`] before `now_ns` (a stopped coordinator leaves the
     /// windows to their weights alone), and for a word out of range.
     #[inline]
     pub fn window_gain(&self, now_ns: u64) -> u32 {
         let ppm = self.policy_slot().window_gain.load(Ordering::Acquire);
         let beat = self.inner.table.last_heartbeat_ns();
-        let fresh = beat != 0 && now_ns.saturating_sub(beat) <= GAIN_STALE_NS;
+        let fresh = beat != 0 && now_ns.saturating_sub(beat) <= HEARTBEAT_STALE_NS;
         let one = u64::from(GAIN_ONE);
         let max = (GAIN_ONE as f64 * MAX_GAIN) as u64;
         if !fresh || ppm == 0 || !(one * one / max..=max).contains(&ppm) {

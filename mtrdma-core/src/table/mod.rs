@@ -40,7 +40,7 @@ use arc_swap::ArcSwap;
 pub use error::{AdmissionError, TableError};
 pub use handle::{
     MrPermit, OwnedMrPermit, OwnedQpPermit, QpPermit, TenantHandle, TenantUsage, UsageDelta,
-    WrPermit, FAIR_RATE_TOLERANCE_NS, GAIN_STALE_NS,
+    WrPermit, FAIR_RATE_TOLERANCE_NS, HEARTBEAT_STALE_NS,
 };
 pub use layout::{MAX_PROCESSES, MAX_TENANTS};
 
