@@ -326,25 +326,26 @@ impl Coordinator {
             } else {
                 observed.saturating_add(observed / 4)
             };
+            let cap = t.schedule.byte_cap.map(|c| c.per_second);
             demands.push(Demand {
                 weight: t.schedule.weight,
                 demand,
-                cap: t.schedule.byte_cap.map(|c| c.per_second),
+                cap,
             });
             moved.push(TenantRate {
                 id: t.id,
                 weight: t.schedule.weight,
                 bytes_per_sec: observed,
                 wants_more: now.backlog > 0,
-                cap: t.schedule.byte_cap.map(|c| c.per_second),
+                cap,
             });
         }
-        if let Some(gains) = self.gains.as_mut().filter(|_| !first) {
-            // Windows of tenants in separate processes: each grows by its
-            // gain so that what they move follows their weights.
-            gains.update(mtrdma_sched::Nanos(now_ns), &moved);
-        }
         if !first {
+            if let Some(gains) = self.gains.as_mut() {
+                // Windows of tenants in separate processes: each grows by
+                // its gain so that what they move follows their weights.
+                gains.update(mtrdma_sched::Nanos(now_ns), &moved);
+            }
             let estimate = self.link.update(now_ns, elapsed, signals);
             self.table.set_link_estimate(estimate);
         }

@@ -123,6 +123,15 @@ fn two_tenants(s: &Setup) -> (Coordinator, QuotaTable, TenantHandle, TenantHandl
     (c, table, light, heavy)
 }
 
+/// Bytes `tenant`'s rate limits let through in 10 ms of virtual time from
+/// `start`, offered 4 KiB every microsecond.
+fn sent_in_10ms(tenant: &TenantHandle, start: u64) -> u64 {
+    (0..10_000u64)
+        .filter(|step| tenant.check_rate(start + step * 1_000, 4096, 1).is_ok())
+        .count() as u64
+        * 4096
+}
+
 #[test]
 fn fair_rates_follow_demand_and_weights() {
     let s = Setup::new("fair", TWO);
@@ -154,13 +163,7 @@ fn fair_rates_follow_demand_and_weights() {
     // The heavy tenant's shared limiter now runs at its fair rate: over
     // 10 ms of virtual time it may send about 10 MB, and no more than
     // what it may catch up on (the rate's tolerance) besides.
-    let mut sent = 0u64;
-    let start = t0 + 3_000_000;
-    for step in 0..10_000u64 {
-        if heavy.check_rate(start + step * 1_000, 4096, 1).is_ok() {
-            sent += 4096;
-        }
-    }
+    let sent = sent_in_10ms(&heavy, t0 + 3_000_000);
     // At 1 GB/s, each nanosecond of the tolerance is one byte.
     let tolerance = FAIR_RATE_TOLERANCE_NS;
     assert!(sent <= 10_000_000 + tolerance + 4096 * 2, "{sent}");
@@ -399,22 +402,15 @@ fn fair_rates_lapse_when_the_coordinator_stops() {
     heavy.add_backlog(1 << 20);
     let rates = c.recompute(t0 + 1_000_000);
     assert_eq!(rates[1], (TenantId(2), 750_000_000));
-    // What the heavy tenant may send in 10 ms of virtual time from `start`.
-    let sent_in_10ms = |start: u64| {
-        (0..10_000u64)
-            .filter(|step| heavy.check_rate(start + step * 1_000, 4096, 1).is_ok())
-            .count() as u64
-            * 4096
-    };
-    let held = sent_in_10ms(t0 + 2_000_000);
+    let held = sent_in_10ms(&heavy, t0 + 2_000_000);
     assert!(held <= 7_500_000 + FAIR_RATE_TOLERANCE_NS + 8192, "{held}");
     // The coordinator is silent for longer than the heartbeat allows.
     let later = t0 + 1_000_000 + HEARTBEAT_STALE_NS + 1_000_000;
-    let free = sent_in_10ms(later);
+    let free = sent_in_10ms(&heavy, later);
     assert_eq!(free, 10_000 * 4096, "no fair rate holds it any more");
     // It comes back: the fair rate holds again.
     c.recompute(later + 20_000_000);
-    let again = sent_in_10ms(later + 21_000_000);
+    let again = sent_in_10ms(&heavy, later + 21_000_000);
     assert!(
         again <= 7_500_000 + FAIR_RATE_TOLERANCE_NS + 8192,
         "{again}"

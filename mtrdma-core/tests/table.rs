@@ -389,9 +389,19 @@ fn a_writer_that_died_mid_update_is_reported_not_waited_on_forever() {
     ));
 }
 
+/// Leaves table `name`'s policy as a coordinator that died in the middle
+/// of publishing does: its sequence odd (offset 24 of the policy region).
+fn tear_policy(name: &str) {
+    use std::os::unix::fs::FileExt;
+    let shm = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/dev/shm/mtrdma.{name}.policy"))
+        .unwrap();
+    shm.write_all_at(&7u64.to_le_bytes(), 24).unwrap();
+}
+
 #[test]
 fn a_writer_that_takes_over_a_half_written_policy_recovers_it() {
-    use std::os::unix::fs::FileExt;
     let name = format!("torn-{}", std::process::id());
     let policy = |weight| {
         Policy::new(
@@ -401,13 +411,7 @@ fn a_writer_that_takes_over_a_half_written_policy_recovers_it() {
     };
     let first = QuotaTable::create(&name, 4, 4, &policy(1)).unwrap();
     let tenant = QuotaTable::open(&name).unwrap();
-    // The coordinator dies in the middle of publishing: the sequence stays
-    // odd (offset 24 of the policy region).
-    let shm = std::fs::OpenOptions::new()
-        .write(true)
-        .open(format!("/dev/shm/mtrdma.{name}.policy"))
-        .unwrap();
-    shm.write_all_at(&7u64.to_le_bytes(), 24).unwrap();
+    tear_policy(&name);
     drop(first);
     // A restarted coordinator takes the table over (it could not before:
     // opening failed on the half-written policy) and publishes a whole one.
@@ -448,7 +452,6 @@ impl tracing::Subscriber for Warnings {
 /// restarted coordinator's publish reaches it.
 #[test]
 fn a_tenant_keeps_its_last_policy_while_the_table_is_half_written() {
-    use std::os::unix::fs::FileExt;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     let name = format!("torn-tenant-{}", std::process::id());
@@ -461,11 +464,7 @@ fn a_tenant_keeps_its_last_policy_while_the_table_is_half_written() {
     let first = QuotaTable::create(&name, 4, 4, &policy(2)).unwrap();
     let table = QuotaTable::open(&name).unwrap();
     let tenant = table.attach(TenantId(1)).unwrap();
-    let shm = std::fs::OpenOptions::new()
-        .write(true)
-        .open(format!("/dev/shm/mtrdma.{name}.policy"))
-        .unwrap();
-    shm.write_all_at(&7u64.to_le_bytes(), 24).unwrap();
+    tear_policy(&name);
     drop(first);
 
     let warnings = Arc::new(AtomicUsize::new(0));

@@ -58,7 +58,7 @@
 //! assert!(gains.gain(TenantId(2)) < GAIN_ONE);
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::tenant::TenantId;
 use crate::time::Nanos;
@@ -127,8 +127,6 @@ struct State {
     /// Its rate, averaged over `smoothing` (bytes per second).
     rate: f64,
     gain: f64,
-    /// Whether it contended in the last update.
-    contending: bool,
     /// When it last contended.
     contended_at: Nanos,
 }
@@ -164,8 +162,9 @@ impl ShareGains {
         let power = (f64::from(self.config.rate_per_sec_ppm) / 1e6 * elapsed as f64 / 1e9).min(1.0);
         let capped_at = f64::from(self.config.capped_at_ppm) / 1e6;
         let forget = self.config.forget_after;
-        self.tenants
-            .retain(|id, _| rates.iter().any(|r| r.id == *id));
+        let named: HashSet<TenantId> = rates.iter().map(|r| r.id).collect();
+        self.tenants.retain(|id, _| named.contains(id));
+        let mut contenders: Vec<&TenantRate> = Vec::new();
         for r in rates {
             let moved = r.bytes_per_sec as f64;
             let held_by_cap = r.cap.is_some_and(|cap| moved >= capped_at * cap as f64);
@@ -173,21 +172,16 @@ impl ShareGains {
             let s = self.tenants.entry(r.id).or_insert(State {
                 rate: moved,
                 gain: 1.0,
-                contending: false,
                 contended_at: now,
             });
             s.rate += alpha * (moved - s.rate);
             if contending {
                 s.contended_at = now;
+                contenders.push(r);
             } else if now.0.saturating_sub(s.contended_at.0) >= forget.0 || held_by_cap {
                 s.gain = 1.0;
             }
-            s.contending = contending;
         }
-        let contenders: Vec<&TenantRate> = rates
-            .iter()
-            .filter(|r| self.tenants.get(&r.id).is_some_and(|s| s.contending))
-            .collect();
         if contenders.len() < 2 {
             // Nobody to share with: back toward 1 at the same pace.
             for r in contenders {

@@ -342,7 +342,7 @@ pub struct DelayWindow {
     /// `None`: none posted yet), and when the first piece completed.
     extra_at: Option<u64>,
     first_completion: u64,
-    /// The coordinator's gain on the growth ([`DelayWindow::set_gain`]),
+    /// The coordinator's gain on the growth and cuts ([`DelayWindow::set_gain`]),
     /// parts per million.
     gain: u32,
     /// Bytes posted and not yet completed, as told by `on_sent` and
@@ -675,8 +675,13 @@ impl Window for DelayWindow {
     fn on_sent(&mut self, bytes: u64, now: Nanos) {
         self.largest = self.largest.max(bytes);
         if let Some(interval) = self.extra_interval() {
-            let (frac, piece) = self.fraction();
-            if self.window < piece && self.out.saturating_add(bytes) > self.window {
+            if self.window >= self.piece() {
+                // Keep the anchor near: a window that changes its fraction
+                // changes the interval from here on, not the phase so far.
+                if let Some(start) = self.rounded_up_since(interval, now.0) {
+                    self.extra_at = Some(start);
+                }
+            } else if self.out.saturating_add(bytes) > self.window {
                 // A piece beyond a window under one piece. The next is due
                 // one interval after this one was due, so that a piece
                 // posted late (its sender waited for a completion or for a
@@ -686,13 +691,7 @@ impl Window for DelayWindow {
                 // first piece) counts from when it went.
                 let due = self.extra_anchor(interval).saturating_add(interval);
                 let floor = now.0.saturating_sub(interval / 2);
-                self.extra_at = Some(due.clamp(floor, now.0.max(floor)));
-            } else if frac > 0 && self.window >= piece {
-                // Keep the anchor near: a window that changes its fraction
-                // changes the interval from here on, not the phase so far.
-                if let Some(start) = self.rounded_up_since(interval, now.0) {
-                    self.extra_at = Some(start);
-                }
+                self.extra_at = Some(due.clamp(floor, now.0));
             }
         }
         self.out = self.out.saturating_add(bytes);

@@ -552,8 +552,7 @@ impl TenantHandle {
         self.refresh();
         let i = &self.inner;
         let st = self.state();
-        let beat = i.table.last_heartbeat_ns();
-        let fair = if beat != 0 && now_ns.saturating_sub(beat) <= HEARTBEAT_STALE_NS {
+        let fair = if self.coordinator_live(now_ns) {
             self.policy_slot().fair_rate.load(Ordering::Acquire)
         } else {
             0
@@ -604,14 +603,21 @@ impl TenantHandle {
     #[inline]
     pub fn window_gain(&self, now_ns: u64) -> u32 {
         let ppm = self.policy_slot().window_gain.load(Ordering::Acquire);
-        let beat = self.inner.table.last_heartbeat_ns();
-        let fresh = beat != 0 && now_ns.saturating_sub(beat) <= HEARTBEAT_STALE_NS;
         let one = u64::from(GAIN_ONE);
         let max = (GAIN_ONE as f64 * MAX_GAIN) as u64;
-        if !fresh || ppm == 0 || !(one * one / max..=max).contains(&ppm) {
+        if !self.coordinator_live(now_ns) || !(one * one / max..=max).contains(&ppm) {
             return GAIN_ONE;
         }
         ppm as u32
+    }
+
+    /// Whether the coordinator recomputed within [`HEARTBEAT_STALE_NS`]
+    /// before `now_ns`: what it publishes (fair rates, window gains)
+    /// applies only then.
+    #[inline]
+    fn coordinator_live(&self, now_ns: u64) -> bool {
+        let beat = self.inner.table.last_heartbeat_ns();
+        beat != 0 && now_ns.saturating_sub(beat) <= HEARTBEAT_STALE_NS
     }
 
     /// Counts traffic handed to the NIC (for usage and the coordinator's demand estimate).
