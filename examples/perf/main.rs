@@ -37,6 +37,12 @@
 //! are ping-pong round trips halved; `read_lat` reports the time from
 //! posting a READ to its completion. As in perftest, the two largest latency
 //! samples are dropped before the statistics, and `t_typical` is the median.
+//! After each bandwidth size the client prints what its process used of the
+//! CPU over the run (from `/proc/self`): user and system time per work
+//! request posted (a piece of the scheduler's chunk, or a message on the
+//! plain path), and per request its sleeps, preemptions and system calls.
+//! On a software NIC every post is a system call and the NIC's work is the
+//! host's, so this is what decides how much of a link small pieces fill.
 //!
 //! The client sends the test parameters to the server over the TCP control
 //! connection; a server given explicit flags refuses a client that asks for
@@ -162,6 +168,7 @@ fn client(a: &Args, host: &str, port: u16) -> Result<(), String> {
         if k == 0 {
             print_header(&side, &p, &conn, limited);
         }
+        let cpu_before = CpuUse::now();
         let run = if p.test.is_bw() {
             client_bw(&mut conn, &p).map(|r| r.map(Outcome::Bw))
         } else {
@@ -185,8 +192,13 @@ fn client(a: &Args, host: &str, port: u16) -> Result<(), String> {
                 return Err(e);
             }
         };
+        let cpu_after = CpuUse::now();
         ctrl.send("DONE")?;
         ctrl.expect("FIN", Some(SETUP_TIMEOUT))?;
+        let pieces_per_message = match &conn.qp {
+            Qp::Sched(_) => (size as u64).div_ceil(p.chunk.max(1)).max(1),
+            Qp::Raw(_) => 1,
+        };
         let window = match &conn.qp {
             Qp::Sched(q) => q.window(),
             Qp::Raw(_) => None,
@@ -212,6 +224,9 @@ fn client(a: &Args, host: &str, port: u16) -> Result<(), String> {
         }
         if let Some(line) = sampled {
             println!("{line}");
+        }
+        if let (Outcome::Bw(bw), Some(a), Some(b)) = (&outcome, cpu_before, cpu_after) {
+            println!("{}", CpuUse::line(a, b, bw.iters * pieces_per_message));
         }
         if let Some(csv) = &a.csv {
             append_csv(csv, &csv_line(&p, side.ctx.name(), &tenant_name, &outcome))?;

@@ -282,3 +282,67 @@ pub(crate) fn print_header(side: &Side, p: &Params, conn: &Conn, limited: Option
     println!("{LINE}");
     print_columns(p.test);
 }
+
+/// What this process has used of the CPU so far, from `/proc/self`: the
+/// cost of a path in CPU, which on an emulated host decides how much of a
+/// link its senders can fill.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CpuUse {
+    /// User and system time, in clock ticks (`/proc` counts in 1/100 s).
+    user_ticks: u64,
+    system_ticks: u64,
+    /// Times the process gave up the CPU to wait (a sleep on a completion
+    /// channel, a timer) and times it was preempted.
+    voluntary: u64,
+    involuntary: u64,
+    /// Read- and write-like system calls (`/proc/self/io`).
+    reads: u64,
+    writes: u64,
+}
+
+impl CpuUse {
+    /// Now, or `None` where `/proc` does not say (then no CPU line).
+    pub(crate) fn now() -> Option<CpuUse> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // The fields after the command name, which is in parentheses and
+        // may hold spaces: utime and stime are the 14th and 15th.
+        let rest = stat.get(stat.rfind(')')? + 1..)?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let field = |file: &str, key: &str| -> Option<u64> {
+            file.lines()
+                .find_map(|l| l.strip_prefix(key))?
+                .trim()
+                .parse()
+                .ok()
+        };
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+        Some(CpuUse {
+            user_ticks: fields.get(11)?.parse().ok()?,
+            system_ticks: fields.get(12)?.parse().ok()?,
+            voluntary: field(&status, "voluntary_ctxt_switches:")?,
+            involuntary: field(&status, "nonvoluntary_ctxt_switches:")?,
+            reads: field(&io, "syscr:").unwrap_or(0),
+            writes: field(&io, "syscw:").unwrap_or(0),
+        })
+    }
+
+    /// One line on what was used between `before` and `after`, per
+    /// `pieces` work requests posted (pieces of the scheduler's chunk, or
+    /// the messages of the plain path).
+    pub(crate) fn line(before: CpuUse, after: CpuUse, pieces: u64) -> String {
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        let user = d(after.user_ticks, before.user_ticks) as f64 / 100.0;
+        let system = d(after.system_ticks, before.system_ticks) as f64 / 100.0;
+        let per = |n: u64| n as f64 / pieces.max(1) as f64;
+        format!(
+            " CPU over the run: user {user:.2} s, system {system:.2} s ({:.1} us per work request, {pieces} requests); \
+             per request {:.2} sleeps, {:.2} preemptions, {:.2} read and {:.2} write system calls",
+            (user + system) * 1e6 / pieces.max(1) as f64,
+            per(d(after.voluntary, before.voluntary)),
+            per(d(after.involuntary, before.involuntary)),
+            per(d(after.reads, before.reads)),
+            per(d(after.writes, before.writes)),
+        )
+    }
+}
