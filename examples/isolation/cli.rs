@@ -35,6 +35,8 @@ pub(crate) struct Args {
     /// On the link: whether the coordinator sets gains on the windows'
     /// growth (coordinator's `--no-window-gains` when not).
     pub(crate) window_gains: bool,
+    /// On the link: microseconds between the latency probe's requests.
+    pub(crate) probe_interval_us: u32,
 }
 
 pub(crate) const USAGE: &str = "usage: isolation [--device NAME] [--peer-device NAME] [--out DIR] [--seconds S] [--warmup-ms MS]
@@ -44,6 +46,7 @@ on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
        isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--chunk BYTES (default 4096)]
     [--window-target PPM (the windows' queue allowance, see perf --help)] [--window-floor USEC] [--window-queue BYTES]
     [--no-window-gains (the coordinator leaves the windows' growth to their weights)]
+    [--probe-interval-us US (between the latency probe's requests, default 500)]
     [--scenarios latency,hogs,weights,cap,storm] [--cap-share 0.25]
 the link demo's storm tenant:
        isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET]";
@@ -73,6 +76,7 @@ pub(crate) fn parse() -> Result<Args, String> {
         window_floor_us: None,
         window_queue: None,
         window_gains: true,
+        probe_interval_us: 500,
     };
     pub(crate) fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String>
     where
@@ -131,6 +135,7 @@ pub(crate) fn parse() -> Result<Args, String> {
             "--window-target" => args.window_target = Some(num(&flag, v)?),
             "--window-floor" => args.window_floor_us = Some(num(&flag, v)?),
             "--window-queue" => args.window_queue = Some(num(&flag, v)?),
+            "--probe-interval-us" => args.probe_interval_us = num(&flag, v)?,
             other => return Err(format!("unknown flag {other}\n{USAGE}")),
         }
     }
