@@ -26,6 +26,14 @@
 //! A piece is in the NIC from its post until its completion is seen
 //! ([`Gate::sent`], [`Gate::completed`]).
 //!
+//! A queue pair whose oldest bulk piece has been in the NIC for
+//! [`Gate::stall_after`] is stuck, not queued (its peer posts no receives
+//! and the NIC retries, or the peer is gone and the NIC waits for
+//! acknowledgements that do not come): [`Gate::release_if_stalled`] takes
+//! its bytes off the budget, so that one stuck queue pair does not stop
+//! every other queue pair's bulk traffic, and the lane posts nothing more
+//! until what it has in the NIC completes (or fails).
+//!
 //! ```
 //! use mtrdma_sched::gate::{Gate, Lane};
 //! use mtrdma_sched::{Admit, Nanos, Opcode, TrafficClass};
@@ -58,7 +66,16 @@ pub struct Gate {
     budget: u64,
     bulk_in_flight: u64,
     latency_queued: usize,
+    stall_after: Nanos,
 }
+
+/// How long a bulk piece may be in the NIC before its queue pair is taken
+/// for stuck ([`Gate::release_if_stalled`]) by default: 100 ms, far more
+/// than a budget's worth of bytes takes on any link mtrdma schedules
+/// (256 KiB at 50 Mbit/s take 42 ms) and far less than what a stuck queue
+/// pair holds (a peer may ask for 655 ms between retries of a SEND it
+/// has no receive for).
+pub const DEFAULT_STALL_AFTER: Nanos = Nanos(100_000_000);
 
 /// A piece in the NIC. An RC send queue completes in order, so the front
 /// of a lane's list is the next completion's piece. (Two words, so it
@@ -69,7 +86,7 @@ struct Piece {
     tag: usize,
     /// Bytes (a piece's scatter entry holds at most `u32::MAX`).
     len: u32,
-    /// When it was posted, for a lane with a window; 0 otherwise.
+    /// When it was posted, for a bulk lane; 0 otherwise.
     sent_at: u64,
 }
 
@@ -84,6 +101,9 @@ pub struct Lane<H> {
     bytes_out: u64,
     pending: VecDeque<Grant<H>>,
     window: Option<DelayWindow>,
+    /// Bytes of its oldest pieces in the NIC that no longer count against
+    /// the bulk budget: it stalled ([`Gate::release_if_stalled`]).
+    released: u64,
 }
 
 impl<H> Lane<H> {
@@ -97,7 +117,15 @@ impl<H> Lane<H> {
             bytes_out: 0,
             pending: VecDeque::new(),
             window,
+            released: 0,
         }
+    }
+
+    /// Whether it stalled ([`Gate::release_if_stalled`]) and has pieces
+    /// of then still in the NIC: it posts nothing until they complete.
+    #[inline]
+    pub fn is_stalled(&self) -> bool {
+        self.released > 0
     }
 
     /// Its class.
@@ -123,10 +151,10 @@ impl<H> Lane<H> {
         self.bytes_out
     }
 
-    /// Whether another piece fits its slots.
+    /// Whether another piece fits its slots (never while it is stalled).
     #[inline]
     pub fn has_room(&self) -> bool {
-        (self.in_flight.len() as u32) < self.slots
+        (self.in_flight.len() as u32) < self.slots && self.released == 0
     }
 
     /// Its delay window.
@@ -161,7 +189,7 @@ impl<H> Lane<H> {
 
     /// Bytes of its pieces in the NIC that count against the bulk budget.
     pub fn bulk_bytes_out(&self) -> u64 {
-        self.bulk_bytes(self.bytes_out)
+        self.bulk_bytes(self.bytes_out) - self.released
     }
 
     /// What `len` bytes of this lane count against the bulk budget.
@@ -308,7 +336,42 @@ impl Gate {
             budget: bulk_bytes_in_flight.max(1),
             bulk_in_flight: 0,
             latency_queued: 0,
+            stall_after: DEFAULT_STALL_AFTER,
         }
+    }
+
+    /// The same rules, with a queue pair taken for stuck once its oldest
+    /// bulk piece has been in the NIC for `stall_after` (at least 1 ns;
+    /// default [`DEFAULT_STALL_AFTER`]).
+    pub fn with_stall_after(mut self, stall_after: Nanos) -> Gate {
+        self.stall_after = Nanos(stall_after.0.max(1));
+        self
+    }
+
+    /// How long a bulk piece may be in the NIC before its queue pair is
+    /// taken for stuck.
+    pub fn stall_after(&self) -> Nanos {
+        self.stall_after
+    }
+
+    /// If `lane`'s oldest bulk piece has been in the NIC for
+    /// [`stall_after`](Self::stall_after) at `now`, takes all its bytes in
+    /// the NIC off the bulk budget (the others' pieces go again) and holds
+    /// the lane until they complete; returns whether it did. Call it when
+    /// the budget holds pieces back.
+    pub fn release_if_stalled<H>(&mut self, lane: &mut Lane<H>, now: Nanos) -> bool {
+        if lane.class == TrafficClass::Latency || lane.released > 0 {
+            return false;
+        }
+        let Some(oldest) = lane.in_flight.front() else {
+            return false;
+        };
+        if now.0.saturating_sub(oldest.sent_at) < self.stall_after.0 {
+            return false;
+        }
+        lane.released = lane.bytes_out;
+        self.bulk_in_flight -= lane.released;
+        true
     }
 
     /// The piece size.
@@ -443,13 +506,14 @@ impl Gate {
         len: u64,
         now: impl FnOnce() -> Nanos,
     ) {
-        let sent_at = match &mut lane.window {
-            Some(w) => {
-                let now = now();
+        let sent_at = if lane.class == TrafficClass::Latency && lane.window.is_none() {
+            0
+        } else {
+            let now = now();
+            if let Some(w) = &mut lane.window {
                 w.on_sent(len, now);
-                now.0
             }
-            None => 0,
+            now.0
         };
         lane.in_flight.push_back(Piece {
             tag,
@@ -484,7 +548,12 @@ impl Gate {
         }?;
         let len = u64::from(piece.len);
         lane.bytes_out -= len;
-        self.bulk_in_flight -= lane.bulk_bytes(len);
+        // A stalled lane's oldest bytes were taken off the budget already
+        // (they complete first: the list is in posting order, and a piece
+        // refused out of turn was never counted as stalled for long).
+        let released = lane.released.min(lane.bulk_bytes(len));
+        lane.released -= released;
+        self.bulk_in_flight -= lane.bulk_bytes(len) - released;
         if let Some(w) = &mut lane.window {
             w.on_completed_late(len, Nanos(piece.sent_at), now(), host);
         }
@@ -556,6 +625,67 @@ mod tests {
         assert_eq!(order.len(), 1);
         assert_eq!(order.remove_lane(TrafficClass::Bulk, 1), 1);
         assert!(order.is_empty());
+    }
+
+    /// A queue pair whose pieces stay in the NIC (a peer that posts no
+    /// receives) stops holding the budget once its oldest piece is
+    /// `stall_after` old: another queue pair's pieces go, the stuck one
+    /// posts nothing more, and when its pieces complete (failed, typically)
+    /// the budget's count comes out right and the lane goes again.
+    #[test]
+    fn a_stuck_queue_pair_stops_holding_the_budget() {
+        let mut gate = Gate::new(4096, 8192).with_stall_after(Nanos::from_millis(100));
+        let mut stuck: Lane<()> = Lane::new(TrafficClass::Bulk, 8, None);
+        let mut other: Lane<()> = Lane::new(TrafficClass::Bulk, 8, None);
+        let at = |ms: u64| move || Nanos::from_millis(ms);
+        gate.sent(&mut stuck, 1, 4096, at(0));
+        gate.sent(&mut stuck, 2, 4096, at(1));
+        assert_eq!(gate.admits(&other, 4096, at(2)), Admit::AfterCompletion);
+        assert!(!gate.may_grant());
+        // Queued, not stuck, for a while.
+        assert!(!gate.release_if_stalled(&mut stuck, Nanos::from_millis(99)));
+        assert!(!gate.may_grant());
+        assert!(gate.release_if_stalled(&mut stuck, Nanos::from_millis(100)));
+        assert!(stuck.is_stalled());
+        assert_eq!(gate.bulk_in_flight(), 0);
+        assert!(gate.may_grant());
+        assert_eq!(gate.admits(&other, 4096, at(100)), Admit::Now);
+        assert_eq!(gate.admits(&stuck, 4096, at(100)), Admit::AfterCompletion);
+        assert!(!gate.unhindered(&stuck, Opcode::Write, 4096, true, at(100)));
+        // Released once only.
+        assert!(!gate.release_if_stalled(&mut stuck, Nanos::from_millis(500)));
+        gate.sent(&mut other, 7, 4096, at(100));
+        gate.sent(&mut other, 8, 4096, at(100));
+        assert_eq!(gate.bulk_in_flight(), 8192);
+        // The stuck pieces fail: nothing is taken off the budget twice.
+        assert_eq!(
+            gate.completed(&mut stuck, 1, at(600), Nanos::ZERO),
+            Some(4096)
+        );
+        assert!(stuck.is_stalled(), "one of its pieces is still out");
+        assert_eq!(
+            gate.completed(&mut stuck, 2, at(600), Nanos::ZERO),
+            Some(4096)
+        );
+        assert!(!stuck.is_stalled());
+        assert_eq!(gate.bulk_in_flight(), 8192);
+        assert_eq!(
+            gate.completed(&mut other, 7, at(601), Nanos::ZERO),
+            Some(4096)
+        );
+        assert_eq!(gate.bulk_in_flight(), 4096);
+        // Usable again, and counted again.
+        assert_eq!(gate.admits(&stuck, 4096, at(601)), Admit::Now);
+        gate.sent(&mut stuck, 3, 4096, at(601));
+        assert_eq!(gate.bulk_in_flight(), 8192);
+        // A latency lane is never taken for stuck: it holds no budget.
+        let mut latency: Lane<()> = Lane::new(TrafficClass::Latency, 8, None);
+        gate.sent(&mut latency, 9, 16, at(0));
+        assert!(!gate.release_if_stalled(&mut latency, Nanos::from_secs(10)));
+        // A stalled lane that goes away gives back only what it still holds.
+        assert!(gate.release_if_stalled(&mut stuck, Nanos::from_secs(10)));
+        gate.forget(&stuck);
+        assert_eq!(gate.bulk_in_flight(), 4096, "the other lane's piece 8");
     }
 
     #[test]

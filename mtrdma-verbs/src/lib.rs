@@ -97,7 +97,9 @@ pub use gid::{Gid, GidEntry, GidSelection, GidType};
 pub use mr::{Access, MemoryRegion, RemoteRegion};
 pub use pd::ProtectionDomain;
 pub use progress::ProgressThread;
-pub use qp::{Endpoint, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder, SendOp};
+pub use qp::{
+    Endpoint, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder, SendOp, MAX_RNR_RETRY,
+};
 pub use scheduled::{
     DefaultScheduler, PieceRef, PieceScheduler, ScheduleConfig, ScheduledQueuePair,
     ScheduledUdQueuePair, SharedConfig, SharedScheduler, Tenancy, WindowState,

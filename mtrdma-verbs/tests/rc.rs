@@ -422,3 +422,55 @@ fn queues_deeper_than_the_device_allows_are_refused_by_name() {
     assert_eq!(table.usage().unwrap()[0].qps.0, 0);
     pd.queue_pair().tenant(&handle).build().unwrap();
 }
+
+/// A SEND to a peer that never posts a receive fails with "receiver not
+/// ready" after a bounded number of retries, instead of retrying for ever
+/// (the verbs' `rnr_retry = 7`, which kept it, and everything posted
+/// behind it, in the NIC for good). The requests behind it are flushed:
+/// all come back, none lost.
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_send_to_a_peer_without_receives_fails_after_bounded_retries() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    // Default retries (6) at the peer's default wait (0.64 ms), and three
+    // retries at a 20 ms wait.
+    for (rnr_retry, timer, longest) in [(None, None, 2u64), (Some(3), Some(22), 3)] {
+        let mut a = pd.queue_pair();
+        if let Some(n) = rnr_retry {
+            a = a.rnr_retry(n);
+        }
+        let a = a.build().unwrap();
+        let mut b = pd.queue_pair();
+        if let Some(code) = timer {
+            b = b.min_rnr_timer(code);
+        }
+        let b = b.build().unwrap();
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        let (mut a, _b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+        let start = Instant::now();
+        for i in 0..3u64 {
+            let src = pd.register(pattern(64, i as u8), Access::LOCAL).unwrap();
+            a.post_send(SendOp::Send, src, 0..64, i).unwrap();
+        }
+        let mut out = Vec::new();
+        let deadline = start + Duration::from_secs(30);
+        while out.len() < 3 {
+            a.poll(&mut out).unwrap();
+            assert!(
+                Instant::now() < deadline,
+                "the SEND was still being retried after 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let took = start.elapsed();
+        assert_eq!(out[0].context, 0);
+        assert_eq!(out[0].status, WcStatus::RnrRetryExceeded);
+        assert!(out[1..].iter().all(|c| c.status == WcStatus::Flushed));
+        assert!(
+            took < Duration::from_secs(longest),
+            "failed after {took:?} (rnr_retry {rnr_retry:?}, peer's timer {timer:?})"
+        );
+        assert_eq!(a.in_flight(), (0, 0));
+    }
+}

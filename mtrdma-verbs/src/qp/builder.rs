@@ -10,11 +10,43 @@ pub struct QueuePairBuilder<'a> {
     settings: QpSettings,
     access: Access,
     max_inline: u32,
-    ack_timeout: u8,
+    retries: Retries,
 }
 
-/// The default local ACK timeout exponent: 4.096 us x 2^14, about 67 ms.
-const DEFAULT_ACK_TIMEOUT: u8 = 14;
+/// How a connected queue pair retries, set by the builder
+/// ([`QueuePairBuilder::ack_timeout`], [`QueuePairBuilder::retry_count`],
+/// [`QueuePairBuilder::rnr_retry`], [`QueuePairBuilder::min_rnr_timer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Retries {
+    /// Local ACK timeout exponent: 4.096 us x 2^`ack_timeout`.
+    ack_timeout: u8,
+    /// Transport retries after an ACK timeout (0 to 7).
+    retry_count: u8,
+    /// Retries after the peer answered "receiver not ready" (0 to 6; 7,
+    /// which retries for ever, is never set).
+    rnr_retry: u8,
+    /// What this queue pair asks a sender to wait before retrying a SEND
+    /// it had no receive for (the IB code, 0 to 31).
+    min_rnr_timer: u8,
+}
+
+impl Default for Retries {
+    fn default() -> Retries {
+        Retries {
+            // 4.096 us x 2^14, about 67 ms.
+            ack_timeout: 14,
+            retry_count: 7,
+            rnr_retry: 6,
+            // 0.64 ms.
+            min_rnr_timer: 12,
+        }
+    }
+}
+
+/// The most RNR retries a queue pair makes: the verbs' 7 means for ever,
+/// and a peer that never posts a receive would then keep the queue pair's
+/// SENDs, and everything queued behind them, in the NIC for good.
+pub const MAX_RNR_RETRY: u8 = 6;
 
 /// What the RC and UD queue pair builders share.
 #[derive(Debug)]
@@ -150,7 +182,7 @@ impl ProtectionDomain {
             settings: QpSettings::default(),
             access: Access::REMOTE_READ_WRITE,
             max_inline: 0,
-            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            retries: Retries::default(),
         }
     }
 }
@@ -195,7 +227,44 @@ impl QueuePairBuilder<'_> {
     /// without a window) needs more than its queue's delay, or it resends
     /// what is still queued and its throughput collapses.
     pub fn ack_timeout(mut self, exp: u8) -> Self {
-        self.ack_timeout = exp.min(31);
+        self.retries.ack_timeout = exp.min(31);
+        self
+    }
+
+    /// How many times a packet that timed out is sent again before its
+    /// request fails with [`WcStatus::RetryExceeded`] and the queue pair
+    /// goes to the error state (default 7, the most; larger values are
+    /// taken as 7). With [`ack_timeout`](Self::ack_timeout) it bounds how
+    /// long a dead peer holds this queue pair's requests: `(count + 1) x`
+    /// the timeout.
+    pub fn retry_count(mut self, count: u8) -> Self {
+        self.retries.retry_count = count.min(7);
+        self
+    }
+
+    /// How many times a SEND the peer had no receive for ("receiver not
+    /// ready") is sent again before it fails with
+    /// [`WcStatus::RnrRetryExceeded`] (default and most
+    /// [`MAX_RNR_RETRY`], 6; larger values are taken as 6). The verbs'
+    /// "retry for ever" is not offered: a peer that never posts receives
+    /// would keep this queue pair's SENDs, and the requests behind them,
+    /// in the NIC for good. How long each retry waits is the peer's to say
+    /// (its [`min_rnr_timer`](Self::min_rnr_timer)); a queue pair that
+    /// sends to a slow receiver should raise the receiver's timer rather
+    /// than retry for ever.
+    pub fn rnr_retry(mut self, count: u8) -> Self {
+        self.retries.rnr_retry = count.min(MAX_RNR_RETRY);
+        self
+    }
+
+    /// How long a peer whose SEND found no receive here waits before
+    /// sending it again, as the verbs' 5-bit code (default 12, 0.64 ms;
+    /// 14 is 1.28 ms, 18 is 5.12 ms, 22 is 20.48 ms, 26 is 81.92 ms, 31 is
+    /// 491.52 ms, and 0 is 655.36 ms; larger values are taken as 31).
+    /// Raise it where receives are posted slowly, so that the peer's
+    /// bounded retries ([`rnr_retry`](Self::rnr_retry)) span the wait.
+    pub fn min_rnr_timer(mut self, code: u8) -> Self {
+        self.retries.min_rnr_timer = code.min(31);
         self
     }
 
@@ -273,7 +342,7 @@ impl QueuePairBuilder<'_> {
         Ok(PreparedQueuePair {
             qp,
             endpoint,
-            ack_timeout: self.ack_timeout,
+            retries: self.retries,
         })
     }
 }
@@ -291,7 +360,7 @@ pub(crate) fn random_psn() -> u32 {
 pub struct PreparedQueuePair {
     qp: QueuePair,
     endpoint: Endpoint,
-    ack_timeout: u8,
+    retries: Retries,
 }
 
 impl PreparedQueuePair {
@@ -326,7 +395,7 @@ impl PreparedQueuePair {
             dest_qp_num: remote.qpn,
             rq_psn: remote.psn,
             max_dest_rd_atomic: rd_atomic,
-            min_rnr_timer: 12,
+            min_rnr_timer: self.retries.min_rnr_timer,
             ah_attr: global_ah_attr(remote.gid, remote.lid, qp.port, qp.gid_index),
             ..Default::default()
         };
@@ -344,9 +413,9 @@ impl PreparedQueuePair {
         )?;
         let mut attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
-            timeout: self.ack_timeout,
-            retry_cnt: 7,
-            rnr_retry: 7,
+            timeout: self.retries.ack_timeout,
+            retry_cnt: self.retries.retry_count,
+            rnr_retry: self.retries.rnr_retry,
             sq_psn: local.psn,
             max_rd_atomic: rd_atomic,
             ..Default::default()

@@ -113,7 +113,9 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
     pub(super) fn new(config: SharedConfig, sched: Q) -> Result<Engine<S, Q>, Error> {
         Ok(Engine {
             sched,
-            gate: Gate::new(config.chunk_bytes, config.bulk_bytes_in_flight),
+            gate: Gate::new(config.chunk_bytes, config.bulk_bytes_in_flight).with_stall_after(
+                Nanos(u64::try_from(config.stall_after.as_nanos()).unwrap_or(u64::MAX)),
+            ),
             members: Slab::default(),
             messages: Slab::default(),
             order: GrantOrder::default(),
@@ -587,6 +589,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 }
                 reaped = true;
                 self.reap_others();
+                self.release_stalled();
                 continue;
             }
             let grant = match self.sched.dequeue(self.now()) {
@@ -623,6 +626,21 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
 
     /// Polls the queue pairs that hold bulk pieces in the NIC (their
     /// finished requests wait in `done` for their owners).
+    /// Takes the queue pairs whose oldest bulk piece has been in the NIC
+    /// too long off the bulk budget ([`Gate::release_if_stalled`]).
+    pub(super) fn release_stalled(&mut self) {
+        let now = Self::window_now(&self.clock, self.shared_offset);
+        for m in self.members.values_mut() {
+            if m.lane.bulk_bytes_out() > 0 && self.gate.release_if_stalled(&mut m.lane, now) {
+                tracing::warn!(
+                    tenant = m.tenant.0,
+                    stalled_ms = self.gate.stall_after().0 / 1_000_000,
+                    "a scheduled queue pair's oldest piece has been in the NIC too long (its peer posts no receives, or is gone): its bytes no longer hold the other queue pairs' bulk traffic, and it posts nothing more until they complete"
+                );
+            }
+        }
+    }
+
     pub(super) fn reap_others(&mut self) {
         let holders: Vec<usize> = self
             .members

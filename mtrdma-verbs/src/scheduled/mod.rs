@@ -236,6 +236,14 @@ pub struct SharedConfig {
     /// Share of the bytes, in parts per million, that bulk traffic keeps
     /// while the latency class is saturated (default 100,000: 10%).
     pub bulk_min_share_ppm: u32,
+    /// A queue pair whose oldest bulk piece has been in the NIC this long
+    /// is stuck, not queued (a peer that posts no receives, or one that is
+    /// gone): its bytes stop counting against
+    /// [`bulk_bytes_in_flight`](Self::bulk_bytes_in_flight), so that the
+    /// other queue pairs' bulk traffic goes on, and it posts nothing more
+    /// until its pieces complete or fail (default 100 ms,
+    /// [`mtrdma_sched::gate::DEFAULT_STALL_AFTER`]).
+    pub stall_after: Duration,
 }
 
 impl Default for SharedConfig {
@@ -244,6 +252,7 @@ impl Default for SharedConfig {
             chunk_bytes: 64 << 10,
             bulk_bytes_in_flight: 256 << 10,
             bulk_min_share_ppm: 100_000,
+            stall_after: Duration::from_nanos(mtrdma_sched::gate::DEFAULT_STALL_AFTER.0),
         }
     }
 }
