@@ -95,6 +95,8 @@ pub(crate) struct WindowSamples {
     pub(crate) with_delay: u64,
     /// Sum of the coordinator's gains on the window's growth (ppm).
     pub(crate) gain: u64,
+    /// Sum of the weights sharing the link's growth.
+    pub(crate) sharing: u64,
     pub(crate) last_ns: u64,
 }
 
@@ -119,6 +121,7 @@ impl WindowSamples {
         self.window += w.window_bytes;
         self.in_flight += w.in_flight_bytes;
         self.gain += u64::from(w.gain_ppm);
+        self.sharing += u64::from(w.sharing_weight);
         if w.in_flight_bytes + piece > w.window_bytes {
             self.bound += 1;
         }
@@ -140,12 +143,13 @@ impl WindowSamples {
             format!("{:.1}", self.smoothed as f64 / self.with_delay as f64 / 1e3)
         };
         Some(format!(
-            " window over the run ({} samples): mean {:.0} B, in flight mean {:.0} B, no room for a piece in {:.0}% of samples, smoothed delay mean {delay} us, coordinator's gain mean {:.2}",
+            " window over the run ({} samples): mean {:.0} B, in flight mean {:.0} B, no room for a piece in {:.0}% of samples, smoothed delay mean {delay} us, coordinator's gain mean {:.2}, weights sharing the growth mean {:.1}",
             self.n,
             self.window as f64 / n,
             self.in_flight as f64 / n,
             100.0 * self.bound as f64 / n,
             self.gain as f64 / n / 1e6,
+            self.sharing as f64 / n,
         ))
     }
 }

@@ -348,6 +348,12 @@ impl Coordinator {
             }
             let estimate = self.link.update(now_ns, elapsed, signals);
             self.table.set_link_estimate(estimate);
+            // The windows share their growth as far as the link is full.
+            let used = self.link.utilization_ppm();
+            self.table
+                .set_sharing_weight(self.gains.as_ref().map_or(0, |g| {
+                    mtrdma_sched::share::sharing_for(g.sharing_weight(), used)
+                }));
         }
         let capacity = self.policy.link.capacity_bytes_per_sec;
         let rates = weighted_max_min(capacity, &demands);

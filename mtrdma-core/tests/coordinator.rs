@@ -350,9 +350,15 @@ fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
     let mean = (f64::from(l) * f64::from(h)).sqrt() / f64::from(GAIN_ONE);
     assert!((mean - 1.0).abs() < 0.01, "geometric mean {mean}");
 
-    // No recomputation for longer than HEARTBEAT_STALE_NS: gain 1.
+    // Their windows share one increase per round trip: weights 1 and 3.
+    assert_eq!(light.sharing_weight(now), 4);
+    assert_eq!(heavy.sharing_weight(now), 4);
+
+    // No recomputation for longer than HEARTBEAT_STALE_NS: gain 1, and
+    // each window grows on its own again.
     assert_eq!(light.window_gain(now + HEARTBEAT_STALE_NS + 1), GAIN_ONE);
     assert_eq!(heavy.window_gain(now + HEARTBEAT_STALE_NS + 1), GAIN_ONE);
+    assert_eq!(light.sharing_weight(now + HEARTBEAT_STALE_NS + 1), 1);
 
     // Nothing waiting any more: the light tenant no longer contends. A
     // moment of it keeps its gain; a second of it gives it 1 again, and the
@@ -372,6 +378,7 @@ fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
     assert_eq!(light.window_gain(now), GAIN_ONE);
     let h = f64::from(heavy.window_gain(now)) / f64::from(GAIN_ONE);
     assert!((h - 1.0).abs() < 0.001, "the heavy tenant alone: gain {h}");
+    assert_eq!(heavy.sharing_weight(now), 3, "the heavy tenant alone");
 
     // Turned off: 1 for every tenant, whatever they move.
     light.add_backlog(1 << 20);
@@ -384,6 +391,7 @@ fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
     }
     assert_eq!(light.window_gain(now), GAIN_ONE);
     assert_eq!(heavy.window_gain(now), GAIN_ONE);
+    assert_eq!(heavy.sharing_weight(now), 1);
 }
 
 /// A coordinator that stops recomputing: once its heartbeat is more than

@@ -71,6 +71,48 @@ pub const GAIN_ONE: u32 = 1_000_000;
 /// so gains from 1/4 to 4 move windows by up to 16 times either way.
 pub const MAX_GAIN: f64 = 4.0;
 
+/// Below this use of the link (parts per million of its measured rate),
+/// windows do not share their growth ([`sharing_for`]).
+pub const SHARE_FROM_PPM: u32 = 650_000;
+/// From this use of the link on, windows share their growth fully
+/// ([`sharing_for`]).
+pub const SHARE_FULLY_PPM: u32 = 850_000;
+
+/// The weights the windows of a link divide their growth by
+/// ([`DelayWindow::set_sharing_weight`](crate::DelayWindow::set_sharing_weight)),
+/// given the weights of the contending tenants added up
+/// ([`ShareGains::sharing_weight`]) and how much of the link's measured
+/// rate they use (what they move against the most they moved over the
+/// last minutes), in parts per million.
+///
+/// Windows that each grow by a whole increase per round trip overshoot
+/// their target by the sum of the increases, which on a full link is
+/// queue a latency request waits behind: there they share one increase.
+/// On a link they do not fill (their senders' host is busy, and a window
+/// cut by a completion found late must grow back), they each grow by a
+/// whole one: shared growth there cost eight senders on the emulated link
+/// at 200 Mbit/s half of what they moved (28% of the link instead of 54%)
+/// and nothing in latency. In between, from [`SHARE_FROM_PPM`] to
+/// [`SHARE_FULLY_PPM`] of the link (the 85% the bulk tenants should keep),
+/// the divisor goes from 1 to `weights` in proportion: the coordinator
+/// shares the growth as far as the link stays full.
+///
+/// ```
+/// use mtrdma_sched::share::sharing_for;
+///
+/// assert_eq!(sharing_for(8, 990_000), 8);
+/// assert_eq!(sharing_for(8, 750_000), 5);
+/// assert_eq!(sharing_for(8, 600_000), 1);
+/// assert_eq!(sharing_for(0, 990_000), 1);
+/// ```
+pub fn sharing_for(weights: u32, utilization_ppm: u32) -> u32 {
+    let weights = weights.max(1);
+    let span = u64::from(SHARE_FULLY_PPM - SHARE_FROM_PPM);
+    let into = u64::from(utilization_ppm.clamp(SHARE_FROM_PPM, SHARE_FULLY_PPM) - SHARE_FROM_PPM);
+    let extra = ((u64::from(weights) - 1) * into + span / 2) / span;
+    1 + u32::try_from(extra).unwrap_or(u32::MAX - 1)
+}
+
 /// What one tenant moved over the last recomputation interval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TenantRate {
@@ -137,6 +179,8 @@ pub struct ShareGains {
     config: ShareGainsConfig,
     tenants: HashMap<TenantId, State>,
     last: Option<Nanos>,
+    /// The weights of the tenants with work waiting at the last update.
+    sharing: u32,
 }
 
 impl ShareGains {
@@ -165,6 +209,7 @@ impl ShareGains {
         let named: HashSet<TenantId> = rates.iter().map(|r| r.id).collect();
         self.tenants.retain(|id, _| named.contains(id));
         let mut contenders: Vec<&TenantRate> = Vec::new();
+        self.sharing = 0;
         for r in rates {
             let moved = r.bytes_per_sec as f64;
             let held_by_cap = r.cap.is_some_and(|cap| moved >= capped_at * cap as f64);
@@ -177,6 +222,7 @@ impl ShareGains {
             s.rate += alpha * (moved - s.rate);
             if contending {
                 s.contended_at = now;
+                self.sharing = self.sharing.saturating_add(r.weight.max(1));
                 contenders.push(r);
             } else if now.0.saturating_sub(s.contended_at.0) >= forget.0 || held_by_cap {
                 s.gain = 1.0;
@@ -209,6 +255,14 @@ impl ShareGains {
             let s = self.tenants.get_mut(&r.id).expect("kept above");
             s.gain = (s.gain / mean).clamp(1.0 / MAX_GAIN, MAX_GAIN);
         }
+    }
+
+    /// The weights of the tenants that contended at the last update (work
+    /// waiting, bytes moved, not held by a cap: the windows that bind),
+    /// added up, or 0 if none did. Their windows share one
+    /// increase per round trip ([`DelayWindow::set_sharing_weight`](crate::DelayWindow::set_sharing_weight)).
+    pub fn sharing_weight(&self) -> u32 {
+        self.sharing
     }
 
     /// A tenant's gain in parts per million ([`GAIN_ONE`] for a tenant
@@ -305,6 +359,9 @@ mod tests {
         }
         assert_eq!(gains.gain(TenantId(1)), GAIN_ONE);
         assert_eq!(gains.gain(TenantId(2)), GAIN_ONE);
+        // Only the contending tenants' windows share the growth: weights
+        // 1 and 1, not the idle or capped tenants' 8s.
+        assert_eq!(gains.sharing_weight(), 2);
         assert!(
             ratio(&gains, 3) > 1.5,
             "the one under its share grows faster"
@@ -323,6 +380,9 @@ mod tests {
         );
         // Tenants not named are forgotten.
         assert_eq!(gains.gain(TenantId(4)), GAIN_ONE);
+        assert_eq!(gains.sharing_weight(), 1);
+        gains.update(now + Nanos::from_millis(20), &[]);
+        assert_eq!(gains.sharing_weight(), 0);
     }
 
     /// However far off a tenant's share stays (it cannot use more), its

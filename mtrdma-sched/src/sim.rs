@@ -474,6 +474,7 @@ fn simulate<S: Scheduler<u64>>(
         state: tenants.iter().map(|_| TenantState::default()).collect(),
         rng: 0,
         gains: None,
+        moved: 0.0,
     };
     if config.coordinator_every > Nanos::ZERO && sim.lanes.iter().any(|l| l.window().is_some()) {
         sim.gains = Some(ShareGains::new(config.share_gains));
@@ -584,6 +585,9 @@ struct Sim<'a, S> {
     /// The coordinator's gains ([`SimConfig::coordinator_every`]), if the
     /// tenants have windows and a coordinator runs.
     gains: Option<ShareGains>,
+    /// What the tenants moved together, smoothed as the coordinator
+    /// smooths it (bytes per second).
+    moved: f64,
 }
 
 impl<S: Scheduler<u64>> Sim<'_, S> {
@@ -943,9 +947,19 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
             })
             .collect();
         gains.update(Nanos(now), &rates);
+        // The link's use as the coordinator sees it: what the tenants moved,
+        // smoothed over 200 ms, against the link's rate (which the
+        // simulator knows; the coordinator takes the highest it has seen).
+        let total: u64 = rates.iter().map(|r| r.bytes_per_sec).sum();
+        let alpha = (every as f64 / 200e6).min(1.0);
+        self.moved += alpha * (total as f64 - self.moved);
+        let link = self.config.link_bps as f64 / 8.0;
+        let used = (self.moved / link * 1e6).clamp(0.0, 1e6) as u32;
+        let sharing = crate::share::sharing_for(gains.sharing_weight(), used);
         for (spec, lane) in self.specs.iter().zip(&mut self.lanes) {
             if let Some(w) = lane.window_mut() {
                 w.set_gain(gains.gain(spec.id));
+                w.set_sharing_weight(sharing);
             }
         }
     }

@@ -345,6 +345,9 @@ pub struct DelayWindow {
     /// The coordinator's gain on the growth and cuts ([`DelayWindow::set_gain`]),
     /// parts per million.
     gain: u32,
+    /// The weights of the tenants whose windows share the port, together
+    /// ([`DelayWindow::set_sharing_weight`]; 1: not known).
+    sharing_weight: u32,
     /// Bytes posted and not yet completed, as told by `on_sent` and
     /// `on_completed`.
     out: u64,
@@ -376,6 +379,7 @@ impl DelayWindow {
             extra_at: None,
             first_completion: 0,
             gain: crate::share::GAIN_ONE,
+            sharing_weight: 1,
             out: 0,
             allowance: 0,
             link_rate: 0,
@@ -449,6 +453,27 @@ impl DelayWindow {
     /// The gain on the window's growth, parts per million.
     pub fn gain(&self) -> u32 {
         self.gain
+    }
+
+    /// Tells the window the weights of the tenants whose windows share its
+    /// port's growth, added up (its own among them; 0 and 1: alone, or not
+    /// known), and divides its growth by that: together the windows then
+    /// grow by one [`additive_increase`](DelayWindowConfig::additive_increase)
+    /// per round trip, split by weight, however many tenants there are.
+    /// Windows that each grow by a whole increase overshoot their target by
+    /// about the sum of their increases before they all see it (in the
+    /// simulator, eight senders of 4 KiB pieces at 50 Mbit/s held the
+    /// latency tenant's p99 at 1.9 times its bound, 1.2 times with one
+    /// increase between them). The coordinator publishes the sum, as far
+    /// as the link is full ([`sharing_for`](crate::share::sharing_for)).
+    /// Cheap: call it as often as it changes.
+    pub fn set_sharing_weight(&mut self, weights: u32) {
+        self.sharing_weight = weights.max(1);
+    }
+
+    /// The weights sharing the port, as last told (1: not known).
+    pub fn sharing_weight(&self) -> u32 {
+        self.sharing_weight
     }
 
     /// Tells the window the rate of the link its pieces cross, in bytes
@@ -595,12 +620,13 @@ impl DelayWindow {
             self.verdicts.over_target = self.verdicts.over_target.saturating_add(bytes);
         }
         if sample <= target {
-            // increase x weight per round trip's worth of bytes.
+            // increase x weight / the weights sharing the growth per round
+            // trip's worth of bytes.
             let grow = u128::from(c.additive_increase)
                 * u128::from(c.weight)
                 * u128::from(self.gain)
                 * u128::from(bytes)
-                / (u128::from(window) * u128::from(PPM));
+                / (u128::from(window) * u128::from(PPM) * u128::from(self.sharing_weight));
             let grow = u64::try_from(grow).unwrap_or(u64::MAX);
             self.window = self.window.saturating_add(grow.max(1)).min(c.max_window);
         } else {
@@ -1079,6 +1105,34 @@ mod tests {
         let mut w = window();
         w.set_gain(0);
         assert_eq!(w.gain(), 1);
+    }
+
+    /// The port's windows share their growth: a window told that weights
+    /// adding up to 4 share its port (its own weight 2 among them) grows by
+    /// 2/4 of an increase; its cuts and floor are its own.
+    #[test]
+    fn the_weights_sharing_the_port_divide_the_growth() {
+        // Growth: increase (512 B) x weight / sharing.
+        for (sharing, weight, growth) in [(0, 1, 512), (1, 1, 512), (4, 2, 256), (8, 1, 64)] {
+            let mut w = DelayWindow::new(DelayWindowConfig { weight, ..config() }).unwrap();
+            w.set_sharing_weight(sharing);
+            assert_eq!(w.sharing_weight(), sharing.max(1));
+            let mut now = Nanos::ZERO;
+            run(&mut w, &mut now, Nanos::from_micros(100), 1);
+            assert_eq!(
+                w.window(),
+                PIECE + growth,
+                "sharing {sharing}, weight {weight}"
+            );
+            for _ in 0..200 {
+                run(&mut w, &mut now, Nanos::from_millis(2), 1);
+            }
+            assert_eq!(
+                w.window(),
+                PIECE / 4 * u64::from(weight),
+                "the floor is its own"
+            );
+        }
     }
 
     #[test]

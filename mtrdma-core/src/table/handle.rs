@@ -611,6 +611,25 @@ impl TenantHandle {
         ppm as u32
     }
 
+    /// The weights of the tenants whose delay windows contend for the link
+    /// with this one, added up (its own among them), as the coordinator
+    /// counted them (`mtrdma_sched::share::ShareGains::sharing_weight`):
+    /// the windows share one increase per round trip
+    /// (`mtrdma_sched::DelayWindow::set_sharing_weight`). 1 where none is
+    /// published, where the coordinator's heartbeat is more than
+    /// [`HEARTBEAT_STALE_NS`] before `now_ns`, and for a word out of range
+    /// (more than [`MAX_TENANTS`](crate::table::MAX_TENANTS) times the
+    /// largest weight).
+    #[inline]
+    pub fn sharing_weight(&self, now_ns: u64) -> u32 {
+        let w = self.inner.table.sharing_weight();
+        let most = u64::from(crate::table::MAX_TENANTS) * u64::from(mtrdma_sched::MAX_WEIGHT);
+        if !self.coordinator_live(now_ns) || w == 0 || w > most {
+            return 1;
+        }
+        u32::try_from(w).unwrap_or(u32::MAX)
+    }
+
     /// Whether the coordinator recomputed within [`HEARTBEAT_STALE_NS`]
     /// before `now_ns`: what it publishes (fair rates, window gains)
     /// applies only then.

@@ -58,7 +58,12 @@ pub(crate) struct PolicyHeader {
     /// the coordinator measures it (0: not measured). One word, outside
     /// the seqlock.
     pub(crate) link_estimate: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 3],
+    /// The weights of the tenants whose delay windows contend for the
+    /// link, added up, as the coordinator last counted them (0: none
+    /// published; see `mtrdma_sched::DelayWindow::set_sharing_weight`).
+    /// One word outside the seqlock, as `link_estimate`.
+    pub(crate) sharing_weight: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 2],
 }
 
 /// Slot flag: the slot holds a tenant.

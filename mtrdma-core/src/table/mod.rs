@@ -669,6 +669,21 @@ impl QuotaTable {
         (rate != 0).then_some(rate)
     }
 
+    /// Publishes the weights of the tenants whose windows contend for the
+    /// link, added up (0 withdraws it).
+    pub(crate) fn set_sharing_weight(&self, weights: u32) {
+        self.policy_header()
+            .sharing_weight
+            .store(u64::from(weights), Ordering::Release);
+    }
+
+    /// The weights of the tenants whose delay windows contend for the
+    /// link, added up, as last published (0: none), whatever its age (see
+    /// `TenantHandle::sharing_weight`).
+    pub fn sharing_weight(&self) -> u64 {
+        self.policy_header().sharing_weight.load(Ordering::Acquire)
+    }
+
     /// Publishes a tenant's fair byte rate (0 withdraws it).
     pub(crate) fn set_fair_rate(&self, slot: u32, bytes_per_sec: u64) {
         self.policy_slot(slot)

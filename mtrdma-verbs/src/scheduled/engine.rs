@@ -695,11 +695,14 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             .get_mut(member)
             .expect("a queue pair's member entry lives as long as it does");
         if let (Some(w), Some(q)) = (m.lane.window_mut(), &m.quota) {
-            // The queue allowance in bytes at the link's measured rate, and
-            // the coordinator's gain that brings the tenants' shares to
-            // their weights.
+            // The queue allowance in bytes at the link's measured rate, the
+            // coordinator's gain that brings the tenants' shares to their
+            // weights, and the weights the link's windows share their
+            // growth with.
+            let now = Self::window_now(clock, offset).0;
             w.set_link_rate(q.link_estimate());
-            w.set_gain(q.window_gain(Self::window_now(clock, offset).0));
+            w.set_gain(q.window_gain(now));
+            w.set_sharing_weight(q.sharing_weight(now));
         }
         let done = self.gate.completed(
             &mut m.lane,

@@ -219,6 +219,10 @@ pub struct WindowState {
     /// The coordinator's gain on the window's growth, parts per million
     /// (1,000,000: none; see `mtrdma_sched::share`).
     pub gain_ppm: u32,
+    /// The weights of the tenants whose windows share the link's growth
+    /// with this one, added up, as the coordinator counted them (1: none;
+    /// see `mtrdma_sched::DelayWindow::set_sharing_weight`).
+    pub sharing_weight: u32,
 }
 
 /// Settings of a [`SharedScheduler`].

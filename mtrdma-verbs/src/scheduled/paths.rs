@@ -85,6 +85,7 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
                 target_delay: w.target_delay(),
                 weight: w.config().weight,
                 gain_ppm: w.gain(),
+                sharing_weight: w.sharing_weight(),
             })
         };
         match &self.way {
