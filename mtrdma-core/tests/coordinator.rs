@@ -123,6 +123,22 @@ fn two_tenants(s: &Setup) -> (Coordinator, QuotaTable, TenantHandle, TenantHandl
     (c, table, light, heavy)
 }
 
+/// Recomputes with nothing waiting at the table's now, then 1 ms later
+/// with both tenants backlogged; returns the first time and the second
+/// recomputation's rates.
+fn both_backlogged(
+    c: &mut Coordinator,
+    table: &QuotaTable,
+    light: &TenantHandle,
+    heavy: &TenantHandle,
+) -> (u64, Vec<(TenantId, u64)>) {
+    let t0 = table.now_ns();
+    c.recompute(t0);
+    light.add_backlog(1 << 20);
+    heavy.add_backlog(1 << 20);
+    (t0, c.recompute(t0 + 1_000_000))
+}
+
 /// Bytes `tenant`'s rate limits let through in 10 ms of virtual time from
 /// `start`, offered 4 KiB every microsecond.
 fn sent_in_10ms(tenant: &TenantHandle, start: u64) -> u64 {
@@ -136,13 +152,8 @@ fn sent_in_10ms(tenant: &TenantHandle, start: u64) -> u64 {
 fn fair_rates_follow_demand_and_weights() {
     let s = Setup::new("fair", TWO);
     let (mut c, table, light, heavy) = two_tenants(&s);
-    let t0 = table.now_ns();
-    c.recompute(t0);
-
     // Both backlogged: 1:3.
-    light.add_backlog(1 << 20);
-    heavy.add_backlog(1 << 20);
-    let rates = c.recompute(t0 + 1_000_000);
+    let (t0, rates) = both_backlogged(&mut c, &table, &light, &heavy);
     assert_eq!(
         rates,
         vec![(TenantId(1), 250_000_000), (TenantId(2), 750_000_000)]
@@ -404,11 +415,7 @@ fn fair_rates_lapse_when_the_coordinator_stops() {
 
     let s = Setup::new("lapse", TWO);
     let (mut c, table, light, heavy) = two_tenants(&s);
-    let t0 = table.now_ns();
-    c.recompute(t0);
-    light.add_backlog(1 << 20);
-    heavy.add_backlog(1 << 20);
-    let rates = c.recompute(t0 + 1_000_000);
+    let (t0, rates) = both_backlogged(&mut c, &table, &light, &heavy);
     assert_eq!(rates[1], (TenantId(2), 750_000_000));
     let held = sent_in_10ms(&heavy, t0 + 2_000_000);
     assert!(held <= 7_500_000 + FAIR_RATE_TOLERANCE_NS + 8192, "{held}");

@@ -86,7 +86,8 @@ struct Piece {
     tag: usize,
     /// Bytes (a piece's scatter entry holds at most `u32::MAX`).
     len: u32,
-    /// When it was posted, for a bulk lane; 0 otherwise.
+    /// When it was posted, for a lane with a window or one whose bytes
+    /// count against a bound ([`Gate::stamps`]); 0 otherwise.
     sent_at: u64,
 }
 
@@ -360,7 +361,7 @@ impl Gate {
     /// the lane until they complete; returns whether it did. Call it when
     /// the budget holds pieces back.
     pub fn release_if_stalled<H>(&mut self, lane: &mut Lane<H>, now: Nanos) -> bool {
-        if lane.class == TrafficClass::Latency || lane.released > 0 {
+        if !self.budget_counts(lane) || lane.released > 0 {
             return false;
         }
         let Some(oldest) = lane.in_flight.front() else {
@@ -372,6 +373,21 @@ impl Gate {
         lane.released = lane.bytes_out;
         self.bulk_in_flight -= lane.released;
         true
+    }
+
+    /// Whether `lane`'s pieces count against a bound: it is bulk, and the
+    /// budget is not unbounded (a queue pair on an engine of its own has
+    /// none). Only then can it hold others back, and be released.
+    #[inline]
+    fn budget_counts<H>(&self, lane: &Lane<H>) -> bool {
+        lane.class != TrafficClass::Latency && self.budget != u64::MAX
+    }
+
+    /// Whether `lane`'s pieces are stamped with their posting time: for
+    /// its window, or to find it stalled.
+    #[inline]
+    fn stamps<H>(&self, lane: &Lane<H>) -> bool {
+        lane.window.is_some() || self.budget_counts(lane)
     }
 
     /// The piece size.
@@ -497,7 +513,8 @@ impl Gate {
     }
 
     /// Counts a piece of `len` bytes, tagged `tag`, as posted on `lane`
-    /// (`now` read only with a window).
+    /// (`now` read only with a window, or for a bulk lane under a bounded
+    /// budget, to find it stalled).
     #[inline]
     pub fn sent<H>(
         &mut self,
@@ -506,7 +523,7 @@ impl Gate {
         len: u64,
         now: impl FnOnce() -> Nanos,
     ) {
-        let sent_at = if lane.class == TrafficClass::Latency && lane.window.is_none() {
+        let sent_at = if !self.stamps(lane) {
             0
         } else {
             let now = now();

@@ -631,7 +631,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
     pub(super) fn release_stalled(&mut self) {
         let now = Self::window_now(&self.clock, self.shared_offset);
         for m in self.members.values_mut() {
-            if m.lane.bulk_bytes_out() > 0 && self.gate.release_if_stalled(&mut m.lane, now) {
+            if self.gate.release_if_stalled(&mut m.lane, now) {
                 tracing::warn!(
                     tenant = m.tenant.0,
                     stalled_ms = self.gate.stall_after().0 / 1_000_000,
