@@ -160,6 +160,8 @@ pub struct NullSink {
     head: usize,
     queued: usize,
     fail: bool,
+    /// Posts still to take before refusing one (`None`: none refused).
+    refuse_after: Option<usize>,
     log: Option<Vec<Posted>>,
     qpn: u32,
     tenant: Option<TenantHandle>,
@@ -186,6 +188,7 @@ impl NullSink {
             head: 0,
             queued: 0,
             fail: false,
+            refuse_after: None,
             log: None,
             qpn,
             tenant: None,
@@ -199,6 +202,11 @@ impl NullSink {
     pub fn with_tenant(mut self, tenant: TenantHandle) -> NullSink {
         self.tenant = Some(tenant);
         self
+    }
+
+    /// Takes the next `taken` posts and refuses the one after them (once).
+    pub fn refuse_after(&mut self, taken: usize) {
+        self.refuse_after = Some(taken);
     }
 
     /// Also keeps every work request posted, for [`take_log`](Self::take_log).
@@ -280,7 +288,18 @@ impl Sink for NullSink {
     }
 
     unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
-        if self.fail || self.queued == self.ring.len() {
+        let refuse = match &mut self.refuse_after {
+            Some(0) => {
+                self.refuse_after = None;
+                true
+            }
+            Some(n) => {
+                *n -= 1;
+                false
+            }
+            None => false,
+        };
+        if refuse || self.fail || self.queued == self.ring.len() {
             return Err(Error::Verbs {
                 call: "ibv_post_send",
                 device: "null".to_string(),
@@ -983,6 +1002,70 @@ mod tests {
         post(&mut qp, SendOp::Write(REMOTE), tagged(4), 64, 4);
         let done = drain(&mut qp, 1);
         assert_eq!((done[0].context, done[0].status), (4, WcStatus::Success));
+    }
+
+    #[test]
+    fn a_refused_piece_stops_the_rest_of_its_request_and_its_immediate() {
+        let config = ScheduleConfig {
+            chunk_bytes: 1024,
+            max_pieces_in_flight: 4,
+            ..bulk0()
+        };
+        let shared = NullScheduler::new(SharedConfig {
+            chunk_bytes: 1024,
+            ..SharedConfig::default()
+        })
+        .unwrap();
+        let solo = scheduled(NullSink::new(1, 16).recording(), config.clone()).unwrap();
+        let attached = shared
+            .attach(NullSink::new(2, 16).recording(), config)
+            .unwrap();
+        for (way, mut qp) in [("solo", solo), ("shared", attached)] {
+            // Four pieces decided at once; the second is refused.
+            qp.with_sink(|s| s.refuse_after(1));
+            post(
+                &mut qp,
+                SendOp::WriteWithImm(REMOTE, 42),
+                HeapRegion::new(4096),
+                4096,
+                9,
+            );
+            let done = drain(&mut qp, 1);
+            let posted = qp.with_sink(|s| s.take_log());
+            assert_eq!(
+                posted.iter().map(|p| p.remote_addr).collect::<Vec<_>>(),
+                [REMOTE.addr],
+                "{way}: nothing after the refused piece reaches the peer"
+            );
+            assert!(
+                posted.iter().all(|p| p.imm.is_none()),
+                "{way}: the peer is not told the request arrived whole"
+            );
+            assert_eq!(done.len(), 1, "{way}: one completion");
+            assert_eq!(
+                (done[0].context, done[0].status, done[0].region.len()),
+                (9, WcStatus::LocalQpOperation, 4096),
+                "{way}: the request fails with its refusal, its region back"
+            );
+            // The queue pair goes on: the next request is sent whole.
+            post(
+                &mut qp,
+                SendOp::WriteWithImm(REMOTE, 43),
+                HeapRegion::new(4096),
+                4096,
+                10,
+            );
+            let done = drain(&mut qp, 1);
+            assert_eq!(
+                (done[0].context, done[0].status),
+                (10, WcStatus::Success),
+                "{way}"
+            );
+            let posted = qp.with_sink(|s| s.take_log());
+            assert_eq!(posted.len(), 4, "{way}");
+            assert_eq!(posted[3].imm, Some(43), "{way}");
+            assert_eq!(qp.queued(), 0, "{way}");
+        }
     }
 
     #[test]

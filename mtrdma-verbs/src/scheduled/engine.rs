@@ -843,6 +843,9 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             return;
         };
         owner.accepted -= 1;
+        if let (Some(side), false) = (&owner.side, m.status.is_success()) {
+            side.forget_refused(RAW_WR | message as u64);
+        }
         match &owner.side {
             Some(side) if m.member != self.caller => side.deliver_done(m.complete()),
             _ => push_in_place(&mut self.own_done, m.complete()),

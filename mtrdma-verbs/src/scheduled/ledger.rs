@@ -61,6 +61,9 @@ pub(super) struct Side<S: Sink> {
     /// book's lock by whoever adds; cleared by the owner under it), so an
     /// owner's poll with nothing new takes no lock but the queue pair's.
     pub(super) mail: AtomicBool,
+    /// Whether the book names refused requests (set and cleared under its
+    /// lock), so that posting looks at the book only then.
+    pub(super) refusals: AtomicBool,
 }
 
 /// A queue pair's bookkeeping between the engine and its owner.
@@ -73,6 +76,9 @@ pub(super) struct Book<C> {
     pub(super) done: Vec<C>,
     /// Completions of pieces polled and not yet matched to their requests.
     pub(super) raw: Vec<RawCompletion>,
+    /// Requests (`wr_id`s) one of whose pieces the NIC refused, until
+    /// they finish: their later pieces are not posted.
+    pub(super) refused: Vec<u64>,
 }
 
 impl<C> Default for Book<C> {
@@ -82,6 +88,7 @@ impl<C> Default for Book<C> {
             decided_at: 0,
             done: Vec::new(),
             raw: Vec::new(),
+            refused: Vec::new(),
         }
     }
 }
@@ -103,11 +110,37 @@ impl<S: Sink> Side<S> {
     }
 
     /// Posts one piece on `qp` (this side's, locked by the caller). A
-    /// piece the NIC refuses completes as failed at the next poll.
+    /// piece the NIC refuses completes as failed at the next poll, and
+    /// the later pieces of its request are not posted (they complete as
+    /// flushed).
     pub(super) fn post(&self, qp: &mut S, piece: RawSend) {
-        if let Some(failed) = post_piece(qp, piece) {
-            self.deliver(|book| book.raw.push(failed));
+        if self.refusals.load(Ordering::Acquire) {
+            let mut book = lock(&self.book);
+            if book.refused.contains(&piece.wr_id) {
+                book.raw.push(dropped(piece.wr_id));
+                self.mail.store(true, Ordering::Release);
+                return;
+            }
         }
+        if let Some(failed) = post_piece(qp, piece) {
+            self.deliver(|book| {
+                book.refused.push(failed.wr_id);
+                book.raw.push(failed);
+            });
+            self.refusals.store(true, Ordering::Release);
+        }
+    }
+
+    /// Request `wr_id` finished: a refusal of one of its pieces no longer
+    /// holds back the pieces of whatever request takes its number next.
+    pub(super) fn forget_refused(&self, wr_id: u64) {
+        if !self.refusals.load(Ordering::Acquire) {
+            return;
+        }
+        let mut book = lock(&self.book);
+        book.refused.retain(|&r| r != wr_id);
+        self.refusals
+            .store(!book.refused.is_empty(), Ordering::Release);
     }
 
     /// Leaves a finished request for the owner's next poll.

@@ -413,6 +413,7 @@ impl<S: Sink, Q: PieceScheduler> Shared<S, Q> {
             qp: Mutex::new(sink),
             book: Mutex::new(Book::default()),
             mail: AtomicBool::new(false),
+            refusals: AtomicBool::new(false),
         });
         let mut e = self.lock();
         let (member, tenant, class) =

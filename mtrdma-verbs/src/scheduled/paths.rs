@@ -275,7 +275,11 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
     #[inline(never)]
     pub(super) fn post_pieces(&mut self) {
         for piece in self.engine.own_pieces.drain(..) {
-            if let Some(failed) = post_piece(&mut self.sink, piece) {
+            // Refusals wait in `raw` for the next poll to fail their
+            // requests: until then, no later piece of one is posted.
+            if self.raw.iter().any(|c| c.wr_id == piece.wr_id) {
+                self.raw.push(dropped(piece.wr_id));
+            } else if let Some(failed) = post_piece(&mut self.sink, piece) {
                 self.raw.push(failed);
             }
         }
@@ -339,6 +343,18 @@ pub(super) fn refused(wr_id: u64, e: &Error) -> RawCompletion {
     RawCompletion {
         wr_id,
         status: WcStatus::LocalQpOperation,
+    }
+}
+
+/// The completion of piece `wr_id`, not posted because an earlier piece
+/// of its request was refused: the rest of a request must not reach the
+/// peer after a hole (the last piece of a split WRITE with immediate
+/// would tell the peer that the whole of it had arrived).
+#[cold]
+pub(super) fn dropped(wr_id: u64) -> RawCompletion {
+    RawCompletion {
+        wr_id,
+        status: WcStatus::Flushed,
     }
 }
 
