@@ -189,6 +189,17 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A queue pair's progress thread stopped on its own (its poll
+    /// failed, or it panicked): nothing polls the queue pair any more, so
+    /// no request is accepted through it.
+    #[error(
+        "the progress thread stopped: {reason}; take the queue pair back with \
+         `ProgressThread::stop` (it returns the cause) and poll it yourself or start another"
+    )]
+    ProgressStopped {
+        /// What stopped it.
+        reason: String,
+    },
     /// A queue pair created without a tenant was to be scheduled as the
     /// tenant it was created for.
     #[error(
