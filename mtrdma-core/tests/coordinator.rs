@@ -181,6 +181,41 @@ fn fair_rates_follow_demand_and_weights() {
     assert!(sent >= 10_000_000 - 4096 * 2, "{sent}");
 }
 
+/// A tenant whose fair rate is raised owes, in time, what its bytes take
+/// at the new rate: a large request charged at the old rate does not hold
+/// it back for the old rate's time (seconds, at low rates).
+#[test]
+fn a_raised_fair_rate_applies_at_once_to_what_is_owed() {
+    let s = Setup::new("raise", TWO);
+    let (mut c, table, light, heavy) = two_tenants(&s);
+    let (t0, rates) = both_backlogged(&mut c, &table, &light, &heavy);
+    assert_eq!(rates[0], (TenantId(1), 250_000_000));
+    // 25 MB at 250 MB/s: 100 ms owed.
+    let t1 = t0 + 2_000_000;
+    light
+        .check_rate(t1, 25_000_000, 1)
+        .expect("nothing owed before");
+    let retry = light.check_rate(t1, 4096, 1).expect_err("100 ms owed");
+    assert!(retry >= t1 + 98_000_000, "{}", retry - t1);
+
+    // The heavy tenant goes idle: the light one gets the whole link, and
+    // the 24.75 MB it still owes take 24.75 ms at 1 GB/s.
+    heavy.add_backlog(-(1 << 20));
+    let t2 = t1 + 1_000_000;
+    let rates = c.recompute(t2);
+    assert_eq!(rates[0], (TenantId(1), 1_000_000_000));
+    let retry = light
+        .check_rate(t2, 4096, 1)
+        .expect_err("what it owes is still owed");
+    let wait = retry - t2;
+    // Less the 1 ms its fair rate lets it catch up on.
+    assert!(
+        (23_000_000..=24_800_000).contains(&wait),
+        "waits {wait} ns at the new rate"
+    );
+    assert!(light.check_rate(t2 + 24_800_000, 4096, 1).is_ok());
+}
+
 #[test]
 fn a_process_no_rule_matches_is_refused_with_the_reason() {
     let s = Setup::new("refuse", TWO);

@@ -102,7 +102,7 @@ pub use chunk::{Chunk, ChunkPolicy, Chunks};
 pub use descriptor::{Dequeue, Descriptor, Grant, Opcode};
 pub use error::{ConfigError, RejectReason, Rejected};
 pub use fifo::FifoScheduler;
-pub use gcra::{gcra_decide, gcra_shared, EmissionInterval, Gcra, RateLimit};
+pub use gcra::{gcra_decide, gcra_rescale, gcra_shared, EmissionInterval, Gcra, RateLimit};
 pub use policy::{SchedulerConfig, TenantPolicy, MAX_QUANTUM, MAX_WEIGHT};
 pub use tenant::{TenantId, TrafficClass};
 pub use tenant_scheduler::{Drained, TenantScheduler};

@@ -13,6 +13,7 @@ use crate::table::AdmissionError;
 use crate::RateLimit;
 use crate::{gcra_shared, EmissionInterval};
 use crate::{TenantId, TrafficClass};
+use mtrdma_sched::gcra_rescale;
 use mtrdma_sched::share::{GAIN_ONE, MAX_GAIN};
 
 /// How far behind its fair rate a tenant may fall and still catch up, in
@@ -573,6 +574,7 @@ impl TenantHandle {
                 per_second: rate,
                 burst,
             }));
+            self.follow_byte_rate(now_ns, rate);
             i.seen_fair.store(fair, Ordering::Relaxed);
         }
         let result = i
@@ -584,6 +586,29 @@ impl TenantHandle {
                 .fetch_add(retry_at.saturating_sub(now_ns), Ordering::Relaxed);
         }
         result
+    }
+
+    /// The tenant's byte rate is now `rate` (0: none): the bytes its
+    /// shared TAT owes, charged at the rate before, are owed at this one
+    /// (`gcra_rescale`). The first of the tenant's handles to see the new
+    /// rate carries the TAT over, once; the others find the rate already
+    /// recorded.
+    #[cold]
+    fn follow_byte_rate(&self, now_ns: u64, rate: u64) {
+        let st = self.state();
+        let from = st.byte_rate.load(Ordering::Acquire);
+        if from == rate
+            || st
+                .byte_rate
+                .compare_exchange(from, rate, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return;
+        }
+        let _ = st.tat[TAT_BYTES].fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+            let carried = gcra_rescale(tat, now_ns, from, rate);
+            (carried != tat).then_some(carried)
+        });
     }
 
     /// The link's rate as the coordinator measures it from what every

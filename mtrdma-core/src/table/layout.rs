@@ -136,7 +136,10 @@ pub(crate) struct TenantState {
     /// those they found over their target (the coordinator shows the share).
     pub(crate) judged_bytes: AtomicU64,
     pub(crate) over_target_bytes: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 2],
+    /// The byte rate (per second) `tat[TAT_BYTES]` is charged at (0: none
+    /// known), so that a new rate carries over what is owed in bytes.
+    pub(crate) byte_rate: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 1],
 }
 
 /// Process slot states.

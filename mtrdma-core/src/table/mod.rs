@@ -635,6 +635,9 @@ impl QuotaTable {
             &st.backlog_bytes,
             &st.throttled_ns,
             &st.refusals,
+            &st.judged_bytes,
+            &st.over_target_bytes,
+            &st.byte_rate,
         ] {
             w.store(0, Ordering::Relaxed);
         }
