@@ -40,6 +40,12 @@ impl ProcessId {
     }
 }
 
+/// Whether some process (not a zombie) has `pid` now: all that is known of
+/// a process whose start time was never recorded.
+pub fn pid_in_use(pid: u32) -> bool {
+    stat_fields(pid).is_some_and(|(state, _)| state != 'Z' && state != 'X')
+}
+
 /// A process's start time in clock ticks after boot.
 pub fn start_time(pid: u32) -> Option<u64> {
     stat_fields(pid).map(|(_, start)| start)

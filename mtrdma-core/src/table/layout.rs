@@ -144,9 +144,12 @@ pub(crate) struct TenantState {
 
 /// Process slot states.
 pub(crate) const PROC_FREE: u32 = 0;
-pub(crate) const PROC_CLAIMING: u32 = 1;
 pub(crate) const PROC_LIVE: u32 = 2;
 pub(crate) const PROC_RECLAIMING: u32 = 3;
+/// A slot being claimed: this bit and the claiming process's pid (pids
+/// are under 2^22), so that a claim its claimer never finished (it died
+/// in the middle) can be told from one in progress and freed.
+pub(crate) const PROC_CLAIMING_BY: u32 = 1 << 31;
 
 /// Lanes of a process slot. Each thread of the process that admits or
 /// releases resources gets a lane of its own and updates it with a plain
@@ -174,11 +177,22 @@ pub(crate) struct ProcessSlot {
     /// The next lane to hand to a thread.
     pub(crate) next_lane: AtomicU32,
     pub(crate) start_time: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 5],
+    /// 1 while a [`TenantHandle`](crate::TenantHandle) of the process
+    /// holds the slot (taken by `attach`, or by `adopt` once), 0 before.
+    pub(crate) adopted: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 4],
     pub(crate) lanes: [Lane; LANES],
 }
 
 impl ProcessSlot {
+    /// The process it was claimed for.
+    pub(crate) fn occupant(&self) -> crate::procinfo::ProcessId {
+        crate::procinfo::ProcessId {
+            pid: self.pid.load(Ordering::Relaxed),
+            start_time: self.start_time.load(Ordering::Relaxed),
+        }
+    }
+
     /// What the process holds: the sums of its lanes.
     pub(crate) fn held(&self) -> (u64, u64) {
         self.lanes.iter().fold((0u64, 0u64), |(q, m), lane| {
@@ -189,9 +203,11 @@ impl ProcessSlot {
         })
     }
 
-    /// Empties every lane (a freshly claimed or reclaimed slot).
+    /// Empties every lane (a freshly claimed or reclaimed slot); no
+    /// handle holds it.
     pub(crate) fn clear(&self) {
         self.next_lane.store(0, Ordering::Relaxed);
+        self.adopted.store(0, Ordering::Relaxed);
         for lane in &self.lanes {
             lane.qps.store(0, Ordering::Relaxed);
             lane.mr_bytes.store(0, Ordering::Relaxed);

@@ -553,9 +553,23 @@ impl QuotaTable {
                 && st.qps.load(Ordering::Relaxed) == 0
                 && st.mr_bytes.load(Ordering::Relaxed) == 0
         });
+        // A tenant removed by an earlier policy whose processes still hold
+        // its old slot comes back to that slot, with what they hold: a
+        // second slot would give it its quota twice.
+        let mut left: HashMap<u32, u32> = HashMap::new();
+        for slot in 0..self.inner.capacity {
+            let s = self.policy_slot(slot);
+            let st = self.tenant_state(slot);
+            let held = referenced.contains(&slot)
+                || st.qps.load(Ordering::Relaxed) != 0
+                || st.mr_bytes.load(Ordering::Relaxed) != 0;
+            if s.flags.load(Ordering::Relaxed) & SLOT_IN_USE == 0 && held {
+                left.insert(s.id.load(Ordering::Relaxed), slot);
+            }
+        }
         let mut placement = Vec::with_capacity(policy.tenants.len());
         for t in &policy.tenants {
-            match current.get(&t.id.0) {
+            match current.get(&t.id.0).or_else(|| left.get(&t.id.0)) {
                 Some(&slot) => placement.push((slot, t, false)),
                 None => {
                     let slot = free.next().ok_or(TableError::Full {
@@ -704,90 +718,143 @@ impl QuotaTable {
 
     /// Returns the resources of processes that died without releasing them
     /// (a process is identified by pid and start time, so a new process
-    /// that reuses a dead one's pid is not mistaken for it). Returns what
-    /// was reclaimed.
+    /// that reuses a dead one's pid is not mistaken for it), and frees the
+    /// slots of claims whose claimer died before finishing them. Returns
+    /// what was reclaimed.
     pub fn reclaim_dead(&self) -> Vec<Reclaimed> {
         let mut out = Vec::new();
         for p in 0..self.inner.processes {
             let slot = self.process_slot(p);
-            if slot.state.load(Ordering::Acquire) != PROC_LIVE {
+            let state = slot.state.load(Ordering::Acquire);
+            if state & PROC_CLAIMING_BY != 0 {
+                self.free_abandoned_claim(p, state);
                 continue;
             }
-            let who = ProcessId {
-                pid: slot.pid.load(Ordering::Relaxed),
-                start_time: slot.start_time.load(Ordering::Relaxed),
-            };
+            if state != PROC_LIVE {
+                continue;
+            }
+            let who = slot.occupant();
             if who.is_alive() {
                 continue;
             }
-            if slot
-                .state
-                .compare_exchange(
-                    PROC_LIVE,
-                    PROC_RECLAIMING,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_err()
-            {
-                continue;
-            }
-            let tenant_slot = slot.tenant_slot.load(Ordering::Relaxed);
-            // The process is dead: nobody writes its lanes any more.
-            let (qps, mr_bytes) = slot.held();
-            slot.clear();
-            if tenant_slot < self.inner.capacity {
-                let st = self.tenant_state(tenant_slot);
-                handle::sub_saturating(&st.qps, qps);
-                handle::sub_saturating(&st.mr_bytes, mr_bytes);
-            }
-            slot.pid.store(0, Ordering::Relaxed);
-            slot.state.store(PROC_FREE, Ordering::Release);
-            let tenant = TenantId(
-                self.policy_slot(tenant_slot.min(self.inner.capacity - 1))
-                    .id
-                    .load(Ordering::Relaxed),
-            );
-            tracing::info!(pid = who.pid, %tenant, qps, mr_bytes, "reclaimed resources of a dead process");
-            out.push(Reclaimed {
-                process: who,
-                tenant,
-                qps,
-                mr_bytes,
-            });
+            out.extend(self.reclaim_slot(p, who));
         }
         out
     }
 
+    /// Reclaims process slot `p` if it still holds `who`, a process found
+    /// dead. The slot is taken first (live to reclaiming) and its occupant
+    /// read again after: between the first read and the taking, the slot
+    /// may have been reclaimed by another process and claimed by a live
+    /// one, whose resources must not be taken.
+    fn reclaim_slot(&self, p: u32, who: ProcessId) -> Option<Reclaimed> {
+        let slot = self.process_slot(p);
+        slot.state
+            .compare_exchange(
+                PROC_LIVE,
+                PROC_RECLAIMING,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .ok()?;
+        if slot.occupant() != who {
+            // Another process's now: give it back as it was.
+            slot.state.store(PROC_LIVE, Ordering::Release);
+            return None;
+        }
+        let tenant_slot = slot.tenant_slot.load(Ordering::Relaxed);
+        // The process is dead: nobody writes its lanes any more.
+        let (qps, mr_bytes) = slot.held();
+        slot.clear();
+        if tenant_slot < self.inner.capacity {
+            let st = self.tenant_state(tenant_slot);
+            handle::sub_saturating(&st.qps, qps);
+            handle::sub_saturating(&st.mr_bytes, mr_bytes);
+        }
+        slot.pid.store(0, Ordering::Relaxed);
+        slot.state.store(PROC_FREE, Ordering::Release);
+        let tenant = TenantId(
+            self.policy_slot(tenant_slot.min(self.inner.capacity - 1))
+                .id
+                .load(Ordering::Relaxed),
+        );
+        tracing::info!(pid = who.pid, %tenant, qps, mr_bytes, "reclaimed resources of a dead process");
+        Some(Reclaimed {
+            process: who,
+            tenant,
+            qps,
+            mr_bytes,
+        })
+    }
+
+    /// Frees process slot `p`, found in claiming state `state`, if the
+    /// process claiming it is gone: it died between taking the slot and
+    /// making it live, and nothing was admitted through it.
+    fn free_abandoned_claim(&self, p: u32, state: u32) {
+        let claimer = state & !PROC_CLAIMING_BY;
+        if crate::procinfo::pid_in_use(claimer) {
+            // Still claiming (or its pid was reused: freed once that
+            // process is gone).
+            return;
+        }
+        let slot = self.process_slot(p);
+        if slot
+            .state
+            .compare_exchange(state, PROC_RECLAIMING, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        slot.clear();
+        slot.pid.store(0, Ordering::Relaxed);
+        slot.state.store(PROC_FREE, Ordering::Release);
+        tracing::warn!(
+            slot = p,
+            claimer,
+            "freed a process slot whose claimer died before finishing the claim"
+        );
+    }
+
     /// Claims a process slot for `process` as a member of `tenant`, and
     /// returns its index. The coordinator does this for a registering
-    /// process; [`attach`](Self::attach) does it for the caller itself.
+    /// process, which then [`adopt`](Self::adopt)s it; [`attach`](Self::attach)
+    /// does it for the caller itself.
     pub fn claim_process_slot(
         &self,
         tenant: TenantId,
         process: ProcessId,
     ) -> Result<u32, TableError> {
+        self.claim(tenant, process, false)
+    }
+
+    /// [`claim_process_slot`](Self::claim_process_slot), the slot already
+    /// held by a handle (`adopted`) or left for its process to adopt.
+    fn claim(
+        &self,
+        tenant: TenantId,
+        process: ProcessId,
+        adopted: bool,
+    ) -> Result<u32, TableError> {
         let snapshot = self.snapshot()?;
         let tenant_slot = snapshot
             .slot_of(tenant)
             .ok_or(TableError::UnknownTenant(tenant))?;
+        // Who is claiming, in the state word itself: a claim its claimer
+        // never finishes can be told and freed (`reclaim_dead`).
+        let claiming = PROC_CLAIMING_BY | (std::process::id() & !PROC_CLAIMING_BY);
         for round in 0..2 {
             for p in 0..self.inner.processes {
                 let slot = self.process_slot(p);
                 if slot
                     .state
-                    .compare_exchange(
-                        PROC_FREE,
-                        PROC_CLAIMING,
-                        Ordering::AcqRel,
-                        Ordering::Relaxed,
-                    )
+                    .compare_exchange(PROC_FREE, claiming, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 {
                     slot.pid.store(process.pid, Ordering::Relaxed);
                     slot.start_time.store(process.start_time, Ordering::Relaxed);
                     slot.tenant_slot.store(tenant_slot, Ordering::Relaxed);
                     slot.clear();
+                    slot.adopted.store(u64::from(adopted), Ordering::Relaxed);
                     slot.state.store(PROC_LIVE, Ordering::Release);
                     return Ok(p);
                 }
@@ -806,11 +873,13 @@ impl QuotaTable {
             slot: 0,
             reason: "cannot read this process's start time from /proc".into(),
         })?;
-        let process = self.claim_process_slot(tenant, me)?;
+        let process = self.claim(tenant, me, true)?;
         TenantHandle::new(self.clone(), tenant, process)
     }
 
-    /// Takes over the process slot a coordinator claimed for this process.
+    /// Takes over the process slot a coordinator claimed for this process,
+    /// once: a second handle of the slot would free it when dropped while
+    /// the first still counts on it (clone the handle instead).
     pub fn adopt(&self, tenant: TenantId, process_slot: u32) -> Result<TenantHandle, TableError> {
         if process_slot >= self.inner.processes {
             return Err(TableError::NotOurSlot {
@@ -823,15 +892,15 @@ impl QuotaTable {
             reason: "cannot read this process's start time from /proc".into(),
         })?;
         let slot = self.process_slot(process_slot);
-        let (state, pid, start) = (
-            slot.state.load(Ordering::Acquire),
-            slot.pid.load(Ordering::Relaxed),
-            slot.start_time.load(Ordering::Relaxed),
-        );
-        if state != PROC_LIVE || pid != me.pid || start != me.start_time {
+        let state = slot.state.load(Ordering::Acquire);
+        let holder = slot.occupant();
+        if state != PROC_LIVE || holder != me {
             return Err(TableError::NotOurSlot {
                 slot: process_slot,
-                reason: format!("it holds pid {pid} (state {state}), this is pid {}", me.pid),
+                reason: format!(
+                    "it holds pid {} (state {state}), this is pid {}",
+                    holder.pid, me.pid
+                ),
             });
         }
         let expected = self
@@ -844,7 +913,19 @@ impl QuotaTable {
                 reason: format!("it belongs to another tenant than {tenant}"),
             });
         }
-        TenantHandle::new(self.clone(), tenant, process_slot)
+        if slot
+            .adopted
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return Err(TableError::NotOurSlot {
+                slot: process_slot,
+                reason: "a handle of this process already holds it; clone that handle".into(),
+            });
+        }
+        TenantHandle::new(self.clone(), tenant, process_slot).inspect_err(|_| {
+            slot.adopted.store(0, Ordering::Release);
+        })
     }
 
     /// Per-tenant usage, for display.
@@ -1252,6 +1333,130 @@ mod tests {
         );
         drop(permit);
         assert_eq!(table.usage().unwrap()[0].qps.0, 0);
+    }
+
+    fn one_tenant() -> QuotaTable {
+        let policy = Policy::new(
+            LinkConfig::new(1_000_000),
+            vec![TenantEntry::new(TenantId(1), "t")],
+        );
+        QuotaTable::embedded(&policy).unwrap()
+    }
+
+    /// A process found dead in a slot, and before the slot is taken, the
+    /// slot reclaimed by another process and claimed by a live one: the
+    /// reclaim that comes late takes nothing from the live one.
+    #[test]
+    fn a_slot_claimed_again_between_the_look_and_the_reclaim_is_left_alone() {
+        let table = one_tenant();
+        let me = ProcessId::current().unwrap();
+        let dead = ProcessId {
+            pid: me.pid,
+            start_time: me.start_time.wrapping_sub(1),
+        };
+        let p = table.claim_process_slot(TenantId(1), dead).unwrap();
+        // The other reclaimer, then the live process in the freed slot.
+        assert_eq!(table.reclaim_dead().len(), 1);
+        let live = table.attach(TenantId(1)).unwrap();
+        assert_eq!(table.process_slot(p).occupant(), me, "the same slot");
+        let permit = live.acquire_qp().unwrap();
+        // The late reclaim of what it saw.
+        assert_eq!(table.reclaim_slot(p, dead), None);
+        let slot = table.process_slot(p);
+        assert_eq!(slot.state.load(Ordering::Acquire), PROC_LIVE);
+        assert_eq!(slot.held(), (1, 0), "the live process keeps its QP");
+        assert_eq!(table.usage().unwrap()[0].qps.0, 1);
+        drop(permit);
+        assert_eq!(table.usage().unwrap()[0].qps.0, 0);
+    }
+
+    /// A slot a coordinator claimed for this process is adopted once: a
+    /// second handle would free it when dropped, under the first.
+    #[test]
+    fn a_claimed_slot_is_adopted_once() {
+        let table = one_tenant();
+        let me = ProcessId::current().unwrap();
+        let p = table.claim_process_slot(TenantId(1), me).unwrap();
+        let first = table.adopt(TenantId(1), p).unwrap();
+        match table.adopt(TenantId(1), p) {
+            Err(TableError::NotOurSlot { reason, .. }) => {
+                assert!(reason.contains("already holds it"), "{reason}");
+            }
+            other => panic!("adopted twice: {other:?}"),
+        }
+        // Attaching claims a slot of its own, already held.
+        let attached = table.attach(TenantId(1)).unwrap();
+        let q = (0..table.process_slots())
+            .find(|&q| q != p && table.process_slot(q).state.load(Ordering::Acquire) == PROC_LIVE)
+            .unwrap();
+        assert!(table.adopt(TenantId(1), q).is_err());
+        drop(first);
+        assert_eq!(
+            table.process_slot(p).state.load(Ordering::Acquire),
+            PROC_FREE
+        );
+        drop(attached);
+    }
+
+    /// A tenant taken out by one policy and put back by the next, while
+    /// its processes still hold its old slot, comes back to that slot: a
+    /// second slot would give it its quota twice.
+    #[test]
+    fn a_tenant_removed_and_added_back_keeps_its_slot_and_what_it_holds() {
+        let mut limited = TenantEntry::new(TenantId(2), "limited");
+        limited.max_qps = 1;
+        let both = Policy::new(
+            LinkConfig::new(1_000_000),
+            vec![TenantEntry::new(TenantId(1), "t"), limited],
+        );
+        let only_first = Policy::new(
+            LinkConfig::new(1_000_000),
+            vec![TenantEntry::new(TenantId(1), "t")],
+        );
+        let table = QuotaTable::embedded(&both).unwrap();
+        let before = table.snapshot().unwrap().slot_of(TenantId(2));
+        let holder = table.attach(TenantId(2)).unwrap();
+        let permit = holder.acquire_qp().unwrap();
+        table.publish(&only_first).unwrap();
+        table.publish(&both).unwrap();
+        assert_eq!(table.snapshot().unwrap().slot_of(TenantId(2)), before);
+        let newcomer = table.attach(TenantId(2)).unwrap();
+        assert!(
+            newcomer.acquire_qp().is_err(),
+            "max_qps = 1, and its one QP is held"
+        );
+        drop(permit);
+        assert!(newcomer.acquire_qp().is_ok());
+    }
+
+    /// A process that died between taking a process slot and making it
+    /// live left the slot claiming: it is freed, not lost for good.
+    #[test]
+    fn a_claim_whose_claimer_died_is_freed() {
+        let policy = Policy::new(
+            LinkConfig::new(1_000_000),
+            vec![TenantEntry::new(TenantId(1), "t")],
+        );
+        let table = QuotaTable::embedded_with_capacity(&policy, 1, 1).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        table
+            .process_slot(0)
+            .state
+            .store(PROC_CLAIMING_BY | gone, Ordering::Release);
+        let handle = table
+            .attach(TenantId(1))
+            .expect("the only slot, left mid-claim, is freed and claimed");
+        // A claim in progress (its claimer alive) is not taken.
+        drop(handle);
+        let alive = PROC_CLAIMING_BY | std::process::id();
+        table.process_slot(0).state.store(alive, Ordering::Release);
+        assert!(matches!(
+            table.attach(TenantId(1)),
+            Err(TableError::NoProcessSlot(1))
+        ));
+        assert_eq!(table.process_slot(0).state.load(Ordering::Acquire), alive);
     }
 
     #[test]
