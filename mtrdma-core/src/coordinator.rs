@@ -14,7 +14,7 @@
 //! ([`QuotaTable::open_writable`]) and they carry on.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -129,6 +129,67 @@ pub struct Coordinator {
     /// What the last [`Coordinator::wait`] saw: whether a registration is
     /// waiting (`None`: no wait since the last tick, so look).
     registration_waiting: Option<bool>,
+    /// Connections accepted whose greeting has not fully arrived.
+    pending: Vec<Pending>,
+}
+
+/// How long a connection to the registration socket has to send its
+/// greeting before it is turned away. Connections are served side by
+/// side, never one at a time, so a silent or slow one holds up no other
+/// registration, nor reclamation, fair rates or shutdown.
+pub const REGISTRATION_DEADLINE_NS: u64 = 1_000_000_000;
+
+/// Registrations in progress at once; a connection beyond them is turned
+/// away at once ("try again"), so that a flood of connections costs the
+/// coordinator a bounded amount of memory and work per tick.
+pub const MAX_PENDING_REGISTRATIONS: usize = 64;
+
+/// The longest greeting line read.
+const GREETING_MAX: usize = 256;
+
+/// A connection whose greeting has not fully arrived.
+#[derive(Debug)]
+struct Pending {
+    stream: UnixStream,
+    got: Vec<u8>,
+    /// When it is turned away (the table's clock).
+    deadline_ns: u64,
+}
+
+/// What reading a pending connection gave.
+enum Heard {
+    /// Its greeting line (without the newline).
+    Line(String),
+    /// Nothing more yet.
+    Waiting,
+    /// It cannot be served: why.
+    Failed(String),
+}
+
+impl Pending {
+    /// Reads what has arrived, without waiting.
+    fn read(&mut self) -> Heard {
+        let mut buf = [0u8; GREETING_MAX];
+        loop {
+            if let Some(end) = self.got.iter().position(|&b| b == b'\n') {
+                return match std::str::from_utf8(&self.got[..end]) {
+                    Ok(line) => Heard::Line(line.trim_end_matches('\r').to_string()),
+                    Err(_) => Heard::Failed("a greeting that is not text".into()),
+                };
+            }
+            if self.got.len() >= GREETING_MAX {
+                return Heard::Failed(format!("no greeting in the first {GREETING_MAX} bytes"));
+            }
+            let room = GREETING_MAX - self.got.len();
+            match (&self.stream).read(&mut buf[..room]) {
+                Ok(0) => return Heard::Failed("the connection closed before its greeting".into()),
+                Ok(n) => self.got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Heard::Waiting,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Heard::Failed(format!("reading the greeting failed: {e}")),
+            }
+        }
+    }
 }
 
 /// How often [`Coordinator::tick`] looks at the policy file's modification
@@ -182,6 +243,7 @@ impl Coordinator {
             gains: Some(ShareGains::default()),
             last_housekeeping_ns: 0,
             registration_waiting: None,
+            pending: Vec::new(),
         })
     }
 
@@ -212,41 +274,79 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Accepts every pending registration and answers it.
+    /// Accepts the connections waiting on the registration socket and
+    /// answers every one whose greeting has arrived, without waiting for
+    /// any: a connection that has not said all of its greeting is kept for
+    /// the next call, until [`REGISTRATION_DEADLINE_NS`] after it came.
     pub fn serve_registrations(&mut self, report: &mut TickReport) {
+        let now = self.table.now_ns();
         loop {
             let stream = match self.listener.accept() {
                 Ok((stream, _)) => stream,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     tracing::warn!(error = %e, "accept on the registration socket failed");
-                    return;
+                    break;
                 }
             };
-            match self.register_peer(&stream) {
+            if let Err(e) = stream.set_nonblocking(true) {
+                tracing::warn!(error = %e, "a registration's socket could not be set up");
+                continue;
+            }
+            if self.pending.len() >= MAX_PENDING_REGISTRATIONS {
+                refuse(
+                    &stream,
+                    format!("{MAX_PENDING_REGISTRATIONS} registrations are in progress; try again"),
+                    report,
+                );
+                continue;
+            }
+            self.pending.push(Pending {
+                stream,
+                got: Vec::new(),
+                deadline_ns: now.saturating_add(REGISTRATION_DEADLINE_NS),
+            });
+        }
+        let mut i = 0;
+        while i < self.pending.len() {
+            let heard = self.pending[i].read();
+            let heard = match heard {
+                Heard::Waiting if now < self.pending[i].deadline_ns => {
+                    i += 1;
+                    continue;
+                }
+                Heard::Waiting => Heard::Failed(format!(
+                    "no greeting within {} ms",
+                    REGISTRATION_DEADLINE_NS / 1_000_000
+                )),
+                heard => heard,
+            };
+            let Pending { stream, .. } = self.pending.swap_remove(i);
+            let answer = match heard {
+                Heard::Line(line) => self.register_peer(&stream, &line),
+                Heard::Failed(reason) => Err(reason),
+                Heard::Waiting => unreachable!("kept above"),
+            };
+            match answer {
                 Ok((slot, tenant)) => {
                     let _ = writeln!(&stream, "OK {} {} {slot}", self.config.table, tenant.0);
                     report.registered.push((slot, tenant));
                 }
-                Err(reason) => {
-                    tracing::warn!(%reason, "registration refused");
-                    let _ = writeln!(&stream, "ERR {}", reason.replace('\n', " "));
-                    report.refused.push(reason);
-                }
+                Err(reason) => refuse(&stream, reason, report),
             }
         }
     }
 
-    /// Identifies the peer from its credentials and claims a process slot.
-    fn register_peer(&self, stream: &UnixStream) -> Result<(u32, TenantId), String> {
-        stream
-            .set_nonblocking(false)
-            .and_then(|()| stream.set_read_timeout(Some(Duration::from_millis(200))))
-            .map_err(|e| format!("socket setup failed: {e}"))?;
-        let mut line = String::new();
-        BufReader::new(stream)
-            .take_line(&mut line)
-            .map_err(|e| format!("no greeting: {e}"))?;
+    /// Registrations in progress: connections whose greeting has not
+    /// fully arrived.
+    pub fn pending_registrations(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Identifies the peer that sent greeting `line` from its credentials
+    /// and claims a process slot.
+    fn register_peer(&self, stream: &UnixStream, line: &str) -> Result<(u32, TenantId), String> {
         if line.trim_end() != HELLO {
             return Err(format!("unknown greeting {:?}", line.trim_end()));
         }
@@ -430,7 +530,7 @@ impl Coordinator {
                 }
             }
         }
-        if self.registration_waiting.take() != Some(false) {
+        if self.registration_waiting.take() != Some(false) || !self.pending.is_empty() {
             self.serve_registrations(&mut report);
         }
         if housekeeping {
@@ -443,19 +543,23 @@ impl Coordinator {
         report
     }
 
-    /// Waits until a process asks to register or `timeout` has passed,
-    /// whichever comes first: the daemon's sleep between ticks, so that a
-    /// registration is served at once and an idle coordinator costs one
-    /// system call per tick.
+    /// Waits until a process asks to register (or sends more of its
+    /// greeting) or `timeout` has passed, whichever comes first: the
+    /// daemon's sleep between ticks, so that a registration is served at
+    /// once and an idle coordinator costs one system call per tick.
     pub fn wait(&mut self, timeout: Duration) {
+        use rustix::event::{PollFd, PollFlags};
         let timeout = rustix::event::Timespec {
             tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
             tv_nsec: i64::from(timeout.subsec_nanos()),
         };
-        let mut fds = [rustix::event::PollFd::new(
-            &self.listener,
-            rustix::event::PollFlags::IN,
-        )];
+        let mut fds: Vec<PollFd<'_>> = std::iter::once(PollFd::new(&self.listener, PollFlags::IN))
+            .chain(
+                self.pending
+                    .iter()
+                    .map(|p| PollFd::new(&p.stream, PollFlags::IN)),
+            )
+            .collect();
         // A wait that fails (interrupted by a signal) says nothing: the
         // next tick looks for registrations itself.
         self.registration_waiting = match rustix::event::poll(&mut fds, Some(&timeout)) {
@@ -478,6 +582,13 @@ impl Coordinator {
         }
         Ok(())
     }
+}
+
+/// Turns a registration away with `reason`.
+fn refuse(mut stream: &UnixStream, reason: String, report: &mut TickReport) {
+    tracing::warn!(%reason, "registration refused");
+    let _ = writeln!(stream, "ERR {}", reason.replace('\n', " "));
+    report.refused.push(reason);
 }
 
 /// Binds the registration socket, replacing a stale one nobody listens on.

@@ -216,6 +216,71 @@ fn a_raised_fair_rate_applies_at_once_to_what_is_owed() {
     assert!(light.check_rate(t2 + 24_800_000, 4096, 1).is_ok());
 }
 
+/// Connections that never finish their greeting hold up nothing: a
+/// registration that comes after twenty of them is answered at once, they
+/// are turned away after their deadline, and beyond the most kept at once
+/// a connection is told to try again. (Each silent connection held a tick
+/// for 200 ms: twenty held registrations, reclamation, fair rates and
+/// shutdown for 4 s.)
+#[test]
+fn silent_connections_hold_up_no_registration() {
+    use mtrdma_core::coordinator::{MAX_PENDING_REGISTRATIONS, REGISTRATION_DEADLINE_NS};
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::time::{Duration, Instant};
+
+    let s = Setup::new("silent", TWO);
+    let mut c = Coordinator::start(s.config.clone()).unwrap();
+    let connect = || UnixStream::connect(&s.config.socket).unwrap();
+    let silent: Vec<UnixStream> = (0..20).map(|_| connect()).collect();
+    // One says half of its greeting and no more.
+    (&silent[0]).write_all(b"MTRDMA-REG").unwrap();
+    let socket = s.config.socket.clone();
+    let client = std::thread::spawn(move || coordinator::register(&socket));
+    let started = Instant::now();
+    let mut refused = Vec::new();
+    while refused.is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "not answered within 2 s"
+        );
+        refused = c.tick(c.table().now_ns()).refused;
+        c.wait(Duration::from_millis(5));
+    }
+    // TWO matches no process: the answer is a refusal, with its reason.
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(refused[0].contains("no tenant"), "{refused:?}");
+    assert!(matches!(
+        client.join().unwrap(),
+        Err(CoordinatorError::Refused(_))
+    ));
+    assert_eq!(c.pending_registrations(), 20);
+
+    // Past their deadline, they are turned away and told why.
+    std::thread::sleep(Duration::from_nanos(REGISTRATION_DEADLINE_NS + 50_000_000));
+    let refused = c.tick(c.table().now_ns()).refused;
+    assert_eq!(refused.len(), 20, "{refused:?}");
+    assert_eq!(c.pending_registrations(), 0);
+    let mut answer = String::new();
+    (&silent[0]).read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("ERR no greeting within"), "{answer:?}");
+
+    // A flood: beyond the most kept at once, try again.
+    let flood: Vec<UnixStream> = (0..MAX_PENDING_REGISTRATIONS).map(|_| connect()).collect();
+    assert!(c.tick(c.table().now_ns()).refused.is_empty());
+    let extra = connect();
+    let refused = c.tick(c.table().now_ns()).refused;
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    let mut answer = String::new();
+    (&extra).read_to_string(&mut answer).unwrap();
+    assert!(answer.contains("try again"), "{answer:?}");
+    drop(flood);
+    // Connections that closed are dropped at the next tick.
+    let refused = c.tick(c.table().now_ns()).refused;
+    assert_eq!(refused.len(), MAX_PENDING_REGISTRATIONS);
+    assert_eq!(c.pending_registrations(), 0);
+}
+
 #[test]
 fn a_process_no_rule_matches_is_refused_with_the_reason() {
     let s = Setup::new("refuse", TWO);
