@@ -11,10 +11,12 @@
 //! one: without it they use [`QuotaTable::embedded`] or attach to a table
 //! directly. When the coordinator dies, tenants keep the last policy and
 //! rates (fail-static); a restarted coordinator takes the table over
-//! ([`QuotaTable::open_writable`]) and they carry on.
+//! ([`QuotaTable::take_over`]) and they carry on.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,8 +31,10 @@ use crate::table::{DemandCounters, QuotaTable, Reclaimed, TableError, TenantHand
 use crate::TenantId;
 use mtrdma_sched::share::{ShareGains, TenantRate};
 
-/// The first line a registering process sends.
-const HELLO: &str = "MTRDMA-REGISTER 1";
+/// The first line a registering process sends. Version 2: the answer
+/// carries the table's objects (`SCM_RIGHTS`) and how the coordinator
+/// recorded the process.
+const HELLO: &str = "MTRDMA-REGISTER 2";
 
 /// Why the coordinator could not start or act, or a process could not register.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +58,30 @@ pub enum CoordinatorError {
     /// Another coordinator is listening on the socket.
     #[error("another coordinator is already listening on {0}")]
     AlreadyRunning(PathBuf),
+    /// The socket's path, or its directory, is not the coordinator's own:
+    /// someone else could have put a socket of theirs there first, or
+    /// could replace it.
+    #[error("registration socket {path}: {problem}")]
+    UnsafeSocket {
+        /// The socket's path.
+        path: PathBuf,
+        /// What is wrong, and what to do.
+        problem: String,
+    },
+    /// The process serving the registration socket is not trusted to hand
+    /// over a quota table: it runs as neither root nor this user.
+    #[error(
+        "registration socket {path} is served by uid {uid}, neither root nor this process's \
+         uid {own}: refusing the quota table it would hand over"
+    )]
+    Untrusted {
+        /// The socket's path.
+        path: PathBuf,
+        /// The serving process's uid.
+        uid: u32,
+        /// This process's effective uid.
+        own: u32,
+    },
     /// The coordinator refused a registration.
     #[error("the coordinator refused the registration: {0}")]
     Refused(String),
@@ -131,6 +159,9 @@ pub struct Coordinator {
     registration_waiting: Option<bool>,
     /// Connections accepted whose greeting has not fully arrived.
     pending: Vec<Pending>,
+    /// The table's objects as registered processes get them: the policy
+    /// read-only, the state read-write.
+    tenant_fds: (OwnedFd, OwnedFd),
 }
 
 /// How long a connection to the registration socket has to send its
@@ -211,7 +242,7 @@ impl Coordinator {
         let policy = Policy::from_file(&config.policy_path)?;
         let policy_mtime = mtime(&config.policy_path);
         let listener = bind(&config.socket)?;
-        let table = match QuotaTable::open_writable(&config.table) {
+        let table = match QuotaTable::take_over(&config.table) {
             Ok(table) => {
                 tracing::info!(table = %config.table, "taking over an existing quota table");
                 table.publish(&policy)?;
@@ -220,10 +251,16 @@ impl Coordinator {
             Err(TableError::Io { ref source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
             {
-                QuotaTable::create(&config.table, config.capacity, config.processes, &policy)?
+                QuotaTable::create_coordinated(
+                    &config.table,
+                    config.capacity,
+                    config.processes,
+                    &policy,
+                )?
             }
             Err(e) => return Err(e.into()),
         };
+        let tenant_fds = table.tenant_fds()?;
         tracing::info!(
             table = %config.table,
             socket = %config.socket.display(),
@@ -244,6 +281,7 @@ impl Coordinator {
             last_housekeeping_ns: 0,
             registration_waiting: None,
             pending: Vec::new(),
+            tenant_fds,
         })
     }
 
@@ -329,9 +367,27 @@ impl Coordinator {
                 Heard::Waiting => unreachable!("kept above"),
             };
             match answer {
-                Ok((slot, tenant)) => {
-                    let _ = writeln!(&stream, "OK {} {} {slot}", self.config.table, tenant.0);
-                    report.registered.push((slot, tenant));
+                Ok(r) => {
+                    // The table goes with the answer: the process needs no
+                    // access to its objects by name (a container's
+                    // /dev/shm is usually its own).
+                    let line = format!(
+                        "OK {} {} {} {} {} {}\n",
+                        self.config.table,
+                        r.tenant.0,
+                        r.slot,
+                        r.recorded.pid,
+                        r.recorded.start_time,
+                        r.own_pid
+                    );
+                    let fds = [self.tenant_fds.0.as_fd(), self.tenant_fds.1.as_fd()];
+                    match send_with_fds(&stream, line.as_bytes(), &fds) {
+                        Ok(()) => report.registered.push((r.slot, r.tenant)),
+                        Err(e) => {
+                            // It left: the slot goes back when it is found dead.
+                            tracing::warn!(error = %e, slot = r.slot, "a registration's answer was not delivered");
+                        }
+                    }
                 }
                 Err(reason) => refuse(&stream, reason, report),
             }
@@ -346,17 +402,26 @@ impl Coordinator {
 
     /// Identifies the peer that sent greeting `line` from its credentials
     /// and claims a process slot.
-    fn register_peer(&self, stream: &UnixStream, line: &str) -> Result<(u32, TenantId), String> {
+    fn register_peer(&self, stream: &UnixStream, line: &str) -> Result<Registered, String> {
         if line.trim_end() != HELLO {
-            return Err(format!("unknown greeting {:?}", line.trim_end()));
+            return Err(format!(
+                "unknown greeting {:?} (this coordinator speaks {HELLO:?})",
+                line.trim_end()
+            ));
         }
-        let cred = rustix::net::sockopt::socket_peercred(stream)
+        let (pid, uid, gid) = peer_credentials(stream)
             .map_err(|e| format!("cannot read the peer's credentials: {e}"))?;
-        let pid = cred.pid.as_raw_nonzero().get().unsigned_abs();
+        if pid == 0 {
+            return Err(
+                "the peer's process is in a PID namespace the coordinator cannot see; \
+                 run the coordinator in the tenants' PID namespace or an ancestor of it"
+                    .into(),
+            );
+        }
         let peer = PeerCredentials {
             pid,
-            uid: cred.uid.as_raw(),
-            gid: cred.gid.as_raw(),
+            uid,
+            gid,
             cgroup: procinfo::cgroup(pid),
         };
         let tenant = self
@@ -372,12 +437,19 @@ impl Coordinator {
             })?
             .id;
         let process = ProcessId::of(pid).ok_or_else(|| format!("process {pid} is gone"))?;
+        let own_pid =
+            procinfo::pid_in_own_namespace(pid).ok_or_else(|| format!("process {pid} is gone"))?;
         let slot = self
             .table
             .claim_process_slot(tenant, process)
             .map_err(|e| e.to_string())?;
-        tracing::info!(pid, uid = peer.uid, %tenant, slot, "registered process");
-        Ok((slot, tenant))
+        tracing::info!(pid, own_pid, uid = peer.uid, %tenant, slot, "registered process");
+        Ok(Registered {
+            slot,
+            tenant,
+            recorded: process,
+            own_pid,
+        })
     }
 
     /// Recomputes the weighted max-min fair byte rates from each tenant's
@@ -584,6 +656,113 @@ impl Coordinator {
     }
 }
 
+/// A registration granted.
+struct Registered {
+    slot: u32,
+    tenant: TenantId,
+    /// The process as the coordinator recorded it in the slot.
+    recorded: ProcessId,
+    /// Its pid in its own PID namespace (what its `getpid()` says).
+    own_pid: u32,
+}
+
+/// The credentials of the process at the other end of `stream`
+/// (`SO_PEERCRED`): pid, uid, gid. The pid is 0 when that process is in a
+/// PID namespace this one cannot see.
+fn peer_credentials(stream: &UnixStream) -> std::io::Result<(u32, u32, u32)> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a writable `ucred` of `len` bytes, as SO_PEERCRED
+    // fills; the descriptor is the stream's own, open for the call. (A
+    // raw `ucred` because its pid may be 0, which a non-zero pid type
+    // cannot hold.)
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((u32::try_from(cred.pid).unwrap_or(0), cred.uid, cred.gid))
+}
+
+/// Sends `bytes` on `stream` with the descriptors `fds` (`SCM_RIGHTS`).
+fn send_with_fds(stream: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(std::io::Error::other("too many descriptors for the buffer"));
+    }
+    let sent = sendmsg(
+        stream,
+        &[std::io::IoSlice::new(bytes)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    if sent < bytes.len() {
+        // The descriptors went with the first byte; the rest follows.
+        let mut stream = stream;
+        stream.write_all(&bytes[sent..])?;
+    }
+    Ok(())
+}
+
+/// Reads the coordinator's answer: one line of at most 512 bytes, and the
+/// descriptors that came with it.
+fn receive_answer(stream: &UnixStream) -> std::io::Result<(String, Vec<OwnedFd>)> {
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut got = Vec::new();
+    let mut fds = Vec::new();
+    let mut buf = [0u8; 512];
+    loop {
+        if let Some(end) = got.iter().position(|&b| b == b'\n') {
+            got.truncate(end);
+            let line = String::from_utf8(got)
+                .map_err(|_| std::io::Error::other("an answer that is not text"))?;
+            return Ok((line, fds));
+        }
+        if got.len() >= buf.len() {
+            return Err(std::io::Error::other("an answer longer than 512 bytes"));
+        }
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let room = buf.len() - got.len();
+        let n = match recvmsg(
+            stream,
+            &mut [std::io::IoSliceMut::new(&mut buf[..room])],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(r) => r.bytes,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for msg in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = msg {
+                fds.extend(received);
+            }
+        }
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the coordinator closed the connection without an answer",
+            ));
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
 /// Turns a registration away with `reason`.
 fn refuse(mut stream: &UnixStream, reason: String, report: &mut TickReport) {
     tracing::warn!(%reason, "registration refused");
@@ -597,6 +776,7 @@ fn bind(path: &Path) -> Result<UnixListener, CoordinatorError> {
         path: path.to_path_buf(),
         source,
     };
+    check_socket_path(path)?;
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
             return Err(CoordinatorError::AlreadyRunning(path.to_path_buf()));
@@ -612,50 +792,111 @@ fn bind(path: &Path) -> Result<UnixListener, CoordinatorError> {
     Ok(listener)
 }
 
-trait TakeLine {
-    fn take_line(self, line: &mut String) -> std::io::Result<()>;
-}
-
-impl<R: BufRead> TakeLine for R {
-    /// Reads one line of at most 256 bytes.
-    fn take_line(self, line: &mut String) -> std::io::Result<()> {
-        self.take(256).read_line(line)?;
-        Ok(())
+/// Refuses a socket path the coordinator cannot trust: one whose
+/// directory others may write without the sticky bit (they could replace
+/// the socket), or that already holds something not a socket of this user
+/// (someone else put it there first).
+fn check_socket_path(path: &Path) -> Result<(), CoordinatorError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let unsafe_socket = |problem: String| CoordinatorError::UnsafeSocket {
+        path: path.to_path_buf(),
+        problem,
+    };
+    let me = rustix::process::geteuid().as_raw();
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let d = std::fs::metadata(dir).map_err(|source| CoordinatorError::Socket {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let writable_by_others = d.mode() & 0o022 != 0;
+    let sticky = d.mode() & 0o1000 != 0;
+    if (writable_by_others && !sticky) || (d.uid() != me && d.uid() != 0) {
+        return Err(unsafe_socket(format!(
+            "its directory {} (uid {}, mode {:o}) may be changed by others; put the socket in \
+             a directory of root or uid {me} that only they may write",
+            dir.display(),
+            d.uid(),
+            d.mode() & 0o7777
+        )));
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => Err(unsafe_socket(
+            "something that is not a socket is there; remove it if it is stale".into(),
+        )),
+        Ok(m) if m.uid() != me => Err(unsafe_socket(format!(
+            "the socket there belongs to uid {}: another user's coordinator, or one put \
+             there to impersonate it",
+            m.uid()
+        ))),
+        _ => Ok(()),
     }
 }
 
 /// Registers the calling process with the coordinator listening on
-/// `socket`: the coordinator decides its tenant from its credentials and
-/// claims a process slot, and the process maps the table (policy
-/// read-only) and takes the slot over.
+/// `socket`: the coordinator decides its tenant from its credentials,
+/// claims a process slot and hands over the table (its objects, so the
+/// process needs no access to them by name, as in a container with a
+/// /dev/shm of its own), and the process maps it (the policy read-only)
+/// and takes the slot over. Only a coordinator running as root or as this
+/// process's user is trusted.
 pub fn register(socket: &Path) -> Result<TenantHandle, CoordinatorError> {
     let sock_err = |source| CoordinatorError::Socket {
         path: socket.to_path_buf(),
         source,
     };
     let mut stream = UnixStream::connect(socket).map_err(sock_err)?;
+    let (_, uid, _) = peer_credentials(&stream).map_err(sock_err)?;
+    let own = rustix::process::geteuid().as_raw();
+    if uid != 0 && uid != own {
+        return Err(CoordinatorError::Untrusted {
+            path: socket.to_path_buf(),
+            uid,
+            own,
+        });
+    }
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(sock_err)?;
     writeln!(stream, "{HELLO}").map_err(sock_err)?;
-    let mut line = String::new();
-    BufReader::new(&stream)
-        .take_line(&mut line)
-        .map_err(sock_err)?;
+    let (line, fds) = receive_answer(&stream).map_err(sock_err)?;
     let line = line.trim_end();
     if let Some(reason) = line.strip_prefix("ERR ") {
         return Err(CoordinatorError::Refused(reason.to_string()));
     }
+    let protocol = || CoordinatorError::Protocol(line.to_string());
     let mut words = line.split(' ');
-    let parsed = (|| {
-        let ok = words.next()?;
-        let table = words.next()?;
-        let tenant: u32 = words.next()?.parse().ok()?;
-        let slot: u32 = words.next()?.parse().ok()?;
-        (ok == "OK" && words.next().is_none()).then(|| (table.to_string(), tenant, slot))
-    })();
-    let (table, tenant, slot) =
-        parsed.ok_or_else(|| CoordinatorError::Protocol(line.to_string()))?;
-    let table = QuotaTable::open(&table)?;
-    Ok(table.adopt(TenantId(tenant), slot)?)
+    let mut next = || words.next().ok_or_else(protocol);
+    if next()? != "OK" {
+        return Err(protocol());
+    }
+    let table = next()?.to_string();
+    let mut number =
+        || -> Result<u64, CoordinatorError> { next()?.parse().map_err(|_| protocol()) };
+    let tenant = u32::try_from(number()?).map_err(|_| protocol())?;
+    let slot = u32::try_from(number()?).map_err(|_| protocol())?;
+    let recorded = ProcessId {
+        pid: u32::try_from(number()?).map_err(|_| protocol())?,
+        start_time: number()?,
+    };
+    let own_pid = number()?;
+    if words.next().is_some() {
+        return Err(protocol());
+    }
+    if own_pid != u64::from(std::process::id()) {
+        return Err(CoordinatorError::Protocol(format!(
+            "{line}: the coordinator registered pid {own_pid}, this is pid {}",
+            std::process::id()
+        )));
+    }
+    let [policy, state] = <[OwnedFd; 2]>::try_from(fds).map_err(|fds| {
+        CoordinatorError::Protocol(format!(
+            "{line}: the answer carried {} descriptors, not the table's 2",
+            fds.len()
+        ))
+    })?;
+    let table = QuotaTable::from_fds(&table, &policy, &state)?;
+    Ok(table.adopt_as(TenantId(tenant), slot, recorded)?)
 }

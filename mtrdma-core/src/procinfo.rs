@@ -46,6 +46,18 @@ pub fn pid_in_use(pid: u32) -> bool {
     stat_fields(pid).is_some_and(|(state, _)| state != 'Z' && state != 'X')
 }
 
+/// The pid that process `pid` (as this process sees it) has in its own,
+/// innermost PID namespace: what it gets from `getpid()` (the last field
+/// of `NSpid` in `/proc/PID/status`; `pid` itself where the kernel does
+/// not say).
+pub fn pid_in_own_namespace(pid: u32) -> Option<u32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    match status.lines().find(|l| l.starts_with("NSpid:")) {
+        Some(line) => line.split_whitespace().last()?.parse().ok(),
+        None => Some(pid),
+    }
+}
+
 /// A process's start time in clock ticks after boot.
 pub fn start_time(pid: u32) -> Option<u64> {
     stat_fields(pid).map(|(_, start)| start)

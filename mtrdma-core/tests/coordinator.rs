@@ -91,10 +91,7 @@ fn tick_until_reload(c: &mut Coordinator) -> mtrdma_core::coordinator::TickRepor
 fn reloads_a_changed_policy_and_keeps_the_old_one_when_the_new_is_bad() {
     let s = Setup::new("reload", TWO);
     let mut c = Coordinator::start(s.config.clone()).unwrap();
-    let tenant = QuotaTable::open(&s.config.table)
-        .unwrap()
-        .attach(TenantId(1))
-        .unwrap();
+    let tenant = c.table().attach(TenantId(1)).unwrap();
     let held: Vec<_> = (0..2).map(|_| tenant.acquire_qp().unwrap()).collect();
     assert!(tenant.acquire_qp().is_err());
 
@@ -117,7 +114,9 @@ fn reloads_a_changed_policy_and_keeps_the_old_one_when_the_new_is_bad() {
 /// A coordinator of `TWO`, and a handle of each of its tenants.
 fn two_tenants(s: &Setup) -> (Coordinator, QuotaTable, TenantHandle, TenantHandle) {
     let c = Coordinator::start(s.config.clone()).unwrap();
-    let table = QuotaTable::open(&s.config.table).unwrap();
+    // The coordinator's own view: on a coordinated table only it may
+    // attach a process as a tenant of its choice.
+    let table = c.table().clone();
     let light = table.attach(TenantId(1)).unwrap();
     let heavy = table.attach(TenantId(2)).unwrap();
     (c, table, light, heavy)
@@ -281,6 +280,115 @@ fn silent_connections_hold_up_no_registration() {
     assert_eq!(c.pending_registrations(), 0);
 }
 
+/// `TWO` with its heavy tenant matching this process's user.
+fn two_matching_me() -> String {
+    let uid = rustix::process::geteuid().as_raw();
+    format!("{TWO}\n[[tenant.match]]\nuid = {uid}\n")
+}
+
+/// Ticks until one registration was answered (for at most 10 s).
+fn serve_one(c: &mut Coordinator) -> mtrdma_core::coordinator::TickReport {
+    let start = std::time::Instant::now();
+    loop {
+        let report = c.tick(c.table().now_ns());
+        if !report.registered.is_empty() || !report.refused.is_empty() {
+            return report;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(10));
+        c.wait(std::time::Duration::from_millis(5));
+    }
+}
+
+/// A coordinator's table is private to its user (mode 0600), a process
+/// that opens it by name cannot attach as a tenant of its choice, and a
+/// registered process gets the table over the socket: it needs no access
+/// to the objects' names (here removed, as in a container whose /dev/shm
+/// is its own).
+#[test]
+fn a_registered_process_gets_the_table_over_the_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Setup::new("fds", &two_matching_me());
+    let mut c = Coordinator::start(s.config.clone()).unwrap();
+    assert!(c.table().is_coordinated());
+    for object in ["policy", "state"] {
+        let path = format!("/dev/shm/mtrdma.{}.{object}", s.config.table);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{path}");
+    }
+    let by_name = QuotaTable::open(&s.config.table).unwrap();
+    assert!(matches!(
+        by_name.attach(TenantId(1)),
+        Err(mtrdma_core::TableError::Coordinated)
+    ));
+    assert!(by_name.reclaim_dead().is_empty());
+    QuotaTable::remove(&s.config.table).unwrap();
+
+    let socket = s.config.socket.clone();
+    let client = std::thread::spawn(move || coordinator::register(&socket));
+    let report = serve_one(&mut c);
+    assert_eq!(report.registered.len(), 1, "{report:?}");
+    let tenant = client.join().unwrap().expect("registered");
+    assert_eq!(tenant.tenant(), TenantId(2), "decided from this uid");
+    let qp = tenant.acquire_qp().unwrap();
+    assert_eq!(c.usage()[1].qps.0, 1, "one table, seen by both");
+    drop(qp);
+    assert_eq!(c.usage()[1].qps.0, 0);
+}
+
+/// A coordinator does not take over a table others may write (one made
+/// without a coordinator, or whose state object was opened up), and does
+/// not bind its socket where it cannot trust the path.
+#[test]
+fn a_coordinator_refuses_a_table_others_may_write_and_an_unsafe_socket_path() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Setup::new("private", TWO);
+    let policy = mtrdma_core::Policy::from_toml_str(TWO).unwrap();
+    let made = QuotaTable::create(&s.config.table, 8, 8, &policy).unwrap();
+    match Coordinator::start(s.config.clone()) {
+        Err(CoordinatorError::Table(mtrdma_core::TableError::NotPrivate { mode, .. })) => {
+            assert_eq!(mode, 0o644, "the uncoordinated table's policy object")
+        }
+        other => panic!("took over an uncoordinated table: {other:?}"),
+    }
+    drop(made);
+    QuotaTable::remove(&s.config.table).unwrap();
+
+    let made = QuotaTable::create_coordinated(&s.config.table, 8, 8, &policy).unwrap();
+    let state = format!("/dev/shm/mtrdma.{}.state", s.config.table);
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let err = Coordinator::start(s.config.clone()).unwrap_err();
+    assert!(
+        err.to_string().contains("mode 666") && err.to_string().contains("remove it"),
+        "{err}"
+    );
+    drop(made);
+    QuotaTable::remove(&s.config.table).unwrap();
+    // Its own private table it takes over.
+    drop(QuotaTable::create_coordinated(&s.config.table, 8, 8, &policy).unwrap());
+    drop(Coordinator::start(s.config.clone()).unwrap());
+
+    // Something that is not a socket where the socket goes.
+    let _ = std::fs::remove_file(&s.config.socket);
+    std::fs::write(&s.config.socket, b"not a socket").unwrap();
+    assert!(matches!(
+        Coordinator::start(s.config.clone()),
+        Err(CoordinatorError::UnsafeSocket { .. })
+    ));
+    std::fs::remove_file(&s.config.socket).unwrap();
+    // A directory anyone may write, without the sticky bit.
+    let open_dir = s.dir.join("open");
+    std::fs::create_dir(&open_dir).unwrap();
+    std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut config = s.config.clone();
+    config.socket = open_dir.join("sock");
+    match Coordinator::start(config) {
+        Err(CoordinatorError::UnsafeSocket { problem, .. }) => {
+            assert!(problem.contains("may be changed by others"), "{problem}")
+        }
+        other => panic!("bound in a directory anyone may write: {other:?}"),
+    }
+}
+
 #[test]
 fn a_process_no_rule_matches_is_refused_with_the_reason() {
     let s = Setup::new("refuse", TWO);
@@ -311,10 +419,7 @@ fn a_process_no_rule_matches_is_refused_with_the_reason() {
 fn a_restarted_coordinator_takes_over_and_tenants_carry_on() {
     let s = Setup::new("takeover", TWO);
     let first = Coordinator::start(s.config.clone()).unwrap();
-    let tenant = QuotaTable::open(&s.config.table)
-        .unwrap()
-        .attach(TenantId(1))
-        .unwrap();
+    let tenant = first.table().attach(TenantId(1)).unwrap();
     let held = tenant.acquire_qp().unwrap();
     // A second coordinator may not run beside the first.
     assert!(matches!(
@@ -346,7 +451,7 @@ fn a_restarted_coordinator_takes_over_and_tenants_carry_on() {
 fn the_link_estimate_follows_what_the_tenants_move_together() {
     let s = Setup::new("estimate", TWO);
     let mut c = Coordinator::start(s.config.clone()).unwrap();
-    let table = QuotaTable::open(&s.config.table).unwrap();
+    let table = c.table().clone();
     let a = table.attach(TenantId(1)).unwrap();
     let b = table.attach(TenantId(2)).unwrap();
     let t0 = table.now_ns();

@@ -43,6 +43,18 @@ fn main() {
             "the_uid_test_runs_from_a_directory_other_users_cannot_enter",
             the_uid_test_runs_from_a_directory_other_users_cannot_enter,
         ),
+        (
+            "a_tenant_in_its_own_pid_and_mount_namespaces_registers_and_is_reclaimed",
+            a_tenant_in_its_own_pid_and_mount_namespaces_registers_and_is_reclaimed,
+        ),
+        (
+            "a_coordinator_refuses_objects_another_user_made_first",
+            a_coordinator_refuses_objects_another_user_made_first,
+        ),
+        (
+            "registration_refuses_a_coordinator_of_another_user",
+            registration_refuses_a_coordinator_of_another_user,
+        ),
     ];
     let filter: Vec<String> = std::env::args()
         .skip(1)
@@ -172,6 +184,32 @@ fn child(role: &str) {
             println!("ready {}", held.len());
             std::thread::sleep(Duration::from_secs(600));
             drop((held, mr));
+        }
+        "register-in-namespaces" => {
+            // In PID and mount namespaces of its own, with a /dev/shm of
+            // its own: the table reaches it only over the socket.
+            let socket = PathBuf::from(std::env::var("MTRDMA_SOCKET").unwrap());
+            let by_name = QuotaTable::open(&table).map(|_| ());
+            let t = coordinator::register(&socket).unwrap();
+            let held: Vec<_> = (0..3).map(|_| t.acquire_qp().unwrap()).collect();
+            println!(
+                "ready {} pid {} by name: {}",
+                held.len(),
+                std::process::id(),
+                by_name.map_or_else(|e| e.to_string(), |()| "opened".into())
+            );
+            std::thread::sleep(Duration::from_secs(600));
+            drop(held);
+        }
+        "fake-coordinator" => {
+            // Another user's process serving the registration socket.
+            let socket = PathBuf::from(std::env::var("MTRDMA_SOCKET").unwrap());
+            let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+            println!("listening");
+            if let Ok((mut stream, _)) = listener.accept() {
+                let _ = writeln!(stream, "OK {table} 1 0 1 1 1");
+            }
+            let _ = wait_line();
         }
         "rate" => {
             // Lockstep on a virtual clock the parent advances: at each
@@ -365,6 +403,202 @@ fn two_processes_share_one_rate_cap() -> Outcome {
         (0.98..=1.02).contains(&ratio),
         "together {ratio:.4} of the cap"
     );
+    Outcome::Ran
+}
+
+/// A coordinator for tenant 1, matched by this process's uid, on a
+/// socket in a directory of its own.
+struct Coord {
+    dir: PathBuf,
+    socket: PathBuf,
+    name: String,
+    coord: Coordinator,
+}
+
+impl Coord {
+    fn start(tag: &str) -> Coord {
+        let dir = std::env::temp_dir().join(unique(tag));
+        std::fs::create_dir_all(&dir).unwrap();
+        let policy_path = dir.join("policy.toml");
+        let uid = rustix::process::getuid().as_raw();
+        std::fs::write(
+            &policy_path,
+            format!(
+                "[link]\ncapacity = \"100Gbit\"\n\n[[tenant]]\nid = 1\nname = \"holder\"\nmax_qps = 3\n\
+                 [[tenant.match]]\nuid = {uid}\n"
+            ),
+        )
+        .unwrap();
+        let name = unique(tag);
+        let socket = dir.join("coordinator.sock");
+        let coord = Coordinator::start(CoordinatorConfig {
+            table: name.clone(),
+            socket: socket.clone(),
+            policy_path,
+            capacity: 4,
+            processes: 8,
+        })
+        .unwrap();
+        Coord {
+            dir,
+            socket,
+            name,
+            coord,
+        }
+    }
+
+    /// Ticks until a registration was answered (10 s at most).
+    fn serve(&mut self) -> Vec<(u32, TenantId)> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let report = self.coord.tick(self.coord.table().now_ns());
+            if !report.registered.is_empty() || !report.refused.is_empty() {
+                assert!(report.refused.is_empty(), "{:?}", report.refused);
+                return report.registered;
+            }
+            assert!(Instant::now() < deadline, "no registration within 10 s");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn finish(self) {
+        self.coord.shutdown(true).unwrap();
+        std::fs::remove_dir_all(&self.dir).unwrap();
+    }
+}
+
+/// A tenant in a container's way: PID and mount namespaces of its own and
+/// a /dev/shm of its own. It registers (its pid there is 1, the
+/// coordinator sees another), gets the table over the socket, and what it
+/// held is reclaimed when it is killed. (Registration failed: the slot's
+/// pid was compared with the tenant's own.)
+fn a_tenant_in_its_own_pid_and_mount_namespaces_registers_and_is_reclaimed() -> Outcome {
+    if !rustix::process::geteuid().is_root() {
+        return Outcome::Skipped("making PID and mount namespaces needs root");
+    }
+    let namespaces = ["--pid", "--fork", "--mount", "--mount-proc", "--kill-child"];
+    let works = Command::new("unshare")
+        .args(namespaces)
+        .arg("true")
+        .status()
+        .is_ok_and(|s| s.success());
+    if !works {
+        return Outcome::Skipped("unshare cannot make PID and mount namespaces on this host");
+    }
+    let mut c = Coord::start("ns");
+    let mut cmd = Command::new("unshare");
+    cmd.args(namespaces)
+        .args(["sh", "-c", "mount -t tmpfs tmpfs /dev/shm && exec \"$0\""]);
+    cmd.arg(std::env::current_exe().unwrap());
+    let mut kid = Kid::spawn_with(
+        cmd,
+        "register-in-namespaces",
+        &c.name,
+        &[("MTRDMA_SOCKET", c.socket.display().to_string())],
+    );
+    let registered = c.serve();
+    assert_eq!(registered.len(), 1);
+    let line = kid.hear();
+    assert!(line.starts_with("ready 3 pid 1 by name: "), "{line}");
+    assert!(
+        line.contains("No such file"),
+        "the table's names are not visible in there: {line}"
+    );
+    let usage = c.coord.usage()[0].clone();
+    assert_eq!((usage.qps.0, usage.processes), (3, 1));
+
+    kid.child.kill().unwrap(); // unshare --kill-child takes the tenant along
+    let _ = kid.child.wait();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut reclaimed = Vec::new();
+    while reclaimed.is_empty() && Instant::now() < deadline {
+        reclaimed = c.coord.tick(c.coord.table().now_ns()).reclaimed;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(reclaimed.len(), 1, "the namespaced tenant was reclaimed");
+    assert_eq!(reclaimed[0].qps, 3);
+    c.finish();
+    Outcome::Ran
+}
+
+/// A table, or a socket, that another user put in place first is not
+/// taken over: what they wrote would be handed to every tenant, and they
+/// could answer registrations.
+fn a_coordinator_refuses_objects_another_user_made_first() -> Outcome {
+    if !rustix::process::geteuid().is_root() {
+        return Outcome::Skipped("giving objects to another uid needs root");
+    }
+    let chown = |path: &str, uid: u32| {
+        std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
+    };
+    let c = Coord::start("foreign");
+    let config = |c: &Coord| CoordinatorConfig {
+        table: c.name.clone(),
+        socket: c.dir.join("second.sock"),
+        policy_path: c.dir.join("policy.toml"),
+        capacity: 4,
+        processes: 8,
+    };
+    let objects = ["policy", "state"].map(|o| format!("/dev/shm/mtrdma.{}.{o}", c.name));
+    for object in &objects {
+        chown(object, 65534);
+    }
+    match Coordinator::start(config(&c)) {
+        Err(coordinator::CoordinatorError::Table(mtrdma_core::TableError::NotPrivate {
+            owner,
+            ..
+        })) => assert_eq!(owner, 65534),
+        other => panic!("took over another user's table: {other:?}"),
+    }
+    for object in &objects {
+        chown(object, 0);
+    }
+    // A socket another user left where this one's goes.
+    let theirs = c.dir.join("theirs.sock");
+    drop(std::os::unix::net::UnixListener::bind(&theirs).unwrap());
+    chown(theirs.to_str().unwrap(), 65534);
+    let mut cfg = config(&c);
+    cfg.socket = theirs;
+    match Coordinator::start(cfg) {
+        Err(coordinator::CoordinatorError::UnsafeSocket { problem, .. }) => {
+            assert!(problem.contains("belongs to uid 65534"), "{problem}")
+        }
+        other => panic!("bound over another user's socket: {other:?}"),
+    }
+    c.finish();
+    Outcome::Ran
+}
+
+/// A registering process trusts only a coordinator running as root or as
+/// its own user: another user's process on the socket could hand it a
+/// table of its making.
+fn registration_refuses_a_coordinator_of_another_user() -> Outcome {
+    use std::os::unix::fs::PermissionsExt;
+    if !rustix::process::geteuid().is_root() {
+        return Outcome::Skipped("running a process as another uid needs root");
+    }
+    let reachable = Reachable::copy_of_this_binary();
+    let dir = std::env::temp_dir().join(unique("fake"));
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let socket = dir.join("sock");
+    let mut cmd = Command::new(&reachable.exe);
+    cmd.uid(65534).gid(65534);
+    let mut kid = Kid::spawn_with(
+        cmd,
+        "fake-coordinator",
+        "fake",
+        &[("MTRDMA_SOCKET", socket.display().to_string())],
+    );
+    assert_eq!(kid.hear(), "listening");
+    let result = coordinator::register(&socket);
+    kid.say("done");
+    assert!(kid.finish().success());
+    let _ = std::fs::remove_dir_all(&dir);
+    match result {
+        Err(coordinator::CoordinatorError::Untrusted { uid, .. }) => assert_eq!(uid, 65534),
+        other => panic!("trusted another user's coordinator: {other:?}"),
+    }
     Outcome::Ran
 }
 

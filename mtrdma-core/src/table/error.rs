@@ -105,6 +105,31 @@ pub enum TableError {
         "this process mapped the policy read-only; only the table's creator may publish a policy"
     )]
     ReadOnly,
+    /// A coordinator keeps this table: processes join it by registering.
+    #[error(
+        "a coordinator keeps this table: join it with `coordinator::register(socket)`, \
+         which decides the tenant from this process's credentials, rather than attaching \
+         as a tenant of your choice"
+    )]
+    Coordinated,
+    /// A table's shared-memory object is not private to this user: someone
+    /// else created it (or an older mtrdma, or a table made without a
+    /// coordinator), and taking it over would trust what they wrote.
+    #[error(
+        "shared-memory object {object} belongs to uid {owner} with mode {mode:o}; a coordinator \
+         only takes over a table of its own user (uid {expected}) that no one else can open: \
+         if no coordinator runs, remove it (`rm /dev/shm{object}`, or QuotaTable::remove) and start again"
+    )]
+    NotPrivate {
+        /// The object's name.
+        object: String,
+        /// Its owner.
+        owner: u32,
+        /// Its permission bits.
+        mode: u32,
+        /// The uid that must own it.
+        expected: u32,
+    },
     /// The tenant is not in the table's policy.
     #[error("{0} is not in the table's policy")]
     UnknownTenant(TenantId),

@@ -63,8 +63,15 @@ pub(crate) struct PolicyHeader {
     /// published; see `mtrdma_sched::DelayWindow::set_sharing_weight`).
     /// One word outside the seqlock, as `link_estimate`.
     pub(crate) sharing_weight: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 2],
+    /// [`TABLE_COORDINATED`], written once by the creator.
+    pub(crate) flags: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 1],
 }
+
+/// Table flag: a coordinator keeps the table. Its objects are private to
+/// the coordinator's user; processes join by registering with it (which
+/// hands them the table), never by attaching as a tenant of their choice.
+pub(crate) const TABLE_COORDINATED: u64 = 1;
 
 /// Slot flag: the slot holds a tenant.
 pub(crate) const SLOT_IN_USE: u32 = 1;

@@ -164,13 +164,46 @@ impl QuotaTable {
         processes: u32,
         policy: &Policy,
     ) -> Result<QuotaTable, TableError> {
+        Self::create_named(name, capacity, processes, policy, (0o644, 0o666), 0)
+    }
+
+    /// Creates the table `name` for a coordinator: both objects private to
+    /// this process's user (mode 0600), and the table marked as kept by a
+    /// coordinator, so that processes join it by registering (the
+    /// coordinator hands them the table over its socket) and
+    /// [`attach`](Self::attach) refuses to attach a process as a tenant of
+    /// its choice.
+    pub fn create_coordinated(
+        name: &str,
+        capacity: u32,
+        processes: u32,
+        policy: &Policy,
+    ) -> Result<QuotaTable, TableError> {
+        Self::create_named(
+            name,
+            capacity,
+            processes,
+            policy,
+            (0o600, 0o600),
+            TABLE_COORDINATED,
+        )
+    }
+
+    fn create_named(
+        name: &str,
+        capacity: u32,
+        processes: u32,
+        policy: &Policy,
+        (pmode, smode): (u32, u32),
+        flags: u64,
+    ) -> Result<QuotaTable, TableError> {
         check_name(name)?;
         check_sizes(capacity, processes)?;
         policy.validate()?;
         let (pname, sname) = object_names(name);
-        let pmap = Mapping::create(&pname, policy_len(capacity), 0o644)
+        let pmap = Mapping::create(&pname, policy_len(capacity), pmode)
             .map_err(|e| io_err("create", &pname, e))?;
-        let smap = match Mapping::create(&sname, state_len(capacity, processes), 0o666) {
+        let smap = match Mapping::create(&sname, state_len(capacity, processes), smode) {
             Ok(m) => m,
             Err(e) => {
                 let _ = shm::unlink(&pname);
@@ -184,7 +217,8 @@ impl QuotaTable {
             capacity,
             processes,
             policy,
-        );
+        )
+        .inspect(|t| t.policy_header().flags.store(flags, Ordering::Release));
         if table.is_err() {
             let _ = shm::unlink(&pname);
             let _ = shm::unlink(&sname);
@@ -294,6 +328,76 @@ impl QuotaTable {
     /// coordinator does to take over a table whose tenants are running.
     pub fn open_writable(name: &str) -> Result<QuotaTable, TableError> {
         Self::open_mode(name, true)
+    }
+
+    /// Takes over the table `name` as a restarted coordinator: like
+    /// [`open_writable`](Self::open_writable), after checking that both of
+    /// its objects belong to this process's user and that no one else may
+    /// open them ([`create_coordinated`](Self::create_coordinated) made
+    /// them so). A table someone else created first, or one others may
+    /// write, is refused ([`TableError::NotPrivate`]): taking it over would
+    /// trust what they wrote and hand it to every tenant.
+    pub fn take_over(name: &str) -> Result<QuotaTable, TableError> {
+        check_name(name)?;
+        let (pname, sname) = object_names(name);
+        let me = rustix::process::geteuid().as_raw();
+        let mut fds = Vec::with_capacity(2);
+        for object in [&pname, &sname] {
+            let fd = shm::open_fd(object, true).map_err(|e| io_err("open", object, e))?;
+            let (owner, mode) = shm::owner_and_mode(&fd).map_err(|e| io_err("fstat", object, e))?;
+            if owner != me || mode & 0o077 != 0 {
+                return Err(TableError::NotPrivate {
+                    object: object.clone(),
+                    owner,
+                    mode,
+                    expected: me,
+                });
+            }
+            fds.push(fd);
+        }
+        let pmap = Mapping::from_fd(&fds[0], true).map_err(|e| io_err("mmap", &pname, e))?;
+        let smap = Mapping::from_fd(&fds[1], true).map_err(|e| io_err("mmap", &sname, e))?;
+        let table = Self::from_mappings(Some(name.to_string()), pmap, smap)?;
+        if !table.is_coordinated() {
+            return Err(TableError::NotPrivate {
+                object: pname,
+                owner: me,
+                mode: 0o600,
+                expected: me,
+            });
+        }
+        Ok(table)
+    }
+
+    /// Maps a table from the objects a coordinator handed over: the policy
+    /// read-only, the state read-write. Everything is validated.
+    pub(crate) fn from_fds(
+        name: &str,
+        policy: &std::os::fd::OwnedFd,
+        state: &std::os::fd::OwnedFd,
+    ) -> Result<QuotaTable, TableError> {
+        let (pname, sname) = object_names(name);
+        let pmap = Mapping::from_fd(policy, false).map_err(|e| io_err("mmap", &pname, e))?;
+        let smap = Mapping::from_fd(state, true).map_err(|e| io_err("mmap", &sname, e))?;
+        Self::from_mappings(Some(name.to_string()), pmap, smap)
+    }
+
+    /// What a coordinator hands a registered process: the table's policy
+    /// object opened read-only and its state object read-write.
+    pub(crate) fn tenant_fds(
+        &self,
+    ) -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), TableError> {
+        let name = self.inner.name.as_deref().ok_or(TableError::ReadOnly)?;
+        let (pname, sname) = object_names(name);
+        let policy = shm::open_fd(&pname, false).map_err(|e| io_err("open", &pname, e))?;
+        let state = shm::open_fd(&sname, true).map_err(|e| io_err("open", &sname, e))?;
+        Ok((policy, state))
+    }
+
+    /// Whether a coordinator keeps the table
+    /// ([`create_coordinated`](Self::create_coordinated)).
+    pub fn is_coordinated(&self) -> bool {
+        self.policy_header().flags.load(Ordering::Acquire) & TABLE_COORDINATED != 0
     }
 
     fn open_mode(name: &str, writable_policy: bool) -> Result<QuotaTable, TableError> {
@@ -721,8 +825,15 @@ impl QuotaTable {
     /// that reuses a dead one's pid is not mistaken for it), and frees the
     /// slots of claims whose claimer died before finishing them. Returns
     /// what was reclaimed.
+    ///
+    /// On a table a coordinator keeps, only the coordinator reclaims (a
+    /// tenant in a PID namespace of its own would take live processes it
+    /// cannot see for dead): a tenant's call returns nothing.
     pub fn reclaim_dead(&self) -> Vec<Reclaimed> {
         let mut out = Vec::new();
+        if self.is_coordinated() && !self.inner.policy.writable() {
+            return out;
+        }
         for p in 0..self.inner.processes {
             let slot = self.process_slot(p);
             let state = slot.state.load(Ordering::Acquire);
@@ -868,7 +979,15 @@ impl QuotaTable {
 
     /// Attaches the calling process to the table as a member of `tenant`
     /// (embedded mode, or a shared table used without a coordinator).
+    ///
+    /// # Errors
+    /// [`TableError::Coordinated`] on a table a coordinator keeps (unless
+    /// this is the coordinator's own view of it): there a process's tenant
+    /// is what the coordinator decides from its credentials.
     pub fn attach(&self, tenant: TenantId) -> Result<TenantHandle, TableError> {
+        if self.is_coordinated() && !self.inner.policy.writable() {
+            return Err(TableError::Coordinated);
+        }
         let me = ProcessId::current().ok_or_else(|| TableError::NotOurSlot {
             slot: 0,
             reason: "cannot read this process's start time from /proc".into(),
@@ -881,16 +1000,39 @@ impl QuotaTable {
     /// once: a second handle of the slot would free it when dropped while
     /// the first still counts on it (clone the handle instead).
     pub fn adopt(&self, tenant: TenantId, process_slot: u32) -> Result<TenantHandle, TableError> {
+        let me = ProcessId::current().ok_or_else(|| TableError::NotOurSlot {
+            slot: process_slot,
+            reason: "cannot read this process's start time from /proc".into(),
+        })?;
+        self.adopt_as(tenant, process_slot, me)
+    }
+
+    /// [`adopt`](Self::adopt) a slot the coordinator recorded as `me`: this
+    /// process as the coordinator sees it, whose pid differs from this
+    /// process's own when the two are in different PID namespaces (the
+    /// start time is the same: it is counted from boot).
+    pub(crate) fn adopt_as(
+        &self,
+        tenant: TenantId,
+        process_slot: u32,
+        me: ProcessId,
+    ) -> Result<TenantHandle, TableError> {
         if process_slot >= self.inner.processes {
             return Err(TableError::NotOurSlot {
                 slot: process_slot,
                 reason: format!("the table has {} process slots", self.inner.processes),
             });
         }
-        let me = ProcessId::current().ok_or_else(|| TableError::NotOurSlot {
-            slot: process_slot,
-            reason: "cannot read this process's start time from /proc".into(),
-        })?;
+        let own_start = ProcessId::current().map(|p| p.start_time);
+        if own_start != Some(me.start_time) {
+            return Err(TableError::NotOurSlot {
+                slot: process_slot,
+                reason: format!(
+                    "it was claimed for a process started at {}, this one started at {own_start:?}",
+                    me.start_time
+                ),
+            });
+        }
         let slot = self.process_slot(process_slot);
         let state = slot.state.load(Ordering::Acquire);
         let holder = slot.occupant();

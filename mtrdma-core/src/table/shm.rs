@@ -48,13 +48,13 @@ impl Mapping {
     /// Maps the existing object `name`, read-write or read-only, whatever
     /// its size (the caller validates the contents).
     pub(crate) fn open(name: &str, writable: bool) -> io::Result<Mapping> {
-        let flags = if writable {
-            shm::OFlags::RDWR
-        } else {
-            shm::OFlags::RDONLY
-        };
-        let fd = shm::open(name, flags, Mode::empty())?;
-        let len = usize::try_from(fstat(&fd)?.st_size).unwrap_or(0);
+        Self::from_fd(&open_fd(name, writable)?, writable)
+    }
+
+    /// Maps the whole of the shared-memory object `fd` (one handed over
+    /// by a coordinator), read-write or read-only.
+    pub(crate) fn from_fd(fd: &OwnedFd, writable: bool) -> io::Result<Mapping> {
+        let len = usize::try_from(fstat(fd)?.st_size).unwrap_or(0);
         if len == 0 {
             // Nothing to map; an empty object is reported as truncated.
             return Ok(Mapping {
@@ -63,7 +63,7 @@ impl Mapping {
                 writable,
             });
         }
-        Self::map_fd(&fd, len, writable)
+        Self::map_fd(fd, len, writable)
     }
 
     /// A process-local shared mapping of `len` zero bytes.
@@ -150,6 +150,22 @@ impl Drop for Mapping {
         // reference into it outlives `self` (they borrow from it).
         let _ = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) };
     }
+}
+
+/// Opens the existing object `name`, read-write or read-only.
+pub(crate) fn open_fd(name: &str, writable: bool) -> io::Result<OwnedFd> {
+    let flags = if writable {
+        shm::OFlags::RDWR
+    } else {
+        shm::OFlags::RDONLY
+    };
+    Ok(shm::open(name, flags, Mode::empty())?)
+}
+
+/// The owner and permission bits of the object behind `fd`.
+pub(crate) fn owner_and_mode(fd: &OwnedFd) -> io::Result<(u32, u32)> {
+    let st = fstat(fd)?;
+    Ok((st.st_uid, st.st_mode & 0o7777))
 }
 
 /// Removes a shared-memory object's name (mappings stay valid).
