@@ -151,6 +151,41 @@ pub struct Posted {
     pub imm: Option<u32>,
 }
 
+/// A drain held until released ([`NullSink::hold_shutdown`]).
+#[derive(Debug, Default)]
+pub struct ShutdownHold {
+    /// (the drain began, it may end)
+    state: std::sync::Mutex<(bool, bool)>,
+    changed: std::sync::Condvar,
+}
+
+impl ShutdownHold {
+    /// Waits up to `timeout` for the drain to begin; whether it did.
+    pub fn wait_started(&self, timeout: Duration) -> bool {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (state, _) = self
+            .changed
+            .wait_timeout_while(state, timeout, |s| !s.0)
+            .unwrap_or_else(|p| p.into_inner());
+        state.0
+    }
+
+    /// Lets the drain end.
+    pub fn release(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
+        self.changed.notify_all();
+    }
+
+    fn hold(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.0 = true;
+        self.changed.notify_all();
+        while !state.1 {
+            state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
 /// A send queue that goes nowhere (see the module docs).
 pub struct NullSink {
     books: Books<HeapRegion>,
@@ -162,6 +197,8 @@ pub struct NullSink {
     fail: bool,
     /// Posts still to take before refusing one (`None`: none refused).
     refuse_after: Option<usize>,
+    /// Holds `shutdown` until released.
+    hold: Option<std::sync::Arc<ShutdownHold>>,
     log: Option<Vec<Posted>>,
     qpn: u32,
     tenant: Option<TenantHandle>,
@@ -189,6 +226,7 @@ impl NullSink {
             queued: 0,
             fail: false,
             refuse_after: None,
+            hold: None,
             log: None,
             qpn,
             tenant: None,
@@ -202,6 +240,15 @@ impl NullSink {
     pub fn with_tenant(mut self, tenant: TenantHandle) -> NullSink {
         self.tenant = Some(tenant);
         self
+    }
+
+    /// Makes its [`shutdown`](crate::qp::Sink::shutdown) (the drain of a
+    /// queue pair being dropped) wait until the returned hold is
+    /// released: a NIC that takes long to flush.
+    pub fn hold_shutdown(&mut self) -> std::sync::Arc<ShutdownHold> {
+        let hold = std::sync::Arc::new(ShutdownHold::default());
+        self.hold = Some(std::sync::Arc::clone(&hold));
+        hold
     }
 
     /// Takes the next `taken` posts and refuses the one after them (once).
@@ -355,6 +402,9 @@ impl Sink for NullSink {
     }
 
     fn shutdown(&mut self) -> bool {
+        if let Some(hold) = &self.hold {
+            hold.hold();
+        }
         // Everything still queued is flushed, as on a queue pair moved to
         // the error state.
         let (mut out, mut raw) = (Vec::new(), Vec::new());
@@ -1066,6 +1116,68 @@ mod tests {
             assert_eq!(posted[3].imm, Some(43), "{way}");
             assert_eq!(qp.queued(), 0, "{way}");
         }
+    }
+
+    /// Dropping a queue pair of a shared engine waits for the NIC to flush
+    /// it (up to seconds); meanwhile the engine's other queue pairs post
+    /// and finish their work. (The drain held the engine's lock: every
+    /// other queue pair of the engine stopped until it ended.)
+    #[test]
+    fn a_queue_pair_being_drained_holds_up_no_other() {
+        let shared = NullScheduler::new(SharedConfig {
+            chunk_bytes: 1024,
+            ..SharedConfig::default()
+        })
+        .unwrap();
+        let config = ScheduleConfig {
+            chunk_bytes: 1024,
+            max_pieces_in_flight: 1,
+            ..bulk0()
+        };
+        let mut slow = NullSink::new(1, 16);
+        let hold = slow.hold_shutdown();
+        let mut leaving = shared.attach(slow, config.clone()).unwrap();
+        post(
+            &mut leaving,
+            SendOp::Write(REMOTE),
+            HeapRegion::new(8192),
+            8192,
+            1,
+        );
+        let other_config = ScheduleConfig {
+            tenant: crate::Tenancy::Local {
+                id: TenantId(1),
+                class: TrafficClass::Bulk,
+            },
+            ..config
+        };
+        let mut other = shared.attach(NullSink::new(2, 16), other_config).unwrap();
+        let dropper = std::thread::spawn(move || drop(leaving));
+        assert!(
+            hold.wait_started(Duration::from_secs(10)),
+            "the drain began"
+        );
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let worker = std::thread::spawn(move || {
+            post(
+                &mut other,
+                SendOp::Write(REMOTE),
+                HeapRegion::new(4096),
+                4096,
+                2,
+            );
+            let done = drain(&mut other, 1);
+            let _ = tx.send(done.first().map(|c| (c.context, c.status)));
+        });
+        let finished = rx.recv_timeout(Duration::from_secs(10));
+        hold.release();
+        dropper.join().unwrap();
+        worker.join().unwrap();
+        assert_eq!(
+            finished,
+            Ok(Some((2, WcStatus::Success))),
+            "the other queue pair finished its request during the drain"
+        );
     }
 
     #[test]

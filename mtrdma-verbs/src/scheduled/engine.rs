@@ -855,41 +855,77 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
     /// Takes a queue pair out: its requests are dropped (their regions
     /// freed once the NIC is done with them, or never) and its share of
     /// the bulk budget returned. `own` is the queue pair of a member
-    /// without a side.
-    pub(super) fn detach(&mut self, member: usize, own: Option<&mut S>) {
-        let Some(m) = self.members.remove(member) else {
-            return;
-        };
+    /// without a side, drained here. A member with a side (on a shared
+    /// engine) is drained by the caller after letting go of the engine
+    /// ([`Leaving::drain`]): draining waits for the NIC to flush the queue
+    /// pair (up to seconds), and must not hold up the other queue pairs.
+    pub(super) fn detach(&mut self, member: usize, own: Option<&mut S>) -> Option<Leaving<S>> {
+        let m = self.members.remove(member)?;
         if let Some(q) = &m.quota {
             // What is still waiting here is no longer demand.
             q.add_backlog(-i64::try_from(m.backlog).unwrap_or(i64::MAX));
         }
         self.order.remove_lane(m.class(), member);
-        let drained = match (&m.side, own) {
+        self.gate.forget(&m.lane);
+        let messages = self.messages.remove_where(|msg| msg.member == member);
+        let regions = messages.into_iter().map(|msg| msg.region).collect();
+        let leaving = match (&m.side, own) {
             (Some(side), _) => {
                 // Pieces decided and not posted never reach the NIC.
                 self.flush.retain(|s| !Arc::ptr_eq(s, side));
-                let mut qp = lock(&side.qp);
                 lock(&side.book).to_post.clear();
-                qp.shutdown()
+                Some(Leaving {
+                    side: Arc::clone(side),
+                    regions,
+                })
             }
             (None, Some(qp)) => {
                 self.own_pieces.clear();
-                qp.shutdown()
+                keep_unless_drained(qp.shutdown(), regions);
+                None
             }
             // No queue pair to drain: keep the regions.
-            (None, None) => false,
-        };
-        self.gate.forget(&m.lane);
-        let messages = self.messages.remove_where(|msg| msg.member == member);
-        if !drained {
-            // The NIC may still reach these regions: never free them.
-            for msg in messages {
-                std::mem::forget(msg.region);
+            (None, None) => {
+                keep_unless_drained(false, regions);
+                None
             }
-        }
+        };
         // Its queued descriptors stay in the scheduler until handed out
         // and are dropped then (their messages are gone).
         self.pump();
+        leaving
+    }
+}
+
+/// A queue pair taken out of a shared engine ([`Engine::detach`]), still
+/// to be drained, outside the engine's lock.
+#[must_use = "the queue pair must be drained before its regions are freed"]
+pub(super) struct Leaving<S: Sink> {
+    side: Arc<Side<S>>,
+    /// The regions of its requests, freed once the NIC is done with them.
+    regions: Vec<S::Region>,
+}
+
+impl<S: Sink> Leaving<S> {
+    /// Moves the queue pair to the error state and waits for the NIC to
+    /// flush it, then frees its requests' regions (or keeps them for ever
+    /// if it could not be drained: the NIC may still reach them).
+    pub(super) fn drain(self) {
+        let drained = {
+            let mut qp = lock(&self.side.qp);
+            lock(&self.side.book).to_post.clear();
+            qp.shutdown()
+        };
+        keep_unless_drained(drained, self.regions);
+    }
+}
+
+/// Frees `regions` if their queue pair was `drained`; otherwise the NIC
+/// may still reach them, and they are never freed.
+fn keep_unless_drained<R>(drained: bool, regions: Vec<R>) {
+    if !drained {
+        for region in regions {
+            std::mem::forget(region);
+        }
     }
 }

@@ -316,7 +316,10 @@ impl<S: Sink, Q: PieceScheduler> Waitable for Solo<S, Q> {
 
 impl<S: Sink, Q: PieceScheduler> Drop for Solo<S, Q> {
     fn drop(&mut self) {
-        self.engine.detach(self.member, Some(&mut self.sink));
+        if let Some(leaving) = self.engine.detach(self.member, Some(&mut self.sink)) {
+            // A queue pair of its own has no side; were there one, drain it.
+            leaving.drain();
+        }
     }
 }
 
@@ -511,6 +514,10 @@ impl<S: Sink, Q: PieceScheduler> Waitable for Attached<S, Q> {
 impl<S: Sink, Q: PieceScheduler> Drop for Attached<S, Q> {
     fn drop(&mut self) {
         let member = self.member;
-        self.with_engine(|e| e.detach(member, None));
+        // Out of the engine under its lock; drained after, so that the
+        // other queue pairs go on while the NIC flushes this one.
+        if let Some(leaving) = self.with_engine(|e| e.detach(member, None)) {
+            leaving.drain();
+        }
     }
 }
