@@ -1073,15 +1073,19 @@ impl QuotaTable {
     /// Per-tenant usage, for display.
     pub fn usage(&self) -> Result<Vec<TenantUsage>, TableError> {
         let snapshot = self.snapshot()?;
-        // One pass over the process slots for every tenant's count.
-        let live = self.live_processes();
+        // One pass over the process slots counts every tenant's processes
+        // (a pass per tenant cost tenants x processes).
+        let mut processes: HashMap<u32, u32> = HashMap::new();
+        for (slot, _) in self.live_processes() {
+            *processes.entry(slot).or_default() += 1;
+        }
         let mut out: Vec<TenantUsage> = snapshot
             .policy
             .tenants
             .iter()
             .filter_map(|t| {
                 let slot = snapshot.slot_of(t.id)?;
-                let processes = live.iter().filter(|(s, _)| *s == slot).count() as u32;
+                let processes = processes.get(&slot).copied().unwrap_or(0);
                 Some(TenantUsage::read(self, t, slot, processes))
             })
             .collect();
@@ -1102,6 +1106,14 @@ impl QuotaTable {
             judged: l(&st.judged_bytes),
             over_target: l(&st.over_target_bytes),
         }
+    }
+
+    /// How many process slots hold a live process (as last recorded; no
+    /// `/proc` read): one pass over the process slots.
+    pub fn live_process_count(&self) -> u32 {
+        (0..self.inner.processes)
+            .filter(|&p| self.process_slot(p).state.load(Ordering::Acquire) == PROC_LIVE)
+            .count() as u32
     }
 
     /// Live processes attached to each tenant slot.
@@ -1510,6 +1522,28 @@ mod tests {
         assert_eq!(table.usage().unwrap()[0].qps.0, 1);
         drop(permit);
         assert_eq!(table.usage().unwrap()[0].qps.0, 0);
+    }
+
+    /// The view counts each tenant's live processes (in one pass).
+    #[test]
+    fn usage_counts_each_tenants_processes() {
+        let policy = Policy::new(
+            LinkConfig::new(1_000_000),
+            (1..=3)
+                .map(|i| TenantEntry::new(TenantId(i), format!("t{i}")))
+                .collect(),
+        );
+        let table = QuotaTable::embedded(&policy).unwrap();
+        for (p, tenant) in [1, 1, 3, 1].into_iter().enumerate() {
+            let who = ProcessId {
+                pid: 4_000_000 + p as u32,
+                start_time: 1,
+            };
+            table.claim_process_slot(TenantId(tenant), who).unwrap();
+        }
+        let counts: Vec<u32> = table.usage().unwrap().iter().map(|u| u.processes).collect();
+        assert_eq!(counts, [3, 0, 1]);
+        assert_eq!(table.live_process_count(), 4);
     }
 
     /// A slot a coordinator claimed for this process is adopted once: a
