@@ -31,10 +31,120 @@ use crate::table::{DemandCounters, QuotaTable, Reclaimed, TableError, TenantHand
 use crate::TenantId;
 use mtrdma_sched::share::{ShareGains, TenantRate};
 
-/// The first line a registering process sends. Version 2: the answer
-/// carries the table's objects (`SCM_RIGHTS`) and how the coordinator
-/// recorded the process.
-const HELLO: &str = "MTRDMA-REGISTER 2";
+use wire::HELLO;
+
+/// The registration protocol's messages as each side parses them: what
+/// the coordinator reads from a registering process (a greeting line)
+/// and what the process reads back (an answer line). Public so that they
+/// can be fuzzed; [`Coordinator`] and [`register`] use them.
+pub mod wire {
+    /// The first line a registering process sends. Version 2: the answer
+    /// carries the table's objects (`SCM_RIGHTS`) and how the coordinator
+    /// recorded the process.
+    pub const HELLO: &str = "MTRDMA-REGISTER 2";
+
+    /// The longest greeting read: a process that sends this many bytes
+    /// without a line is turned away.
+    pub const GREETING_MAX: usize = 256;
+
+    /// What the bytes a registering process sent so far say.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub enum Greeting {
+        /// Its first line, without the line end.
+        Line(String),
+        /// No line yet; more may come.
+        Incomplete,
+        /// It cannot be a greeting: why.
+        Invalid(String),
+    }
+
+    /// Reads a greeting from the bytes `got` so far.
+    pub fn greeting(got: &[u8]) -> Greeting {
+        if let Some(end) = got.iter().take(GREETING_MAX).position(|&b| b == b'\n') {
+            return match std::str::from_utf8(&got[..end]) {
+                Ok(line) => Greeting::Line(line.trim_end_matches('\r').to_string()),
+                Err(_) => Greeting::Invalid("a greeting that is not text".into()),
+            };
+        }
+        if got.len() >= GREETING_MAX {
+            return Greeting::Invalid(format!("no greeting in the first {GREETING_MAX} bytes"));
+        }
+        Greeting::Incomplete
+    }
+
+    /// A coordinator's answer to a registration (one line).
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub enum Answer {
+        /// Registered: the table, the tenant, the process slot claimed,
+        /// the process as the coordinator recorded it (its pid there and
+        /// start time), and its pid in its own PID namespace.
+        Registered {
+            /// The table's name.
+            table: String,
+            /// The tenant's id.
+            tenant: u32,
+            /// The process slot.
+            slot: u32,
+            /// The pid the coordinator recorded.
+            recorded_pid: u32,
+            /// The start time it recorded.
+            recorded_start: u64,
+            /// The pid the process has in its own PID namespace.
+            own_pid: u32,
+        },
+        /// Refused, and why.
+        Refused(String),
+    }
+
+    impl Answer {
+        /// The answer in `line` (without its line end), or `None` for
+        /// anything else.
+        pub fn parse(line: &str) -> Option<Answer> {
+            if let Some(reason) = line.strip_prefix("ERR ") {
+                return Some(Answer::Refused(reason.to_string()));
+            }
+            let mut words = line.strip_prefix("OK ")?.split(' ');
+            let table = words.next()?;
+            let valid_name = (1..=200).contains(&table.len())
+                && table
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+            if !valid_name {
+                return None;
+            }
+            let mut number = || words.next()?.parse::<u64>().ok();
+            let answer = Answer::Registered {
+                table: table.to_string(),
+                tenant: u32::try_from(number()?).ok()?,
+                slot: u32::try_from(number()?).ok()?,
+                recorded_pid: u32::try_from(number()?).ok()?,
+                recorded_start: number()?,
+                own_pid: u32::try_from(number()?).ok()?,
+            };
+            words.next().is_none().then_some(answer)
+        }
+
+        /// The answer as a line (with its line end); a refusal's reason
+        /// on one line.
+        pub fn to_line(&self) -> String {
+            match self {
+                Answer::Registered {
+                    table,
+                    tenant,
+                    slot,
+                    recorded_pid,
+                    recorded_start,
+                    own_pid,
+                } => format!(
+                    "OK {table} {tenant} {slot} {recorded_pid} {recorded_start} {own_pid}\n"
+                ),
+                Answer::Refused(reason) => {
+                    format!("ERR {}\n", reason.replace(['\n', '\r'], " "))
+                }
+            }
+        }
+    }
+}
 
 /// Why the coordinator could not start or act, or a process could not register.
 #[derive(Debug, thiserror::Error)]
@@ -175,8 +285,7 @@ pub const REGISTRATION_DEADLINE_NS: u64 = 1_000_000_000;
 /// coordinator a bounded amount of memory and work per tick.
 pub const MAX_PENDING_REGISTRATIONS: usize = 64;
 
-/// The longest greeting line read.
-const GREETING_MAX: usize = 256;
+use wire::GREETING_MAX;
 
 /// A connection whose greeting has not fully arrived.
 #[derive(Debug)]
@@ -202,14 +311,10 @@ impl Pending {
     fn read(&mut self) -> Heard {
         let mut buf = [0u8; GREETING_MAX];
         loop {
-            if let Some(end) = self.got.iter().position(|&b| b == b'\n') {
-                return match std::str::from_utf8(&self.got[..end]) {
-                    Ok(line) => Heard::Line(line.trim_end_matches('\r').to_string()),
-                    Err(_) => Heard::Failed("a greeting that is not text".into()),
-                };
-            }
-            if self.got.len() >= GREETING_MAX {
-                return Heard::Failed(format!("no greeting in the first {GREETING_MAX} bytes"));
+            match wire::greeting(&self.got) {
+                wire::Greeting::Line(line) => return Heard::Line(line),
+                wire::Greeting::Invalid(why) => return Heard::Failed(why),
+                wire::Greeting::Incomplete => {}
             }
             let room = GREETING_MAX - self.got.len();
             match (&self.stream).read(&mut buf[..room]) {
@@ -371,15 +476,15 @@ impl Coordinator {
                     // The table goes with the answer: the process needs no
                     // access to its objects by name (a container's
                     // /dev/shm is usually its own).
-                    let line = format!(
-                        "OK {} {} {} {} {} {}\n",
-                        self.config.table,
-                        r.tenant.0,
-                        r.slot,
-                        r.recorded.pid,
-                        r.recorded.start_time,
-                        r.own_pid
-                    );
+                    let line = wire::Answer::Registered {
+                        table: self.config.table.clone(),
+                        tenant: r.tenant.0,
+                        slot: r.slot,
+                        recorded_pid: r.recorded.pid,
+                        recorded_start: r.recorded.start_time,
+                        own_pid: r.own_pid,
+                    }
+                    .to_line();
                     let fds = [self.tenant_fds.0.as_fd(), self.tenant_fds.1.as_fd()];
                     match send_with_fds(&stream, line.as_bytes(), &fds) {
                         Ok(()) => report.registered.push((r.slot, r.tenant)),
@@ -766,7 +871,8 @@ fn receive_answer(stream: &UnixStream) -> std::io::Result<(String, Vec<OwnedFd>)
 /// Turns a registration away with `reason`.
 fn refuse(mut stream: &UnixStream, reason: String, report: &mut TickReport) {
     tracing::warn!(%reason, "registration refused");
-    let _ = writeln!(stream, "ERR {}", reason.replace('\n', " "));
+    let line = wire::Answer::Refused(reason.clone()).to_line();
+    let _ = stream.write_all(line.as_bytes());
     report.refused.push(reason);
 }
 
@@ -863,29 +969,28 @@ pub fn register(socket: &Path) -> Result<TenantHandle, CoordinatorError> {
     writeln!(stream, "{HELLO}").map_err(sock_err)?;
     let (line, fds) = receive_answer(&stream).map_err(sock_err)?;
     let line = line.trim_end();
-    if let Some(reason) = line.strip_prefix("ERR ") {
-        return Err(CoordinatorError::Refused(reason.to_string()));
-    }
-    let protocol = || CoordinatorError::Protocol(line.to_string());
-    let mut words = line.split(' ');
-    let mut next = || words.next().ok_or_else(protocol);
-    if next()? != "OK" {
-        return Err(protocol());
-    }
-    let table = next()?.to_string();
-    let mut number =
-        || -> Result<u64, CoordinatorError> { next()?.parse().map_err(|_| protocol()) };
-    let tenant = u32::try_from(number()?).map_err(|_| protocol())?;
-    let slot = u32::try_from(number()?).map_err(|_| protocol())?;
-    let recorded = ProcessId {
-        pid: u32::try_from(number()?).map_err(|_| protocol())?,
-        start_time: number()?,
+    let (table, tenant, slot, recorded, own_pid) = match wire::Answer::parse(line) {
+        Some(wire::Answer::Refused(reason)) => return Err(CoordinatorError::Refused(reason)),
+        Some(wire::Answer::Registered {
+            table,
+            tenant,
+            slot,
+            recorded_pid,
+            recorded_start,
+            own_pid,
+        }) => (
+            table,
+            tenant,
+            slot,
+            ProcessId {
+                pid: recorded_pid,
+                start_time: recorded_start,
+            },
+            own_pid,
+        ),
+        None => return Err(CoordinatorError::Protocol(line.to_string())),
     };
-    let own_pid = number()?;
-    if words.next().is_some() {
-        return Err(protocol());
-    }
-    if own_pid != u64::from(std::process::id()) {
+    if own_pid != std::process::id() {
         return Err(CoordinatorError::Protocol(format!(
             "{line}: the coordinator registered pid {own_pid}, this is pid {}",
             std::process::id()

@@ -14,7 +14,7 @@ use anyhow::{bail, Result};
 use crate::proc;
 
 /// The fuzz targets (`fuzz/fuzz_targets/*.rs`).
-pub(crate) const TARGETS: &[&str] = &["policy_file", "quota_table", "engine_rules"];
+pub(crate) const TARGETS: &[&str] = &["policy_file", "quota_table", "engine_rules", "registration"];
 
 fn has_nightly() -> bool {
     Command::new("cargo")
