@@ -1370,6 +1370,53 @@ mod tests {
         drop(qp);
     }
 
+    /// A long request paced by its tenant's cap whose second piece fails
+    /// reports at once, not after the cap has paced out the rest (8 s
+    /// here: 62 more pieces of 1 KiB at 8 KiB/s).
+    #[test]
+    fn a_paced_request_that_fails_reports_at_once() {
+        let shared = NullScheduler::new(SharedConfig {
+            chunk_bytes: 1024,
+            ..SharedConfig::default()
+        })
+        .unwrap();
+        let cap = RateLimit::new(8 << 10, 1024);
+        shared
+            .set_policy(TenantId(5), TenantPolicy::weight(1).with_byte_cap(cap))
+            .unwrap();
+        let config = ScheduleConfig {
+            chunk_bytes: 1024,
+            max_pieces_in_flight: 1,
+            ..ScheduleConfig::local(TenantId(5), TrafficClass::Bulk)
+        };
+        let mut qp = shared.attach(NullSink::new(1, 16), config).unwrap();
+        qp.with_sink(|s| s.refuse_after(1));
+        let started = std::time::Instant::now();
+        post(
+            &mut qp,
+            SendOp::Write(REMOTE),
+            HeapRegion::new(64 << 10),
+            64 << 10,
+            7,
+        );
+        let mut out = Vec::new();
+        while out.is_empty() && started.elapsed() < Duration::from_secs(20) {
+            qp.poll(&mut out).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let took = started.elapsed();
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            (out[0].context, out[0].status),
+            (7, WcStatus::LocalQpOperation)
+        );
+        assert!(
+            took < Duration::from_secs(2),
+            "reported after {took:?}, the rest paced out first"
+        );
+        assert_eq!(qp.queued(), 0);
+    }
+
     #[test]
     fn parked_and_chunked_requests_complete_in_the_order_posted() {
         // Small requests go parked (as the direct path posts them) when

@@ -425,6 +425,8 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             // Sent now: its one piece is out, and the last.
             pieces_out: u32::from(go),
             last_granted: go,
+            granted: if go { len } else { 0 },
+            abandoned: false,
             status: WcStatus::Success,
         });
         self.member_mut(member).accepted += 1;
@@ -728,6 +730,19 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         if !status.is_success() && msg.status.is_success() {
             msg.status = status;
         }
+        if !msg.status.is_success() && !msg.last_granted {
+            // Failed with pieces not yet granted: it reports as soon as
+            // its pieces in the NIC are back, not after the scheduler has
+            // paced out the rest (which is dropped as it comes: its bytes
+            // leave the tenant's backlog now).
+            msg.last_granted = true;
+            msg.abandoned = true;
+            let left = msg.len.saturating_sub(msg.granted);
+            if let Some(q) = &m.quota {
+                m.backlog = m.backlog.saturating_sub(left);
+                q.add_backlog(-i64::try_from(left).unwrap_or(i64::MAX));
+            }
+        }
         if msg.pieces_out == 1 && msg.last_granted {
             // Its last piece: finished (the count is not written first, so
             // the move out of the slab does not wait for that store).
@@ -742,9 +757,15 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         let Some(msg) = self.messages.get_mut(message).filter(|m| m.seq == seq) else {
             return;
         };
+        if msg.abandoned {
+            // The rest of a request that failed: its bytes left the
+            // backlog when it did.
+            return;
+        }
         if grant.is_last {
             msg.last_granted = true;
         }
+        msg.granted = msg.granted.saturating_add(grant.len);
         let m = self
             .members
             .get_mut(member)

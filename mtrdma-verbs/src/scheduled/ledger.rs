@@ -26,6 +26,11 @@ pub(super) struct Message<R> {
     pub(super) context: u64,
     pub(super) pieces_out: u32,
     pub(super) last_granted: bool,
+    /// Bytes granted so far.
+    pub(super) granted: u64,
+    /// It failed before its last piece was granted: the rest is dropped
+    /// as the scheduler grants it, and it finishes without waiting.
+    pub(super) abandoned: bool,
     pub(super) status: WcStatus,
 }
 
