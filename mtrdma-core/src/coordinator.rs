@@ -603,7 +603,19 @@ impl Coordinator {
             } else {
                 observed.saturating_add(observed / 4)
             };
-            let cap = t.schedule.byte_cap.map(|c| c.per_second);
+            // A work-request cap bounds the bytes too, at the tenant's
+            // bytes per work request: a tenant flooding small requests at
+            // its cap is held by it, and contends for nothing more.
+            let wrs = now.wrs.saturating_sub(before.wrs);
+            let bytes = now.posted.saturating_sub(before.posted);
+            let by_wrs = t.schedule.wr_cap.filter(|_| wrs > 0).map(|c| {
+                let b = u128::from(c.per_second) * u128::from(bytes) / u128::from(wrs);
+                u64::try_from(b).unwrap_or(u64::MAX)
+            });
+            let cap = match (t.schedule.byte_cap.map(|c| c.per_second), by_wrs) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             demands.push(Demand {
                 weight: t.schedule.weight,
                 demand,

@@ -540,6 +540,52 @@ fn a_tenant_that_starts_sending_may_take_its_share_at_once() {
 /// coordinator's recomputations stop for a second (fail-static: the
 /// windows go back to their weights alone), when it has nothing waiting,
 /// and when the coordinator's gains are turned off.
+/// A tenant held by its work-request cap (8-byte requests at 1,000/s, a
+/// backlog waiting) contends for nothing more: the other tenant's window
+/// keeps a gain of 1 and shares its growth with no one. (It was counted
+/// as a contender of equal weight: the other's gain fell to about 0.5, and
+/// its window with it.)
+#[test]
+fn a_tenant_held_by_its_work_request_cap_does_not_contend() {
+    use mtrdma_sched::share::GAIN_ONE;
+    const FLOOD: &str = r#"
+[link]
+capacity = 1000000000
+recompute_interval_ms = 1
+
+[[tenant]]
+id = 1
+name = "victim"
+
+[[tenant]]
+id = 2
+name = "flood"
+wr_rate = { rate = 1000, burst = 64 }
+"#;
+    let s = Setup::new("wrcap", FLOOD);
+    let c = Coordinator::start(s.config.clone()).unwrap();
+    let table = c.table().clone();
+    let (victim, flood) = (
+        table.attach(TenantId(1)).unwrap(),
+        table.attach(TenantId(2)).unwrap(),
+    );
+    let mut c = c;
+    victim.add_backlog(1 << 20);
+    flood.add_backlog(1 << 20);
+    let interval = 20_000_000u64;
+    let mut now = table.now_ns();
+    c.recompute(now);
+    for _ in 0..50 {
+        // 20 ms: the victim 400 KB, the flood its 20 requests of 8 bytes.
+        victim.record_posted(400_000, 100);
+        flood.record_posted(160, 20);
+        now += interval;
+        c.recompute(now);
+    }
+    assert_eq!(victim.window_gain(now), GAIN_ONE);
+    assert_eq!(victim.sharing_weight(now), 1, "no one to share growth with");
+}
+
 #[test]
 fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
     use mtrdma_core::table::HEARTBEAT_STALE_NS;

@@ -66,6 +66,8 @@ pub(crate) struct DemandCounters {
     /// Bytes its delay windows judged, and those over their target.
     pub(crate) judged: u64,
     pub(crate) over_target: u64,
+    /// Work requests handed to the NIC.
+    pub(crate) wrs: u64,
 }
 
 /// A quota table (cheap to clone: clones share the mappings).
@@ -1095,8 +1097,9 @@ impl QuotaTable {
 
     /// What the coordinator's fair-rate computation reads of tenant slot
     /// `slot`: bytes posted so far, bytes waiting in backlogs, and the
-    /// bytes its windows judged and found over target. Four loads, nothing
-    /// allocated (it runs every few milliseconds).
+    /// bytes its windows judged and found over target, and work requests
+    /// posted. Five loads, nothing allocated (it runs every few
+    /// milliseconds).
     pub(crate) fn demand_counters(&self, slot: u32) -> DemandCounters {
         let st = self.tenant_state(slot);
         let l = |w: &AtomicU64| w.load(Ordering::Relaxed);
@@ -1105,6 +1108,7 @@ impl QuotaTable {
             backlog: l(&st.backlog_bytes),
             judged: l(&st.judged_bytes),
             over_target: l(&st.over_target_bytes),
+            wrs: l(&st.wrs_posted),
         }
     }
 
