@@ -146,3 +146,64 @@ fn delay_windows_keep_the_latency_tenant_s_p99_far_below_unprotected() {
         "p99 {windowed:.1} us with windows is not several times below {unprotected:.1} us unprotected"
     );
 }
+
+/// The adversarial table, in short (`examples/isolation --link --scenarios
+/// attack`): a victim tenant next to each attacker, unprotected and with
+/// mtrdma. Every attacker gets a verdict both ways; with mtrdma the
+/// flooding attacker is held to its policy's 1,000 work requests/s, where
+/// unprotected it posts several times as many.
+#[test]
+#[ignore = "needs the VM's shared link (cargo xtask vm --link RATE)"]
+fn the_adversarial_table_holds_each_attacker_to_its_policy() {
+    let Some(_) = link() else {
+        eprintln!("no shared link (MTRDMA_LINK_SENDER/RECEIVER): nothing to measure on this host");
+        return;
+    };
+    let out_dir = std::env::temp_dir().join(format!("mtrdma-attack-{}", std::process::id()));
+    let out = Command::new(example("isolation"))
+        .args(["--link", "--scenarios", "attack", "--seconds", "2", "--out"])
+        .arg(&out_dir)
+        .output()
+        .expect("start examples/isolation");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "isolation failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // (way, attacker op/s, verdict) of an attacker's rows.
+    let rows = |label: &str| -> Vec<(String, f64, String)> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(label))
+            .map(|rest| {
+                let w: Vec<&str> = rest.split_whitespace().collect();
+                assert_eq!(w.len(), 5, "a row of {label}: {rest}");
+                (
+                    w[0].to_string(),
+                    w[3].parse().expect("op/s"),
+                    w[4].to_string(),
+                )
+            })
+            .collect()
+    };
+    for label in ["8 B WRITE flood", "8 B READ flood", "QP/MR storm"] {
+        let r = rows(label);
+        let ways: Vec<&str> = r.iter().map(|(w, _, _)| w.as_str()).collect();
+        assert_eq!(ways, ["unprotected", "mtrdma"], "{label}:\n{text}");
+        assert!(
+            r.iter().all(|(_, _, v)| v == "pass" || v == "FAIL"),
+            "{label}: {r:?}"
+        );
+    }
+    let writes = rows("8 B WRITE flood");
+    assert!(
+        writes[1].1 <= 1_200.0,
+        "with mtrdma the flood keeps to its 1,000 requests/s: {writes:?}"
+    );
+    assert!(
+        writes[0].1 > 2.0 * writes[1].1,
+        "unprotected, the flood posts far more: {writes:?}"
+    );
+    assert!(text.contains("not reproducible on rxe"), "{text}");
+    std::fs::remove_dir_all(&out_dir).ok();
+}

@@ -47,12 +47,13 @@ on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
     [--window-target PPM (the windows' queue allowance, see perf --help)] [--window-floor USEC] [--window-queue BYTES]
     [--no-window-gains (the coordinator leaves the windows' growth to their weights)]
     [--probe-interval-us US (between the latency probe's requests, default 500)]
-    [--scenarios latency,hogs,weights,cap,storm] [--cap-share 0.25]
+    [--scenarios latency,hogs,weights,cap,storm,attack] [--cap-share 0.25]
 the link demo's storm tenant:
        isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET]";
 
 pub(crate) const SCENARIOS: [&str; 4] = ["latency", "weights", "cap", "storm"];
-pub(crate) const LINK_SCENARIOS: [&str; 5] = ["latency", "hogs", "weights", "cap", "storm"];
+pub(crate) const LINK_SCENARIOS: [&str; 6] =
+    ["latency", "hogs", "weights", "cap", "storm", "attack"];
 
 pub(crate) fn parse() -> Result<Args, String> {
     let mut args = Args {

@@ -49,6 +49,12 @@ const CAP_BURST_PIECES: u64 = 64;
 /// The control-path storm's policy rate (QP creations and MR registrations
 /// per second).
 const STORM_RATE: u64 = 50;
+/// The flooding attacker's work-request cap in the demo's policy (work
+/// requests per second).
+const ATTACK_WR_RATE: u64 = 1_000;
+/// Husky's criterion: next to an attacker, the victim keeps at least this
+/// share of what it moves alone.
+const VICTIM_KEEPS: f64 = 0.8;
 /// Local ACK timeout exponent of every bulk sender (4.096 us x 2^20, about
 /// 4 s): a sender behind a long queue would otherwise resend what is only
 /// waiting.
@@ -135,6 +141,12 @@ fn policy_toml(args: &Args, link: &LinkSpec) -> String {
         ),
     );
     tenant(31, "free", "");
+    tenant(50, "victim", "");
+    tenant(
+        51,
+        "attacker",
+        &format!("wr_rate = {{ rate = {ATTACK_WR_RATE}, burst = 64 }}\n"),
+    );
     tenant(
         40,
         "storm",
@@ -471,6 +483,42 @@ impl Site<'_> {
                 .args(["-u", ACK_TIMEOUT, "127.0.0.1"]);
             hogs.push(self.spawn(&name, Some(&name), cmd)?);
         }
+        let flood = match run.flood {
+            None => None,
+            Some((kind, way)) => {
+                let (server, port) = self.server("attacker")?;
+                wait_listening(port)?;
+                let csv = self.logs.join("attacker.csv");
+                let mut a: Vec<String> = [
+                    "--test",
+                    kind.test(),
+                    "-s",
+                    "8",
+                    "--tx-depth",
+                    "64",
+                    "-D",
+                    &format!("{bulk_secs}"),
+                    "--wait",
+                    "--csv",
+                    &csv.display().to_string(),
+                ]
+                .map(String::from)
+                .to_vec();
+                match way {
+                    Way::Mtrdma => a.extend(
+                        [
+                            "--path",
+                            "mtrdma",
+                            "--coordinator",
+                            &self.socket.display().to_string(),
+                        ]
+                        .map(String::from),
+                    ),
+                    _ => a.extend(["--path".into(), "raw".into()]),
+                }
+                Some((server, csv, self.client("attacker", port, &a)?))
+            }
+        };
         let storm = match run.storm {
             None => None,
             Some(way) => {
@@ -549,6 +597,12 @@ impl Site<'_> {
             let out = s.wait()?;
             measured.storm = Some(parse_storm(&out)?);
         }
+        if let Some((server, csv, client)) = flood {
+            client.wait()?;
+            server.wait()?;
+            // MB/s of 8-byte requests, as requests per second.
+            measured.flood_ops = Some(bw_avg(&csv)? * 1_048_576.0 / 8.0);
+        }
         for s in servers {
             s.wait()?;
         }
@@ -585,6 +639,26 @@ struct Run {
     bulk: Vec<(String, Way)>,
     hogs: usize,
     storm: Option<Way>,
+    /// A tenant flooding the link with 8-byte requests, with or without
+    /// mtrdma.
+    flood: Option<(Flood, Way)>,
+}
+
+/// What a flooding attacker posts: 8-byte RDMA WRITEs or READs, as many
+/// as it can keep outstanding.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flood {
+    Writes,
+    Reads,
+}
+
+impl Flood {
+    fn test(self) -> &'static str {
+        match self {
+            Flood::Writes => "write_bw",
+            Flood::Reads => "read_bw",
+        }
+    }
 }
 
 #[derive(Default)]
@@ -601,6 +675,8 @@ struct Measured {
     bulk_window: Vec<(String, f64)>,
     /// (operations done, refused, seconds) of the storm.
     storm: Option<(u64, u64, f64)>,
+    /// The flooding attacker's requests per second (its own average).
+    flood_ops: Option<f64>,
     /// What left the sender's network device while the probe ran (MB/s,
     /// headers included).
     link_mbps: f64,
@@ -1073,6 +1149,93 @@ fn scenario_storm(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
     Ok(())
 }
 
+/// The adversarial table: a victim bulk tenant next to each attacker,
+/// unprotected and with mtrdma; an attacker passes when the victim keeps
+/// at least [`VICTIM_KEEPS`] of what it moves alone (Husky's criterion),
+/// from its own average over its run.
+fn scenario_attack(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
+    r.say(format!(
+        "\n== adversarial: a victim tenant ({} B WRITEs) next to each attacker; an attacker passes when the victim \
+         keeps at least {VICTIM_KEEPS} of its throughput alone ==\n\
+         (policy: the flooding attacker {ATTACK_WR_RATE} work requests/s, the storm {STORM_RATE} QP creations and \
+         {STORM_RATE} MR registrations/s; victim MB/s: its own average over its run)",
+        site.args.msg
+    ));
+    r.say(format!(
+        "{:<22} {:<12} {:>12} {:>9} {:>14}  {}",
+        "attacker", "way", "victim MB/s", "of alone", "attacker op/s", "verdict"
+    ));
+    let victim = |way| vec![("victim".to_string(), way)];
+    let mut alone = [0.0f64; 2];
+    for (i, way) in [Way::Unprotected, Way::Mtrdma].into_iter().enumerate() {
+        let m = site.measure(
+            &format!("attack-none-{}", way.name()),
+            &Run {
+                bulk: victim(way),
+                ..Run::default()
+            },
+        )?;
+        alone[i] = m.bulk[0].1;
+        r.say(format!(
+            "{:<22} {:<12} {:>12.2} {:>9.2} {:>14}  -",
+            "(none)",
+            way.name(),
+            alone[i],
+            1.0,
+            "-"
+        ));
+        r.figure("link_attack", way, "none", "victim", "mbps", alone[i]);
+    }
+    let attacks: [(&str, &str, Option<Flood>); 3] = [
+        ("8 B WRITE flood", "write_flood", Some(Flood::Writes)),
+        ("8 B READ flood", "read_flood", Some(Flood::Reads)),
+        ("QP/MR storm", "storm", None),
+    ];
+    for (label, tag, flood) in attacks {
+        for (i, way) in [Way::Unprotected, Way::Mtrdma].into_iter().enumerate() {
+            let run = Run {
+                bulk: victim(way),
+                flood: flood.map(|f| (f, way)),
+                storm: flood.is_none().then_some(way),
+                ..Run::default()
+            };
+            let m = site.measure(&format!("attack-{tag}-{}", way.name()), &run)?;
+            let got = m.bulk[0].1;
+            let share = got / alone[i];
+            let ops = match (m.flood_ops, m.storm) {
+                (Some(ops), _) => ops,
+                (None, Some((ok, _, secs))) => ok as f64 / secs,
+                _ => f64::NAN,
+            };
+            r.say(format!(
+                "{label:<22} {:<12} {got:>12.2} {share:>9.2} {ops:>14.0}  {}",
+                way.name(),
+                if share >= VICTIM_KEEPS {
+                    "pass"
+                } else {
+                    "FAIL"
+                }
+            ));
+            r.figure("link_attack", way, tag, "victim", "mbps", got);
+            r.figure("link_attack", way, tag, "victim", "share_of_alone", share);
+            r.figure("link_attack", way, tag, "attacker", "ops_per_s", ops);
+        }
+    }
+    for (label, why) in [
+        (
+            "RNR storm",
+            "not run here yet: the attacker needs a peer that posts no receives",
+        ),
+        (
+            "many QPs, many MRs",
+            "not reproducible on rxe: it keeps QP and MR contexts in host memory, with no NIC cache to thrash",
+        ),
+    ] {
+        r.say(format!("{label:<22} {:<12} {why}", "-"));
+    }
+    Ok(())
+}
+
 /// Runs the link demo's scenarios; writes into `args.out`.
 pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), String> {
     let me = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
@@ -1181,6 +1344,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
                 "weights" => scenario_weights(&mut site, r)?,
                 "cap" => scenario_cap(&mut site, r)?,
                 "storm" => scenario_storm(&mut site, r)?,
+                "attack" => scenario_attack(&mut site, r)?,
                 _ => unreachable!("checked in parse"),
             }
         }
