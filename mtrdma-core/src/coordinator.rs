@@ -75,25 +75,29 @@ pub mod wire {
     /// A coordinator's answer to a registration (one line).
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub enum Answer {
-        /// Registered: the table, the tenant, the process slot claimed,
-        /// the process as the coordinator recorded it (its pid there and
-        /// start time), and its pid in its own PID namespace.
-        Registered {
-            /// The table's name.
-            table: String,
-            /// The tenant's id.
-            tenant: u32,
-            /// The process slot.
-            slot: u32,
-            /// The pid the coordinator recorded.
-            recorded_pid: u32,
-            /// The start time it recorded.
-            recorded_start: u64,
-            /// The pid the process has in its own PID namespace.
-            own_pid: u32,
-        },
+        /// Registered.
+        Registered(Registration),
         /// Refused, and why.
         Refused(String),
+    }
+
+    /// A registration granted: the table, the tenant, the process slot
+    /// claimed, the process as the coordinator recorded it (its pid there
+    /// and start time), and its pid in its own PID namespace.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Registration {
+        /// The table's name.
+        pub table: String,
+        /// The tenant's id.
+        pub tenant: u32,
+        /// The process slot.
+        pub slot: u32,
+        /// The pid the coordinator recorded.
+        pub recorded_pid: u32,
+        /// The start time it recorded.
+        pub recorded_start: u64,
+        /// The pid the process has in its own PID namespace.
+        pub own_pid: u32,
     }
 
     impl Answer {
@@ -113,14 +117,14 @@ pub mod wire {
                 return None;
             }
             let mut number = || words.next()?.parse::<u64>().ok();
-            let answer = Answer::Registered {
+            let answer = Answer::Registered(Registration {
                 table: table.to_string(),
                 tenant: u32::try_from(number()?).ok()?,
                 slot: u32::try_from(number()?).ok()?,
                 recorded_pid: u32::try_from(number()?).ok()?,
                 recorded_start: number()?,
                 own_pid: u32::try_from(number()?).ok()?,
-            };
+            });
             words.next().is_none().then_some(answer)
         }
 
@@ -128,15 +132,9 @@ pub mod wire {
         /// on one line.
         pub fn to_line(&self) -> String {
             match self {
-                Answer::Registered {
-                    table,
-                    tenant,
-                    slot,
-                    recorded_pid,
-                    recorded_start,
-                    own_pid,
-                } => format!(
-                    "OK {table} {tenant} {slot} {recorded_pid} {recorded_start} {own_pid}\n"
+                Answer::Registered(r) => format!(
+                    "OK {} {} {} {} {} {}\n",
+                    r.table, r.tenant, r.slot, r.recorded_pid, r.recorded_start, r.own_pid
                 ),
                 Answer::Refused(reason) => {
                     format!("ERR {}\n", reason.replace(['\n', '\r'], " "))
@@ -476,14 +474,14 @@ impl Coordinator {
                     // The table goes with the answer: the process needs no
                     // access to its objects by name (a container's
                     // /dev/shm is usually its own).
-                    let line = wire::Answer::Registered {
+                    let line = wire::Answer::Registered(wire::Registration {
                         table: self.config.table.clone(),
                         tenant: r.tenant.0,
                         slot: r.slot,
                         recorded_pid: r.recorded.pid,
                         recorded_start: r.recorded.start_time,
                         own_pid: r.own_pid,
-                    }
+                    })
                     .to_line();
                     let fds = [self.tenant_fds.0.as_fd(), self.tenant_fds.1.as_fd()];
                     match send_with_fds(&stream, line.as_bytes(), &fds) {
@@ -981,27 +979,12 @@ pub fn register(socket: &Path) -> Result<TenantHandle, CoordinatorError> {
     writeln!(stream, "{HELLO}").map_err(sock_err)?;
     let (line, fds) = receive_answer(&stream).map_err(sock_err)?;
     let line = line.trim_end();
-    let (table, tenant, slot, recorded, own_pid) = match wire::Answer::parse(line) {
+    let r = match wire::Answer::parse(line) {
+        Some(wire::Answer::Registered(r)) => r,
         Some(wire::Answer::Refused(reason)) => return Err(CoordinatorError::Refused(reason)),
-        Some(wire::Answer::Registered {
-            table,
-            tenant,
-            slot,
-            recorded_pid,
-            recorded_start,
-            own_pid,
-        }) => (
-            table,
-            tenant,
-            slot,
-            ProcessId {
-                pid: recorded_pid,
-                start_time: recorded_start,
-            },
-            own_pid,
-        ),
         None => return Err(CoordinatorError::Protocol(line.to_string())),
     };
+    let own_pid = r.own_pid;
     if own_pid != std::process::id() {
         return Err(CoordinatorError::Protocol(format!(
             "{line}: the coordinator registered pid {own_pid}, this is pid {}",
@@ -1014,6 +997,10 @@ pub fn register(socket: &Path) -> Result<TenantHandle, CoordinatorError> {
             fds.len()
         ))
     })?;
-    let table = QuotaTable::from_fds(&table, &policy, &state)?;
-    Ok(table.adopt_as(TenantId(tenant), slot, recorded)?)
+    let table = QuotaTable::from_fds(&r.table, &policy, &state)?;
+    let recorded = ProcessId {
+        pid: r.recorded_pid,
+        start_time: r.recorded_start,
+    };
+    Ok(table.adopt_as(TenantId(r.tenant), r.slot, recorded)?)
 }

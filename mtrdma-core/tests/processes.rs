@@ -300,47 +300,21 @@ fn eight_processes_race_for_mr_bytes() -> Outcome {
 }
 
 fn killed_process_is_reclaimed_within_one_second() -> Outcome {
-    let dir = std::env::temp_dir().join(unique("coord"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let policy_path = dir.join("policy.toml");
-    let uid = rustix::process::getuid().as_raw();
-    std::fs::write(
-        &policy_path,
-        format!(
-            "[link]\ncapacity = \"100Gbit\"\n\n[[tenant]]\nid = 1\nname = \"holder\"\nmax_qps = 3\n\
-             [[tenant.match]]\nuid = {uid}\n"
-        ),
-    )
-    .unwrap();
-    let name = unique("coord");
-    let socket = dir.join("coordinator.sock");
-    let mut coord = Coordinator::start(CoordinatorConfig {
-        table: name.clone(),
-        socket: socket.clone(),
-        policy_path,
-        capacity: 4,
-        processes: 8,
-    })
-    .unwrap();
+    let mut c = Coord::start("coord");
     let mut kid = Kid::spawn(
         "register-and-hold",
-        &name,
-        &[("MTRDMA_SOCKET", socket.display().to_string())],
+        &c.name,
+        &[("MTRDMA_SOCKET", c.socket.display().to_string())],
     );
     // Serve the registration while the child waits for its answer.
-    let mut registered = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while registered.is_empty() && Instant::now() < deadline {
-        registered = coord.tick(coord.table().now_ns()).registered;
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let registered = c.serve();
     assert_eq!(registered.len(), 1, "the child registered");
     assert_eq!(
         registered[0].1, TENANT,
         "identity came from the child's uid"
     );
     assert_eq!(kid.hear(), "ready 3");
-    let usage = coord.usage()[0].clone();
+    let usage = c.coord.usage()[0].clone();
     assert_eq!(
         (usage.qps.0, usage.mr_bytes.0, usage.processes),
         (3, 5 << 20, 1)
@@ -349,19 +323,14 @@ fn killed_process_is_reclaimed_within_one_second() -> Outcome {
     kid.child.kill().unwrap(); // SIGKILL: no destructor runs
     let _ = kid.child.wait();
     let killed = Instant::now();
-    let mut reclaimed = Vec::new();
-    while reclaimed.is_empty() && killed.elapsed() < Duration::from_secs(5) {
-        reclaimed = coord.tick(coord.table().now_ns()).reclaimed;
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let reclaimed = c.reclaimed_within(Duration::from_secs(5));
     let took = killed.elapsed();
     assert_eq!(reclaimed.len(), 1);
     assert_eq!((reclaimed[0].qps, reclaimed[0].mr_bytes), (3, 5 << 20));
     assert!(took < Duration::from_secs(1), "reclaimed after {took:?}");
-    let usage = coord.usage()[0].clone();
+    let usage = c.coord.usage()[0].clone();
     assert_eq!((usage.qps.0, usage.mr_bytes.0, usage.processes), (0, 0, 0));
-    coord.shutdown(true).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
+    c.finish();
     Outcome::Ran
 }
 
@@ -461,6 +430,18 @@ impl Coord {
         }
     }
 
+    /// Ticks until a dead process was reclaimed (for at most `wait`).
+    fn reclaimed_within(&mut self, wait: Duration) -> Vec<mtrdma_core::table::Reclaimed> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let reclaimed = self.coord.tick(self.coord.table().now_ns()).reclaimed;
+            if !reclaimed.is_empty() || Instant::now() >= deadline {
+                return reclaimed;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     fn finish(self) {
         self.coord.shutdown(true).unwrap();
         std::fs::remove_dir_all(&self.dir).unwrap();
@@ -509,12 +490,7 @@ fn a_tenant_in_its_own_pid_and_mount_namespaces_registers_and_is_reclaimed() -> 
 
     kid.child.kill().unwrap(); // unshare --kill-child takes the tenant along
     let _ = kid.child.wait();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut reclaimed = Vec::new();
-    while reclaimed.is_empty() && Instant::now() < deadline {
-        reclaimed = c.coord.tick(c.coord.table().now_ns()).reclaimed;
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let reclaimed = c.reclaimed_within(Duration::from_secs(5));
     assert_eq!(reclaimed.len(), 1, "the namespaced tenant was reclaimed");
     assert_eq!(reclaimed[0].qps, 3);
     c.finish();
