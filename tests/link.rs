@@ -186,7 +186,12 @@ fn the_adversarial_table_holds_each_attacker_to_its_policy() {
             })
             .collect()
     };
-    for label in ["8 B WRITE flood", "8 B READ flood", "QP/MR storm"] {
+    for label in [
+        "8 B WRITE flood",
+        "8 B READ flood",
+        "QP/MR storm",
+        "RNR storm",
+    ] {
         let r = rows(label);
         let ways: Vec<&str> = r.iter().map(|(w, _, _)| w.as_str()).collect();
         assert_eq!(ways, ["unprotected", "mtrdma"], "{label}:\n{text}");

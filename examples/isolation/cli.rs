@@ -10,6 +10,8 @@ pub(crate) struct Args {
     pub(crate) link: bool,
     /// Run as the control-path storm tenant (a process of the link demo).
     pub(crate) storm_tenant: bool,
+    /// With `storm_tenant`: an RNR storm towards `peer_device`.
+    pub(crate) rnr: bool,
     pub(crate) coordinator: Option<PathBuf>,
     /// The capped tenant's cap on the link, as a share of its rate.
     pub(crate) cap_share: f64,
@@ -48,8 +50,8 @@ on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
     [--no-window-gains (the coordinator leaves the windows' growth to their weights)]
     [--probe-interval-us US (between the latency probe's requests, default 500)]
     [--scenarios latency,hogs,weights,cap,storm,attack] [--cap-share 0.25]
-the link demo's storm tenant:
-       isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET]";
+the link demo's storm tenant (--rnr: SENDs to a peer on --peer-device that posts no receives):
+       isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET] [--rnr --peer-device NAME]";
 
 pub(crate) const SCENARIOS: [&str; 4] = ["latency", "weights", "cap", "storm"];
 pub(crate) const LINK_SCENARIOS: [&str; 6] =
@@ -61,6 +63,7 @@ pub(crate) fn parse() -> Result<Args, String> {
         peer_device: None,
         link: false,
         storm_tenant: false,
+        rnr: false,
         coordinator: None,
         cap_share: 0.25,
         out: PathBuf::from("target/demo"),
@@ -104,6 +107,10 @@ pub(crate) fn parse() -> Result<Args, String> {
             }
             "--storm-tenant" => {
                 args.storm_tenant = true;
+                continue;
+            }
+            "--rnr" => {
+                args.rnr = true;
                 continue;
             }
             "--no-window-gains" => {

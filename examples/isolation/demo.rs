@@ -370,3 +370,70 @@ pub(crate) fn storm(
     }
     Ok((ok, refused))
 }
+
+/// An RNR storm: SENDs to a peer that never posts a receive. Each is
+/// answered with RNR NAKs at the shortest wait (10 us) until its retries
+/// run out, which fails the queue pair; then a new pair, as fast as it
+/// may. The sending queue pairs are the tenant's (`handle`: admitted, and
+/// rate limited, against its quota). Returns the SENDs failed so and the
+/// creations refused, in the window.
+pub(crate) fn rnr_storm(
+    pd: &ProtectionDomain,
+    peer: &ProtectionDomain,
+    handle: Option<&TenantHandle>,
+    start: Instant,
+    window: (Duration, Duration),
+    stop: &AtomicBool,
+) -> Result<(u64, u64), String> {
+    let (mut ok, mut refused) = (0u64, 0u64);
+    let mut region = Some(pd.allocate(8, Access::LOCAL).map_err(|e| e.to_string())?);
+    let mut out = Vec::new();
+    while !stop.load(Ordering::Acquire) {
+        let inside = (window.0..window.1).contains(&start.elapsed());
+        let mut a = pd
+            .queue_pair()
+            .completion_events(true)
+            .min_rnr_timer(1)
+            .rnr_retry(mtrdma::verbs::MAX_RNR_RETRY);
+        if let Some(h) = handle {
+            a = a.tenant(h);
+        }
+        let a = match a.build() {
+            Ok(a) => a,
+            Err(Error::Admission(AdmissionError::RateLimited { retry_after_ns, .. })) => {
+                refused += u64::from(inside);
+                std::thread::sleep(Duration::from_nanos(retry_after_ns));
+                continue;
+            }
+            Err(e) => return Err(format!("rnr storm: {e}")),
+        };
+        // The RNR NAKs carry the receiver's shortest wait (code 1: 10 us).
+        let b = peer
+            .queue_pair()
+            .min_rnr_timer(1)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        let mut a = a.connect(&eb).map_err(|e| e.to_string())?;
+        let _b = b.connect(&ea).map_err(|e| e.to_string())?;
+        let r = region.take().expect("the region is back after every SEND");
+        a.post_send(SendOp::Send, r, 0..8, 1)
+            .map_err(|e| format!("rnr storm: {e}"))?;
+        out.clear();
+        while out.is_empty() {
+            if a.poll_wait(&mut out, Duration::from_secs(5))
+                .map_err(|e| e.to_string())?
+                == 0
+            {
+                return Err("rnr storm: no completion within 5 s".into());
+            }
+        }
+        let c: Completion = out.pop().expect("one completion");
+        if c.status.is_success() {
+            return Err("rnr storm: a SEND without a receive completed".into());
+        }
+        region = Some(c.region);
+        ok += u64::from(inside);
+    }
+    Ok((ok, refused))
+}

@@ -167,11 +167,24 @@ fn storm_tenant(args: &Args) -> Result<(), String> {
         ),
         None => None,
     };
+    let peer = match (&args.rnr, &args.peer_device) {
+        (true, Some(name)) => Some(
+            open_device(Some(name))?
+                .alloc_pd()
+                .map_err(|e| e.to_string())?,
+        ),
+        (true, None) => return Err("--rnr needs --peer-device".into()),
+        _ => None,
+    };
     let stop = AtomicBool::new(false);
     let length = Duration::from_secs_f64(args.seconds);
     let start = Instant::now();
+    let window = (Duration::ZERO, length);
     let (ok, refused) = std::thread::scope(|s| {
-        let t = s.spawn(|| storm(&pd, handle.as_ref(), start, (Duration::ZERO, length), &stop));
+        let t = s.spawn(|| match &peer {
+            Some(peer) => rnr_storm(&pd, peer, handle.as_ref(), start, window, &stop),
+            None => storm(&pd, handle.as_ref(), start, window, &stop),
+        });
         std::thread::sleep(length);
         stop.store(true, Ordering::Release);
         t.join()
