@@ -345,13 +345,8 @@ pub(crate) fn storm(
     let (mut ok, mut refused) = (0u64, 0u64);
     let mut count = |result: Result<(), Error>| -> Result<(), String> {
         let inside = (window.0..window.1).contains(&start.elapsed());
-        match result {
-            Ok(()) => ok += u64::from(inside),
-            Err(Error::Admission(AdmissionError::RateLimited { retry_after_ns, .. })) => {
-                refused += u64::from(inside);
-                std::thread::sleep(Duration::from_nanos(retry_after_ns));
-            }
-            Err(e) => return Err(format!("storm: {e}")),
+        if admitted(result, inside, &mut refused, "storm")?.is_some() {
+            ok += u64::from(inside);
         }
         Ok(())
     };
@@ -369,6 +364,26 @@ pub(crate) fn storm(
         count(mr.map(drop))?;
     }
     Ok((ok, refused))
+}
+
+/// What a storm's creation or registration gave: the object, or `None`
+/// when the tenant's rate limit refused it (counted in `refused` if
+/// `inside` the measured window, after sleeping until it may try again).
+fn admitted<T>(
+    result: Result<T, Error>,
+    inside: bool,
+    refused: &mut u64,
+    storm: &str,
+) -> Result<Option<T>, String> {
+    match result {
+        Ok(t) => Ok(Some(t)),
+        Err(Error::Admission(AdmissionError::RateLimited { retry_after_ns, .. })) => {
+            *refused += u64::from(inside);
+            std::thread::sleep(Duration::from_nanos(retry_after_ns));
+            Ok(None)
+        }
+        Err(e) => Err(format!("{storm}: {e}")),
+    }
 }
 
 /// An RNR storm: SENDs to a peer that never posts a receive. Each is
@@ -398,14 +413,8 @@ pub(crate) fn rnr_storm(
         if let Some(h) = handle {
             a = a.tenant(h);
         }
-        let a = match a.build() {
-            Ok(a) => a,
-            Err(Error::Admission(AdmissionError::RateLimited { retry_after_ns, .. })) => {
-                refused += u64::from(inside);
-                std::thread::sleep(Duration::from_nanos(retry_after_ns));
-                continue;
-            }
-            Err(e) => return Err(format!("rnr storm: {e}")),
+        let Some(a) = admitted(a.build(), inside, &mut refused, "rnr storm")? else {
+            continue;
         };
         // The RNR NAKs carry the receiver's shortest wait (code 1: 10 us).
         let b = peer

@@ -5,21 +5,21 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mtrdma_core::coordinator::wire::{self, Answer, Greeting, GREETING_MAX};
+use mtrdma_core::coordinator::wire::{self, Answer, FirstLine, GREETING_MAX};
 
 fuzz_target!(|data: &[u8]| {
     // The greeting, grown byte by byte as a slow client sends it: once it
     // is decided, more bytes do not change the decision.
-    let mut decided: Option<Greeting> = None;
+    let mut decided: Option<FirstLine> = None;
     for end in 0..=data.len().min(GREETING_MAX + 8) {
         let g = wire::greeting(&data[..end]);
         match (&decided, &g) {
-            (None, Greeting::Incomplete) => {}
+            (None, FirstLine::Incomplete) => {}
             (None, _) => decided = Some(g),
             (Some(d), _) => assert_eq!(d, &g, "a decided greeting changed with more bytes"),
         }
     }
-    if let Some(Greeting::Line(line)) = &decided {
+    if let Some(FirstLine::Line(line)) = &decided {
         assert!(!line.contains('\n'));
         assert!(line.len() < GREETING_MAX);
     }

@@ -47,29 +47,41 @@ pub mod wire {
     /// without a line is turned away.
     pub const GREETING_MAX: usize = 256;
 
-    /// What the bytes a registering process sent so far say.
+    /// The longest answer read.
+    pub const ANSWER_MAX: usize = 512;
+
+    /// What the bytes of a one-line message (a greeting, an answer) that
+    /// arrived so far say.
     #[derive(Debug, Clone, PartialEq, Eq)]
-    pub enum Greeting {
+    pub enum FirstLine {
         /// Its first line, without the line end.
         Line(String),
         /// No line yet; more may come.
         Incomplete,
-        /// It cannot be a greeting: why.
+        /// It cannot be the message: why.
         Invalid(String),
     }
 
-    /// Reads a greeting from the bytes `got` so far.
-    pub fn greeting(got: &[u8]) -> Greeting {
-        if let Some(end) = got.iter().take(GREETING_MAX).position(|&b| b == b'\n') {
+    /// The first line of the bytes `got` so far, which must end within
+    /// `max` bytes; `what` names the message in the reasons.
+    pub fn first_line(got: &[u8], max: usize, what: &str) -> FirstLine {
+        if let Some(end) = got.iter().take(max).position(|&b| b == b'\n') {
             return match std::str::from_utf8(&got[..end]) {
-                Ok(line) => Greeting::Line(line.trim_end_matches('\r').to_string()),
-                Err(_) => Greeting::Invalid("a greeting that is not text".into()),
+                Ok(line) => FirstLine::Line(line.trim_end_matches('\r').to_string()),
+                Err(_) => FirstLine::Invalid(format!("{what} that is not text")),
             };
         }
-        if got.len() >= GREETING_MAX {
-            return Greeting::Invalid(format!("no greeting in the first {GREETING_MAX} bytes"));
+        if got.len() >= max {
+            return FirstLine::Invalid(format!(
+                "{what} without a line end in its first {max} bytes"
+            ));
         }
-        Greeting::Incomplete
+        FirstLine::Incomplete
+    }
+
+    /// Reads a greeting from the bytes a registering process sent so far.
+    pub fn greeting(got: &[u8]) -> FirstLine {
+        first_line(got, GREETING_MAX, "a greeting")
     }
 
     /// A coordinator's answer to a registration (one line).
@@ -310,9 +322,9 @@ impl Pending {
         let mut buf = [0u8; GREETING_MAX];
         loop {
             match wire::greeting(&self.got) {
-                wire::Greeting::Line(line) => return Heard::Line(line),
-                wire::Greeting::Invalid(why) => return Heard::Failed(why),
-                wire::Greeting::Incomplete => {}
+                wire::FirstLine::Line(line) => return Heard::Line(line),
+                wire::FirstLine::Invalid(why) => return Heard::Failed(why),
+                wire::FirstLine::Incomplete => {}
             }
             let room = GREETING_MAX - self.got.len();
             match (&self.stream).read(&mut buf[..room]) {
@@ -474,21 +486,14 @@ impl Coordinator {
                     // The table goes with the answer: the process needs no
                     // access to its objects by name (a container's
                     // /dev/shm is usually its own).
-                    let line = wire::Answer::Registered(wire::Registration {
-                        table: self.config.table.clone(),
-                        tenant: r.tenant.0,
-                        slot: r.slot,
-                        recorded_pid: r.recorded.pid,
-                        recorded_start: r.recorded.start_time,
-                        own_pid: r.own_pid,
-                    })
-                    .to_line();
+                    let (slot, tenant) = (r.slot, TenantId(r.tenant));
+                    let line = wire::Answer::Registered(r).to_line();
                     let fds = [self.tenant_fds.0.as_fd(), self.tenant_fds.1.as_fd()];
                     match send_with_fds(&stream, line.as_bytes(), &fds) {
-                        Ok(()) => report.registered.push((r.slot, r.tenant)),
+                        Ok(()) => report.registered.push((slot, tenant)),
                         Err(e) => {
                             // It left: the slot goes back when it is found dead.
-                            tracing::warn!(error = %e, slot = r.slot, "a registration's answer was not delivered");
+                            tracing::warn!(error = %e, slot, "a registration's answer was not delivered");
                         }
                     }
                 }
@@ -505,7 +510,7 @@ impl Coordinator {
 
     /// Identifies the peer that sent greeting `line` from its credentials
     /// and claims a process slot.
-    fn register_peer(&self, stream: &UnixStream, line: &str) -> Result<Registered, String> {
+    fn register_peer(&self, stream: &UnixStream, line: &str) -> Result<wire::Registration, String> {
         if line.trim_end() != HELLO {
             return Err(format!(
                 "unknown greeting {:?} (this coordinator speaks {HELLO:?})",
@@ -547,10 +552,12 @@ impl Coordinator {
             .claim_process_slot(tenant, process)
             .map_err(|e| e.to_string())?;
         tracing::info!(pid, own_pid, uid = peer.uid, %tenant, slot, "registered process");
-        Ok(Registered {
+        Ok(wire::Registration {
+            table: self.config.table.clone(),
+            tenant: tenant.0,
             slot,
-            tenant,
-            recorded: process,
+            recorded_pid: process.pid,
+            recorded_start: process.start_time,
             own_pid,
         })
     }
@@ -771,16 +778,6 @@ impl Coordinator {
     }
 }
 
-/// A registration granted.
-struct Registered {
-    slot: u32,
-    tenant: TenantId,
-    /// The process as the coordinator recorded it in the slot.
-    recorded: ProcessId,
-    /// Its pid in its own PID namespace (what its `getpid()` says).
-    own_pid: u32,
-}
-
 /// The credentials of the process at the other end of `stream`
 /// (`SO_PEERCRED`): pid, uid, gid. The pid is 0 when that process is in a
 /// PID namespace this one cannot see.
@@ -833,22 +830,18 @@ fn send_with_fds(stream: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> s
     Ok(())
 }
 
-/// Reads the coordinator's answer: one line of at most 512 bytes, and the
-/// descriptors that came with it.
+/// Reads the coordinator's answer: one line of at most
+/// [`wire::ANSWER_MAX`] bytes, and the descriptors that came with it.
 fn receive_answer(stream: &UnixStream) -> std::io::Result<(String, Vec<OwnedFd>)> {
     use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
     let mut got = Vec::new();
     let mut fds = Vec::new();
-    let mut buf = [0u8; 512];
+    let mut buf = [0u8; wire::ANSWER_MAX];
     loop {
-        if let Some(end) = got.iter().position(|&b| b == b'\n') {
-            got.truncate(end);
-            let line = String::from_utf8(got)
-                .map_err(|_| std::io::Error::other("an answer that is not text"))?;
-            return Ok((line, fds));
-        }
-        if got.len() >= buf.len() {
-            return Err(std::io::Error::other("an answer longer than 512 bytes"));
+        match wire::first_line(&got, wire::ANSWER_MAX, "an answer") {
+            wire::FirstLine::Line(line) => return Ok((line, fds)),
+            wire::FirstLine::Invalid(why) => return Err(std::io::Error::other(why)),
+            wire::FirstLine::Incomplete => {}
         }
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
         let mut control = RecvAncillaryBuffer::new(&mut space);

@@ -563,13 +563,12 @@ name = "flood"
 wr_rate = { rate = 1000, burst = 64 }
 "#;
     let s = Setup::new("wrcap", FLOOD);
-    let c = Coordinator::start(s.config.clone()).unwrap();
+    let mut c = Coordinator::start(s.config.clone()).unwrap();
     let table = c.table().clone();
     let (victim, flood) = (
         table.attach(TenantId(1)).unwrap(),
         table.attach(TenantId(2)).unwrap(),
     );
-    let mut c = c;
     victim.add_backlog(1 << 20);
     flood.add_backlog(1 << 20);
     let interval = 20_000_000u64;

@@ -607,6 +607,15 @@ mod tests {
         }
     }
 
+    /// A shared engine that cuts requests into 1 KiB pieces.
+    fn shared_1k() -> NullScheduler {
+        NullScheduler::new(SharedConfig {
+            chunk_bytes: 1024,
+            ..SharedConfig::default()
+        })
+        .unwrap()
+    }
+
     /// Polls until `want` completions came (or gives up).
     fn drain(qp: &mut NullScheduled, want: usize) -> Vec<HostCompletion> {
         let mut out = Vec::new();
@@ -1061,11 +1070,7 @@ mod tests {
             max_pieces_in_flight: 4,
             ..bulk0()
         };
-        let shared = NullScheduler::new(SharedConfig {
-            chunk_bytes: 1024,
-            ..SharedConfig::default()
-        })
-        .unwrap();
+        let shared = shared_1k();
         let solo = scheduled(NullSink::new(1, 16).recording(), config.clone()).unwrap();
         let attached = shared
             .attach(NullSink::new(2, 16).recording(), config)
@@ -1124,11 +1129,7 @@ mod tests {
     /// other queue pair of the engine stopped until it ended.)
     #[test]
     fn a_queue_pair_being_drained_holds_up_no_other() {
-        let shared = NullScheduler::new(SharedConfig {
-            chunk_bytes: 1024,
-            ..SharedConfig::default()
-        })
-        .unwrap();
+        let shared = shared_1k();
         let config = ScheduleConfig {
             chunk_bytes: 1024,
             max_pieces_in_flight: 1,
@@ -1375,11 +1376,7 @@ mod tests {
     /// here: 62 more pieces of 1 KiB at 8 KiB/s).
     #[test]
     fn a_paced_request_that_fails_reports_at_once() {
-        let shared = NullScheduler::new(SharedConfig {
-            chunk_bytes: 1024,
-            ..SharedConfig::default()
-        })
-        .unwrap();
+        let shared = shared_1k();
         let cap = RateLimit::new(8 << 10, 1024);
         shared
             .set_policy(TenantId(5), TenantPolicy::weight(1).with_byte_cap(cap))

@@ -121,20 +121,6 @@ impl<T: Polled> Driver<T> {
         self.target.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Stops the thread (if it still runs) and returns how it ended.
-    fn join(&mut self) -> Result<(), Error> {
-        self.stop.store(true, Ordering::Release);
-        match self.thread.take() {
-            Some(t) => t.join().unwrap_or_else(|panic| {
-                // Only outside `progress` (which is caught): still said.
-                Err(Error::ProgressStopped {
-                    reason: format!("it panicked: {}", panic_message(&*panic)),
-                })
-            }),
-            None => Ok(()),
-        }
-    }
-
     /// Stops the thread and hands back what it drove, with how it ended.
     fn finish(mut self) -> (T, Result<(), Error>) {
         let result = self.join();
@@ -149,13 +135,26 @@ impl<T: Polled> Driver<T> {
     }
 }
 
+impl<T> Driver<T> {
+    /// Stops the thread (if it still runs) and returns how it ended.
+    fn join(&mut self) -> Result<(), Error> {
+        self.stop.store(true, Ordering::Release);
+        match self.thread.take() {
+            Some(t) => t.join().unwrap_or_else(|panic| {
+                // Only outside `progress` (which is caught): still said.
+                Err(Error::ProgressStopped {
+                    reason: format!("it panicked: {}", panic_message(&*panic)),
+                })
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
 impl<T> Drop for Driver<T> {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            // Its error, if any, was said when it stopped.
-            let _ = t.join();
-        }
+        // Its error, if any, was said when it stopped.
+        let _ = self.join();
     }
 }
 
