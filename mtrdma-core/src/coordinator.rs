@@ -363,6 +363,21 @@ impl Coordinator {
                 table.publish(&policy)?;
                 table
             }
+            Err(TableError::StateGone { .. }) => {
+                // No process holds the old table's state: no tenant of it
+                // runs, and nothing in it is owed to anyone. Start afresh.
+                tracing::warn!(
+                    table = %config.table,
+                    "the quota table's state is held by no live process; making the table anew"
+                );
+                QuotaTable::remove(&config.table)?;
+                QuotaTable::create_coordinated(
+                    &config.table,
+                    config.capacity,
+                    config.processes,
+                    &policy,
+                )?
+            }
             Err(TableError::Io { ref source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
             {
@@ -990,7 +1005,7 @@ pub fn register(socket: &Path) -> Result<TenantHandle, CoordinatorError> {
             fds.len()
         ))
     })?;
-    let table = QuotaTable::from_fds(&r.table, &policy, &state)?;
+    let table = QuotaTable::from_fds(&r.table, &policy, state)?;
     let recorded = ProcessId {
         pid: r.recorded_pid,
         start_time: r.recorded_start,

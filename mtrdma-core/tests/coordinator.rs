@@ -310,11 +310,14 @@ fn a_registered_process_gets_the_table_over_the_socket() {
     let s = Setup::new("fds", &two_matching_me());
     let mut c = Coordinator::start(s.config.clone()).unwrap();
     assert!(c.table().is_coordinated());
-    for object in ["policy", "state"] {
-        let path = format!("/dev/shm/mtrdma.{}.{object}", s.config.table);
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600, "{path}");
-    }
+    let path = format!("/dev/shm/mtrdma.{}.policy", s.config.table);
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{path}");
+    let state = format!("/dev/shm/mtrdma.{}.state", s.config.table);
+    assert!(
+        !Path::new(&state).exists(),
+        "the state has no name anyone could open"
+    );
     let by_name = QuotaTable::open(&s.config.table).unwrap();
     assert!(matches!(
         by_name.attach(TenantId(1)),
@@ -333,10 +336,43 @@ fn a_registered_process_gets_the_table_over_the_socket() {
     assert_eq!(c.usage()[1].qps.0, 1, "one table, seen by both");
     drop(qp);
     assert_eq!(c.usage()[1].qps.0, 0);
+
+    // What the registered process was handed it cannot shrink or grow
+    // under the others' mappings (which would fault them with SIGBUS).
+    let held = state_files(&s.config.table);
+    assert!(
+        held.len() >= 2,
+        "the coordinator's and the tenant's: {held:?}"
+    );
+    for fd in held {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&fd)
+            .unwrap();
+        let len = file.metadata().unwrap().len();
+        for to in [0, len / 2, len + 4096] {
+            let err = file.set_len(to).unwrap_err();
+            assert_eq!(err.raw_os_error(), Some(1), "{fd:?} to {to}: {err}");
+        }
+    }
+    assert_eq!(tenant.acquire_qp().unwrap().tenant(), TenantId(2));
+    assert_eq!(c.usage()[1].qps.0, 0);
+}
+
+/// This process's descriptors of table `table`'s state file.
+fn state_files(table: &str) -> Vec<PathBuf> {
+    let label = format!("/memfd:mtrdma.{table}.state (deleted)");
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| std::fs::read_link(p).is_ok_and(|t| t.as_os_str() == label.as_str()))
+        .collect()
 }
 
 /// A coordinator does not take over a table others may write (one made
-/// without a coordinator, or whose state object was opened up), and does
+/// without a coordinator, or whose policy object was opened up), and does
 /// not bind its socket where it cannot trust the path.
 #[test]
 fn a_coordinator_refuses_a_table_others_may_write_and_an_unsafe_socket_path() {
@@ -354,8 +390,8 @@ fn a_coordinator_refuses_a_table_others_may_write_and_an_unsafe_socket_path() {
     QuotaTable::remove(&s.config.table).unwrap();
 
     let made = QuotaTable::create_coordinated(&s.config.table, 8, 8, &policy).unwrap();
-    let state = format!("/dev/shm/mtrdma.{}.state", s.config.table);
-    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let policy_object = format!("/dev/shm/mtrdma.{}.policy", s.config.table);
+    std::fs::set_permissions(&policy_object, std::fs::Permissions::from_mode(0o666)).unwrap();
     let err = Coordinator::start(s.config.clone()).unwrap_err();
     assert!(
         err.to_string().contains("mode 666") && err.to_string().contains("remove it"),
@@ -444,6 +480,38 @@ fn a_restarted_coordinator_takes_over_and_tenants_carry_on() {
     assert!(
         QuotaTable::open(&s.config.table).is_err(),
         "shutdown removed the table"
+    );
+}
+
+/// A restarted coordinator finds the table's state through a live tenant
+/// that holds it; when no process holds it any more (the coordinator and
+/// every tenant are gone), nothing in it is owed to anyone, and the
+/// coordinator makes the table anew.
+#[test]
+fn a_table_whose_state_no_one_holds_is_made_anew() {
+    let s = Setup::new("stategone", TWO);
+    let first = Coordinator::start(s.config.clone()).unwrap();
+    let tenant = first.table().attach(TenantId(1)).unwrap();
+    let held = tenant.acquire_qp().unwrap();
+    drop(first); // dies without cleaning up
+    let found = QuotaTable::open(&s.config.table).expect("found through the tenant");
+    assert_eq!(found.usage().unwrap()[0].qps.0, 1);
+    drop(held);
+    drop((tenant, found));
+
+    match QuotaTable::open(&s.config.table) {
+        Err(e @ mtrdma_core::TableError::StateGone { .. }) => {
+            assert!(e.to_string().contains("makes it anew"), "{e}")
+        }
+        other => panic!("opened a table whose state no one holds: {other:?}"),
+    }
+    let c = Coordinator::start(s.config.clone()).unwrap();
+    assert_eq!(c.usage()[0].qps.0, 0);
+    let tenant = c.table().attach(TenantId(1)).unwrap();
+    let _two = (tenant.acquire_qp().unwrap(), tenant.acquire_qp().unwrap());
+    assert!(
+        tenant.acquire_qp().is_err(),
+        "max_qps 2 holds on the new table"
     );
 }
 

@@ -48,6 +48,10 @@ fn main() {
             a_tenant_in_its_own_pid_and_mount_namespaces_registers_and_is_reclaimed,
         ),
         (
+            "a_restarted_coordinator_finds_the_state_through_a_registered_process",
+            a_restarted_coordinator_finds_the_state_through_a_registered_process,
+        ),
+        (
             "a_coordinator_refuses_objects_another_user_made_first",
             a_coordinator_refuses_objects_another_user_made_first,
         ),
@@ -385,6 +389,36 @@ struct Coord {
 }
 
 impl Coord {
+    fn config(&self) -> CoordinatorConfig {
+        CoordinatorConfig {
+            table: self.name.clone(),
+            socket: self.socket.clone(),
+            policy_path: self.dir.join("policy.toml"),
+            capacity: 4,
+            processes: 8,
+        }
+    }
+
+    /// The coordinator dies without cleaning up (its table and socket
+    /// file stay), and a new one starts on the same table.
+    fn restart(self) -> Coord {
+        let config = self.config();
+        let Coord {
+            dir,
+            socket,
+            name,
+            coord,
+        } = self;
+        drop(coord);
+        let coord = Coordinator::start(config).expect("a restarted coordinator takes over");
+        Coord {
+            dir,
+            socket,
+            name,
+            coord,
+        }
+    }
+
     fn start(tag: &str) -> Coord {
         let dir = std::env::temp_dir().join(unique(tag));
         std::fs::create_dir_all(&dir).unwrap();
@@ -497,6 +531,35 @@ fn a_tenant_in_its_own_pid_and_mount_namespaces_registers_and_is_reclaimed() -> 
     Outcome::Ran
 }
 
+/// A coordinator that dies leaves the table's state (a sealed memory file
+/// with no name) in the registered processes alone; the coordinator that
+/// takes over finds it through one of them, sees what they hold, and
+/// reclaims it when they die.
+fn a_restarted_coordinator_finds_the_state_through_a_registered_process() -> Outcome {
+    let mut c = Coord::start("restart");
+    let mut kid = Kid::spawn(
+        "register-and-hold",
+        &c.name,
+        &[("MTRDMA_SOCKET", c.socket.display().to_string())],
+    );
+    assert_eq!(c.serve().len(), 1);
+    assert_eq!(kid.hear(), "ready 3");
+    let mut c = c.restart();
+    let usage = c.coord.usage()[0].clone();
+    assert_eq!(
+        (usage.qps.0, usage.mr_bytes.0, usage.processes),
+        (3, 5 << 20, 1),
+        "the new coordinator sees what the tenant process holds"
+    );
+    kid.child.kill().unwrap();
+    let _ = kid.child.wait();
+    let reclaimed = c.reclaimed_within(Duration::from_secs(5));
+    assert_eq!(reclaimed.len(), 1);
+    assert_eq!((reclaimed[0].qps, reclaimed[0].mr_bytes), (3, 5 << 20));
+    c.finish();
+    Outcome::Ran
+}
+
 /// A table, or a socket, that another user put in place first is not
 /// taken over: what they wrote would be handed to every tenant, and they
 /// could answer registrations.
@@ -515,7 +578,8 @@ fn a_coordinator_refuses_objects_another_user_made_first() -> Outcome {
         capacity: 4,
         processes: 8,
     };
-    let objects = ["policy", "state"].map(|o| format!("/dev/shm/mtrdma.{}.{o}", c.name));
+    // The state has no name: only the policy object could be put there.
+    let objects = [format!("/dev/shm/mtrdma.{}.policy", c.name)];
     for object in &objects {
         chown(object, 65534);
     }

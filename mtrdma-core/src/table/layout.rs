@@ -11,7 +11,10 @@
 //!   milliseconds outside the seqlock.
 //! * the **state region** (`NAME.state`), written by tenant processes: per
 //!   tenant, the shared GCRA states, resources in use and traffic counters;
-//!   per process, what it holds (for reclamation when it dies).
+//!   per process, what it holds (for reclamation when it dies). A
+//!   coordinator's table keeps it in a memory file with no name, sealed so
+//!   that it can never shrink or grow, which the coordinator hands to the
+//!   processes it registers.
 //!
 //! Every field is an atomic: other processes write concurrently, and every
 //! value read is validated before use.
@@ -65,7 +68,11 @@ pub(crate) struct PolicyHeader {
     pub(crate) sharing_weight: AtomicU64,
     /// [`TABLE_COORDINATED`], written once by the creator.
     pub(crate) flags: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 1],
+    /// The inode number of a coordinated table's state file (a sealed
+    /// memory file with no name, see `QuotaTable::create_coordinated`),
+    /// by which a restarted coordinator finds it again among what live
+    /// processes hold; 0 when the state is a named object.
+    pub(crate) state_inode: AtomicU64,
 }
 
 /// Table flag: a coordinator keeps the table. Its objects are private to

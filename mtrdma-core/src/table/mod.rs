@@ -1,8 +1,10 @@
 //! The quota table: policy and live state of every tenant, in shared memory.
 //!
-//! A table is two POSIX shared-memory objects (see the layout module docs):
-//! a policy region that only its creator writes and tenants map read-only,
-//! and a state region that tenant processes update with atomics. Opening
+//! A table is two shared-memory regions (see the layout module docs): a
+//! policy region that only its creator writes and tenants map read-only,
+//! and a state region that tenant processes update with atomics (a named
+//! POSIX object, or for a coordinator's table a sealed memory file that
+//! it hands to the processes it registers). Opening
 //! validates everything: a truncated, foreign, other-version or
 //! other-capacity table, or one holding out-of-range values, is a
 //! [`TableError`], never undefined behaviour or a panic.
@@ -32,6 +34,7 @@ mod layout;
 mod shm;
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -81,6 +84,10 @@ struct Inner {
     name: Option<String>,
     policy: Mapping,
     state: Mapping,
+    /// A coordinated table's state file, held open for as long as the
+    /// table is mapped: a restarted coordinator finds it through a live
+    /// holder's `/proc/PID/fd` (see `create_coordinated`).
+    state_fd: Option<OwnedFd>,
     capacity: u32,
     processes: u32,
     cache: ArcSwap<PolicySnapshot>,
@@ -121,6 +128,25 @@ fn object_names(name: &str) -> (String, String) {
         format!("/mtrdma.{name}.policy"),
         format!("/mtrdma.{name}.state"),
     )
+}
+
+/// The label of a coordinated table's state file (shown in
+/// `/proc/PID/fd` as `/memfd:LABEL`).
+fn state_label(name: &str) -> String {
+    format!("mtrdma.{name}.state")
+}
+
+/// The inode number a policy region records for its table's state file
+/// (0: the state is a named object, or the region is not a policy).
+fn recorded_state_inode(pmap: &Mapping) -> u64 {
+    // SAFETY: the header is all atomics, only loaded here; `get` checks
+    // bounds and alignment.
+    match unsafe { pmap.get::<PolicyHeader>(0) } {
+        Some(h) if h.magic.load(Ordering::Acquire) == POLICY_MAGIC => {
+            h.state_inode.load(Ordering::Acquire)
+        }
+        _ => 0,
+    }
 }
 
 fn check_name(name: &str) -> Result<(), TableError> {
@@ -169,26 +195,61 @@ impl QuotaTable {
         Self::create_named(name, capacity, processes, policy, (0o644, 0o666), 0)
     }
 
-    /// Creates the table `name` for a coordinator: both objects private to
-    /// this process's user (mode 0600), and the table marked as kept by a
+    /// Creates the table `name` for a coordinator: private to this
+    /// process's user, and the table marked as kept by a
     /// coordinator, so that processes join it by registering (the
     /// coordinator hands them the table over its socket) and
     /// [`attach`](Self::attach) refuses to attach a process as a tenant of
     /// its choice.
+    ///
+    /// The policy is a named object (mode 0600). The state has no name: it
+    /// is a memory file sealed so that it can never shrink or grow, which
+    /// the coordinator hands to each process it registers. A registered
+    /// process can write the state's bytes (it keeps its counters there)
+    /// but cannot truncate it under everyone's mappings, and no process
+    /// the coordinator did not register can open it. Every holder keeps
+    /// the file open; a restarted coordinator ([`take_over`](Self::take_over))
+    /// finds it again through a live holder's `/proc/PID/fd` entry, by the
+    /// inode number the policy records.
     pub fn create_coordinated(
         name: &str,
         capacity: u32,
         processes: u32,
         policy: &Policy,
     ) -> Result<QuotaTable, TableError> {
-        Self::create_named(
-            name,
+        check_name(name)?;
+        check_sizes(capacity, processes)?;
+        policy.validate()?;
+        let (pname, _) = object_names(name);
+        let label = state_label(name);
+        let pmap = Mapping::create(&pname, policy_len(capacity), 0o600)
+            .map_err(|e| io_err("create", &pname, e))?;
+        let made = Mapping::create_sealed(&label, state_len(capacity, processes))
+            .and_then(|(fd, smap)| Ok((shm::inode(&fd)?, fd, smap)));
+        let (inode, fd, smap) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                let _ = shm::unlink(&pname);
+                return Err(io_err("create", &label, e));
+            }
+        };
+        let table = Self::init(
+            Some(name.to_string()),
+            pmap,
+            (smap, Some(fd)),
             capacity,
             processes,
             policy,
-            (0o600, 0o600),
-            TABLE_COORDINATED,
         )
+        .inspect(|t| {
+            let h = t.policy_header();
+            h.state_inode.store(inode, Ordering::Release);
+            h.flags.store(TABLE_COORDINATED, Ordering::Release);
+        });
+        if table.is_err() {
+            let _ = shm::unlink(&pname);
+        }
+        table
     }
 
     fn create_named(
@@ -215,7 +276,7 @@ impl QuotaTable {
         let table = Self::init(
             Some(name.to_string()),
             pmap,
-            smap,
+            (smap, None),
             capacity,
             processes,
             policy,
@@ -250,13 +311,13 @@ impl QuotaTable {
             .map_err(|e| io_err("mmap", "(embedded)", e))?;
         let smap = Mapping::anonymous(state_len(capacity, processes))
             .map_err(|e| io_err("mmap", "(embedded)", e))?;
-        Self::init(None, pmap, smap, capacity, processes, policy)
+        Self::init(None, pmap, (smap, None), capacity, processes, policy)
     }
 
     fn init(
         name: Option<String>,
         pmap: Mapping,
-        smap: Mapping,
+        (smap, state_fd): (Mapping, Option<OwnedFd>),
         capacity: u32,
         processes: u32,
         policy: &Policy,
@@ -306,6 +367,7 @@ impl QuotaTable {
                 name,
                 policy: pmap,
                 state: smap,
+                state_fd,
                 capacity,
                 processes,
                 cache: ArcSwap::from_pointee(PolicySnapshot {
@@ -339,27 +401,26 @@ impl QuotaTable {
     /// them so). A table someone else created first, or one others may
     /// write, is refused ([`TableError::NotPrivate`]): taking it over would
     /// trust what they wrote and hand it to every tenant.
+    ///
+    /// Its state file is found through a live process that holds it
+    /// (see [`create_coordinated`](Self::create_coordinated)); when none
+    /// does, [`TableError::StateGone`].
     pub fn take_over(name: &str) -> Result<QuotaTable, TableError> {
         check_name(name)?;
-        let (pname, sname) = object_names(name);
+        let (pname, _) = object_names(name);
         let me = rustix::process::geteuid().as_raw();
-        let mut fds = Vec::with_capacity(2);
-        for object in [&pname, &sname] {
-            let fd = shm::open_fd(object, true).map_err(|e| io_err("open", object, e))?;
-            let (owner, mode) = shm::owner_and_mode(&fd).map_err(|e| io_err("fstat", object, e))?;
-            if owner != me || mode & 0o077 != 0 {
-                return Err(TableError::NotPrivate {
-                    object: object.clone(),
-                    owner,
-                    mode,
-                    expected: me,
-                });
-            }
-            fds.push(fd);
+        let fd = shm::open_fd(&pname, true).map_err(|e| io_err("open", &pname, e))?;
+        let (owner, mode) = shm::owner_and_mode(&fd).map_err(|e| io_err("fstat", &pname, e))?;
+        if owner != me || mode & 0o077 != 0 {
+            return Err(TableError::NotPrivate {
+                object: pname,
+                owner,
+                mode,
+                expected: me,
+            });
         }
-        let pmap = Mapping::from_fd(&fds[0], true).map_err(|e| io_err("mmap", &pname, e))?;
-        let smap = Mapping::from_fd(&fds[1], true).map_err(|e| io_err("mmap", &sname, e))?;
-        let table = Self::from_mappings(Some(name.to_string()), pmap, smap)?;
+        let pmap = Mapping::from_fd(&fd, true).map_err(|e| io_err("mmap", &pname, e))?;
+        let table = Self::with_state(name, pmap)?;
         if !table.is_coordinated() {
             return Err(TableError::NotPrivate {
                 object: pname,
@@ -373,26 +434,32 @@ impl QuotaTable {
 
     /// Maps a table from the objects a coordinator handed over: the policy
     /// read-only, the state read-write. Everything is validated.
+    /// The state file (kept open, see `create_coordinated`) is held for as
+    /// long as the table is.
     pub(crate) fn from_fds(
         name: &str,
-        policy: &std::os::fd::OwnedFd,
-        state: &std::os::fd::OwnedFd,
+        policy: &OwnedFd,
+        state: OwnedFd,
     ) -> Result<QuotaTable, TableError> {
         let (pname, sname) = object_names(name);
         let pmap = Mapping::from_fd(policy, false).map_err(|e| io_err("mmap", &pname, e))?;
-        let smap = Mapping::from_fd(state, true).map_err(|e| io_err("mmap", &sname, e))?;
-        Self::from_mappings(Some(name.to_string()), pmap, smap)
+        let smap = Mapping::from_fd(&state, true).map_err(|e| io_err("mmap", &sname, e))?;
+        Self::from_mappings(Some(name.to_string()), pmap, (smap, Some(state)))
     }
 
     /// What a coordinator hands a registered process: the table's policy
-    /// object opened read-only and its state object read-write.
-    pub(crate) fn tenant_fds(
-        &self,
-    ) -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), TableError> {
+    /// object opened read-only and its state read-write (the sealed state
+    /// file of a coordinated table, else the named object).
+    pub(crate) fn tenant_fds(&self) -> Result<(OwnedFd, OwnedFd), TableError> {
         let name = self.inner.name.as_deref().ok_or(TableError::ReadOnly)?;
         let (pname, sname) = object_names(name);
         let policy = shm::open_fd(&pname, false).map_err(|e| io_err("open", &pname, e))?;
-        let state = shm::open_fd(&sname, true).map_err(|e| io_err("open", &sname, e))?;
+        let state = match &self.inner.state_fd {
+            Some(fd) => fd
+                .try_clone()
+                .map_err(|e| io_err("dup", &state_label(name), e))?,
+            None => shm::open_fd(&sname, true).map_err(|e| io_err("open", &sname, e))?,
+        };
         Ok((policy, state))
     }
 
@@ -404,17 +471,38 @@ impl QuotaTable {
 
     fn open_mode(name: &str, writable_policy: bool) -> Result<QuotaTable, TableError> {
         check_name(name)?;
-        let (pname, sname) = object_names(name);
+        let (pname, _) = object_names(name);
         let pmap = Mapping::open(&pname, writable_policy).map_err(|e| io_err("open", &pname, e))?;
-        let smap = Mapping::open(&sname, true).map_err(|e| io_err("open", &sname, e))?;
-        Self::from_mappings(Some(name.to_string()), pmap, smap)
+        Self::with_state(name, pmap)
+    }
+
+    /// Maps the state of table `name`, whose policy is `pmap`: the named
+    /// object, or the sealed state file the policy records, found through
+    /// a live process that holds it ([`TableError::StateGone`] if none
+    /// does); then validates both.
+    fn with_state(name: &str, pmap: Mapping) -> Result<QuotaTable, TableError> {
+        let (_, sname) = object_names(name);
+        let inode = recorded_state_inode(&pmap);
+        let state = if inode == 0 {
+            let smap = Mapping::open(&sname, true).map_err(|e| io_err("open", &sname, e))?;
+            (smap, None)
+        } else {
+            let label = state_label(name);
+            let fd = shm::find_memfd(&label, inode).ok_or_else(|| TableError::StateGone {
+                table: name.to_string(),
+                inode,
+            })?;
+            let smap = Mapping::from_fd(&fd, true).map_err(|e| io_err("mmap", &label, e))?;
+            (smap, Some(fd))
+        };
+        Self::from_mappings(Some(name.to_string()), pmap, state)
     }
 
     /// Validates two mapped regions and builds a table on them.
     fn from_mappings(
         name: Option<String>,
         pmap: Mapping,
-        smap: Mapping,
+        (smap, state_fd): (Mapping, Option<OwnedFd>),
     ) -> Result<QuotaTable, TableError> {
         let (capacity, clock) = validate_policy_region(&pmap)?;
         let processes = validate_state_region(&smap, capacity)?;
@@ -423,6 +511,7 @@ impl QuotaTable {
                 name,
                 policy: pmap,
                 state: smap,
+                state_fd,
                 capacity,
                 processes,
                 cache: ArcSwap::from_pointee(PolicySnapshot {
@@ -470,7 +559,7 @@ impl QuotaTable {
             }
             Ok(map)
         };
-        let table = Self::from_mappings(None, copy(policy)?, copy(state)?)?;
+        let table = Self::from_mappings(None, copy(policy)?, (copy(state)?, None))?;
         Ok((*table.snapshot()?).clone())
     }
 
@@ -489,12 +578,17 @@ impl QuotaTable {
     }
 
     /// Removes table `name`'s shared-memory objects. Processes that mapped
-    /// them keep their mappings; new ones can no longer open it.
+    /// them keep their mappings; new ones can no longer open it. (A
+    /// coordinated table's state has no name: it goes with its last
+    /// holder.)
     pub fn remove(name: &str) -> Result<(), TableError> {
         check_name(name)?;
         let (pname, sname) = object_names(name);
         let a = shm::unlink(&pname).map_err(|e| io_err("unlink", &pname, e));
-        let b = shm::unlink(&sname).map_err(|e| io_err("unlink", &sname, e));
+        let b = match shm::unlink(&sname) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && a.is_ok() => Ok(()),
+            b => b.map_err(|e| io_err("unlink", &sname, e)),
+        };
         a.and(b)
     }
 

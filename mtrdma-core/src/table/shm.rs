@@ -5,7 +5,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 
-use rustix::fs::{fchmod, fstat, ftruncate, Mode};
+use rustix::fs::{fchmod, fstat, ftruncate, MemfdFlags, Mode, SealFlags};
 use rustix::mm::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
 use rustix::shm;
 
@@ -43,6 +43,24 @@ impl Mapping {
             let _ = shm::unlink(name);
         }
         result
+    }
+
+    /// Creates a memory file (`memfd_create`) of `len` zero bytes, private
+    /// to this user (mode 0600), that can never shrink or grow: sealed
+    /// with `F_SEAL_SHRINK | F_SEAL_GROW`, and `F_SEAL_SEAL` so that the
+    /// seals stay. Whoever is handed it may write its bytes, but no holder
+    /// can `ftruncate` it under the others' mappings (which would make
+    /// their next access fault with SIGBUS). `label` names it in
+    /// `/proc/PID/fd` (as `/memfd:LABEL`), where
+    /// [`find_memfd`] looks for it. Returns the file and its read-write
+    /// mapping.
+    pub(crate) fn create_sealed(label: &str, len: usize) -> io::Result<(OwnedFd, Mapping)> {
+        let fd = rustix::fs::memfd_create(label, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        fchmod(&fd, Mode::from_raw_mode(0o600))?;
+        ftruncate(&fd, len as u64)?;
+        rustix::fs::fcntl_add_seals(&fd, STATE_SEALS | SealFlags::SEAL)?;
+        let map = Self::map_fd(&fd, len, true)?;
+        Ok((fd, map))
     }
 
     /// Maps the existing object `name`, read-write or read-only, whatever
@@ -166,6 +184,69 @@ pub(crate) fn open_fd(name: &str, writable: bool) -> io::Result<OwnedFd> {
 pub(crate) fn owner_and_mode(fd: &OwnedFd) -> io::Result<(u32, u32)> {
     let st = fstat(fd)?;
     Ok((st.st_uid, st.st_mode & 0o7777))
+}
+
+/// The seals a table's state file must carry: it can neither shrink nor
+/// grow.
+pub(crate) const STATE_SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW);
+
+/// The inode number of the file behind `fd`.
+pub(crate) fn inode(fd: &OwnedFd) -> io::Result<u64> {
+    Ok(fstat(fd)?.st_ino)
+}
+
+/// Whether the file behind `fd` carries every seal of [`STATE_SEALS`].
+pub(crate) fn sealed(fd: &OwnedFd) -> bool {
+    rustix::fs::fcntl_get_seals(fd).is_ok_and(|s| s.contains(STATE_SEALS))
+}
+
+/// Finds the memory file `label` of inode `inode` that some live process
+/// holds open, and opens it read-write through that process's
+/// `/proc/PID/fd` entry (which the kernel allows to the process's own
+/// user and to root). Nothing else is trusted: the file must be that
+/// inode, owned by this user with no access for others, and sealed
+/// against shrinking and growing. `None` when no process holds it (or
+/// none this process may look into).
+pub(crate) fn find_memfd(label: &str, inode: u64) -> Option<OwnedFd> {
+    let me = rustix::process::geteuid().as_raw();
+    let shown = format!("/memfd:{label}");
+    let procs = std::fs::read_dir("/proc").ok()?;
+    for proc in procs.flatten() {
+        let is_pid = proc
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
+        if !is_pid {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(proc.path().join("fd")) else {
+            continue;
+        };
+        for entry in fds.flatten() {
+            let path = entry.path();
+            let Ok(target) = std::fs::read_link(&path) else {
+                continue;
+            };
+            // The kernel shows a memory file as `/memfd:LABEL (deleted)`.
+            let target = target.as_os_str().as_encoded_bytes();
+            if !target.starts_with(shown.as_bytes()) || !target[shown.len()..].starts_with(b" (") {
+                continue;
+            }
+            let Ok(file) = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+            else {
+                continue;
+            };
+            let fd = OwnedFd::from(file);
+            let Ok(st) = fstat(&fd) else { continue };
+            if st.st_ino == inode && st.st_uid == me && st.st_mode & 0o077 == 0 && sealed(&fd) {
+                return Some(fd);
+            }
+        }
+    }
+    None
 }
 
 /// Removes a shared-memory object's name (mappings stay valid).
