@@ -14,7 +14,7 @@
 //!
 //! ```text
 //! cargo run --release --example coordinator -- --policy examples/policy.toml
-//!     [--table NAME] [--socket PATH] [--capacity N] [--processes N] [--quiet]
+//!     [--table NAME] [--socket PATH] [--capacity N (tenants)] [--processes N (per tenant)] [--quiet]
 //!     [--no-window-gains]
 //! ```
 //!
@@ -54,7 +54,7 @@ fn parse() -> Result<Args, String> {
     let mut policy = None;
     let mut table = String::from("default");
     let mut socket = None;
-    let (mut capacity, mut processes, mut quiet) = (64u32, 1024u32, false);
+    let (mut capacity, mut processes, mut quiet) = (64u32, 256u32, false);
     let mut window_gains = true;
     let mut it = args::Args::from_env();
     while let Some(token) = it.next()? {

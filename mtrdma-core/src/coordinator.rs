@@ -221,7 +221,8 @@ pub struct CoordinatorConfig {
     pub policy_path: PathBuf,
     /// Tenant slots of the table.
     pub capacity: u32,
-    /// Process slots of the table.
+    /// Process slots of each tenant (in the tenant's own state file: see
+    /// [`QuotaTable::create_coordinated`]).
     pub processes: u32,
 }
 
@@ -279,9 +280,9 @@ pub struct Coordinator {
     registration_waiting: Option<bool>,
     /// Connections accepted whose greeting has not fully arrived.
     pending: Vec<Pending>,
-    /// The table's objects as registered processes get them: the policy
-    /// read-only, the state read-write.
-    tenant_fds: (OwnedFd, OwnedFd),
+    /// The table's policy object, read-only, as every registered process
+    /// gets it (with its own tenant's state file).
+    policy_fd: OwnedFd,
 }
 
 /// How long a connection to the registration socket has to send its
@@ -363,21 +364,6 @@ impl Coordinator {
                 table.publish(&policy)?;
                 table
             }
-            Err(TableError::StateGone { .. }) => {
-                // No process holds the old table's state: no tenant of it
-                // runs, and nothing in it is owed to anyone. Start afresh.
-                tracing::warn!(
-                    table = %config.table,
-                    "the quota table's state is held by no live process; making the table anew"
-                );
-                QuotaTable::remove(&config.table)?;
-                QuotaTable::create_coordinated(
-                    &config.table,
-                    config.capacity,
-                    config.processes,
-                    &policy,
-                )?
-            }
             Err(TableError::Io { ref source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
             {
@@ -390,13 +376,13 @@ impl Coordinator {
             }
             Err(e) => return Err(e.into()),
         };
-        let tenant_fds = table.tenant_fds()?;
         tracing::info!(
             table = %config.table,
             socket = %config.socket.display(),
             tenants = policy.tenants.len(),
             "coordinator started"
         );
+        let policy_fd = table.policy_fd()?;
         Ok(Coordinator {
             config,
             table,
@@ -411,7 +397,7 @@ impl Coordinator {
             last_housekeeping_ns: 0,
             registration_waiting: None,
             pending: Vec::new(),
-            tenant_fds,
+            policy_fd,
         })
     }
 
@@ -501,9 +487,21 @@ impl Coordinator {
                     // The table goes with the answer: the process needs no
                     // access to its objects by name (a container's
                     // /dev/shm is usually its own).
+                    // Its tenant's state alone: no other tenant's.
                     let (slot, tenant) = (r.slot, TenantId(r.tenant));
+                    let state = match self.table.tenant_state_fd(tenant) {
+                        Ok(fd) => fd,
+                        Err(e) => {
+                            refuse(
+                                &stream,
+                                format!("the table could not be handed over: {e}"),
+                                report,
+                            );
+                            continue;
+                        }
+                    };
                     let line = wire::Answer::Registered(r).to_line();
-                    let fds = [self.tenant_fds.0.as_fd(), self.tenant_fds.1.as_fd()];
+                    let fds = [self.policy_fd.as_fd(), state.as_fd()];
                     match send_with_fds(&stream, line.as_bytes(), &fds) {
                         Ok(()) => report.registered.push((slot, tenant)),
                         Err(e) => {

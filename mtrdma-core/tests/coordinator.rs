@@ -324,6 +324,7 @@ fn a_registered_process_gets_the_table_over_the_socket() {
         Err(mtrdma_core::TableError::Coordinated)
     ));
     assert!(by_name.reclaim_dead().is_empty());
+    drop(by_name);
     QuotaTable::remove(&s.config.table).unwrap();
 
     let socket = s.config.socket.clone();
@@ -337,14 +338,37 @@ fn a_registered_process_gets_the_table_over_the_socket() {
     drop(qp);
     assert_eq!(c.usage()[1].qps.0, 0);
 
+    // It was handed its own tenant's state alone: the other tenant's
+    // counters are out of its reach, and so is a slot of the other's.
+    let own = tenant.table();
+    let seen: Vec<TenantId> = own.usage().unwrap().iter().map(|u| u.tenant).collect();
+    assert_eq!(
+        seen,
+        [TenantId(2)],
+        "the other tenant's state is not mapped"
+    );
+    let me = mtrdma_core::procinfo::ProcessId::current().unwrap();
+    let theirs = c.table().claim_process_slot(TenantId(1), me).unwrap();
+    match own.adopt(TenantId(1), theirs) {
+        Err(mtrdma_core::TableError::NotOurSlot { reason, .. }) => {
+            assert!(reason.contains("not handed"), "{reason}")
+        }
+        other => panic!("adopted another tenant's slot: {other:?}"),
+    }
+    let (light, heavy) = (
+        state_files(&s.config.table, 0),
+        state_files(&s.config.table, 1),
+    );
+    assert_eq!(
+        light.len(),
+        1,
+        "the other tenant's file is the coordinator's alone"
+    );
+    assert_eq!(heavy.len(), 2, "the coordinator's and the tenant's");
+
     // What the registered process was handed it cannot shrink or grow
     // under the others' mappings (which would fault them with SIGBUS).
-    let held = state_files(&s.config.table);
-    assert!(
-        held.len() >= 2,
-        "the coordinator's and the tenant's: {held:?}"
-    );
-    for fd in held {
+    for fd in [light, heavy].concat() {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -360,9 +384,10 @@ fn a_registered_process_gets_the_table_over_the_socket() {
     assert_eq!(c.usage()[1].qps.0, 0);
 }
 
-/// This process's descriptors of table `table`'s state file.
-fn state_files(table: &str) -> Vec<PathBuf> {
-    let label = format!("/memfd:mtrdma.{table}.state (deleted)");
+/// This process's descriptors of table `table`'s state file of tenant
+/// slot `slot`.
+fn state_files(table: &str, slot: u32) -> Vec<PathBuf> {
+    let label = format!("/memfd:mtrdma.{table}.tenant{slot} (deleted)");
     std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .flatten()
@@ -483,36 +508,51 @@ fn a_restarted_coordinator_takes_over_and_tenants_carry_on() {
     );
 }
 
-/// A restarted coordinator finds the table's state through a live tenant
-/// that holds it; when no process holds it any more (the coordinator and
-/// every tenant are gone), nothing in it is owed to anyone, and the
-/// coordinator makes the table anew.
+/// A restarted coordinator finds each tenant's state through a live
+/// process that holds it; a tenant's state that no process holds any more
+/// (its processes and the old coordinator are gone) owes nothing to
+/// anyone, and is made anew.
 #[test]
-fn a_table_whose_state_no_one_holds_is_made_anew() {
-    let s = Setup::new("stategone", TWO);
-    let first = Coordinator::start(s.config.clone()).unwrap();
-    let tenant = first.table().attach(TenantId(1)).unwrap();
-    let held = tenant.acquire_qp().unwrap();
-    drop(first); // dies without cleaning up
-    let found = QuotaTable::open(&s.config.table).expect("found through the tenant");
-    assert_eq!(found.usage().unwrap()[0].qps.0, 1);
-    drop(held);
-    drop((tenant, found));
+fn a_restarted_coordinator_finds_each_tenants_state_or_makes_it_anew() {
+    let s = Setup::new("stategone", &two_matching_me());
+    let mut c = Coordinator::start(s.config.clone()).unwrap();
+    let socket = s.config.socket.clone();
+    let client = std::thread::spawn(move || coordinator::register(&socket));
+    assert_eq!(serve_one(&mut c).registered.len(), 1);
+    let heavy = client.join().unwrap().expect("registered");
+    let held = heavy.acquire_qp().unwrap();
+    let light = c.table().attach(TenantId(1)).unwrap();
+    let gone = light.acquire_qp().unwrap();
+    let light_file = state_files(&s.config.table, 0);
+    assert_eq!(light_file.len(), 1);
+    let old_inode = std::fs::metadata(&light_file[0]).unwrap();
+    drop(gone);
+    drop(light);
+    drop(c); // dies without cleaning up; no one holds the light tenant's state now
+    assert!(state_files(&s.config.table, 0).is_empty());
 
-    match QuotaTable::open(&s.config.table) {
-        Err(e @ mtrdma_core::TableError::StateGone { .. }) => {
-            assert!(e.to_string().contains("makes it anew"), "{e}")
-        }
-        other => panic!("opened a table whose state no one holds: {other:?}"),
-    }
     let c = Coordinator::start(s.config.clone()).unwrap();
-    assert_eq!(c.usage()[0].qps.0, 0);
-    let tenant = c.table().attach(TenantId(1)).unwrap();
-    let _two = (tenant.acquire_qp().unwrap(), tenant.acquire_qp().unwrap());
-    assert!(
-        tenant.acquire_qp().is_err(),
-        "max_qps 2 holds on the new table"
+    let usage = c.usage();
+    assert_eq!(
+        (usage[0].qps.0, usage[1].qps.0),
+        (0, 1),
+        "the heavy tenant's found through its process, the light one's anew"
     );
+    use std::os::unix::fs::MetadataExt;
+    let new_file = state_files(&s.config.table, 0);
+    assert_eq!(new_file.len(), 1);
+    assert_ne!(
+        std::fs::metadata(&new_file[0]).unwrap().ino(),
+        old_inode.ino()
+    );
+    let light = c.table().attach(TenantId(1)).unwrap();
+    let _two = (light.acquire_qp().unwrap(), light.acquire_qp().unwrap());
+    assert!(
+        light.acquire_qp().is_err(),
+        "max_qps 2 holds on the new file"
+    );
+    drop(held);
+    assert_eq!(c.usage()[1].qps.0, 0, "one file, seen by both");
 }
 
 #[test]

@@ -130,20 +130,6 @@ pub enum TableError {
         /// The uid that must own it.
         expected: u32,
     },
-    /// A coordinated table's state file is held by no live process this
-    /// process may look into: its coordinator and every registered
-    /// process are gone (or run as another user).
-    #[error(
-        "the state of coordinated table {table} (a sealed memory file, inode {inode}) is held by \
-         no live process of this user: its coordinator and every registered process are gone; \
-         a coordinator starting on the table makes it anew"
-    )]
-    StateGone {
-        /// The table's name.
-        table: String,
-        /// The state file's inode number, as the policy recorded it.
-        inode: u64,
-    },
     /// The tenant is not in the table's policy.
     #[error("{0} is not in the table's policy")]
     UnknownTenant(TenantId),

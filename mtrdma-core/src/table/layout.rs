@@ -11,10 +11,13 @@
 //!   milliseconds outside the seqlock.
 //! * the **state region** (`NAME.state`), written by tenant processes: per
 //!   tenant, the shared GCRA states, resources in use and traffic counters;
-//!   per process, what it holds (for reclamation when it dies). A
-//!   coordinator's table keeps it in a memory file with no name, sealed so
-//!   that it can never shrink or grow, which the coordinator hands to the
-//!   processes it registers.
+//!   per process, what it holds (for reclamation when it dies).
+//!
+//! A coordinator's table has no state region: each tenant's state and its
+//! processes' slots are a file of their own (a [`SegmentHeader`], the
+//! tenant's [`TenantState`], then its [`ProcessSlot`]s), a memory file with
+//! no name, sealed so that it can never shrink or grow, which the
+//! coordinator hands only to the processes it registers as that tenant.
 //!
 //! Every field is an atomic: other processes write concurrently, and every
 //! value read is validated before use.
@@ -48,7 +51,9 @@ pub(crate) struct PolicyHeader {
     pub(crate) recompute_interval_ms: AtomicU32,
     pub(crate) tenant_count: AtomicU32,
     pub(crate) coordinator_pid: AtomicU32,
-    pub(crate) _pad: AtomicU32,
+    /// Process slots in each tenant's state file of a coordinated table
+    /// (see [`SegmentHeader`]); 0: one state region for every tenant.
+    pub(crate) segment_processes: AtomicU32,
     pub(crate) coordinator_start: AtomicU64,
     /// `CLOCK_MONOTONIC` ns of the coordinator's last recomputation.
     pub(crate) heartbeat_ns: AtomicU64,
@@ -68,11 +73,7 @@ pub(crate) struct PolicyHeader {
     pub(crate) sharing_weight: AtomicU64,
     /// [`TABLE_COORDINATED`], written once by the creator.
     pub(crate) flags: AtomicU64,
-    /// The inode number of a coordinated table's state file (a sealed
-    /// memory file with no name, see `QuotaTable::create_coordinated`),
-    /// by which a restarted coordinator finds it again among what live
-    /// processes hold; 0 when the state is a named object.
-    pub(crate) state_inode: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 1],
 }
 
 /// Table flag: a coordinator keeps the table. Its objects are private to
@@ -108,7 +109,12 @@ pub(crate) struct PolicySlot {
     /// per million (0: none published; see `mtrdma_sched::share`). One
     /// word outside the seqlock, as `fair_rate`.
     pub(crate) window_gain: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 6],
+    /// On a coordinated table, the inode number of the tenant's state file
+    /// (a sealed memory file with no name, see [`SegmentHeader`]), by which
+    /// a restarted coordinator finds it again among what live processes
+    /// hold; 0: none made yet.
+    pub(crate) state_inode: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 5],
 }
 
 /// Header of the state region.
@@ -154,6 +160,23 @@ pub(crate) struct TenantState {
     /// known), so that a new rate carries over what is owed in bytes.
     pub(crate) byte_rate: AtomicU64,
     pub(crate) _reserved: [AtomicU64; 1],
+}
+
+/// `b"MTRDMASG"` as a little-endian u64.
+pub(crate) const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"MTRDMASG");
+
+/// Header of one tenant's state file on a coordinated table: the tenant's
+/// [`TenantState`] follows it, then `process_slots` [`ProcessSlot`]s
+/// (process slot `j` of tenant slot `i` is the table's process slot
+/// `i * process_slots + j`).
+#[repr(C)]
+pub(crate) struct SegmentHeader {
+    pub(crate) magic: AtomicU64,
+    pub(crate) version: AtomicU32,
+    pub(crate) tenant_slot: AtomicU32,
+    pub(crate) process_slots: AtomicU32,
+    pub(crate) _pad: AtomicU32,
+    pub(crate) _reserved: [AtomicU64; 5],
 }
 
 /// Process slot states.
@@ -234,6 +257,12 @@ pub(crate) const POLICY_SLOT: usize = std::mem::size_of::<PolicySlot>();
 pub(crate) const STATE_HEADER: usize = std::mem::size_of::<StateHeader>();
 pub(crate) const STATE_SLOT: usize = std::mem::size_of::<TenantState>();
 pub(crate) const PROCESS_SLOT: usize = std::mem::size_of::<ProcessSlot>();
+pub(crate) const SEGMENT_HEADER: usize = std::mem::size_of::<SegmentHeader>();
+
+/// Bytes of one tenant's state file with `processes` process slots.
+pub(crate) fn segment_len(processes: u32) -> usize {
+    SEGMENT_HEADER + STATE_SLOT + processes as usize * PROCESS_SLOT
+}
 
 /// Bytes of a policy region with `capacity` slots.
 pub(crate) fn policy_len(capacity: u32) -> usize {
@@ -249,6 +278,7 @@ const _: () = {
     assert!(POLICY_HEADER == 128);
     assert!(POLICY_SLOT == 192);
     assert!(STATE_HEADER == 64);
+    assert!(SEGMENT_HEADER == 64);
     assert!(STATE_SLOT == 128);
     assert!(PROCESS_SLOT == 64 + 16 * LANES);
 };

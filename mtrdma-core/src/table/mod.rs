@@ -83,12 +83,10 @@ struct Inner {
     /// The table's name; `None` for an embedded table.
     name: Option<String>,
     policy: Mapping,
-    state: Mapping,
-    /// A coordinated table's state file, held open for as long as the
-    /// table is mapped: a restarted coordinator finds it through a live
-    /// holder's `/proc/PID/fd` (see `create_coordinated`).
-    state_fd: Option<OwnedFd>,
+    state: State,
     capacity: u32,
+    /// Process slots of the whole table (on a coordinated one, the
+    /// tenant slots times the process slots of each tenant's file).
     processes: u32,
     cache: ArcSwap<PolicySnapshot>,
     clock: SharedClock,
@@ -102,6 +100,39 @@ impl std::fmt::Debug for QuotaTable {
             .field("processes", &self.inner.processes)
             .field("writable_policy", &self.inner.policy.writable())
             .finish()
+    }
+}
+
+/// Where the tenants' live state is.
+enum State {
+    /// One region for every tenant: a named object, or the embedded
+    /// table's memory.
+    Whole(Mapping),
+    /// A coordinated table: a sealed memory file per tenant slot (see the
+    /// layout module docs), made by the coordinator as tenants come. The
+    /// coordinator maps every tenant's; a registered process only its own
+    /// tenant's, the one file it was handed.
+    Split {
+        /// Process slots in each tenant's file.
+        per_tenant: u32,
+        segments: Box<[std::sync::OnceLock<Segment>]>,
+    },
+}
+
+/// One tenant's state file, held open for as long as the table is mapped:
+/// a restarted coordinator finds it through a live holder's
+/// `/proc/PID/fd`.
+struct Segment {
+    map: Mapping,
+    fd: OwnedFd,
+}
+
+impl Segment {
+    fn header(&self) -> &SegmentHeader {
+        // SAFETY: the header is all atomics; `get` checks bounds and
+        // alignment, and every segment is validated (or made) at least
+        // `segment_len` long before it is kept.
+        unsafe { self.map.get(0) }.expect("segment validated")
     }
 }
 
@@ -130,23 +161,10 @@ fn object_names(name: &str) -> (String, String) {
     )
 }
 
-/// The label of a coordinated table's state file (shown in
-/// `/proc/PID/fd` as `/memfd:LABEL`).
-fn state_label(name: &str) -> String {
-    format!("mtrdma.{name}.state")
-}
-
-/// The inode number a policy region records for its table's state file
-/// (0: the state is a named object, or the region is not a policy).
-fn recorded_state_inode(pmap: &Mapping) -> u64 {
-    // SAFETY: the header is all atomics, only loaded here; `get` checks
-    // bounds and alignment.
-    match unsafe { pmap.get::<PolicyHeader>(0) } {
-        Some(h) if h.magic.load(Ordering::Acquire) == POLICY_MAGIC => {
-            h.state_inode.load(Ordering::Acquire)
-        }
-        _ => 0,
-    }
+/// The label of tenant slot `slot`'s state file on coordinated table
+/// `name` (shown in `/proc/PID/fd` as `/memfd:LABEL`).
+fn segment_label(name: &str, slot: u32) -> String {
+    format!("mtrdma.{name}.tenant{slot}")
 }
 
 fn check_name(name: &str) -> Result<(), TableError> {
@@ -202,15 +220,18 @@ impl QuotaTable {
     /// [`attach`](Self::attach) refuses to attach a process as a tenant of
     /// its choice.
     ///
-    /// The policy is a named object (mode 0600). The state has no name: it
-    /// is a memory file sealed so that it can never shrink or grow, which
-    /// the coordinator hands to each process it registers. A registered
-    /// process can write the state's bytes (it keeps its counters there)
-    /// but cannot truncate it under everyone's mappings, and no process
-    /// the coordinator did not register can open it. Every holder keeps
-    /// the file open; a restarted coordinator ([`take_over`](Self::take_over))
-    /// finds it again through a live holder's `/proc/PID/fd` entry, by the
-    /// inode number the policy records.
+    /// The policy is a named object (mode 0600). The state has no name:
+    /// each tenant's is a memory file of its own, with `processes` process
+    /// slots, sealed so that it can never shrink or grow, made when the
+    /// tenant first takes a slot. The coordinator hands a registering
+    /// process its tenant's file alone: a registered process can write
+    /// its own tenant's counters (it keeps them there) but cannot reach
+    /// another tenant's, nor truncate its own under its fellow processes'
+    /// mappings, and no process the coordinator did not register can open
+    /// any. Every holder keeps its file open; a restarted coordinator
+    /// ([`take_over`](Self::take_over)) finds each again through a live
+    /// holder's `/proc/PID/fd` entry, by the inode number the policy
+    /// records.
     pub fn create_coordinated(
         name: &str,
         capacity: u32,
@@ -219,33 +240,29 @@ impl QuotaTable {
     ) -> Result<QuotaTable, TableError> {
         check_name(name)?;
         check_sizes(capacity, processes)?;
+        check_split_sizes(capacity, processes)?;
         policy.validate()?;
         let (pname, _) = object_names(name);
-        let label = state_label(name);
         let pmap = Mapping::create(&pname, policy_len(capacity), 0o600)
             .map_err(|e| io_err("create", &pname, e))?;
-        let made = Mapping::create_sealed(&label, state_len(capacity, processes))
-            .and_then(|(fd, smap)| Ok((shm::inode(&fd)?, fd, smap)));
-        let (inode, fd, smap) = match made {
-            Ok(made) => made,
-            Err(e) => {
-                let _ = shm::unlink(&pname);
-                return Err(io_err("create", &label, e));
-            }
+        // SAFETY: the header is all atomics, in bounds (the mapping was
+        // sized from `capacity`).
+        if let Some(h) = unsafe { pmap.get::<PolicyHeader>(0) } {
+            h.segment_processes.store(processes, Ordering::Relaxed);
+            h.flags.store(TABLE_COORDINATED, Ordering::Relaxed);
+        }
+        let state = State::Split {
+            per_tenant: processes,
+            segments: (0..capacity).map(|_| std::sync::OnceLock::new()).collect(),
         };
         let table = Self::init(
             Some(name.to_string()),
             pmap,
-            (smap, Some(fd)),
+            state,
             capacity,
-            processes,
+            capacity * processes,
             policy,
-        )
-        .inspect(|t| {
-            let h = t.policy_header();
-            h.state_inode.store(inode, Ordering::Release);
-            h.flags.store(TABLE_COORDINATED, Ordering::Release);
-        });
+        );
         if table.is_err() {
             let _ = shm::unlink(&pname);
         }
@@ -276,7 +293,7 @@ impl QuotaTable {
         let table = Self::init(
             Some(name.to_string()),
             pmap,
-            (smap, None),
+            State::Whole(smap),
             capacity,
             processes,
             policy,
@@ -311,41 +328,40 @@ impl QuotaTable {
             .map_err(|e| io_err("mmap", "(embedded)", e))?;
         let smap = Mapping::anonymous(state_len(capacity, processes))
             .map_err(|e| io_err("mmap", "(embedded)", e))?;
-        Self::init(None, pmap, (smap, None), capacity, processes, policy)
+        Self::init(None, pmap, State::Whole(smap), capacity, processes, policy)
     }
 
     fn init(
         name: Option<String>,
         pmap: Mapping,
-        (smap, state_fd): (Mapping, Option<OwnedFd>),
+        state: State,
         capacity: u32,
         processes: u32,
         policy: &Policy,
     ) -> Result<QuotaTable, TableError> {
-        // SAFETY: headers are all atomics; both mappings are writable and
-        // large enough (they were sized from the same capacity).
-        let (ph, sh) = unsafe {
-            (
-                pmap.get::<PolicyHeader>(0).ok_or(TableError::Truncated {
-                    region: "policy",
-                    expected: POLICY_HEADER,
-                    actual: pmap.len(),
-                })?,
-                smap.get::<StateHeader>(0).ok_or(TableError::Truncated {
-                    region: "state",
-                    expected: STATE_HEADER,
-                    actual: smap.len(),
-                })?,
-            )
-        };
-        sh.version.store(VERSION, Ordering::Relaxed);
-        sh.header_size.store(STATE_HEADER as u32, Ordering::Relaxed);
-        sh.capacity.store(capacity, Ordering::Relaxed);
-        sh.slot_size.store(STATE_SLOT as u32, Ordering::Relaxed);
-        sh.process_slots.store(processes, Ordering::Relaxed);
-        sh.process_slot_size
-            .store(PROCESS_SLOT as u32, Ordering::Relaxed);
-        sh.magic.store(STATE_MAGIC, Ordering::Release);
+        // SAFETY: the header is all atomics; the mapping is writable and
+        // was sized from `capacity`.
+        let ph = unsafe { pmap.get::<PolicyHeader>(0) }.ok_or(TableError::Truncated {
+            region: "policy",
+            expected: POLICY_HEADER,
+            actual: pmap.len(),
+        })?;
+        if let State::Whole(smap) = &state {
+            // SAFETY: as above, for the state region.
+            let sh = unsafe { smap.get::<StateHeader>(0) }.ok_or(TableError::Truncated {
+                region: "state",
+                expected: STATE_HEADER,
+                actual: smap.len(),
+            })?;
+            sh.version.store(VERSION, Ordering::Relaxed);
+            sh.header_size.store(STATE_HEADER as u32, Ordering::Relaxed);
+            sh.capacity.store(capacity, Ordering::Relaxed);
+            sh.slot_size.store(STATE_SLOT as u32, Ordering::Relaxed);
+            sh.process_slots.store(processes, Ordering::Relaxed);
+            sh.process_slot_size
+                .store(PROCESS_SLOT as u32, Ordering::Relaxed);
+            sh.magic.store(STATE_MAGIC, Ordering::Release);
+        }
         ph.version.store(VERSION, Ordering::Relaxed);
         ph.header_size
             .store(POLICY_HEADER as u32, Ordering::Relaxed);
@@ -366,8 +382,7 @@ impl QuotaTable {
             inner: Arc::new(Inner {
                 name,
                 policy: pmap,
-                state: smap,
-                state_fd,
+                state,
                 capacity,
                 processes,
                 cache: ArcSwap::from_pointee(PolicySnapshot {
@@ -402,9 +417,11 @@ impl QuotaTable {
     /// write, is refused ([`TableError::NotPrivate`]): taking it over would
     /// trust what they wrote and hand it to every tenant.
     ///
-    /// Its state file is found through a live process that holds it
-    /// (see [`create_coordinated`](Self::create_coordinated)); when none
-    /// does, [`TableError::StateGone`].
+    /// Each tenant's state file is found through a live process that
+    /// holds it (see [`create_coordinated`](Self::create_coordinated)); a
+    /// tenant's file that no process holds any more (its processes and the
+    /// old coordinator are gone) is made anew, empty, at the next
+    /// [`publish`](Self::publish): nothing in it was owed to anyone.
     pub fn take_over(name: &str) -> Result<QuotaTable, TableError> {
         check_name(name)?;
         let (pname, _) = object_names(name);
@@ -434,33 +451,115 @@ impl QuotaTable {
 
     /// Maps a table from the objects a coordinator handed over: the policy
     /// read-only, the state read-write. Everything is validated.
-    /// The state file (kept open, see `create_coordinated`) is held for as
-    /// long as the table is.
+    /// The tenant's state file is kept open for as long as the table is
+    /// (see `create_coordinated`); it must be the file the policy records
+    /// for its tenant slot, sealed.
     pub(crate) fn from_fds(
         name: &str,
         policy: &OwnedFd,
         state: OwnedFd,
     ) -> Result<QuotaTable, TableError> {
-        let (pname, sname) = object_names(name);
+        let (pname, _) = object_names(name);
         let pmap = Mapping::from_fd(policy, false).map_err(|e| io_err("mmap", &pname, e))?;
-        let smap = Mapping::from_fd(&state, true).map_err(|e| io_err("mmap", &sname, e))?;
-        Self::from_mappings(Some(name.to_string()), pmap, (smap, Some(state)))
+        let (capacity, _) = validate_policy_region(&pmap)?;
+        let per_tenant = split_processes(&pmap);
+        if per_tenant == 0 {
+            // Not a coordinated table: it has no state file per tenant.
+            return Err(TableError::OutOfRange {
+                region: "policy",
+                field: "segment_processes".into(),
+                value: 0,
+                range: "1..=65536 on a coordinated table",
+            });
+        }
+        let segments: Box<[std::sync::OnceLock<Segment>]> =
+            (0..capacity).map(|_| std::sync::OnceLock::new()).collect();
+        let label = format!("mtrdma.{name}.tenant*");
+        let seg = Self::segment_from_fd(&pmap, state, per_tenant, capacity, &label)?;
+        let slot = seg.header().tenant_slot.load(Ordering::Relaxed);
+        let _ = segments[slot as usize].set(seg);
+        Self::from_mappings(
+            Some(name.to_string()),
+            pmap,
+            State::Split {
+                per_tenant,
+                segments,
+            },
+        )
     }
 
-    /// What a coordinator hands a registered process: the table's policy
-    /// object opened read-only and its state read-write (the sealed state
-    /// file of a coordinated table, else the named object).
-    pub(crate) fn tenant_fds(&self) -> Result<(OwnedFd, OwnedFd), TableError> {
+    /// Validates `fd` as a tenant's state file of the table whose policy
+    /// is `pmap`: its header names a tenant slot and `per_tenant` process
+    /// slots, its length fits, it is sealed, and it is the file (inode)
+    /// the policy records for that slot.
+    fn segment_from_fd(
+        pmap: &Mapping,
+        fd: OwnedFd,
+        per_tenant: u32,
+        capacity: u32,
+        label: &str,
+    ) -> Result<Segment, TableError> {
+        const R: &str = "tenant state";
+        let map = Mapping::from_fd(&fd, true).map_err(|e| io_err("mmap", label, e))?;
+        let h: &SegmentHeader = header(&map, R)?;
+        expect_field(
+            R,
+            "process_slots",
+            h.process_slots.load(Ordering::Relaxed),
+            per_tenant as usize,
+        )?;
+        let slot = h.tenant_slot.load(Ordering::Relaxed);
+        if slot >= capacity {
+            return Err(TableError::OutOfRange {
+                region: R,
+                field: "tenant_slot".into(),
+                value: slot.into(),
+                range: "below the table's capacity",
+            });
+        }
+        check_len(&map, R, segment_len(per_tenant))?;
+        let recorded =
+            raw_policy_slot(pmap, slot).map_or(0, |s| s.state_inode.load(Ordering::Acquire));
+        let inode = shm::inode(&fd).map_err(|e| io_err("fstat", label, e))?;
+        if inode != recorded {
+            return Err(TableError::Mismatch {
+                region: R,
+                field: "inode (the file the policy records for its tenant slot)",
+                found: inode,
+                expected: recorded,
+            });
+        }
+        if !shm::sealed(&fd) {
+            return Err(TableError::OutOfRange {
+                region: R,
+                field: "seals".into(),
+                value: 0,
+                range: "sealed against shrinking and growing",
+            });
+        }
+        Ok(Segment { map, fd })
+    }
+
+    /// The table's policy object opened read-only, as a coordinator hands
+    /// it to every process it registers.
+    pub(crate) fn policy_fd(&self) -> Result<OwnedFd, TableError> {
         let name = self.inner.name.as_deref().ok_or(TableError::ReadOnly)?;
-        let (pname, sname) = object_names(name);
-        let policy = shm::open_fd(&pname, false).map_err(|e| io_err("open", &pname, e))?;
-        let state = match &self.inner.state_fd {
-            Some(fd) => fd
-                .try_clone()
-                .map_err(|e| io_err("dup", &state_label(name), e))?,
-            None => shm::open_fd(&sname, true).map_err(|e| io_err("open", &sname, e))?,
-        };
-        Ok((policy, state))
+        let (pname, _) = object_names(name);
+        shm::open_fd(&pname, false).map_err(|e| io_err("open", &pname, e))
+    }
+
+    /// What else a coordinator hands a process it registers as `tenant`:
+    /// that tenant's state file, and no other.
+    pub(crate) fn tenant_state_fd(&self, tenant: TenantId) -> Result<OwnedFd, TableError> {
+        let slot = self
+            .snapshot()?
+            .slot_of(tenant)
+            .ok_or(TableError::UnknownTenant(tenant))?;
+        let seg = self
+            .segment(slot)
+            .ok_or(TableError::UnknownTenant(tenant))?;
+        let label = segment_label(self.inner.name.as_deref().unwrap_or(""), slot);
+        seg.fd.try_clone().map_err(|e| io_err("dup", &label, e))
     }
 
     /// Whether a coordinator keeps the table
@@ -477,41 +576,73 @@ impl QuotaTable {
     }
 
     /// Maps the state of table `name`, whose policy is `pmap`: the named
-    /// object, or the sealed state file the policy records, found through
-    /// a live process that holds it ([`TableError::StateGone`] if none
-    /// does); then validates both.
+    /// object, or on a coordinated table each tenant's state file the
+    /// policy records, found through a live process that holds it (one
+    /// that no process holds stays unmapped); then validates everything.
     fn with_state(name: &str, pmap: Mapping) -> Result<QuotaTable, TableError> {
-        let (_, sname) = object_names(name);
-        let inode = recorded_state_inode(&pmap);
-        let state = if inode == 0 {
+        let per_tenant = split_processes(&pmap);
+        if per_tenant == 0 {
+            let (_, sname) = object_names(name);
             let smap = Mapping::open(&sname, true).map_err(|e| io_err("open", &sname, e))?;
-            (smap, None)
-        } else {
-            let label = state_label(name);
-            let fd = shm::find_memfd(&label, inode).ok_or_else(|| TableError::StateGone {
-                table: name.to_string(),
-                inode,
-            })?;
-            let smap = Mapping::from_fd(&fd, true).map_err(|e| io_err("mmap", &label, e))?;
-            (smap, Some(fd))
-        };
-        Self::from_mappings(Some(name.to_string()), pmap, state)
+            return Self::from_mappings(Some(name.to_string()), pmap, State::Whole(smap));
+        }
+        let (capacity, _) = validate_policy_region(&pmap)?;
+        check_split_sizes(capacity, per_tenant)?;
+        let wanted: HashMap<String, u64> = (0..capacity)
+            .filter_map(|slot| {
+                let inode = raw_policy_slot(&pmap, slot)?
+                    .state_inode
+                    .load(Ordering::Acquire);
+                (inode != 0).then(|| (segment_label(name, slot), inode))
+            })
+            .collect();
+        let mut found = shm::find_memfds(&wanted);
+        let segments: Box<[std::sync::OnceLock<Segment>]> =
+            (0..capacity).map(|_| std::sync::OnceLock::new()).collect();
+        for (slot, cell) in (0..capacity).zip(segments.iter()) {
+            let label = segment_label(name, slot);
+            let Some(fd) = found.remove(&label) else {
+                continue;
+            };
+            match Self::segment_from_fd(&pmap, fd, per_tenant, capacity, &label) {
+                Ok(seg) if seg.header().tenant_slot.load(Ordering::Relaxed) == slot => {
+                    let _ = cell.set(seg);
+                }
+                Ok(_) => tracing::warn!(slot, "a tenant state file names another slot; left out"),
+                Err(e) => {
+                    tracing::warn!(slot, error = %e, "a tenant state file does not validate; left out")
+                }
+            }
+        }
+        Self::from_mappings(
+            Some(name.to_string()),
+            pmap,
+            State::Split {
+                per_tenant,
+                segments,
+            },
+        )
     }
 
     /// Validates two mapped regions and builds a table on them.
     fn from_mappings(
         name: Option<String>,
         pmap: Mapping,
-        (smap, state_fd): (Mapping, Option<OwnedFd>),
+        state: State,
     ) -> Result<QuotaTable, TableError> {
         let (capacity, clock) = validate_policy_region(&pmap)?;
-        let processes = validate_state_region(&smap, capacity)?;
+        let processes = match &state {
+            State::Whole(smap) => validate_state_region(smap, capacity)?,
+            State::Split { per_tenant, .. } => {
+                check_split_sizes(capacity, *per_tenant)?;
+                capacity * per_tenant
+            }
+        };
         let table = QuotaTable {
             inner: Arc::new(Inner {
                 name,
                 policy: pmap,
-                state: smap,
-                state_fd,
+                state,
                 capacity,
                 processes,
                 cache: ArcSwap::from_pointee(PolicySnapshot {
@@ -559,11 +690,13 @@ impl QuotaTable {
             }
             Ok(map)
         };
-        let table = Self::from_mappings(None, copy(policy)?, (copy(state)?, None))?;
+        let table = Self::from_mappings(None, copy(policy)?, State::Whole(copy(state)?))?;
         Ok((*table.snapshot()?).clone())
     }
 
-    /// The bytes of both regions (policy, state), for tests and tools.
+    /// The bytes of both regions (policy, state), for tests and tools. A
+    /// coordinated table has no state region (each tenant's state is a
+    /// file of its own): its state bytes are empty.
     pub fn to_bytes(&self) -> (Vec<u8>, Vec<u8>) {
         let dump = |map: &Mapping| {
             let mut out = Vec::with_capacity(map.len());
@@ -574,7 +707,11 @@ impl QuotaTable {
             }
             out
         };
-        (dump(&self.inner.policy), dump(&self.inner.state))
+        let state = match &self.inner.state {
+            State::Whole(smap) => dump(smap),
+            State::Split { .. } => Vec::new(),
+        };
+        (dump(&self.inner.policy), state)
     }
 
     /// Removes table `name`'s shared-memory objects. Processes that mapped
@@ -627,27 +764,125 @@ impl QuotaTable {
         .expect("policy slots validated at open")
     }
 
-    pub(crate) fn tenant_state(&self, slot: u32) -> &TenantState {
-        assert!(slot < self.inner.capacity, "state slot {slot} out of range");
-        // SAFETY: the state region holds `capacity` tenant slots (validated).
-        unsafe {
-            self.inner
-                .state
-                .get(STATE_HEADER + slot as usize * STATE_SLOT)
+    /// Tenant slot `slot`'s live state, where this process maps it: every
+    /// slot of a table with one state region; on a coordinated table, the
+    /// slots whose files the coordinator made (all of them in the
+    /// coordinator, a registered process's own tenant's in that process).
+    pub(crate) fn state_of(&self, slot: u32) -> Option<&TenantState> {
+        if slot >= self.inner.capacity {
+            return None;
         }
-        .expect("state slots validated at open")
+        match &self.inner.state {
+            // SAFETY: the state region holds `capacity` tenant slots
+            // (validated); all atomics.
+            State::Whole(smap) => unsafe { smap.get(STATE_HEADER + slot as usize * STATE_SLOT) },
+            // SAFETY: every kept segment is at least `segment_len` long
+            // (validated or made so); all atomics.
+            State::Split { .. } => unsafe { self.segment(slot)?.map.get(SEGMENT_HEADER) },
+        }
     }
 
+    /// [`state_of`](Self::state_of) a slot this process maps: its
+    /// handles' own tenant, or any in the coordinator.
+    pub(crate) fn tenant_state(&self, slot: u32) -> &TenantState {
+        self.state_of(slot)
+            .expect("a tenant slot this process maps (its handles' own)")
+    }
+
+    /// Process slot `slot`, where this process maps it (as
+    /// [`state_of`](Self::state_of)).
+    pub(crate) fn process_of(&self, slot: u32) -> Option<&ProcessSlot> {
+        if slot >= self.inner.processes {
+            return None;
+        }
+        match &self.inner.state {
+            State::Whole(smap) => {
+                let offset = STATE_HEADER
+                    + self.inner.capacity as usize * STATE_SLOT
+                    + slot as usize * PROCESS_SLOT;
+                // SAFETY: the state region holds `processes` process
+                // slots after the tenant slots (validated at open).
+                unsafe { smap.get(offset) }
+            }
+            State::Split { per_tenant, .. } => {
+                let seg = self.segment(slot / per_tenant)?;
+                let offset =
+                    SEGMENT_HEADER + STATE_SLOT + (slot % per_tenant) as usize * PROCESS_SLOT;
+                // SAFETY: the segment holds `per_tenant` process slots
+                // after its tenant's state (validated or made so).
+                unsafe { seg.map.get(offset) }
+            }
+        }
+    }
+
+    /// [`process_of`](Self::process_of) a slot this process maps.
     pub(crate) fn process_slot(&self, slot: u32) -> &ProcessSlot {
-        assert!(
-            slot < self.inner.processes,
-            "process slot {slot} out of range"
-        );
-        let offset =
-            STATE_HEADER + self.inner.capacity as usize * STATE_SLOT + slot as usize * PROCESS_SLOT;
-        // SAFETY: the state region holds `processes` process slots after
-        // the tenant slots (validated at open).
-        unsafe { self.inner.state.get(offset) }.expect("process slots validated at open")
+        self.process_of(slot)
+            .expect("a process slot this process maps (its handles' own)")
+    }
+
+    /// Tenant slot `slot`'s state file on a coordinated table, if mapped.
+    fn segment(&self, slot: u32) -> Option<&Segment> {
+        match &self.inner.state {
+            State::Split { segments, .. } => segments.get(slot as usize)?.get(),
+            State::Whole(_) => None,
+        }
+    }
+
+    /// The process slots a process of tenant slot `slot` may take: all of
+    /// a table with one state region, the slot's own on a coordinated one.
+    fn claimable(&self, slot: u32) -> std::ops::Range<u32> {
+        match &self.inner.state {
+            State::Whole(_) => 0..self.inner.processes,
+            State::Split { per_tenant, .. } => slot * per_tenant..(slot + 1) * per_tenant,
+        }
+    }
+
+    /// Every process slot this process maps.
+    fn mapped_processes(&self) -> impl Iterator<Item = u32> + '_ {
+        let (groups, per) = match &self.inner.state {
+            State::Whole(_) => (1, self.inner.processes),
+            State::Split { per_tenant, .. } => (self.inner.capacity, *per_tenant),
+        };
+        (0..groups)
+            .filter(move |&g| {
+                matches!(self.inner.state, State::Whole(_)) || self.segment(g).is_some()
+            })
+            .flat_map(move |g| g * per..(g + 1) * per)
+    }
+
+    /// Makes tenant slot `slot`'s state file on a coordinated table if it
+    /// has none (a new tenant, or one no live process held when this
+    /// coordinator took over), and records its inode in the policy.
+    fn ensure_segment(&self, slot: u32) -> Result<(), TableError> {
+        let State::Split {
+            per_tenant,
+            segments,
+        } = &self.inner.state
+        else {
+            return Ok(());
+        };
+        let Some(cell) = segments.get(slot as usize) else {
+            return Ok(());
+        };
+        if cell.get().is_some() {
+            return Ok(());
+        }
+        let label = segment_label(self.inner.name.as_deref().unwrap_or(""), slot);
+        let (fd, map) = Mapping::create_sealed(&label, segment_len(*per_tenant))
+            .map_err(|e| io_err("create", &label, e))?;
+        let inode = shm::inode(&fd).map_err(|e| io_err("fstat", &label, e))?;
+        let seg = Segment { map, fd };
+        let h = seg.header();
+        h.version.store(VERSION, Ordering::Relaxed);
+        h.tenant_slot.store(slot, Ordering::Relaxed);
+        h.process_slots.store(*per_tenant, Ordering::Relaxed);
+        h.magic.store(SEGMENT_MAGIC, Ordering::Release);
+        let _ = cell.set(seg);
+        self.policy_slot(slot)
+            .state_inode
+            .store(inode, Ordering::Release);
+        Ok(())
     }
 
     /// Nanoseconds on the table's shared time base: the clock every rate
@@ -747,11 +982,7 @@ impl QuotaTable {
             let s = self.policy_slot(slot);
             let keeps = s.flags.load(Ordering::Relaxed) & SLOT_IN_USE != 0
                 && wanted.contains(&s.id.load(Ordering::Relaxed));
-            let st = self.tenant_state(slot);
-            !keeps
-                && !referenced.contains(&slot)
-                && st.qps.load(Ordering::Relaxed) == 0
-                && st.mr_bytes.load(Ordering::Relaxed) == 0
+            !keeps && !referenced.contains(&slot) && !self.holds_resources(slot)
         });
         // A tenant removed by an earlier policy whose processes still hold
         // its old slot comes back to that slot, with what they hold: a
@@ -759,10 +990,7 @@ impl QuotaTable {
         let mut left: HashMap<u32, u32> = HashMap::new();
         for slot in 0..self.inner.capacity {
             let s = self.policy_slot(slot);
-            let st = self.tenant_state(slot);
-            let held = referenced.contains(&slot)
-                || st.qps.load(Ordering::Relaxed) != 0
-                || st.mr_bytes.load(Ordering::Relaxed) != 0;
+            let held = referenced.contains(&slot) || self.holds_resources(slot);
             if s.flags.load(Ordering::Relaxed) & SLOT_IN_USE == 0 && held {
                 left.insert(s.id.load(Ordering::Relaxed), slot);
             }
@@ -781,6 +1009,10 @@ impl QuotaTable {
             }
         }
         drop(free);
+        // Each placed tenant's state file on a coordinated table.
+        for &(slot, _, _) in &placement {
+            self.ensure_segment(slot)?;
+        }
 
         let h = self.policy_header();
         let seq = h.seq.load(Ordering::Relaxed);
@@ -826,9 +1058,17 @@ impl QuotaTable {
         Ok(())
     }
 
+    /// Whether tenant slot `slot`'s counters hold queue pairs or memory
+    /// (none where this process maps no state for it).
+    fn holds_resources(&self, slot: u32) -> bool {
+        self.state_of(slot).is_some_and(|st| {
+            st.qps.load(Ordering::Relaxed) != 0 || st.mr_bytes.load(Ordering::Relaxed) != 0
+        })
+    }
+
     /// Tenant slots that a live (or claiming) process refers to.
     fn referenced_slots(&self) -> std::collections::HashSet<u32> {
-        (0..self.inner.processes)
+        self.mapped_processes()
             .map(|p| self.process_slot(p))
             .filter(|p| p.state.load(Ordering::Acquire) != PROC_FREE)
             .map(|p| p.tenant_slot.load(Ordering::Relaxed))
@@ -836,7 +1076,9 @@ impl QuotaTable {
     }
 
     fn reset_state(&self, slot: u32) {
-        let st = self.tenant_state(slot);
+        let Some(st) = self.state_of(slot) else {
+            return;
+        };
         for w in st.tat.iter() {
             w.store(0, Ordering::Relaxed);
         }
@@ -930,7 +1172,7 @@ impl QuotaTable {
         if self.is_coordinated() && !self.inner.policy.writable() {
             return out;
         }
-        for p in 0..self.inner.processes {
+        for p in self.mapped_processes() {
             let slot = self.process_slot(p);
             let state = slot.state.load(Ordering::Acquire);
             if state & PROC_CLAIMING_BY != 0 {
@@ -973,8 +1215,7 @@ impl QuotaTable {
         // The process is dead: nobody writes its lanes any more.
         let (qps, mr_bytes) = slot.held();
         slot.clear();
-        if tenant_slot < self.inner.capacity {
-            let st = self.tenant_state(tenant_slot);
+        if let Some(st) = self.state_of(tenant_slot) {
             handle::sub_saturating(&st.qps, qps);
             handle::sub_saturating(&st.mr_bytes, mr_bytes);
         }
@@ -1049,9 +1290,12 @@ impl QuotaTable {
         // Who is claiming, in the state word itself: a claim its claimer
         // never finishes can be told and freed (`reclaim_dead`).
         let claiming = PROC_CLAIMING_BY | (std::process::id() & !PROC_CLAIMING_BY);
+        let slots = self.claimable(tenant_slot);
         for round in 0..2 {
-            for p in 0..self.inner.processes {
-                let slot = self.process_slot(p);
+            for p in slots.clone() {
+                let Some(slot) = self.process_of(p) else {
+                    break;
+                };
                 if slot
                     .state
                     .compare_exchange(PROC_FREE, claiming, Ordering::AcqRel, Ordering::Relaxed)
@@ -1070,7 +1314,7 @@ impl QuotaTable {
                 self.reclaim_dead();
             }
         }
-        Err(TableError::NoProcessSlot(self.inner.processes))
+        Err(TableError::NoProcessSlot(slots.len() as u32))
     }
 
     /// Attaches the calling process to the table as a member of `tenant`
@@ -1129,7 +1373,12 @@ impl QuotaTable {
                 ),
             });
         }
-        let slot = self.process_slot(process_slot);
+        let slot = self
+            .process_of(process_slot)
+            .ok_or_else(|| TableError::NotOurSlot {
+                slot: process_slot,
+                reason: "its tenant's state was not handed to this process".into(),
+            })?;
         let state = slot.state.load(Ordering::Acquire);
         let holder = slot.occupant();
         if state != PROC_LIVE || holder != me {
@@ -1181,6 +1430,7 @@ impl QuotaTable {
             .iter()
             .filter_map(|t| {
                 let slot = snapshot.slot_of(t.id)?;
+                self.state_of(slot)?;
                 let processes = processes.get(&slot).copied().unwrap_or(0);
                 Some(TenantUsage::read(self, t, slot, processes))
             })
@@ -1195,7 +1445,9 @@ impl QuotaTable {
     /// posted. Five loads, nothing allocated (it runs every few
     /// milliseconds).
     pub(crate) fn demand_counters(&self, slot: u32) -> DemandCounters {
-        let st = self.tenant_state(slot);
+        let Some(st) = self.state_of(slot) else {
+            return DemandCounters::default();
+        };
         let l = |w: &AtomicU64| w.load(Ordering::Relaxed);
         DemandCounters {
             posted: l(&st.bytes_posted),
@@ -1209,14 +1461,14 @@ impl QuotaTable {
     /// How many process slots hold a live process (as last recorded; no
     /// `/proc` read): one pass over the process slots.
     pub fn live_process_count(&self) -> u32 {
-        (0..self.inner.processes)
+        self.mapped_processes()
             .filter(|&p| self.process_slot(p).state.load(Ordering::Acquire) == PROC_LIVE)
             .count() as u32
     }
 
     /// Live processes attached to each tenant slot.
     pub(crate) fn live_processes(&self) -> Vec<(u32, ProcessId)> {
-        (0..self.inner.processes)
+        self.mapped_processes()
             .map(|p| self.process_slot(p))
             .filter(|p| p.state.load(Ordering::Acquire) == PROC_LIVE)
             .map(|p| {
@@ -1265,7 +1517,35 @@ fn check_sizes(capacity: u32, processes: u32) -> Result<(), TableError> {
     Ok(())
 }
 
-/// A region's header: `T` is [`PolicyHeader`] or [`StateHeader`].
+/// Process slots per tenant state file that policy region `pmap` names
+/// (0: not a coordinated table, or not a policy region).
+fn split_processes(pmap: &Mapping) -> u32 {
+    header::<PolicyHeader>(pmap, "policy")
+        .map_or(0, |h| h.segment_processes.load(Ordering::Relaxed))
+}
+
+/// Policy slot `slot` of region `pmap`, if it lies inside it.
+fn raw_policy_slot(pmap: &Mapping, slot: u32) -> Option<&PolicySlot> {
+    // SAFETY: all atomics; `get` checks bounds and alignment.
+    unsafe { pmap.get(POLICY_HEADER + slot as usize * POLICY_SLOT) }
+}
+
+/// A coordinated table's sizes: `capacity` tenant files of `per_tenant`
+/// process slots, whose process slots together fit in a `u32`.
+fn check_split_sizes(capacity: u32, per_tenant: u32) -> Result<(), TableError> {
+    check_sizes(capacity, per_tenant)?;
+    if u32::try_from(u64::from(capacity) * u64::from(per_tenant)).is_err() {
+        return Err(TableError::OutOfRange {
+            region: "policy",
+            field: "segment_processes".into(),
+            value: per_tenant.into(),
+            range: "capacity x process slots per tenant below 2^32",
+        });
+    }
+    Ok(())
+}
+
+/// A region's header: `T` is [`PolicyHeader`], [`StateHeader`] or [`SegmentHeader`].
 fn header<'m, T: Header>(map: &'m Mapping, region: &'static str) -> Result<&'m T, TableError> {
     // SAFETY: both header types are made only of atomics; `get` checks
     // bounds and alignment.
@@ -1301,6 +1581,16 @@ trait Header {
 
 impl Header for PolicyHeader {
     const MAGIC: u64 = POLICY_MAGIC;
+    fn magic(&self) -> &AtomicU64 {
+        &self.magic
+    }
+    fn version(&self) -> &std::sync::atomic::AtomicU32 {
+        &self.version
+    }
+}
+
+impl Header for SegmentHeader {
+    const MAGIC: u64 = SEGMENT_MAGIC;
     fn magic(&self) -> &AtomicU64 {
         &self.magic
     }

@@ -200,26 +200,34 @@ pub(crate) fn sealed(fd: &OwnedFd) -> bool {
     rustix::fs::fcntl_get_seals(fd).is_ok_and(|s| s.contains(STATE_SEALS))
 }
 
-/// Finds the memory file `label` of inode `inode` that some live process
-/// holds open, and opens it read-write through that process's
-/// `/proc/PID/fd` entry (which the kernel allows to the process's own
-/// user and to root). Nothing else is trusted: the file must be that
-/// inode, owned by this user with no access for others, and sealed
-/// against shrinking and growing. `None` when no process holds it (or
-/// none this process may look into).
-pub(crate) fn find_memfd(label: &str, inode: u64) -> Option<OwnedFd> {
+/// Finds memory files that live processes hold open: for each `(label,
+/// inode)` of `wanted`, the file of that label and inode, opened
+/// read-write through a holder's `/proc/PID/fd` entry (which the kernel
+/// allows to the holder's own user and to root). Nothing else is trusted:
+/// each must be that inode, owned by this user with no access for others,
+/// and sealed against shrinking and growing. One pass over `/proc`; a file
+/// no process holds (or none this process may look into) is missing from
+/// the result.
+pub(crate) fn find_memfds(
+    wanted: &std::collections::HashMap<String, u64>,
+) -> std::collections::HashMap<String, OwnedFd> {
+    let mut found = std::collections::HashMap::new();
+    if wanted.is_empty() {
+        return found;
+    }
     let me = rustix::process::geteuid().as_raw();
-    let shown = format!("/memfd:{label}");
-    let procs = std::fs::read_dir("/proc").ok()?;
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
     for proc in procs.flatten() {
         let is_pid = proc
             .file_name()
             .to_str()
             .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
-        if !is_pid {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(proc.path().join("fd")) else {
+        let Some(fds) = is_pid
+            .then(|| std::fs::read_dir(proc.path().join("fd")).ok())
+            .flatten()
+        else {
             continue;
         };
         for entry in fds.flatten() {
@@ -228,8 +236,17 @@ pub(crate) fn find_memfd(label: &str, inode: u64) -> Option<OwnedFd> {
                 continue;
             };
             // The kernel shows a memory file as `/memfd:LABEL (deleted)`.
-            let target = target.as_os_str().as_encoded_bytes();
-            if !target.starts_with(shown.as_bytes()) || !target[shown.len()..].starts_with(b" (") {
+            let Some(label) = target
+                .to_str()
+                .and_then(|t| t.strip_prefix("/memfd:"))
+                .and_then(|t| t.strip_suffix(" (deleted)"))
+            else {
+                continue;
+            };
+            let Some(&inode) = wanted.get(label) else {
+                continue;
+            };
+            if found.contains_key(label) {
                 continue;
             }
             let Ok(file) = std::fs::OpenOptions::new()
@@ -242,11 +259,11 @@ pub(crate) fn find_memfd(label: &str, inode: u64) -> Option<OwnedFd> {
             let fd = OwnedFd::from(file);
             let Ok(st) = fstat(&fd) else { continue };
             if st.st_ino == inode && st.st_uid == me && st.st_mode & 0o077 == 0 && sealed(&fd) {
-                return Some(fd);
+                found.insert(label.to_string(), fd);
             }
         }
     }
-    None
+    found
 }
 
 /// Removes a shared-memory object's name (mappings stay valid).
