@@ -177,11 +177,11 @@ fn the_adversarial_table_holds_each_attacker_to_its_policy() {
             .filter_map(|l| l.strip_prefix(label))
             .map(|rest| {
                 let w: Vec<&str> = rest.split_whitespace().collect();
-                assert_eq!(w.len(), 5, "a row of {label}: {rest}");
+                assert_eq!(w.len(), 7, "a row of {label}: {rest}");
                 (
                     w[0].to_string(),
                     w[3].parse().expect("op/s"),
-                    w[4].to_string(),
+                    w[6].to_string(),
                 )
             })
             .collect()
@@ -189,7 +189,10 @@ fn the_adversarial_table_holds_each_attacker_to_its_policy() {
     for label in [
         "8 B WRITE flood",
         "8 B READ flood",
+        "8 B atomic flood",
+        "UD flood",
         "QP/MR storm",
+        "MR 1K-64M storm",
         "RNR storm",
     ] {
         let r = rows(label);
@@ -208,6 +211,16 @@ fn the_adversarial_table_holds_each_attacker_to_its_policy() {
     assert!(
         writes[0].1 > 2.0 * writes[1].1,
         "unprotected, the flood posts far more: {writes:?}"
+    );
+    let atomics = rows("8 B atomic flood");
+    assert!(
+        atomics[1].1 <= 1_200.0,
+        "with mtrdma the atomic flood keeps to its 1,000 requests/s: {atomics:?}"
+    );
+    let ud = rows("UD flood");
+    assert!(
+        ud[1].1 <= 1_200.0,
+        "with mtrdma the UD flood keeps to its 1,000 requests/s: {ud:?}"
     );
     assert!(text.contains("not reproducible on rxe"), "{text}");
     std::fs::remove_dir_all(&out_dir).ok();

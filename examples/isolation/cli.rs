@@ -12,6 +12,11 @@ pub(crate) struct Args {
     pub(crate) storm_tenant: bool,
     /// With `storm_tenant`: an RNR storm towards `peer_device`.
     pub(crate) rnr: bool,
+    /// With `storm_tenant`: registrations of 1 KiB to 64 MiB in turn, each
+    /// in a protection domain of its own.
+    pub(crate) mr_sweep: bool,
+    /// With `storm_tenant`: a UD flood towards `peer_device`.
+    pub(crate) ud: bool,
     pub(crate) coordinator: Option<PathBuf>,
     /// The capped tenant's cap on the link, as a share of its rate.
     pub(crate) cap_share: f64,
@@ -50,8 +55,10 @@ on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
     [--no-window-gains (the coordinator leaves the windows' growth to their weights)]
     [--probe-interval-us US (between the latency probe's requests, default 500)]
     [--scenarios latency,hogs,weights,cap,storm,attack] [--cap-share 0.25]
-the link demo's storm tenant (--rnr: SENDs to a peer on --peer-device that posts no receives):
-       isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET] [--rnr --peer-device NAME]";
+the link demo's storm tenant (--rnr: SENDs to a peer on --peer-device that posts no receives;
+       isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET] [--rnr --peer-device NAME]
+    [--mr-sweep (registrations of 1 KiB to 64 MiB in turn, each in a protection domain of its own)]
+    [--ud --peer-device NAME (a flood of MTU-sized UD datagrams to a peer that posts no receives)]";
 
 pub(crate) const SCENARIOS: [&str; 4] = ["latency", "weights", "cap", "storm"];
 pub(crate) const LINK_SCENARIOS: [&str; 6] =
@@ -64,6 +71,8 @@ pub(crate) fn parse() -> Result<Args, String> {
         link: false,
         storm_tenant: false,
         rnr: false,
+        mr_sweep: false,
+        ud: false,
         coordinator: None,
         cap_share: 0.25,
         out: PathBuf::from("target/demo"),
@@ -111,6 +120,14 @@ pub(crate) fn parse() -> Result<Args, String> {
             }
             "--rnr" => {
                 args.rnr = true;
+                continue;
+            }
+            "--mr-sweep" => {
+                args.mr_sweep = true;
+                continue;
+            }
+            "--ud" => {
+                args.ud = true;
                 continue;
             }
             "--no-window-gains" => {

@@ -234,7 +234,7 @@ impl Demo<'_> {
                 .then(|| s.spawn(move || drive_bulk(bulk, msg, start, window, stop)));
             let storm = cast.storm.then(|| {
                 let (pd, handle) = (&self.pd, storm_handle.as_ref());
-                s.spawn(move || storm(pd, handle, start, window, stop))
+                s.spawn(move || storm(pd, handle, start, window, stop, false))
             });
             let probe_thread = probe.map(|(lane, target, local)| {
                 s.spawn(move || run_probe(lane, &target, local, start, window, stop))
@@ -332,16 +332,32 @@ pub(crate) fn run_probe(
     Ok(samples)
 }
 
-/// Creates and destroys queue pairs and registers and drops 64 KiB
-/// regions as fast as it may; returns the operations done and refused in
-/// the window.
+/// Sizes a sweeping storm registers in turn (1 KiB to 64 MiB).
+const SWEEP_SIZES: [usize; 9] = [
+    1 << 10,
+    4 << 10,
+    16 << 10,
+    64 << 10,
+    256 << 10,
+    1 << 20,
+    4 << 20,
+    16 << 20,
+    64 << 20,
+];
+
+/// Creates and destroys queue pairs and registers and drops regions as
+/// fast as it may: 64 KiB ones, or with `sweep` 1 KiB to 64 MiB in turn,
+/// each in a protection domain of its own. Returns the operations done
+/// and refused in the window.
 pub(crate) fn storm(
     pd: &ProtectionDomain,
     handle: Option<&TenantHandle>,
     start: Instant,
     window: (Duration, Duration),
     stop: &AtomicBool,
+    sweep: bool,
 ) -> Result<(u64, u64), String> {
+    let mut sizes = SWEEP_SIZES.iter().cycle();
     let (mut ok, mut refused) = (0u64, 0u64);
     let mut count = |result: Result<(), Error>| -> Result<(), String> {
         let inside = (window.0..window.1).contains(&start.elapsed());
@@ -356,7 +372,14 @@ pub(crate) fn storm(
             None => pd.queue_pair().build(),
         };
         count(qp.map(drop))?;
-        let buf = vec![0u8; 64 << 10];
+        let (buf, own_pd) = if sweep {
+            let size = *sizes.next().expect("a cycle never ends");
+            let own = pd.context().alloc_pd().map_err(|e| format!("storm: {e}"))?;
+            (vec![0u8; size], Some(own))
+        } else {
+            (vec![0u8; 64 << 10], None)
+        };
+        let pd = own_pd.as_ref().unwrap_or(pd);
         let mr = match handle {
             Some(h) => pd.register_for(h, buf, Access::LOCAL),
             None => pd.register(buf, Access::LOCAL),
@@ -445,4 +468,105 @@ pub(crate) fn rnr_storm(
         ok += u64::from(inside);
     }
     Ok((ok, refused))
+}
+
+/// A UD flood: datagrams of one MTU to a peer's queue pair that posts no
+/// receives (each crosses the link and is dropped at the receiver: UD has
+/// no RNR, no retries and no congestion control), 64 outstanding, as fast
+/// as it may. With `handle` the queue pair is the tenant's and its sends
+/// go through the tenant's scheduler, so its work-request rate applies.
+/// Returns the datagrams sent (and 0 refused) in the window.
+pub(crate) fn ud_flood(
+    pd: &ProtectionDomain,
+    peer: &ProtectionDomain,
+    handle: Option<&TenantHandle>,
+    start: Instant,
+    window: (Duration, Duration),
+    stop: &AtomicBool,
+) -> Result<(u64, u64), String> {
+    const DEPTH: u32 = 64;
+    let e = |e: Error| format!("ud flood: {e}");
+    let sink = peer.ud_queue_pair().build().map_err(e)?;
+    let to = sink.endpoint();
+    let mut b = pd
+        .ud_queue_pair()
+        .max_send_wr(DEPTH)
+        .completion_events(true);
+    if let Some(h) = handle {
+        b = b.tenant(h);
+    }
+    let qp = b.build().map_err(e)?;
+    let mtu = qp.mtu() as usize;
+    let mut free = Vec::with_capacity(DEPTH as usize);
+    for _ in 0..DEPTH {
+        let buf = vec![0u8; mtu];
+        free.push(
+            match handle {
+                Some(h) => pd.register_for(h, buf, Access::LOCAL),
+                None => pd.register(buf, Access::LOCAL),
+            }
+            .map_err(e)?,
+        );
+    }
+    let mut qp = match handle {
+        Some(_) => UdFlooder::Scheduled(qp.scheduled(ScheduleConfig::default()).map_err(e)?),
+        None => UdFlooder::Plain(qp),
+    };
+    let ah = qp.address_handle(&to).map_err(e)?;
+    let (mut sent, mut out) = (0u64, Vec::new());
+    while !stop.load(Ordering::Acquire) {
+        while let Some(r) = free.pop() {
+            qp.post(&ah, to.qpn, to.qkey, r, mtu)
+                .map_err(|p| format!("ud flood: {p}"))?;
+        }
+        out.clear();
+        qp.poll_wait(&mut out).map_err(e)?;
+        let inside = (window.0..window.1).contains(&start.elapsed());
+        for c in out.drain(..) {
+            if !c.status.is_success() {
+                return Err(format!("ud flood: a datagram failed: {}", c.status));
+            }
+            sent += u64::from(inside);
+            free.push(c.region);
+        }
+    }
+    drop(sink);
+    Ok((sent, 0))
+}
+
+/// The UD flood's queue pair, plain or through its tenant's scheduler.
+enum UdFlooder {
+    Plain(UdQueuePair),
+    Scheduled(ScheduledUdQueuePair),
+}
+
+impl UdFlooder {
+    fn address_handle(&mut self, to: &UdEndpoint) -> Result<AddressHandle, Error> {
+        match self {
+            UdFlooder::Plain(q) => q.address_handle(to),
+            UdFlooder::Scheduled(q) => q.address_handle(to),
+        }
+    }
+
+    fn post(
+        &mut self,
+        ah: &AddressHandle,
+        qpn: u32,
+        qkey: u32,
+        region: MemoryRegion,
+        len: usize,
+    ) -> Result<(), PostError> {
+        match self {
+            UdFlooder::Plain(q) => q.post_send(ah, qpn, qkey, region, 0..len, 0),
+            UdFlooder::Scheduled(q) => q.post_send(ah, qpn, qkey, region, 0..len, 0),
+        }
+    }
+
+    fn poll_wait(&mut self, out: &mut Vec<UdCompletion>) -> Result<usize, Error> {
+        let wait = Duration::from_millis(100);
+        match self {
+            UdFlooder::Plain(q) => q.poll_wait(out, wait),
+            UdFlooder::Scheduled(q) => q.poll_wait(out, wait),
+        }
+    }
 }

@@ -328,7 +328,12 @@ impl Site<'_> {
 
     /// Bytes the sender's network device has sent.
     fn link_bytes(&self) -> Result<u64, String> {
-        let path = format!("/sys/class/net/{}/statistics/tx_bytes", self.netdev);
+        self.link_counter("tx_bytes")
+    }
+
+    /// One of the sender netdev's counters (`/sys/class/net/DEV/statistics`).
+    fn link_counter(&self, name: &str) -> Result<u64, String> {
+        let path = format!("/sys/class/net/{}/statistics/{name}", self.netdev);
         std::fs::read_to_string(&path)
             .map_err(|e| format!("{path}: {e}"))?
             .trim()
@@ -528,10 +533,19 @@ impl Site<'_> {
                 if run.rnr {
                     cmd.args(["--rnr", "--peer-device", &self.link.receiver]);
                 }
+                if run.mr_sweep {
+                    cmd.arg("--mr-sweep");
+                }
+                if run.ud {
+                    cmd.args(["--ud", "--peer-device", &self.link.receiver]);
+                }
                 if way == Way::Mtrdma {
                     cmd.arg("--coordinator").arg(&self.socket);
                 }
-                Some(self.spawn("storm", Some("storm"), cmd)?)
+                // The UD flood is the flooding tenant (its work-request
+                // rate applies); the storms are the storm tenant.
+                let tenant = if run.ud { "attacker" } else { "storm" };
+                Some(self.spawn(tenant, Some(tenant), cmd)?)
             }
         };
         // The bulk tenants reach their pace before the probe starts.
@@ -544,6 +558,7 @@ impl Site<'_> {
         ));
         let mut measured = Measured::default();
         let counted = (self.link_bytes()?, Instant::now());
+        let packets_before = self.link_counter("tx_packets")?;
         let posted_before = self.posted();
         if let Some(port) = probe_port {
             let samples = self.logs.join("latency.samples");
@@ -574,6 +589,7 @@ impl Site<'_> {
         }
         let window = counted.1.elapsed().as_secs_f64();
         measured.link_mbps = (self.link_bytes()? - counted.0) as f64 / window / 1_048_576.0;
+        measured.link_pps = (self.link_counter("tx_packets")? - packets_before) as f64 / window;
         let posted_after = self.posted();
         for (name, way) in &run.bulk {
             let before = posted_before.iter().find(|(n, _)| n == name);
@@ -644,17 +660,24 @@ struct Run {
     storm: Option<Way>,
     /// The storm is an RNR storm (SENDs to a peer that posts no receives).
     rnr: bool,
+    /// The storm registers 1 KiB to 64 MiB in turn, each in a protection
+    /// domain of its own.
+    mr_sweep: bool,
+    /// The storm process floods the receiver with UD datagrams, as the
+    /// flooding tenant.
+    ud: bool,
     /// A tenant flooding the link with 8-byte requests, with or without
     /// mtrdma.
     flood: Option<(Flood, Way)>,
 }
 
-/// What a flooding attacker posts: 8-byte RDMA WRITEs or READs, as many
-/// as it can keep outstanding.
+/// What a flooding attacker posts: 8-byte RDMA WRITEs, READs or atomic
+/// fetch-and-adds, as many as it can keep outstanding.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Flood {
     Writes,
     Reads,
+    Atomics,
 }
 
 impl Flood {
@@ -662,6 +685,7 @@ impl Flood {
         match self {
             Flood::Writes => "write_bw",
             Flood::Reads => "read_bw",
+            Flood::Atomics => "atomic_bw",
         }
     }
 }
@@ -685,6 +709,8 @@ struct Measured {
     /// What left the sender's network device while the probe ran (MB/s,
     /// headers included).
     link_mbps: f64,
+    /// Packets that left it then, per second.
+    link_pps: f64,
 }
 
 impl Measured {
@@ -1163,13 +1189,23 @@ fn scenario_attack(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
         "\n== adversarial: a victim tenant ({} B WRITEs) next to each attacker; an attacker passes when the victim \
          keeps at least {VICTIM_KEEPS} of its throughput alone ==\n\
          (policy: the flooding attacker {ATTACK_WR_RATE} work requests/s, the storms {STORM_RATE} QP creations and \
-         {STORM_RATE} MR registrations/s; the RNR storm's op/s: SENDs failed after their RNR retries; \
-         victim MB/s: its own average over its run)",
+         {STORM_RATE} MR registrations/s; the UD flood's op/s: datagrams of one MTU sent (the flooding tenant, to a \
+         peer that posts no receives); the MR storm registers 1 KiB to 64 MiB in turn, each in a protection domain \
+         of its own; the RNR storm's op/s: SENDs failed after their RNR retries; \
+         victim MB/s: its own average over its run; link MB/s and packets/s: what left the sender's network \
+         device, every tenant's traffic and headers)",
         site.args.msg
     ));
     r.say(format!(
-        "{:<22} {:<12} {:>12} {:>9} {:>14}  {}",
-        "attacker", "way", "victim MB/s", "of alone", "attacker op/s", "verdict"
+        "{:<22} {:<12} {:>12} {:>9} {:>14} {:>10} {:>11}  {}",
+        "attacker",
+        "way",
+        "victim MB/s",
+        "of alone",
+        "attacker op/s",
+        "link MB/s",
+        "link pkt/s",
+        "verdict"
     ));
     let victim = |way| vec![("victim".to_string(), way)];
     let mut alone = [0.0f64; 2];
@@ -1183,29 +1219,63 @@ fn scenario_attack(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
         )?;
         alone[i] = m.bulk[0].1;
         r.say(format!(
-            "{:<22} {:<12} {:>12.2} {:>9.2} {:>14}  -",
+            "{:<22} {:<12} {:>12.2} {:>9.2} {:>14} {:>10.2} {:>11.0}  -",
             "(none)",
             way.name(),
             alone[i],
             1.0,
-            "-"
+            "-",
+            m.link_mbps,
+            m.link_pps
         ));
         r.figure("link_attack", way, "none", "victim", "mbps", alone[i]);
     }
-    // (label, tag, flood, rnr): the storms are those without a flood.
-    let attacks: [(&str, &str, Option<Flood>, bool); 4] = [
-        ("8 B WRITE flood", "write_flood", Some(Flood::Writes), false),
-        ("8 B READ flood", "read_flood", Some(Flood::Reads), false),
-        ("QP/MR storm", "storm", None, false),
-        ("RNR storm", "rnr_storm", None, true),
+    // (label, tag, flood, storm): the storm process runs the attacks
+    // without a flood.
+    let storm = |rnr, mr_sweep, ud| Run {
+        rnr,
+        mr_sweep,
+        ud,
+        ..Run::default()
+    };
+    let attacks: [(&str, &str, Option<Flood>, Run); 7] = [
+        (
+            "8 B WRITE flood",
+            "write_flood",
+            Some(Flood::Writes),
+            Run::default(),
+        ),
+        (
+            "8 B READ flood",
+            "read_flood",
+            Some(Flood::Reads),
+            Run::default(),
+        ),
+        (
+            "8 B atomic flood",
+            "atomic_flood",
+            Some(Flood::Atomics),
+            Run::default(),
+        ),
+        ("UD flood", "ud_flood", None, storm(false, false, true)),
+        ("QP/MR storm", "storm", None, storm(false, false, false)),
+        (
+            "MR 1K-64M storm",
+            "mr_sweep_storm",
+            None,
+            storm(false, true, false),
+        ),
+        ("RNR storm", "rnr_storm", None, storm(true, false, false)),
     ];
-    for (label, tag, flood, rnr) in attacks {
+    for (label, tag, flood, kind) in attacks {
         for (i, way) in [Way::Unprotected, Way::Mtrdma].into_iter().enumerate() {
             let run = Run {
                 bulk: victim(way),
                 flood: flood.map(|f| (f, way)),
                 storm: flood.is_none().then_some(way),
-                rnr,
+                rnr: kind.rnr,
+                mr_sweep: kind.mr_sweep,
+                ud: kind.ud,
                 ..Run::default()
             };
             let m = site.measure(&format!("attack-{tag}-{}", way.name()), &run)?;
@@ -1217,8 +1287,10 @@ fn scenario_attack(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
                 _ => f64::NAN,
             };
             r.say(format!(
-                "{label:<22} {:<12} {got:>12.2} {share:>9.2} {ops:>14.0}  {}",
+                "{label:<22} {:<12} {got:>12.2} {share:>9.2} {ops:>14.0} {:>10.2} {:>11.0}  {}",
                 way.name(),
+                m.link_mbps,
+                m.link_pps,
                 if share >= VICTIM_KEEPS {
                     "pass"
                 } else {
@@ -1228,6 +1300,7 @@ fn scenario_attack(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
             r.figure("link_attack", way, tag, "victim", "mbps", got);
             r.figure("link_attack", way, tag, "victim", "share_of_alone", share);
             r.figure("link_attack", way, tag, "attacker", "ops_per_s", ops);
+            r.figure("link_attack", way, tag, "link", "packets_per_s", m.link_pps);
         }
     }
     r.say(format!(

@@ -71,8 +71,9 @@ use mtrdma::core::{
 };
 use mtrdma::sched::stats::{jain_index, percentile};
 use mtrdma::verbs::{
-    Access, Completion, Context, Error, MemoryRegion, ProtectionDomain, QueuePair, RemoteRegion,
-    ScheduleConfig, ScheduledQueuePair, SendOp, SharedConfig, SharedScheduler,
+    Access, AddressHandle, Completion, Context, Error, MemoryRegion, PostError, ProtectionDomain,
+    QueuePair, RemoteRegion, ScheduleConfig, ScheduledQueuePair, ScheduledUdQueuePair, SendOp,
+    SharedConfig, SharedScheduler, UdCompletion, UdEndpoint, UdQueuePair,
 };
 use plot::{BarGroup, LatencySeries, RateSeries};
 
@@ -167,13 +168,13 @@ fn storm_tenant(args: &Args) -> Result<(), String> {
         ),
         None => None,
     };
-    let peer = match (&args.rnr, &args.peer_device) {
+    let peer = match (args.rnr || args.ud, &args.peer_device) {
         (true, Some(name)) => Some(
             open_device(Some(name))?
                 .alloc_pd()
                 .map_err(|e| e.to_string())?,
         ),
-        (true, None) => return Err("--rnr needs --peer-device".into()),
+        (true, None) => return Err("--rnr and --ud need --peer-device".into()),
         _ => None,
     };
     let stop = AtomicBool::new(false);
@@ -182,8 +183,9 @@ fn storm_tenant(args: &Args) -> Result<(), String> {
     let window = (Duration::ZERO, length);
     let (ok, refused) = std::thread::scope(|s| {
         let t = s.spawn(|| match &peer {
+            Some(peer) if args.ud => ud_flood(&pd, peer, handle.as_ref(), start, window, &stop),
             Some(peer) => rnr_storm(&pd, peer, handle.as_ref(), start, window, &stop),
-            None => storm(&pd, handle.as_ref(), start, window, &stop),
+            None => storm(&pd, handle.as_ref(), start, window, &stop, args.mr_sweep),
         });
         std::thread::sleep(length);
         stop.store(true, Ordering::Release);

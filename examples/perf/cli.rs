@@ -88,10 +88,11 @@ pub(crate) enum Test {
     ReadLat,
     SendLat,
     WriteCompLat,
+    AtomicBw,
 }
 
 impl Test {
-    const ALL: [Test; 7] = [
+    const ALL: [Test; 8] = [
         Test::WriteBw,
         Test::ReadBw,
         Test::SendBw,
@@ -99,6 +100,7 @@ impl Test {
         Test::ReadLat,
         Test::SendLat,
         Test::WriteCompLat,
+        Test::AtomicBw,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -110,6 +112,7 @@ impl Test {
             Test::ReadLat => "read_lat",
             Test::SendLat => "send_lat",
             Test::WriteCompLat => "write_comp_lat",
+            Test::AtomicBw => "atomic_bw",
         }
     }
 
@@ -126,7 +129,10 @@ impl Test {
     }
 
     pub(crate) fn is_bw(self) -> bool {
-        matches!(self, Test::WriteBw | Test::ReadBw | Test::SendBw)
+        matches!(
+            self,
+            Test::WriteBw | Test::ReadBw | Test::SendBw | Test::AtomicBw
+        )
     }
 
     /// perftest's title line.
@@ -139,6 +145,7 @@ impl Test {
             Test::ReadLat => "RDMA_Read Latency Test",
             Test::SendLat => "Send Latency Test",
             Test::WriteCompLat => "RDMA_Write Completion Latency Test",
+            Test::AtomicBw => "Atomic FETCH_AND_ADD BW Test",
         }
     }
 
@@ -147,6 +154,7 @@ impl Test {
             Test::WriteBw | Test::WriteLat | Test::WriteCompLat => "RDMA WRITE",
             Test::ReadBw | Test::ReadLat => "RDMA READ",
             Test::SendBw | Test::SendLat => "SEND",
+            Test::AtomicBw => "ATOMIC FETCH_AND_ADD",
         }
     }
 }
@@ -386,6 +394,9 @@ pub(crate) fn check_args(a: &Args) -> Result<(), String> {
         if s == 0 || s > u32::MAX as usize {
             return Err(format!("-s/--size must be 1 ..= {} bytes", u32::MAX));
         }
+    }
+    if a.test == Some(Test::AtomicBw) && (a.all || a.size != Some(8)) {
+        return Err("atomic_bw works on one 8-byte word: give -s 8".into());
     }
     if a.iters == Some(0) {
         return Err("-n/--iters must be at least 1".into());

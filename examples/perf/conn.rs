@@ -57,6 +57,7 @@ pub(crate) fn op_verb(op: SendOp) -> &'static str {
         SendOp::Send | SendOp::SendWithImm(_) => "a SEND",
         SendOp::Write(_) | SendOp::WriteWithImm(..) => "an RDMA WRITE",
         SendOp::Read(_) => "an RDMA READ",
+        SendOp::FetchAdd(..) | SendOp::CompareSwap { .. } => "an atomic",
     }
 }
 
@@ -281,6 +282,7 @@ impl Side {
                 .max_send_wr(sq)
                 .max_recv_wr(rq)
                 .max_inline_data(inline)
+                .access(Access::REMOTE_ALL)
                 .completion_events(self.wait);
             if let Some(exp) = self.ack_timeout {
                 b = b.ack_timeout(exp);
@@ -350,7 +352,7 @@ impl Side {
         let sq = if test.is_bw() { p.tx_depth.max(4) } else { 4 };
         let rq = u32::try_from(recvs).unwrap_or(u32::MAX).max(1);
         let mut prepared = self.build_qp(sq, rq, p.inline)?;
-        let target = self.allocate(size, Access::REMOTE_READ_WRITE)?;
+        let target = self.allocate(size, Access::REMOTE_ALL)?;
         let mine = target
             .remote()
             .ok_or("a region with remote access has no remote descriptor")?;

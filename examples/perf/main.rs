@@ -336,7 +336,7 @@ fn server(a: &Args, listener: TcpListener, quiet: bool) -> Result<(), String> {
         };
         ctrl.send("READY")?;
         let run = match p.test {
-            Test::WriteBw | Test::ReadBw | Test::ReadLat | Test::WriteCompLat => {
+            Test::WriteBw | Test::ReadBw | Test::ReadLat | Test::WriteCompLat | Test::AtomicBw => {
                 ctrl.expect("DONE", None).map(|_| ())
             }
             Test::SendBw => server_recv(&mut conn, p.test, &mut ctrl),

@@ -29,6 +29,7 @@ pub(crate) fn client_bw(conn: &mut Conn, p: &Params) -> Result<Option<BwResult>,
     let op = match p.test {
         Test::WriteBw => SendOp::Write(conn.remote),
         Test::ReadBw => SendOp::Read(conn.remote),
+        Test::AtomicBw => SendOp::FetchAdd(conn.remote, 1),
         _ => SendOp::Send,
     };
     let mut limit = match p.duration() {

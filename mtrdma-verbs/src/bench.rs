@@ -302,6 +302,8 @@ impl NullSink {
         let opcode = match posted.opcode {
             o::IBV_WR_RDMA_WRITE | o::IBV_WR_RDMA_WRITE_WITH_IMM => c::IBV_WC_RDMA_WRITE,
             o::IBV_WR_RDMA_READ => c::IBV_WC_RDMA_READ,
+            o::IBV_WR_ATOMIC_FETCH_AND_ADD => c::IBV_WC_FETCH_ADD,
+            o::IBV_WR_ATOMIC_CMP_AND_SWP => c::IBV_WC_COMP_SWAP,
             _ => c::IBV_WC_SEND,
         };
         Wc {
@@ -1014,6 +1016,64 @@ mod tests {
             assert_eq!((out.len(), out[0].context), (1, 5));
             assert_eq!(qp.queued(), 0);
         }
+    }
+
+    /// An atomic goes whole (never split, whatever the piece size), as its
+    /// verbs opcode, and completes once as an atomic; one that is not a
+    /// single aligned 8-byte word is refused before anything is posted.
+    #[test]
+    fn an_atomic_goes_whole_and_a_misshapen_one_is_refused() {
+        let config = ScheduleConfig {
+            chunk_bytes: 4,
+            ..bulk0()
+        };
+        let mut qp = scheduled(NullSink::new(1, 16).recording(), config).unwrap();
+        let op = SendOp::CompareSwap {
+            remote: REMOTE,
+            compare: 1,
+            swap: 2,
+        };
+        if let Err((e, _)) = qp.post_send(op, HeapRegion::new(8), 0..8, 5) {
+            panic!("refused: {e}");
+        }
+        let log = qp.with_sink(|s| s.take_log());
+        assert_eq!(log.len(), 1, "never split");
+        assert_eq!(
+            (log[0].opcode, log[0].length, log[0].remote_addr),
+            (
+                ffi::ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP,
+                8,
+                REMOTE.addr
+            )
+        );
+        let done = drain(&mut qp, 1);
+        assert_eq!(
+            (
+                done[0].context,
+                done[0].status,
+                done[0].opcode,
+                done[0].byte_len
+            ),
+            (5, WcStatus::Success, Opcode::Atomic, 8)
+        );
+        for (region, range, remote) in [
+            (HeapRegion::new(16), 0..16, REMOTE),
+            (
+                HeapRegion::new(8),
+                0..8,
+                RemoteRegion {
+                    addr: REMOTE.addr + 4,
+                    ..REMOTE
+                },
+            ),
+            (HeapRegion::new(8), 0..8, RemoteRegion { len: 4, ..REMOTE }),
+        ] {
+            match qp.post_send(SendOp::FetchAdd(remote, 1), region, range.clone(), 6) {
+                Err((Error::AtomicLayout { .. }, back)) => assert_eq!(back.len(), range.len()),
+                other => panic!("{range:?} to {remote:?}: {:?}", other.err().map(|e| e.0)),
+            }
+        }
+        assert_eq!(qp.with_sink(|s| s.take_log().len()), 0, "nothing posted");
     }
 
     #[test]

@@ -89,6 +89,8 @@ pub enum Opcode {
     Write,
     /// An RDMA READ.
     Read,
+    /// An atomic operation (fetch-and-add or compare-and-swap).
+    Atomic,
     /// A receive that got a SEND.
     Recv,
     /// A receive consumed by a WRITE with immediate.

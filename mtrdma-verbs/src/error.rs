@@ -117,6 +117,19 @@ pub enum Error {
         /// The bytes to transfer.
         len: u64,
     },
+    /// An atomic operation's operands are not one 8-byte word.
+    #[error(
+        "an atomic operation works on one 8-byte word: the local range must be 8 bytes (it is {local_len}) \
+         and the remote region at least 8 bytes at an 8-byte aligned address ({} bytes at {:#x}); refused before posting",
+        remote.len,
+        remote.addr
+    )]
+    AtomicLayout {
+        /// The local range's length.
+        local_len: u32,
+        /// The remote region given.
+        remote: crate::RemoteRegion,
+    },
     /// The send queue is full.
     #[error("the send queue is full ({depth} work requests in flight); poll completions first")]
     SendQueueFull {

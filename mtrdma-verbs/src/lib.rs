@@ -98,7 +98,8 @@ pub use mr::{Access, MemoryRegion, RemoteRegion};
 pub use pd::ProtectionDomain;
 pub use progress::ProgressThread;
 pub use qp::{
-    Endpoint, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder, SendOp, MAX_RNR_RETRY,
+    Endpoint, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder, SendOp, ATOMIC_BYTES,
+    MAX_RNR_RETRY,
 };
 pub use scheduled::{
     DefaultScheduler, PieceRef, PieceScheduler, ScheduleConfig, ScheduledQueuePair,

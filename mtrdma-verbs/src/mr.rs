@@ -21,6 +21,9 @@ pub struct Access {
     pub remote_read: bool,
     /// Peers may RDMA WRITE into it.
     pub remote_write: bool,
+    /// Peers may run atomic operations (fetch-and-add, compare-and-swap)
+    /// on its 8-byte words.
+    pub remote_atomic: bool,
 }
 
 impl Access {
@@ -28,11 +31,19 @@ impl Access {
     pub const LOCAL: Access = Access {
         remote_read: false,
         remote_write: false,
+        remote_atomic: false,
     };
     /// Peers may READ and WRITE.
     pub const REMOTE_READ_WRITE: Access = Access {
         remote_read: true,
         remote_write: true,
+        remote_atomic: false,
+    };
+    /// Peers may READ, WRITE and run atomic operations.
+    pub const REMOTE_ALL: Access = Access {
+        remote_read: true,
+        remote_write: true,
+        remote_atomic: true,
     };
 
     /// The rights a queue pair grants its peer (remote access of each
@@ -48,6 +59,9 @@ impl Access {
         }
         if self.remote_write {
             flags |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        }
+        if self.remote_atomic {
+            flags |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
         }
         flags
     }

@@ -151,6 +151,111 @@ fn a_write_outside_the_remote_region_is_refused_before_posting() {
     assert!(pd.allocate(16, Access::LOCAL).unwrap().remote().is_none());
 }
 
+/// Fetch-and-add and compare-and-swap change the peer's word and return
+/// what it held, on a plain queue pair and through a tenant's scheduler
+/// (one completion each, never split); operands that are not one aligned
+/// 8-byte word are refused before posting.
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn atomics_change_the_peers_word_and_return_what_it_held() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let a = pd.queue_pair().build().unwrap();
+    let b = pd.queue_pair().access(Access::REMOTE_ALL).build().unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let (mut a, _b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    let word = pd
+        .register(40u64.to_ne_bytes().to_vec(), Access::REMOTE_ALL)
+        .unwrap();
+    let remote = word.remote().unwrap();
+    let old = |c: &mtrdma_verbs::Completion| {
+        assert_eq!(
+            (c.status, c.opcode, c.byte_len),
+            (WcStatus::Success, Opcode::Atomic, 8)
+        );
+        u64::from_ne_bytes(c.region.read().try_into().unwrap())
+    };
+    let local = pd.allocate(8, Access::LOCAL).unwrap();
+    a.post_send(SendOp::FetchAdd(remote, 2), local, 0..8, 1)
+        .unwrap();
+    let c = wait(&mut a, 1).pop().unwrap();
+    assert_eq!(old(&c), 40);
+    let ops = [
+        (
+            SendOp::CompareSwap {
+                remote,
+                compare: 42,
+                swap: 7,
+            },
+            42,
+        ),
+        (
+            SendOp::CompareSwap {
+                remote,
+                compare: 1,
+                swap: 9,
+            },
+            7,
+        ),
+    ];
+    let mut local = c.region;
+    for (i, (op, held)) in ops.into_iter().enumerate() {
+        a.post_send(op, local, 0..8, 2 + i as u64).unwrap();
+        let c = wait(&mut a, 1).pop().unwrap();
+        assert_eq!(old(&c), held);
+        local = c.region;
+    }
+    assert_eq!(
+        word.read(),
+        7u64.to_ne_bytes(),
+        "the swap that did not match left it"
+    );
+
+    // Not one aligned word: refused, the region back untouched.
+    let wide = pd.allocate(16, Access::LOCAL).unwrap();
+    let refused = a
+        .post_send(SendOp::FetchAdd(remote, 1), wide, 0..16, 9)
+        .unwrap_err();
+    assert!(
+        matches!(*refused.error, Error::AtomicLayout { local_len: 16, .. }),
+        "{}",
+        refused.error
+    );
+    let askew = mtrdma_verbs::RemoteRegion {
+        addr: remote.addr + 4,
+        len: 4,
+        ..remote
+    };
+    let refused = a
+        .post_send(SendOp::FetchAdd(askew, 1), local, 0..8, 9)
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("8-byte aligned"),
+        "{}",
+        refused.error
+    );
+    assert_eq!(a.in_flight(), (0, 0), "nothing was posted");
+    let local = refused.region;
+
+    // Through a tenant's scheduler: one completion, the word changed once.
+    let table = tenant_table(4, 1 << 20);
+    let tenant = table.attach(TenantId(1)).unwrap();
+    let s = pd.queue_pair().tenant(&tenant).build().unwrap();
+    let t = pd.queue_pair().access(Access::REMOTE_ALL).build().unwrap();
+    let (es, et) = (s.endpoint(), t.endpoint());
+    let mut s = s
+        .connect(&et)
+        .unwrap()
+        .scheduled(mtrdma_verbs::ScheduleConfig::default())
+        .unwrap();
+    let _t = t.connect(&es).unwrap();
+    s.post_send(SendOp::FetchAdd(remote, 5), local, 0..8, 10)
+        .unwrap();
+    let c = wait(&mut s, 1).pop().unwrap();
+    assert_eq!((c.context, old(&c)), (10, 7));
+    assert_eq!(word.read(), 12u64.to_ne_bytes());
+}
+
 fn tenant_table(max_qps: u32, max_mr_bytes: u64) -> QuotaTable {
     let tenant = TenantEntry::new(TenantId(1), "t")
         .with_max_qps(max_qps)

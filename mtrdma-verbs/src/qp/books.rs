@@ -33,6 +33,8 @@ pub(crate) struct RawSend {
     pub(crate) sge: ffi::ibv_sge,
     pub(crate) remote: Option<(u64, u32)>,
     pub(crate) imm: Option<u32>,
+    /// An atomic operation's operands (compare or add, swap).
+    pub(crate) atomic: Option<(u64, u64)>,
     /// A datagram's destination (UD queue pairs).
     pub(crate) ud: Option<UdDest>,
 }
@@ -255,6 +257,7 @@ impl<R: Region> Books<R> {
                 o::IBV_WC_SEND => Opcode::Send,
                 o::IBV_WC_RDMA_WRITE => Opcode::Write,
                 o::IBV_WC_RDMA_READ => Opcode::Read,
+                o::IBV_WC_COMP_SWAP | o::IBV_WC_FETCH_ADD => Opcode::Atomic,
                 o::IBV_WC_RECV => Opcode::Recv,
                 o::IBV_WC_RECV_RDMA_WITH_IMM => Opcode::RecvWithImm,
                 _ => Opcode::Unknown,
@@ -301,8 +304,19 @@ pub(crate) fn send_wr(raw: &RawSend, sge: &mut ffi::ibv_sge) -> ffi::ibv_send_wr
     if let Some(imm) = raw.imm {
         wr.__bindgen_anon_1.imm_data = imm.to_be();
     }
-    if let Some((remote_addr, rkey)) = raw.remote {
-        wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
+    match (raw.remote, raw.atomic) {
+        (Some((remote_addr, rkey)), Some((compare_add, swap))) => {
+            wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                remote_addr,
+                compare_add,
+                swap,
+                rkey,
+            };
+        }
+        (Some((remote_addr, rkey)), None) => {
+            wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
+        }
+        (None, _) => {}
     }
     if let Some(ud) = raw.ud {
         wr.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {

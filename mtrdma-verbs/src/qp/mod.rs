@@ -65,7 +65,26 @@ pub enum SendOp {
     WriteWithImm(RemoteRegion, u32),
     /// RDMA READ from `remote` into the local range.
     Read(RemoteRegion),
+    /// Atomic fetch-and-add: adds the value to the 8-byte word at the
+    /// start of `remote` (8-byte aligned) and returns the word it held in
+    /// the local range (exactly 8 bytes). The peer's region and queue pair
+    /// must grant remote atomics ([`Access::REMOTE_ALL`](crate::Access::REMOTE_ALL)).
+    FetchAdd(RemoteRegion, u64),
+    /// Atomic compare-and-swap: if the 8-byte word at the start of
+    /// `remote` equals `compare`, writes `swap` there; either way returns
+    /// the word it held in the local range (exactly 8 bytes).
+    CompareSwap {
+        /// The word written to.
+        remote: RemoteRegion,
+        /// The value it must hold.
+        compare: u64,
+        /// The value written if it does.
+        swap: u64,
+    },
 }
+
+/// The bytes of an atomic operation's word.
+pub const ATOMIC_BYTES: u32 = 8;
 
 impl SendOp {
     /// The verbs opcode, remote region and immediate of this operation, or
@@ -86,6 +105,20 @@ impl SendOp {
             }
             SendOp::WriteWithImm(r, _) => (o::IBV_WR_RDMA_WRITE, Some(r), None),
             SendOp::Read(r) => (o::IBV_WR_RDMA_READ, Some(r), None),
+            SendOp::FetchAdd(r, _) => (o::IBV_WR_ATOMIC_FETCH_AND_ADD, Some(r), None),
+            SendOp::CompareSwap { remote, .. } => {
+                (o::IBV_WR_ATOMIC_CMP_AND_SWP, Some(remote), None)
+            }
+        }
+    }
+
+    /// An atomic operation's operands (compare or add, swap).
+    #[inline]
+    pub(crate) fn atomic(self) -> Option<(u64, u64)> {
+        match self {
+            SendOp::FetchAdd(_, add) => Some((add, 0)),
+            SendOp::CompareSwap { compare, swap, .. } => Some((compare, swap)),
+            _ => None,
         }
     }
 
@@ -96,6 +129,7 @@ impl SendOp {
             SendOp::Send | SendOp::SendWithImm(_) => mtrdma_sched::Opcode::Send,
             SendOp::Write(_) | SendOp::WriteWithImm(..) => mtrdma_sched::Opcode::Write,
             SendOp::Read(_) => mtrdma_sched::Opcode::Read,
+            SendOp::FetchAdd(..) | SendOp::CompareSwap { .. } => mtrdma_sched::Opcode::Atomic,
         }
     }
 
@@ -105,6 +139,7 @@ impl SendOp {
             SendOp::Send | SendOp::SendWithImm(_) => Opcode::Send,
             SendOp::Write(_) | SendOp::WriteWithImm(..) => Opcode::Write,
             SendOp::Read(_) => Opcode::Read,
+            SendOp::FetchAdd(..) | SendOp::CompareSwap { .. } => Opcode::Atomic,
         }
     }
 }
@@ -122,7 +157,16 @@ pub(crate) fn check_send<R: Region>(
             len: region.len(),
         });
     };
-    if let (_, Some(r), _) = op.lower(true) {
+    if let (Some(_), (_, Some(r), _)) = (op.atomic(), op.lower(true)) {
+        // One aligned word at the start of the remote range, its old value
+        // into exactly 8 local bytes.
+        if sge.length != ATOMIC_BYTES || r.len < u64::from(ATOMIC_BYTES) || r.addr % 8 != 0 {
+            return Err(Error::AtomicLayout {
+                local_len: sge.length,
+                remote: r,
+            });
+        }
+    } else if let (_, Some(r), _) = op.lower(true) {
         let len = u64::from(sge.length);
         // A peer names the remote region: its end must lie in the address
         // space too, so that no piece's address overflows.

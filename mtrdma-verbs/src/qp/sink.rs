@@ -192,6 +192,7 @@ pub(crate) trait Sink: Send + 'static {
             sge,
             remote: remote.map(|r| (r.addr, r.rkey)),
             imm,
+            atomic: op.atomic(),
             ud,
         };
         // SAFETY: the buffer `sge` points at is owned by the slot just

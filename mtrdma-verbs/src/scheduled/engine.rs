@@ -438,6 +438,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 sge,
                 remote: remote.map(|r| (r.addr, r.rkey)),
                 imm,
+                atomic: op.atomic(),
                 ud,
             };
             return Ok(self.launch(member, raw, len));
@@ -795,6 +796,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             sge,
             remote: remote.map(|r| (r.addr + grant.offset, r.rkey)),
             imm,
+            atomic: msg.op.atomic(),
             ud: msg.region.datagram(),
         };
         msg.pieces_out += 1;
