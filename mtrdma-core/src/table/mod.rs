@@ -1572,42 +1572,34 @@ fn header<'m, T: Header>(map: &'m Mapping, region: &'static str) -> Result<&'m T
     Ok(h)
 }
 
-/// What the two headers share.
+/// What the regions' headers share.
 trait Header {
     const MAGIC: u64;
     fn magic(&self) -> &AtomicU64;
     fn version(&self) -> &std::sync::atomic::AtomicU32;
 }
 
-impl Header for PolicyHeader {
-    const MAGIC: u64 = POLICY_MAGIC;
-    fn magic(&self) -> &AtomicU64 {
-        &self.magic
-    }
-    fn version(&self) -> &std::sync::atomic::AtomicU32 {
-        &self.version
-    }
+/// Implements [`Header`] for a header type with `magic` and `version`
+/// fields.
+macro_rules! header {
+    ($($t:ty => $magic:expr),* $(,)?) => {$(
+        impl Header for $t {
+            const MAGIC: u64 = $magic;
+            fn magic(&self) -> &AtomicU64 {
+                &self.magic
+            }
+            fn version(&self) -> &std::sync::atomic::AtomicU32 {
+                &self.version
+            }
+        }
+    )*};
 }
 
-impl Header for SegmentHeader {
-    const MAGIC: u64 = SEGMENT_MAGIC;
-    fn magic(&self) -> &AtomicU64 {
-        &self.magic
-    }
-    fn version(&self) -> &std::sync::atomic::AtomicU32 {
-        &self.version
-    }
-}
-
-impl Header for StateHeader {
-    const MAGIC: u64 = STATE_MAGIC;
-    fn magic(&self) -> &AtomicU64 {
-        &self.magic
-    }
-    fn version(&self) -> &std::sync::atomic::AtomicU32 {
-        &self.version
-    }
-}
+header!(
+    PolicyHeader => POLICY_MAGIC,
+    StateHeader => STATE_MAGIC,
+    SegmentHeader => SEGMENT_MAGIC,
+);
 
 /// Fails unless the region holds at least `need` bytes.
 fn check_len(map: &Mapping, region: &'static str, need: usize) -> Result<(), TableError> {
