@@ -42,6 +42,9 @@ pub(crate) struct Args {
     /// On the link: whether the coordinator sets gains on the windows'
     /// growth (coordinator's `--no-window-gains` when not).
     pub(crate) window_gains: bool,
+    /// On the link: the coordinator prints its view (each tenant's rate
+    /// and gain, every second) into `logs/coordinator.log`.
+    pub(crate) coordinator_view: bool,
     /// On the link: microseconds between the latency probe's requests.
     pub(crate) probe_interval_us: u32,
 }
@@ -53,6 +56,7 @@ on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
        isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--chunk BYTES (default 4096)]
     [--window-target PPM (the windows' queue allowance, see perf --help)] [--window-floor USEC] [--window-queue BYTES]
     [--no-window-gains (the coordinator leaves the windows' growth to their weights)]
+    [--coordinator-view (the coordinator's per-second view of every tenant into logs/coordinator.log)]
     [--probe-interval-us US (between the latency probe's requests, default 500)]
     [--scenarios latency,hogs,weights,cap,storm,attack] [--cap-share 0.25]
 the link demo's storm tenant (--rnr: SENDs to a peer on --peer-device that posts no receives;
@@ -89,6 +93,7 @@ pub(crate) fn parse() -> Result<Args, String> {
         window_floor_us: None,
         window_queue: None,
         window_gains: true,
+        coordinator_view: false,
         probe_interval_us: 500,
     };
     pub(crate) fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String>
@@ -132,6 +137,10 @@ pub(crate) fn parse() -> Result<Args, String> {
             }
             "--no-window-gains" => {
                 args.window_gains = false;
+                continue;
+            }
+            "--coordinator-view" => {
+                args.coordinator_view = true;
                 continue;
             }
             _ => {}

@@ -1337,7 +1337,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         .args(["--table", &table])
         .arg("--socket")
         .arg(&socket)
-        .arg("--quiet")
+        .args((!args.coordinator_view).then_some("--quiet"))
         .args((!args.window_gains).then_some("--no-window-gains"))
         .stdin(Stdio::null())
         .stdout(File::create(&coordinator_log).map_err(|e| e.to_string())?)

@@ -121,10 +121,10 @@ enum State {
 
 /// One tenant's state file, held open for as long as the table is mapped:
 /// a restarted coordinator finds it through a live holder's
-/// `/proc/PID/fd`.
+/// `/proc/PID/fd`. (No file: a copy of one's bytes, validated.)
 struct Segment {
     map: Mapping,
-    fd: OwnedFd,
+    fd: Option<OwnedFd>,
 }
 
 impl Segment {
@@ -501,23 +501,7 @@ impl QuotaTable {
     ) -> Result<Segment, TableError> {
         const R: &str = "tenant state";
         let map = Mapping::from_fd(&fd, true).map_err(|e| io_err("mmap", label, e))?;
-        let h: &SegmentHeader = header(&map, R)?;
-        expect_field(
-            R,
-            "process_slots",
-            h.process_slots.load(Ordering::Relaxed),
-            per_tenant as usize,
-        )?;
-        let slot = h.tenant_slot.load(Ordering::Relaxed);
-        if slot >= capacity {
-            return Err(TableError::OutOfRange {
-                region: R,
-                field: "tenant_slot".into(),
-                value: slot.into(),
-                range: "below the table's capacity",
-            });
-        }
-        check_len(&map, R, segment_len(per_tenant))?;
+        let slot = validate_segment(&map, per_tenant, capacity)?;
         let recorded =
             raw_policy_slot(pmap, slot).map_or(0, |s| s.state_inode.load(Ordering::Acquire));
         let inode = shm::inode(&fd).map_err(|e| io_err("fstat", label, e))?;
@@ -537,7 +521,7 @@ impl QuotaTable {
                 range: "sealed against shrinking and growing",
             });
         }
-        Ok(Segment { map, fd })
+        Ok(Segment { map, fd: Some(fd) })
     }
 
     /// The table's policy object opened read-only, as a coordinator hands
@@ -555,11 +539,12 @@ impl QuotaTable {
             .snapshot()?
             .slot_of(tenant)
             .ok_or(TableError::UnknownTenant(tenant))?;
-        let seg = self
+        let fd = self
             .segment(slot)
+            .and_then(|seg| seg.fd.as_ref())
             .ok_or(TableError::UnknownTenant(tenant))?;
         let label = segment_label(self.inner.name.as_deref().unwrap_or(""), slot);
-        seg.fd.try_clone().map_err(|e| io_err("dup", &label, e))
+        fd.try_clone().map_err(|e| io_err("dup", &label, e))
     }
 
     /// Whether a coordinator keeps the table
@@ -674,39 +659,70 @@ impl QuotaTable {
     /// region (as laid out by [`QuotaTable::to_bytes`]) and reads the policy:
     /// what a fuzzer feeds arbitrary bytes to.
     pub fn validate_bytes(policy: &[u8], state: &[u8]) -> Result<PolicySnapshot, TableError> {
-        let copy = |bytes: &[u8]| -> Result<Mapping, TableError> {
-            let map = Mapping::anonymous(bytes.len()).map_err(|e| io_err("mmap", "(bytes)", e))?;
-            for (i, chunk) in bytes.chunks(8).enumerate() {
-                let mut word = [0u8; 8];
-                word[..chunk.len()].copy_from_slice(chunk);
-                // SAFETY: an AtomicU64 inside the mapping (bounds checked by `get`).
-                if let Some(w) = unsafe { map.get::<AtomicU64>(i * 8) } {
-                    w.store(u64::from_le_bytes(word), Ordering::Relaxed);
-                } else {
-                    // A trailing partial word: the region's length is not a
-                    // multiple of 8 and validation reports it as truncated.
-                    break;
-                }
-            }
-            Ok(map)
-        };
         let table = Self::from_mappings(None, copy(policy)?, State::Whole(copy(state)?))?;
         Ok((*table.snapshot()?).clone())
+    }
+
+    /// Validates `policy` as a coordinated table's policy region and
+    /// `segment` as one tenant's state file of it (what a coordinator
+    /// hands a registered process; see
+    /// [`create_coordinated`](Self::create_coordinated)), and reads that
+    /// tenant's usage: what a fuzzer feeds arbitrary bytes to.
+    pub fn validate_tenant_bytes(
+        policy: &[u8],
+        segment: &[u8],
+    ) -> Result<Vec<TenantUsage>, TableError> {
+        let pmap = copy(policy)?;
+        let (capacity, _) = validate_policy_region(&pmap)?;
+        let per_tenant = split_processes(&pmap);
+        check_split_sizes(capacity, per_tenant)?;
+        let map = copy(segment)?;
+        let slot = validate_segment(&map, per_tenant, capacity)?;
+        let segments: Box<[std::sync::OnceLock<Segment>]> =
+            (0..capacity).map(|_| std::sync::OnceLock::new()).collect();
+        let _ = segments[slot as usize].set(Segment { map, fd: None });
+        let table = Self::from_mappings(
+            None,
+            pmap,
+            State::Split {
+                per_tenant,
+                segments,
+            },
+        )?;
+        table.usage()
+    }
+
+    /// The bytes of a coordinated table for `policy` made in this process
+    /// with no names (its policy region, and tenant slot 0's state file),
+    /// with `capacity` tenant slots of `per_tenant` process slots each: a
+    /// valid input for [`validate_tenant_bytes`](Self::validate_tenant_bytes),
+    /// for tests and fuzzers.
+    pub fn sample_tenant_bytes(
+        policy: &Policy,
+        capacity: u32,
+        per_tenant: u32,
+    ) -> Result<(Vec<u8>, Vec<u8>), TableError> {
+        check_split_sizes(capacity, per_tenant)?;
+        let pmap =
+            Mapping::anonymous(policy_len(capacity)).map_err(|e| io_err("mmap", "(sample)", e))?;
+        // SAFETY: all atomics, in bounds (sized from `capacity`).
+        if let Some(h) = unsafe { pmap.get::<PolicyHeader>(0) } {
+            h.segment_processes.store(per_tenant, Ordering::Relaxed);
+            h.flags.store(TABLE_COORDINATED, Ordering::Relaxed);
+        }
+        let state = State::Split {
+            per_tenant,
+            segments: (0..capacity).map(|_| std::sync::OnceLock::new()).collect(),
+        };
+        let table = Self::init(None, pmap, state, capacity, capacity * per_tenant, policy)?;
+        let segment = table.segment(0).map(|s| dump(&s.map)).unwrap_or_default();
+        Ok((dump(&table.inner.policy), segment))
     }
 
     /// The bytes of both regions (policy, state), for tests and tools. A
     /// coordinated table has no state region (each tenant's state is a
     /// file of its own): its state bytes are empty.
     pub fn to_bytes(&self) -> (Vec<u8>, Vec<u8>) {
-        let dump = |map: &Mapping| {
-            let mut out = Vec::with_capacity(map.len());
-            for i in 0..map.len() / 8 {
-                // SAFETY: an AtomicU64 inside the mapping (bounds checked by `get`).
-                let w = unsafe { map.get::<AtomicU64>(i * 8) }.expect("in bounds");
-                out.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
-            }
-            out
-        };
         let state = match &self.inner.state {
             State::Whole(smap) => dump(smap),
             State::Split { .. } => Vec::new(),
@@ -872,7 +888,7 @@ impl QuotaTable {
         let (fd, map) = Mapping::create_sealed(&label, segment_len(*per_tenant))
             .map_err(|e| io_err("create", &label, e))?;
         let inode = shm::inode(&fd).map_err(|e| io_err("fstat", &label, e))?;
-        let seg = Segment { map, fd };
+        let seg = Segment { map, fd: Some(fd) };
         let h = seg.header();
         h.version.store(VERSION, Ordering::Relaxed);
         h.tenant_slot.store(slot, Ordering::Relaxed);
@@ -1517,6 +1533,33 @@ fn check_sizes(capacity: u32, processes: u32) -> Result<(), TableError> {
     Ok(())
 }
 
+/// A process-local mapping holding a copy of `bytes` (a trailing partial
+/// word is left out: validation reports the region as truncated).
+fn copy(bytes: &[u8]) -> Result<Mapping, TableError> {
+    let map = Mapping::anonymous(bytes.len()).map_err(|e| io_err("mmap", "(bytes)", e))?;
+    for (i, chunk) in bytes.chunks(8).enumerate() {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        // SAFETY: an AtomicU64 inside the mapping (bounds checked by `get`).
+        match unsafe { map.get::<AtomicU64>(i * 8) } {
+            Some(w) => w.store(u64::from_le_bytes(word), Ordering::Relaxed),
+            None => break,
+        }
+    }
+    Ok(map)
+}
+
+/// The bytes of `map`, word by word.
+fn dump(map: &Mapping) -> Vec<u8> {
+    let mut out = Vec::with_capacity(map.len());
+    for i in 0..map.len() / 8 {
+        // SAFETY: an AtomicU64 inside the mapping (bounds checked by `get`).
+        let w = unsafe { map.get::<AtomicU64>(i * 8) }.expect("in bounds");
+        out.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+    }
+    out
+}
+
 /// Process slots per tenant state file that policy region `pmap` names
 /// (0: not a coordinated table, or not a policy region).
 fn split_processes(pmap: &Mapping) -> u32 {
@@ -1654,6 +1697,31 @@ fn validate_state_region(map: &Mapping, capacity: u32) -> Result<u32, TableError
     check_sizes(capacity, processes)?;
     check_len(map, R, state_len(capacity, processes))?;
     Ok(processes)
+}
+
+/// Checks one tenant's state file of a coordinated table with
+/// `per_tenant` process slots per tenant and `capacity` tenant slots;
+/// returns the tenant slot it says it is.
+fn validate_segment(map: &Mapping, per_tenant: u32, capacity: u32) -> Result<u32, TableError> {
+    const R: &str = "tenant state";
+    let h: &SegmentHeader = header(map, R)?;
+    expect_field(
+        R,
+        "process_slots",
+        h.process_slots.load(Ordering::Relaxed),
+        per_tenant as usize,
+    )?;
+    let slot = h.tenant_slot.load(Ordering::Relaxed);
+    if slot >= capacity {
+        return Err(TableError::OutOfRange {
+            region: R,
+            field: "tenant_slot".into(),
+            value: slot.into(),
+            range: "below the table's capacity",
+        });
+    }
+    check_len(map, R, segment_len(per_tenant))?;
+    Ok(slot)
 }
 
 fn expect_field(
@@ -1867,6 +1935,54 @@ mod tests {
         );
         drop(permit);
         assert_eq!(table.usage().unwrap()[0].qps.0, 0);
+    }
+
+    /// A tenant's state file as a registered process gets it validates
+    /// against its policy, and each way of getting it wrong is an error,
+    /// never a panic: another magic, another count of process slots, a
+    /// tenant slot past the table's, too few bytes, or a policy that is
+    /// not a coordinated table's.
+    #[test]
+    fn a_tenant_state_file_is_validated_against_its_policy() {
+        let policy = Policy::new(
+            LinkConfig::new(1_000_000),
+            vec![
+                TenantEntry::new(TenantId(7), "seven").with_max_qps(3),
+                TenantEntry::new(TenantId(8), "eight"),
+            ],
+        );
+        let (p, seg) = QuotaTable::sample_tenant_bytes(&policy, 4, 8).unwrap();
+        assert_eq!(seg.len(), segment_len(8));
+        let usage = QuotaTable::validate_tenant_bytes(&p, &seg).unwrap();
+        let seen: Vec<(TenantId, u64)> = usage.iter().map(|u| (u.tenant, u.qps.1)).collect();
+        assert_eq!(seen, [(TenantId(7), 3)], "slot 0's tenant alone");
+
+        let word = |bytes: &[u8], at: usize, value: u32| {
+            let mut b = bytes.to_vec();
+            b[at..at + 4].copy_from_slice(&value.to_le_bytes());
+            b
+        };
+        let errors = [
+            QuotaTable::validate_tenant_bytes(&p, &word(&seg, 0, 1)),
+            QuotaTable::validate_tenant_bytes(&p, &word(&seg, 16, 9)),
+            QuotaTable::validate_tenant_bytes(&p, &word(&seg, 12, 4)),
+            QuotaTable::validate_tenant_bytes(&p, &seg[..seg.len() - 8]),
+            QuotaTable::validate_tenant_bytes(&word(&p, 52, 0), &seg),
+            QuotaTable::validate_tenant_bytes(&p, &[]),
+        ];
+        let shown: Vec<String> = errors
+            .into_iter()
+            .map(|r| r.expect_err("refused").to_string())
+            .collect();
+        assert!(shown[0].contains("not an mtrdma quota table"), "{shown:?}");
+        assert!(
+            shown[1].contains("process_slots = 9, expected 8"),
+            "{shown:?}"
+        );
+        assert!(shown[2].contains("tenant_slot = 4"), "{shown:?}");
+        assert!(shown[3].contains("truncated"), "{shown:?}");
+        assert!(shown[4].contains("process_slots"), "{shown:?}");
+        assert!(shown[5].contains("truncated"), "{shown:?}");
     }
 
     fn one_tenant() -> QuotaTable {
