@@ -49,9 +49,13 @@ const CAP_BURST_PIECES: u64 = 64;
 /// The control-path storm's policy rate (QP creations and MR registrations
 /// per second).
 const STORM_RATE: u64 = 50;
-/// The flooding attacker's work-request cap in the demo's policy (work
-/// requests per second).
-const ATTACK_WR_RATE: u64 = 1_000;
+/// The flooding attackers' work-request cap in the demo's policy (work
+/// requests per second): a sixth of what the link carries in packets of
+/// one 4 KiB MTU (1,017/s at 200 Mbit/s), at least 50. A fixed number of
+/// MTU-sized datagrams would be a larger share of a slower link.
+fn attack_wr_rate(link: &LinkSpec) -> u64 {
+    (link.rate_bps / 8 / 4096 / 6).max(50)
+}
 /// Husky's criterion: next to an attacker, the victim keeps at least this
 /// share of what it moves alone.
 const VICTIM_KEEPS: f64 = 0.8;
@@ -145,7 +149,10 @@ fn policy_toml(args: &Args, link: &LinkSpec) -> String {
     tenant(
         51,
         "attacker",
-        &format!("wr_rate = {{ rate = {ATTACK_WR_RATE}, burst = 64 }}\n"),
+        &format!(
+            "wr_rate = {{ rate = {}, burst = 64 }}\n",
+            attack_wr_rate(link)
+        ),
     );
     tenant(
         40,
@@ -1188,13 +1195,14 @@ fn scenario_attack(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
     r.say(format!(
         "\n== adversarial: a victim tenant ({} B WRITEs) next to each attacker; an attacker passes when the victim \
          keeps at least {VICTIM_KEEPS} of its throughput alone ==\n\
-         (policy: the flooding attacker {ATTACK_WR_RATE} work requests/s, the storms {STORM_RATE} QP creations and \
+         (policy: the flooding attackers {} work requests/s, the storms {STORM_RATE} QP creations and \
          {STORM_RATE} MR registrations/s; the UD flood's op/s: datagrams of one MTU sent (the flooding tenant, to a \
          peer that posts no receives); the MR storm registers 1 KiB to 64 MiB in turn, each in a protection domain \
          of its own; the RNR storm's op/s: SENDs failed after their RNR retries; \
          victim MB/s: its own average over its run; link MB/s and packets/s: what left the sender's network \
          device, every tenant's traffic and headers)",
-        site.args.msg
+        site.args.msg,
+        attack_wr_rate(site.link)
     ));
     r.say(format!(
         "{:<22} {:<12} {:>12} {:>9} {:>14} {:>10} {:>11}  {}",

@@ -639,11 +639,18 @@ impl Coordinator {
                 demand,
                 cap,
             });
+            // The gains act on delay windows: a tenant whose windows judged
+            // nothing in the interval (no windows, or nothing completed)
+            // does not contend for them. Counted as contending, a flood of
+            // small requests with no window, slower than its cap (an
+            // atomic's round trip holds it), pulled the victim's gain to
+            // 0.7 and left it half of what it moves alone.
+            let windowed = now.judged > before.judged;
             moved.push(TenantRate {
                 id: t.id,
                 weight: t.schedule.weight,
                 bytes_per_sec: observed,
-                wants_more: now.backlog > 0,
+                wants_more: now.backlog > 0 && windowed,
                 cap,
             });
         }

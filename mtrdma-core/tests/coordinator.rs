@@ -682,15 +682,25 @@ wr_rate = { rate = 1000, burst = 64 }
     let interval = 20_000_000u64;
     let mut now = table.now_ns();
     c.recompute(now);
-    for _ in 0..50 {
-        // 20 ms: the victim 400 KB, the flood its 20 requests of 8 bytes.
-        victim.record_posted(400_000, 100);
-        flood.record_posted(160, 20);
-        now += interval;
-        c.recompute(now);
-    }
-    assert_eq!(victim.window_gain(now), GAIN_ONE);
-    assert_eq!(victim.sharing_weight(now), 1, "no one to share growth with");
+    // Each 20 ms the victim moves 400 KB through its windows, the flood
+    // `requests` of 8 bytes: the victim's gain stays 1, with no one to
+    // share its windows' growth with.
+    let mut flood_for_a_second = |requests: u64| {
+        for _ in 0..50 {
+            victim.record_posted(400_000, 100);
+            victim.record_verdicts(400_000, 0);
+            flood.record_posted(8 * requests, requests);
+            now += interval;
+            c.recompute(now);
+        }
+        assert_eq!(victim.window_gain(now), GAIN_ONE, "{requests} requests");
+        assert_eq!(victim.sharing_weight(now), 1, "{requests} requests");
+    };
+    // At its cap (20 in 20 ms).
+    flood_for_a_second(20);
+    // With no delay window, at a third of its cap (an atomic's round trip
+    // holds it there): it does not contend for the windows' gains either.
+    flood_for_a_second(7);
 }
 
 #[test]
@@ -709,6 +719,8 @@ fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
     for _ in 0..50 {
         light.record_posted(100_000, 25);
         heavy.record_posted(500_000, 125);
+        light.record_verdicts(100_000, 0);
+        heavy.record_verdicts(500_000, 0);
         now += interval;
         c.recompute(now);
     }
@@ -737,6 +749,8 @@ fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
         for _ in 0..n {
             light.record_posted(100_000, 25);
             heavy.record_posted(500_000, 125);
+            light.record_verdicts(100_000, 0);
+            heavy.record_verdicts(500_000, 0);
             *now += interval;
             c.recompute(*now);
         }
@@ -755,6 +769,8 @@ fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
     for _ in 0..10 {
         light.record_posted(100_000, 25);
         heavy.record_posted(500_000, 125);
+        light.record_verdicts(100_000, 0);
+        heavy.record_verdicts(500_000, 0);
         now += interval;
         c.recompute(now);
     }

@@ -175,7 +175,12 @@ pub(crate) struct SegmentHeader {
     pub(crate) version: AtomicU32,
     pub(crate) tenant_slot: AtomicU32,
     pub(crate) process_slots: AtomicU32,
-    pub(crate) _pad: AtomicU32,
+    /// How many of its process slots, from the first, were ever claimed
+    /// (slots are claimed first free first): scans of the tenant's
+    /// processes stop there. Its processes may write it, which can only
+    /// hide their own dead processes from reclamation (at most
+    /// `process_slots` is read).
+    pub(crate) claimed: AtomicU32,
     pub(crate) _reserved: [AtomicU64; 5],
 }
 
