@@ -127,6 +127,26 @@ struct Segment {
     fd: Option<OwnedFd>,
 }
 
+impl State {
+    /// A coordinated table's state: `capacity` tenant slots of
+    /// `per_tenant` process slots each, holding `segments` (each in the
+    /// tenant slot its validated header names) and no file in the others.
+    fn split(capacity: u32, per_tenant: u32, segments: impl IntoIterator<Item = Segment>) -> State {
+        let cells: Box<[std::sync::OnceLock<Segment>]> =
+            (0..capacity).map(|_| std::sync::OnceLock::new()).collect();
+        for seg in segments {
+            let slot = seg.header().tenant_slot.load(Ordering::Relaxed);
+            if let Some(cell) = cells.get(slot as usize) {
+                let _ = cell.set(seg);
+            }
+        }
+        State::Split {
+            per_tenant,
+            segments: cells,
+        }
+    }
+}
+
 impl Segment {
     fn header(&self) -> &SegmentHeader {
         // SAFETY: the header is all atomics; `get` checks bounds and
@@ -239,34 +259,38 @@ impl QuotaTable {
         policy: &Policy,
     ) -> Result<QuotaTable, TableError> {
         check_name(name)?;
-        check_sizes(capacity, processes)?;
         check_split_sizes(capacity, processes)?;
         policy.validate()?;
         let (pname, _) = object_names(name);
         let pmap = Mapping::create(&pname, policy_len(capacity), 0o600)
             .map_err(|e| io_err("create", &pname, e))?;
-        // SAFETY: the header is all atomics, in bounds (the mapping was
-        // sized from `capacity`).
-        if let Some(h) = unsafe { pmap.get::<PolicyHeader>(0) } {
-            h.segment_processes.store(processes, Ordering::Relaxed);
-            h.flags.store(TABLE_COORDINATED, Ordering::Relaxed);
-        }
-        let state = State::Split {
-            per_tenant: processes,
-            segments: (0..capacity).map(|_| std::sync::OnceLock::new()).collect(),
-        };
-        let table = Self::init(
-            Some(name.to_string()),
-            pmap,
-            state,
-            capacity,
-            capacity * processes,
-            policy,
-        );
+        let table =
+            Self::init_coordinated(Some(name.to_string()), pmap, capacity, processes, policy);
         if table.is_err() {
             let _ = shm::unlink(&pname);
         }
         table
+    }
+
+    /// Marks the policy region `pmap` (sized for `capacity`) as a
+    /// coordinated table's with `per_tenant` process slots per tenant file,
+    /// and makes the table on it with no tenant file yet (publishing
+    /// `policy` makes its tenants' files).
+    fn init_coordinated(
+        name: Option<String>,
+        pmap: Mapping,
+        capacity: u32,
+        per_tenant: u32,
+        policy: &Policy,
+    ) -> Result<QuotaTable, TableError> {
+        // SAFETY: the header is all atomics, in bounds (the mapping was
+        // sized from `capacity`).
+        if let Some(h) = unsafe { pmap.get::<PolicyHeader>(0) } {
+            h.segment_processes.store(per_tenant, Ordering::Relaxed);
+            h.flags.store(TABLE_COORDINATED, Ordering::Relaxed);
+        }
+        let state = State::split(capacity, per_tenant, []);
+        Self::init(name, pmap, state, capacity, capacity * per_tenant, policy)
     }
 
     fn create_named(
@@ -472,20 +496,10 @@ impl QuotaTable {
                 range: "1..=65536 on a coordinated table",
             });
         }
-        let segments: Box<[std::sync::OnceLock<Segment>]> =
-            (0..capacity).map(|_| std::sync::OnceLock::new()).collect();
         let label = format!("mtrdma.{name}.tenant*");
         let seg = Self::segment_from_fd(&pmap, state, per_tenant, capacity, &label)?;
-        let slot = seg.header().tenant_slot.load(Ordering::Relaxed);
-        let _ = segments[slot as usize].set(seg);
-        Self::from_mappings(
-            Some(name.to_string()),
-            pmap,
-            State::Split {
-                per_tenant,
-                segments,
-            },
-        )
+        let state = State::split(capacity, per_tenant, [seg]);
+        Self::from_mappings(Some(name.to_string()), pmap, state)
     }
 
     /// Validates `fd` as a tenant's state file of the table whose policy
@@ -582,16 +596,15 @@ impl QuotaTable {
             })
             .collect();
         let mut found = shm::find_memfds(&wanted);
-        let segments: Box<[std::sync::OnceLock<Segment>]> =
-            (0..capacity).map(|_| std::sync::OnceLock::new()).collect();
-        for (slot, cell) in (0..capacity).zip(segments.iter()) {
+        let mut segments = Vec::with_capacity(found.len());
+        for slot in 0..capacity {
             let label = segment_label(name, slot);
             let Some(fd) = found.remove(&label) else {
                 continue;
             };
             match Self::segment_from_fd(&pmap, fd, per_tenant, capacity, &label) {
                 Ok(seg) if seg.header().tenant_slot.load(Ordering::Relaxed) == slot => {
-                    let _ = cell.set(seg);
+                    segments.push(seg);
                 }
                 Ok(_) => tracing::warn!(slot, "a tenant state file names another slot; left out"),
                 Err(e) => {
@@ -599,14 +612,8 @@ impl QuotaTable {
                 }
             }
         }
-        Self::from_mappings(
-            Some(name.to_string()),
-            pmap,
-            State::Split {
-                per_tenant,
-                segments,
-            },
-        )
+        let state = State::split(capacity, per_tenant, segments);
+        Self::from_mappings(Some(name.to_string()), pmap, state)
     }
 
     /// Validates two mapped regions and builds a table on them.
@@ -677,19 +684,9 @@ impl QuotaTable {
         let per_tenant = split_processes(&pmap);
         check_split_sizes(capacity, per_tenant)?;
         let map = copy(segment)?;
-        let slot = validate_segment(&map, per_tenant, capacity)?;
-        let segments: Box<[std::sync::OnceLock<Segment>]> =
-            (0..capacity).map(|_| std::sync::OnceLock::new()).collect();
-        let _ = segments[slot as usize].set(Segment { map, fd: None });
-        let table = Self::from_mappings(
-            None,
-            pmap,
-            State::Split {
-                per_tenant,
-                segments,
-            },
-        )?;
-        table.usage()
+        validate_segment(&map, per_tenant, capacity)?;
+        let state = State::split(capacity, per_tenant, [Segment { map, fd: None }]);
+        Self::from_mappings(None, pmap, state)?.usage()
     }
 
     /// The bytes of a coordinated table for `policy` made in this process
@@ -705,16 +702,7 @@ impl QuotaTable {
         check_split_sizes(capacity, per_tenant)?;
         let pmap =
             Mapping::anonymous(policy_len(capacity)).map_err(|e| io_err("mmap", "(sample)", e))?;
-        // SAFETY: all atomics, in bounds (sized from `capacity`).
-        if let Some(h) = unsafe { pmap.get::<PolicyHeader>(0) } {
-            h.segment_processes.store(per_tenant, Ordering::Relaxed);
-            h.flags.store(TABLE_COORDINATED, Ordering::Relaxed);
-        }
-        let state = State::Split {
-            per_tenant,
-            segments: (0..capacity).map(|_| std::sync::OnceLock::new()).collect(),
-        };
-        let table = Self::init(None, pmap, state, capacity, capacity * per_tenant, policy)?;
+        let table = Self::init_coordinated(None, pmap, capacity, per_tenant, policy)?;
         let segment = table.segment(0).map(|s| dump(&s.map)).unwrap_or_default();
         Ok((dump(&table.inner.policy), segment))
     }

@@ -157,7 +157,10 @@ pub(crate) fn check_send<R: Region>(
             len: region.len(),
         });
     };
-    if let (Some(_), (_, Some(r), _)) = (op.atomic(), op.lower(true)) {
+    let (_, Some(r), _) = op.lower(true) else {
+        return Ok(sge);
+    };
+    if op.atomic().is_some() {
         // One aligned word at the start of the remote range, its old value
         // into exactly 8 local bytes.
         if sge.length != ATOMIC_BYTES || r.len < u64::from(ATOMIC_BYTES) || r.addr % 8 != 0 {
@@ -166,7 +169,7 @@ pub(crate) fn check_send<R: Region>(
                 remote: r,
             });
         }
-    } else if let (_, Some(r), _) = op.lower(true) {
+    } else {
         let len = u64::from(sge.length);
         // A peer names the remote region: its end must lie in the address
         // space too, so that no piece's address overflows.
