@@ -42,39 +42,13 @@ pub(crate) fn tenant_handle(
         (Some(file), cap) => {
             let mut policy =
                 Policy::from_file(file).map_err(|e| format!("policy {}: {e}", file.display()))?;
-            let names = || {
-                policy
-                    .tenants
-                    .iter()
-                    .map(|t| t.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            let index = match &a.tenant {
-                Some(name) => policy
-                    .tenants
-                    .iter()
-                    .position(|t| &t.name == name)
-                    .ok_or_else(|| {
-                        format!(
-                            "policy {} has no tenant {name:?}; it has: {}",
-                            file.display(),
-                            names()
-                        )
-                    })?,
-                None if policy.tenants.len() == 1 => 0,
-                None => {
-                    return Err(format!(
-                        "policy {} has several tenants ({}); choose one with --tenant NAME",
-                        file.display(),
-                        names()
-                    ))
-                }
-            };
-            if let Some(cap) = cap {
-                policy.tenants[index].schedule.byte_cap = Some(cap);
+            let id = policy
+                .tenant_named(a.tenant.as_deref())
+                .map(|t| t.id)
+                .map_err(|e| format!("policy {}: {e} (--tenant NAME)", file.display()))?;
+            if let Some(t) = cap.and(policy.tenants.iter_mut().find(|t| t.id == id)) {
+                t.schedule.byte_cap = cap;
             }
-            let id = policy.tenants[index].id;
             (policy, id)
         }
     };

@@ -431,6 +431,34 @@ impl Policy {
         self.tenants.iter().find(|t| t.id == id)
     }
 
+    /// The tenant a process chose by name (`--tenant NAME`,
+    /// `MTRDMA_TENANT`), or the only one if it named none.
+    ///
+    /// # Errors
+    /// A message listing the tenants there are when the name is unknown, or
+    /// when none was named and the policy has several.
+    pub fn tenant_named(&self, name: Option<&str>) -> Result<&TenantEntry, String> {
+        let names = || {
+            self.tenants
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match name {
+            Some(name) => {
+                self.tenants.iter().find(|t| t.name == name).ok_or_else(|| {
+                    format!("the policy has no tenant {name:?}; it has: {}", names())
+                })
+            }
+            None if self.tenants.len() == 1 => Ok(&self.tenants[0]),
+            None => Err(format!(
+                "the policy has several tenants ({}); choose one by name",
+                names()
+            )),
+        }
+    }
+
     /// The tenant a peer belongs to: the first tenant, in file order, with a
     /// match rule the peer satisfies.
     pub fn tenant_for_peer(&self, peer: &PeerCredentials) -> Option<&TenantEntry> {

@@ -52,6 +52,24 @@ impl WcStatus {
         }
     }
 
+    /// The `ibv_wc_status` value.
+    pub fn to_raw(self) -> u32 {
+        use ffi::ibv_wc_status as s;
+        match self {
+            WcStatus::Success => s::IBV_WC_SUCCESS,
+            WcStatus::LocalLength => s::IBV_WC_LOC_LEN_ERR,
+            WcStatus::LocalQpOperation => s::IBV_WC_LOC_QP_OP_ERR,
+            WcStatus::LocalProtection => s::IBV_WC_LOC_PROT_ERR,
+            WcStatus::Flushed => s::IBV_WC_WR_FLUSH_ERR,
+            WcStatus::RemoteAccess => s::IBV_WC_REM_ACCESS_ERR,
+            WcStatus::RemoteOperation => s::IBV_WC_REM_OP_ERR,
+            WcStatus::RetryExceeded => s::IBV_WC_RETRY_EXC_ERR,
+            WcStatus::RnrRetryExceeded => s::IBV_WC_RNR_RETRY_EXC_ERR,
+            WcStatus::RemoteInvalidRequest => s::IBV_WC_REM_INV_REQ_ERR,
+            WcStatus::Other(raw) => raw,
+        }
+    }
+
     /// True for [`WcStatus::Success`].
     pub fn is_success(self) -> bool {
         self == WcStatus::Success

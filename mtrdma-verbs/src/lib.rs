@@ -81,6 +81,7 @@ mod device;
 mod error;
 mod events;
 pub mod exchange;
+pub mod foreign;
 mod gid;
 mod mr;
 mod pd;

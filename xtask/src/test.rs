@@ -173,7 +173,13 @@ fn forget_packaged_sources() -> Result<()> {
     let Some(home) = home else {
         return Ok(());
     };
-    let ours = ["mtrdma-", "mtrdma-core-", "mtrdma-sched-", "mtrdma-verbs-"];
+    let ours = [
+        "mtrdma-",
+        "mtrdma-core-",
+        "mtrdma-sched-",
+        "mtrdma-verbs-",
+        "mtrdma-preload-",
+    ];
     for kind in ["src", "cache"] {
         let Ok(registries) = std::fs::read_dir(home.join("registry").join(kind)) else {
             continue;
@@ -206,7 +212,16 @@ fn forget_packaged_sources() -> Result<()> {
 /// or on the host device named by `MTRDMA_TEST_DEVICE`.
 fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
     let binaries = test_binaries()?;
-    let mut script = String::from("status=0\n");
+    // Programs preload the library optimised: its device tests compare
+    // them with and without it.
+    if !proc::status(proc::cargo().args(["build", "--release", "-p", "mtrdma-preload"]))? {
+        anyhow::bail!("building the preload library failed");
+    }
+    let preload = proc::target_dir().join("release/libmtrdma_preload.so");
+    let mut script = format!(
+        "export MTRDMA_PRELOAD_LIB={}\nstatus=0\n",
+        proc::shell_quote(&preload.display().to_string())
+    );
     for bin in &binaries {
         let _ = writeln!(
             script,

@@ -146,7 +146,10 @@ pub(crate) fn run(opts: &Options, job: &Job) -> Result<Outcome> {
     cmd.arg("-smp").arg(opts.cpus.to_string());
     cmd.arg("-kernel").arg(&kernel.vmlinuz);
     cmd.arg("-initrd").arg(&initramfs);
-    cmd.args(["-append", "console=ttyS0 panic=-1 loglevel=3"]);
+    cmd.args([
+        "-append",
+        "console=ttyS0 panic=-1 loglevel=3 tsc=reliable clocksource=tsc",
+    ]);
     cmd.arg("-serial")
         .arg(format!("file:{}", dir.join("console.log").display()));
     cmd.arg("-virtfs")

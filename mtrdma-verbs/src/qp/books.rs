@@ -37,6 +37,22 @@ pub(crate) struct RawSend {
     pub(crate) atomic: Option<(u64, u64)>,
     /// A datagram's destination (UD queue pairs).
     pub(crate) ud: Option<UdDest>,
+    /// What the request's region adds ([`Region::extra`]).
+    pub(crate) extra: Extra,
+}
+
+/// What a region adds to the work requests of its pieces beyond one
+/// scatter entry: a foreign program's own send flags, and its scatter
+/// list when it has several entries (see [`crate::foreign`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Extra {
+    /// `ibv_send_flags` to add (fence, solicited, inline).
+    pub(crate) flags: u32,
+    /// The scatter list's address, used in place of the piece's one entry
+    /// when `num_sge` is above 1 (such a request is never split).
+    pub(crate) sg_list: usize,
+    /// Its entries.
+    pub(crate) num_sge: i32,
 }
 
 /// Where a UD send goes: the address handle (its address; the request's
@@ -98,6 +114,14 @@ pub(crate) trait Region: Send + Sync + 'static {
     #[inline]
     fn datagram(&self) -> Option<UdDest> {
         None
+    }
+
+    /// What its pieces' work requests carry beyond one scatter entry; the
+    /// piece is the request's `first` and/or `last`. None by default.
+    #[inline]
+    fn extra(&self, first: bool, last: bool) -> Extra {
+        let _ = (first, last);
+        Extra::default()
     }
 }
 
@@ -297,10 +321,14 @@ pub(crate) fn send_wr(raw: &RawSend, sge: &mut ffi::ibv_sge) -> ffi::ibv_send_wr
         sg_list: sge,
         num_sge: i32::from(sge.length > 0),
         opcode: raw.opcode,
-        send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+        send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 | raw.extra.flags,
         // SAFETY: all-zero is a valid value of this plain C struct.
         ..unsafe { MaybeUninit::zeroed().assume_init() }
     };
+    if raw.extra.num_sge > 1 {
+        wr.sg_list = raw.extra.sg_list as *mut ffi::ibv_sge;
+        wr.num_sge = raw.extra.num_sge;
+    }
     if let Some(imm) = raw.imm {
         wr.__bindgen_anon_1.imm_data = imm.to_be();
     }

@@ -180,6 +180,7 @@ pub(crate) trait Sink: Send + 'static {
         }
         let (opcode, remote, imm) = op.lower(true);
         let ud = region.datagram();
+        let extra = region.extra(true, true);
         let slot = books.park(Slot {
             context,
             region,
@@ -194,6 +195,7 @@ pub(crate) trait Sink: Send + 'static {
             imm,
             atomic: op.atomic(),
             ud,
+            extra,
         };
         // SAFETY: the buffer `sge` points at is owned by the slot just
         // parked and stays there until the completion is polled.

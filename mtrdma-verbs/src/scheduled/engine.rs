@@ -414,6 +414,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             && (!self.capped || self.sched.admit_now(tenant, len, self.now()).is_ok());
         let go = fast && self.rate_allows(member, len);
         let ud = region.datagram();
+        let extra = region.extra(true, true);
         let message = self.messages.insert(Message {
             member,
             seq,
@@ -440,6 +441,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 imm,
                 atomic: op.atomic(),
                 ud,
+                extra,
             };
             return Ok(self.launch(member, raw, len));
         }
@@ -798,6 +800,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             imm,
             atomic: msg.op.atomic(),
             ud: msg.region.datagram(),
+            extra: msg.region.extra(grant.offset == 0, grant.is_last),
         };
         msg.pieces_out += 1;
         if let Some(raw) = self.launch(member, raw, grant.len) {

@@ -139,6 +139,15 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         }
     }
 
+    /// When the engine wants to be polled although no completion arrives
+    /// (see `Waitable::poll_by`).
+    pub(crate) fn poll_by(&self) -> Option<Instant> {
+        match &self.way {
+            Way::Solo(solo) => Waitable::poll_by(&**solo),
+            Way::Attached(a) => Waitable::poll_by(a),
+        }
+    }
+
     /// See [`ScheduledQueuePair::poll_wait`].
     pub(crate) fn poll_wait(
         &mut self,

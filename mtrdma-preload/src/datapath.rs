@@ -1,0 +1,932 @@
+//! The data path: every send of the program's queue pairs goes through its
+//! tenant's scheduler (a [`ForeignQueuePair`]: the same engine as the Rust
+//! API's scheduled queue pairs), and the program's completion queues give
+//! it back its own completions exactly as libibverbs would.
+//!
+//! - `ibv_post_send` (the context's `post_send`): each request is copied
+//!   (inline data too) and handed to the engine, which posts it now or
+//!   when its tenant's class, weight, caps, rate limits and window let it,
+//!   WRITEs and READs longer than a piece in pieces. A request the send
+//!   queue has no room for is refused with `ENOMEM`, as the device
+//!   refuses it; the requests before it in the list stay posted.
+//! - `ibv_poll_cq` (the context's `poll_cq`) on a completion queue that
+//!   carries scheduled sends: every completion is taken from the device,
+//!   those of pieces are matched to their requests, and the program gets
+//!   its own completions, and one for each of its requests after all its
+//!   pieces, with its `wr_id`, status and opcode, in the order of its
+//!   send queue. An unsignaled request's completion is shown only if it
+//!   failed, as the device does. (The device's vendor error is not kept:
+//!   `vendor_err` is 0.)
+//! - Completion events: `ibv_req_notify_cq` and `ibv_get_cq_event` know of
+//!   completions the library took from the device and holds for the
+//!   program, so a program that sleeps on its channel wakes for them.
+//! - A program that neither polls nor sleeps on events (it spins on memory
+//!   a peer writes) still sees its requests go out: a progress thread
+//!   polls for it, every millisecond while scheduled requests wait, and
+//!   sleeps otherwise.
+//!
+//! With `MTRDMA_REPORT=1` the library says on stderr, when the program
+//! exits, how many sends it scheduled and in how many work requests.
+//!
+//! Settings (environment, read once): `MTRDMA_CHUNK` (piece size, default
+//! 65536), `MTRDMA_WINDOW=1` (a delay window on bulk queue pairs, which
+//! protects a latency tenant in another process; see
+//! `mtrdma_sched::window`), `MTRDMA_PIECES` (pieces of a queue pair in the
+//! device at once; default its send queue's depth, within its completion
+//! queue's budget, see [`CqInner::budget`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use mtrdma_core::TenantHandle;
+use mtrdma_verbs::foreign::{
+    is_piece, ForeignDone, ForeignQueuePair, ForeignSend, ForeignUd, Local,
+};
+use mtrdma_verbs::{RemoteRegion, ScheduleConfig, SendOp};
+
+use crate::context::{self, Provider};
+use crate::ffi::{sys, Wc};
+use crate::guard::{entry, entry_rc};
+use crate::tenant::{say_once, tenancy, Tenancy};
+
+/// How the program's queue pairs are scheduled (from the environment).
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) chunk: u64,
+    pub(crate) window: bool,
+    pub(crate) pieces: Option<u32>,
+}
+
+impl Settings {
+    /// From environment variables `get` reads; a malformed value is said
+    /// once and the default kept.
+    pub(crate) fn from(get: impl Fn(&str) -> Option<String>) -> Settings {
+        fn num<T: std::str::FromStr>(
+            get: &impl Fn(&str) -> Option<String>,
+            name: &str,
+        ) -> Option<T> {
+            let v = get(name)?;
+            match v.trim().parse() {
+                Ok(n) => Some(n),
+                Err(_) => {
+                    say_once(
+                        name,
+                        &format!("{name}={v:?} is not a number; using the default"),
+                    );
+                    None
+                }
+            }
+        }
+        Settings {
+            chunk: num::<u64>(&get, "MTRDMA_CHUNK")
+                .filter(|&c| c > 0)
+                .unwrap_or(64 << 10),
+            window: get("MTRDMA_WINDOW").is_some_and(|v| v == "1"),
+            pieces: num::<u32>(&get, "MTRDMA_PIECES").filter(|&p| p > 0),
+        }
+    }
+
+    fn get() -> &'static Settings {
+        static SETTINGS: OnceLock<Settings> = OnceLock::new();
+        SETTINGS.get_or_init(|| Settings::from(|name| std::env::var(name).ok()))
+    }
+
+    /// The schedule of a queue pair with `max_send_wr` send slots, of
+    /// which `budget` pieces may be in the device at once (see
+    /// [`CqInner::budget`]).
+    pub(crate) fn schedule(&self, max_send_wr: u32, budget: u32) -> ScheduleConfig {
+        let pieces = self.pieces.unwrap_or(max_send_wr).min(budget).max(1);
+        ScheduleConfig {
+            chunk_bytes: self.chunk,
+            max_pieces_in_flight: pieces,
+            window: self
+                .window
+                .then(|| mtrdma_sched::DelayWindowConfig::for_piece(self.chunk)),
+            ..ScheduleConfig::default()
+        }
+    }
+}
+
+/// A scheduled queue pair of the program.
+pub(crate) struct Qp {
+    qp: usize,
+    qpn: u32,
+    send_cq: usize,
+    ud: bool,
+    sq_sig_all: bool,
+    max_send_wr: u32,
+    /// Pieces it took of its completion queue's budget.
+    pieces: u32,
+    provider: Provider,
+    /// Whether requests wait in its engine (kept with the lock held, read
+    /// by the progress thread without it).
+    waiting: AtomicBool,
+    pub(crate) inner: Mutex<QpInner>,
+}
+
+impl Qp {
+    /// Whether every request is signaled (`sq_sig_all`).
+    pub(crate) fn signals_all(&self) -> bool {
+        self.sq_sig_all
+    }
+
+    /// Requests its send queue has room for.
+    pub(crate) fn room(&self, inner: &QpInner) -> usize {
+        (self.max_send_wr as usize).saturating_sub(inner.fq.queued())
+    }
+}
+
+/// What a queue pair's lock guards.
+pub(crate) struct QpInner {
+    fq: ForeignQueuePair,
+    /// Inline requests' buffers, back from their completions, for the
+    /// next ones.
+    spare: Vec<Vec<u8>>,
+    /// The extended posting API's open session, if any.
+    pub(crate) session: Option<crate::ex::Session>,
+}
+
+/// A completion queue that carries scheduled sends.
+struct Cq {
+    cq: usize,
+    provider: Provider,
+    /// Times it was drained (read by the progress thread without the
+    /// lock: a queue someone drains needs no help).
+    drains: AtomicU64,
+    inner: Mutex<CqInner>,
+}
+
+struct CqInner {
+    /// Completions taken from the device and held for the program.
+    held: VecDeque<Wc>,
+    /// Finished requests being turned into completions (kept for its
+    /// room).
+    done: Vec<ForeignDone>,
+    /// The scheduled queue pairs whose sends complete here.
+    qps: Vec<Arc<Qp>>,
+    /// Whether the program asked for an event and has not had it.
+    armed: bool,
+    /// Events the library gave the program for completions it held
+    /// (`ibv_get_cq_event`), not yet acknowledged.
+    made_events: u32,
+    /// Pieces its queue pairs may still take for their time in the
+    /// device: every piece is signaled, and its completion takes an entry
+    /// of the queue until it is polled. Half the queue's entries are
+    /// shared out so (the program's own completions, receives among them,
+    /// keep the other half); each queue pair takes what it may have in
+    /// its send queue, or what is left (at least one), and gives it back
+    /// when destroyed.
+    budget: u32,
+}
+
+/// Hashes the address keys of the library's maps with one multiplication
+/// (they are looked up at every post and poll; SipHash's resistance to
+/// chosen keys buys nothing for addresses the provider allocated).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct AddrHash(u64);
+
+impl std::hash::Hasher for AddrHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64 ^ self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A map keyed by addresses.
+type ByAddr<T> = HashMap<usize, T, std::hash::BuildHasherDefault<AddrHash>>;
+
+static QPS: RwLock<Option<ByAddr<Arc<Qp>>>> = RwLock::new(None);
+
+/// Sends the engines took, and the work requests posted by the queue pairs
+/// destroyed so far (for `MTRDMA_REPORT`).
+static SENDS: AtomicU64 = AtomicU64::new(0);
+static POSTED: AtomicU64 = AtomicU64::new(0);
+static SCHEDULED_QPS: AtomicU64 = AtomicU64::new(0);
+
+/// Says what was scheduled (at exit, with `MTRDMA_REPORT=1`).
+extern "C" fn report() {
+    let live: u64 = {
+        let qps = QPS.read().unwrap_or_else(PoisonError::into_inner);
+        qps.as_ref()
+            .map(|m| m.values().map(|q| lock(&q.inner).fq.posted()).sum())
+            .unwrap_or(0)
+    };
+    eprintln!(
+        "mtrdma-preload: {} sends on {} scheduled queue pairs, posted as {} work requests",
+        SENDS.load(Ordering::Relaxed),
+        SCHEDULED_QPS.load(Ordering::Relaxed),
+        POSTED.load(Ordering::Relaxed) + live
+    );
+}
+static CQS: RwLock<Option<ByAddr<Arc<Cq>>>> = RwLock::new(None);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The scheduled queue pair at `qp`, if any.
+#[inline]
+pub(crate) fn qp_of(qp: usize) -> Option<Arc<Qp>> {
+    let qps = QPS.read().unwrap_or_else(PoisonError::into_inner);
+    qps.as_ref()?.get(&qp).cloned()
+}
+
+#[inline]
+fn cq_of(cq: usize) -> Option<Arc<Cq>> {
+    let cqs = CQS.read().unwrap_or_else(PoisonError::into_inner);
+    cqs.as_ref()?.get(&cq).cloned()
+}
+
+/// A queue pair was created: schedules its sends when the program runs as
+/// a tenant and the queue pair is of a type the engine serves (RC, UC,
+/// UD).
+///
+/// # Safety
+/// `qp` must be a queue pair the provider just created, with `send_cq` its
+/// send completion queue, not yet seen by the program.
+pub(crate) unsafe fn created(
+    qp: *mut sys::ibv_qp,
+    max_send_wr: u32,
+    sq_sig_all: bool,
+    send_cq: *mut sys::ibv_cq,
+) {
+    let Tenancy::Joined(handle) = tenancy() else {
+        return;
+    };
+    // SAFETY: the caller's promise: live objects of the provider.
+    let (ctx, qp_type, cqe) = unsafe { ((*qp).context, (*qp).qp_type, (*send_cq).cqe) };
+    let Some(provider) = context::provider(ctx) else {
+        return;
+    };
+    use sys::ibv_qp_type as t;
+    if ![t::IBV_QPT_RC, t::IBV_QPT_UC, t::IBV_QPT_UD].contains(&qp_type) {
+        say_once(
+            "qp-type",
+            &format!("queue pairs of type {qp_type} are admitted but not scheduled"),
+        );
+        return;
+    }
+    let cqe = u32::try_from(cqe).unwrap_or(1);
+    if let Err(e) = schedule(qp, provider, max_send_wr, sq_sig_all, send_cq, cqe, handle) {
+        say_once(
+            "schedule",
+            &format!(
+                "a queue pair's sends cannot be scheduled ({e}); they go to the device directly"
+            ),
+        );
+    }
+}
+
+fn schedule(
+    qp: *mut sys::ibv_qp,
+    provider: Provider,
+    max_send_wr: u32,
+    sq_sig_all: bool,
+    send_cq: *mut sys::ibv_cq,
+    cqe: u32,
+    handle: &TenantHandle,
+) -> Result<(), mtrdma_verbs::Error> {
+    let mut cqs = CQS.write().unwrap_or_else(PoisonError::into_inner);
+    let cq = cqs
+        .get_or_insert_with(ByAddr::default)
+        .entry(send_cq as usize)
+        .or_insert_with(|| {
+            Arc::new(Cq {
+                cq: send_cq as usize,
+                provider,
+                drains: AtomicU64::new(0),
+                inner: Mutex::new(CqInner {
+                    held: VecDeque::new(),
+                    done: Vec::new(),
+                    qps: Vec::new(),
+                    armed: false,
+                    made_events: 0,
+                    budget: (cqe / 2).max(1),
+                }),
+            })
+        })
+        .clone();
+    drop(cqs);
+    let mut c = lock(&cq.inner);
+    let settings = Settings::get();
+    let config = settings.schedule(max_send_wr, c.budget.max(1));
+    let pieces = config.max_pieces_in_flight;
+    // SAFETY: `qp` is live (the caller's promise) until the program
+    // destroys it, and `destroying` drops this first.
+    let fq = unsafe {
+        ForeignQueuePair::new(
+            qp,
+            provider.post_send,
+            max_send_wr,
+            Some(handle.clone()),
+            config,
+        )
+    }?;
+    c.budget = c.budget.saturating_sub(pieces);
+    // SAFETY: as above.
+    let (qpn, ud) = unsafe { ((*qp).qp_num, (*qp).qp_type == sys::ibv_qp_type::IBV_QPT_UD) };
+    let q = Arc::new(Qp {
+        qp: qp as usize,
+        qpn,
+        send_cq: send_cq as usize,
+        ud,
+        sq_sig_all,
+        max_send_wr,
+        pieces,
+        provider,
+        waiting: AtomicBool::new(false),
+        inner: Mutex::new(QpInner {
+            fq,
+            spare: Vec::new(),
+            session: None,
+        }),
+    });
+    c.qps.push(q.clone());
+    drop(c);
+    QPS.write()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get_or_insert_with(ByAddr::default)
+        .insert(qp as usize, q);
+    if SCHEDULED_QPS.fetch_add(1, Ordering::Relaxed) == 0
+        && std::env::var("MTRDMA_REPORT").is_ok_and(|v| v == "1")
+    {
+        // SAFETY: `report` is a plain function that lives as long as the
+        // library (which is never unloaded while the program runs).
+        unsafe { libc::atexit(report) };
+    }
+    Ok(())
+}
+
+/// The program is destroying `qp`: its scheduling ends first (requests
+/// not yet posted are dropped, as the device drops what a destroyed queue
+/// pair held).
+pub(crate) fn destroying(qp: *mut sys::ibv_qp) {
+    let q = {
+        let mut qps = QPS.write().unwrap_or_else(PoisonError::into_inner);
+        qps.as_mut().and_then(|m| m.remove(&(qp as usize)))
+    };
+    let Some(q) = q else {
+        return;
+    };
+    POSTED.fetch_add(lock(&q.inner).fq.posted(), Ordering::Relaxed);
+    if let Some(cq) = cq_of(q.send_cq) {
+        let mut c = lock(&cq.inner);
+        c.qps.retain(|other| !Arc::ptr_eq(other, &q));
+        c.budget += q.pieces;
+        // What the program still holds of it stays: it may poll it.
+    }
+}
+
+/// The program destroyed completion queue `cq`.
+pub(crate) fn cq_destroyed(cq: *mut sys::ibv_cq) {
+    let mut cqs = CQS.write().unwrap_or_else(PoisonError::into_inner);
+    if let Some(m) = cqs.as_mut() {
+        m.remove(&(cq as usize));
+    }
+}
+
+/// One of the program's send requests, copied.
+///
+/// # Safety
+/// `wr` must be a valid work request whose scatter list holds `num_sge`
+/// entries (and, if inline, whose memory is readable).
+unsafe fn request(
+    q: &Qp,
+    wr: &sys::ibv_send_wr,
+    spare: &mut Vec<Vec<u8>>,
+) -> Result<ForeignSend, c_int> {
+    use sys::ibv_send_flags as f;
+    use sys::ibv_wr_opcode as o;
+    let n = usize::try_from(wr.num_sge).map_err(|_| libc::EINVAL)?;
+    let sges: &[sys::ibv_sge] = if n == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller's promise.
+        unsafe { std::slice::from_raw_parts(wr.sg_list, n) }
+    };
+    let local = if wr.send_flags & f::IBV_SEND_INLINE.0 != 0 {
+        let mut data = spare.pop().unwrap_or_default();
+        data.clear();
+        for s in sges {
+            // SAFETY: inline data is read at the post (the caller's
+            // promise), as the device copies it.
+            data.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(s.addr as *const u8, s.length as usize)
+            });
+        }
+        Local::Inline(data)
+    } else {
+        match sges {
+            [] => Local::Empty,
+            [one] => Local::Sge(*one),
+            many => Local::List(many.into()),
+        }
+    };
+    // SAFETY: the union members read are the ones the opcode uses.
+    let (rdma, atomic, imm) = unsafe { (wr.wr.rdma, wr.wr.atomic, wr.__bindgen_anon_1.imm_data) };
+    let remote = |addr, rkey| RemoteRegion {
+        addr,
+        len: local.len(),
+        rkey,
+    };
+    let word = |addr, rkey| RemoteRegion { addr, len: 8, rkey };
+    let op = match wr.opcode {
+        o::IBV_WR_RDMA_WRITE => SendOp::Write(remote(rdma.remote_addr, rdma.rkey)),
+        o::IBV_WR_RDMA_WRITE_WITH_IMM => {
+            SendOp::WriteWithImm(remote(rdma.remote_addr, rdma.rkey), u32::from_be(imm))
+        }
+        o::IBV_WR_SEND => SendOp::Send,
+        o::IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm(u32::from_be(imm)),
+        o::IBV_WR_RDMA_READ => SendOp::Read(remote(rdma.remote_addr, rdma.rkey)),
+        o::IBV_WR_ATOMIC_FETCH_AND_ADD => {
+            SendOp::FetchAdd(word(atomic.remote_addr, atomic.rkey), atomic.compare_add)
+        }
+        o::IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+            remote: word(atomic.remote_addr, atomic.rkey),
+            compare: atomic.compare_add,
+            swap: atomic.swap,
+        },
+        _ => return Err(libc::EOPNOTSUPP),
+    };
+    let ud = q.ud.then(|| {
+        // SAFETY: a UD queue pair's requests use the `ud` member.
+        let ud = unsafe { wr.wr.ud };
+        ForeignUd {
+            ah: ud.ah,
+            qpn: ud.remote_qpn,
+            qkey: ud.remote_qkey,
+        }
+    });
+    Ok(ForeignSend {
+        wr_id: wr.wr_id,
+        op,
+        local,
+        fence: wr.send_flags & f::IBV_SEND_FENCE.0 != 0,
+        solicited: wr.send_flags & f::IBV_SEND_SOLICITED.0 != 0,
+        signaled: q.sq_sig_all || wr.send_flags & f::IBV_SEND_SIGNALED.0 != 0,
+        ud,
+    })
+}
+
+/// Hands `req` to the queue pair's engine; the `errno` of a refusal.
+pub(crate) fn submit(q: &Qp, inner: &mut QpInner, req: ForeignSend) -> Result<(), c_int> {
+    if inner.fq.queued() >= q.max_send_wr as usize {
+        return Err(libc::ENOMEM);
+    }
+    // SAFETY: the program keeps the memory its requests name registered
+    // until their completions (the verbs contract it posted under).
+    match unsafe { inner.fq.post(req) } {
+        Ok(()) => {
+            SENDS.fetch_add(1, Ordering::Relaxed);
+            if !q.waiting.swap(true, Ordering::Relaxed) {
+                progress::busy();
+            }
+            Ok(())
+        }
+        Err(refused) => {
+            say_once(
+                &format!("post:{}", refused.error),
+                &format!(
+                    "a send of queue pair {} was refused with EINVAL: {}",
+                    q.qpn, refused.error
+                ),
+            );
+            Err(libc::EINVAL)
+        }
+    }
+}
+
+/// Posts an operation the engine does not schedule (memory windows,
+/// invalidations) straight to the device, if nothing of the queue pair is
+/// queued before it (else it would overtake them).
+///
+/// # Safety
+/// As `ibv_post_send` for `wr`.
+unsafe fn pass_through(q: &Qp, inner: &QpInner, wr: &sys::ibv_send_wr) -> c_int {
+    if inner.fq.queued() > 0 {
+        say_once(
+            &format!("opcode:{}", wr.opcode),
+            &format!(
+                "opcode {} is not scheduled and cannot pass requests still queued; refused \
+                 with EOPNOTSUPP (poll their completions first)",
+                wr.opcode
+            ),
+        );
+        return libc::EOPNOTSUPP;
+    }
+    let mut one = *wr;
+    one.next = std::ptr::null_mut();
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: the caller's promise, one request of it.
+    unsafe { (q.provider.post_send)(q.qp as *mut sys::ibv_qp, &mut one, &mut bad) }
+}
+
+/// The context's `post_send`.
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut sys::ibv_qp,
+    wr: *mut sys::ibv_send_wr,
+    bad_wr: *mut *mut sys::ibv_send_wr,
+) -> c_int {
+    entry_rc("ibv_post_send", || {
+        let Some(q) = qp_of(qp as usize) else {
+            // SAFETY: a queue pair of a context the library took over.
+            let ctx = unsafe { (*qp).context };
+            return match context::provider(ctx) {
+                // SAFETY: the program's arguments, to the provider.
+                Some(p) => unsafe { (p.post_send)(qp, wr, bad_wr) },
+                None => libc::EINVAL,
+            };
+        };
+        let mut inner = lock(&q.inner);
+        let mut cur = wr;
+        while !cur.is_null() {
+            // SAFETY: the program's list of valid work requests.
+            let w = unsafe { &*cur };
+            // SAFETY: as above.
+            let rc = match unsafe { request(&q, w, &mut inner.spare) } {
+                Ok(req) => submit(&q, &mut inner, req).err().unwrap_or(0),
+                // SAFETY: as above.
+                Err(libc::EOPNOTSUPP) => unsafe { pass_through(&q, &inner, w) },
+                Err(e) => e,
+            };
+            if rc != 0 {
+                if !bad_wr.is_null() {
+                    // SAFETY: the program's out-pointer.
+                    unsafe { *bad_wr = cur };
+                }
+                return rc;
+            }
+            cur = w.next;
+        }
+        0
+    })
+}
+
+/// The completion the program sees for a finished request.
+fn wc_of(d: &ForeignDone, qpn: u32) -> Wc {
+    Wc {
+        wr_id: d.wr_id,
+        status: d.status,
+        opcode: d.opcode,
+        byte_len: d.byte_len,
+        qp_num: qpn,
+        ..Wc::default()
+    }
+}
+
+/// Hands the completions of pieces among `wcs` (just polled from the
+/// device) to their queue pairs, and moves the program's own to the front
+/// in their order; returns how many are the program's, and whether any
+/// piece completed.
+fn route(c: &CqInner, wcs: &mut [Wc]) -> (usize, bool) {
+    let (mut kept, mut pieces) = (0, false);
+    for i in 0..wcs.len() {
+        let wc = wcs[i];
+        if !is_piece(wc.wr_id) {
+            wcs[kept] = wc;
+            kept += 1;
+        } else if let Some(q) = c.qps.iter().find(|q| q.qpn == wc.qp_num) {
+            lock(&q.inner).fq.deliver(wc.wr_id, wc.status);
+            pieces = true;
+        }
+        // A piece of a queue pair the program destroyed: nothing waits
+        // for it.
+    }
+    (kept, pieces)
+}
+
+/// Lets each queue pair with completions handed over (`pieces`) or with
+/// requests waiting post what it may now, and holds the requests that
+/// finished for the program.
+fn pump(c: &mut CqInner, pieces: bool) {
+    let CqInner {
+        held, qps, done, ..
+    } = c;
+    for q in qps.iter() {
+        if !pieces && !q.waiting.load(Ordering::Relaxed) {
+            continue;
+        }
+        let mut inner = lock(&q.inner);
+        let _ = inner.fq.poll(done);
+        q.waiting.store(inner.fq.queued() > 0, Ordering::Relaxed);
+        for d in done.drain(..) {
+            if d.signaled || d.status != 0 {
+                held.push_back(wc_of(&d, q.qpn));
+            }
+            if let Some(buf) = d.inline {
+                if inner.spare.len() < SPARE_BUFFERS {
+                    inner.spare.push(buf);
+                }
+            }
+        }
+    }
+}
+
+/// Inline buffers a queue pair keeps for reuse.
+const SPARE_BUFFERS: usize = 64;
+
+/// Takes every completion from the device: pieces to their queue pairs,
+/// the rest held for the program; then lets each queue pair post what it
+/// may and hold its finished requests for the program. The provider's
+/// error, if its poll fails.
+fn drain(cq: &Cq, c: &mut CqInner) -> Result<(), c_int> {
+    let mut buf = [Wc::default(); 32];
+    let mut pieces = false;
+    loop {
+        // SAFETY: the provider's poll of its own completion queue, into a
+        // buffer of 32 entries.
+        let n = unsafe { (cq.provider.poll_cq)(cq.cq as *mut sys::ibv_cq, 32, buf.as_mut_ptr()) };
+        if n < 0 {
+            return Err(n);
+        }
+        let (kept, p) = route(c, &mut buf[..n as usize]);
+        c.held.extend(&buf[..kept]);
+        pieces |= p;
+        if n < 32 {
+            break;
+        }
+    }
+    pump(c, pieces);
+    cq.drains.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The context's `poll_cq`.
+pub(crate) unsafe extern "C" fn poll_cq(cq: *mut sys::ibv_cq, num: c_int, wc: *mut Wc) -> c_int {
+    entry("ibv_poll_cq", -1, || {
+        let Some(c) = cq_of(cq as usize) else {
+            // SAFETY: a completion queue of a context the library took over.
+            let ctx = unsafe { (*cq).context };
+            return match context::provider(ctx) {
+                // SAFETY: the program's arguments, to the provider.
+                Some(p) => unsafe { (p.poll_cq)(cq, num, wc) },
+                None => -1,
+            };
+        };
+        let num = usize::try_from(num).unwrap_or(0);
+        let mut inner = lock(&c.inner);
+        let mut k = 0;
+        if inner.held.is_empty() && num > 0 {
+            // Nothing held: the device's completions go straight into the
+            // program's array, the pieces' taken out.
+            // SAFETY: the provider's poll into the program's array of
+            // `num` entries.
+            let n = unsafe { (c.provider.poll_cq)(cq, num as c_int, wc) };
+            if n < 0 {
+                return n;
+            }
+            // SAFETY: the provider wrote the first `n` entries.
+            let wcs = unsafe { std::slice::from_raw_parts_mut(wc, n as usize) };
+            let (kept, pieces) = route(&inner, wcs);
+            pump(&mut inner, pieces);
+            c.drains.fetch_add(1, Ordering::Relaxed);
+            k = kept;
+        } else if let Err(rc) = drain(&c, &mut inner) {
+            if inner.held.is_empty() {
+                return rc;
+            }
+        }
+        while k < num {
+            let Some(w) = inner.held.pop_front() else {
+                break;
+            };
+            // SAFETY: the program's array holds `num` entries.
+            unsafe { wc.add(k).write(w) };
+            k += 1;
+        }
+        k as c_int
+    })
+}
+
+/// The context's `req_notify_cq`.
+pub(crate) unsafe extern "C" fn req_notify_cq(
+    cq: *mut sys::ibv_cq,
+    solicited_only: c_int,
+) -> c_int {
+    entry_rc("ibv_req_notify_cq", || {
+        // SAFETY: a completion queue of a context the library took over.
+        let ctx = unsafe { (*cq).context };
+        let Some(p) = context::provider(ctx) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the program's arguments, to the provider.
+        let rc = unsafe { (p.req_notify_cq)(cq, solicited_only) };
+        if rc == 0 {
+            if let Some(c) = cq_of(cq as usize) {
+                lock(&c.inner).armed = true;
+            }
+        }
+        rc
+    })
+}
+
+/// For `ibv_get_cq_event` on `channel`: a completion queue of it that the
+/// program armed while the library held completions for it, if any (its
+/// event is then the library's, counted for `ibv_ack_cq_events`).
+pub(crate) fn made_event(
+    channel: *mut sys::ibv_comp_channel,
+) -> Option<(*mut sys::ibv_cq, *mut c_void)> {
+    let cqs: Vec<Arc<Cq>> = {
+        let cqs = CQS.read().unwrap_or_else(PoisonError::into_inner);
+        cqs.as_ref()?.values().cloned().collect()
+    };
+    for c in cqs {
+        let cq = c.cq as *mut sys::ibv_cq;
+        // SAFETY: a live completion queue (the program has not destroyed
+        // it: `cq_destroyed` would have removed it).
+        let (on, context) = unsafe { ((*cq).channel == channel, (*cq).cq_context) };
+        if !on {
+            continue;
+        }
+        let mut inner = lock(&c.inner);
+        if inner.armed && !inner.held.is_empty() {
+            inner.armed = false;
+            inner.made_events += 1;
+            return Some((cq, context));
+        }
+    }
+    None
+}
+
+/// An event the device raised for `cq` reached the program.
+pub(crate) fn event_taken(cq: *mut sys::ibv_cq) {
+    if let Some(c) = cq_of(cq as usize) {
+        lock(&c.inner).armed = false;
+    }
+}
+
+/// Of `n` events the program acknowledges for `cq`, how many the device
+/// raised (the rest were the library's).
+pub(crate) fn device_events(cq: *mut sys::ibv_cq, n: u32) -> u32 {
+    let Some(c) = cq_of(cq as usize) else {
+        return n;
+    };
+    let mut inner = lock(&c.inner);
+    let ours = inner.made_events.min(n);
+    inner.made_events -= ours;
+    n - ours
+}
+
+/// The progress thread: polls for programs that do not (see the module
+/// docs).
+pub(crate) mod progress {
+    use super::*;
+
+    /// Whether the thread sleeps until woken.
+    static PARKED: AtomicBool = AtomicBool::new(false);
+    static THREAD: OnceLock<Thread> = OnceLock::new();
+
+    /// How soon it looks again at a queue nobody drains.
+    const TICK: Duration = Duration::from_millis(1);
+    /// How soon it looks again when the program drains every queue with
+    /// waiting requests itself.
+    const RELAXED: Duration = Duration::from_millis(10);
+    /// How long nothing waits before it sleeps until woken.
+    const IDLE: Duration = Duration::from_millis(100);
+
+    /// A queue pair has requests waiting again: wakes the thread if it
+    /// sleeps.
+    #[inline]
+    pub(crate) fn busy() {
+        match THREAD.get() {
+            Some(t) => {
+                if PARKED.load(Ordering::Acquire) && PARKED.swap(false, Ordering::AcqRel) {
+                    t.unpark();
+                }
+            }
+            None => start(),
+        }
+    }
+
+    fn start() {
+        let _ = THREAD.get_or_init(|| {
+            std::thread::Builder::new()
+                .name("mtrdma-progress".into())
+                .spawn(run)
+                .map(|h| h.thread().clone())
+                .unwrap_or_else(|_| std::thread::current())
+        });
+    }
+
+    fn run() {
+        let mut seen: HashMap<usize, u64> = HashMap::new();
+        let mut idle_since = Instant::now();
+        loop {
+            let found = entry("progress", Look::default(), || look(&mut seen));
+            let now = Instant::now();
+            if found.waiting {
+                idle_since = now;
+            } else if now.duration_since(idle_since) >= IDLE {
+                PARKED.store(true, Ordering::Release);
+                // Requests queued between the look and the flag find the
+                // flag set and unpark; look once more for those before.
+                let again = entry("progress", Look::default(), || look(&mut seen));
+                if !again.waiting {
+                    std::thread::park();
+                }
+                PARKED.store(false, Ordering::Release);
+                idle_since = Instant::now();
+                continue;
+            }
+            let mut sleep = if found.helped { TICK } else { RELAXED };
+            if let Some(at) = found.next {
+                sleep = sleep.min(at.saturating_duration_since(now));
+            }
+            std::thread::sleep(sleep);
+        }
+    }
+
+    /// What a look found.
+    #[derive(Debug, Default)]
+    struct Look {
+        /// Requests wait somewhere.
+        waiting: bool,
+        /// A queue nobody had drained since the last look was drained.
+        helped: bool,
+        /// When an engine it drained wants to be polled next.
+        next: Option<Instant>,
+    }
+
+    /// Drains the completion queues whose queue pairs have requests
+    /// waiting and that nobody drained since the last look (`seen`: the
+    /// drain counts then).
+    fn look(seen: &mut HashMap<usize, u64>) -> Look {
+        let cqs: Vec<Arc<Cq>> = {
+            let cqs = CQS.read().unwrap_or_else(PoisonError::into_inner);
+            cqs.as_ref()
+                .map(|m| m.values().cloned().collect())
+                .unwrap_or_default()
+        };
+        let mut found = Look::default();
+        for c in &cqs {
+            let drains = c.drains.load(Ordering::Relaxed);
+            let last = seen.insert(c.cq, drains);
+            let mut inner = lock(&c.inner);
+            if !inner.qps.iter().any(|q| q.waiting.load(Ordering::Relaxed)) {
+                continue;
+            }
+            found.waiting = true;
+            if last.is_some_and(|l| l != drains) {
+                continue;
+            }
+            found.helped = true;
+            let _ = drain(c, &mut inner);
+            seen.insert(c.cq, c.drains.load(Ordering::Relaxed));
+            for q in &inner.qps {
+                if let Some(at) = lock(&q.inner).fq.poll_by() {
+                    found.next = Some(found.next.map_or(at, |n: Instant| n.min(at)));
+                }
+            }
+        }
+        seen.retain(|k, _| cqs.iter().any(|c| c.cq == *k));
+        found
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_come_from_the_environment_with_defaults_for_the_rest() {
+        let s = Settings::from(|_| None);
+        assert_eq!((s.chunk, s.window, s.pieces), (64 << 10, false, None));
+        let c = s.schedule(128, 256);
+        assert_eq!((c.chunk_bytes, c.max_pieces_in_flight), (64 << 10, 128));
+        assert!(c.window.is_none());
+        // Never more than the completion queue's budget, never none.
+        assert_eq!(s.schedule(128, 16).max_pieces_in_flight, 16);
+        assert_eq!(s.schedule(128, 0).max_pieces_in_flight, 1);
+
+        let vars = [
+            ("MTRDMA_CHUNK", "4096"),
+            ("MTRDMA_WINDOW", "1"),
+            ("MTRDMA_PIECES", "8"),
+        ];
+        let get = |n: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| v.to_string())
+        };
+        let s = Settings::from(get);
+        let c = s.schedule(128, 1024);
+        assert_eq!((c.chunk_bytes, c.max_pieces_in_flight), (4096, 8));
+        assert_eq!(c.window.map(|w| w.initial_window), Some(4096));
+
+        let bad = |n: &str| (n == "MTRDMA_CHUNK").then(|| "lots".to_string());
+        assert_eq!(Settings::from(bad).chunk, 64 << 10);
+    }
+}

@@ -1,0 +1,339 @@
+//! The C side: the libibverbs structures the library reads and writes,
+//! checked at compile time against the installed rdma-core headers, and
+//! the real libibverbs functions, reached with `dlvsym` (never through this
+//! library's own link, which would find its own wrappers again).
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::mem::offset_of;
+use std::sync::OnceLock;
+
+pub(crate) use ibverbs_sys as sys;
+use sys::{ibv_context, ibv_cq, ibv_mr, ibv_pd, ibv_qp, ibv_qp_init_attr, ibv_send_wr, ibv_sge};
+
+/// Sizes and offsets from the installed `<infiniband/verbs.h>` (build.rs).
+#[allow(dead_code)]
+pub(crate) mod c {
+    include!(concat!(env!("OUT_DIR"), "/layout.rs"));
+}
+
+/// Fails the build when `$ty`'s field `$field` is not where the installed
+/// headers put it.
+macro_rules! at {
+    ($ty:ty, $($field:ident).+ , $c:expr) => {
+        const _: () = assert!(
+            offset_of!($ty, $($field).+) == $c,
+            concat!(
+                stringify!($ty), ".", stringify!($($field).+),
+                " is not where the installed <infiniband/verbs.h> puts it"
+            )
+        );
+    };
+}
+
+/// Fails the build when `$ty`'s size differs from the installed headers'.
+macro_rules! size {
+    ($ty:ty, $c:expr) => {
+        const _: () = assert!(
+            size_of::<$ty>() == $c,
+            concat!(
+                "size of ",
+                stringify!($ty),
+                " differs from the installed <infiniband/verbs.h>"
+            )
+        );
+    };
+}
+
+at!(ibv_context, ops.poll_cq, c::IBV_CONTEXT__OPS_POLL_CQ);
+at!(
+    ibv_context,
+    ops.req_notify_cq,
+    c::IBV_CONTEXT__OPS_REQ_NOTIFY_CQ
+);
+at!(ibv_context, ops.post_send, c::IBV_CONTEXT__OPS_POST_SEND);
+at!(ibv_context, ops.post_recv, c::IBV_CONTEXT__OPS_POST_RECV);
+at!(ibv_context, abi_compat, c::IBV_CONTEXT__ABI_COMPAT);
+size!(ibv_context, c::SIZEOF_IBV_CONTEXT);
+at!(ibv_pd, context, c::IBV_PD__CONTEXT);
+at!(ibv_mr, context, c::IBV_MR__CONTEXT);
+at!(ibv_mr, addr, c::IBV_MR__ADDR);
+at!(ibv_mr, length, c::IBV_MR__LENGTH);
+at!(ibv_cq, context, c::IBV_CQ__CONTEXT);
+at!(ibv_cq, channel, c::IBV_CQ__CHANNEL);
+at!(ibv_cq, cq_context, c::IBV_CQ__CQ_CONTEXT);
+at!(ibv_cq, cqe, c::IBV_CQ__CQE);
+at!(ibv_qp, context, c::IBV_QP__CONTEXT);
+at!(ibv_qp, send_cq, c::IBV_QP__SEND_CQ);
+at!(ibv_qp, qp_num, c::IBV_QP__QP_NUM);
+at!(ibv_qp, qp_type, c::IBV_QP__QP_TYPE);
+size!(ibv_qp, c::SIZEOF_IBV_QP);
+at!(ibv_qp_init_attr, send_cq, c::IBV_QP_INIT_ATTR__SEND_CQ);
+at!(ibv_qp_init_attr, cap, c::IBV_QP_INIT_ATTR__CAP);
+at!(ibv_qp_init_attr, qp_type, c::IBV_QP_INIT_ATTR__QP_TYPE);
+at!(
+    ibv_qp_init_attr,
+    sq_sig_all,
+    c::IBV_QP_INIT_ATTR__SQ_SIG_ALL
+);
+size!(sys::ibv_qp_cap, c::SIZEOF_IBV_QP_CAP);
+at!(
+    sys::ibv_qp_init_attr_ex,
+    send_cq,
+    c::IBV_QP_INIT_ATTR_EX__SEND_CQ
+);
+at!(sys::ibv_qp_init_attr_ex, cap, c::IBV_QP_INIT_ATTR_EX__CAP);
+at!(
+    sys::ibv_qp_init_attr_ex,
+    qp_type,
+    c::IBV_QP_INIT_ATTR_EX__QP_TYPE
+);
+at!(
+    sys::ibv_qp_init_attr_ex,
+    sq_sig_all,
+    c::IBV_QP_INIT_ATTR_EX__SQ_SIG_ALL
+);
+at!(
+    sys::ibv_qp_init_attr_ex,
+    comp_mask,
+    c::IBV_QP_INIT_ATTR_EX__COMP_MASK
+);
+at!(sys::ibv_qp_init_attr_ex, pd, c::IBV_QP_INIT_ATTR_EX__PD);
+at!(
+    sys::ibv_qp_init_attr_ex,
+    send_ops_flags,
+    c::IBV_QP_INIT_ATTR_EX__SEND_OPS_FLAGS
+);
+size!(ibv_sge, c::SIZEOF_IBV_SGE);
+size!(ibv_send_wr, c::SIZEOF_IBV_SEND_WR);
+at!(ibv_send_wr, wr_id, c::IBV_SEND_WR__WR_ID);
+at!(ibv_send_wr, next, c::IBV_SEND_WR__NEXT);
+at!(ibv_send_wr, sg_list, c::IBV_SEND_WR__SG_LIST);
+at!(ibv_send_wr, num_sge, c::IBV_SEND_WR__NUM_SGE);
+at!(ibv_send_wr, opcode, c::IBV_SEND_WR__OPCODE);
+at!(ibv_send_wr, send_flags, c::IBV_SEND_WR__SEND_FLAGS);
+at!(ibv_send_wr, __bindgen_anon_1, c::IBV_SEND_WR__IMM_DATA);
+at!(ibv_send_wr, wr, c::IBV_SEND_WR__WR);
+at!(ibv_send_wr, qp_type, c::IBV_SEND_WR__QP_TYPE);
+size!(sys::ibv_recv_wr, c::SIZEOF_IBV_RECV_WR);
+at!(sys::ibv_comp_channel, fd, c::IBV_COMP_CHANNEL__FD);
+
+/// `struct ibv_wc` (the bindings keep its fields private; the library
+/// writes completions into the application's array).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Wc {
+    pub(crate) wr_id: u64,
+    pub(crate) status: c_uint,
+    pub(crate) opcode: c_uint,
+    pub(crate) vendor_err: u32,
+    pub(crate) byte_len: u32,
+    pub(crate) imm_data: u32,
+    pub(crate) qp_num: u32,
+    pub(crate) src_qp: u32,
+    pub(crate) wc_flags: c_uint,
+    pub(crate) pkey_index: u16,
+    pub(crate) slid: u16,
+    pub(crate) sl: u8,
+    pub(crate) dlid_path_bits: u8,
+}
+size!(Wc, c::SIZEOF_IBV_WC);
+at!(Wc, wr_id, c::IBV_WC__WR_ID);
+at!(Wc, status, c::IBV_WC__STATUS);
+at!(Wc, opcode, c::IBV_WC__OPCODE);
+at!(Wc, byte_len, c::IBV_WC__BYTE_LEN);
+at!(Wc, imm_data, c::IBV_WC__IMM_DATA);
+at!(Wc, qp_num, c::IBV_WC__QP_NUM);
+at!(Wc, wc_flags, c::IBV_WC__WC_FLAGS);
+
+/// `struct ibv_qp_ex` as the installed headers lay it out (the bindings'
+/// copy comes from a newer rdma-core with more fields: writing those would
+/// reach past what an older provider allocated).
+#[repr(C)]
+#[allow(missing_debug_implementations)]
+pub(crate) struct QpEx {
+    pub(crate) qp_base: ibv_qp,
+    pub(crate) comp_mask: u64,
+    pub(crate) wr_id: u64,
+    pub(crate) wr_flags: c_uint,
+    pub(crate) wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut QpEx, u32, u64, u64, u64)>,
+    pub(crate) wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut QpEx, u32, u64, u64)>,
+    pub(crate) wr_bind_mw: Option<unsafe extern "C" fn(*mut QpEx, *mut c_void, u32, *const c_void)>,
+    pub(crate) wr_local_inv: Option<unsafe extern "C" fn(*mut QpEx, u32)>,
+    pub(crate) wr_rdma_read: Option<unsafe extern "C" fn(*mut QpEx, u32, u64)>,
+    pub(crate) wr_rdma_write: Option<unsafe extern "C" fn(*mut QpEx, u32, u64)>,
+    pub(crate) wr_rdma_write_imm: Option<unsafe extern "C" fn(*mut QpEx, u32, u64, u32)>,
+    pub(crate) wr_send: Option<unsafe extern "C" fn(*mut QpEx)>,
+    pub(crate) wr_send_imm: Option<unsafe extern "C" fn(*mut QpEx, u32)>,
+    pub(crate) wr_send_inv: Option<unsafe extern "C" fn(*mut QpEx, u32)>,
+    pub(crate) wr_send_tso: Option<unsafe extern "C" fn(*mut QpEx, *mut c_void, u16, u16)>,
+    pub(crate) wr_set_ud_addr: Option<unsafe extern "C" fn(*mut QpEx, *mut sys::ibv_ah, u32, u32)>,
+    pub(crate) wr_set_xrc_srqn: Option<unsafe extern "C" fn(*mut QpEx, u32)>,
+    pub(crate) wr_set_inline_data: Option<unsafe extern "C" fn(*mut QpEx, *mut c_void, usize)>,
+    pub(crate) wr_set_inline_data_list:
+        Option<unsafe extern "C" fn(*mut QpEx, usize, *const sys::ibv_data_buf)>,
+    pub(crate) wr_set_sge: Option<unsafe extern "C" fn(*mut QpEx, u32, u64, u32)>,
+    pub(crate) wr_set_sge_list: Option<unsafe extern "C" fn(*mut QpEx, usize, *const ibv_sge)>,
+    pub(crate) wr_start: Option<unsafe extern "C" fn(*mut QpEx)>,
+    pub(crate) wr_complete: Option<unsafe extern "C" fn(*mut QpEx) -> c_int>,
+    pub(crate) wr_abort: Option<unsafe extern "C" fn(*mut QpEx)>,
+    pub(crate) wr_atomic_write: Option<unsafe extern "C" fn(*mut QpEx, u32, u64, *const c_void)>,
+}
+size!(QpEx, c::SIZEOF_IBV_QP_EX);
+at!(QpEx, qp_base, c::IBV_QP_EX__QP_BASE);
+at!(QpEx, comp_mask, c::IBV_QP_EX__COMP_MASK);
+at!(QpEx, wr_id, c::IBV_QP_EX__WR_ID);
+at!(QpEx, wr_flags, c::IBV_QP_EX__WR_FLAGS);
+at!(QpEx, wr_atomic_cmp_swp, c::IBV_QP_EX__WR_ATOMIC_CMP_SWP);
+at!(QpEx, wr_atomic_fetch_add, c::IBV_QP_EX__WR_ATOMIC_FETCH_ADD);
+at!(QpEx, wr_bind_mw, c::IBV_QP_EX__WR_BIND_MW);
+at!(QpEx, wr_local_inv, c::IBV_QP_EX__WR_LOCAL_INV);
+at!(QpEx, wr_rdma_read, c::IBV_QP_EX__WR_RDMA_READ);
+at!(QpEx, wr_rdma_write, c::IBV_QP_EX__WR_RDMA_WRITE);
+at!(QpEx, wr_rdma_write_imm, c::IBV_QP_EX__WR_RDMA_WRITE_IMM);
+at!(QpEx, wr_send, c::IBV_QP_EX__WR_SEND);
+at!(QpEx, wr_send_imm, c::IBV_QP_EX__WR_SEND_IMM);
+at!(QpEx, wr_send_inv, c::IBV_QP_EX__WR_SEND_INV);
+at!(QpEx, wr_send_tso, c::IBV_QP_EX__WR_SEND_TSO);
+at!(QpEx, wr_set_ud_addr, c::IBV_QP_EX__WR_SET_UD_ADDR);
+at!(QpEx, wr_set_xrc_srqn, c::IBV_QP_EX__WR_SET_XRC_SRQN);
+at!(QpEx, wr_set_inline_data, c::IBV_QP_EX__WR_SET_INLINE_DATA);
+at!(
+    QpEx,
+    wr_set_inline_data_list,
+    c::IBV_QP_EX__WR_SET_INLINE_DATA_LIST
+);
+at!(QpEx, wr_set_sge, c::IBV_QP_EX__WR_SET_SGE);
+at!(QpEx, wr_set_sge_list, c::IBV_QP_EX__WR_SET_SGE_LIST);
+at!(QpEx, wr_start, c::IBV_QP_EX__WR_START);
+at!(QpEx, wr_complete, c::IBV_QP_EX__WR_COMPLETE);
+at!(QpEx, wr_abort, c::IBV_QP_EX__WR_ABORT);
+at!(QpEx, wr_atomic_write, c::IBV_QP_EX__WR_ATOMIC_WRITE);
+
+/// `ibv_context_ops.post_send`.
+pub(crate) type PostSendFn =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
+/// `ibv_context_ops.poll_cq` (its entries are `struct ibv_wc`, [`Wc`]).
+pub(crate) type PollCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut Wc) -> c_int;
+/// `ibv_context_ops.req_notify_cq`.
+pub(crate) type ReqNotifyFn = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
+
+/// `struct verbs_context`'s `create_qp_ex` member.
+pub(crate) type CreateQpEx =
+    unsafe extern "C" fn(*mut ibv_context, *mut sys::ibv_qp_init_attr_ex) -> *mut ibv_qp;
+
+/// `__VERBS_ABI_IS_EXTENDED`: an `ibv_context` inside a `verbs_context`.
+const VERBS_ABI_IS_EXTENDED: usize = usize::MAX;
+
+/// Where `ctx`'s `verbs_context` keeps its `create_qp_ex`, if it has one
+/// (as `verbs_get_ctx_op` finds it: the structure grows towards lower
+/// addresses, and `sz` says how far it reaches).
+///
+/// # Safety
+/// `ctx` must be a context libibverbs opened and has not closed.
+pub(crate) unsafe fn create_qp_ex_slot(ctx: *mut ibv_context) -> Option<*mut Option<CreateQpEx>> {
+    // SAFETY: the caller's `ctx` is a live context; `abi_compat` is a
+    // plain field of it.
+    let compat = unsafe { (*ctx).abi_compat } as usize;
+    if compat != VERBS_ABI_IS_EXTENDED {
+        return None;
+    }
+    let back = c::VERBS_CONTEXT__CONTEXT - c::VERBS_CONTEXT__SZ;
+    let reach = c::VERBS_CONTEXT__CONTEXT - c::VERBS_CONTEXT__CREATE_QP_EX;
+    // SAFETY: an extended context is the last member of a `verbs_context`
+    // (the ABI marker just read says so), whose `sz` lies `back` bytes
+    // before it.
+    let sz = unsafe { ctx.cast::<u8>().sub(back).cast::<usize>().read() };
+    // `sz` counts from the first member the provider knows to the end of
+    // the context; the slot must lie within it.
+    if sz < c::SIZEOF_VERBS_CONTEXT - c::VERBS_CONTEXT__CREATE_QP_EX {
+        return None;
+    }
+    // SAFETY: within the `verbs_context`, as `sz` just showed.
+    Some(unsafe { ctx.cast::<u8>().sub(reach).cast::<Option<CreateQpEx>>() })
+}
+
+/// The real libibverbs functions the library wraps.
+#[derive(Debug)]
+pub(crate) struct Real {
+    pub(crate) open_device: unsafe extern "C" fn(*mut sys::ibv_device) -> *mut ibv_context,
+    pub(crate) close_device: unsafe extern "C" fn(*mut ibv_context) -> c_int,
+    pub(crate) create_qp: unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp,
+    pub(crate) destroy_qp: unsafe extern "C" fn(*mut ibv_qp) -> c_int,
+    pub(crate) reg_mr: unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr,
+    pub(crate) reg_mr_iova:
+        Option<unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, u64, c_int) -> *mut ibv_mr>,
+    pub(crate) reg_mr_iova2:
+        Option<unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, u64, c_uint) -> *mut ibv_mr>,
+    pub(crate) reg_dmabuf_mr:
+        Option<unsafe extern "C" fn(*mut ibv_pd, u64, usize, u64, c_int, c_int) -> *mut ibv_mr>,
+    pub(crate) rereg_mr:
+        unsafe extern "C" fn(*mut ibv_mr, c_int, *mut ibv_pd, *mut c_void, usize, c_int) -> c_int,
+    pub(crate) dereg_mr: unsafe extern "C" fn(*mut ibv_mr) -> c_int,
+    pub(crate) destroy_cq: unsafe extern "C" fn(*mut ibv_cq) -> c_int,
+    pub(crate) get_cq_event: unsafe extern "C" fn(
+        *mut sys::ibv_comp_channel,
+        *mut *mut ibv_cq,
+        *mut *mut c_void,
+    ) -> c_int,
+    pub(crate) ack_cq_events: unsafe extern "C" fn(*mut ibv_cq, c_uint),
+    pub(crate) qp_to_qp_ex: Option<unsafe extern "C" fn(*mut ibv_qp) -> *mut QpEx>,
+}
+
+/// `name` at `version` in the libraries loaded after this one.
+fn next(name: &CStr, version: &CStr) -> Option<*mut c_void> {
+    // SAFETY: both strings are NUL-terminated; RTLD_NEXT looks only in the
+    // objects after this library, so a wrapper never finds itself.
+    let p = unsafe {
+        libc::dlvsym(
+            libc::RTLD_NEXT,
+            name.as_ptr().cast::<c_char>(),
+            version.as_ptr().cast::<c_char>(),
+        )
+    };
+    (!p.is_null()).then_some(p)
+}
+
+macro_rules! real {
+    ($name:literal, $version:literal) => {
+        // SAFETY: the symbol is libibverbs' function of that name and
+        // version, whose C signature the field's type spells out.
+        next($name, $version).map(|p| unsafe { std::mem::transmute::<*mut c_void, _>(p) })
+    };
+}
+
+/// The real functions, found once; `None` when libibverbs is not loaded
+/// (or is older than IBVERBS_1.1).
+pub(crate) fn real() -> Option<&'static Real> {
+    static REAL: OnceLock<Option<Real>> = OnceLock::new();
+    REAL.get_or_init(|| {
+        Some(Real {
+            open_device: real!(c"ibv_open_device", c"IBVERBS_1.1")?,
+            close_device: real!(c"ibv_close_device", c"IBVERBS_1.1")?,
+            create_qp: real!(c"ibv_create_qp", c"IBVERBS_1.1")?,
+            destroy_qp: real!(c"ibv_destroy_qp", c"IBVERBS_1.1")?,
+            reg_mr: real!(c"ibv_reg_mr", c"IBVERBS_1.1")?,
+            reg_mr_iova: real!(c"ibv_reg_mr_iova", c"IBVERBS_1.7"),
+            reg_mr_iova2: real!(c"ibv_reg_mr_iova2", c"IBVERBS_1.8"),
+            reg_dmabuf_mr: real!(c"ibv_reg_dmabuf_mr", c"IBVERBS_1.12"),
+            rereg_mr: real!(c"ibv_rereg_mr", c"IBVERBS_1.1")?,
+            dereg_mr: real!(c"ibv_dereg_mr", c"IBVERBS_1.1")?,
+            destroy_cq: real!(c"ibv_destroy_cq", c"IBVERBS_1.1")?,
+            get_cq_event: real!(c"ibv_get_cq_event", c"IBVERBS_1.1")?,
+            ack_cq_events: real!(c"ibv_ack_cq_events", c"IBVERBS_1.1")?,
+            qp_to_qp_ex: real!(c"ibv_qp_to_qp_ex", c"IBVERBS_1.6"),
+        })
+    })
+    .as_ref()
+}
+
+/// Sets the calling thread's `errno`.
+pub(crate) fn set_errno(value: c_int) {
+    // SAFETY: `__errno_location` returns the calling thread's errno.
+    unsafe { *libc::__errno_location() = value };
+}
+
+/// The calling thread's `errno`.
+pub(crate) fn errno() -> c_int {
+    // SAFETY: as in `set_errno`.
+    unsafe { *libc::__errno_location() }
+}

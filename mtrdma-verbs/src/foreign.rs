@@ -1,0 +1,760 @@
+//! Queue pairs someone else created: the scheduled engine in front of an
+//! unmodified verbs program (`mtrdma-preload`).
+//!
+//! A [`ForeignQueuePair`] schedules the sends of a queue pair the program
+//! created with libibverbs, on memory it registered itself, with the same
+//! engine as [`ScheduledQueuePair`](crate::ScheduledQueuePair): latency
+//! class, weighted round robin, caps, the tenant's shared rate limits, the
+//! delay window, and WRITEs and READs longer than a piece split into
+//! pieces. What the program posted ([`ForeignSend`]) is copied (inline
+//! data included, so the program may reuse its buffer as soon as the post
+//! returns); the program's memory is its own and must stay registered
+//! until the request completes, as with plain verbs.
+//!
+//! Pieces go to the NIC through the provider's own `post_send` (the
+//! function the context held before the shim replaced it), with `wr_id`s
+//! that say they are mtrdma's ([`is_piece`]). Whoever polls the program's
+//! completion queue hands the completions of pieces to their queue pair
+//! ([`ForeignQueuePair::deliver`]) and keeps the rest for the program;
+//! [`ForeignQueuePair::poll`] then gives back each finished request once,
+//! with the program's `wr_id`, after all its pieces, in the order they
+//! were posted.
+
+use std::ffi::c_int;
+use std::io;
+use std::ops::Range;
+use std::time::Instant;
+
+use ibverbs_sys as ffi;
+use mtrdma_core::TenantHandle;
+
+use crate::completion::{Opcode, WcStatus};
+use crate::events::Armed;
+use crate::qp::{Books, Extra, RawCompletion, Region, Sink, UdDest, Wc};
+use crate::scheduled::{solo_scheduler, DefaultScheduler, Scheduled};
+use crate::{Error, ScheduleConfig, SendOp};
+
+/// The provider's `post_send` (`struct ibv_context_ops`).
+pub type PostSendFn = unsafe extern "C" fn(
+    *mut ffi::ibv_qp,
+    *mut ffi::ibv_send_wr,
+    *mut *mut ffi::ibv_send_wr,
+) -> c_int;
+
+/// Bits 32 to 61 of every piece's `wr_id` (the engine's own `wr_id`s
+/// leave them clear): what tells a piece's completion from the program's
+/// own on a shared completion queue, even for a failed completion, whose
+/// opcode the device leaves undefined.
+const PIECE_TAG: u64 = 0x2d74_7264 << 32;
+const TAG_MASK: u64 = 0x3fff_ffff << 32;
+
+/// Whether a completion's `wr_id` is one of mtrdma's pieces (rather than
+/// one of the program's own requests).
+#[inline]
+pub fn is_piece(wr_id: u64) -> bool {
+    wr_id & TAG_MASK == PIECE_TAG
+}
+
+/// Where a foreign request's local bytes are.
+#[derive(Debug, Clone)]
+pub enum Local {
+    /// None: a request of no bytes.
+    Empty,
+    /// One scatter entry of the program's registered memory.
+    Sge(ffi::ibv_sge),
+    /// Several entries; such a request is sent whole, never split.
+    List(Box<[ffi::ibv_sge]>),
+    /// Inline data (`IBV_SEND_INLINE`), copied at the post: the program may
+    /// reuse its buffer as soon as the post returns. The buffer comes back
+    /// in the request's completion ([`ForeignDone::inline`]) to be used
+    /// again.
+    Inline(Vec<u8>),
+}
+
+impl Local {
+    /// Its length in bytes (saturating).
+    pub fn len(&self) -> u64 {
+        match self {
+            Local::Empty => 0,
+            Local::Sge(s) => u64::from(s.length),
+            Local::List(list) => list.iter().map(|s| u64::from(s.length)).sum(),
+            Local::Inline(data) => data.len() as u64,
+        }
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A UD request's destination, as the program gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForeignUd {
+    /// The program's address handle (it must outlive the request).
+    pub ah: *mut ffi::ibv_ah,
+    /// The remote queue pair.
+    pub qpn: u32,
+    /// Its Q_Key.
+    pub qkey: u32,
+}
+
+// SAFETY: the address handle is only handed back to the provider in a work
+// request, from whichever thread posts; the program keeps it alive.
+unsafe impl Send for ForeignUd {}
+// SAFETY: as above: nothing reads through the pointer.
+unsafe impl Sync for ForeignUd {}
+
+/// One send-side request as the program posted it.
+#[derive(Debug, Clone)]
+pub struct ForeignSend {
+    /// The program's `wr_id`, given back in its completion.
+    pub wr_id: u64,
+    /// The operation (a remote region's `len` is the request's length).
+    pub op: SendOp,
+    /// Its local bytes.
+    pub local: Local,
+    /// `IBV_SEND_FENCE` (on its first piece).
+    pub fence: bool,
+    /// `IBV_SEND_SOLICITED` (on its last piece).
+    pub solicited: bool,
+    /// Whether the program asked for its completion (`IBV_SEND_SIGNALED`,
+    /// or a queue pair that signals every request). Every request's
+    /// completion is given back with this flag: a shim shows the program
+    /// the signaled ones and the failed ones, as the device would.
+    pub signaled: bool,
+    /// A UD request's destination.
+    pub ud: Option<ForeignUd>,
+}
+
+impl ForeignSend {
+    /// The `ibv_wc_opcode` the device reports for it.
+    fn wc_opcode(&self) -> u32 {
+        use ffi::ibv_wc_opcode as o;
+        match self.op {
+            SendOp::Send | SendOp::SendWithImm(_) => o::IBV_WC_SEND,
+            SendOp::Write(_) | SendOp::WriteWithImm(..) => o::IBV_WC_RDMA_WRITE,
+            SendOp::Read(_) => o::IBV_WC_RDMA_READ,
+            SendOp::FetchAdd(..) => o::IBV_WC_FETCH_ADD,
+            SendOp::CompareSwap { .. } => o::IBV_WC_COMP_SWAP,
+        }
+    }
+}
+
+/// A request [`ForeignQueuePair::post`] refused: why, and the request
+/// (nothing of it was posted).
+#[derive(Debug)]
+pub struct Refused {
+    /// Why.
+    pub error: Error,
+    /// The request, as given.
+    pub request: ForeignSend,
+}
+
+/// A finished foreign request, as the device would have reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignDone {
+    /// The program's `wr_id`.
+    pub wr_id: u64,
+    /// `ibv_wc_status` (the first failure among its pieces, if any).
+    pub status: u32,
+    /// `ibv_wc_opcode`.
+    pub opcode: u32,
+    /// Its length in bytes.
+    pub byte_len: u32,
+    /// Whether the program asked for it ([`ForeignSend::signaled`]).
+    pub signaled: bool,
+    /// An inline request's buffer, handed back for the next one.
+    pub inline: Option<Vec<u8>>,
+}
+
+/// A foreign request's bytes while it is in the engine.
+struct ForeignBuf {
+    local: Local,
+    len: usize,
+    flags: u32,
+    ud: Option<ForeignUd>,
+    signaled: bool,
+    wc_opcode: u32,
+}
+
+impl Region for ForeignBuf {
+    type Completion = ForeignDone;
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn sge(&self, range: &Range<usize>) -> Option<ffi::ibv_sge> {
+        if range.start > range.end || range.end > self.len {
+            return None;
+        }
+        let length = u32::try_from(range.end - range.start).ok()?;
+        match &self.local {
+            Local::Empty => Some(ffi::ibv_sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            }),
+            Local::Sge(s) => Some(ffi::ibv_sge {
+                addr: s.addr + range.start as u64,
+                length,
+                lkey: s.lkey,
+            }),
+            // Whole only (see `extra`: the list goes in its place).
+            Local::List(list) => {
+                (range.start == 0 && range.end == self.len).then(|| ffi::ibv_sge {
+                    addr: list[0].addr,
+                    length,
+                    lkey: list[0].lkey,
+                })
+            }
+            Local::Inline(data) => Some(ffi::ibv_sge {
+                addr: data.as_ptr() as u64 + range.start as u64,
+                length,
+                lkey: 0,
+            }),
+        }
+    }
+
+    fn complete(
+        self,
+        context: u64,
+        status: WcStatus,
+        _opcode: Opcode,
+        byte_len: u32,
+        _imm: Option<u32>,
+    ) -> ForeignDone {
+        ForeignDone {
+            wr_id: context,
+            status: status.to_raw(),
+            opcode: self.wc_opcode,
+            byte_len,
+            signaled: self.signaled,
+            inline: match self.local {
+                Local::Inline(data) => Some(data),
+                _ => None,
+            },
+        }
+    }
+
+    #[inline]
+    fn datagram(&self) -> Option<UdDest> {
+        self.ud.map(|d| UdDest {
+            ah: d.ah as usize,
+            qpn: d.qpn,
+            qkey: d.qkey,
+        })
+    }
+
+    #[inline]
+    fn extra(&self, first: bool, last: bool) -> Extra {
+        use ffi::ibv_send_flags as f;
+        let mut flags = self.flags & f::IBV_SEND_INLINE.0;
+        if first {
+            flags |= self.flags & f::IBV_SEND_FENCE.0;
+        }
+        if last {
+            flags |= self.flags & f::IBV_SEND_SOLICITED.0;
+        }
+        match &self.local {
+            Local::List(list) if list.len() > 1 => Extra {
+                flags,
+                sg_list: list.as_ptr() as usize,
+                num_sge: i32::try_from(list.len()).unwrap_or(i32::MAX),
+            },
+            _ => Extra {
+                flags,
+                ..Extra::default()
+            },
+        }
+    }
+}
+
+/// The provider's queue pair, as the engine's sink.
+struct ForeignSink {
+    qp: *mut ffi::ibv_qp,
+    qpn: u32,
+    post_send: PostSendFn,
+    books: Books<ForeignBuf>,
+    handle: Option<TenantHandle>,
+    /// Completions of pieces handed over by whoever polled the program's
+    /// completion queue, not yet matched.
+    inbox: Vec<(u64, u32)>,
+    /// Work requests posted.
+    posted: u64,
+}
+
+// SAFETY: the queue pair is the provider's; libibverbs allows posting to
+// it from any thread, and the sink is used by one thread at a time (its
+// owner holds it behind `&mut`).
+unsafe impl Send for ForeignSink {}
+
+impl Sink for ForeignSink {
+    type Region = ForeignBuf;
+
+    fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    fn books(&self) -> &Books<ForeignBuf> {
+        &self.books
+    }
+
+    fn books_mut(&mut self) -> &mut Books<ForeignBuf> {
+        &mut self.books
+    }
+
+    unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
+        wr.wr_id |= PIECE_TAG;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the queue pair is live while the program has not
+        // destroyed it (the shim drops this first); `wr` and its scatter
+        // list outlive the call; the caller keeps the memory valid.
+        let rc = unsafe { (self.post_send)(self.qp, wr, &mut bad) };
+        wr.wr_id &= !TAG_MASK;
+        self.posted += u64::from(rc == 0);
+        if rc != 0 {
+            return Err(Error::Verbs {
+                call: "ibv_post_send",
+                device: format!("queue pair {}", self.qpn),
+                source: io::Error::from_raw_os_error(rc),
+            });
+        }
+        Ok(())
+    }
+
+    fn poll(
+        &mut self,
+        out: &mut Vec<ForeignDone>,
+        raw: &mut Vec<RawCompletion>,
+    ) -> Result<usize, Error> {
+        let n = self.inbox.len();
+        for (wr_id, status) in self.inbox.drain(..) {
+            let wc = Wc {
+                wr_id: wr_id & !TAG_MASK,
+                status: WcStatus::from_raw(status),
+                opcode: u32::MAX,
+                byte_len: 0,
+                imm: None,
+                source: None,
+            };
+            self.books.complete(wc, out, raw);
+        }
+        Ok(n)
+    }
+
+    fn shutdown(&mut self) -> bool {
+        // The program destroys its queue pair itself; what is still in the
+        // NIC refers to the program's memory or to copies the device made.
+        self.books.outstanding() == 0
+    }
+
+    fn check_events(&self) -> Result<(), Error> {
+        Err(Error::NoCompletionEvents)
+    }
+
+    fn arm_events(&mut self) -> Result<Armed, Error> {
+        Err(Error::NoCompletionEvents)
+    }
+
+    fn take_events(&mut self) -> Result<(), Error> {
+        Err(Error::NoCompletionEvents)
+    }
+
+    fn tenant(&self) -> Option<&TenantHandle> {
+        self.handle.as_ref()
+    }
+}
+
+/// A program's queue pair whose sends mtrdma schedules (see the [module
+/// docs](self)).
+pub struct ForeignQueuePair {
+    inner: Scheduled<ForeignSink, DefaultScheduler>,
+}
+
+impl std::fmt::Debug for ForeignQueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.debug("ForeignQueuePair", f)
+    }
+}
+
+impl ForeignQueuePair {
+    /// Schedules the sends of `qp` as `tenant` (or as
+    /// [`ScheduleConfig::tenant`] says), posting through `post_send`, with
+    /// `max_send_wr` requests at most in its send queue.
+    ///
+    /// # Safety
+    /// `qp` must be a live queue pair of the provider whose `post_send` is
+    /// given, and stay live until this value is dropped.
+    ///
+    /// # Errors
+    /// [`Error::ScheduleConfig`] for a bad configuration, [`Error::NoTenant`]
+    /// if scheduled as the queue pair's tenant and `tenant` is `None`.
+    pub unsafe fn new(
+        qp: *mut ffi::ibv_qp,
+        post_send: PostSendFn,
+        max_send_wr: u32,
+        tenant: Option<TenantHandle>,
+        config: ScheduleConfig,
+    ) -> Result<ForeignQueuePair, Error> {
+        // SAFETY: the caller's promise: a live queue pair.
+        let qpn = unsafe { (*qp).qp_num };
+        let sink = ForeignSink {
+            qp,
+            qpn,
+            post_send,
+            books: Books::new(max_send_wr.max(1), 0),
+            handle: tenant,
+            inbox: Vec::new(),
+            posted: 0,
+        };
+        let sched = solo_scheduler(&config)?;
+        Ok(ForeignQueuePair {
+            inner: Scheduled::solo(sink, config, sched)?,
+        })
+    }
+
+    /// The queue pair number.
+    pub fn qpn(&self) -> u32 {
+        self.inner.qpn
+    }
+
+    /// Requests accepted and not yet given back by [`poll`](Self::poll).
+    pub fn queued(&self) -> usize {
+        self.inner.queued()
+    }
+
+    /// Work requests posted to the device so far (a request split in
+    /// pieces counts each).
+    pub fn posted(&mut self) -> u64 {
+        self.inner.with_sink(|s| s.posted)
+    }
+
+    /// Takes a request. Refused requests come back with the error
+    /// (nothing of them was posted): a request whose local and remote
+    /// lengths disagree, a misshapen atomic, one the scheduler refuses.
+    ///
+    /// # Safety
+    /// The memory the request names must stay registered and valid until
+    /// its completion is given back by [`poll`](Self::poll) (as for
+    /// `ibv_post_send`), and a UD request's address handle alive.
+    pub unsafe fn post(&mut self, mut req: ForeignSend) -> Result<(), Box<Refused>> {
+        // A list of one entry is that entry (and may be split); of none,
+        // nothing.
+        if let Local::List(list) = &req.local {
+            match **list {
+                [] => req.local = Local::Empty,
+                [one] => req.local = Local::Sge(one),
+                _ => {}
+            }
+        }
+        let len = match usize::try_from(req.local.len()) {
+            Ok(len) if u32::try_from(len).is_ok() => len,
+            _ => {
+                let error = Error::LocalRangeOutOfBounds {
+                    range: 0..usize::MAX,
+                    len: u32::MAX as usize,
+                };
+                return Err(Box::new(Refused {
+                    error,
+                    request: req,
+                }));
+            }
+        };
+        let whole = matches!(&req.local, Local::List(l) if l.len() > 1);
+        let mut flags = 0;
+        if req.fence {
+            flags |= ffi::ibv_send_flags::IBV_SEND_FENCE.0;
+        }
+        if req.solicited {
+            flags |= ffi::ibv_send_flags::IBV_SEND_SOLICITED.0;
+        }
+        if matches!(req.local, Local::Inline(_)) {
+            flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        let kept = ForeignSend {
+            local: Local::Empty,
+            ..req.clone()
+        };
+        let buf = ForeignBuf {
+            wc_opcode: req.wc_opcode(),
+            local: req.local,
+            len,
+            flags,
+            ud: req.ud,
+            signaled: req.signaled,
+        };
+        self.inner
+            .post_send(req.op, buf, 0..len, req.wr_id, whole)
+            .map_err(|(error, buf)| {
+                Box::new(Refused {
+                    error,
+                    request: ForeignSend {
+                        local: buf.local,
+                        ..kept
+                    },
+                })
+            })
+    }
+
+    /// Hands over the completion of one of this queue pair's pieces
+    /// (`wr_id` and `ibv_wc_status` as polled; see [`is_piece`]).
+    pub fn deliver(&mut self, wr_id: u64, status: u32) {
+        self.inner.with_sink(|s| s.inbox.push((wr_id, status)));
+    }
+
+    /// Matches the completions handed over, lets the engine post what it
+    /// may now, and gives back the requests that finished, in order.
+    ///
+    /// # Errors
+    /// None today (the sink's poll cannot fail); kept for the engine's
+    /// signature.
+    pub fn poll(&mut self, out: &mut Vec<ForeignDone>) -> Result<usize, Error> {
+        self.inner.poll(out)
+    }
+
+    /// When the engine wants to be polled again although no completion
+    /// arrives (a rate limit or the window's pacing holds a piece back);
+    /// `None`: not before a completion or a post.
+    pub fn poll_by(&self) -> Option<Instant> {
+        self.inner.poll_by()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RemoteRegion;
+    use mtrdma_core::{TenantId, TrafficClass};
+    use std::cell::RefCell;
+    use std::mem::MaybeUninit;
+
+    /// One work request as the fake provider saw it.
+    #[derive(Debug, Clone)]
+    struct Seen {
+        wr_id: u64,
+        opcode: u32,
+        flags: u32,
+        sges: Vec<(u64, u32, u32)>,
+        bytes: Vec<u8>,
+        remote: u64,
+    }
+
+    thread_local! {
+        static SEEN: RefCell<Vec<Seen>> = const { RefCell::new(Vec::new()) };
+    }
+
+    unsafe extern "C" fn fake_post(
+        _qp: *mut ffi::ibv_qp,
+        wr: *mut ffi::ibv_send_wr,
+        _bad: *mut *mut ffi::ibv_send_wr,
+    ) -> c_int {
+        // SAFETY: the engine passes one valid work request whose scatter
+        // list holds `num_sge` entries.
+        let wr = unsafe { &*wr };
+        let sges: Vec<_> = (0..wr.num_sge as usize)
+            // SAFETY: as above.
+            .map(|i| unsafe { *wr.sg_list.add(i) })
+            .map(|s| (s.addr, s.length, s.lkey))
+            .collect();
+        let inline = wr.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0;
+        let bytes = if inline {
+            sges.iter()
+                // SAFETY: inline data is read at the post, as a provider
+                // copies it into the work queue entry.
+                .flat_map(|&(a, l, _)| unsafe {
+                    std::slice::from_raw_parts(a as *const u8, l as usize).to_vec()
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        // SAFETY: the `rdma` member is the one a WRITE or READ uses.
+        let remote = unsafe { wr.wr.rdma.remote_addr };
+        SEEN.with(|s| {
+            s.borrow_mut().push(Seen {
+                wr_id: wr.wr_id,
+                opcode: wr.opcode,
+                flags: wr.send_flags,
+                sges,
+                bytes,
+                remote,
+            })
+        });
+        0
+    }
+
+    fn seen() -> Vec<Seen> {
+        SEEN.with(|s| std::mem::take(&mut *s.borrow_mut()))
+    }
+
+    struct Fake {
+        _qp: Box<ffi::ibv_qp>,
+        fq: ForeignQueuePair,
+    }
+
+    fn fake(chunk: u64) -> Fake {
+        // SAFETY: all-zero is a valid `ibv_qp` (only `qp_num` is read).
+        let mut qp: Box<ffi::ibv_qp> = Box::new(unsafe { MaybeUninit::zeroed().assume_init() });
+        qp.qp_num = 77;
+        let config = ScheduleConfig {
+            chunk_bytes: chunk,
+            max_pieces_in_flight: 64,
+            ..ScheduleConfig::local(TenantId(1), TrafficClass::Bulk)
+        };
+        // SAFETY: the fake provider never touches the queue pair, which
+        // lives as long as `Fake`.
+        let fq = unsafe { ForeignQueuePair::new(&mut *qp, fake_post, 128, None, config) }.unwrap();
+        Fake { _qp: qp, fq }
+    }
+
+    /// Completes every piece posted so far, in order; returns what the
+    /// program is given back.
+    fn complete_all(f: &mut Fake, status: u32) -> (Vec<Seen>, Vec<ForeignDone>) {
+        let mut all = Vec::new();
+        let mut done = Vec::new();
+        loop {
+            let posted = seen();
+            if posted.is_empty() {
+                break;
+            }
+            for p in &posted {
+                assert!(is_piece(p.wr_id), "every piece is marked as mtrdma's");
+                f.fq.deliver(p.wr_id, status);
+            }
+            f.fq.poll(&mut done).unwrap();
+            all.extend(posted);
+        }
+        (all, done)
+    }
+
+    fn write(wr_id: u64, local: Local, signaled: bool) -> ForeignSend {
+        let len = local.len();
+        ForeignSend {
+            wr_id,
+            op: SendOp::Write(RemoteRegion {
+                addr: 1 << 40,
+                len,
+                rkey: 9,
+            }),
+            local,
+            fence: true,
+            solicited: true,
+            signaled,
+            ud: None,
+        }
+    }
+
+    #[test]
+    fn a_long_write_goes_in_pieces_and_completes_once_with_the_programs_wr_id() {
+        let mut f = fake(4096);
+        let sge = ffi::ibv_sge {
+            addr: 0x10_000,
+            length: 10_000,
+            lkey: 5,
+        };
+        // SAFETY: the fake provider reads no memory of a non-inline request.
+        unsafe { f.fq.post(write(42, Local::Sge(sge), true)) }.unwrap();
+        let (pieces, done) = complete_all(&mut f, 0);
+        assert_eq!(pieces.len(), 3, "{pieces:?}");
+        let lens: Vec<u32> = pieces.iter().map(|p| p.sges[0].1).collect();
+        assert_eq!(lens, [4096, 4096, 1808]);
+        assert_eq!(pieces[1].sges[0].0, 0x10_000 + 4096);
+        assert_eq!(pieces[2].remote, (1 << 40) + 8192);
+        assert!(pieces.iter().all(|p| p.sges[0].2 == 5));
+        use ffi::ibv_send_flags as fl;
+        assert_ne!(
+            pieces[0].flags & fl::IBV_SEND_FENCE.0,
+            0,
+            "fence on the first"
+        );
+        assert_eq!(pieces[1].flags & fl::IBV_SEND_FENCE.0, 0);
+        assert_ne!(
+            pieces[2].flags & fl::IBV_SEND_SOLICITED.0,
+            0,
+            "solicited on the last"
+        );
+        assert_eq!(pieces[0].flags & fl::IBV_SEND_SOLICITED.0, 0);
+        assert_eq!(
+            done,
+            [ForeignDone {
+                wr_id: 42,
+                status: 0,
+                opcode: ffi::ibv_wc_opcode::IBV_WC_RDMA_WRITE,
+                byte_len: 10_000,
+                signaled: true,
+                inline: None,
+            }]
+        );
+        assert_eq!(f.fq.queued(), 0);
+        assert_eq!(f.fq.posted(), 3);
+    }
+
+    #[test]
+    fn requests_finish_in_order_unsignaled_ones_marked_and_a_failure_kept() {
+        let mut f = fake(4096);
+        for (i, signaled) in [(1, false), (2, false), (3, true)] {
+            let sge = ffi::ibv_sge {
+                addr: 0x1000 * i,
+                length: 6000,
+                lkey: 1,
+            };
+            // SAFETY: as above.
+            unsafe { f.fq.post(write(i, Local::Sge(sge), signaled)) }.unwrap();
+        }
+        let (_, done) = complete_all(&mut f, 0);
+        let ids: Vec<_> = done.iter().map(|d| (d.wr_id, d.signaled)).collect();
+        assert_eq!(ids, [(1, false), (2, false), (3, true)]);
+
+        let sge = ffi::ibv_sge {
+            addr: 0x9000,
+            length: 9000,
+            lkey: 1,
+        };
+        // SAFETY: as above.
+        unsafe { f.fq.post(write(7, Local::Sge(sge), false)) }.unwrap();
+        let status = ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR;
+        let (_, done) = complete_all(&mut f, status);
+        assert_eq!(done.len(), 1, "{done:?}");
+        assert_eq!((done[0].wr_id, done[0].status), (7, status));
+    }
+
+    #[test]
+    fn inline_data_is_copied_and_a_scatter_list_goes_whole() {
+        let mut f = fake(4096);
+        let mut data = *b"sixteen bytes!!!";
+        let req = ForeignSend {
+            op: SendOp::Send,
+            ..write(5, Local::Inline(data.to_vec()), true)
+        };
+        // SAFETY: inline: the request owns its bytes.
+        unsafe { f.fq.post(req) }.unwrap();
+        data.fill(0);
+        let list: Box<[ffi::ibv_sge]> = (0..3)
+            .map(|i| ffi::ibv_sge {
+                addr: 0x100_000 * (i + 1),
+                length: 3000,
+                lkey: 8,
+            })
+            .collect();
+        // SAFETY: the fake provider reads no memory of a non-inline request.
+        unsafe { f.fq.post(write(6, Local::List(list), true)) }.unwrap();
+        let (pieces, done) = complete_all(&mut f, 0);
+        assert_eq!(pieces.len(), 2, "{pieces:?}");
+        assert_eq!(pieces[0].bytes, b"sixteen bytes!!!");
+        assert_eq!(pieces[0].opcode, ffi::ibv_wr_opcode::IBV_WR_SEND);
+        assert_eq!(
+            pieces[1].sges,
+            [
+                (0x100_000, 3000, 8),
+                (0x200_000, 3000, 8),
+                (0x300_000, 3000, 8)
+            ],
+            "9,000 bytes in three entries go whole"
+        );
+        let ids: Vec<_> = done.iter().map(|d| (d.wr_id, d.byte_len)).collect();
+        assert_eq!(ids, [(5, 16), (6, 9000)]);
+        assert_eq!(done[0].inline.as_deref(), Some(&b"sixteen bytes!!!"[..]));
+    }
+}
