@@ -176,6 +176,9 @@ struct Site<'a> {
     link: &'a LinkSpec,
     perf: PathBuf,
     me: PathBuf,
+    /// `libmtrdma_preload.so`, for unmodified programs as tenants (next to
+    /// the examples' directory: `cargo build --release -p mtrdma-preload`).
+    preload: PathBuf,
     socket: PathBuf,
     /// The coordinator's quota table, whose counters say what each
     /// registered tenant posted.
@@ -375,6 +378,25 @@ impl Site<'_> {
         args: &[String],
         realtime: bool,
     ) -> Result<Proc, String> {
+        self.client_env(name, port, args, realtime, false)
+    }
+
+    /// Puts `cmd` under the preload library, registering with the
+    /// coordinator.
+    fn preloaded(&self, cmd: &mut Command) {
+        cmd.env("LD_PRELOAD", &self.preload)
+            .env("MTRDMA_COORDINATOR", &self.socket);
+    }
+
+    /// [`Site::client_with`], under the preload library if `preloaded`.
+    fn client_env(
+        &self,
+        name: &str,
+        port: u16,
+        args: &[String],
+        realtime: bool,
+        preloaded: bool,
+    ) -> Result<Proc, String> {
         let mut cmd = if realtime && self.probe_realtime {
             let mut c = Command::new("chrt");
             c.args(["-f", PROBE_PRIORITY]).arg(&self.perf);
@@ -391,6 +413,9 @@ impl Site<'_> {
         ])
         .arg(port.to_string())
         .args(args);
+        if preloaded {
+            self.preloaded(&mut cmd);
+        }
         self.spawn(name, Some(name), cmd)
     }
 
@@ -493,7 +518,18 @@ impl Site<'_> {
                 .arg(port.to_string())
                 .args(["-D", &format!("{}", bulk_secs.ceil() as u64)])
                 .args(["-u", ACK_TIMEOUT, "127.0.0.1"]);
-            hogs.push(self.spawn(&name, Some(&name), cmd)?);
+            let cgroup = if run.preloaded {
+                // The same program, a tenant: the bulk tenant's cgroup,
+                // windows of the demo's pieces.
+                self.preloaded(&mut cmd);
+                cmd.env("MTRDMA_WINDOW", "1")
+                    .env("MTRDMA_CHUNK", self.args.chunk.to_string())
+                    .env("MTRDMA_PIECES", "64");
+                format!("bulk{i}")
+            } else {
+                name.clone()
+            };
+            hogs.push(self.spawn(&name, Some(&cgroup), cmd)?);
         }
         let flood = match run.flood {
             None => None,
@@ -570,7 +606,7 @@ impl Site<'_> {
         if let Some(port) = probe_port {
             let samples = self.logs.join("latency.samples");
             let _ = std::fs::remove_file(&samples);
-            let a: Vec<String> = [
+            let mut a: Vec<String> = [
                 "--test",
                 "write_comp_lat",
                 "-s",
@@ -582,14 +618,18 @@ impl Site<'_> {
                 "--wait",
                 "--interval",
                 &self.args.probe_interval_us.to_string(),
-                "--coordinator",
-                &self.socket.display().to_string(),
                 "--samples",
                 &samples.display().to_string(),
             ]
             .map(String::from)
             .to_vec();
-            self.client_with("latency", port, &a, true)?.wait()?;
+            if !run.preloaded {
+                a.extend(["--coordinator".into(), self.socket.display().to_string()]);
+            }
+            // Under the preload library the probe registers through it, as
+            // every other program there.
+            self.client_env("latency", port, &a, true, run.preloaded)?
+                .wait()?;
             measured.probe_us = read_samples(&samples)?;
         } else {
             std::thread::sleep(Duration::from_secs_f64(secs));
@@ -598,12 +638,15 @@ impl Site<'_> {
         measured.link_mbps = (self.link_bytes()? - counted.0) as f64 / window / 1_048_576.0;
         measured.link_pps = (self.link_counter("tx_packets")? - packets_before) as f64 / window;
         let posted_after = self.posted();
-        for (name, way) in &run.bulk {
-            let before = posted_before.iter().find(|(n, _)| n == name);
-            let after = posted_after.iter().find(|(n, _)| n == name);
+        let preloaded_hogs = (0..run.hogs)
+            .filter(|_| run.preloaded)
+            .map(|i| (format!("bulk{i}"), Way::Mtrdma));
+        for (name, way) in run.bulk.iter().cloned().chain(preloaded_hogs) {
+            let before = posted_before.iter().find(|(n, _)| *n == name);
+            let after = posted_after.iter().find(|(n, _)| *n == name);
             if let (Way::Mtrdma, Some((_, a)), Some((_, b))) = (way, before, after) {
                 let mbps = b.saturating_sub(*a) as f64 / window / 1_048_576.0;
-                measured.bulk_window.push((name.clone(), mbps));
+                measured.bulk_window.push((name, mbps));
             }
         }
         for (name, csv, p) in senders {
@@ -664,6 +707,9 @@ struct Run {
     /// (tenant, way) per perf bulk sender.
     bulk: Vec<(String, Way)>,
     hogs: usize,
+    /// The hogs (and the probe with them) run under the preload library as
+    /// tenants (`bulk0`..: delay windows), rather than unprotected.
+    preloaded: bool,
     storm: Option<Way>,
     /// The storm is an RNR storm (SENDs to a peer that posts no receives).
     rnr: bool,
@@ -957,20 +1003,55 @@ fn scenario_latency(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
 
 fn scenario_hogs(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
     r.say(
-        "\n== unmodified perftest: the latency tenant next to ib_write_bw hogs (1 MiB WRITEs) ==",
+        "\n== unmodified perftest: the latency tenant next to ib_write_bw hogs (1 MiB WRITEs); \
+         unprotected, and with every sender under the preload library (libmtrdma_preload.so) as a tenant ==",
     );
     r.say(format!(
-        "{:>4} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10}",
-        "hogs", "p50 us", "p99 us", "p99.9 us", "p99/alone", "hogs MB/s", "link MB/s"
+        "{:>4} {:<13} {:>9} {:>9} {:>10} {:>9} {:>10} {:>10} {:>8}",
+        "hogs",
+        "way",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "p99/alone",
+        "hogs MB/s",
+        "link MB/s",
+        "of link"
     ));
+    r.say(
+        "(hogs MB/s: under the library what the hogs posted while the probe ran, from the quota \
+         table's counters; unprotected, perftest's own reports, or NaN where it gave none)",
+    );
+    let preload = site.preload.exists();
+    if !preload {
+        r.say(format!(
+            "(no {}: build it with `cargo build --release -p mtrdma-preload`; the preloaded rows are left out)",
+            site.preload.display()
+        ));
+    }
+    let link = site.link.mib_per_sec();
     let mut alone_p99 = f64::NAN;
-    for n in [0usize, 1, 4] {
+    let mut p99s = Vec::new();
+    let runs = [
+        (0usize, false),
+        (1, false),
+        (4, false),
+        (1, true),
+        (4, true),
+    ];
+    for (n, preloaded) in runs.into_iter().filter(|&(_, p)| preload || !p) {
         // Its own alone run first (0 hogs): the baseline of this scenario.
+        let tag = if preloaded {
+            format!("hogs-{n}-preload")
+        } else {
+            format!("hogs-{n}")
+        };
         let m = site.measure(
-            &format!("hogs-{n}"),
+            &tag,
             &Run {
                 probe: true,
                 hogs: n,
+                preloaded,
                 ..Run::default()
             },
         )?;
@@ -978,19 +1059,44 @@ fn scenario_hogs(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
         if n == 0 {
             alone_p99 = l.p99;
         }
-        let (mbps, link) = (m.bulk_total(), m.link_mbps);
+        let (mbps, linked) = (m.bulk_rate(n), m.link_mbps);
         let (p50, p99, p999) = cells(&l);
+        let way = match (n, preloaded) {
+            (0, _) => Way::Alone,
+            (_, false) => Way::Unprotected,
+            (_, true) => Way::Mtrdma,
+        };
+        let label = match way {
+            Way::Alone => "alone",
+            Way::Unprotected => "unprotected",
+            Way::Mtrdma => "preloaded",
+        };
         r.say(format!(
-            "{n:>4} {p50:>9} {p99:>9} {p999:>10} {:>9.1} {mbps:>10.2} {link:>10.2}",
-            l.p99 / alone_p99
+            "{n:>4} {label:<13} {p50:>9} {p99:>9} {p999:>10} {:>9.2} {mbps:>10.2} {linked:>10.2} {:>7.1}%",
+            l.p99 / alone_p99,
+            100.0 * mbps / link
         ));
-        let (way, case) = (
-            if n == 0 { Way::Alone } else { Way::Unprotected },
-            n.to_string(),
-        );
+        p99s.push((n, preloaded, l.p99, mbps));
+        let case = n.to_string();
         latency_figures(r, "link_hogs", way, &case, &l);
         r.figure("link_hogs", way, &case, "hogs", "mbps_total", mbps);
-        r.figure("link_hogs", way, &case, "link", "mbps", link);
+        r.figure("link_hogs", way, &case, "link", "mbps", linked);
+    }
+    let bound = alone_p99 + site.link.us_for_16k();
+    for &(n, _, p99, mbps) in p99s.iter().filter(|&&(n, p, _, _)| p && n > 0) {
+        let unprotected = p99s
+            .iter()
+            .find(|&&(m, p, _, _)| m == n && !p)
+            .map_or(f64::NAN, |x| x.2);
+        r.say(format!(
+            "  {n} hogs under the library: p99 {p99:.0} us vs bound {bound:.0} us (alone + 16 KiB at the link rate): {}; \
+             hogs {:.0}% of the link (target 85%): {}; unprotected/preloaded p99 {:.1}x (target 10x): {}",
+            verdict(p99 <= bound),
+            100.0 * mbps / link,
+            verdict(mbps >= 0.85 * link),
+            unprotected / p99,
+            verdict(unprotected / p99 >= 10.0)
+        ));
     }
     Ok(())
 }
@@ -1323,6 +1429,11 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
     let me = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
     let dir = me.parent().ok_or("this binary has no directory")?;
     let (perf, coordinator) = (dir.join("perf"), dir.join("coordinator"));
+    // target/<profile>/examples/isolation -> target/<profile>/libmtrdma_preload.so
+    let preload = dir
+        .parent()
+        .map(|d| d.join("libmtrdma_preload.so"))
+        .ok_or("this binary's directory has no parent")?;
     for p in [&perf, &coordinator] {
         if !p.exists() {
             return Err(format!(
@@ -1409,6 +1520,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         link,
         perf,
         me,
+        preload,
         socket,
         table,
         coordinator: child,

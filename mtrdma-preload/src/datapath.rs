@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use mtrdma_core::TenantHandle;
 use mtrdma_verbs::foreign::{
-    is_piece, ForeignDone, ForeignQueuePair, ForeignSend, ForeignUd, Local,
+    is_piece, Direct, ForeignDone, ForeignQueuePair, ForeignSend, ForeignUd, Local,
 };
 use mtrdma_verbs::{RemoteRegion, ScheduleConfig, SendOp};
 
@@ -516,7 +516,7 @@ pub(crate) fn submit(q: &Qp, inner: &mut QpInner, req: ForeignSend) -> Result<()
 /// # Safety
 /// As `ibv_post_send` for `wr`.
 unsafe fn pass_through(q: &Qp, inner: &QpInner, wr: &sys::ibv_send_wr) -> c_int {
-    if inner.fq.queued() > 0 {
+    if inner.fq.waiting() > 0 {
         say_once(
             &format!("opcode:{}", wr.opcode),
             &format!(
@@ -555,12 +555,23 @@ pub(crate) unsafe extern "C" fn post_send(
         while !cur.is_null() {
             // SAFETY: the program's list of valid work requests.
             let w = unsafe { &*cur };
-            // SAFETY: as above.
-            let rc = match unsafe { request(&q, w, &mut inner.spare) } {
-                Ok(req) => submit(&q, &mut inner, req).err().unwrap_or(0),
+            let signaled =
+                q.sq_sig_all || w.send_flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
+            let rc = if inner.fq.queued() >= q.max_send_wr as usize {
+                libc::ENOMEM
+            } else {
                 // SAFETY: as above.
-                Err(libc::EOPNOTSUPP) => unsafe { pass_through(&q, &inner, w) },
-                Err(e) => e,
+                match unsafe { inner.fq.post_direct(w, signaled) } {
+                    Direct::Posted => 0,
+                    Direct::Refused(rc) => rc,
+                    // SAFETY: as above.
+                    Direct::Engine => match unsafe { request(&q, w, &mut inner.spare) } {
+                        Ok(req) => submit(&q, &mut inner, req).err().unwrap_or(0),
+                        // SAFETY: as above.
+                        Err(libc::EOPNOTSUPP) => unsafe { pass_through(&q, &inner, w) },
+                        Err(e) => e,
+                    },
+                }
             };
             if rc != 0 {
                 if !bad_wr.is_null() {
@@ -621,7 +632,7 @@ fn pump(c: &mut CqInner, pieces: bool) {
         }
         let mut inner = lock(&q.inner);
         let _ = inner.fq.poll(done);
-        q.waiting.store(inner.fq.queued() > 0, Ordering::Relaxed);
+        q.waiting.store(inner.fq.waiting() > 0, Ordering::Relaxed);
         for d in done.drain(..) {
             if d.signaled || d.status != 0 {
                 held.push_back(wc_of(&d, q.qpn));

@@ -19,13 +19,18 @@ fn library() -> PathBuf {
         return PathBuf::from(lib);
     }
     let exe = std::env::current_exe().expect("the test's path");
-    let debug = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>");
-    let lib = debug.join("libmtrdma_preload.so");
-    assert!(lib.exists(), "{} was not built", lib.display());
-    lib
+    // `cargo test` builds the library into target/<profile>/deps, next to
+    // this test; `cargo build` into target/<profile>.
+    let deps = exe.parent().expect("target/<profile>/deps/<test>");
+    let candidates = [
+        deps.to_path_buf(),
+        deps.parent().unwrap_or(deps).to_path_buf(),
+    ];
+    candidates
+        .iter()
+        .map(|d| d.join("libmtrdma_preload.so"))
+        .find(|lib| lib.exists())
+        .unwrap_or_else(|| panic!("libmtrdma_preload.so was not built in {candidates:?}"))
 }
 
 fn device() -> Option<String> {

@@ -19,6 +19,13 @@
 //! [`ForeignQueuePair::poll`] then gives back each finished request once,
 //! with the program's `wr_id`, after all its pieces, in the order they
 //! were posted.
+//!
+//! A latency-class request that finds nothing of its queue pair waiting in
+//! the engine, room in the send queue and its tenant's rates willing goes
+//! to the NIC at once, as the engine's own fast path sends it, but without
+//! its books ([`ForeignQueuePair::post_direct`]): the program's work
+//! request is posted as it is, only its `wr_id` marked and its completion
+//! asked for.
 
 use std::ffi::c_int;
 use std::io;
@@ -53,6 +60,46 @@ const TAG_MASK: u64 = 0x3fff_ffff << 32;
 #[inline]
 pub fn is_piece(wr_id: u64) -> bool {
     wr_id & TAG_MASK == PIECE_TAG
+}
+
+/// The engine's own `wr_id`s set one of these bits; a piece with neither
+/// is a request posted directly ([`ForeignQueuePair::post_direct`]).
+const ENGINE_BITS: u64 = 0b11 << 62;
+
+/// What [`ForeignQueuePair::post_direct`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direct {
+    /// Posted: its completion comes back from [`ForeignQueuePair::poll`].
+    Posted,
+    /// Not a request for the direct path now (another class, something
+    /// of the queue pair waits, no room, a rate limit): give it to
+    /// [`ForeignQueuePair::post`].
+    Engine,
+    /// The provider refused it with this `errno`; nothing was posted.
+    Refused(c_int),
+}
+
+/// A request posted directly, until its completion.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    wr_id: u64,
+    signaled: bool,
+    opcode: u32,
+    len: u32,
+}
+
+/// The `ibv_wc_opcode` of a send opcode the engine serves, if it is one.
+fn wc_opcode_of(opcode: u32) -> Option<u32> {
+    use ffi::ibv_wc_opcode as c;
+    use ffi::ibv_wr_opcode as o;
+    Some(match opcode {
+        o::IBV_WR_RDMA_WRITE | o::IBV_WR_RDMA_WRITE_WITH_IMM => c::IBV_WC_RDMA_WRITE,
+        o::IBV_WR_SEND | o::IBV_WR_SEND_WITH_IMM => c::IBV_WC_SEND,
+        o::IBV_WR_RDMA_READ => c::IBV_WC_RDMA_READ,
+        o::IBV_WR_ATOMIC_FETCH_AND_ADD => c::IBV_WC_FETCH_ADD,
+        o::IBV_WR_ATOMIC_CMP_AND_SWP => c::IBV_WC_COMP_SWAP,
+        _ => return None,
+    })
 }
 
 /// Where a foreign request's local bytes are.
@@ -371,7 +418,21 @@ impl Sink for ForeignSink {
 /// docs](self)).
 pub struct ForeignQueuePair {
     inner: Scheduled<ForeignSink, DefaultScheduler>,
+    /// Requests posted directly, oldest first, until their completions.
+    sent: std::collections::VecDeque<Sent>,
+    /// Direct requests finished, to give back at the next poll.
+    direct_done: Vec<ForeignDone>,
+    /// Numbers the direct requests (their `wr_id`s' low bits).
+    direct_seq: u64,
+    /// The provider's queue pair and `post_send` (for direct requests).
+    qp: *mut ffi::ibv_qp,
+    post_send: PostSendFn,
+    tenant: Option<TenantHandle>,
 }
+
+// SAFETY: as for `ForeignSink`: the provider allows posting from any
+// thread, and one thread at a time holds this.
+unsafe impl Send for ForeignQueuePair {}
 
 impl std::fmt::Debug for ForeignQueuePair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -405,13 +466,19 @@ impl ForeignQueuePair {
             qpn,
             post_send,
             books: Books::new(max_send_wr.max(1), 0),
-            handle: tenant,
+            handle: tenant.clone(),
             inbox: Vec::new(),
             posted: 0,
         };
         let sched = solo_scheduler(&config)?;
         Ok(ForeignQueuePair {
             inner: Scheduled::solo(sink, config, sched)?,
+            sent: std::collections::VecDeque::new(),
+            direct_done: Vec::new(),
+            direct_seq: 0,
+            qp,
+            post_send,
+            tenant,
         })
     }
 
@@ -420,9 +487,83 @@ impl ForeignQueuePair {
         self.inner.qpn
     }
 
-    /// Requests accepted and not yet given back by [`poll`](Self::poll).
+    /// Requests accepted and not yet given back by [`poll`](Self::poll),
+    /// those posted directly included.
     pub fn queued(&self) -> usize {
+        self.inner.queued() + self.sent.len() + self.direct_done.len()
+    }
+
+    /// Requests waiting in the engine (not those posted directly, which
+    /// need nothing more than their completions).
+    pub fn waiting(&self) -> usize {
         self.inner.queued()
+    }
+
+    /// Posts the program's request `wr` (one; its `next` is not followed)
+    /// straight to the provider if it may go now without the engine: the
+    /// tenant is of the latency class, nothing of this queue pair waits in
+    /// the engine, the send queue has room, the request is one the engine
+    /// serves and the tenant's shared rates admit it now. The request is
+    /// posted as the program wrote it, its `wr_id` marked ([`is_piece`])
+    /// and its completion asked for; `signaled` says whether the program
+    /// asked for it. Its bytes count as posted in the tenant's usage.
+    ///
+    /// # Safety
+    /// As `ibv_post_send` for `wr`: a valid work request whose memory stays
+    /// registered until its completion.
+    pub unsafe fn post_direct(&mut self, wr: &ffi::ibv_send_wr, signaled: bool) -> Direct {
+        let Some(tenant) = &self.tenant else {
+            return Direct::Engine;
+        };
+        if tenant.class() != mtrdma_core::TrafficClass::Latency || self.inner.queued() > 0 {
+            return Direct::Engine;
+        }
+        let Some(opcode) = wc_opcode_of(wr.opcode) else {
+            return Direct::Engine;
+        };
+        let room = self.inner.with_sink(|s| s.send_room());
+        if room == 0 || wr.num_sge < 0 {
+            return Direct::Engine;
+        }
+        let n = wr.num_sge as usize;
+        let sges: &[ffi::ibv_sge] = if n == 0 {
+            &[]
+        } else {
+            // SAFETY: the caller's promise: `num_sge` valid entries.
+            unsafe { std::slice::from_raw_parts(wr.sg_list, n) }
+        };
+        let len: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+        let Ok(len32) = u32::try_from(len) else {
+            return Direct::Engine;
+        };
+        if tenant.check_rate(tenant.now_ns(), len, 1).is_err() {
+            return Direct::Engine;
+        }
+        let seq = self.direct_seq;
+        let mut one = *wr;
+        one.next = std::ptr::null_mut();
+        one.wr_id = PIECE_TAG | (seq & 0xffff_ffff);
+        one.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the caller's promise for the request; the queue pair is
+        // live while this value is.
+        let rc = unsafe { (self.post_send)(self.qp, &mut one, &mut bad) };
+        if rc != 0 {
+            return Direct::Refused(rc);
+        }
+        self.direct_seq = seq.wrapping_add(1);
+        self.inner.with_sink(|s| {
+            s.books.sends_in_flight += 1;
+            s.posted += 1;
+        });
+        tenant.record_posted(len, 1);
+        self.sent.push_back(Sent {
+            wr_id: wr.wr_id,
+            signaled,
+            opcode,
+            len: len32,
+        });
+        Direct::Posted
     }
 
     /// Work requests posted to the device so far (a request split in
@@ -501,7 +642,24 @@ impl ForeignQueuePair {
     /// Hands over the completion of one of this queue pair's pieces
     /// (`wr_id` and `ibv_wc_status` as polled; see [`is_piece`]).
     pub fn deliver(&mut self, wr_id: u64, status: u32) {
-        self.inner.with_sink(|s| s.inbox.push((wr_id, status)));
+        if wr_id & ENGINE_BITS != 0 {
+            self.inner.with_sink(|s| s.inbox.push((wr_id, status)));
+            return;
+        }
+        // A direct request: they complete in the order they were posted.
+        let Some(sent) = self.sent.pop_front() else {
+            return;
+        };
+        self.inner
+            .with_sink(|s| s.books.sends_in_flight = s.books.sends_in_flight.saturating_sub(1));
+        self.direct_done.push(ForeignDone {
+            wr_id: sent.wr_id,
+            status,
+            opcode: sent.opcode,
+            byte_len: sent.len,
+            signaled: sent.signaled,
+            inline: None,
+        });
     }
 
     /// Matches the completions handed over, lets the engine post what it
@@ -511,7 +669,11 @@ impl ForeignQueuePair {
     /// None today (the sink's poll cannot fail); kept for the engine's
     /// signature.
     pub fn poll(&mut self, out: &mut Vec<ForeignDone>) -> Result<usize, Error> {
-        self.inner.poll(out)
+        // Direct requests were posted while nothing waited in the engine:
+        // they finish before anything the engine holds now.
+        let direct = self.direct_done.len();
+        out.append(&mut self.direct_done);
+        Ok(direct + self.inner.poll(out)?)
     }
 
     /// When the engine wants to be polled again although no completion
@@ -756,5 +918,98 @@ mod tests {
         let ids: Vec<_> = done.iter().map(|d| (d.wr_id, d.byte_len)).collect();
         assert_eq!(ids, [(5, 16), (6, 9000)]);
         assert_eq!(done[0].inline.as_deref(), Some(&b"sixteen bytes!!!"[..]));
+    }
+
+    fn tenant(class: &str) -> TenantHandle {
+        let policy = mtrdma_core::Policy::from_toml_str(&format!(
+            "[link]\ncapacity = \"100Gbit\"\n[[tenant]]\nid = 1\nname = \"t\"\nclass = \"{class}\"\n"
+        ))
+        .unwrap();
+        mtrdma_core::QuotaTable::embedded(&policy)
+            .unwrap()
+            .attach(TenantId(1))
+            .unwrap()
+    }
+
+    fn fake_for(handle: TenantHandle) -> Fake {
+        // SAFETY: all-zero is a valid `ibv_qp` (only `qp_num` is read).
+        let mut qp: Box<ffi::ibv_qp> = Box::new(unsafe { MaybeUninit::zeroed().assume_init() });
+        qp.qp_num = 78;
+        let config = ScheduleConfig {
+            chunk_bytes: 4096,
+            ..ScheduleConfig::default()
+        };
+        // SAFETY: as in `fake`.
+        let fq =
+            unsafe { ForeignQueuePair::new(&mut *qp, fake_post, 4, Some(handle), config) }.unwrap();
+        Fake { _qp: qp, fq }
+    }
+
+    fn raw_write(wr_id: u64, sge: &mut ffi::ibv_sge) -> ffi::ibv_send_wr {
+        // SAFETY: all-zero is a valid work request.
+        let mut wr: ffi::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
+        wr.wr_id = wr_id;
+        wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+        wr.sg_list = sge;
+        wr.num_sge = 1;
+        wr
+    }
+
+    #[test]
+    fn a_latency_request_with_nothing_ahead_goes_direct_and_keeps_its_place() {
+        let handle = tenant("latency");
+        let mut f = fake_for(handle.clone());
+        let mut sge = ffi::ibv_sge {
+            addr: 0x1000,
+            length: 16,
+            lkey: 3,
+        };
+        let wr = raw_write(11, &mut sge);
+        // SAFETY: the fake provider reads no memory.
+        assert_eq!(unsafe { f.fq.post_direct(&wr, false) }, Direct::Posted);
+        let posted = seen();
+        assert_eq!(posted.len(), 1);
+        assert!(is_piece(posted[0].wr_id) && posted[0].wr_id & ENGINE_BITS == 0);
+        use ffi::ibv_send_flags as fl;
+        assert_ne!(
+            posted[0].flags & fl::IBV_SEND_SIGNALED.0,
+            0,
+            "its completion is asked for"
+        );
+        assert_eq!(f.fq.queued(), 1);
+        // A long one behind it goes through the engine, and after it.
+        let big = ffi::ibv_sge {
+            addr: 0x10_000,
+            length: 9000,
+            lkey: 3,
+        };
+        // SAFETY: as above.
+        unsafe { f.fq.post(write(12, Local::Sge(big), true)) }.unwrap();
+        let wr13 = raw_write(13, &mut sge);
+        // SAFETY: as above.
+        let behind = unsafe { f.fq.post_direct(&wr13, true) };
+        assert_eq!(
+            behind,
+            Direct::Engine,
+            "not while something waits in the engine"
+        );
+        f.fq.deliver(posted[0].wr_id, 0);
+        let (_, done) = complete_all(&mut f, 0);
+        let ids: Vec<_> = done
+            .iter()
+            .map(|d| (d.wr_id, d.signaled, d.byte_len))
+            .collect();
+        assert_eq!(ids, [(11, false, 16), (12, true, 9000)]);
+        assert_eq!(f.fq.queued(), 0);
+        let usage = handle.table().usage().unwrap();
+        assert_eq!(
+            usage[0].wrs_posted, 4,
+            "one direct request and three pieces"
+        );
+
+        let bulk = tenant("bulk");
+        let mut f = fake_for(bulk);
+        // SAFETY: as above.
+        assert_eq!(unsafe { f.fq.post_direct(&wr, true) }, Direct::Engine);
     }
 }

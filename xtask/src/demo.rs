@@ -27,6 +27,8 @@ use crate::{deps, link, proc, vm};
 const LAT_ITERS: u32 = 20_000;
 const BW_ITERS: u32 = 2_000;
 const BW_SIZE: u32 = 65_536;
+/// Rounds of plain and preloaded perftest, in turn (medians reported).
+const PRELOAD_ROUNDS: u32 = 3;
 
 /// The fastest link the demo chooses by itself (`--link auto`, the
 /// default): half of what rxe carries unshaped in the same boot, at most
@@ -71,6 +73,8 @@ pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
         "--example",
         "coordinator",
     ]))?;
+    // Unmodified perftest programs as tenants (the link's hogs scenario).
+    proc::check(proc::cargo().args(["build", "--release", "-p", "mtrdma-preload"]))?;
     let examples = proc::target_dir().join("release/examples");
     let out = proc::target_dir().join("demo");
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
@@ -80,17 +84,19 @@ pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
         q(&examples.join("isolation")),
         q(&out),
     );
-    // perftest needs a server and a client; both run here, over localhost.
-    let perftest = |tool: &str, args: &str, file: &str| {
+    // perftest needs a server and a client; both run here, over localhost,
+    // both with the environment `env` (empty, or the preload library).
+    let perftest_env = |env: &str, tool: &str, args: &str, file: &str| {
         format!(
-            "echo '== {tool} {args} (perftest, alone) =='\n\
-             {tool} -d rxe0 -x 1 {args} > \"$TMPDIR/{file}.server\" 2>&1 &\n\
+            "echo '== {env}{tool} {args} (perftest, alone) =='\n\
+             {env}{tool} -d rxe0 -x 1 {args} > \"$TMPDIR/{file}.server\" 2>&1 &\n\
              sleep 1\n\
-             {tool} -d rxe0 -x 1 {args} localhost > {dir}/{file}.txt 2>&1 || status=1\n\
+             {env}{tool} -d rxe0 -x 1 {args} localhost > {dir}/{file}.txt 2>&1 || status=1\n\
              wait\n\
              cat {dir}/{file}.txt\n"
         )
     };
+    let perftest = |tool: &str, args: &str, file: &str| perftest_env("", tool, args, file);
     let ours = |args: &str, file: &str| {
         format!(
             "echo '== perf {args} =='\n\
@@ -120,6 +126,36 @@ pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
         &format!("--test write_bw {bw} --path mtrdma --pieces 128"),
         "perf_write_bw_mtrdma",
     ));
+    // Unmodified perftest under the preload library, one tenant alone:
+    // plain and preloaded in turn, the latency test as a latency tenant,
+    // the bandwidth test as a bulk one.
+    let preload = q(&proc::target_dir().join("release/libmtrdma_preload.so"));
+    for (class, file) in [("latency", "preload-latency"), ("bulk", "preload-bulk")] {
+        let _ = writeln!(
+            script,
+            "printf '[link]\\ncapacity = \"100Gbit\"\\n[[tenant]]\\nid = 1\\nname = \"t\"\\nclass = \"{class}\"\\n' > \"$TMPDIR/{file}.toml\""
+        );
+    }
+    for round in 1..=PRELOAD_ROUNDS {
+        for (tool, args, class) in [
+            ("ib_write_lat", &lat, "latency"),
+            ("ib_write_bw", &bw, "bulk"),
+        ] {
+            script.push_str(&perftest(
+                tool,
+                args,
+                &format!("preload_{tool}_plain_{round}"),
+            ));
+            let env =
+                format!("LD_PRELOAD={preload} MTRDMA_POLICY=\"$TMPDIR/preload-{class}.toml\" ");
+            script.push_str(&perftest_env(
+                &env,
+                tool,
+                args,
+                &format!("preload_{tool}_lib_{round}"),
+            ));
+        }
+    }
     script.push_str(
         "echo '== the link: what rxe carries unshaped, and the rate it is shaped to =='\n",
     );
@@ -208,7 +244,79 @@ fn reference(out: &Path) -> Result<String> {
         "targets: mtrdma latency within 5% of ib_write_lat (ratio <= 1.05), \
          bandwidth at least 95% of ib_write_bw (ratio >= 0.95)\n",
     );
+    s.push_str(&preload_reference(&read));
     Ok(s)
+}
+
+/// Unmodified perftest with and without the preload library: medians of
+/// the rounds run in turn.
+fn preload_reference(read: &dyn Fn(&str) -> Option<Vec<f64>>) -> String {
+    let median = |mut v: Vec<f64>| -> Option<f64> {
+        v.sort_by(f64::total_cmp);
+        (!v.is_empty()).then(|| v[v.len() / 2])
+    };
+    let runs = |tool: &str, way: &str, col: usize| -> Vec<f64> {
+        (1..=PRELOAD_ROUNDS)
+            .filter_map(|r| read(&format!("preload_{tool}_{way}_{r}")))
+            .filter_map(|row| row.get(col).copied())
+            .collect()
+    };
+    let mut s = format!(
+        "\nunmodified perftest under the preload library (libmtrdma_preload.so), one tenant alone: \
+         {PRELOAD_ROUNDS} rounds, plain and preloaded in turn, medians\n"
+    );
+    let _ = writeln!(
+        s,
+        "{:<34} {:>12} {:>12} {:>10}  each round (plain / preloaded)",
+        "test", "plain", "preloaded", "ratio"
+    );
+    let cases = [
+        (
+            "ib_write_lat",
+            "write_lat 16 B t_typical (us)",
+            4,
+            "latency tenant",
+            1.15,
+            false,
+        ),
+        (
+            "ib_write_bw",
+            "write_bw 64 KiB BW average (MB/s)",
+            3,
+            "bulk tenant",
+            0.95,
+            true,
+        ),
+    ];
+    for (tool, name, col, who, target, at_least) in cases {
+        let (plain, lib) = (runs(tool, "plain", col), runs(tool, "lib", col));
+        let pairs: Vec<String> = plain
+            .iter()
+            .zip(&lib)
+            .map(|(p, l)| format!("{p:.2}/{l:.2}"))
+            .collect();
+        let (mp, ml) = (median(plain), median(lib));
+        let ratio = match (mp, ml) {
+            (Some(p), Some(l)) if p > 0.0 => Some(l / p),
+            _ => None,
+        };
+        let verdict = match ratio {
+            Some(r) if (at_least && r >= target) || (!at_least && r <= target) => "met",
+            Some(_) => "NOT met",
+            None => "missing",
+        };
+        let cell = |x: Option<f64>| x.map_or_else(|| "missing".to_string(), |x| format!("{x:.2}"));
+        let _ = writeln!(
+            s,
+            "{name:<34} {:>12} {:>12} {:>10}  {}  ({who}; target {} {target}: {verdict})",
+            cell(mp),
+            cell(ml),
+            ratio.map_or_else(|| "-".to_string(), |r| format!("{r:.3}")),
+            pairs.join(" "),
+            if at_least { ">=" } else { "<=" },
+        );
+    }
+    s
 }
 
 fn row(s: &mut String, name: &str, runs: &[Option<Vec<f64>>; 3], col: usize) {
@@ -234,6 +342,33 @@ fn row(s: &mut String, name: &str, runs: &[Option<Vec<f64>>; 3], col: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_preload_table_takes_medians_of_rounds_in_turn() {
+        let read = |file: &str| -> Option<Vec<f64>> {
+            let round: f64 = file.rsplit('_').next()?.parse().ok()?;
+            let lib = file.contains("_lib_");
+            if file.starts_with("preload_ib_write_lat") {
+                // t_typical in column 4: plain 10, 11, 12; preloaded 11, 12, 30.
+                let t = if lib {
+                    [11.0, 12.0, 30.0]
+                } else {
+                    [10.0, 11.0, 12.0]
+                };
+                Some(vec![16.0, 1.0, 0.0, 0.0, t[round as usize - 1]])
+            } else {
+                // Bandwidth in column 3: plain 60, 62, 64; preloaded 58.
+                let b = if lib { 58.0 } else { 58.0 + 2.0 * round };
+                Some(vec![65536.0, 1.0, 0.0, b, 0.0])
+            }
+        };
+        let s = preload_reference(&read);
+        assert!(s.contains("11.00        12.00      1.091"), "{s}");
+        assert!(s.contains("target <= 1.15: met"), "{s}");
+        assert!(s.contains("62.00        58.00      0.935"), "{s}");
+        assert!(s.contains("target >= 0.95: NOT met"), "{s}");
+        assert!(s.contains("10.00/11.00 11.00/12.00 12.00/30.00"), "{s}");
+    }
 
     #[test]
     fn reads_perftest_result_rows() {
