@@ -516,7 +516,7 @@ pub(crate) fn submit(q: &Qp, inner: &mut QpInner, req: ForeignSend) -> Result<()
 /// # Safety
 /// As `ibv_post_send` for `wr`.
 unsafe fn pass_through(q: &Qp, inner: &QpInner, wr: &sys::ibv_send_wr) -> c_int {
-    if inner.fq.waiting() > 0 {
+    if inner.fq.unposted() {
         say_once(
             &format!("opcode:{}", wr.opcode),
             &format!(
@@ -562,7 +562,10 @@ pub(crate) unsafe extern "C" fn post_send(
             } else {
                 // SAFETY: as above.
                 match unsafe { inner.fq.post_direct(w, signaled) } {
-                    Direct::Posted => 0,
+                    Direct::Posted => {
+                        SENDS.fetch_add(1, Ordering::Relaxed);
+                        0
+                    }
                     Direct::Refused(rc) => rc,
                     // SAFETY: as above.
                     Direct::Engine => match unsafe { request(&q, w, &mut inner.spare) } {
@@ -632,7 +635,7 @@ fn pump(c: &mut CqInner, pieces: bool) {
         }
         let mut inner = lock(&q.inner);
         let _ = inner.fq.poll(done);
-        q.waiting.store(inner.fq.waiting() > 0, Ordering::Relaxed);
+        q.waiting.store(inner.fq.unposted(), Ordering::Relaxed);
         for d in done.drain(..) {
             if d.signaled || d.status != 0 {
                 held.push_back(wc_of(&d, q.qpn));

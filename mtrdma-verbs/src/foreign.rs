@@ -20,12 +20,17 @@
 //! with the program's `wr_id`, after all its pieces, in the order they
 //! were posted.
 //!
-//! A latency-class request that finds nothing of its queue pair waiting in
-//! the engine, room in the send queue and its tenant's rates willing goes
-//! to the NIC at once, as the engine's own fast path sends it, but without
-//! its books ([`ForeignQueuePair::post_direct`]): the program's work
-//! request is posted as it is, only its `wr_id` marked and its completion
-//! asked for.
+//! A latency-class request (or, without a delay window, a request of one
+//! piece) that finds nothing of its queue pair waiting in the engine, room
+//! in the send queue and its tenant's rates willing goes to the NIC at
+//! once, as the engine's own fast path sends it, but without its books ([`ForeignQueuePair::post_direct`]): the program's work
+//! request is posted as it is, only its `wr_id` marked.
+//!
+//! The program's own unsignaled requests, sent whole, go unsignaled too
+//! (a few in a row at most: a quarter of the pieces the queue pair may
+//! have in the device): on RC a later completion reports every request
+//! posted before it, so the device writes one completion where the
+//! program asked for one, not one per request.
 
 use std::ffi::c_int;
 use std::io;
@@ -64,6 +69,7 @@ pub fn is_piece(wr_id: u64) -> bool {
 
 /// The engine's own `wr_id`s set one of these bits; a piece with neither
 /// is a request posted directly ([`ForeignQueuePair::post_direct`]).
+#[cfg(test)]
 const ENGINE_BITS: u64 = 0b11 << 62;
 
 /// What [`ForeignQueuePair::post_direct`] did.
@@ -86,6 +92,14 @@ struct Sent {
     signaled: bool,
     opcode: u32,
     len: u32,
+}
+
+/// A work request in the device, oldest first: a piece of the engine
+/// (its tagged `wr_id`), or a request posted directly.
+#[derive(Debug, Clone, Copy)]
+struct Posted {
+    wr_id: u64,
+    direct: Option<Sent>,
 }
 
 /// The `ibv_wc_opcode` of a send opcode the engine serves, if it is one.
@@ -304,14 +318,17 @@ impl Region for ForeignBuf {
         if last {
             flags |= self.flags & f::IBV_SEND_SOLICITED.0;
         }
+        let quiet = !self.signaled && first && last;
         match &self.local {
             Local::List(list) if list.len() > 1 => Extra {
                 flags,
                 sg_list: list.as_ptr() as usize,
                 num_sge: i32::try_from(list.len()).unwrap_or(i32::MAX),
+                quiet,
             },
             _ => Extra {
                 flags,
+                quiet,
                 ..Extra::default()
             },
         }
@@ -330,6 +347,77 @@ struct ForeignSink {
     inbox: Vec<(u64, u32)>,
     /// Work requests posted.
     posted: u64,
+    /// Every work request in the device, oldest first: a completion
+    /// reports the unsignaled ones before it too.
+    fifo: std::collections::VecDeque<Posted>,
+    /// Unsignaled work requests posted since the last signaled one.
+    run: u32,
+    /// The most in a row.
+    quiet_limit: u32,
+    /// Requests posted directly, in the device.
+    direct_out: usize,
+    /// Direct requests finished, to give back at the next poll.
+    direct_done: Vec<ForeignDone>,
+}
+
+impl ForeignSink {
+    /// Posts `wr` (its `wr_id` already marked), unsignaled if it asks to
+    /// be and the run of unsignaled ones allows; remembers it in the FIFO.
+    /// The provider's `errno` if it refuses.
+    fn post_marked(&mut self, wr: &mut ffi::ibv_send_wr, direct: Option<Sent>) -> c_int {
+        let signaled = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let quiet = wr.send_flags & signaled == 0 && self.run < self.quiet_limit;
+        if !quiet {
+            wr.send_flags |= signaled;
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the queue pair is live while the program has not
+        // destroyed it (the shim drops this first); `wr` and its scatter
+        // list outlive the call; the caller keeps the memory valid.
+        let rc = unsafe { (self.post_send)(self.qp, wr, &mut bad) };
+        if rc == 0 {
+            self.run = if quiet { self.run + 1 } else { 0 };
+            self.posted += 1;
+            self.direct_out += usize::from(direct.is_some());
+            self.fifo.push_back(Posted {
+                wr_id: wr.wr_id,
+                direct,
+            });
+        }
+        rc
+    }
+
+    /// The completion of the work request marked `wr_id`, with `status`:
+    /// it and every unsignaled one before it are done (those before it
+    /// succeeded: RC completes in order, and a failure reports itself).
+    fn deliver(&mut self, wr_id: u64, status: u32) {
+        let Some(at) = self.fifo.iter().position(|p| p.wr_id == wr_id) else {
+            tracing::error!(wr_id, "a completion for no work request in the device");
+            return;
+        };
+        for (i, p) in self.fifo.drain(..=at).enumerate() {
+            let st = if i == at {
+                status
+            } else {
+                ffi::ibv_wc_status::IBV_WC_SUCCESS
+            };
+            match p.direct {
+                None => self.inbox.push((p.wr_id, st)),
+                Some(sent) => {
+                    self.direct_out -= 1;
+                    self.books.sends_in_flight = self.books.sends_in_flight.saturating_sub(1);
+                    self.direct_done.push(ForeignDone {
+                        wr_id: sent.wr_id,
+                        status: st,
+                        opcode: sent.opcode,
+                        byte_len: sent.len,
+                        signaled: sent.signaled,
+                        inline: None,
+                    });
+                }
+            }
+        }
+    }
 }
 
 // SAFETY: the queue pair is the provider's; libibverbs allows posting to
@@ -353,14 +441,10 @@ impl Sink for ForeignSink {
     }
 
     unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
+        let engine_id = wr.wr_id;
         wr.wr_id |= PIECE_TAG;
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: the queue pair is live while the program has not
-        // destroyed it (the shim drops this first); `wr` and its scatter
-        // list outlive the call; the caller keeps the memory valid.
-        let rc = unsafe { (self.post_send)(self.qp, wr, &mut bad) };
-        wr.wr_id &= !TAG_MASK;
-        self.posted += u64::from(rc == 0);
+        let rc = self.post_marked(wr, None);
+        wr.wr_id = engine_id;
         if rc != 0 {
             return Err(Error::Verbs {
                 call: "ibv_post_send",
@@ -418,21 +502,14 @@ impl Sink for ForeignSink {
 /// docs](self)).
 pub struct ForeignQueuePair {
     inner: Scheduled<ForeignSink, DefaultScheduler>,
-    /// Requests posted directly, oldest first, until their completions.
-    sent: std::collections::VecDeque<Sent>,
-    /// Direct requests finished, to give back at the next poll.
-    direct_done: Vec<ForeignDone>,
     /// Numbers the direct requests (their `wr_id`s' low bits).
     direct_seq: u64,
-    /// The provider's queue pair and `post_send` (for direct requests).
-    qp: *mut ffi::ibv_qp,
-    post_send: PostSendFn,
     tenant: Option<TenantHandle>,
+    /// For a queue pair without a window: its piece size and the pieces
+    /// it may have in the device (a bulk request of one piece may then go
+    /// direct).
+    bulk_direct: Option<(u64, usize)>,
 }
-
-// SAFETY: as for `ForeignSink`: the provider allows posting from any
-// thread, and one thread at a time holds this.
-unsafe impl Send for ForeignQueuePair {}
 
 impl std::fmt::Debug for ForeignQueuePair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -469,16 +546,22 @@ impl ForeignQueuePair {
             handle: tenant.clone(),
             inbox: Vec::new(),
             posted: 0,
+            fifo: std::collections::VecDeque::new(),
+            run: 0,
+            quiet_limit: (config.max_pieces_in_flight.min(max_send_wr) / 4).max(1),
+            direct_out: 0,
+            direct_done: Vec::new(),
         };
         let sched = solo_scheduler(&config)?;
+        let bulk_direct = config
+            .window
+            .is_none()
+            .then_some((config.chunk_bytes, config.max_pieces_in_flight as usize));
         Ok(ForeignQueuePair {
             inner: Scheduled::solo(sink, config, sched)?,
-            sent: std::collections::VecDeque::new(),
-            direct_done: Vec::new(),
             direct_seq: 0,
-            qp,
-            post_send,
             tenant,
+            bulk_direct,
         })
     }
 
@@ -490,20 +573,26 @@ impl ForeignQueuePair {
     /// Requests accepted and not yet given back by [`poll`](Self::poll),
     /// those posted directly included.
     pub fn queued(&self) -> usize {
-        self.inner.queued() + self.sent.len() + self.direct_done.len()
+        let direct = self
+            .inner
+            .with_sink_ref(|s| s.direct_out + s.direct_done.len());
+        self.inner.queued() + direct
     }
 
-    /// Requests waiting in the engine (not those posted directly, which
-    /// need nothing more than their completions).
-    pub fn waiting(&self) -> usize {
-        self.inner.queued()
+    /// Whether bytes the program posted are not yet in the device (held by
+    /// its window, its rates or the queue pair's room): only those need
+    /// someone to poll for them.
+    pub fn unposted(&self) -> bool {
+        self.inner.unposted()
     }
 
     /// Posts the program's request `wr` (one; its `next` is not followed)
-    /// straight to the provider if it may go now without the engine: the
-    /// tenant is of the latency class, nothing of this queue pair waits in
-    /// the engine, the send queue has room, the request is one the engine
-    /// serves and the tenant's shared rates admit it now. The request is
+    /// straight to the provider if it may go now as the engine's fast path
+    /// would send it: nothing of this queue pair waits in the engine, the
+    /// send queue has room, the request is one the engine serves, the
+    /// tenant is of the latency class (or, without a window, the request
+    /// is one piece and the queue pair has fewer than its pieces in the
+    /// device), and the tenant's shared rates admit it now. The request is
     /// posted as the program wrote it, its `wr_id` marked ([`is_piece`])
     /// and its completion asked for; `signaled` says whether the program
     /// asked for it. Its bytes count as posted in the tenant's usage.
@@ -515,13 +604,13 @@ impl ForeignQueuePair {
         let Some(tenant) = &self.tenant else {
             return Direct::Engine;
         };
-        if tenant.class() != mtrdma_core::TrafficClass::Latency || self.inner.queued() > 0 {
+        if self.inner.queued() > 0 {
             return Direct::Engine;
         }
         let Some(opcode) = wc_opcode_of(wr.opcode) else {
             return Direct::Engine;
         };
-        let room = self.inner.with_sink(|s| s.send_room());
+        let (room, in_device) = self.inner.with_sink(|s| (s.send_room(), s.fifo.len()));
         if room == 0 || wr.num_sge < 0 {
             return Direct::Engine;
         }
@@ -536,6 +625,15 @@ impl ForeignQueuePair {
         let Ok(len32) = u32::try_from(len) else {
             return Direct::Engine;
         };
+        // A latency request goes whatever its size; a bulk one only as one
+        // piece, without a window, within the pieces the queue pair may
+        // have in the device.
+        let whole_bulk = self
+            .bulk_direct
+            .is_some_and(|(chunk, pieces)| len <= chunk && in_device < pieces);
+        if tenant.class() != mtrdma_core::TrafficClass::Latency && !whole_bulk {
+            return Direct::Engine;
+        }
         if tenant.check_rate(tenant.now_ns(), len, 1).is_err() {
             return Direct::Engine;
         }
@@ -543,33 +641,36 @@ impl ForeignQueuePair {
         let mut one = *wr;
         one.next = std::ptr::null_mut();
         one.wr_id = PIECE_TAG | (seq & 0xffff_ffff);
-        one.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: the caller's promise for the request; the queue pair is
-        // live while this value is.
-        let rc = unsafe { (self.post_send)(self.qp, &mut one, &mut bad) };
-        if rc != 0 {
-            return Direct::Refused(rc);
+        if signaled {
+            one.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        } else {
+            one.send_flags &= !ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
-        self.direct_seq = seq.wrapping_add(1);
-        self.inner.with_sink(|s| {
-            s.books.sends_in_flight += 1;
-            s.posted += 1;
-        });
-        tenant.record_posted(len, 1);
-        self.sent.push_back(Sent {
+        let sent = Sent {
             wr_id: wr.wr_id,
             signaled,
             opcode,
             len: len32,
+        };
+        let rc = self.inner.with_sink(|s| {
+            let rc = s.post_marked(&mut one, Some(sent));
+            if rc == 0 {
+                s.books.sends_in_flight += 1;
+            }
+            rc
         });
+        if rc != 0 {
+            return Direct::Refused(rc);
+        }
+        self.direct_seq = seq.wrapping_add(1);
+        tenant.record_posted(len, 1);
         Direct::Posted
     }
 
     /// Work requests posted to the device so far (a request split in
     /// pieces counts each).
-    pub fn posted(&mut self) -> u64 {
-        self.inner.with_sink(|s| s.posted)
+    pub fn posted(&self) -> u64 {
+        self.inner.with_sink_ref(|s| s.posted)
     }
 
     /// Takes a request. Refused requests come back with the error
@@ -642,24 +743,7 @@ impl ForeignQueuePair {
     /// Hands over the completion of one of this queue pair's pieces
     /// (`wr_id` and `ibv_wc_status` as polled; see [`is_piece`]).
     pub fn deliver(&mut self, wr_id: u64, status: u32) {
-        if wr_id & ENGINE_BITS != 0 {
-            self.inner.with_sink(|s| s.inbox.push((wr_id, status)));
-            return;
-        }
-        // A direct request: they complete in the order they were posted.
-        let Some(sent) = self.sent.pop_front() else {
-            return;
-        };
-        self.inner
-            .with_sink(|s| s.books.sends_in_flight = s.books.sends_in_flight.saturating_sub(1));
-        self.direct_done.push(ForeignDone {
-            wr_id: sent.wr_id,
-            status,
-            opcode: sent.opcode,
-            byte_len: sent.len,
-            signaled: sent.signaled,
-            inline: None,
-        });
+        self.inner.with_sink(|s| s.deliver(wr_id, status));
     }
 
     /// Matches the completions handed over, lets the engine post what it
@@ -671,8 +755,11 @@ impl ForeignQueuePair {
     pub fn poll(&mut self, out: &mut Vec<ForeignDone>) -> Result<usize, Error> {
         // Direct requests were posted while nothing waited in the engine:
         // they finish before anything the engine holds now.
-        let direct = self.direct_done.len();
-        out.append(&mut self.direct_done);
+        let direct = self.inner.with_sink(|s| {
+            let n = s.direct_done.len();
+            out.append(&mut s.direct_done);
+            n
+        });
         Ok(direct + self.inner.poll(out)?)
     }
 
@@ -971,10 +1058,10 @@ mod tests {
         assert_eq!(posted.len(), 1);
         assert!(is_piece(posted[0].wr_id) && posted[0].wr_id & ENGINE_BITS == 0);
         use ffi::ibv_send_flags as fl;
-        assert_ne!(
+        assert_eq!(
             posted[0].flags & fl::IBV_SEND_SIGNALED.0,
             0,
-            "its completion is asked for"
+            "unsignaled, as the program posted it"
         );
         assert_eq!(f.fq.queued(), 1);
         // A long one behind it goes through the engine, and after it.
@@ -993,7 +1080,8 @@ mod tests {
             Direct::Engine,
             "not while something waits in the engine"
         );
-        f.fq.deliver(posted[0].wr_id, 0);
+        // The device reports the direct request with the first signaled
+        // completion after it.
         let (_, done) = complete_all(&mut f, 0);
         let ids: Vec<_> = done
             .iter()
@@ -1007,9 +1095,67 @@ mod tests {
             "one direct request and three pieces"
         );
 
-        let bulk = tenant("bulk");
-        let mut f = fake_for(bulk);
+        // A bulk request of one piece goes direct without a window, never
+        // with one; a longer one never.
+        let mut f = fake_for(tenant("bulk"));
         // SAFETY: as above.
-        assert_eq!(unsafe { f.fq.post_direct(&wr, true) }, Direct::Engine);
+        assert_eq!(unsafe { f.fq.post_direct(&wr, true) }, Direct::Posted);
+        let mut long = ffi::ibv_sge {
+            addr: 0x1000,
+            length: 8192,
+            lkey: 3,
+        };
+        let wr_long = raw_write(14, &mut long);
+        // SAFETY: as above.
+        assert_eq!(unsafe { f.fq.post_direct(&wr_long, true) }, Direct::Engine);
+        // SAFETY: all-zero is a valid `ibv_qp`.
+        let mut qp: Box<ffi::ibv_qp> = Box::new(unsafe { MaybeUninit::zeroed().assume_init() });
+        let config = ScheduleConfig {
+            chunk_bytes: 4096,
+            window: Some(mtrdma_sched::DelayWindowConfig::for_piece(4096)),
+            ..ScheduleConfig::default()
+        };
+        // SAFETY: as in `fake`.
+        let mut windowed =
+            unsafe { ForeignQueuePair::new(&mut *qp, fake_post, 4, Some(tenant("bulk")), config) }
+                .unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { windowed.post_direct(&wr, true) }, Direct::Engine);
+        seen();
+    }
+
+    #[test]
+    fn unsignaled_requests_go_unsignaled_a_few_in_a_row_and_complete_with_a_later_one() {
+        let mut f = fake(4096);
+        let sge = |i: u64| ffi::ibv_sge {
+            addr: 0x1000 * (i + 1),
+            length: 64,
+            lkey: 1,
+        };
+        for i in 0..20 {
+            // SAFETY: the fake provider reads no memory of these.
+            unsafe { f.fq.post(write(i, Local::Sge(sge(i)), false)) }.unwrap();
+        }
+        // SAFETY: as above.
+        unsafe { f.fq.post(write(20, Local::Sge(sge(20)), true)) }.unwrap();
+        let posted = seen();
+        assert_eq!(posted.len(), 21);
+        let signaled = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let asked: Vec<usize> = (0..21)
+            .filter(|&i| posted[i].flags & signaled != 0)
+            .collect();
+        // 64 pieces in the device at most, 128 send slots: 16 in a row.
+        assert_eq!(asked, [16, 20]);
+        // The device reports only what asked; each report covers the rest.
+        let mut done = Vec::new();
+        for &i in &asked {
+            f.fq.deliver(posted[i].wr_id, 0);
+            f.fq.poll(&mut done).unwrap();
+        }
+        let ids: Vec<u64> = done.iter().map(|d| d.wr_id).collect();
+        assert_eq!(ids, (0..21).collect::<Vec<_>>());
+        assert!(done.iter().all(|d| d.status == 0));
+        assert_eq!(done.iter().filter(|d| d.signaled).count(), 1);
+        assert_eq!(f.fq.queued(), 0);
     }
 }

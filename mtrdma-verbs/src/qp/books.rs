@@ -53,6 +53,10 @@ pub(crate) struct Extra {
     pub(crate) sg_list: usize,
     /// Its entries.
     pub(crate) num_sge: i32,
+    /// The piece may go without asking for its completion: the sink
+    /// decides (a foreign program's unsignaled request sent whole; a later
+    /// signaled one reports it, RC completing in order).
+    pub(crate) quiet: bool,
 }
 
 /// Where a UD send goes: the address handle (its address; the request's
@@ -321,7 +325,11 @@ pub(crate) fn send_wr(raw: &RawSend, sge: &mut ffi::ibv_sge) -> ffi::ibv_send_wr
         sg_list: sge,
         num_sge: i32::from(sge.length > 0),
         opcode: raw.opcode,
-        send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 | raw.extra.flags,
+        send_flags: if raw.extra.quiet {
+            raw.extra.flags
+        } else {
+            ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 | raw.extra.flags
+        },
         // SAFETY: all-zero is a valid value of this plain C struct.
         ..unsafe { MaybeUninit::zeroed().assume_init() }
     };

@@ -74,6 +74,20 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         }
     }
 
+    /// Whether bytes accepted are not yet in the device (queued in the
+    /// scheduler, or granted and waiting for room).
+    pub(crate) fn unposted(&self) -> bool {
+        // The backlog is kept for tenants of the quota table; without one,
+        // anything accepted may still be waiting.
+        let of = |m: &Member<S>| {
+            m.backlog > 0 || !m.lane.pending().is_empty() || (m.quota.is_none() && m.accepted > 0)
+        };
+        match &self.way {
+            Way::Solo(solo) => of(solo.engine.member(solo.member)),
+            Way::Attached(a) => of(lock(&a.engine).member(a.member)),
+        }
+    }
+
     /// See [`ScheduledQueuePair::window`].
     pub(crate) fn window(&self) -> Option<WindowState> {
         let state = |m: &Member<S>| {
@@ -91,6 +105,14 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         match &self.way {
             Way::Solo(solo) => state(solo.engine.member(solo.member)),
             Way::Attached(a) => state(lock(&a.engine).member(a.member)),
+        }
+    }
+
+    /// Runs `f` on the queue pair, to read (not on the engine).
+    pub(crate) fn with_sink_ref<R>(&self, f: impl FnOnce(&S) -> R) -> R {
+        match &self.way {
+            Way::Solo(solo) => f(&solo.sink),
+            Way::Attached(a) => f(&lock(&a.side.qp)),
         }
     }
 
