@@ -20,6 +20,7 @@ int main(void)
 
 	SIZE(verbs_context);
 	OFF(verbs_context, create_qp_ex, "CREATE_QP_EX");
+	OFF(verbs_context, create_cq_ex, "CREATE_CQ_EX");
 	OFF(verbs_context, sz, "SZ");
 	OFF(verbs_context, context, "CONTEXT");
 

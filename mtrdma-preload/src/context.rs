@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{PoisonError, RwLock};
 
-use crate::ffi::{self, sys, CreateQpEx, PollCqFn, PostSendFn, ReqNotifyFn};
+use crate::ffi::{self, sys, CreateCqEx, CreateQpEx, PollCqFn, PostSendFn, ReqNotifyFn};
 use crate::guard::{entry, Inside};
 use crate::{control, datapath, ex};
 
@@ -21,6 +21,7 @@ pub(crate) struct Provider {
     pub(crate) poll_cq: PollCqFn,
     pub(crate) req_notify_cq: ReqNotifyFn,
     pub(crate) create_qp_ex: Option<CreateQpEx>,
+    pub(crate) create_cq_ex: Option<CreateCqEx>,
 }
 
 static CONTEXTS: RwLock<Option<HashMap<usize, Provider>>> = RwLock::new(None);
@@ -54,6 +55,7 @@ pub(crate) unsafe fn opened(ctx: *mut sys::ibv_context) {
         poll_cq,
         req_notify_cq,
         create_qp_ex: None,
+        create_cq_ex: None,
     };
     // SAFETY: as above.
     if let Some(slot) = unsafe { ffi::create_qp_ex_slot(ctx) } {
@@ -63,6 +65,15 @@ pub(crate) unsafe fn opened(ctx: *mut sys::ibv_context) {
         if provider.create_qp_ex.is_some() {
             // SAFETY: as above; the same C signature.
             unsafe { slot.write(Some(create_qp_ex)) };
+        }
+    }
+    // SAFETY: as above.
+    if let Some(slot) = unsafe { ffi::create_cq_ex_slot(ctx) } {
+        // SAFETY: as above.
+        provider.create_cq_ex = unsafe { slot.read() };
+        if provider.create_cq_ex.is_some() {
+            // SAFETY: as above; the same C signature.
+            unsafe { slot.write(Some(create_cq_ex)) };
         }
     }
     CONTEXTS
@@ -123,5 +134,30 @@ unsafe extern "C" fn create_qp_ex(
         }
         ffi::set_errno(errno);
         qp
+    })
+}
+
+/// `ibv_create_cq_ex`: the queue is remembered as extended. A program
+/// polls such a queue with `ibv_start_poll` and its kin, through the
+/// queue's own functions, which the library does not take over: a queue
+/// pair whose sends complete there is admitted but not scheduled (see
+/// [`datapath::created`]).
+unsafe extern "C" fn create_cq_ex(
+    ctx: *mut sys::ibv_context,
+    attr: *mut std::ffi::c_void,
+) -> *mut sys::ibv_cq {
+    entry("ibv_create_cq_ex", std::ptr::null_mut(), || {
+        let Some(real) = provider(ctx).and_then(|p| p.create_cq_ex) else {
+            ffi::set_errno(libc::EOPNOTSUPP);
+            return std::ptr::null_mut();
+        };
+        // SAFETY: the provider's function, with the program's arguments.
+        let cq = unsafe { real(ctx, attr) };
+        if !cq.is_null() {
+            let errno = ffi::errno();
+            datapath::extended_cq(cq);
+            ffi::set_errno(errno);
+        }
+        cq
     })
 }

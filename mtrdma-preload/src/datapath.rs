@@ -233,6 +233,22 @@ extern "C" fn report() {
 }
 static CQS: RwLock<Option<ByAddr<Arc<Cq>>>> = RwLock::new(None);
 
+/// Completion queues the program created with `ibv_create_cq_ex`.
+static EXTENDED_CQS: Mutex<Option<ByAddr<()>>> = Mutex::new(None);
+
+/// The program created `cq` with `ibv_create_cq_ex`.
+pub(crate) fn extended_cq(cq: *mut sys::ibv_cq) {
+    lock(&EXTENDED_CQS)
+        .get_or_insert_with(ByAddr::default)
+        .insert(cq as usize, ());
+}
+
+fn is_extended(cq: *mut sys::ibv_cq) -> bool {
+    lock(&EXTENDED_CQS)
+        .as_ref()
+        .is_some_and(|m| m.contains_key(&(cq as usize)))
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -271,6 +287,14 @@ pub(crate) unsafe fn created(
     let Some(provider) = context::provider(ctx) else {
         return;
     };
+    if is_extended(send_cq) {
+        say_once(
+            "cq-ex",
+            "queue pairs whose sends complete on an extended completion queue \
+             (ibv_create_cq_ex, polled with ibv_start_poll) are admitted but not scheduled",
+        );
+        return;
+    }
     use sys::ibv_qp_type as t;
     if ![t::IBV_QPT_RC, t::IBV_QPT_UC, t::IBV_QPT_UD].contains(&qp_type) {
         say_once(
@@ -394,6 +418,10 @@ pub(crate) fn destroying(qp: *mut sys::ibv_qp) {
 pub(crate) fn cq_destroyed(cq: *mut sys::ibv_cq) {
     let mut cqs = CQS.write().unwrap_or_else(PoisonError::into_inner);
     if let Some(m) = cqs.as_mut() {
+        m.remove(&(cq as usize));
+    }
+    drop(cqs);
+    if let Some(m) = lock(&EXTENDED_CQS).as_mut() {
         m.remove(&(cq as usize));
     }
 }

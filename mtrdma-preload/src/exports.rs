@@ -50,6 +50,23 @@ fn admitted<T>(
     object
 }
 
+/// `name`, a registration of `length` bytes through the real function
+/// `pick` finds: admitted against the tenant's region bytes and rate.
+fn registered<F>(
+    name: &str,
+    length: usize,
+    pick: impl FnOnce(&'static Real) -> Option<F>,
+    register: impl FnOnce(F) -> *mut sys::ibv_mr,
+) -> *mut sys::ibv_mr {
+    entry(name, null_mut(), || {
+        let Some(f) = real_or_enosys().and_then(pick) else {
+            ffi::set_errno(libc::ENOSYS);
+            return null_mut();
+        };
+        admitted(|| control::admit_mr(name, length), || register(f))
+    })
+}
+
 /// Destroys an object with `destroy`; on success its permit goes back.
 fn released<T>(object: *mut T, destroy: impl FnOnce() -> c_int) -> c_int {
     let rc = destroy();
@@ -230,16 +247,13 @@ pub unsafe extern "C" fn ibv_reg_mr(
     length: usize,
     access: c_int,
 ) -> *mut sys::ibv_mr {
-    entry("ibv_reg_mr", null_mut(), || {
-        let Some(real) = real_or_enosys() else {
-            return null_mut();
-        };
-        admitted(
-            || control::admit_mr("ibv_reg_mr", length),
-            // SAFETY: the program's arguments, to the real function.
-            || unsafe { (real.reg_mr)(pd, addr, length, access) },
-        )
-    })
+    registered(
+        "ibv_reg_mr",
+        length,
+        |r| Some(r.reg_mr),
+        // SAFETY: the program's arguments, to the real function.
+        |f| unsafe { f(pd, addr, length, access) },
+    )
 }
 
 /// `ibv_reg_mr_iova`, admitted as [`ibv_reg_mr`].
@@ -254,17 +268,13 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
     iova: u64,
     access: c_int,
 ) -> *mut sys::ibv_mr {
-    entry("ibv_reg_mr_iova", null_mut(), || {
-        let Some(f) = real_or_enosys().and_then(|r| r.reg_mr_iova) else {
-            ffi::set_errno(libc::ENOSYS);
-            return null_mut();
-        };
-        admitted(
-            || control::admit_mr("ibv_reg_mr_iova", length),
-            // SAFETY: the program's arguments, to the real function.
-            || unsafe { f(pd, addr, length, iova, access) },
-        )
-    })
+    registered(
+        "ibv_reg_mr_iova",
+        length,
+        |r| r.reg_mr_iova,
+        // SAFETY: the program's arguments, to the real function.
+        |f| unsafe { f(pd, addr, length, iova, access) },
+    )
 }
 
 /// `ibv_reg_mr_iova2` (what the `ibv_reg_mr` macro calls otherwise),
@@ -280,17 +290,13 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     iova: u64,
     access: c_uint,
 ) -> *mut sys::ibv_mr {
-    entry("ibv_reg_mr_iova2", null_mut(), || {
-        let Some(f) = real_or_enosys().and_then(|r| r.reg_mr_iova2) else {
-            ffi::set_errno(libc::ENOSYS);
-            return null_mut();
-        };
-        admitted(
-            || control::admit_mr("ibv_reg_mr_iova2", length),
-            // SAFETY: the program's arguments, to the real function.
-            || unsafe { f(pd, addr, length, iova, access) },
-        )
-    })
+    registered(
+        "ibv_reg_mr_iova2",
+        length,
+        |r| r.reg_mr_iova2,
+        // SAFETY: the program's arguments, to the real function.
+        |f| unsafe { f(pd, addr, length, iova, access) },
+    )
 }
 
 /// `ibv_reg_dmabuf_mr`, admitted as [`ibv_reg_mr`].
@@ -306,17 +312,13 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
     fd: c_int,
     access: c_int,
 ) -> *mut sys::ibv_mr {
-    entry("ibv_reg_dmabuf_mr", null_mut(), || {
-        let Some(f) = real_or_enosys().and_then(|r| r.reg_dmabuf_mr) else {
-            ffi::set_errno(libc::ENOSYS);
-            return null_mut();
-        };
-        admitted(
-            || control::admit_mr("ibv_reg_dmabuf_mr", length),
-            // SAFETY: the program's arguments, to the real function.
-            || unsafe { f(pd, offset, length, iova, fd, access) },
-        )
-    })
+    registered(
+        "ibv_reg_dmabuf_mr",
+        length,
+        |r| r.reg_dmabuf_mr,
+        // SAFETY: the program's arguments, to the real function.
+        |f| unsafe { f(pd, offset, length, iova, fd, access) },
+    )
 }
 
 /// `ibv_rereg_mr`: a new length is admitted before the region changes, and

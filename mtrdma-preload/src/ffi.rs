@@ -224,13 +224,17 @@ pub(crate) type CreateQpEx =
 /// `__VERBS_ABI_IS_EXTENDED`: an `ibv_context` inside a `verbs_context`.
 const VERBS_ABI_IS_EXTENDED: usize = usize::MAX;
 
-/// Where `ctx`'s `verbs_context` keeps its `create_qp_ex`, if it has one
-/// (as `verbs_get_ctx_op` finds it: the structure grows towards lower
-/// addresses, and `sz` says how far it reaches).
+/// `struct verbs_context`'s `create_cq_ex` member (its `ibv_cq_ex` is an
+/// `ibv_cq` at the same address, as `ibv_cq_ex_to_cq` says).
+pub(crate) type CreateCqEx = unsafe extern "C" fn(*mut ibv_context, *mut c_void) -> *mut ibv_cq;
+
+/// Where `ctx`'s `verbs_context` keeps the member `offset` bytes into it,
+/// if it has one (as `verbs_get_ctx_op` finds it: the structure grows
+/// towards lower addresses, and `sz` says how far it reaches).
 ///
 /// # Safety
 /// `ctx` must be a context libibverbs opened and has not closed.
-pub(crate) unsafe fn create_qp_ex_slot(ctx: *mut ibv_context) -> Option<*mut Option<CreateQpEx>> {
+unsafe fn verbs_context_slot<F>(ctx: *mut ibv_context, offset: usize) -> Option<*mut Option<F>> {
     // SAFETY: the caller's `ctx` is a live context; `abi_compat` is a
     // plain field of it.
     let compat = unsafe { (*ctx).abi_compat } as usize;
@@ -238,18 +242,36 @@ pub(crate) unsafe fn create_qp_ex_slot(ctx: *mut ibv_context) -> Option<*mut Opt
         return None;
     }
     let back = c::VERBS_CONTEXT__CONTEXT - c::VERBS_CONTEXT__SZ;
-    let reach = c::VERBS_CONTEXT__CONTEXT - c::VERBS_CONTEXT__CREATE_QP_EX;
+    let reach = c::VERBS_CONTEXT__CONTEXT - offset;
     // SAFETY: an extended context is the last member of a `verbs_context`
     // (the ABI marker just read says so), whose `sz` lies `back` bytes
     // before it.
     let sz = unsafe { ctx.cast::<u8>().sub(back).cast::<usize>().read() };
     // `sz` counts from the first member the provider knows to the end of
     // the context; the slot must lie within it.
-    if sz < c::SIZEOF_VERBS_CONTEXT - c::VERBS_CONTEXT__CREATE_QP_EX {
+    if sz < c::SIZEOF_VERBS_CONTEXT - offset {
         return None;
     }
     // SAFETY: within the `verbs_context`, as `sz` just showed.
-    Some(unsafe { ctx.cast::<u8>().sub(reach).cast::<Option<CreateQpEx>>() })
+    Some(unsafe { ctx.cast::<u8>().sub(reach).cast::<Option<F>>() })
+}
+
+/// Where `ctx`'s `verbs_context` keeps its `create_qp_ex`, if it has one.
+///
+/// # Safety
+/// As [`verbs_context_slot`].
+pub(crate) unsafe fn create_qp_ex_slot(ctx: *mut ibv_context) -> Option<*mut Option<CreateQpEx>> {
+    // SAFETY: the caller's promise.
+    unsafe { verbs_context_slot(ctx, c::VERBS_CONTEXT__CREATE_QP_EX) }
+}
+
+/// Where `ctx`'s `verbs_context` keeps its `create_cq_ex`, if it has one.
+///
+/// # Safety
+/// As [`verbs_context_slot`].
+pub(crate) unsafe fn create_cq_ex_slot(ctx: *mut ibv_context) -> Option<*mut Option<CreateCqEx>> {
+    // SAFETY: the caller's promise.
+    unsafe { verbs_context_slot(ctx, c::VERBS_CONTEXT__CREATE_CQ_EX) }
 }
 
 /// The real libibverbs functions the library wraps.
