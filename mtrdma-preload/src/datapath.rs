@@ -183,30 +183,9 @@ struct CqInner {
     budget: u32,
 }
 
-/// Hashes the address keys of the library's maps with one multiplication
-/// (they are looked up at every post and poll; SipHash's resistance to
-/// chosen keys buys nothing for addresses the provider allocated).
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct AddrHash(u64);
-
-impl std::hash::Hasher for AddrHash {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (n as u64 ^ self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
 /// A map keyed by addresses.
-type ByAddr<T> = HashMap<usize, T, std::hash::BuildHasherDefault<AddrHash>>;
+/// (looked up at every post and poll: one multiplication, not SipHash.)
+type ByAddr<T> = HashMap<usize, T, std::hash::BuildHasherDefault<mtrdma_sched::IdHasher>>;
 
 static QPS: RwLock<Option<ByAddr<Arc<Qp>>>> = RwLock::new(None);
 

@@ -1,14 +1,18 @@
-//! A fast hasher for tenant ids (small integers chosen by the caller, not
-//! by an adversary who could pick colliding keys for a `HashMap` we own).
+//! A fast hasher for ids and addresses (keys chosen by the caller or
+//! handed out by the system, not by an adversary who could pick colliding
+//! keys for a `HashMap` we own).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::TenantId;
 
-/// Fibonacci hashing of a 32-bit id: one multiplication.
+/// Fibonacci hashing of an integer key: one multiplication. For maps
+/// keyed by tenant ids or by the addresses of objects a provider
+/// allocated, looked up on every request, where SipHash's resistance to
+/// chosen keys buys nothing.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct IdHasher(u64);
+pub struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -23,6 +27,14 @@ impl Hasher for IdHasher {
 
     fn write_u32(&mut self, n: u32) {
         self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
     }
 }
 
