@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{PoisonError, RwLock};
 
 use crate::ffi::{self, sys, CreateCqEx, CreateQpEx, PollCqFn, PostSendFn, ReqNotifyFn};
-use crate::guard::{entry, Inside};
+use crate::guard::entry;
 use crate::{control, datapath, ex};
 
 /// `poll_cq` as the bindings declare it (entries of their `ibv_wc`).
@@ -108,21 +108,12 @@ unsafe extern "C" fn create_qp_ex(
             ffi::set_errno(libc::EOPNOTSUPP);
             return std::ptr::null_mut();
         };
-        let Some(_inside) = Inside::enter() else {
+        let qp = control::admitted(
+            || control::admit_qp("ibv_create_qp_ex"),
             // SAFETY: the provider's function, with the program's arguments.
-            return unsafe { real(ctx, attr) };
-        };
-        let permit = match control::admit_qp("ibv_create_qp_ex") {
-            Ok(p) => p,
-            Err(errno) => {
-                ffi::set_errno(errno);
-                return std::ptr::null_mut();
-            }
-        };
-        // SAFETY: as above.
-        let qp = unsafe { real(ctx, attr) };
+            || unsafe { real(ctx, attr) },
+        );
         let errno = ffi::errno();
-        control::created(qp, permit);
         if !qp.is_null() {
             // SAFETY: the provider filled `attr` in and created `qp`; the
             // program has not seen it yet.

@@ -19,6 +19,8 @@ use std::sync::Mutex;
 use mtrdma_core::table::{OwnedMrPermit, OwnedQpPermit};
 use mtrdma_core::{AdmissionError, TenantHandle};
 
+use crate::ffi;
+use crate::guard::Inside;
 use crate::tenant::{say_once, tenancy, Tenancy};
 
 /// What a verbs object holds of its tenant's quota while it lives (given
@@ -112,6 +114,30 @@ pub(crate) fn admit_mr(call: &str, bytes: usize) -> Result<Option<Permit>, c_int
     admit(call, |h| {
         h.acquire_mr(bytes).map(|p| Permit::Mr(p.into_owned()))
     })
+}
+
+/// Creates an object with `create` after admitting it with `admit`; the
+/// permit stays with the object. A nested call (libibverbs calling its
+/// own exported functions) is created without admission.
+pub(crate) fn admitted<T>(
+    admit: impl FnOnce() -> Result<Option<Permit>, c_int>,
+    create: impl FnOnce() -> *mut T,
+) -> *mut T {
+    let Some(_inside) = Inside::enter() else {
+        return create();
+    };
+    let permit = match admit() {
+        Ok(p) => p,
+        Err(errno) => {
+            ffi::set_errno(errno);
+            return std::ptr::null_mut();
+        }
+    };
+    let object = create();
+    let errno = ffi::errno();
+    created(object, permit);
+    ffi::set_errno(errno);
+    object
 }
 
 /// The object at `addr` was created (or not, if null) under `permit`: the

@@ -174,8 +174,8 @@ struct CqInner {
     /// (`ibv_get_cq_event`), not yet acknowledged.
     made_events: u32,
     /// Pieces its queue pairs may still take for their time in the
-    /// device: every piece is signaled, and its completion takes an entry
-    /// of the queue until it is polled. Half the queue's entries are
+    /// device: a signaled piece's completion takes an entry of the queue
+    /// until it is polled. Half the queue's entries are
     /// shared out so (the program's own completions, receives among them,
     /// keep the other half); each queue pair takes what it may have in
     /// its send queue, or what is left (at least one), and gives it back
@@ -188,6 +188,7 @@ struct CqInner {
 type ByAddr<T> = HashMap<usize, T, std::hash::BuildHasherDefault<mtrdma_sched::IdHasher>>;
 
 static QPS: RwLock<Option<ByAddr<Arc<Qp>>>> = RwLock::new(None);
+static CQS: RwLock<Option<ByAddr<Arc<Cq>>>> = RwLock::new(None);
 
 /// Sends the engines took, and the work requests posted by the queue pairs
 /// destroyed so far (for `MTRDMA_REPORT`).
@@ -210,7 +211,6 @@ extern "C" fn report() {
         POSTED.load(Ordering::Relaxed) + live
     );
 }
-static CQS: RwLock<Option<ByAddr<Arc<Cq>>>> = RwLock::new(None);
 
 /// Completion queues the program created with `ibv_create_cq_ex`.
 static EXTENDED_CQS: Mutex<Option<ByAddr<()>>> = Mutex::new(None);
@@ -261,6 +261,11 @@ pub(crate) unsafe fn created(
     let Tenancy::Joined(handle) = tenancy() else {
         return;
     };
+    if qp_of(qp as usize).is_some() {
+        // Already scheduled: one creation wrapper inside another (the
+        // exported `ibv_create_qp` reaching the context's `create_qp_ex`).
+        return;
+    }
     // SAFETY: the caller's promise: live objects of the provider.
     let (ctx, qp_type, cqe) = unsafe { ((*qp).context, (*qp).qp_type, (*send_cq).cqe) };
     let Some(provider) = context::provider(ctx) else {
@@ -488,11 +493,9 @@ unsafe fn request(
     })
 }
 
-/// Hands `req` to the queue pair's engine; the `errno` of a refusal.
+/// Hands `req` to the queue pair's engine (the caller saw room for it,
+/// [`Qp::room`]); the `errno` of a refusal.
 pub(crate) fn submit(q: &Qp, inner: &mut QpInner, req: ForeignSend) -> Result<(), c_int> {
-    if inner.fq.queued() >= q.max_send_wr as usize {
-        return Err(libc::ENOMEM);
-    }
     // SAFETY: the program keeps the memory its requests name registered
     // until their completions (the verbs contract it posted under).
     match unsafe { inner.fq.post(req) } {
@@ -564,7 +567,7 @@ pub(crate) unsafe extern "C" fn post_send(
             let w = unsafe { &*cur };
             let signaled =
                 q.sq_sig_all || w.send_flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
-            let rc = if inner.fq.queued() >= q.max_send_wr as usize {
+            let rc = if q.room(&inner) == 0 {
                 libc::ENOMEM
             } else {
                 // SAFETY: as above.

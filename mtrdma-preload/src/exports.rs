@@ -6,7 +6,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::null_mut;
 
-use crate::control::{self, Permit};
+use crate::control::{self, admitted};
 use crate::ffi::{self, real, sys, Real};
 use crate::guard::{entry, entry_rc, Inside};
 use crate::tenant::{tenancy, Tenancy};
@@ -24,30 +24,6 @@ fn real_or_enosys() -> Option<&'static Real> {
         ffi::set_errno(libc::ENOSYS);
     }
     r
-}
-
-/// Creates an object with `create` after admitting it with `admit`; the
-/// permit stays with the object. A nested call (libibverbs calling its
-/// own exported functions) is created without admission.
-fn admitted<T>(
-    admit: impl FnOnce() -> Result<Option<Permit>, c_int>,
-    create: impl FnOnce() -> *mut T,
-) -> *mut T {
-    let Some(_inside) = Inside::enter() else {
-        return create();
-    };
-    let permit = match admit() {
-        Ok(p) => p,
-        Err(errno) => {
-            ffi::set_errno(errno);
-            return null_mut();
-        }
-    };
-    let object = create();
-    let errno = ffi::errno();
-    control::created(object, permit);
-    ffi::set_errno(errno);
-    object
 }
 
 /// `name`, a registration of `length` bytes through the real function

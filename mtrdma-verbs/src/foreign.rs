@@ -188,20 +188,6 @@ pub struct ForeignSend {
     pub ud: Option<ForeignUd>,
 }
 
-impl ForeignSend {
-    /// The `ibv_wc_opcode` the device reports for it.
-    fn wc_opcode(&self) -> u32 {
-        use ffi::ibv_wc_opcode as o;
-        match self.op {
-            SendOp::Send | SendOp::SendWithImm(_) => o::IBV_WC_SEND,
-            SendOp::Write(_) | SendOp::WriteWithImm(..) => o::IBV_WC_RDMA_WRITE,
-            SendOp::Read(_) => o::IBV_WC_RDMA_READ,
-            SendOp::FetchAdd(..) => o::IBV_WC_FETCH_ADD,
-            SendOp::CompareSwap { .. } => o::IBV_WC_COMP_SWAP,
-        }
-    }
-}
-
 /// A request [`ForeignQueuePair::post`] refused: why, and the request
 /// (nothing of it was posted).
 #[derive(Debug)]
@@ -358,9 +344,81 @@ struct ForeignSink {
     direct_out: usize,
     /// Direct requests finished, to give back at the next poll.
     direct_done: Vec<ForeignDone>,
+    /// Numbers the direct requests (their `wr_id`s' low bits).
+    direct_seq: u64,
+    /// For a queue pair without a window: its piece size and the pieces
+    /// it may have in the device (a bulk request of one piece may then go
+    /// direct).
+    bulk_direct: Option<(u64, usize)>,
 }
 
 impl ForeignSink {
+    /// [`ForeignQueuePair::post_direct`], once nothing waits in the
+    /// engine.
+    ///
+    /// # Safety
+    /// As [`ForeignQueuePair::post_direct`].
+    unsafe fn post_direct(&mut self, wr: &ffi::ibv_send_wr, signaled: bool) -> Direct {
+        let Some(tenant) = &self.handle else {
+            return Direct::Engine;
+        };
+        let Some(opcode) = wc_opcode_of(wr.opcode) else {
+            return Direct::Engine;
+        };
+        if self.send_room() == 0 || wr.num_sge < 0 {
+            return Direct::Engine;
+        }
+        let n = wr.num_sge as usize;
+        let sges: &[ffi::ibv_sge] = if n == 0 {
+            &[]
+        } else {
+            // SAFETY: the caller's promise: `num_sge` valid entries.
+            unsafe { std::slice::from_raw_parts(wr.sg_list, n) }
+        };
+        let len: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+        let Ok(len32) = u32::try_from(len) else {
+            return Direct::Engine;
+        };
+        // A latency request goes whatever its size; a bulk one only as one
+        // piece, without a window, within the pieces the queue pair may
+        // have in the device.
+        let in_device = self.fifo.len();
+        let whole_bulk = self
+            .bulk_direct
+            .is_some_and(|(chunk, pieces)| len <= chunk && in_device < pieces);
+        if tenant.class() != mtrdma_core::TrafficClass::Latency && !whole_bulk {
+            return Direct::Engine;
+        }
+        if tenant.check_rate(tenant.now_ns(), len, 1).is_err() {
+            return Direct::Engine;
+        }
+        let seq = self.direct_seq;
+        let mut one = *wr;
+        one.next = std::ptr::null_mut();
+        one.wr_id = PIECE_TAG | (seq & 0xffff_ffff);
+        if signaled {
+            one.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        } else {
+            one.send_flags &= !ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        let sent = Sent {
+            wr_id: wr.wr_id,
+            signaled,
+            opcode,
+            len: len32,
+        };
+        let rc = self.post_marked(&mut one, Some(sent));
+        if rc != 0 {
+            return Direct::Refused(rc);
+        }
+        self.books.sends_in_flight += 1;
+        self.direct_seq = seq.wrapping_add(1);
+        if let Some(tenant) = &self.handle {
+            tenant.record_posted(len, 1);
+        }
+        Direct::Posted
+    }
+
     /// Posts `wr` (its `wr_id` already marked), unsignaled if it asks to
     /// be and the run of unsignaled ones allows; remembers it in the FIFO.
     /// The provider's `errno` if it refuses.
@@ -502,13 +560,6 @@ impl Sink for ForeignSink {
 /// docs](self)).
 pub struct ForeignQueuePair {
     inner: Scheduled<ForeignSink, DefaultScheduler>,
-    /// Numbers the direct requests (their `wr_id`s' low bits).
-    direct_seq: u64,
-    tenant: Option<TenantHandle>,
-    /// For a queue pair without a window: its piece size and the pieces
-    /// it may have in the device (a bulk request of one piece may then go
-    /// direct).
-    bulk_direct: Option<(u64, usize)>,
 }
 
 impl std::fmt::Debug for ForeignQueuePair {
@@ -543,7 +594,7 @@ impl ForeignQueuePair {
             qpn,
             post_send,
             books: Books::new(max_send_wr.max(1), 0),
-            handle: tenant.clone(),
+            handle: tenant,
             inbox: Vec::new(),
             posted: 0,
             fifo: std::collections::VecDeque::new(),
@@ -551,17 +602,15 @@ impl ForeignQueuePair {
             quiet_limit: (config.max_pieces_in_flight.min(max_send_wr) / 4).max(1),
             direct_out: 0,
             direct_done: Vec::new(),
+            direct_seq: 0,
+            bulk_direct: config
+                .window
+                .is_none()
+                .then_some((config.chunk_bytes, config.max_pieces_in_flight as usize)),
         };
         let sched = solo_scheduler(&config)?;
-        let bulk_direct = config
-            .window
-            .is_none()
-            .then_some((config.chunk_bytes, config.max_pieces_in_flight as usize));
         Ok(ForeignQueuePair {
             inner: Scheduled::solo(sink, config, sched)?,
-            direct_seq: 0,
-            tenant,
-            bulk_direct,
         })
     }
 
@@ -593,78 +642,22 @@ impl ForeignQueuePair {
     /// tenant is of the latency class (or, without a window, the request
     /// is one piece and the queue pair has fewer than its pieces in the
     /// device), and the tenant's shared rates admit it now. The request is
-    /// posted as the program wrote it, its `wr_id` marked ([`is_piece`])
-    /// and its completion asked for; `signaled` says whether the program
-    /// asked for it. Its bytes count as posted in the tenant's usage.
+    /// posted as the program wrote it, its `wr_id` marked ([`is_piece`]);
+    /// `signaled` says whether the program asked for its completion (an
+    /// unsignaled one goes unsignaled, a few in a row at most, a later
+    /// completion reporting it). Its bytes count as posted in the
+    /// tenant's usage.
     ///
     /// # Safety
     /// As `ibv_post_send` for `wr`: a valid work request whose memory stays
     /// registered until its completion.
     pub unsafe fn post_direct(&mut self, wr: &ffi::ibv_send_wr, signaled: bool) -> Direct {
-        let Some(tenant) = &self.tenant else {
-            return Direct::Engine;
-        };
         if self.inner.queued() > 0 {
             return Direct::Engine;
         }
-        let Some(opcode) = wc_opcode_of(wr.opcode) else {
-            return Direct::Engine;
-        };
-        let (room, in_device) = self.inner.with_sink(|s| (s.send_room(), s.fifo.len()));
-        if room == 0 || wr.num_sge < 0 {
-            return Direct::Engine;
-        }
-        let n = wr.num_sge as usize;
-        let sges: &[ffi::ibv_sge] = if n == 0 {
-            &[]
-        } else {
-            // SAFETY: the caller's promise: `num_sge` valid entries.
-            unsafe { std::slice::from_raw_parts(wr.sg_list, n) }
-        };
-        let len: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
-        let Ok(len32) = u32::try_from(len) else {
-            return Direct::Engine;
-        };
-        // A latency request goes whatever its size; a bulk one only as one
-        // piece, without a window, within the pieces the queue pair may
-        // have in the device.
-        let whole_bulk = self
-            .bulk_direct
-            .is_some_and(|(chunk, pieces)| len <= chunk && in_device < pieces);
-        if tenant.class() != mtrdma_core::TrafficClass::Latency && !whole_bulk {
-            return Direct::Engine;
-        }
-        if tenant.check_rate(tenant.now_ns(), len, 1).is_err() {
-            return Direct::Engine;
-        }
-        let seq = self.direct_seq;
-        let mut one = *wr;
-        one.next = std::ptr::null_mut();
-        one.wr_id = PIECE_TAG | (seq & 0xffff_ffff);
-        if signaled {
-            one.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        } else {
-            one.send_flags &= !ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        }
-        let sent = Sent {
-            wr_id: wr.wr_id,
-            signaled,
-            opcode,
-            len: len32,
-        };
-        let rc = self.inner.with_sink(|s| {
-            let rc = s.post_marked(&mut one, Some(sent));
-            if rc == 0 {
-                s.books.sends_in_flight += 1;
-            }
-            rc
-        });
-        if rc != 0 {
-            return Direct::Refused(rc);
-        }
-        self.direct_seq = seq.wrapping_add(1);
-        tenant.record_posted(len, 1);
-        Direct::Posted
+        // SAFETY: the caller's promise.
+        self.inner
+            .with_sink(|s| unsafe { s.post_direct(wr, signaled) })
     }
 
     /// Work requests posted to the device so far (a request split in
@@ -705,36 +698,47 @@ impl ForeignQueuePair {
             }
         };
         let whole = matches!(&req.local, Local::List(l) if l.len() > 1);
+        let ForeignSend {
+            wr_id,
+            op,
+            local,
+            fence,
+            solicited,
+            signaled,
+            ud,
+        } = req;
         let mut flags = 0;
-        if req.fence {
+        if fence {
             flags |= ffi::ibv_send_flags::IBV_SEND_FENCE.0;
         }
-        if req.solicited {
+        if solicited {
             flags |= ffi::ibv_send_flags::IBV_SEND_SOLICITED.0;
         }
-        if matches!(req.local, Local::Inline(_)) {
+        if matches!(local, Local::Inline(_)) {
             flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
         }
-        let kept = ForeignSend {
-            local: Local::Empty,
-            ..req.clone()
-        };
         let buf = ForeignBuf {
-            wc_opcode: req.wc_opcode(),
-            local: req.local,
+            wc_opcode: wc_opcode_of(op.lower(true).0)
+                .expect("every send operation lowers to an opcode the engine serves"),
+            local,
             len,
             flags,
-            ud: req.ud,
-            signaled: req.signaled,
+            ud,
+            signaled,
         };
         self.inner
-            .post_send(req.op, buf, 0..len, req.wr_id, whole)
+            .post_send(op, buf, 0..len, wr_id, whole)
             .map_err(|(error, buf)| {
                 Box::new(Refused {
                     error,
                     request: ForeignSend {
+                        wr_id,
+                        op,
                         local: buf.local,
-                        ..kept
+                        fence,
+                        solicited,
+                        signaled,
+                        ud,
                     },
                 })
             })
