@@ -12,10 +12,20 @@
 //! tenants in separate processes share the link by their weights).
 //! SIGINT or SIGTERM stops it and removes the table.
 //!
+//! With `--monitor` it also loads the kernel monitor
+//! (`mtrdma::core::monitor::KernelMonitor`, root and kprobes needed; without
+//! them it says why and runs on without it): every second, next to each
+//! tenant's admitted queue pairs and region bytes, what the kernel saw its
+//! processes hold; a line for each tenant that made queue pairs or regions
+//! in the last second (`kernel: tenant ... made N queue pairs/s`); and a
+//! line when a tenant's processes hold more than mtrdma admitted
+//! (`BYPASS:`) or a process of no tenant holds verbs objects
+//! (`UNATTRIBUTED:`). These lines come with `--quiet` too.
+//!
 //! ```text
 //! cargo run --release --example coordinator -- --policy examples/policy.toml
 //!     [--table NAME] [--socket PATH] [--capacity N (tenants)] [--processes N (per tenant)] [--quiet]
-//!     [--no-window-gains]
+//!     [--no-window-gains] [--monitor]
 //! ```
 //!
 //! Tenant processes then call `mtrdma::core::coordinator::register(socket)`.
@@ -23,13 +33,16 @@
 #[path = "shared/args.rs"]
 mod args;
 
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mtrdma::core::coordinator::{Coordinator, CoordinatorConfig, LinkView};
+use mtrdma::core::monitor::{CgroupPaths, KernelCounts, KernelMonitor, KernelView};
 use mtrdma::core::table::TenantUsage;
+use mtrdma::TenantId;
 
 struct Args {
     config: CoordinatorConfig,
@@ -37,6 +50,8 @@ struct Args {
     /// Whether to set gains on the tenants' delay windows (see
     /// `Coordinator::set_window_gains`).
     window_gains: bool,
+    /// Whether to load the kernel monitor.
+    monitor: bool,
 }
 
 fn default_socket(table: &str) -> PathBuf {
@@ -56,6 +71,7 @@ fn parse() -> Result<Args, String> {
     let mut socket = None;
     let (mut capacity, mut processes, mut quiet) = (64u32, 256u32, false);
     let mut window_gains = true;
+    let mut monitor = false;
     let mut it = args::Args::from_env();
     while let Some(token) = it.next()? {
         let flag = match token {
@@ -70,6 +86,7 @@ fn parse() -> Result<Args, String> {
             "--processes" => processes = it.parse(&flag)?,
             "--quiet" => quiet = true,
             "--no-window-gains" => window_gains = false,
+            "--monitor" => monitor = true,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -85,6 +102,7 @@ fn parse() -> Result<Args, String> {
         },
         quiet,
         window_gains,
+        monitor,
     })
 }
 
@@ -150,6 +168,103 @@ fn print_view(usage: &[TenantUsage], last: &[TenantUsage], secs: f64, link: u64,
     println!();
 }
 
+/// The kernel monitor's side of the view: what each tenant's processes
+/// hold and did in the last `secs`, bypasses and unattributed processes.
+struct KernelReport {
+    monitor: KernelMonitor,
+    cgroups: CgroupPaths,
+    last: HashMap<TenantId, KernelCounts>,
+    /// Bypassing tenants and unattributed pids already said.
+    said_bypass: HashSet<TenantId>,
+    said_unattributed: HashSet<u32>,
+}
+
+impl KernelReport {
+    fn view(&mut self, coordinator: &mut Coordinator) -> Option<KernelView> {
+        let monitor = &mut self.monitor;
+        match coordinator.kernel_view(|| monitor.processes(), &mut self.cgroups) {
+            Ok(view) => Some(view),
+            Err(e) => {
+                eprintln!("kernel monitor: {e}");
+                None
+            }
+        }
+    }
+
+    /// Says each bypass and unattributed process once, when it is first
+    /// seen, and which tenants made queue pairs or regions in the last
+    /// `secs` (quiet or not).
+    fn news(&mut self, view: &KernelView, secs: f64) {
+        let mut bypassing = HashSet::new();
+        for b in view.bypasses() {
+            if !self.said_bypass.contains(&b.tenant) {
+                println!("BYPASS: {b}");
+            }
+            bypassing.insert(b.tenant);
+        }
+        self.said_bypass = bypassing;
+        for u in &view.unattributed {
+            if u.counts.holds_any() && self.said_unattributed.insert(u.pid) {
+                println!(
+                    "UNATTRIBUTED: pid {} (uid {}, cgroup {}) holds {} queue pairs and {} region bytes and matches no tenant",
+                    u.pid,
+                    u.uid,
+                    u.cgroup.as_deref().unwrap_or("(gone)"),
+                    u.counts.qps_held(),
+                    u.counts.mr_bytes_held()
+                );
+            }
+        }
+        for t in &view.tenants {
+            let before = self.last.insert(t.tenant, t.kernel).unwrap_or_default();
+            let d = t.kernel.since(&before);
+            if d.qps_created > 0 || d.mrs_registered > 0 {
+                println!(
+                    "kernel: tenant {} ({}) made {:.1} queue pairs/s and {:.1} regions/s; holds {} queue pairs ({} admitted) and {} region bytes ({} admitted)",
+                    t.tenant.0,
+                    t.name,
+                    d.qps_created as f64 / secs,
+                    d.mrs_registered as f64 / secs,
+                    t.kernel.qps_held(),
+                    t.admitted_qps,
+                    t.kernel.mr_bytes_held(),
+                    t.admitted_mr_bytes
+                );
+            }
+        }
+    }
+
+    fn print(&self, view: &KernelView) {
+        println!("kernel monitor: what each tenant's processes hold (and what mtrdma admitted)");
+        println!(
+            "{:>4} {:<16} {:>13} {:>9} {:>17} {:>6}",
+            "id", "name", "QPs held/adm", "to RTS", "MR MiB held/adm", "procs"
+        );
+        for t in &view.tenants {
+            println!(
+                "{:>4} {:<16} {:>6}/{:<6} {:>9} {:>8}/{:<8} {:>6}",
+                t.tenant.0,
+                t.name,
+                t.kernel.qps_held(),
+                t.admitted_qps,
+                t.kernel.qps_to_rts,
+                t.kernel.mr_bytes_held() >> 20,
+                t.admitted_mr_bytes >> 20,
+                t.processes.len()
+            );
+        }
+        let strays = view
+            .unattributed
+            .iter()
+            .filter(|u| u.counts.holds_any())
+            .count();
+        if strays > 0 {
+            println!("kernel: {strays} processes of no tenant hold verbs objects");
+        }
+        println!();
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse()?;
     if let Some(dir) = args.config.socket.parent() {
@@ -168,6 +283,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         coordinator.policy().tenants.len(),
         socket.display()
     );
+
+    let mut kernel = if args.monitor {
+        match KernelMonitor::start() {
+            Ok(monitor) => {
+                println!("kernel monitor: attached");
+                Some(KernelReport {
+                    monitor,
+                    cgroups: CgroupPaths::new(),
+                    last: HashMap::new(),
+                    said_bypass: HashSet::new(),
+                    said_unattributed: HashSet::new(),
+                })
+            }
+            Err(e) => {
+                println!("kernel monitor off: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
 
     let mut last_print = Instant::now();
     let mut last_usage = coordinator.usage();
@@ -195,17 +331,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if let Some(e) = report.reload_error {
             println!("policy reload failed, keeping the previous policy: {e}");
         }
-        if !args.quiet && last_print.elapsed() >= Duration::from_secs(1) {
-            let usage = coordinator.usage();
+        if last_print.elapsed() >= Duration::from_secs(1) {
             let secs = last_print.elapsed().as_secs_f64();
-            print_view(
-                &usage,
-                &last_usage,
-                secs,
-                coordinator.policy().link.capacity_bytes_per_sec,
-                coordinator.link_view(),
-            );
-            last_usage = usage;
+            let view = kernel.as_mut().and_then(|k| k.view(&mut coordinator));
+            if let (Some(k), Some(view)) = (kernel.as_mut(), &view) {
+                k.news(view, secs);
+            }
+            if !args.quiet {
+                let usage = coordinator.usage();
+                print_view(
+                    &usage,
+                    &last_usage,
+                    secs,
+                    coordinator.policy().link.capacity_bytes_per_sec,
+                    coordinator.link_view(),
+                );
+                if let (Some(k), Some(view)) = (kernel.as_ref(), &view) {
+                    k.print(view);
+                }
+                last_usage = usage;
+            }
             last_print = Instant::now();
         }
         let interval = u64::from(coordinator.policy().link.recompute_interval_ms);

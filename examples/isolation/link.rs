@@ -1454,6 +1454,10 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         .arg(&socket)
         .args((!args.coordinator_view).then_some("--quiet"))
         .args((!args.window_gains).then_some("--no-window-gains"))
+        // The kernel's view of every tenant's queue pairs and regions:
+        // the storm's rates, and the unprotected (unregistered) tenants
+        // flagged as bypassing.
+        .arg("--monitor")
         .stdin(Stdio::null())
         .stdout(File::create(&coordinator_log).map_err(|e| e.to_string())?)
         .stderr(Stdio::inherit());
@@ -1565,7 +1569,67 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         "cpu_share",
         share,
     );
+    r.say(monitor_summary(&coordinator_log));
     Ok(())
+}
+
+/// What the coordinator's kernel monitor said over the run, from its log:
+/// the tenants it found holding more than mtrdma admitted (the
+/// unprotected runs' processes, which never register), the processes of
+/// no tenant, and the fastest creation of queue pairs it saw per tenant
+/// (the storm's).
+fn monitor_summary(log: &std::path::Path) -> String {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return format!("kernel monitor: no coordinator log at {}", log.display());
+    };
+    if let Some(off) = text.lines().find(|l| l.starts_with("kernel monitor off")) {
+        return off.to_string();
+    }
+    let bypass: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("BYPASS: tenant "))
+        .filter_map(|l| l.split(')').next())
+        .collect();
+    let strays = text
+        .lines()
+        .filter(|l| l.starts_with("UNATTRIBUTED:"))
+        .count();
+    let mut fastest: Vec<(String, f64)> = Vec::new();
+    for l in text
+        .lines()
+        .filter_map(|l| l.strip_prefix("kernel: tenant "))
+    {
+        let name = l.split(" made ").next().unwrap_or("").to_string();
+        let rate: f64 = l
+            .split(" made ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0.0);
+        match fastest.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, r)) => *r = r.max(rate),
+            None => fastest.push((name, rate)),
+        }
+    }
+    let rates: Vec<String> = fastest
+        .iter()
+        .map(|(n, r)| format!("{n} {r:.0}/s"))
+        .collect();
+    format!(
+        "kernel monitor (logs/coordinator.log): tenants whose processes held more than mtrdma admitted \
+         (the unprotected runs): {}; processes of no tenant holding verbs objects: {strays}; \
+         most queue pairs made in a second, by tenant: {}",
+        if bypass.is_empty() {
+            "none".to_string()
+        } else {
+            bypass.into_iter().map(|b| format!("{b})")).collect::<Vec<_>>().join(", ")
+        },
+        if rates.is_empty() {
+            "none".to_string()
+        } else {
+            rates.join(", ")
+        }
+    )
 }
 
 #[cfg(test)]

@@ -305,10 +305,27 @@ impl Side {
         }
     }
 
+    /// `size` zeroed bytes registered: for the tenant (admitted against
+    /// its quota, waiting for its registration rate as for queue pairs),
+    /// or plain without one.
     pub(crate) fn allocate(&self, size: usize, access: Access) -> Result<MemoryRegion, String> {
-        self.pd
-            .allocate(size, access)
-            .map_err(|e| format!("registering {size} bytes: {e}"))
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let region = match &self.tenant {
+                Some((t, _)) => self.pd.register_for(t, vec![0u8; size], access),
+                None => self.pd.allocate(size, access),
+            };
+            match region {
+                Ok(r) => return Ok(r),
+                Err(mtrdma::Error::Admission(AdmissionError::RateLimited {
+                    retry_after_ns,
+                    ..
+                })) if Instant::now() < deadline => std::thread::sleep(Duration::from_nanos(
+                    retry_after_ns.clamp(1_000_000, 1_000_000_000),
+                )),
+                Err(e) => return Err(format!("registering {size} bytes: {e}")),
+            }
+        }
     }
 
     /// `count` buffers of `size` bytes, pieces of one registration: one

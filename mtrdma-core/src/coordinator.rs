@@ -4,7 +4,10 @@
 //!
 //! It also follows what the tenants move together (the link estimate it
 //! publishes for their delay windows) and the share of bytes their
-//! windows judged over their target ([`Coordinator::link_view`]).
+//! windows judged over their target ([`Coordinator::link_view`]), and,
+//! with the kernel's counts of what every process does with the RDMA
+//! devices ([`crate::monitor`]), which tenants hold more than they were
+//! admitted ([`Coordinator::kernel_view`]).
 //!
 //! This is a library type; a daemon is a loop around
 //! [`Coordinator::tick`] (see `examples/coordinator.rs`). Tenants never need
@@ -13,7 +16,7 @@
 //! rates (fail-static); a restarted coordinator takes the table over
 //! ([`QuotaTable::take_over`]) and they carry on.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -25,6 +28,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::fairshare::{weighted_max_min, Demand};
 use crate::link_observer::{LinkObserver, LinkSignals};
+use crate::monitor::{CgroupPaths, KernelView, ProcessCounts};
 use crate::policy::{PeerCredentials, Policy, PolicyError};
 use crate::procinfo::{self, ProcessId};
 use crate::table::{DemandCounters, QuotaTable, Reclaimed, TableError, TenantHandle, TenantUsage};
@@ -283,6 +287,8 @@ pub struct Coordinator {
     /// The table's policy object, read-only, as every registered process
     /// gets it (with its own tenant's state file).
     policy_fd: OwnedFd,
+    /// The tenants found bypassing mtrdma by the last kernel view.
+    bypassing: HashSet<TenantId>,
 }
 
 /// How long a connection to the registration socket has to send its
@@ -398,6 +404,7 @@ impl Coordinator {
             registration_waiting: None,
             pending: Vec::new(),
             policy_fd,
+            bypassing: HashSet::new(),
         })
     }
 
@@ -715,6 +722,62 @@ impl Coordinator {
             estimate_bytes_per_sec: self.table.link_estimate().unwrap_or(0),
             over_target: self.link.over_share(),
         }
+    }
+
+    /// Every tenant's processes as the kernel saw them, against what the
+    /// table says each tenant holds, and the processes of no tenant
+    /// ([`crate::monitor::attribute`]): a registered process is its
+    /// registration's tenant, any other the tenant whose match rules its
+    /// uid, gid and cgroup satisfy. `read_kernel` reads the kernel's
+    /// counts (such as `KernelMonitor::processes` with the `monitor`
+    /// feature); the table's usage is read just before and just after it.
+    /// A tenant found holding more than it was admitted is said once, as a
+    /// `tracing` warning, until it no longer does.
+    ///
+    /// # Errors
+    /// What `read_kernel` returns.
+    pub fn kernel_view<E>(
+        &mut self,
+        read_kernel: impl FnOnce() -> Result<Vec<ProcessCounts>, E>,
+        cgroups: &mut CgroupPaths,
+    ) -> Result<KernelView, E> {
+        let before = self.usage();
+        let processes = read_kernel()?;
+        let registered: Vec<(TenantId, u32)> = self
+            .table
+            .attached_processes()
+            .into_iter()
+            .map(|(tenant, p)| (tenant, p.pid))
+            .collect();
+        let after = self.usage();
+        let view = crate::monitor::attribute(
+            &processes,
+            |id| cgroups.path_of(id),
+            &self.policy,
+            &registered,
+            &before,
+            &after,
+        );
+        let mut now = HashSet::new();
+        for b in view.bypasses() {
+            if !self.bypassing.contains(&b.tenant) {
+                tracing::warn!(
+                    tenant = %b.tenant,
+                    qps_held = b.qps_held,
+                    qps_admitted = b.qps_admitted,
+                    mr_bytes_held = b.mr_bytes_held,
+                    mr_bytes_admitted = b.mr_bytes_admitted,
+                    unregistered = ?b.unregistered,
+                    "{b}"
+                );
+            }
+            now.insert(b.tenant);
+        }
+        for gone in self.bypassing.difference(&now) {
+            tracing::info!(tenant = %gone, "tenant no longer holds more than it was admitted");
+        }
+        self.bypassing = now;
+        Ok(view)
     }
 
     /// Returns the resources of processes that died.

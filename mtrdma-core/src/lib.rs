@@ -10,6 +10,7 @@ pub mod clock;
 pub mod coordinator;
 mod fairshare;
 mod link_observer;
+pub mod monitor;
 pub mod policy;
 pub mod procinfo;
 pub mod table;

@@ -1485,6 +1485,21 @@ impl QuotaTable {
             .count() as u32
     }
 
+    /// The processes attached as tenants (as last recorded; no `/proc`
+    /// read), each with its tenant: on a coordinator's table, the
+    /// processes it registered, with the pids it recorded. A tenant's
+    /// process sees only its own tenant's.
+    pub fn attached_processes(&self) -> Vec<(TenantId, ProcessId)> {
+        let last = self.inner.capacity.saturating_sub(1);
+        self.live_processes()
+            .into_iter()
+            .map(|(slot, process)| {
+                let id = self.policy_slot(slot.min(last)).id.load(Ordering::Relaxed);
+                (TenantId(id), process)
+            })
+            .collect()
+    }
+
     /// Live processes attached to each tenant slot.
     pub(crate) fn live_processes(&self) -> Vec<(u32, ProcessId)> {
         self.mapped_processes()
