@@ -14,7 +14,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use mtrdma::core::coordinator::{Coordinator, CoordinatorConfig};
-use mtrdma::core::monitor::{CgroupPaths, KernelCounts, KernelMonitor, KernelView, ProcessCounts};
+use mtrdma::core::monitor::{
+    CgroupPaths, KernelCounts, KernelMonitor, KernelView, MonitorError, ProcessCounts,
+};
 use mtrdma::TenantId;
 
 // Its perftest row reader serves the other device tests.
@@ -398,4 +400,26 @@ fn a_storm_shows_in_the_monitors_counts_once_per_object() {
     );
     assert_eq!(good.bypass(), None);
     let _ = std::io::stderr().flush();
+}
+
+/// Where the kernel has no RDMA core to probe (this project's hosts: the
+/// VM has it) or the caller may not load BPF programs, starting the
+/// monitor is a clear error, never a panic, and the coordinator runs on
+/// without it.
+#[test]
+fn without_the_rdma_core_or_privilege_the_monitor_says_why() {
+    if Path::new("/sys/module/ib_uverbs").exists() && rustix::process::geteuid().is_root() {
+        eprintln!("skipped: this kernel has ib_uverbs and we are root, so the monitor starts");
+        return;
+    }
+    let err = KernelMonitor::start().expect_err("nothing to probe, or no privilege");
+    let text = err.to_string();
+    match err {
+        MonitorError::Attach { function, .. } => {
+            assert_eq!(function, "ib_create_qp_user", "the first probe: {text}");
+            assert!(text.contains("ib_uverbs module loaded"), "{text}");
+        }
+        MonitorError::NotPermitted(_) => assert!(text.contains("needs root"), "{text}"),
+        other => panic!("an unclear error: {other}"),
+    }
 }
