@@ -274,8 +274,7 @@ impl Side {
         rq: u32,
         inline: u32,
     ) -> Result<PreparedQueuePair, String> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
+        admitted_in_time(Duration::from_secs(10), || {
             let mut b = self
                 .pd
                 .queue_pair()
@@ -290,42 +289,20 @@ impl Side {
             if let Some((t, _)) = &self.tenant {
                 b = b.tenant(t);
             }
-            match b.build() {
-                Ok(q) => return Ok(q),
-                // The tenant's QP creation rate: wait for it, as an
-                // application would, rather than fail the sweep.
-                Err(mtrdma::Error::Admission(AdmissionError::RateLimited {
-                    retry_after_ns,
-                    ..
-                })) if Instant::now() < deadline => std::thread::sleep(Duration::from_nanos(
-                    retry_after_ns.clamp(1_000_000, 1_000_000_000),
-                )),
-                Err(e) => return Err(format!("creating the queue pair: {e}")),
-            }
-        }
+            b.build()
+        })
+        .map_err(|e| format!("creating the queue pair: {e}"))
     }
 
     /// `size` zeroed bytes registered: for the tenant (admitted against
     /// its quota, waiting for its registration rate as for queue pairs),
     /// or plain without one.
     pub(crate) fn allocate(&self, size: usize, access: Access) -> Result<MemoryRegion, String> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let region = match &self.tenant {
-                Some((t, _)) => self.pd.register_for(t, vec![0u8; size], access),
-                None => self.pd.allocate(size, access),
-            };
-            match region {
-                Ok(r) => return Ok(r),
-                Err(mtrdma::Error::Admission(AdmissionError::RateLimited {
-                    retry_after_ns,
-                    ..
-                })) if Instant::now() < deadline => std::thread::sleep(Duration::from_nanos(
-                    retry_after_ns.clamp(1_000_000, 1_000_000_000),
-                )),
-                Err(e) => return Err(format!("registering {size} bytes: {e}")),
-            }
-        }
+        admitted_in_time(Duration::from_secs(30), || match &self.tenant {
+            Some((t, _)) => self.pd.register_for(t, vec![0u8; size], access),
+            None => self.pd.allocate(size, access),
+        })
+        .map_err(|e| format!("registering {size} bytes: {e}"))
     }
 
     /// `count` buffers of `size` bytes, pieces of one registration: one
@@ -445,5 +422,25 @@ impl Side {
             wait: self.wait,
             window_samples: WindowSamples::default(),
         })
+    }
+}
+
+/// What `create` gives, waiting out the tenant's control-path rate limit
+/// for up to `patience`, as an application would, rather than failing a
+/// sweep.
+fn admitted_in_time<T>(
+    patience: Duration,
+    mut create: impl FnMut() -> Result<T, mtrdma::Error>,
+) -> Result<T, mtrdma::Error> {
+    let deadline = Instant::now() + patience;
+    loop {
+        match create() {
+            Err(mtrdma::Error::Admission(AdmissionError::RateLimited {
+                retry_after_ns, ..
+            })) if Instant::now() < deadline => std::thread::sleep(Duration::from_nanos(
+                retry_after_ns.clamp(1_000_000, 1_000_000_000),
+            )),
+            other => return other,
+        }
     }
 }

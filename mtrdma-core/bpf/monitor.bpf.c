@@ -193,6 +193,17 @@ INLINE int end(__u32 call, struct call_state *out)
 	return 1;
 }
 
+// The process that made queue pair `qp`, into `out`; 0 if the monitor did
+// not see it made.
+INLINE int qp_owner(__u64 qp, struct owner *out)
+{
+	struct owner *made_by = bpf_map_lookup_elem(&QPS, &qp);
+	if (!made_by)
+		return 0;
+	*out = *made_by;
+	return 1;
+}
+
 // struct ib_qp *ib_create_qp_user(struct ib_device *, struct ib_pd *,
 //     struct ib_qp_init_attr *, struct ib_udata *, struct ib_uqp_object *,
 //     const char *caller): user space's queue pairs, both paths.
@@ -224,10 +235,9 @@ int qp_destroyed(struct pt_regs *ctx)
 	struct call_state s;
 	if (!end(CALL_DESTROY_QP, &s) || (int)ctx->ax != 0)
 		return 0;
-	struct owner *made_by = bpf_map_lookup_elem(&QPS, &s.object);
-	if (!made_by)
+	struct owner o;
+	if (!qp_owner(s.object, &o))
 		return 0;
-	struct owner o = *made_by;
 	bpf_map_delete_elem(&QPS, &s.object);
 	struct counts *c = counts_of(&o);
 	if (c)
@@ -256,10 +266,9 @@ int qp_modified(struct pt_regs *ctx)
 	struct call_state s;
 	if (!end(CALL_MODIFY_QP, &s) || (int)ctx->ax != 0)
 		return 0;
-	struct owner *made_by = bpf_map_lookup_elem(&QPS, &s.object);
-	if (!made_by)
+	struct owner o;
+	if (!qp_owner(s.object, &o))
 		return 0;
-	struct owner o = *made_by;
 	struct counts *c = counts_of(&o);
 	if (!c)
 		return 0;
