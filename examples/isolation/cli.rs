@@ -45,6 +45,9 @@ pub(crate) struct Args {
     /// On the link: the coordinator prints its view (each tenant's rate
     /// and gain, every second) into `logs/coordinator.log`.
     pub(crate) coordinator_view: bool,
+    /// On the link: the coordinator runs its kernel monitor (`--monitor`)
+    /// and the report sums up what it flagged.
+    pub(crate) coordinator_monitor: bool,
     /// On the link: microseconds between the latency probe's requests.
     pub(crate) probe_interval_us: u32,
 }
@@ -57,6 +60,7 @@ on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
     [--window-target PPM (the windows' queue allowance, see perf --help)] [--window-floor USEC] [--window-queue BYTES]
     [--no-window-gains (the coordinator leaves the windows' growth to their weights)]
     [--coordinator-view (the coordinator's per-second view of every tenant into logs/coordinator.log)]
+    [--coordinator-monitor (the coordinator's kernel monitor: what it flagged, and its log)]
     [--probe-interval-us US (between the latency probe's requests, default 500)]
     [--scenarios latency,hogs,weights,cap,storm,attack] [--cap-share 0.25]
 the link demo's storm tenant (--rnr: SENDs to a peer on --peer-device that posts no receives;
@@ -94,6 +98,7 @@ pub(crate) fn parse() -> Result<Args, String> {
         window_queue: None,
         window_gains: true,
         coordinator_view: false,
+        coordinator_monitor: false,
         probe_interval_us: 500,
     };
     pub(crate) fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String>
@@ -141,6 +146,10 @@ pub(crate) fn parse() -> Result<Args, String> {
             }
             "--coordinator-view" => {
                 args.coordinator_view = true;
+                continue;
+            }
+            "--coordinator-monitor" => {
+                args.coordinator_monitor = true;
                 continue;
             }
             _ => {}
