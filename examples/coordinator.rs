@@ -174,8 +174,7 @@ struct KernelReport {
     monitor: KernelMonitor,
     cgroups: CgroupPaths,
     last: HashMap<TenantId, KernelCounts>,
-    /// Bypassing tenants and unattributed pids already said.
-    said_bypass: HashSet<TenantId>,
+    /// Unattributed pids already said.
     said_unattributed: HashSet<u32>,
 }
 
@@ -195,14 +194,10 @@ impl KernelReport {
     /// seen, and which tenants made queue pairs or regions in the last
     /// `secs` (quiet or not).
     fn news(&mut self, view: &KernelView, secs: f64) {
-        let mut bypassing = HashSet::new();
-        for b in view.bypasses() {
-            if !self.said_bypass.contains(&b.tenant) {
-                println!("BYPASS: {b}");
-            }
-            bypassing.insert(b.tenant);
+        // The coordinator says each bypass once, when it begins.
+        for b in &view.new_bypasses {
+            println!("BYPASS: {b}");
         }
-        self.said_bypass = bypassing;
         for u in &view.unattributed {
             if u.counts.holds_any() && self.said_unattributed.insert(u.pid) {
                 println!(
@@ -292,7 +287,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     monitor,
                     cgroups: CgroupPaths::new(),
                     last: HashMap::new(),
-                    said_bypass: HashSet::new(),
                     said_unattributed: HashSet::new(),
                 })
             }

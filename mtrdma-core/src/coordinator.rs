@@ -732,7 +732,8 @@ impl Coordinator {
     /// counts (such as `KernelMonitor::processes` with the `monitor`
     /// feature); the table's usage is read just before and just after it.
     /// A tenant found holding more than it was admitted is said once, as a
-    /// `tracing` warning, until it no longer does.
+    /// `tracing` warning and in the view's `new_bypasses`, until it no
+    /// longer does.
     ///
     /// # Errors
     /// What `read_kernel` returns.
@@ -750,7 +751,7 @@ impl Coordinator {
             .map(|(tenant, p)| (tenant, p.pid))
             .collect();
         let after = self.usage();
-        let view = crate::monitor::attribute(
+        let mut view = crate::monitor::attribute(
             &processes,
             |id| cgroups.path_of(id),
             &self.policy,
@@ -760,6 +761,7 @@ impl Coordinator {
         );
         let mut now = HashSet::new();
         for b in view.bypasses() {
+            now.insert(b.tenant);
             if !self.bypassing.contains(&b.tenant) {
                 tracing::warn!(
                     tenant = %b.tenant,
@@ -770,8 +772,8 @@ impl Coordinator {
                     unregistered = ?b.unregistered,
                     "{b}"
                 );
+                view.new_bypasses.push(b);
             }
-            now.insert(b.tenant);
         }
         for gone in self.bypassing.difference(&now) {
             tracing::info!(tenant = %gone, "tenant no longer holds more than it was admitted");

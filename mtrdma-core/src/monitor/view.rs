@@ -116,6 +116,10 @@ pub struct KernelView {
     pub tenants: Vec<TenantKernelView>,
     /// Processes no tenant takes, by pid.
     pub unattributed: Vec<Unattributed>,
+    /// The bypasses that began since the coordinator's last view
+    /// ([`Coordinator::kernel_view`](crate::coordinator::Coordinator::kernel_view)
+    /// fills it; [`attribute`] alone leaves it empty).
+    pub new_bypasses: Vec<Bypass>,
 }
 
 impl KernelView {
@@ -221,6 +225,7 @@ pub fn attribute(
     KernelView {
         tenants,
         unattributed,
+        new_bypasses: Vec::new(),
     }
 }
 
