@@ -13,6 +13,7 @@ mod link_observer;
 pub mod monitor;
 pub mod policy;
 pub mod procinfo;
+pub mod registry;
 pub mod table;
 
 pub use fairshare::{weighted_max_min, Demand};

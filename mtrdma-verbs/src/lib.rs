@@ -86,6 +86,7 @@ mod gid;
 mod mr;
 mod pd;
 mod progress;
+pub use mtrdma_core::registry;
 mod qp;
 pub mod scheduled;
 mod slab;

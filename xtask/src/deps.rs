@@ -18,6 +18,10 @@ pub(crate) const PACKAGES: &[(&str, &str)] = &[
     ),
     ("ibverbs-utils", "ibv_devices, ibv_devinfo, ibv_rc_pingpong"),
     ("perftest", "ib_write_bw and ib_write_lat baselines"),
+    (
+        "memcached",
+        "the queue-pair registry's server in the RPC tests and demo",
+    ),
     ("iproute2", "ip and rdma (creates rxe0)"),
     ("libibverbs-dev", "links libibverbs"),
     ("cmake", "builds ibverbs-sys's vendored rdma-core headers"),

@@ -14,7 +14,13 @@ use anyhow::{bail, Result};
 use crate::proc;
 
 /// The fuzz targets (`fuzz/fuzz_targets/*.rs`).
-pub(crate) const TARGETS: &[&str] = &["policy_file", "quota_table", "engine_rules", "registration"];
+pub(crate) const TARGETS: &[&str] = &[
+    "policy_file",
+    "quota_table",
+    "engine_rules",
+    "registration",
+    "registry_wire",
+];
 
 fn has_nightly() -> bool {
     Command::new("cargo")
