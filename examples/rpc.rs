@@ -1,0 +1,866 @@
+//! An HRD-style request/response service over UD, as a tenant.
+//!
+//! `rpc server` runs one UD queue pair per server thread; each serves many
+//! clients, answering every request to the queue pair number and GID it
+//! came from (taken from the receive's completion and its GRH), as HERD's
+//! and rdma-dpdk's servers do. `rpc client` runs client threads, one UD
+//! queue pair each, client `i` talking to server thread `i % threads`.
+//! Servers and clients find each other through a registry
+//! (`mtrdma::verbs::registry`): a memcached (`--registry HOST:PORT`), or,
+//! with no memcached, one the server hosts itself (`--host-registry
+//! ADDR`). Every endpoint is published under the service's name:
+//! `NAME/threads`, `NAME/server-T`, `NAME/client-I`. The server waits for
+//! its clients' names with a deadline (as HRD's do) and answers only the
+//! queue pairs they published: a datagram from anyone else is counted,
+//! never answered.
+//!
+//! Each client keeps one request out at a time: it sends, waits for the
+//! answer carrying the same sequence number, and with `--interval US`
+//! sends its requests that far apart (closed loop otherwise). It reports
+//! requests per second and latency percentiles; `--samples FILE` writes
+//! every latency (us, one per line) and `--csv FILE` one row of figures.
+//!
+//! With `--path mtrdma` every queue pair posts through
+//! `ScheduledUdQueuePair`, scheduled as its tenant (`--coordinator SOCKET`:
+//! the tenant a running `examples/coordinator` decides for this process,
+//! whose queue pairs and buffers are admitted against its quota).
+//!
+//! ```text
+//! rpc server --device rxe0 --host-registry 127.0.0.1:7700 --clients 8
+//! rpc client --device rxe0 --registry 127.0.0.1:7700 --clients 8 --seconds 5
+//! ```
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use mtrdma::core::coordinator::register;
+use mtrdma::core::{TenantHandle, TenantId, TrafficClass};
+use mtrdma::verbs::registry::{Registry, RegistryHost};
+use mtrdma::verbs::{
+    Access, AddressHandle, Context, MemoryRegion, Opcode, PostError, ProtectionDomain,
+    ScheduleConfig, ScheduledUdQueuePair, Tenancy, UdCompletion, UdEndpoint, UdQueuePair,
+    DEFAULT_QKEY,
+};
+
+#[path = "shared/args.rs"]
+mod args;
+use args::Token;
+
+/// Bytes of a message's header: kind (1), 3 unused, client (4), sequence (8).
+const HEADER: usize = 16;
+const REQUEST: u8 = 1;
+const BYE: u8 = 2;
+const RESPONSE: u8 = 3;
+/// Receives each queue pair keeps posted: a server's take a burst from
+/// all its clients at once.
+const SERVER_RECVS: u32 = 256;
+const CLIENT_RECVS: u32 = 8;
+/// Requests each client sends before it starts counting (the server may
+/// still be waiting for other clients' names; queue pairs warm up).
+const WARMUP: u64 = 20;
+/// How long a client waits for one answer before it counts the request
+/// lost (UD does not resend) and sends the next.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the first answer may take: the server answers once all its
+/// clients have published.
+const FIRST_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+/// Whether to spin on `poll` rather than sleep on completion events.
+static BUSY_POLL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Send buffers a server thread keeps for answers in flight.
+const SERVER_SEND_POOL: usize = 64;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum PathKind {
+    Raw,
+    Mtrdma,
+}
+
+#[derive(Debug)]
+struct Opts {
+    server: bool,
+    device: String,
+    registry: Option<String>,
+    host_registry: Option<String>,
+    name: String,
+    threads: u32,
+    clients: u32,
+    first: u32,
+    seconds: f64,
+    interval_us: u64,
+    size: usize,
+    path: PathKind,
+    coordinator: Option<PathBuf>,
+    samples: Option<PathBuf>,
+    csv: Option<PathBuf>,
+    wait: Duration,
+}
+
+const USAGE: &str = "\
+usage: rpc server --device DEV (--registry HOST:PORT | --host-registry ADDR) [options]
+       rpc client --device DEV --registry HOST:PORT [options]
+options:
+  --name NAME            the service's name in the registry (default rpc)
+  --threads T            server threads, one UD queue pair each (server; default 1)
+  --clients N            clients in all (server: the names it waits for; client:
+                         the client threads of this process; default 8)
+  --first I              this process's first client index (client; default 0)
+  --seconds S            client: how long to measure (default 5); server: the
+                         longest it serves before giving up on clients (default 600)
+  --interval US          a client's requests this far apart (default 0: closed loop)
+  --size B               request and answer bytes, 16 to the MTU (default 32)
+  --path raw|mtrdma      post straight, or through mtrdma's scheduler (default raw)
+  --coordinator SOCKET   register with a running coordinator as this process's tenant
+  --wait S               how long to wait for names in the registry (default 60)
+  --samples FILE         client: every latency in us, one per line
+  --csv FILE             client: one row of figures";
+
+fn parse(mut a: args::Args) -> Result<Opts, String> {
+    let mode = match a.next()? {
+        Some(Token::Value(v)) if v == "server" => true,
+        Some(Token::Value(v)) if v == "client" => false,
+        Some(Token::Flag(f)) if f == "--help" || f == "-h" => return Err(USAGE.into()),
+        _ => return Err(format!("say `server` or `client` first\n{USAGE}")),
+    };
+    let mut o = Opts {
+        server: mode,
+        device: String::new(),
+        registry: None,
+        host_registry: None,
+        name: "rpc".into(),
+        threads: 1,
+        clients: 8,
+        first: 0,
+        seconds: if mode { 600.0 } else { 5.0 },
+        interval_us: 0,
+        size: 32,
+        path: PathKind::Raw,
+        coordinator: None,
+        samples: None,
+        csv: None,
+        wait: Duration::from_secs(60),
+    };
+    while let Some(t) = a.next()? {
+        let Token::Flag(f) = t else {
+            return Err(format!("unexpected argument\n{USAGE}"));
+        };
+        match f.as_str() {
+            "--device" | "-d" => o.device = a.value(&f)?,
+            "--registry" => o.registry = Some(a.value(&f)?),
+            "--host-registry" => o.host_registry = Some(a.value(&f)?),
+            "--name" => o.name = a.value(&f)?,
+            "--threads" => o.threads = a.parse(&f)?,
+            "--clients" => o.clients = a.parse(&f)?,
+            "--first" => o.first = a.parse(&f)?,
+            "--seconds" | "-D" => o.seconds = a.parse(&f)?,
+            "--interval" => o.interval_us = a.parse(&f)?,
+            "--size" | "-s" => o.size = a.parse(&f)?,
+            "--path" => {
+                o.path = match a.value(&f)?.as_str() {
+                    "raw" => PathKind::Raw,
+                    "mtrdma" => PathKind::Mtrdma,
+                    p => return Err(format!("--path {p}: say raw or mtrdma")),
+                }
+            }
+            "--coordinator" => o.coordinator = Some(a.value(&f)?.into()),
+            "--wait" => o.wait = Duration::from_secs_f64(a.parse(&f)?),
+            "--samples" => o.samples = Some(a.value(&f)?.into()),
+            "--csv" => o.csv = Some(a.value(&f)?.into()),
+            "--busy-poll" => BUSY_POLL.store(true, std::sync::atomic::Ordering::Relaxed),
+            "--help" | "-h" => return Err(USAGE.into()),
+            _ => return Err(format!("unknown flag {f}\n{USAGE}")),
+        }
+    }
+    if o.device.is_empty() {
+        return Err("--device DEV is needed".into());
+    }
+    if o.threads == 0 || o.clients == 0 {
+        return Err("--threads and --clients must be at least 1".into());
+    }
+    if !(o.seconds.is_finite() && o.seconds > 0.0) {
+        return Err(format!("--seconds {}: must be above 0", o.seconds));
+    }
+    if o.size < HEADER {
+        return Err(format!("--size {}: at least {HEADER} bytes", o.size));
+    }
+    match (o.server, &o.registry, &o.host_registry) {
+        (_, Some(_), Some(_)) => return Err("give --registry or --host-registry, not both".into()),
+        (true, None, None) => {
+            return Err("the server needs --registry HOST:PORT or --host-registry ADDR".into())
+        }
+        (false, None, _) => return Err("the client needs --registry HOST:PORT".into()),
+        _ => {}
+    }
+    if o.name.is_empty() || o.name.len() > 200 || o.name.bytes().any(|b| b <= b' ') {
+        return Err(format!("--name {:?}: 1 to 200 characters, no spaces", o.name));
+    }
+    Ok(o)
+}
+
+/// One UD queue pair, posting straight or through mtrdma's scheduler.
+enum Ud {
+    Raw(UdQueuePair),
+    Sched(Box<ScheduledUdQueuePair>),
+}
+
+impl Ud {
+    fn endpoint(&self) -> UdEndpoint {
+        match self {
+            Ud::Raw(q) => q.endpoint(),
+            Ud::Sched(q) => q.endpoint(),
+        }
+    }
+
+    fn mtu(&self) -> u32 {
+        match self {
+            Ud::Raw(q) => q.mtu(),
+            Ud::Sched(q) => q.mtu(),
+        }
+    }
+
+    fn address_handle(&mut self, to: &UdEndpoint) -> Result<AddressHandle, String> {
+        match self {
+            Ud::Raw(q) => q.address_handle(to),
+            Ud::Sched(q) => q.address_handle(to),
+        }
+        .map_err(|e| format!("an address handle for queue pair {}: {e}", to.qpn))
+    }
+
+    fn send(
+        &mut self,
+        ah: &AddressHandle,
+        to: &UdEndpoint,
+        mr: MemoryRegion,
+        len: usize,
+    ) -> Result<(), PostError> {
+        match self {
+            Ud::Raw(q) => q.post_send(ah, to.qpn, to.qkey, mr, 0..len, 0),
+            Ud::Sched(q) => q.post_send(ah, to.qpn, to.qkey, mr, 0..len, 0),
+        }
+    }
+
+    fn recv(&mut self, mr: MemoryRegion) -> Result<(), String> {
+        let len = mr.len();
+        match self {
+            Ud::Raw(q) => q.post_recv(mr, 0..len, 1),
+            Ud::Sched(q) => q.post_recv(mr, 0..len, 1),
+        }
+        .map_err(|e| format!("posting a receive: {e}"))
+    }
+
+    fn wait(&mut self, out: &mut Vec<UdCompletion>, timeout: Duration) -> Result<usize, String> {
+        if BUSY_POLL.load(std::sync::atomic::Ordering::Relaxed) {
+            let start = Instant::now();
+            loop {
+                let n = match self {
+                    Ud::Raw(q) => q.poll(out),
+                    Ud::Sched(q) => q.poll(out),
+                }
+                .map_err(|e| format!("polling: {e}"))?;
+                if n > 0 || start.elapsed() >= timeout {
+                    return Ok(n);
+                }
+                std::thread::yield_now();
+            }
+        }
+        match self {
+            Ud::Raw(q) => q.poll_wait(out, timeout),
+            Ud::Sched(q) => q.poll_wait(out, timeout),
+        }
+        .map_err(|e| format!("waiting for completions: {e}"))
+    }
+}
+
+/// What every thread of the process shares: the device, the tenant.
+struct Site {
+    pd: ProtectionDomain,
+    tenant: Option<TenantHandle>,
+    path: PathKind,
+}
+
+impl Site {
+    fn open(o: &Opts) -> Result<Site, String> {
+        let tenant = match &o.coordinator {
+            Some(socket) => Some(register(socket).map_err(|e| {
+                format!(
+                    "registering with the coordinator at {}: {e}",
+                    socket.display()
+                )
+            })?),
+            None => None,
+        };
+        let ctx = Context::open(&o.device).map_err(|e| format!("opening {}: {e}", o.device))?;
+        let pd = ctx.alloc_pd().map_err(|e| format!("a protection domain: {e}"))?;
+        Ok(Site {
+            pd,
+            tenant,
+            path: o.path,
+        })
+    }
+
+    fn describe(&self) -> String {
+        match &self.tenant {
+            Some(t) => format!(
+                "tenant {} (id {}, {:?} class)",
+                t.name(),
+                t.tenant().0,
+                t.class()
+            ),
+            None => "no tenant".into(),
+        }
+    }
+
+    fn buffer(&self, len: usize) -> Result<MemoryRegion, String> {
+        match &self.tenant {
+            Some(t) => self.pd.register_for(t, vec![0u8; len], Access::LOCAL),
+            None => self.pd.allocate(len, Access::LOCAL),
+        }
+        .map_err(|e| format!("registering a {len}-byte buffer: {e}"))
+    }
+
+    fn queue_pair(&self, recvs: u32, sends: u32) -> Result<Ud, String> {
+        let mut b = self
+            .pd
+            .ud_queue_pair()
+            .max_recv_wr(recvs)
+            .max_send_wr(sends)
+            .completion_events(true);
+        if let Some(t) = &self.tenant {
+            b = b.tenant(t);
+        }
+        let qp = b.build().map_err(|e| format!("a UD queue pair: {e}"))?;
+        Ok(match self.path {
+            PathKind::Raw => Ud::Raw(qp),
+            PathKind::Mtrdma => {
+                let tenant = match &self.tenant {
+                    Some(_) => Tenancy::OfQueuePair,
+                    None => Tenancy::Local {
+                        id: TenantId(0),
+                        class: TrafficClass::Latency,
+                    },
+                };
+                let config = ScheduleConfig {
+                    tenant,
+                    ..ScheduleConfig::default()
+                };
+                Ud::Sched(Box::new(
+                    qp.scheduled(config)
+                        .map_err(|e| format!("setting up the scheduled path: {e}"))?,
+                ))
+            }
+        })
+    }
+}
+
+fn header(mr: &mut MemoryRegion, kind: u8, client: u32, seq: u64) -> Result<(), String> {
+    let mut h = [0u8; HEADER];
+    h[0] = kind;
+    h[4..8].copy_from_slice(&client.to_le_bytes());
+    h[8..16].copy_from_slice(&seq.to_le_bytes());
+    mr.write_at(0, &h).map_err(|e| format!("writing a message: {e}"))
+}
+
+/// (kind, client, sequence) of a received message, if it has a header.
+fn read_header(c: &UdCompletion) -> Option<(u8, u32, u64)> {
+    if (c.byte_len as usize) < HEADER {
+        return None;
+    }
+    let mut h = [0u8; HEADER];
+    c.region.read_into(0, &mut h).ok()?;
+    Some((
+        h[0],
+        u32::from_le_bytes(h[4..8].try_into().ok()?),
+        u64::from_le_bytes(h[8..16].try_into().ok()?),
+    ))
+}
+
+fn connect_registry(o: &Opts, host: Option<&RegistryHost>) -> Result<Registry, String> {
+    let addr = match (host, &o.registry) {
+        (Some(h), _) => h.addr().to_string(),
+        (None, Some(a)) => a.clone(),
+        (None, None) => unreachable!("checked in parse"),
+    };
+    Registry::connect(&addr).map_err(|e| e.to_string())
+}
+
+// ---------------------------------------------------------------- server
+
+/// What one server thread did.
+#[derive(Default)]
+struct Served {
+    answered: u64,
+    strangers: u64,
+    byes: u32,
+}
+
+fn server(o: &Opts) -> Result<(), String> {
+    let host = match &o.host_registry {
+        Some(addr) => Some(
+            RegistryHost::bind(addr.as_str())
+                .map_err(|e| format!("hosting a registry on {addr}: {e}"))?,
+        ),
+        None => None,
+    };
+    let mut registry = connect_registry(o, host.as_ref())?;
+    let site = Site::open(o)?;
+    let mut qps = Vec::new();
+    for t in 0..o.threads {
+        let mut qp = site.queue_pair(SERVER_RECVS, SERVER_SEND_POOL as u32)?;
+        // Receives go up before the endpoint is published: a datagram to
+        // a UD queue pair with none posted is dropped.
+        let mtu = qp.mtu() as usize;
+        for _ in 0..SERVER_RECVS {
+            qp.recv(site.buffer(mtu)?)?;
+        }
+        registry
+            .publish_json(&format!("{}/server-{t}", o.name), &qp.endpoint())
+            .map_err(|e| e.to_string())?;
+        qps.push(qp);
+    }
+    registry
+        .publish_json(&format!("{}/threads", o.name), &o.threads)
+        .map_err(|e| e.to_string())?;
+    println!(
+        "rpc server: {} thread(s), one UD queue pair each (qpn {}), on {}, path {:?}, {}; registry {}",
+        o.threads,
+        qps.iter()
+            .map(|q| q.endpoint().qpn.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        o.device,
+        o.path,
+        site.describe(),
+        registry.server()
+    );
+    // The clients this server answers: their published queue pairs.
+    let mut clients: Vec<UdEndpoint> = Vec::new();
+    for i in 0..o.clients {
+        let name = format!("{}/client-{i}", o.name);
+        clients.push(
+            registry
+                .wait_for_json(&name, o.wait)
+                .map_err(|e| format!("waiting for client {i}: {e}"))?,
+        );
+    }
+    println!("rpc server: all {} clients published", o.clients);
+    let deadline = Instant::now() + Duration::from_secs_f64(o.seconds);
+    let site = Arc::new(site);
+    let results: Vec<Result<Served, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = qps
+            .into_iter()
+            .enumerate()
+            .map(|(t, qp)| {
+                // Client i talks to server thread i % threads.
+                let mine: Vec<UdEndpoint> = clients
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| *i as u32 % o.threads == t as u32)
+                    .map(|(_, c)| *c)
+                    .collect();
+                let site = site.clone();
+                s.spawn(move || serve(&site, qp, &mine, o.size, deadline))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a server thread panicked".into())))
+            .collect()
+    });
+    for t in 0..o.threads {
+        let _ = registry.remove(&format!("{}/server-{t}", o.name));
+    }
+    let _ = registry.remove(&format!("{}/threads", o.name));
+    let mut total = Served::default();
+    let mut per_qp = Vec::new();
+    for r in results {
+        let r = r?;
+        per_qp.push(r.answered.to_string());
+        total.answered += r.answered;
+        total.strangers += r.strangers;
+        total.byes += r.byes;
+    }
+    println!(
+        "rpc server: answered {} requests (per queue pair: {}); {} of {} clients said bye; strangers {}",
+        total.answered,
+        per_qp.join(" "),
+        total.byes,
+        o.clients,
+        total.strangers
+    );
+    if total.byes < o.clients {
+        return Err(format!(
+            "only {} of {} clients finished before the server's {} s ran out",
+            total.byes, o.clients, o.seconds
+        ));
+    }
+    Ok(())
+}
+
+/// One server thread: answers `clients` on `qp` until each said bye or
+/// `deadline` passes.
+fn serve(
+    site: &Site,
+    mut qp: Ud,
+    clients: &[UdEndpoint],
+    size: usize,
+    deadline: Instant,
+) -> Result<Served, String> {
+    let mut pool = (0..SERVER_SEND_POOL)
+        .map(|_| site.buffer(size))
+        .collect::<Result<Vec<_>, _>>()?;
+    // An address handle per client, made from the GID and QPN of its
+    // first request (its published endpoint says which are clients).
+    let mut handles: Vec<Option<AddressHandle>> = vec![None; clients.len()];
+    let mut served = Served::default();
+    // Completions not handled yet, oldest first.
+    let mut backlog: VecDeque<UdCompletion> = VecDeque::new();
+    let mut said_bye = vec![false; clients.len()];
+    while served.byes < clients.len() as u32 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let Some(c) = backlog.pop_front() else {
+            let mut more = Vec::new();
+            qp.wait(&mut more, left.min(Duration::from_millis(200)))?;
+            backlog.extend(more);
+            continue;
+        };
+        if c.opcode != Opcode::Recv {
+            if !c.status.is_success() {
+                return Err(format!("an answer failed: {:?}", c.status));
+            }
+            pool.push(c.region);
+            continue;
+        }
+        if !c.status.is_success() {
+            return Err(format!("a receive failed: {:?}", c.status));
+        }
+        let from = c.source;
+        let head = read_header(&c);
+        qp.recv(c.region)?;
+        // A client is the queue pair it published: its QPN and GID.
+        let Some((k, src)) = from.and_then(|src| {
+            clients
+                .iter()
+                .position(|e| e.qpn == src.qpn && src.gid.is_some_and(|g| g.0 == e.gid))
+                .map(|k| (k, src))
+        }) else {
+            served.strangers += 1;
+            continue;
+        };
+        match head {
+            Some((BYE, _, _)) => {
+                if !said_bye[k] {
+                    said_bye[k] = true;
+                    served.byes += 1;
+                }
+            }
+            Some((REQUEST, client, seq)) => {
+                // The route back is the request's own source: the QPN from
+                // its completion, the GID from its GRH.
+                let to = UdEndpoint {
+                    qpn: src.qpn,
+                    qkey: DEFAULT_QKEY,
+                    gid: src.gid.map(|g| g.0).unwrap_or_default(),
+                    lid: 0,
+                };
+                if handles[k].is_none() {
+                    handles[k] = Some(qp.address_handle(&to)?);
+                }
+                while pool.is_empty() {
+                    // Every answer buffer is in flight: take back the
+                    // sent ones, keep the rest for their turn.
+                    let mut more = Vec::new();
+                    qp.wait(&mut more, Duration::from_millis(100))?;
+                    for m in more {
+                        if m.opcode == Opcode::Recv {
+                            backlog.push_back(m);
+                        } else if m.status.is_success() {
+                            pool.push(m.region);
+                        } else {
+                            return Err(format!("an answer failed: {:?}", m.status));
+                        }
+                    }
+                }
+                let mut mr = pool.pop().expect("refilled above");
+                header(&mut mr, RESPONSE, client, seq)?;
+                let ah = handles[k].as_ref().expect("made above");
+                qp.send(ah, &to, mr, size)
+                    .map_err(|e| format!("answering client {client}: {e}"))?;
+                served.answered += 1;
+            }
+            _ => served.strangers += 1,
+        }
+    }
+    Ok(served)
+}
+
+// ---------------------------------------------------------------- client
+
+/// What one client thread measured.
+#[derive(Default)]
+struct Measured {
+    latencies_us: Vec<f64>,
+    lost: u64,
+    late: u64,
+}
+
+fn client(o: &Opts) -> Result<(), String> {
+    let site = Arc::new(Site::open(o)?);
+    let mut registry = connect_registry(o, None)?;
+    let threads: u32 = registry
+        .wait_for_json(&format!("{}/threads", o.name), o.wait)
+        .map_err(|e| format!("waiting for the server: {e}"))?;
+    if threads == 0 {
+        return Err(format!("{}/threads says 0 server threads", o.name));
+    }
+    let mut qps = Vec::new();
+    for i in o.first..o.first + o.clients {
+        let mut qp = site.queue_pair(CLIENT_RECVS, 4)?;
+        let mtu = qp.mtu() as usize;
+        if o.size > mtu {
+            return Err(format!("--size {}: above the port's MTU, {mtu}", o.size));
+        }
+        for _ in 0..CLIENT_RECVS {
+            qp.recv(site.buffer(mtu)?)?;
+        }
+        registry
+            .publish_json(&format!("{}/client-{i}", o.name), &qp.endpoint())
+            .map_err(|e| e.to_string())?;
+        let server: UdEndpoint = registry
+            .wait_for_json(&format!("{}/server-{}", o.name, i % threads), o.wait)
+            .map_err(|e| format!("client {i} waiting for its server: {e}"))?;
+        qps.push((i, qp, server));
+    }
+    println!(
+        "rpc client: {} client(s) ({}..{}) on {} server queue pair(s), {} B messages, {}, on {}, path {:?}, {}",
+        o.clients,
+        o.first,
+        o.first + o.clients - 1,
+        threads.min(o.clients),
+        o.size,
+        if o.interval_us > 0 {
+            format!("one request every {} us each", o.interval_us)
+        } else {
+            "closed loop".into()
+        },
+        o.device,
+        o.path,
+        site.describe()
+    );
+    let start_line = Arc::new(Barrier::new(qps.len()));
+    let results: Vec<Result<(Measured, f64), String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = qps
+            .into_iter()
+            .map(|(i, qp, server)| {
+                let (site, start_line) = (site.clone(), start_line.clone());
+                s.spawn(move || ask(&site, qp, i, &server, o, &start_line))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a client thread panicked".into())))
+            .collect()
+    });
+    for i in o.first..o.first + o.clients {
+        let _ = registry.remove(&format!("{}/client-{i}", o.name));
+    }
+    let mut all = Measured::default();
+    let mut secs: f64 = 0.0;
+    for r in results {
+        let (m, s) = r?;
+        all.latencies_us.extend(m.latencies_us);
+        all.lost += m.lost;
+        all.late += m.late;
+        secs = secs.max(s);
+    }
+    report(o, &all, secs)
+}
+
+/// One client: warms up, then asks for `o.seconds`, then says bye.
+/// Returns what it measured and how long it measured.
+fn ask(
+    site: &Site,
+    mut qp: Ud,
+    me: u32,
+    server: &UdEndpoint,
+    o: &Opts,
+    start_line: &Barrier,
+) -> Result<(Measured, f64), String> {
+    let ah = qp.address_handle(server)?;
+    let mut send_buf = Some(site.buffer(o.size)?);
+    let mut m = Measured::default();
+    let mut seq = 0u64;
+    let mut done = Vec::new();
+    // One request out and its answer back; the time it took, or None when
+    // no answer came within `timeout`.
+    let mut one = |qp: &mut Ud, kind: u8, timeout: Duration, m: &mut Measured| {
+        seq += 1;
+        let mut mr = send_buf.take().ok_or("the send buffer is still posted")?;
+        header(&mut mr, kind, me, seq)?;
+        let sent = Instant::now();
+        qp.send(&ah, server, mr, o.size)
+            .map_err(|e| format!("client {me} sending: {e}"))?;
+        let mut answered = None;
+        while send_buf.is_none() || (kind == REQUEST && answered.is_none()) {
+            let left = timeout.saturating_sub(sent.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            done.clear();
+            qp.wait(&mut done, left)?;
+            for c in done.drain(..) {
+                if c.opcode != Opcode::Recv {
+                    if !c.status.is_success() {
+                        return Err(format!("client {me}: a send failed: {:?}", c.status));
+                    }
+                    send_buf = Some(c.region);
+                    continue;
+                }
+                if !c.status.is_success() {
+                    return Err(format!("client {me}: a receive failed: {:?}", c.status));
+                }
+                match read_header(&c) {
+                    Some((RESPONSE, who, s)) if who == me && s == seq => {
+                        answered = Some(sent.elapsed());
+                    }
+                    _ => m.late += 1,
+                }
+                qp.recv(c.region)?;
+            }
+        }
+        if send_buf.is_none() {
+            return Err(format!("client {me}: a send did not complete in {timeout:?}"));
+        }
+        Ok::<_, String>(answered)
+    };
+    // The first answer comes once the server has all its clients' names:
+    // ask again each second until then (a datagram may be lost).
+    let first = Instant::now();
+    while one(&mut qp, REQUEST, ANSWER_TIMEOUT, &mut m)?.is_none() {
+        if first.elapsed() > FIRST_ANSWER_TIMEOUT {
+            return Err(format!(
+                "client {me}: no answer from server queue pair {} within {FIRST_ANSWER_TIMEOUT:?}",
+                server.qpn
+            ));
+        }
+    }
+    for _ in 1..WARMUP {
+        one(&mut qp, REQUEST, ANSWER_TIMEOUT, &mut m)?;
+    }
+    m.late = 0;
+    start_line.wait();
+    let start = Instant::now();
+    let run = Duration::from_secs_f64(o.seconds);
+    let interval = Duration::from_micros(o.interval_us);
+    let mut next = start;
+    while start.elapsed() < run {
+        if o.interval_us > 0 {
+            let now = Instant::now();
+            if next > now {
+                std::thread::sleep(next - now);
+            }
+            next += interval;
+        }
+        match one(&mut qp, REQUEST, ANSWER_TIMEOUT, &mut m)? {
+            Some(t) => m.latencies_us.push(t.as_secs_f64() * 1e6),
+            None => m.lost += 1,
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    // The server counts its clients out; a bye is resent until it is
+    // surely there (its loss would only keep the server to its deadline).
+    for _ in 0..3 {
+        one(&mut qp, BYE, Duration::from_millis(200), &mut m)?;
+    }
+    Ok((m, secs))
+}
+
+fn report(o: &Opts, m: &Measured, secs: f64) -> Result<(), String> {
+    let mut sorted = m.latencies_us.clone();
+    sorted.sort_by(f64::total_cmp);
+    let pct = |p| mtrdma::sched::stats::percentile(&sorted, p).unwrap_or(f64::NAN);
+    let n = sorted.len();
+    let rps = n as f64 / secs;
+    let (p50, p99, p999) = (pct(0.5), pct(0.99), pct(0.999));
+    let max = sorted.last().copied().unwrap_or(f64::NAN);
+    println!(
+        "rpc client: {n} requests answered in {secs:.2} s: {rps:.0} per second; lost {}; late answers {}",
+        m.lost, m.late
+    );
+    println!(
+        "rpc client: latency us: p50 {p50:.1} p99 {p99:.1} p99.9 {p999:.1} max {max:.1} ({n} samples)"
+    );
+    if let Some(path) = &o.samples {
+        let mut text = String::with_capacity(n * 8);
+        for v in &m.latencies_us {
+            let _ = writeln!(text, "{v:.2}");
+        }
+        std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &o.csv {
+        let text = format!(
+            "clients,requests,seconds,rps,lost,late,p50_us,p99_us,p999_us,max_us\n\
+             {},{n},{secs:.3},{rps:.1},{},{},{p50:.2},{p99:.2},{p999:.2},{max:.2}\n",
+            o.clients, m.lost, m.late
+        );
+        std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if n == 0 {
+        return Err("no request was answered".into());
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let o = match parse(args::Args::from_env()) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let r = if o.server { server(&o) } else { client(&o) };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rpc: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(words: &[&str]) -> Result<Opts, String> {
+        parse(args::Args::from_args(words.iter().map(|s| s.to_string())))
+    }
+
+    #[test]
+    fn command_lines_are_checked() {
+        assert!(opts(&["server", "--device", "d", "--host-registry", "127.0.0.1:0"]).is_ok());
+        assert!(opts(&["client", "--device", "d", "--registry", "h:1"]).is_ok());
+        let bad: &[&[&str]] = &[
+            &[],
+            &["serve"],
+            &["server", "--device", "d"],
+            &["client", "--device", "d"],
+            &["client", "--registry", "h:1"],
+            &["client", "--device", "d", "--registry", "h:1", "--size", "8"],
+            &["client", "--device", "d", "--registry", "h:1", "--clients", "0"],
+            &["client", "--device", "d", "--registry", "h:1", "--seconds", "0"],
+            &["client", "--device", "d", "--registry", "h:1", "--path", "x"],
+            &["client", "--device", "d", "--registry", "h:1", "--name", "a b"],
+            &["server", "--device", "d", "--registry", "h:1", "--host-registry", "h:2"],
+        ];
+        for words in bad {
+            assert!(opts(words).is_err(), "{words:?} was accepted");
+        }
+    }
+}
