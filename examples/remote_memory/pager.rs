@@ -219,9 +219,11 @@ fn greet(addr: &NodeAddr) -> Result<(TcpStream, u64), String> {
     let mut byte = [0u8; 1];
     loop {
         match stream.read(&mut byte) {
-            Ok(0) => return Err(format!(
+            Ok(0) => {
+                return Err(format!(
                 "node {addr} closed the connection before greeting (is it a remote_memory node?)"
-            )),
+            ))
+            }
             Ok(_) if byte[0] == b'\n' => break,
             Ok(_) if line.len() < 256 => line.push(byte[0]),
             Ok(_) => return Err(format!("node {addr}: its greeting is too long")),
