@@ -26,11 +26,13 @@ struct Node {
 }
 
 impl Node {
-    /// Starts a node of `pages` pages and waits for its ready line.
-    fn start(pages: u64) -> Node {
+    /// Starts a node of `pages` pages (serving one pager after another
+    /// if `forever`) and waits for its ready line.
+    fn start(pages: u64, forever: bool) -> Node {
         let mut child = Command::new(example("remote_memory"))
             .args(["node", "--device", &device(), "-p", "0", "--pages"])
             .arg(pages.to_string())
+            .args(forever.then_some("--forever"))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -101,7 +103,7 @@ fn strings(v: &[&str]) -> Vec<String> {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn the_pager_pages_in_and_out_and_verifies_every_page_on_both_paths() {
-    let (a, b) = (Node::start(512), Node::start(512));
+    let (a, b) = (Node::start(512, true), Node::start(512, true));
     for path in ["raw", "mtrdma"] {
         let csv = std::env::temp_dir().join(format!(
             "mtrdma-remote-memory-{}-{path}.csv",
@@ -119,6 +121,7 @@ fn the_pager_pages_in_and_out_and_verifies_every_page_on_both_paths() {
         args.push(csv.display().to_string());
         let out = client(&args).output().expect("run the pager");
         let (stdout, stderr) = text(&out);
+        println!("{path}:\n{stdout}");
         assert!(
             out.status.success(),
             "{path}: {}\n{stdout}\n{stderr}",
@@ -152,8 +155,8 @@ fn the_pager_pages_in_and_out_and_verifies_every_page_on_both_paths() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_killed_node_loses_its_pages_and_the_pager_goes_on_with_the_other() {
-    let a = Node::start(512);
-    let mut b = Node::start(512);
+    let a = Node::start(512, false);
+    let mut b = Node::start(512, false);
     let mut args = strings(&["--device", &device(), "--node", &a.addr(), "--node"]);
     args.extend(strings(&[
         &b.addr(),
@@ -175,6 +178,7 @@ fn a_killed_node_loses_its_pages_and_the_pager_goes_on_with_the_other() {
     let _ = b.child.wait();
     let out = pager.wait_with_output().expect("the pager's output");
     let (stdout, stderr) = text(&out);
+    println!("{stdout}");
     assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
     let lost: Vec<&str> = stdout.lines().filter(|l| l.starts_with("lost:")).collect();
     assert_eq!(lost.len(), 1, "one node lost, once:\n{stdout}");

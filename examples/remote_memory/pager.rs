@@ -504,8 +504,13 @@ impl Pager {
             .sum()
     }
 
-    fn in_flight(&self) -> usize {
-        self.nodes.iter().map(Node::in_flight).sum()
+    /// Requests out on nodes not lost: what the end of the run waits for.
+    fn in_flight_alive(&self) -> usize {
+        self.nodes
+            .iter()
+            .filter(|n| n.lost.is_none())
+            .map(Node::in_flight)
+            .sum()
     }
 
     /// Declares node `i` lost: every page of it LOST, its frames freed,
@@ -538,6 +543,13 @@ impl Pager {
         println!("lost: {count} pages on node {} ({why})", self.nodes[i].addr);
         self.r.lost_pages += count;
         self.nodes[i].lost = Some(why);
+        // Its requests still out are flushed back at once on the plain
+        // path (their buffers return); a scheduled queue pair keeps them
+        // until its retries run out. Either way the pager no longer waits
+        // for them.
+        if let Qp::Raw(q) = &self.nodes[i].qp {
+            let _ = q.set_error();
+        }
         self.first_loss.get_or_insert_with(Instant::now);
     }
 
@@ -601,7 +613,12 @@ impl Pager {
         let w = self.pages.len() as u64;
         let per_node = self.depth.max(8);
         let mut next = 0u64;
-        while next < w || self.in_flight() > 0 {
+        let mut last_check = Instant::now();
+        while next < w || self.in_flight_alive() > 0 {
+            if last_check.elapsed() >= TCP_CHECK {
+                last_check = Instant::now();
+                self.check_connections();
+            }
             let mut posted = false;
             while next < w {
                 let i = self.node_of(next);
@@ -871,13 +888,13 @@ impl Pager {
         loop {
             let now = Instant::now();
             let running = now < deadline;
-            if !running && self.in_flight() == 0 {
+            if !running && self.in_flight_alive() == 0 {
                 break;
             }
             if !running && now >= deadline + DRAIN {
                 eprintln!(
                     "remote_memory: {} request(s) still out {DRAIN:?} after the run; not waiting longer",
-                    self.in_flight()
+                    self.in_flight_alive()
                 );
                 break;
             }
