@@ -1,0 +1,266 @@
+//! `examples/remote_memory`: two memory nodes and a pager on one device
+//! (the one MTRDMA_TEST_DEVICE names), on both paths, and with a node
+//! killed in the middle of the run (ignored on a plain `cargo test`; run
+//! them in the SoftRoCE VM). The argument checks run on the host, with no
+//! device: a refused working set is refused before the device is opened.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+// Only `example` of what the tests share is used here.
+#[allow(dead_code)]
+mod common;
+use common::example;
+
+fn device() -> String {
+    std::env::var("MTRDMA_TEST_DEVICE")
+        .expect("MTRDMA_TEST_DEVICE must name the RDMA device to test (e.g. rxe0)")
+}
+
+/// A memory node on a free port, killed when dropped.
+struct Node {
+    child: Child,
+    port: u16,
+}
+
+impl Node {
+    /// Starts a node of `pages` pages (serving one pager after another
+    /// if `forever`) and waits for its ready line.
+    fn start(pages: u64, forever: bool) -> Node {
+        let mut child = Command::new(example("remote_memory"))
+            .args(["node", "--device", &device(), "-p", "0", "--pages"])
+            .arg(pages.to_string())
+            .args(forever.then_some("--forever"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start a memory node");
+        let mut lines = BufReader::new(child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        lines.read_line(&mut line).expect("the node's first line");
+        let port = line
+            .strip_prefix("node: ready port ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|p| p.parse().ok());
+        let Some(port) = port else {
+            let _ = child.kill();
+            let mut err = String::new();
+            let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut err));
+            panic!("the node did not say it was ready: {line:?}\n{err}");
+        };
+        assert_eq!(
+            line.trim(),
+            format!("node: ready port {port} pages {pages}")
+        );
+        // Later lines go nowhere; the pipe's buffer holds the few there are.
+        std::thread::spawn(move || std::io::copy(&mut lines, &mut std::io::sink()));
+        Node { child, port }
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client(args: &[String]) -> Command {
+    let mut cmd = Command::new(example("remote_memory"));
+    cmd.arg("client").args(args);
+    cmd
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The figure on the result block's `  NAME: value` line.
+fn figure(stdout: &str, name: &str) -> f64 {
+    let prefix = format!("  {name}: ");
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no `{name}` in the result:\n{stdout}"))
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("`{name}` is not a number:\n{stdout}"))
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn the_pager_pages_in_and_out_and_verifies_every_page_on_both_paths() {
+    let (a, b) = (Node::start(512, true), Node::start(512, true));
+    for path in ["raw", "mtrdma"] {
+        let csv = std::env::temp_dir().join(format!(
+            "mtrdma-remote-memory-{}-{path}.csv",
+            std::process::id()
+        ));
+        let mut args = strings(&["--device", &device(), "--node", &a.addr(), "--node"]);
+        args.extend(strings(&[
+            &b.addr(),
+            "--working-set",
+            "1024",
+            "--cache",
+            "256",
+        ]));
+        args.extend(strings(&["--seconds", "3", "--path", path, "--csv"]));
+        args.push(csv.display().to_string());
+        let out = client(&args).output().expect("run the pager");
+        let (stdout, stderr) = text(&out);
+        println!("{path}:\n{stdout}");
+        assert!(
+            out.status.success(),
+            "{path}: {}\n{stdout}\n{stderr}",
+            out.status
+        );
+        let page_ins = figure(&stdout, "page-ins");
+        assert!(page_ins > 0.0, "{path}: page-ins\n{stdout}");
+        assert!(
+            figure(&stdout, "page-outs") > 0.0,
+            "{path}: page-outs\n{stdout}"
+        );
+        assert_eq!(figure(&stdout, "verified"), page_ins, "{path}:\n{stdout}");
+        assert_eq!(figure(&stdout, "corrupt"), 0.0, "{path}:\n{stdout}");
+        assert_eq!(figure(&stdout, "lost pages"), 0.0, "{path}:\n{stdout}");
+        assert!(!stdout.contains("lost:"), "{path}:\n{stdout}");
+        assert!(figure(&stdout, "MB/s") > 0.0, "{path}:\n{stdout}");
+        // The CSV row carries the same figures.
+        let table = std::fs::read_to_string(&csv).expect("the CSV file");
+        let _ = std::fs::remove_file(&csv);
+        let mut rows = table.lines();
+        let header: Vec<&str> = rows.next().expect("a header").split(',').collect();
+        let row: Vec<&str> = rows.next().expect("a row").split(',').collect();
+        assert_eq!(header.len(), row.len(), "{table}");
+        let col = |name: &str| row[header.iter().position(|h| *h == name).expect(name)];
+        assert_eq!(col("path"), path);
+        assert_eq!(col("page_ins").parse::<f64>().ok(), Some(page_ins));
+        assert_eq!(col("corrupt"), "0");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_killed_node_loses_its_pages_and_the_pager_goes_on_with_the_other() {
+    let a = Node::start(512, false);
+    let mut b = Node::start(512, false);
+    let mut args = strings(&["--device", &device(), "--node", &a.addr(), "--node"]);
+    args.extend(strings(&[
+        &b.addr(),
+        "--working-set",
+        "1024",
+        "--cache",
+        "256",
+    ]));
+    args.extend(strings(&["--seconds", "6"]));
+    let pager = client(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the pager");
+    // The fill takes a moment (slower in a debug build); kill once the
+    // timed run has surely begun.
+    std::thread::sleep(Duration::from_secs(3));
+    b.child.kill().expect("SIGKILL node 1");
+    let _ = b.child.wait();
+    let out = pager.wait_with_output().expect("the pager's output");
+    let (stdout, stderr) = text(&out);
+    println!("{stdout}");
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    let lost: Vec<&str> = stdout.lines().filter(|l| l.starts_with("lost:")).collect();
+    assert_eq!(lost.len(), 1, "one node lost, once:\n{stdout}");
+    assert!(
+        lost[0].starts_with(&format!("lost: 512 pages on node {} (", b.addr())),
+        "node 1's 512 pages:\n{stdout}"
+    );
+    assert_eq!(figure(&stdout, "lost pages"), 512.0, "{stdout}");
+    assert!(figure(&stdout, "lost accesses") > 0.0, "{stdout}");
+    assert_eq!(figure(&stdout, "corrupt"), 0.0, "{stdout}\n{stderr}");
+    assert_eq!(
+        figure(&stdout, "verified"),
+        figure(&stdout, "page-ins"),
+        "{stdout}"
+    );
+    assert!(
+        figure(&stdout, "page-ins after first loss") > 0.0,
+        "the pager goes on with node 0's pages:\n{stdout}"
+    );
+}
+
+/// The pager's own command line checks, no device needed.
+fn refused(args: &[&str], says: &str) {
+    let out = client(&strings(args)).output().expect("run the pager");
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{args:?}:\n{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(says),
+        "{args:?}: expected {says:?} in:\n{stderr}"
+    );
+}
+
+#[test]
+fn the_pager_refuses_a_cache_as_large_as_the_working_set() {
+    refused(
+        &[
+            "--node",
+            "127.0.0.1:1",
+            "--working-set",
+            "64",
+            "--cache",
+            "64",
+            "--seconds",
+            "1",
+        ],
+        "the cache (64 pages) must be smaller than the working set (64 pages)",
+    );
+}
+
+#[test]
+fn the_pager_refuses_to_run_without_a_node() {
+    refused(
+        &["--working-set", "64", "--cache", "8", "--seconds", "1"],
+        "give at least one memory node (--node HOST:PORT)",
+    );
+}
+
+#[test]
+fn the_pager_refuses_a_working_set_larger_than_the_nodes() {
+    // A stand-in node that greets with its size (4 pages) and waits for
+    // the pager to hang up: the check comes before any device is opened.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = listener.local_addr().expect("its address").port();
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("the pager connects");
+        s.write_all(b"mtrdma-remote-memory/1 pages 4\n")
+            .expect("greet");
+        let _ = s.read(&mut [0u8; 64]);
+    });
+    let node = format!("127.0.0.1:{port}");
+    refused(
+        &[
+            "--node",
+            &node,
+            "--working-set",
+            "16",
+            "--cache",
+            "2",
+            "--seconds",
+            "1",
+        ],
+        &format!("the working set of 16 pages needs 16 pages on node {node}, which lends only 4"),
+    );
+    fake.join().expect("the stand-in node");
+}
