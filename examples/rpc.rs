@@ -195,7 +195,10 @@ fn parse(mut a: args::Args) -> Result<Opts, String> {
         _ => {}
     }
     if o.name.is_empty() || o.name.len() > 200 || o.name.bytes().any(|b| b <= b' ') {
-        return Err(format!("--name {:?}: 1 to 200 characters, no spaces", o.name));
+        return Err(format!(
+            "--name {:?}: 1 to 200 characters, no spaces",
+            o.name
+        ));
     }
     Ok(o)
 }
@@ -293,7 +296,9 @@ impl Site {
             None => None,
         };
         let ctx = Context::open(&o.device).map_err(|e| format!("opening {}: {e}", o.device))?;
-        let pd = ctx.alloc_pd().map_err(|e| format!("a protection domain: {e}"))?;
+        let pd = ctx
+            .alloc_pd()
+            .map_err(|e| format!("a protection domain: {e}"))?;
         Ok(Site {
             pd,
             tenant,
@@ -360,7 +365,8 @@ fn header(mr: &mut MemoryRegion, kind: u8, client: u32, seq: u64) -> Result<(), 
     h[0] = kind;
     h[4..8].copy_from_slice(&client.to_le_bytes());
     h[8..16].copy_from_slice(&seq.to_le_bytes());
-    mr.write_at(0, &h).map_err(|e| format!("writing a message: {e}"))
+    mr.write_at(0, &h)
+        .map_err(|e| format!("writing a message: {e}"))
 }
 
 /// (kind, client, sequence) of a received message, if it has a header.
@@ -466,7 +472,10 @@ fn server(o: &Opts) -> Result<(), String> {
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a server thread panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a server thread panicked".into()))
+            })
             .collect()
     });
     for t in 0..o.threads {
@@ -663,7 +672,10 @@ fn client(o: &Opts) -> Result<(), String> {
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a client thread panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a client thread panicked".into()))
+            })
             .collect()
     });
     for i in o.first..o.first + o.clients {
@@ -734,7 +746,9 @@ fn ask(
             }
         }
         if send_buf.is_none() {
-            return Err(format!("client {me}: a send did not complete in {timeout:?}"));
+            return Err(format!(
+                "client {me}: a send did not complete in {timeout:?}"
+            ));
         }
         Ok::<_, String>(answered)
     };
@@ -852,12 +866,60 @@ mod tests {
             &["server", "--device", "d"],
             &["client", "--device", "d"],
             &["client", "--registry", "h:1"],
-            &["client", "--device", "d", "--registry", "h:1", "--size", "8"],
-            &["client", "--device", "d", "--registry", "h:1", "--clients", "0"],
-            &["client", "--device", "d", "--registry", "h:1", "--seconds", "0"],
-            &["client", "--device", "d", "--registry", "h:1", "--path", "x"],
-            &["client", "--device", "d", "--registry", "h:1", "--name", "a b"],
-            &["server", "--device", "d", "--registry", "h:1", "--host-registry", "h:2"],
+            &[
+                "client",
+                "--device",
+                "d",
+                "--registry",
+                "h:1",
+                "--size",
+                "8",
+            ],
+            &[
+                "client",
+                "--device",
+                "d",
+                "--registry",
+                "h:1",
+                "--clients",
+                "0",
+            ],
+            &[
+                "client",
+                "--device",
+                "d",
+                "--registry",
+                "h:1",
+                "--seconds",
+                "0",
+            ],
+            &[
+                "client",
+                "--device",
+                "d",
+                "--registry",
+                "h:1",
+                "--path",
+                "x",
+            ],
+            &[
+                "client",
+                "--device",
+                "d",
+                "--registry",
+                "h:1",
+                "--name",
+                "a b",
+            ],
+            &[
+                "server",
+                "--device",
+                "d",
+                "--registry",
+                "h:1",
+                "--host-registry",
+                "h:2",
+            ],
         ];
         for words in bad {
             assert!(opts(words).is_err(), "{words:?} was accepted");

@@ -81,17 +81,28 @@ fn serve_and_ask(registry: Option<&str>, path: &str, clients: u32, processes: u3
     // The hosted registry listens once the server is up.
     let start = std::time::Instant::now();
     while std::net::TcpStream::connect(&addr).is_err() {
-        assert!(start.elapsed() < Duration::from_secs(30), "no registry on {addr}");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no registry on {addr}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let each = clients / processes;
     let askers: Vec<Child> = (0..processes)
         .map(|p| {
             let (first, n) = ((p * each).to_string(), each.to_string());
-            rpc(&["client", "--registry", &addr, "--name", &name, "--path", path])
-                .args(["--first", &first, "--clients", &n, "--seconds", "2"])
-                .spawn()
-                .expect("starting a client")
+            rpc(&[
+                "client",
+                "--registry",
+                &addr,
+                "--name",
+                &name,
+                "--path",
+                path,
+            ])
+            .args(["--first", &first, "--clients", &n, "--seconds", "2"])
+            .spawn()
+            .expect("starting a client")
         })
         .collect();
     let mut answered = 0.0;
@@ -108,12 +119,22 @@ fn serve_and_ask(registry: Option<&str>, path: &str, clients: u32, processes: u3
         assert!(figure(&out, "rpc client: latency", "p99") > 0.0, "{out}");
     }
     let out = finish(server, "the server");
-    assert!(out.contains(&format!("{clients} of {clients} clients said bye")), "{out}");
-    assert_eq!(figure(&out, "rpc server: answered", "strangers"), 0.0, "{out}");
+    assert!(
+        out.contains(&format!("{clients} of {clients} clients said bye")),
+        "{out}"
+    );
+    assert_eq!(
+        figure(&out, "rpc server: answered", "strangers"),
+        0.0,
+        "{out}"
+    );
     // Every answered request, plus each client's warm-up, reached the one
     // server queue pair.
     let served = figure(&out, "rpc server:", "answered");
-    assert!(served >= answered + 20.0 * f64::from(clients), "{served} < {answered}\n{out}");
+    assert!(
+        served >= answered + 20.0 * f64::from(clients),
+        "{served} < {answered}\n{out}"
+    );
     assert!(answered > 0.0);
 }
 

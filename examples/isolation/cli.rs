@@ -62,15 +62,16 @@ on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
     [--coordinator-view (the coordinator's per-second view of every tenant into logs/coordinator.log)]
     [--coordinator-monitor (the coordinator's kernel monitor: what it flagged, and its log)]
     [--probe-interval-us US (between the latency probe's requests, default 500)]
-    [--scenarios latency,hogs,weights,cap,storm,attack] [--cap-share 0.25]
+    [--scenarios latency,hogs,weights,cap,storm,attack,apps] [--cap-share 0.25]
 the link demo's storm tenant (--rnr: SENDs to a peer on --peer-device that posts no receives;
        isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET] [--rnr --peer-device NAME]
     [--mr-sweep (registrations of 1 KiB to 64 MiB in turn, each in a protection domain of its own)]
     [--ud --peer-device NAME (a flood of MTU-sized UD datagrams to a peer that posts no receives)]";
 
 pub(crate) const SCENARIOS: [&str; 4] = ["latency", "weights", "cap", "storm"];
-pub(crate) const LINK_SCENARIOS: [&str; 6] =
-    ["latency", "hogs", "weights", "cap", "storm", "attack"];
+pub(crate) const LINK_SCENARIOS: [&str; 7] = [
+    "latency", "hogs", "weights", "cap", "storm", "attack", "apps",
+];
 
 pub(crate) fn parse() -> Result<Args, String> {
     let mut args = Args {

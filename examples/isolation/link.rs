@@ -24,6 +24,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::plot::{self, BarGroup, LatencySeries};
+
+#[path = "apps.rs"]
+mod apps;
 use crate::{lat, Args, Lat, Report, Way};
 
 /// The cgroup every demo tenant's cgroup is created under.
@@ -145,6 +148,10 @@ fn policy_toml(args: &Args, link: &LinkSpec) -> String {
         ),
     );
     tenant(31, "free", "");
+    // The applications scenario's RPC service (its server and clients)
+    // and its pager.
+    tenant(60, "rpc", "class = \"latency\"\n");
+    tenant(61, "pager", "");
     tenant(50, "victim", "");
     tenant(
         51,
@@ -1542,6 +1549,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
                 "cap" => scenario_cap(&mut site, r)?,
                 "storm" => scenario_storm(&mut site, r)?,
                 "attack" => scenario_attack(&mut site, r)?,
+                "apps" => apps::scenario_apps(&mut site, r)?,
                 _ => unreachable!("checked in parse"),
             }
         }

@@ -6,7 +6,7 @@
 //! # tenants as processes on the VM's shared link (cargo xtask vm --link RATE)
 //! cargo run --release --example isolation -- --link [--out target/demo/link]
 //!     [--seconds 9] [--bulk 1,4,8] [--msg 1048576] [--cap-share 0.25]
-//!     [--scenarios latency,hogs,weights,cap,storm,attack]
+//!     [--scenarios latency,hogs,weights,cap,storm,attack,apps]
 //!
 //! # one process, one SharedScheduler, in loopback or across two devices
 //! cargo run --release --example isolation -- [--device rxe0] [--peer-device NAME]

@@ -1,0 +1,349 @@
+//! The applications scenario on the shared link (`--scenarios apps`): a
+//! latency-sensitive RPC service (`examples/rpc`: eight clients on one UD
+//! server queue pair, finding each other through a memcached started
+//! here) next to a swap-like pager (`examples/remote_memory`: 4 KiB
+//! pages to two memory nodes over RC, every page checked). The clients
+//! and the pager run on the sender device, the RPC server and the memory
+//! nodes on the receiver device, so requests and page-outs cross the link
+//! one way, answers and page-ins the other, both shaped.
+//!
+//! Three runs: the RPC service alone, next to the pager unprotected (both
+//! post straight on their queue pairs), and with mtrdma (both registered
+//! with the coordinator as their cgroups' tenants; the RPC service's UD
+//! sends scheduled in the latency class, the pager's pages through a
+//! delay window). The same programs with the same settings in every run.
+
+use super::*;
+
+/// Clients of the RPC service, all on one server queue pair.
+const RPC_CLIENTS: u32 = 8;
+/// Each client's requests this far apart: together one request every
+/// 500 us, the latency probe's pace in the other scenarios.
+const RPC_INTERVAL_US: u64 = 4_000;
+/// Pages the pager touches, spread over two nodes, and pages it caches:
+/// 16 MiB against 2 MiB, so nearly every access misses.
+const PAGER_WORKING_SET: u64 = 4_096;
+const PAGER_CACHE: u64 = 512;
+/// Misses in flight at once: a swap device's queue of reads and
+/// writebacks.
+const PAGER_DEPTH: u32 = 32;
+const PAGE: f64 = 4096.0;
+
+/// What one run measured.
+struct AppRun {
+    rpc_us: Vec<f64>,
+    rpc_rps: f64,
+    rpc_lost: f64,
+    /// (page-ins/s, page-outs/s, page-in p99 us, corrupt) of the pager.
+    pager: Option<(f64, f64, f64, f64)>,
+}
+
+/// Column `name` of the one data row of a CSV file.
+fn csv_field(path: &Path, name: &str) -> Result<f64, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+    let col = header
+        .iter()
+        .position(|h| *h == name)
+        .ok_or_else(|| format!("{}: no {name} column", path.display()))?;
+    lines
+        .next()
+        .and_then(|l| l.split(',').nth(col))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("{}: no {name} value", path.display()))
+}
+
+/// Waits until `path` holds `text` (a process's progress line), or the
+/// process ends.
+fn wait_for_line(p: &mut Proc, path: &Path, text: &str) -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        if std::fs::read_to_string(path).is_ok_and(|t| t.contains(text)) {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = p.child.try_wait() {
+            let err = std::fs::read_to_string(&p.stderr).unwrap_or_default();
+            return Err(format!(
+                "{} ended ({status}) before {text:?}:\n{err}",
+                p.name
+            ));
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err(format!("{}: no {text:?} after 60 s", p.name));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Site<'_> {
+    /// A sibling example of perf's (`rpc`, `remote_memory`).
+    fn example(&self, name: &str) -> PathBuf {
+        self.perf.with_file_name(name)
+    }
+
+    /// `program` at the probe's real-time priority where `chrt` works.
+    fn realtime(&self, program: &Path) -> Command {
+        if self.probe_realtime {
+            let mut c = Command::new("chrt");
+            c.args(["-f", PROBE_PRIORITY]).arg(program);
+            c
+        } else {
+            Command::new(program)
+        }
+    }
+
+    fn coordinated(&self, cmd: &mut Command, way: Way) {
+        if way == Way::Mtrdma {
+            cmd.args(["--path", "mtrdma", "--coordinator"])
+                .arg(&self.socket);
+        } else {
+            cmd.args(["--path", "raw"]);
+        }
+    }
+
+    /// One run: the RPC service (`rpc` way), with the pager next to it
+    /// (`pager` way) if any.
+    fn run_apps(
+        &mut self,
+        tag: &str,
+        registry: &str,
+        rpc: Way,
+        pager: Option<Way>,
+    ) -> Result<AppRun, String> {
+        let secs = self.args.seconds;
+        let logs = self.args.out.join("logs").join(tag);
+        std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
+        self.logs = logs;
+        let name = format!("{tag}-{}", std::process::id());
+        let mut nodes = Vec::new();
+        let mut pager_proc = None;
+        let pager_csv = self.logs.join("pager.csv");
+        if let Some(way) = pager {
+            let mut addrs = Vec::new();
+            for i in 0..2 {
+                let port = self.port();
+                let mut cmd = Command::new(self.example("remote_memory"));
+                cmd.args(["node", "--device", &self.link.receiver, "-p"])
+                    .arg(port.to_string())
+                    .args(["--pages", &(PAGER_WORKING_SET / 2).to_string()]);
+                nodes.push(self.spawn(&format!("node{i}"), None, cmd)?);
+                addrs.push(format!("127.0.0.1:{port}"));
+                wait_listening(port)?;
+            }
+            let mut cmd = Command::new(self.example("remote_memory"));
+            cmd.args(["client", "--device", &self.link.sender]);
+            for a in &addrs {
+                cmd.args(["--node", a]);
+            }
+            cmd.args([
+                "--working-set",
+                &PAGER_WORKING_SET.to_string(),
+                "--cache",
+                &PAGER_CACHE.to_string(),
+                "--depth",
+                &PAGER_DEPTH.to_string(),
+                "--seconds",
+                &format!("{}", secs + 3.0),
+                "--chunk",
+                &self.args.chunk.to_string(),
+            ])
+            .arg("--csv")
+            .arg(&pager_csv);
+            self.coordinated(&mut cmd, way);
+            let mut p = self.spawn("pager", Some("pager"), cmd)?;
+            let out = p.stdout.clone();
+            wait_for_line(&mut p, &out, "initial fill")?;
+            pager_proc = Some(p);
+            // The pager reaches its pace before the service is measured.
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        let mut cmd = self.realtime(&self.example("rpc"));
+        cmd.args([
+            "server",
+            "--device",
+            &self.link.receiver,
+            "--registry",
+            registry,
+        ])
+        .args(["--name", &name, "--clients", &RPC_CLIENTS.to_string()])
+        .args(["--seconds", &format!("{}", secs + 120.0)]);
+        self.coordinated(&mut cmd, rpc);
+        let server = self.spawn("rpc-server", Some("rpc"), cmd)?;
+        let (samples, csv) = (self.logs.join("rpc.samples"), self.logs.join("rpc.csv"));
+        let mut cmd = self.realtime(&self.example("rpc"));
+        cmd.args([
+            "client",
+            "--device",
+            &self.link.sender,
+            "--registry",
+            registry,
+        ])
+        .args(["--name", &name, "--clients", &RPC_CLIENTS.to_string()])
+        .args(["--seconds", &format!("{secs}")])
+        .args(["--interval", &RPC_INTERVAL_US.to_string()])
+        .arg("--samples")
+        .arg(&samples)
+        .arg("--csv")
+        .arg(&csv);
+        self.coordinated(&mut cmd, rpc);
+        self.spawn("rpc-client", Some("rpc"), cmd)?.wait()?;
+        server.wait()?;
+        let mut run = AppRun {
+            rpc_us: read_samples(&samples)?,
+            rpc_rps: csv_field(&csv, "rps")?,
+            rpc_lost: csv_field(&csv, "lost")?,
+            pager: None,
+        };
+        if let Some(p) = pager_proc {
+            // Exit status 2 is a corrupt page: the report says so.
+            p.wait_tolerating(Some("CORRUPT"))?;
+            let secs = csv_field(&pager_csv, "seconds")?;
+            run.pager = Some((
+                csv_field(&pager_csv, "page_ins")? / secs,
+                csv_field(&pager_csv, "page_outs")? / secs,
+                csv_field(&pager_csv, "p99_us").unwrap_or(f64::NAN),
+                csv_field(&pager_csv, "corrupt")?,
+            ));
+        }
+        for n in nodes {
+            n.wait()?;
+        }
+        Ok(run)
+    }
+}
+
+/// A memcached of the scenario's own on 127.0.0.1, stopped when dropped.
+struct Memcached(Child);
+
+impl Memcached {
+    fn start(site: &mut Site<'_>) -> Result<(Memcached, String), String> {
+        let port = site.port();
+        let mut cmd = Command::new("memcached");
+        cmd.args(["-l", "127.0.0.1", "-U", "0", "-p", &port.to_string()]);
+        if rustix::process::geteuid().is_root() {
+            cmd.args(["-u", "root"]);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "starting memcached (Debian's package; `cargo xtask deps` installs it): {e}"
+                )
+            })?;
+        let m = Memcached(child);
+        wait_listening(port)?;
+        Ok((m, format!("127.0.0.1:{port}")))
+    }
+}
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub(super) fn scenario_apps(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
+    let link = site.link;
+    r.say(format!(
+        "\n== applications: an RPC service ({RPC_CLIENTS} clients on one UD server queue pair, a request every {} us in all, found through memcached) next to a pager ({PAGER_WORKING_SET} pages of 4 KiB over 2 memory nodes, {PAGER_CACHE} cached, {PAGER_DEPTH} misses in flight), each a process ==",
+        RPC_INTERVAL_US / u64::from(RPC_CLIENTS)
+    ));
+    let (_memcached, registry) = Memcached::start(site)?;
+    let alone = site.run_apps("apps-alone", &registry, Way::Alone, None)?;
+    let unprot = site.run_apps(
+        "apps-unprotected",
+        &registry,
+        Way::Unprotected,
+        Some(Way::Unprotected),
+    )?;
+    let ours = site.run_apps("apps-mtrdma", &registry, Way::Mtrdma, Some(Way::Mtrdma))?;
+    r.say(format!(
+        "{:<12} {:>9} {:>9} {:>10} {:>9} {:>6} {:>11} {:>12} {:>8} {:>8}",
+        "way",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "req/s",
+        "lost",
+        "pager MB/s",
+        "page-in p99",
+        "of link",
+        "corrupt"
+    ));
+    r.say(
+        "(pager MB/s: page-ins and page-outs together; of link: its busier direction against the \
+         link's rate)",
+    );
+    let link_bytes = link.rate_bps as f64 / 8.0;
+    let a = lat(&alone.rpc_us);
+    let mut shares = Vec::new();
+    let mut cdf = Vec::new();
+    for (way, run) in [
+        (Way::Alone, &alone),
+        (Way::Unprotected, &unprot),
+        (Way::Mtrdma, &ours),
+    ] {
+        let l = lat(&run.rpc_us);
+        let (p50, p99, p999) = cells(&l);
+        let (mbps, p99_in, share, corrupt) = match run.pager {
+            Some((ins, outs, p99_in, corrupt)) => (
+                format!("{:.2}", (ins + outs) * PAGE / 1_048_576.0),
+                format!("{p99_in:.0}"),
+                format!("{:.1}%", 100.0 * ins.max(outs) * PAGE / link_bytes),
+                format!("{corrupt:.0}"),
+            ),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        r.say(format!(
+            "{:<12} {p50:>9} {p99:>9} {p999:>10} {:>9.0} {:>6.0} {mbps:>11} {p99_in:>12} {share:>8} {corrupt:>8}",
+            way.name(),
+            run.rpc_rps,
+            run.rpc_lost
+        ));
+        latency_figures(r, "apps", way, "rpc", &l);
+        r.figure("apps", way, "rpc", "rpc", "rps", run.rpc_rps);
+        r.keep_samples("apps", way, "rpc", &run.rpc_us);
+        if let Some((ins, outs, p99_in, corrupt)) = run.pager {
+            let share = ins.max(outs) * PAGE / link_bytes;
+            r.figure("apps", way, "pager", "pager", "page_ins_per_s", ins);
+            r.figure("apps", way, "pager", "pager", "page_outs_per_s", outs);
+            r.figure("apps", way, "pager", "pager", "page_in_p99_us", p99_in);
+            r.figure("apps", way, "pager", "pager", "link_share", share);
+            r.figure("apps", way, "pager", "pager", "corrupt", corrupt);
+            shares.push((ins + outs, share, corrupt));
+        }
+        cdf.push(LatencySeries {
+            label: way.name().into(),
+            samples_us: run.rpc_us.clone(),
+        });
+    }
+    let (u, m) = (lat(&unprot.rpc_us), lat(&ours.rpc_us));
+    let bound = a.p99 + link.us_for_16k();
+    let [(unprot_moved, _, c1), (ours_moved, share, c2)] = shares[..] else {
+        unreachable!("two runs with the pager");
+    };
+    r.say(format!(
+        "  apps: RPC p99 with mtrdma {:.0} us vs bound {bound:.0} us (alone + 16 KiB at the link rate): {}; \
+         unprotected/mtrdma p99 {:.1}x (target 10x): {}; the pager with mtrdma moves {:.0}% of the link \
+         in its busier direction (target 80%): {}, {:.2} of what it moves unprotected; pages read back \
+         corrupt: {} (target 0): {}",
+        m.p99,
+        verdict(m.p99 <= bound),
+        u.p99 / m.p99,
+        verdict(u.p99 >= 10.0 * m.p99),
+        100.0 * share,
+        verdict(share >= 0.8),
+        ours_moved / unprot_moved,
+        c1 + c2,
+        verdict(c1 + c2 == 0.0)
+    ));
+    plot::latency_cdf(
+        &site.args.out.join("apps_rpc_cdf"),
+        "RPC service on the shared link next to a pager: CDF of request latency",
+        &cdf,
+    )
+}
