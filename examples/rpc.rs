@@ -65,9 +65,6 @@ const WARMUP: u64 = 20;
 /// How long a client waits for one answer before it counts the request
 /// lost (UD does not resend) and sends the next.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(1);
-/// How long the first answer may take: the server answers once all its
-/// clients have published.
-const FIRST_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Whether to spin on `poll` rather than sleep on completion events.
 static BUSY_POLL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Send buffers a server thread keeps for answers in flight.
@@ -114,7 +111,8 @@ options:
   --size B               request and answer bytes, 16 to the MTU (default 32)
   --path raw|mtrdma      post straight, or through mtrdma's scheduler (default raw)
   --coordinator SOCKET   register with a running coordinator as this process's tenant
-  --wait S               how long to wait for names in the registry (default 60)
+  --wait S               how long to wait for names in the registry, and a
+                         client for its first answer (default 60)
   --samples FILE         client: every latency in us, one per line
   --csv FILE             client: one row of figures";
 
@@ -752,14 +750,16 @@ fn ask(
         }
         Ok::<_, String>(answered)
     };
-    // The first answer comes once the server has all its clients' names:
-    // ask again each second until then (a datagram may be lost).
+    // The first answer comes once the server has all its clients' names
+    // (and never to a queue pair it does not know): ask again each second
+    // until then, for as long as names are waited for (a datagram may be
+    // lost).
     let first = Instant::now();
     while one(&mut qp, REQUEST, ANSWER_TIMEOUT, &mut m)?.is_none() {
-        if first.elapsed() > FIRST_ANSWER_TIMEOUT {
+        if first.elapsed() > o.wait {
             return Err(format!(
-                "client {me}: no answer from server queue pair {} within {FIRST_ANSWER_TIMEOUT:?}",
-                server.qpn
+                "client {me}: no answer from server queue pair {} within {:?} (is this client one the server waits for?)",
+                server.qpn, o.wait
             ));
         }
     }

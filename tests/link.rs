@@ -232,3 +232,54 @@ fn the_adversarial_table_holds_each_attacker_to_its_policy() {
     assert!(text.contains("not reproducible on rxe"), "{text}");
     std::fs::remove_dir_all(&out_dir).ok();
 }
+
+/// The applications scenario, in short (`examples/isolation --link
+/// --scenarios apps`): the RPC service alone, next to the pager
+/// unprotected and with mtrdma. Every run answers the RPC service's
+/// requests, the pager moves pages in both runs, and no page comes back
+/// corrupt.
+#[test]
+#[ignore = "needs the VM's shared link (cargo xtask vm --link RATE)"]
+fn the_applications_scenario_serves_the_rpc_and_pages_without_corruption() {
+    let Some(_) = link() else {
+        eprintln!("no shared link (MTRDMA_LINK_SENDER/RECEIVER): nothing to measure on this host");
+        return;
+    };
+    let out_dir = std::env::temp_dir().join(format!("mtrdma-apps-{}", std::process::id()));
+    let out = Command::new(example("isolation"))
+        .args(["--link", "--scenarios", "apps", "--seconds", "2", "--out"])
+        .arg(&out_dir)
+        .output()
+        .expect("start examples/isolation");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "isolation failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // way p50 p99 p99.9 req/s lost pager-MB/s page-in-p99 of-link corrupt
+    let row = |way: &str| -> Vec<String> {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(way))
+            .unwrap_or_else(|| panic!("no {way} row:\n{text}"));
+        let w: Vec<String> = line.split_whitespace().map(String::from).collect();
+        assert_eq!(w.len(), 10, "{line}");
+        w
+    };
+    for way in ["alone", "unprotected", "mtrdma"] {
+        let w = row(way);
+        let rps: f64 = w[4].parse().expect("req/s");
+        assert!(rps > 100.0, "the RPC service ran {way}: {w:?}");
+        if way != "alone" {
+            let moved: f64 = w[6].parse().expect("pager MB/s");
+            assert!(moved > 0.5, "the pager ran {way}: {w:?}");
+            assert_eq!(w[9], "0", "no page read back corrupt {way}: {w:?}");
+        }
+    }
+    assert!(
+        text.contains("pages read back corrupt: 0 (target 0): met"),
+        "{text}"
+    );
+    assert!(out_dir.join("apps_rpc_cdf.png").exists() || out_dir.join("apps_rpc_cdf.svg").exists());
+}

@@ -150,3 +150,44 @@ fn clients_in_two_processes_find_a_scheduled_server_through_memcached() {
     let memcached = Memcached::start();
     serve_and_ask(Some(&memcached.addr), "mtrdma", 8, 2);
 }
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn the_server_answers_only_the_queue_pairs_its_clients_published() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let name = format!("s{}", free_port());
+    let server = rpc(&["server", "--host-registry", &addr, "--name", &name])
+        .args(["--clients", "1", "--seconds", "120"])
+        .spawn()
+        .expect("starting the server");
+    let start = std::time::Instant::now();
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no registry on {addr}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Client 1 publishes, but the server waits for client 0 alone.
+    let stranger = rpc(&["client", "--registry", &addr, "--name", &name])
+        .args(["--first", "1", "--clients", "1", "--wait", "4"])
+        .spawn()
+        .expect("starting the stranger");
+    let known = rpc(&["client", "--registry", &addr, "--name", &name])
+        .args(["--first", "0", "--clients", "1", "--seconds", "2"])
+        .spawn()
+        .expect("starting the client");
+    let out = finish(known, "the client");
+    assert_eq!(figure(&out, "rpc client:", "lost"), 0.0, "{out}");
+    let Output { status, stderr, .. } = stranger.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&stderr);
+    assert!(
+        !status.success() && err.contains("no answer"),
+        "{status}: {err}"
+    );
+    let out = finish(server, "the server");
+    assert!(
+        figure(&out, "rpc server: answered", "strangers") >= 1.0,
+        "{out}"
+    );
+}

@@ -1,5 +1,9 @@
 //! What the root package's device tests share: finding the examples that
-//! `cargo test` builds, and reading perftest-style result rows.
+//! `cargo test` builds, reading perftest-style result rows, and a
+//! memcached of a test's own.
+
+// Each test binary uses a part of it.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 
