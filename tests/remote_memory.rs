@@ -103,10 +103,23 @@ fn strings(v: &[&str]) -> Vec<String> {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn the_pager_pages_in_and_out_and_verifies_every_page_on_both_paths() {
+    pages_in_and_out_on_both_paths(1);
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn the_pager_pages_clusters_of_8_and_verifies_every_page_on_both_paths() {
+    pages_in_and_out_on_both_paths(8);
+}
+
+/// Two nodes and the pager with clusters of `cluster` pages, on both
+/// paths: pages go in and out, every page read in verifies, and the CSV
+/// row says the same; a READ brings a whole cluster.
+fn pages_in_and_out_on_both_paths(cluster: u64) {
     let (a, b) = (Node::start(512, true), Node::start(512, true));
     for path in ["raw", "mtrdma"] {
         let csv = std::env::temp_dir().join(format!(
-            "mtrdma-remote-memory-{}-{path}.csv",
+            "mtrdma-remote-memory-{}-{path}-{cluster}.csv",
             std::process::id()
         ));
         let mut args = strings(&["--device", &device(), "--node", &a.addr(), "--node"]);
@@ -119,9 +132,10 @@ fn the_pager_pages_in_and_out_and_verifies_every_page_on_both_paths() {
         ]));
         args.extend(strings(&["--seconds", "3", "--path", path, "--csv"]));
         args.push(csv.display().to_string());
+        args.extend(strings(&["--cluster", &cluster.to_string()]));
         let out = client(&args).output().expect("run the pager");
         let (stdout, stderr) = text(&out);
-        println!("{path}:\n{stdout}");
+        println!("{path}, cluster {cluster}:\n{stdout}");
         assert!(
             out.status.success(),
             "{path}: {}\n{stdout}\n{stderr}",
@@ -134,6 +148,9 @@ fn the_pager_pages_in_and_out_and_verifies_every_page_on_both_paths() {
             "{path}: page-outs\n{stdout}"
         );
         assert_eq!(figure(&stdout, "verified"), page_ins, "{path}:\n{stdout}");
+        let requests = figure(&stdout, "page-in requests");
+        assert!(requests > 0.0, "{path}:\n{stdout}");
+        assert_eq!(requests * cluster as f64, page_ins, "{path}:\n{stdout}");
         assert_eq!(figure(&stdout, "corrupt"), 0.0, "{path}:\n{stdout}");
         assert_eq!(figure(&stdout, "lost pages"), 0.0, "{path}:\n{stdout}");
         assert!(!stdout.contains("lost:"), "{path}:\n{stdout}");
@@ -149,12 +166,27 @@ fn the_pager_pages_in_and_out_and_verifies_every_page_on_both_paths() {
         assert_eq!(col("path"), path);
         assert_eq!(col("page_ins").parse::<f64>().ok(), Some(page_ins));
         assert_eq!(col("corrupt"), "0");
+        assert_eq!(col("page_in_requests").parse::<f64>().ok(), Some(requests));
+        assert_eq!(col("cluster"), cluster.to_string());
     }
 }
 
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_killed_node_loses_its_pages_and_the_pager_goes_on_with_the_other() {
+    a_killed_node_loses_its_pages(1);
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_killed_node_loses_its_clusters_and_the_pager_goes_on_with_the_other() {
+    a_killed_node_loses_its_pages(8);
+}
+
+/// Node 1 of two killed during the run, with clusters of `cluster`
+/// pages: its 512 pages are lost, nothing read is corrupt, and the pager
+/// goes on with node 0's.
+fn a_killed_node_loses_its_pages(cluster: u64) {
     let a = Node::start(512, false);
     let mut b = Node::start(512, false);
     let mut args = strings(&["--device", &device(), "--node", &a.addr(), "--node"]);
@@ -165,7 +197,12 @@ fn a_killed_node_loses_its_pages_and_the_pager_goes_on_with_the_other() {
         "--cache",
         "256",
     ]));
-    args.extend(strings(&["--seconds", "6"]));
+    args.extend(strings(&[
+        "--seconds",
+        "6",
+        "--cluster",
+        &cluster.to_string(),
+    ]));
     let pager = client(&args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -24,12 +24,18 @@ NODE:
 
 CLIENT:
     --device NAME        RDMA device (default: the first active one)
-    --node HOST:PORT     a memory node (repeat for more); page p lives on node
-                         p % nodes, at slot p / nodes
-    --working-set W      pages the workload touches (all remote)
-    --cache C            pages held locally (C < W)
+    --node HOST:PORT     a memory node (repeat for more); page p belongs to
+                         cluster g = p / K, which lives on node g % nodes, its
+                         pages contiguous from slot (g / nodes) * K
+    --working-set W      pages the workload touches (all remote; a multiple of K)
+    --cache C            pages held locally (C < W; a multiple of K, and with
+                         K > 1 at least 2 clusters)
+    --cluster K          pages per I/O, a power of two 1 ..= 64 (default 1): the
+                         cache holds clusters of K pages, a miss on any page reads
+                         its whole cluster with one RDMA READ, a dirty cluster is
+                         written back with one RDMA WRITE (as swap's page-cluster)
     --seconds S          length of the timed run
-    --depth D            misses in flight at once (default 8)
+    --depth D            misses (cluster READs) in flight at once (default 8)
     --write-share F      share of accesses that write (dirty) the page (default 0.5)
     --path PATH          raw: post on the queue pair; mtrdma: through the scheduled
                          path (ScheduledQueuePair with a delay window) (default raw)
@@ -94,6 +100,8 @@ pub(crate) struct ClientArgs {
     pub(crate) nodes: Vec<NodeAddr>,
     pub(crate) working_set: u64,
     pub(crate) cache: u64,
+    /// Pages per cluster: the unit of placement, caching and I/O.
+    pub(crate) cluster: u64,
     pub(crate) duration: Duration,
     pub(crate) depth: u32,
     pub(crate) write_share: f64,
@@ -116,6 +124,8 @@ pub(crate) enum Command {
 
 /// The most pages a working set or a node may have (1 TiB of 4 KiB pages).
 const MAX_PAGES: u64 = 1 << 28;
+/// The most pages in a cluster (256 KiB per I/O).
+const MAX_CLUSTER: u64 = 64;
 
 fn parse_num<T: std::str::FromStr>(flag: &str, s: &str, what: &str) -> Result<T, String> {
     s.trim()
@@ -195,7 +205,7 @@ fn parse_node_args(it: &mut args::Args) -> Result<Command, String> {
 fn parse_client_args(it: &mut args::Args) -> Result<Command, String> {
     let mut device = None;
     let mut nodes = Vec::new();
-    let (mut ws, mut cache, mut seconds) = (None, None, None);
+    let (mut ws, mut cache, mut seconds, mut cluster) = (None, None, None, 1u64);
     let (mut depth, mut write_share, mut path) = (8u32, 0.5f64, PathKind::Raw);
     let (mut coordinator, mut chunk, mut pieces) = (None, 4096u64, None);
     let (mut seed, mut spin, mut csv) = (1u64, false, None);
@@ -210,6 +220,14 @@ fn parse_client_args(it: &mut args::Args) -> Result<Command, String> {
             "--node" => nodes.push(parse_node(&it.value(&flag)?)?),
             "--working-set" => ws = Some(pages(&flag, &it.value(&flag)?)?),
             "--cache" => cache = Some(pages(&flag, &it.value(&flag)?)?),
+            "--cluster" => {
+                cluster = parse_num(&flag, &it.value(&flag)?, "a number of pages")?;
+                if !(1..=MAX_CLUSTER).contains(&cluster) || !cluster.is_power_of_two() {
+                    return Err(format!(
+                        "{flag} {cluster}: give a power of two 1 ..= {MAX_CLUSTER} pages"
+                    ));
+                }
+            }
             "--seconds" => {
                 let s: f64 = parse_num(&flag, &it.value(&flag)?, "seconds")?;
                 if !(s.is_finite() && s > 0.0 && s <= 86_400.0) {
@@ -267,12 +285,32 @@ fn parse_client_args(it: &mut args::Args) -> Result<Command, String> {
              ({working_set} pages), or nothing is ever paged"
         ));
     }
+    if working_set % cluster != 0 {
+        return Err(format!(
+            "client: the working set ({working_set} pages) must be a multiple of the \
+             cluster ({cluster} pages)"
+        ));
+    }
+    if cache % cluster != 0 {
+        return Err(format!(
+            "client: the cache ({cache} pages) must be a multiple of the cluster \
+             ({cluster} pages)"
+        ));
+    }
+    if cluster > 1 && cache < 2 * cluster {
+        return Err(format!(
+            "client: the cache ({cache} pages) must hold at least 2 clusters \
+             ({} pages with --cluster {cluster})",
+            2 * cluster
+        ));
+    }
     let seconds = seconds.ok_or("client: give the run's length (--seconds S)")?;
     Ok(Command::Client(Box::new(ClientArgs {
         device,
         nodes,
         working_set,
         cache,
+        cluster,
         duration: Duration::from_secs_f64(seconds),
         depth,
         write_share,
@@ -318,6 +356,46 @@ mod tests {
             }]
         );
         assert_eq!((a.depth, a.path, a.pieces), (8, PathKind::Raw, 16));
+        assert_eq!(a.cluster, 1);
+    }
+
+    #[test]
+    fn clusters_are_checked_against_the_working_set_and_the_cache() {
+        let Ok(Command::Client(a)) =
+            client(&["--working-set", "64", "--cache", "16", "--cluster", "8"])
+        else {
+            panic!("parses");
+        };
+        assert_eq!(a.cluster, 8);
+        for (args, says) in [
+            (
+                &["--working-set", "64", "--cache", "16", "--cluster", "3"][..],
+                "power of two",
+            ),
+            (
+                &["--working-set", "64", "--cache", "16", "--cluster", "0"],
+                "power of two",
+            ),
+            (
+                &["--working-set", "256", "--cache", "128", "--cluster", "128"],
+                "power of two",
+            ),
+            (
+                &["--working-set", "60", "--cache", "16", "--cluster", "8"],
+                "multiple of the cluster",
+            ),
+            (
+                &["--working-set", "64", "--cache", "12", "--cluster", "8"],
+                "multiple of the cluster",
+            ),
+            (
+                &["--working-set", "64", "--cache", "8", "--cluster", "8"],
+                "at least 2 clusters",
+            ),
+        ] {
+            let e = client(args).unwrap_err();
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
     }
 
     #[test]

@@ -4,9 +4,11 @@
 //! `remote_memory node` lends a region of pages (registered for remote
 //! READ and WRITE) to one pager at a time. `remote_memory client` is the
 //! pager: a page cache in front of a working set spread over the nodes
-//! (page p on node p % nodes, at slot p / nodes), fed by a workload of
-//! uniform random accesses (a share of them writes), paging out dirty
-//! victims with RDMA WRITE and paging in with RDMA READ, several misses in
+//! in clusters of K pages (`--cluster K`, default 1: cluster g = p / K on
+//! node g % nodes, its pages contiguous from slot (g / nodes) * K), fed by
+//! a workload of uniform random accesses (a share of them writes), paging
+//! out dirty victim clusters with one RDMA WRITE each and paging in a
+//! missed page's whole cluster with one RDMA READ, several misses in
 //! flight. Every page carries a header (magic, page number, version,
 //! checksum of the body) and a body derived from (page, version); a page
 //! read back that is not exactly the version last written is CORRUPT. A
@@ -26,8 +28,9 @@
 //! ```
 //!
 //! Units: MB/s counts page-in and page-out bytes with MB = 2^20 bytes;
-//! page-in latency is from posting the READ to its completion, in
-//! microseconds. Exit status 0 when no page was corrupt, 2 when one was,
+//! page-in latency is from posting the READ (of a whole cluster) to its
+//! completion, in microseconds; page-ins, page-outs and verified count
+//! pages, page-in requests count READs. Exit status 0 when no page was corrupt, 2 when one was,
 //! 1 on other errors.
 //!
 //! [`ScheduledQueuePair`]: mtrdma::verbs::ScheduledQueuePair

@@ -1,6 +1,16 @@
-//! The pager: a page cache of `C` frames in front of a working set of `W`
+//! The pager: a page cache of `C` pages in front of a working set of `W`
 //! pages that live on memory nodes, paged over RC queue pairs with RDMA
 //! READ (page-in) and WRITE (page-out).
+//!
+//! Pages are placed, cached and moved in clusters of `K` pages
+//! (`--cluster`, as swap's page-cluster): cluster `g = p / K` lives on
+//! node `g % nodes`, its pages contiguous from slot `(g / nodes) * K`; a
+//! cache frame holds one cluster in one buffer of `K` pages; a miss on any
+//! page reads its whole cluster with one READ, and a dirty frame is written
+//! back with one WRITE of the whole cluster. Versions stay per page: a
+//! write bumps its page's version and dirties the frame, a page-out encodes
+//! every page of the cluster at its own version, and a page-in checks every
+//! page against its own. With `K = 1` a cluster is a page.
 //!
 //! The workload is `D` faulting workers (as `D` threads of an application
 //! would be): each makes uniform random accesses over the working set, a
@@ -8,23 +18,24 @@
 //! worker until its page is in. So up to `D` misses are in flight, which is
 //! what lets one pager fill a link.
 //!
-//! Eviction is the clock (second-chance) algorithm over the `C` frames: a
-//! frame touched since the hand last passed gets another round; frames
-//! whose page-in is still in flight are skipped. A dirty victim is written
-//! out (its frame's buffer goes with the WRITE), and the wanted page is read
-//! into a spare buffer: there are `C + D` page buffers, so a buffer is free
-//! whenever a miss may start (at most `C - 1` frames hold one while a frame
-//! is being refilled, at most `D` page-outs are in flight).
+//! Eviction is the clock (second-chance) algorithm over the `C / K`
+//! frames: a frame touched since the hand last passed gets another round;
+//! frames whose page-in is still in flight are skipped. A dirty victim is
+//! written out (its frame's buffer goes with the WRITE), and the wanted
+//! cluster is read into a spare buffer: there are `C / K + D` cluster
+//! buffers, so a buffer is free whenever a miss may start (at most
+//! `C / K - 1` frames hold one while a frame is being refilled, at most `D`
+//! page-outs are in flight).
 //!
-//! Ordering, and what the code relies on: a page whose page-out is in
+//! Ordering, and what the code relies on: a cluster whose page-out is in
 //! flight is not read back until that WRITE has completed (the worker that
-//! wants it waits), so nothing depends on RC executing a READ after an
+//! wants a page of it waits), so nothing depends on RC executing a READ after an
 //! earlier WRITE on the same queue pair (RC does; the scheduled path keeps
 //! a queue pair's requests in order too, but a pager that waited for
 //! nothing would be relying on both). What it does rely on is that a
 //! successful WRITE completion means the responder has the data, so a
-//! later READ of the page sees it. A page is handed to a worker only once
-//! its READ has completed successfully; a READ that failed, or that comes
+//! later READ of the cluster sees it. A page is handed to a worker only
+//! once its cluster's READ has completed successfully; a READ that failed, or that comes
 //! back from a node already declared lost, is never taken as data.
 //!
 //! A node is lost when one of its requests completes in error (retries
@@ -80,10 +91,16 @@ enum Qp {
 }
 
 impl Qp {
-    fn post(&mut self, op: SendOp, region: MemoryRegion, context: u64) -> Result<(), PostError> {
+    fn post(
+        &mut self,
+        op: SendOp,
+        region: MemoryRegion,
+        len: usize,
+        context: u64,
+    ) -> Result<(), PostError> {
         match self {
-            Qp::Raw(q) => q.post_send(op, region, 0..PAGE, context),
-            Qp::Sched(q) => q.post_send(op, region, 0..PAGE, context),
+            Qp::Raw(q) => q.post_send(op, region, 0..len, context),
+            Qp::Sched(q) => q.post_send(op, region, 0..len, context),
         }
     }
 
@@ -126,7 +143,7 @@ impl Node {
     }
 }
 
-/// Where a page is.
+/// Where a cluster is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     /// On its node only.
@@ -141,18 +158,10 @@ enum State {
     Lost,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct PageEntry {
-    /// The version last written (what the node holds once the page is
-    /// clean, and what a page-in must find).
-    version: u64,
-    state: State,
-}
-
-/// A cache frame.
+/// A cache frame: one cluster.
 struct Frame {
-    page: u64,
-    /// The page's bytes; `None` while its page-in is in flight.
+    cluster: u64,
+    /// The cluster's bytes; `None` while its page-in is in flight.
     buf: Option<MemoryRegion>,
     dirty: bool,
     /// Touched since the clock hand last passed.
@@ -167,15 +176,21 @@ enum Outcome {
     Blocked,
 }
 
-/// A completion context: the page, and whether it was a WRITE.
-fn context(page: u64, write: bool) -> u64 {
-    (page << 1) | u64::from(write)
+/// A completion context: the cluster, and whether it was a WRITE.
+fn context(cluster: u64, write: bool) -> u64 {
+    (cluster << 1) | u64::from(write)
 }
 
 /// The pager's whole state.
 struct Pager {
     nodes: Vec<Node>,
-    pages: Vec<PageEntry>,
+    /// Pages per cluster.
+    k: u64,
+    /// Per page: the version last written (what the node holds once the
+    /// page's cluster is clean, and what a page-in must find).
+    versions: Vec<u64>,
+    /// Per cluster: where it is.
+    clusters: Vec<State>,
     frames: Vec<Option<Frame>>,
     empty_frames: Vec<u32>,
     hand: usize,
@@ -242,21 +257,32 @@ fn greet(addr: &NodeAddr) -> Result<(TcpStream, u64), String> {
     Ok((stream, capacity))
 }
 
-/// Pages of a working set of `w` pages that node `i` of `n` holds.
-pub(crate) fn pages_on(w: u64, n: u64, i: u64) -> u64 {
-    if w > i {
-        (w - i).div_ceil(n)
+/// Where page `page` lives with clusters of `k` pages over `n` nodes:
+/// (node, slot). Cluster `g = page / k` is on node `g % n`, its pages
+/// contiguous from slot `(g / n) * k`; with `k = 1`, page p is on node
+/// p % n at slot p / n.
+pub(crate) fn place(page: u64, k: u64, n: u64) -> (u64, u64) {
+    let g = page / k;
+    (g % n, (g / n) * k + page % k)
+}
+
+/// Pages of a working set of `w` pages (a multiple of `k`) that node `i`
+/// of `n` holds: its share of the `w / k` clusters, `k` pages each.
+pub(crate) fn pages_on(w: u64, k: u64, n: u64, i: u64) -> u64 {
+    let clusters = w / k;
+    if clusters > i {
+        (clusters - i).div_ceil(n) * k
     } else {
         0
     }
 }
 
-/// Refuses a working set the nodes cannot hold.
-pub(crate) fn check_capacity(w: u64, nodes: &[(NodeAddr, u64)]) -> Result<(), String> {
+/// Refuses a working set the nodes cannot hold (clusters of `k` pages).
+pub(crate) fn check_capacity(w: u64, k: u64, nodes: &[(NodeAddr, u64)]) -> Result<(), String> {
     let n = nodes.len() as u64;
     let total: u64 = nodes.iter().map(|(_, c)| c).sum();
     for (i, (addr, cap)) in nodes.iter().enumerate() {
-        let need = pages_on(w, n, i as u64);
+        let need = pages_on(w, k, n, i as u64);
         if need > *cap {
             return Err(format!(
                 "the working set of {w} pages needs {need} pages on node {addr}, which lends \
@@ -298,7 +324,7 @@ pub(crate) fn run(a: &ClientArgs) -> Result<Results, String> {
         greeted.push((addr.clone(), stream, capacity));
     }
     let caps: Vec<(NodeAddr, u64)> = greeted.iter().map(|(a, _, c)| (a.clone(), *c)).collect();
-    check_capacity(a.working_set, &caps)?;
+    check_capacity(a.working_set, a.cluster, &caps)?;
 
     let ctx = open_device(a.device.as_deref())?;
     let pd = ctx
@@ -314,14 +340,23 @@ pub(crate) fn run(a: &ClientArgs) -> Result<Results, String> {
         None => None,
     };
     let depth = a.depth as usize;
-    let n_bufs = a.cache as usize + depth;
-    let bufs = allocate(&pd, tenant.as_ref(), n_bufs)?;
+    let k = a.cluster;
+    let n_frames = a.cache / k;
+    let cluster_bytes = usize::try_from(k)
+        .ok()
+        .and_then(|k| k.checked_mul(PAGE))
+        .ok_or_else(|| format!("clusters of {k} pages do not fit in memory"))?;
+    let n_bufs = usize::try_from(n_frames)
+        .ok()
+        .and_then(|f| f.checked_add(depth))
+        .ok_or_else(|| format!("{n_frames} frames do not fit in memory"))?;
+    let bufs = allocate(&pd, tenant.as_ref(), n_bufs, cluster_bytes)?;
     // Page-ins and page-outs of a node: at most `depth` of each.
     let sq = u32::try_from(2 * depth + 2).unwrap_or(u32::MAX).max(16);
 
     println!(
         "remote_memory client: path {}, device {}, {} node(s) ({}), working set {} pages \
-         ({:.1} MiB), cache {} pages, depth {}, write share {:.2}, {:.1} s, seed {}{}",
+         ({:.1} MiB), cache {} pages, cluster {} pages, depth {}, write share {:.2}, {:.1} s, seed {}{}",
         a.path.name(),
         ctx.name(),
         a.nodes.len(),
@@ -333,6 +368,7 @@ pub(crate) fn run(a: &ClientArgs) -> Result<Results, String> {
         a.working_set,
         a.working_set as f64 * PAGE as f64 / 1_048_576.0,
         a.cache,
+        a.cluster,
         a.depth,
         a.write_share,
         a.duration.as_secs_f64(),
@@ -420,15 +456,11 @@ pub(crate) fn run(a: &ClientArgs) -> Result<Results, String> {
 
     let mut pager = Pager {
         nodes,
-        pages: vec![
-            PageEntry {
-                version: 1,
-                state: State::Remote,
-            };
-            a.working_set as usize
-        ],
-        frames: (0..a.cache).map(|_| None).collect(),
-        empty_frames: (0..a.cache as u32).rev().collect(),
+        k,
+        versions: vec![1; a.working_set as usize],
+        clusters: vec![State::Remote; (a.working_set / k) as usize],
+        frames: (0..n_frames).map(|_| None).collect(),
+        empty_frames: (0..n_frames as u32).rev().collect(),
         hand: 0,
         free: bufs,
         depth,
@@ -454,38 +486,55 @@ pub(crate) fn run(a: &ClientArgs) -> Result<Results, String> {
     Ok(pager.r)
 }
 
-/// `count` page buffers, pieces of one registration (for the tenant, if
-/// there is one).
+/// `count` buffers of `size` bytes (one cluster each), pieces of one
+/// registration (for the tenant, if there is one).
 fn allocate(
     pd: &ProtectionDomain,
     tenant: Option<&TenantHandle>,
     count: usize,
+    size: usize,
 ) -> Result<Vec<MemoryRegion>, String> {
     let total = count
-        .checked_mul(PAGE)
-        .ok_or_else(|| format!("{count} page buffers do not fit in memory"))?;
+        .checked_mul(size)
+        .ok_or_else(|| format!("{count} cluster buffers do not fit in memory"))?;
     let region = admitted(Duration::from_secs(30), || match tenant {
         Some(t) => pd.register_for(t, vec![0u8; total], Access::LOCAL),
         None => pd.allocate(total, Access::LOCAL),
     })
     .map_err(|e| format!("registering the page cache ({total} bytes): {e}"))?;
     region
-        .into_pieces(PAGE)
-        .map_err(|e| format!("splitting the page cache into pages: {e}"))
+        .into_pieces(size)
+        .map_err(|e| format!("splitting the page cache into clusters: {e}"))
 }
 
 impl Pager {
-    fn node_of(&self, page: u64) -> usize {
-        (page % self.nodes.len() as u64) as usize
+    /// The node cluster `g` lives on.
+    fn node_of(&self, g: u64) -> usize {
+        place(g * self.k, self.k, self.nodes.len() as u64).0 as usize
     }
 
-    /// The page's 4 KiB on its node.
-    fn remote_of(&self, page: u64) -> RemoteRegion {
-        let node = &self.nodes[self.node_of(page)];
-        let slot = page / self.nodes.len() as u64;
-        node.remote
-            .slice(slot * PAGE as u64, PAGE as u64)
+    /// Bytes in a cluster.
+    fn cluster_bytes(&self) -> usize {
+        self.k as usize * PAGE
+    }
+
+    /// Cluster `g`'s `K` pages on its node.
+    fn remote_of(&self, g: u64) -> RemoteRegion {
+        let (node, slot) = place(g * self.k, self.k, self.nodes.len() as u64);
+        self.nodes[node as usize]
+            .remote
+            .slice(slot * PAGE as u64, self.cluster_bytes() as u64)
             .expect("the capacity check keeps every slot inside the node's region")
+    }
+
+    /// Writes every page of cluster `g` into `buf` at its own version.
+    fn encode_cluster(&self, buf: &mut MemoryRegion, g: u64) {
+        if let Some(bytes) = buf.as_mut_slice() {
+            for (j, page_buf) in bytes.chunks_exact_mut(PAGE).enumerate() {
+                let page = g * self.k + j as u64;
+                encode(page_buf, page, self.versions[page as usize]);
+            }
+        }
     }
 
     fn reads_alive(&self) -> usize {
@@ -521,8 +570,8 @@ impl Pager {
         }
         let n = self.nodes.len();
         let mut count = 0u64;
-        for p in (i..self.pages.len()).step_by(n) {
-            match self.pages[p].state {
+        for g in (i..self.clusters.len()).step_by(n) {
+            match self.clusters[g] {
                 State::Cached(f) => {
                     if let Some(buf) = self.frames[f as usize].take().and_then(|fr| fr.buf) {
                         self.free.push(buf);
@@ -537,8 +586,8 @@ impl Pager {
                 }
                 State::Remote | State::WritingOut | State::Lost => {}
             }
-            self.pages[p].state = State::Lost;
-            count += 1;
+            self.clusters[g] = State::Lost;
+            count += self.k;
         }
         println!("lost: {count} pages on node {} ({why})", self.nodes[i].addr);
         self.r.lost_pages += count;
@@ -575,17 +624,18 @@ impl Pager {
         }
     }
 
-    /// Posts `op` of `buf` for `page` on its node; a refusal loses the
-    /// node and hands the buffer back to the free list.
-    fn post(&mut self, page: u64, write: bool, buf: MemoryRegion) -> bool {
-        let i = self.node_of(page);
-        let remote = self.remote_of(page);
+    /// Posts `op` of `buf` for cluster `g` on its node; a refusal loses
+    /// the node and hands the buffer back to the free list.
+    fn post(&mut self, g: u64, write: bool, buf: MemoryRegion) -> bool {
+        let i = self.node_of(g);
+        let remote = self.remote_of(g);
+        let len = self.cluster_bytes();
         let op = if write {
             SendOp::Write(remote)
         } else {
             SendOp::Read(remote)
         };
-        match self.nodes[i].qp.post(op, buf, context(page, write)) {
+        match self.nodes[i].qp.post(op, buf, len, context(g, write)) {
             Ok(()) => {
                 if write {
                     self.nodes[i].writes += 1;
@@ -607,10 +657,10 @@ impl Pager {
         }
     }
 
-    /// Writes every page out once at version 1, so that every page-in has
-    /// something to check.
+    /// Writes every page out once at version 1, one WRITE per cluster, so
+    /// that every page-in has something to check.
     fn fill(&mut self, spin: bool) -> Result<(), String> {
-        let w = self.pages.len() as u64;
+        let w = self.clusters.len() as u64;
         let per_node = self.depth.max(8);
         let mut next = 0u64;
         let mut last_check = Instant::now();
@@ -632,11 +682,9 @@ impl Pager {
                 let Some(mut buf) = self.free.pop() else {
                     break;
                 };
-                if let Some(bytes) = buf.as_mut_slice() {
-                    encode(bytes, next, 1);
-                }
+                self.encode_cluster(&mut buf, next);
                 if self.post(next, true, buf) {
-                    self.r.filled += 1;
+                    self.r.filled += self.k;
                 }
                 posted = true;
                 next += 1;
@@ -695,7 +743,7 @@ impl Pager {
 
     /// One finished READ or WRITE of node `i`.
     fn complete(&mut self, i: usize, c: Completion) {
-        let page = c.context >> 1;
+        let g = c.context >> 1;
         let write = c.context & 1 == 1;
         let ok = c.status.is_success();
         if write {
@@ -713,21 +761,21 @@ impl Pager {
                 ),
             );
         }
-        let Some(entry) = self.pages.get(page as usize).copied() else {
+        let Some(state) = self.clusters.get(g as usize).copied() else {
             self.free.push(c.region);
             return;
         };
         if write {
             self.free.push(c.region);
-            if ok && !self.filling && entry.state == State::WritingOut {
-                self.r.page_outs += 1;
-                self.pages[page as usize].state = State::Remote;
+            if ok && !self.filling && state == State::WritingOut {
+                self.r.page_outs += self.k;
+                self.clusters[g as usize] = State::Remote;
             }
             return;
         }
         // A READ: data only if it succeeded, from a node still alive, for a
-        // page still waiting for it.
-        let State::Reading(f) = entry.state else {
+        // cluster still waiting for it.
+        let State::Reading(f) = state else {
             self.free.push(c.region);
             return;
         };
@@ -742,31 +790,42 @@ impl Pager {
         if let Some(l) = latency {
             self.r.latencies_ns.push(l.as_nanos() as u64);
         }
-        self.r.page_ins += 1;
+        self.r.page_ins += self.k;
+        self.r.page_in_requests += 1;
         if self.first_loss.is_some() {
-            self.r.page_ins_after_loss += 1;
+            self.r.page_ins_after_loss += self.k;
         }
-        match c.region.as_slice().map(|b| verify(b, page, entry.version)) {
-            Some(Ok(())) => self.r.verified += 1,
-            Some(Err(e)) => {
-                self.r.corrupt += 1;
-                if self.r.corrupt <= SHOW_CORRUPT {
-                    eprintln!(
-                        "CORRUPT: page {page} from node {} (expected version {}): {e}",
-                        self.nodes[i].addr, entry.version
-                    );
+        // Every page of the cluster against its own version.
+        match c.region.as_slice() {
+            Some(bytes) if bytes.len() >= self.cluster_bytes() => {
+                for (j, page_buf) in bytes.chunks_exact(PAGE).take(self.k as usize).enumerate() {
+                    let page = g * self.k + j as u64;
+                    let version = self.versions[page as usize];
+                    match verify(page_buf, page, version) {
+                        Ok(()) => self.r.verified += 1,
+                        Err(e) => {
+                            self.r.corrupt += 1;
+                            if self.r.corrupt <= SHOW_CORRUPT {
+                                eprintln!(
+                                    "CORRUPT: page {page} from node {} (expected version \
+                                     {version}): {e}",
+                                    self.nodes[i].addr
+                                );
+                            }
+                        }
+                    }
                 }
             }
-            None => {
-                self.r.corrupt += 1;
-                eprintln!("CORRUPT: page {page}: its buffer cannot be read");
+            _ => {
+                self.r.corrupt += self.k;
+                eprintln!("CORRUPT: cluster {g}: its buffer cannot be read");
             }
         }
         if let Some(fr) = self.frames[f as usize].as_mut() {
             fr.buf = Some(c.region);
             fr.posted = None;
         }
-        self.pages[page as usize].state = State::Cached(f);
+        self.clusters[g as usize] = State::Cached(f);
     }
 
     /// A frame to fill: an empty one, or the clock's victim (written out
@@ -796,29 +855,26 @@ impl Pager {
             }
             let fr = self.frames[f].take().expect("looked at above");
             let buf = fr.buf.expect("a frame not being read holds its page");
-            let victim = fr.page;
+            let victim = fr.cluster;
             if fr.dirty {
-                let version = self.pages[victim as usize].version;
                 let mut buf = buf;
-                if let Some(bytes) = buf.as_mut_slice() {
-                    encode(bytes, victim, version);
-                }
-                self.pages[victim as usize].state = State::WritingOut;
+                self.encode_cluster(&mut buf, victim);
+                self.clusters[victim as usize] = State::WritingOut;
                 if !self.post(victim, true, buf) {
-                    // Its node is lost now (and the page with it).
-                    self.pages[victim as usize].state = State::Lost;
+                    // Its node is lost now (and the cluster with it).
+                    self.clusters[victim as usize] = State::Lost;
                 }
             } else {
                 self.free.push(buf);
-                self.pages[victim as usize].state = State::Remote;
+                self.clusters[victim as usize] = State::Remote;
             }
             return Some(f as u32);
         }
         None
     }
 
-    /// Starts reading `page` in; false if it cannot start now.
-    fn start_miss(&mut self, page: u64) -> bool {
+    /// Starts reading cluster `g` in; false if it cannot start now.
+    fn start_miss(&mut self, g: u64) -> bool {
         if self.reads_alive() >= self.depth {
             return false;
         }
@@ -831,16 +887,16 @@ impl Pager {
             return false;
         };
         self.frames[f as usize] = Some(Frame {
-            page,
+            cluster: g,
             buf: None,
             dirty: false,
             referenced: true,
             posted: Some(Instant::now()),
         });
-        self.pages[page as usize].state = State::Reading(f);
-        if !self.post(page, false, buf) {
+        self.clusters[g as usize] = State::Reading(f);
+        if !self.post(g, false, buf) {
             // `post` lost the node, which emptied the frame and marked the
-            // page lost.
+            // cluster lost.
             return false;
         }
         self.r.faults += 1;
@@ -849,7 +905,8 @@ impl Pager {
 
     /// One access to `page`: served, or the worker waits.
     fn access(&mut self, page: u64, write: bool) -> Outcome {
-        match self.pages[page as usize].state {
+        let g = page / self.k;
+        match self.clusters[g as usize] {
             State::Lost => {
                 self.r.lost_accesses += 1;
                 self.r.accesses += 1;
@@ -860,9 +917,9 @@ impl Pager {
                     fr.referenced = true;
                     if write {
                         // The store: the page's next version, written into
-                        // its bytes when it is paged out.
+                        // its bytes when its cluster is paged out.
                         fr.dirty = true;
-                        self.pages[page as usize].version += 1;
+                        self.versions[page as usize] += 1;
                         self.r.writes += 1;
                     }
                 }
@@ -871,7 +928,7 @@ impl Pager {
             }
             State::Reading(_) | State::WritingOut => Outcome::Blocked,
             State::Remote => {
-                self.start_miss(page);
+                self.start_miss(g);
                 Outcome::Blocked
             }
         }
@@ -880,7 +937,7 @@ impl Pager {
     /// The timed run, then the drain of what is still in flight.
     fn timed(&mut self, a: &ClientArgs) -> Result<(), String> {
         let mut rng = Rng::new(a.seed);
-        let w = self.pages.len() as u64;
+        let w = self.versions.len() as u64;
         let mut workers: Vec<Option<(u64, bool)>> = vec![None; self.depth];
         self.started = Instant::now();
         let deadline = self.started + a.duration;
@@ -923,5 +980,68 @@ impl Pager {
         }
         self.r.elapsed = self.started.elapsed();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_clusters_of_one_page_placement_is_page_by_page() {
+        for n in 1..=4 {
+            for p in 0..100 {
+                assert_eq!(place(p, 1, n), (p % n, p / n));
+            }
+            for i in 0..n {
+                assert_eq!(pages_on(101, 1, n, i), (101 - i).div_ceil(n));
+            }
+        }
+    }
+
+    #[test]
+    fn a_clusters_pages_are_contiguous_on_one_node() {
+        for k in [2, 8, 64] {
+            for n in 1..=3 {
+                for g in 0..20 {
+                    let (node, first) = place(g * k, k, n);
+                    assert_eq!(node, g % n);
+                    assert_eq!(first, (g / n) * k);
+                    for j in 0..k {
+                        assert_eq!(place(g * k + j, k, n), (node, first + j));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_page_has_exactly_one_node_and_slot_within_the_capacity() {
+        for k in [1, 4, 8] {
+            for n in 1..=3 {
+                let w = 24 * k;
+                let mut seen = std::collections::HashSet::new();
+                for p in 0..w {
+                    let (node, slot) = place(p, k, n);
+                    assert!(node < n);
+                    assert!(slot < pages_on(w, k, n, node), "k {k} n {n} page {p}");
+                    assert!(seen.insert((node, slot)), "k {k} n {n}: slot taken twice");
+                }
+                let total: u64 = (0..n).map(|i| pages_on(w, k, n, i)).sum();
+                assert_eq!(total, w);
+            }
+        }
+    }
+
+    #[test]
+    fn capacity_is_checked_in_clusters() {
+        let node = |port| NodeAddr {
+            host: "h".into(),
+            port,
+        };
+        // 3 clusters of 8 over 2 nodes: 16 pages on node 0, 8 on node 1.
+        assert!(check_capacity(24, 8, &[(node(1), 16), (node(2), 8)]).is_ok());
+        let e = check_capacity(24, 8, &[(node(1), 15), (node(2), 8)]).unwrap_err();
+        assert!(e.contains("needs 16 pages on node h:1"), "{e}");
     }
 }

@@ -4,6 +4,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
+use mtrdma::sched::stats::percentile;
+
 use crate::cli::ClientArgs;
 use crate::page::PAGE;
 
@@ -15,6 +17,8 @@ pub(crate) struct Results {
     pub(crate) working_set: u64,
     pub(crate) cache: u64,
     pub(crate) depth: u32,
+    /// Pages per cluster (per READ and WRITE).
+    pub(crate) cluster: u64,
     /// Pages written at version 1 before the run.
     pub(crate) filled: u64,
     /// Accesses served (hits, and faults once their page was in) or
@@ -22,10 +26,14 @@ pub(crate) struct Results {
     pub(crate) accesses: u64,
     /// Of them, writes that dirtied their page.
     pub(crate) writes: u64,
-    /// Misses that posted a page-in.
+    /// Misses that posted a page-in (one READ of a cluster).
     pub(crate) faults: u64,
+    /// Pages read in (a cluster's READ brings `cluster` of them).
     pub(crate) page_ins: u64,
+    /// Pages written out (a cluster's WRITE takes `cluster` of them).
     pub(crate) page_outs: u64,
+    /// READs completed with data: page-ins / cluster.
+    pub(crate) page_in_requests: u64,
     /// Pages read in whose header, checksum and body were right.
     pub(crate) verified: u64,
     /// Pages read in that were not the page and version expected.
@@ -34,19 +42,10 @@ pub(crate) struct Results {
     pub(crate) lost_accesses: u64,
     /// Page-ins completed after the first node was lost.
     pub(crate) page_ins_after_loss: u64,
-    /// Each page-in's time from posting its READ to its completion.
+    /// Each page-in READ's (cluster's) time from posting to completion.
     pub(crate) latencies_ns: Vec<u64>,
     /// The timed run, with the drain of the requests still out at its end.
     pub(crate) elapsed: Duration,
-}
-
-/// The `q` quantile (0 < q <= 1) of sorted `v`, nearest rank.
-fn quantile(v: &[u64], q: f64) -> Option<u64> {
-    if v.is_empty() {
-        return None;
-    }
-    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    Some(v[rank - 1])
 }
 
 /// Figures derived from [`Results`], in the report's units.
@@ -67,6 +66,7 @@ impl Results {
             working_set: a.working_set,
             cache: a.cache,
             depth: a.depth,
+            cluster: a.cluster,
             ..Results::default()
         }
     }
@@ -74,7 +74,7 @@ impl Results {
     fn figures(&mut self) -> Figures {
         self.latencies_ns.sort_unstable();
         let secs = self.elapsed.as_secs_f64().max(1e-9);
-        let us = |q| quantile(&self.latencies_ns, q).map(|ns| ns as f64 / 1e3);
+        let us = |q| percentile(&self.latencies_ns, q).map(|ns| ns as f64 / 1e3);
         Figures {
             secs,
             page_ins_per_s: self.page_ins as f64 / secs,
@@ -99,6 +99,7 @@ impl Results {
         line("writes", self.writes.to_string());
         line("page-ins", self.page_ins.to_string());
         line("page-outs", self.page_outs.to_string());
+        line("page-in requests", self.page_in_requests.to_string());
         line("page-ins/s", format!("{:.0}", f.page_ins_per_s));
         line("MB/s", format!("{:.2}", f.mb_per_s));
         line("page-in p50 us", lat(f.p50));
@@ -121,8 +122,9 @@ impl Results {
         let lat = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.1}"));
         let text = format!(
             "path,nodes,working_set,cache,depth,seconds,page_ins,page_outs,page_ins_per_s,mb_per_s,\
-             p50_us,p99_us,p999_us,verified,corrupt,lost_pages,lost_accesses,page_ins_after_loss\n\
-             {},{},{},{},{},{:.3},{},{},{:.0},{:.3},{},{},{},{},{},{},{},{}\n",
+             p50_us,p99_us,p999_us,verified,corrupt,lost_pages,lost_accesses,page_ins_after_loss,\
+             page_in_requests,cluster\n\
+             {},{},{},{},{},{:.3},{},{},{:.0},{:.3},{},{},{},{},{},{},{},{},{},{}\n",
             self.path,
             self.nodes,
             self.working_set,
@@ -141,22 +143,9 @@ impl Results {
             self.lost_pages,
             self.lost_accesses,
             self.page_ins_after_loss,
+            self.page_in_requests,
+            self.cluster,
         );
         std::fs::write(file, text).map_err(|e| format!("writing {}: {e}", file.display()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quantiles_are_nearest_rank() {
-        let v: Vec<u64> = (1..=1000).collect();
-        assert_eq!(quantile(&v, 0.5), Some(500));
-        assert_eq!(quantile(&v, 0.99), Some(990));
-        assert_eq!(quantile(&v, 0.999), Some(999));
-        assert_eq!(quantile(&[], 0.5), None);
-        assert_eq!(quantile(&[7], 0.999), Some(7));
     }
 }
