@@ -19,6 +19,9 @@
 //! sends its requests that far apart (closed loop otherwise). It reports
 //! requests per second and latency percentiles; `--samples FILE` writes
 //! every latency (us, one per line) and `--csv FILE` one row of figures.
+//! With `--start-file FILE` the clients send at the same pace, uncounted,
+//! until FILE exists, and measure from then on: the service is already
+//! running when whatever it is measured next to starts.
 //!
 //! With `--path mtrdma` every queue pair posts through
 //! `ScheduledUdQueuePair`, scheduled as its tenant (`--coordinator SOCKET`:
@@ -94,6 +97,7 @@ struct Opts {
     samples: Option<PathBuf>,
     csv: Option<PathBuf>,
     wait: Duration,
+    start_file: Option<PathBuf>,
 }
 
 const USAGE: &str = "\
@@ -114,7 +118,9 @@ options:
   --wait S               how long to wait for names in the registry, and a
                          client for its first answer (default 60)
   --samples FILE         client: every latency in us, one per line
-  --csv FILE             client: one row of figures";
+  --csv FILE             client: one row of figures
+  --start-file FILE      client: send at the same pace, uncounted, until FILE
+                         exists, then measure for --seconds";
 
 fn parse(mut a: args::Args) -> Result<Opts, String> {
     let mode = match a.next()? {
@@ -140,6 +146,7 @@ fn parse(mut a: args::Args) -> Result<Opts, String> {
         samples: None,
         csv: None,
         wait: Duration::from_secs(60),
+        start_file: None,
     };
     while let Some(t) = a.next()? {
         let Token::Flag(f) = t else {
@@ -167,6 +174,7 @@ fn parse(mut a: args::Args) -> Result<Opts, String> {
             "--wait" => o.wait = Duration::from_secs_f64(a.parse(&f)?),
             "--samples" => o.samples = Some(a.value(&f)?.into()),
             "--csv" => o.csv = Some(a.value(&f)?.into()),
+            "--start-file" => o.start_file = Some(a.value(&f)?.into()),
             "--busy-poll" => BUSY_POLL.store(true, std::sync::atomic::Ordering::Relaxed),
             "--help" | "-h" => return Err(USAGE.into()),
             _ => return Err(format!("unknown flag {f}\n{USAGE}")),
@@ -766,20 +774,24 @@ fn ask(
     for _ in 1..WARMUP {
         one(&mut qp, REQUEST, ANSWER_TIMEOUT, &mut m)?;
     }
+    let interval = Duration::from_micros(o.interval_us);
+    // Requests at the measured pace, not counted, until the start file
+    // appears (if one is given): the service is running when whatever it
+    // is measured next to starts.
+    if let Some(file) = &o.start_file {
+        let mut next = Instant::now();
+        while !file.exists() {
+            pace(&mut next, interval);
+            one(&mut qp, REQUEST, ANSWER_TIMEOUT, &mut m)?;
+        }
+    }
     m.late = 0;
     start_line.wait();
     let start = Instant::now();
     let run = Duration::from_secs_f64(o.seconds);
-    let interval = Duration::from_micros(o.interval_us);
     let mut next = start;
     while start.elapsed() < run {
-        if o.interval_us > 0 {
-            let now = Instant::now();
-            if next > now {
-                std::thread::sleep(next - now);
-            }
-            next += interval;
-        }
+        pace(&mut next, interval);
         match one(&mut qp, REQUEST, ANSWER_TIMEOUT, &mut m)? {
             Some(t) => m.latencies_us.push(t.as_secs_f64() * 1e6),
             None => m.lost += 1,
@@ -792,6 +804,19 @@ fn ask(
         one(&mut qp, BYE, Duration::from_millis(200), &mut m)?;
     }
     Ok((m, secs))
+}
+
+/// Sleeps until `next` (if it is ahead) and moves it on by `interval`
+/// (nothing with no interval: closed loop).
+fn pace(next: &mut Instant, interval: Duration) {
+    if interval.is_zero() {
+        return;
+    }
+    let now = Instant::now();
+    if *next > now {
+        std::thread::sleep(*next - now);
+    }
+    *next += interval;
 }
 
 fn report(o: &Opts, m: &Measured, secs: f64) -> Result<(), String> {

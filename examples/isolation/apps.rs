@@ -7,6 +7,16 @@
 //! nodes on the receiver device, so requests and page-outs cross the link
 //! one way, answers and page-ins the other, both shaped.
 //!
+//! First the pager runs alone, at the link's rate in this boot: on the
+//! emulated host rxe's work per byte (its softirqs) caps what one pager
+//! moves, and a link faster than that is not its bottleneck, so nothing
+//! queues there for mtrdma to keep short. The scenario then shapes the
+//! link (both ends, tbf as `cargo xtask vm --link` does) to half of what
+//! the pager moved alone in its busier direction, rounded down to
+//! 10 Mbit/s, if that is slower than the boot's rate, as the demo shapes
+//! the link to half of what one sender carries unshaped; and puts the
+//! boot's rate back afterwards. No tenant is told the rate.
+//!
 //! Three runs: the RPC service alone, next to the pager unprotected (both
 //! post straight on their queue pairs), and with mtrdma (both registered
 //! with the coordinator as their cgroups' tenants; the RPC service's UD
@@ -31,6 +41,33 @@ const PAGER_CACHE: u64 = 512;
 /// writebacks.
 const PAGER_DEPTH: u32 = 32;
 const PAGE: f64 = 4096.0;
+
+/// The pager and its memory nodes, running.
+struct PagerRun {
+    nodes: Vec<Proc>,
+    pager: Proc,
+    csv: PathBuf,
+}
+
+impl PagerRun {
+    /// Waits for the pager and its nodes: (page-ins/s, page-outs/s,
+    /// page-in p99 us, corrupt pages) from its CSV.
+    fn finish(self) -> Result<(f64, f64, f64, f64), String> {
+        // Exit status 2 is a corrupt page: the report says so.
+        self.pager.wait_tolerating(Some("CORRUPT"))?;
+        for n in self.nodes {
+            n.wait()?;
+        }
+        let csv = &self.csv;
+        let secs = csv_field(csv, "seconds")?;
+        Ok((
+            csv_field(csv, "page_ins")? / secs,
+            csv_field(csv, "page_outs")? / secs,
+            csv_field(csv, "p99_us").unwrap_or(f64::NAN),
+            csv_field(csv, "corrupt")?,
+        ))
+    }
+}
 
 /// What one run measured.
 struct AppRun {
@@ -105,6 +142,76 @@ impl Site<'_> {
         }
     }
 
+    /// Starts the two memory nodes on the receiver device: their
+    /// processes and addresses. Memory nodes are servers that run all the
+    /// time; they are up before the service and the pager start.
+    fn start_nodes(&mut self) -> Result<(Vec<Proc>, Vec<String>), String> {
+        let mut nodes = Vec::new();
+        let mut addrs = Vec::new();
+        for i in 0..2 {
+            let port = self.port();
+            let mut cmd = Command::new(self.example("remote_memory"));
+            cmd.args(["node", "--device", &self.link.receiver, "-p"])
+                .arg(port.to_string())
+                .args(["--pages", &(PAGER_WORKING_SET / 2).to_string()]);
+            nodes.push(self.spawn(&format!("node{i}"), None, cmd)?);
+            addrs.push(format!("127.0.0.1:{port}"));
+            wait_listening(port)?;
+        }
+        Ok((nodes, addrs))
+    }
+
+    /// Starts the pager (posting `way`'s way) on running `nodes`, and
+    /// waits until its initial fill is done and it has reached its pace.
+    fn start_pager(
+        &mut self,
+        way: Way,
+        (nodes, addrs): (Vec<Proc>, Vec<String>),
+    ) -> Result<PagerRun, String> {
+        let csv = self.logs.join("pager.csv");
+        let mut cmd = Command::new(self.example("remote_memory"));
+        cmd.args(["client", "--device", &self.link.sender]);
+        for a in &addrs {
+            cmd.args(["--node", a]);
+        }
+        cmd.args([
+            "--working-set",
+            &PAGER_WORKING_SET.to_string(),
+            "--cache",
+            &PAGER_CACHE.to_string(),
+            "--depth",
+            &PAGER_DEPTH.to_string(),
+            "--seconds",
+            &format!("{}", self.args.seconds + 3.0),
+            "--chunk",
+            &self.args.chunk.to_string(),
+        ])
+        .arg("--csv")
+        .arg(&csv);
+        self.coordinated(&mut cmd, way);
+        let mut pager = self.spawn("pager", Some("pager"), cmd)?;
+        let out = pager.stdout.clone();
+        wait_for_line(&mut pager, &out, "initial fill")?;
+        // The pager reaches its pace before anything is measured.
+        std::thread::sleep(Duration::from_millis(1500));
+        Ok(PagerRun { nodes, pager, csv })
+    }
+
+    /// The pager alone, unprotected: (page-ins/s, page-outs/s, page-in
+    /// p99 us, corrupt pages).
+    fn run_pager_alone(&mut self, tag: &str) -> Result<(f64, f64, f64, f64), String> {
+        self.log_dir(tag)?;
+        let nodes = self.start_nodes()?;
+        self.start_pager(Way::Unprotected, nodes)?.finish()
+    }
+
+    fn log_dir(&mut self, tag: &str) -> Result<(), String> {
+        let logs = self.args.out.join("logs").join(tag);
+        std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
+        self.logs = logs;
+        Ok(())
+    }
+
     /// One run: the RPC service (`rpc` way), with the pager next to it
     /// (`pager` way) if any.
     fn run_apps(
@@ -115,52 +222,13 @@ impl Site<'_> {
         pager: Option<Way>,
     ) -> Result<AppRun, String> {
         let secs = self.args.seconds;
-        let logs = self.args.out.join("logs").join(tag);
-        std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
-        self.logs = logs;
+        self.log_dir(tag)?;
         let name = format!("{tag}-{}", std::process::id());
-        let mut nodes = Vec::new();
-        let mut pager_proc = None;
-        let pager_csv = self.logs.join("pager.csv");
-        if let Some(way) = pager {
-            let mut addrs = Vec::new();
-            for i in 0..2 {
-                let port = self.port();
-                let mut cmd = Command::new(self.example("remote_memory"));
-                cmd.args(["node", "--device", &self.link.receiver, "-p"])
-                    .arg(port.to_string())
-                    .args(["--pages", &(PAGER_WORKING_SET / 2).to_string()]);
-                nodes.push(self.spawn(&format!("node{i}"), None, cmd)?);
-                addrs.push(format!("127.0.0.1:{port}"));
-                wait_listening(port)?;
-            }
-            let mut cmd = Command::new(self.example("remote_memory"));
-            cmd.args(["client", "--device", &self.link.sender]);
-            for a in &addrs {
-                cmd.args(["--node", a]);
-            }
-            cmd.args([
-                "--working-set",
-                &PAGER_WORKING_SET.to_string(),
-                "--cache",
-                &PAGER_CACHE.to_string(),
-                "--depth",
-                &PAGER_DEPTH.to_string(),
-                "--seconds",
-                &format!("{}", secs + 3.0),
-                "--chunk",
-                &self.args.chunk.to_string(),
-            ])
-            .arg("--csv")
-            .arg(&pager_csv);
-            self.coordinated(&mut cmd, way);
-            let mut p = self.spawn("pager", Some("pager"), cmd)?;
-            let out = p.stdout.clone();
-            wait_for_line(&mut p, &out, "initial fill")?;
-            pager_proc = Some(p);
-            // The pager reaches its pace before the service is measured.
-            std::thread::sleep(Duration::from_millis(1500));
-        }
+        let nodes = pager.map(|_| self.start_nodes()).transpose()?;
+        // The service runs first; the pager starts next to it, and the
+        // service is measured once the pager is at its pace.
+        let start_file = self.logs.join("rpc.start");
+        let _ = std::fs::remove_file(&start_file);
         let mut cmd = self.realtime(&self.example("rpc"));
         cmd.args([
             "server",
@@ -170,7 +238,7 @@ impl Site<'_> {
             registry,
         ])
         .args(["--name", &name, "--clients", &RPC_CLIENTS.to_string()])
-        .args(["--seconds", &format!("{}", secs + 120.0)]);
+        .args(["--seconds", &format!("{}", secs + 300.0)]);
         self.coordinated(&mut cmd, rpc);
         let server = self.spawn("rpc-server", Some("rpc"), cmd)?;
         let (samples, csv) = (self.logs.join("rpc.samples"), self.logs.join("rpc.csv"));
@@ -188,9 +256,23 @@ impl Site<'_> {
         .arg("--samples")
         .arg(&samples)
         .arg("--csv")
-        .arg(&csv);
+        .arg(&csv)
+        .arg("--start-file")
+        .arg(&start_file);
         self.coordinated(&mut cmd, rpc);
-        self.spawn("rpc-client", Some("rpc"), cmd)?.wait()?;
+        let client = self.spawn("rpc-client", Some("rpc"), cmd)?;
+        // The clients have found the server and are sending.
+        std::thread::sleep(Duration::from_millis(1500));
+        let pager = match (pager, nodes) {
+            (Some(way), Some(nodes)) => self.start_pager(way, nodes).map(Some),
+            _ => Ok(None),
+        };
+        // Written whatever happened, so the clients measure and end.
+        let started =
+            std::fs::write(&start_file, b"").map_err(|e| format!("{}: {e}", start_file.display()));
+        let pager = pager?;
+        started?;
+        client.wait()?;
         server.wait()?;
         let mut run = AppRun {
             rpc_us: read_samples(&samples)?,
@@ -198,21 +280,57 @@ impl Site<'_> {
             rpc_lost: csv_field(&csv, "lost")?,
             pager: None,
         };
-        if let Some(p) = pager_proc {
-            // Exit status 2 is a corrupt page: the report says so.
-            p.wait_tolerating(Some("CORRUPT"))?;
-            let secs = csv_field(&pager_csv, "seconds")?;
-            run.pager = Some((
-                csv_field(&pager_csv, "page_ins")? / secs,
-                csv_field(&pager_csv, "page_outs")? / secs,
-                csv_field(&pager_csv, "p99_us").unwrap_or(f64::NAN),
-                csv_field(&pager_csv, "corrupt")?,
-            ));
-        }
-        for n in nodes {
-            n.wait()?;
+        if let Some(p) = pager {
+            run.pager = Some(p.finish()?);
         }
         Ok(run)
+    }
+}
+
+/// tbf's bucket beyond the MTU and in packets, as `cargo xtask vm --link`
+/// sets it (xtask's `TBF_HEADROOM` and `TBF_BUCKET_PACKETS`).
+const TBF_HEADROOM: u64 = 64;
+const TBF_BUCKET_PACKETS: u64 = 2;
+
+/// The link's two ends shaped to `bps` (the tbf qdiscs `cargo xtask vm
+/// --link` put there, changed in place).
+fn shape(netdevs: &[String], bps: u64) -> Result<(), String> {
+    for dev in netdevs {
+        let mtu_path = format!("/sys/class/net/{dev}/mtu");
+        let mtu: u64 = std::fs::read_to_string(&mtu_path)
+            .map_err(|e| format!("{mtu_path}: {e}"))?
+            .trim()
+            .parse()
+            .map_err(|e| format!("{mtu_path}: {e}"))?;
+        let burst = (mtu + TBF_HEADROOM) * TBF_BUCKET_PACKETS;
+        let out = Command::new("tc")
+            .args(["qdisc", "change", "dev", dev, "root", "tbf", "rate"])
+            .arg(format!("{bps}bit"))
+            .args(["burst", &burst.to_string(), "limit", "16mb"])
+            .output()
+            .map_err(|e| format!("running tc: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "tc qdisc change dev {dev} ... rate {bps}bit: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The link's ends shaped to another rate while it lives, and back to
+/// the boot's rate when dropped.
+struct Reshaped {
+    netdevs: Vec<String>,
+    boot_bps: u64,
+}
+
+impl Drop for Reshaped {
+    fn drop(&mut self) {
+        if let Err(e) = shape(&self.netdevs, self.boot_bps) {
+            eprintln!("isolation: putting the link back to its boot rate: {e}");
+        }
     }
 }
 
@@ -250,12 +368,60 @@ impl Drop for Memcached {
 }
 
 pub(super) fn scenario_apps(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
-    let link = site.link;
     r.say(format!(
         "\n== applications: an RPC service ({RPC_CLIENTS} clients on one UD server queue pair, a request every {} us in all, found through memcached) next to a pager ({PAGER_WORKING_SET} pages of 4 KiB over 2 memory nodes, {PAGER_CACHE} cached, {PAGER_DEPTH} misses in flight), each a process ==",
         RPC_INTERVAL_US / u64::from(RPC_CLIENTS)
     ));
     let (_memcached, registry) = Memcached::start(site)?;
+    // The pager alone, at the boot's rate, and the link it is to share.
+    let solo = site.run_pager_alone("apps-pager-alone")?;
+    let (ins, outs, _, corrupt0) = solo;
+    let busier = ins.max(outs) * PAGE;
+    let boot_bps = site.link.rate_bps;
+    let half = ((busier * 8.0 / 2.0) / 10e6).floor() as u64 * 10_000_000;
+    let chosen = half.max(10_000_000).min(boot_bps);
+    r.say(format!(
+        "the pager alone moves {:.2} MB/s in its busier direction ({:.0}% of the link at this boot's {:.0} Mbit/s; {} corrupt); \
+         the scenario shapes the link to {:.0} Mbit/s{}",
+        busier / 1_048_576.0,
+        100.0 * busier * 8.0 / boot_bps as f64,
+        boot_bps as f64 / 1e6,
+        corrupt0,
+        chosen as f64 / 1e6,
+        if chosen < boot_bps {
+            " (half of what the pager moves alone: the link, not the pager's CPU, is then the bottleneck)"
+        } else {
+            " (the boot's rate: the pager alone fills more than half of it)"
+        }
+    ));
+    let netdevs = vec![site.netdev.clone(), netdev_of(&site.link.receiver)?];
+    let _back = if chosen < boot_bps {
+        shape(&netdevs, chosen)?;
+        Some(Reshaped { netdevs, boot_bps })
+    } else {
+        None
+    };
+    let link = LinkSpec {
+        sender: site.link.sender.clone(),
+        receiver: site.link.receiver.clone(),
+        rate_bps: chosen,
+    };
+    r.figure(
+        "apps",
+        Way::Alone,
+        "pager",
+        "pager",
+        "busier_direction_mbps",
+        busier / 1_048_576.0,
+    );
+    r.figure(
+        "apps",
+        Way::Alone,
+        "pager",
+        "pager",
+        "link_bps",
+        chosen as f64,
+    );
     let alone = site.run_apps("apps-alone", &registry, Way::Alone, None)?;
     let unprot = site.run_apps(
         "apps-unprotected",
@@ -326,6 +492,7 @@ pub(super) fn scenario_apps(site: &mut Site<'_>, r: &mut Report) -> Result<(), S
     }
     let (u, m) = (lat(&unprot.rpc_us), lat(&ours.rpc_us));
     let bound = a.p99 + link.us_for_16k();
+    r.figure("apps", Way::Mtrdma, "rpc", "rpc", "bound_us", bound);
     let [(unprot_moved, _, c1), (ours_moved, share, c2)] = shares[..] else {
         unreachable!("two runs with the pager");
     };
