@@ -7,7 +7,6 @@
 use std::process::Command;
 
 // Not every test file uses all of what the tests share.
-#[allow(dead_code)]
 mod common;
 use common::{example, result_row};
 

@@ -10,7 +10,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 // Not every test file uses all of what the tests share.
-#[allow(dead_code)]
 mod common;
 use common::{example, result_row};
 

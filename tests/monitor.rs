@@ -20,7 +20,6 @@ use mtrdma::core::monitor::{
 use mtrdma::TenantId;
 
 // Its perftest row reader serves the other device tests.
-#[allow(dead_code)]
 mod common;
 use common::example;
 

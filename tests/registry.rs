@@ -7,7 +7,6 @@ use std::time::Duration;
 use mtrdma::verbs::registry::{Registry, RegistryError};
 use mtrdma::verbs::UdEndpoint;
 
-#[allow(dead_code)]
 mod common;
 use common::Memcached;
 

@@ -10,7 +10,6 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 // Only `example` of what the tests share is used here.
-#[allow(dead_code)]
 mod common;
 use common::example;
 

@@ -5,7 +5,6 @@
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-#[allow(dead_code)]
 mod common;
 use common::{example, Memcached};
 
