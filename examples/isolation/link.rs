@@ -198,6 +198,8 @@ struct Site<'a> {
     netdev: String,
     /// Whether the probe runs at [`PROBE_PRIORITY`] (`chrt` works here).
     probe_realtime: bool,
+    /// The applications scenario's working set, in pages.
+    pager_pages: u64,
 }
 
 /// A tenant process and where its output goes.
@@ -1539,6 +1541,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         next_port: 20_000 + (std::process::id() % 1_000) as u16 * 20,
         netdev: netdev_of(&link.sender)?,
         probe_realtime,
+        pager_pages: apps::PAGER_WORKING_SET,
     };
     let result = (|| -> Result<(), String> {
         for s in &args.scenarios {
