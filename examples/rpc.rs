@@ -40,7 +40,6 @@ use std::process::ExitCode;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use mtrdma::core::coordinator::register;
 use mtrdma::core::{TenantHandle, TenantId, TrafficClass};
 use mtrdma::verbs::registry::{Registry, RegistryHost};
 use mtrdma::verbs::{
@@ -51,6 +50,8 @@ use mtrdma::verbs::{
 
 #[path = "shared/args.rs"]
 mod args;
+#[path = "shared/tenant.rs"]
+mod tenant;
 use args::Token;
 
 /// Bytes of a message's header: kind (1), 3 unused, client (4), sequence (8).
@@ -292,15 +293,7 @@ struct Site {
 
 impl Site {
     fn open(o: &Opts) -> Result<Site, String> {
-        let tenant = match &o.coordinator {
-            Some(socket) => Some(register(socket).map_err(|e| {
-                format!(
-                    "registering with the coordinator at {}: {e}",
-                    socket.display()
-                )
-            })?),
-            None => None,
-        };
+        let tenant = tenant::join(o.coordinator.as_deref())?;
         let ctx = Context::open(&o.device).map_err(|e| format!("opening {}: {e}", o.device))?;
         let pd = ctx
             .alloc_pd()

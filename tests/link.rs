@@ -148,6 +148,24 @@ fn delay_windows_keep_the_latency_tenant_s_p99_far_below_unprotected() {
     );
 }
 
+/// `examples/isolation --link --scenarios SCENARIO --seconds 2`: what it
+/// printed, and where it wrote its files. Fails the test if it failed.
+fn isolation(scenario: &str) -> (String, std::path::PathBuf) {
+    let out_dir = std::env::temp_dir().join(format!("mtrdma-{scenario}-{}", std::process::id()));
+    let out = Command::new(example("isolation"))
+        .args(["--link", "--scenarios", scenario, "--seconds", "2", "--out"])
+        .arg(&out_dir)
+        .output()
+        .expect("start examples/isolation");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "isolation failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (text, out_dir)
+}
+
 /// The adversarial table, in short (`examples/isolation --link --scenarios
 /// attack`): a victim tenant next to each attacker, unprotected and with
 /// mtrdma. Every attacker gets a verdict both ways; with mtrdma the
@@ -160,18 +178,7 @@ fn the_adversarial_table_holds_each_attacker_to_its_policy() {
         eprintln!("no shared link (MTRDMA_LINK_SENDER/RECEIVER): nothing to measure on this host");
         return;
     };
-    let out_dir = std::env::temp_dir().join(format!("mtrdma-attack-{}", std::process::id()));
-    let out = Command::new(example("isolation"))
-        .args(["--link", "--scenarios", "attack", "--seconds", "2", "--out"])
-        .arg(&out_dir)
-        .output()
-        .expect("start examples/isolation");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "isolation failed:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (text, out_dir) = isolation("attack");
     // (way, attacker op/s, verdict) of an attacker's rows.
     let rows = |label: &str| -> Vec<(String, f64, String)> {
         text.lines()
@@ -246,18 +253,7 @@ fn the_applications_scenario_serves_the_rpc_and_pages_without_corruption() {
         eprintln!("no shared link (MTRDMA_LINK_SENDER/RECEIVER): nothing to measure on this host");
         return;
     };
-    let out_dir = std::env::temp_dir().join(format!("mtrdma-apps-{}", std::process::id()));
-    let out = Command::new(example("isolation"))
-        .args(["--link", "--scenarios", "apps", "--seconds", "2", "--out"])
-        .arg(&out_dir)
-        .output()
-        .expect("start examples/isolation");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "isolation failed:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (text, out_dir) = isolation("apps");
     // way p50 p99 p99.9 req/s lost pager-MB/s page-in-p99 of-link corrupt
     let row = |way: &str| -> Vec<String> {
         text.lines()

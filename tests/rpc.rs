@@ -19,6 +19,18 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Waits until something listens on `addr` (the server's own registry).
+fn wait_for_registry(addr: &str) {
+    let start = std::time::Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no registry on {addr}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn rpc(args: &[&str]) -> Command {
     let mut cmd = Command::new(example("rpc"));
     cmd.args(args)
@@ -78,14 +90,7 @@ fn serve_and_ask(registry: Option<&str>, path: &str, clients: u32, processes: u3
         .spawn()
         .expect("starting the server");
     // The hosted registry listens once the server is up.
-    let start = std::time::Instant::now();
-    while std::net::TcpStream::connect(&addr).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no registry on {addr}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_registry(&addr);
     let each = clients / processes;
     let askers: Vec<Child> = (0..processes)
         .map(|p| {
@@ -159,14 +164,7 @@ fn the_server_answers_only_the_queue_pairs_its_clients_published() {
         .args(["--clients", "1", "--seconds", "120"])
         .spawn()
         .expect("starting the server");
-    let start = std::time::Instant::now();
-    while std::net::TcpStream::connect(&addr).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no registry on {addr}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_registry(&addr);
     // Client 1 publishes, but the server waits for client 0 alone.
     let stranger = rpc(&["client", "--registry", &addr, "--name", &name])
         .args(["--first", "1", "--clients", "1", "--wait", "4"])

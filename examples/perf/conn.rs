@@ -424,23 +424,3 @@ impl Side {
         })
     }
 }
-
-/// What `create` gives, waiting out the tenant's control-path rate limit
-/// for up to `patience`, as an application would, rather than failing a
-/// sweep.
-fn admitted_in_time<T>(
-    patience: Duration,
-    mut create: impl FnMut() -> Result<T, mtrdma::Error>,
-) -> Result<T, mtrdma::Error> {
-    let deadline = Instant::now() + patience;
-    loop {
-        match create() {
-            Err(mtrdma::Error::Admission(AdmissionError::RateLimited {
-                retry_after_ns, ..
-            })) if Instant::now() < deadline => std::thread::sleep(Duration::from_nanos(
-                retry_after_ns.clamp(1_000_000, 1_000_000_000),
-            )),
-            other => return other,
-        }
-    }
-}

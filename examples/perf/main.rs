@@ -59,6 +59,8 @@ mod ctrl;
 mod measure;
 mod params;
 mod report;
+#[path = "../shared/tenant.rs"]
+mod shared_tenant;
 mod tenant;
 
 use std::fmt::Write as _;
@@ -68,10 +70,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use mtrdma::core::coordinator::register;
 use mtrdma::core::{
-    AdmissionError, LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantHandle, TenantId,
-    TrafficClass,
+    LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantHandle, TenantId, TrafficClass,
 };
 use mtrdma::sched::{DelayWindowConfig, Nanos};
 use mtrdma::verbs::exchange::{exchange, Handshake};
@@ -79,6 +79,7 @@ use mtrdma::verbs::{
     Access, Completion, Context, Endpoint, Gid, GidSelection, MemoryRegion, PreparedQueuePair,
     ProtectionDomain, QueuePair, RemoteRegion, ScheduleConfig, ScheduledQueuePair, SendOp, Tenancy,
 };
+use shared_tenant::{admitted_in_time, join};
 
 use cli::*;
 use conn::*;

@@ -9,12 +9,7 @@ pub(crate) fn tenant_handle(
     chunk: u64,
 ) -> Result<Option<(TenantHandle, String)>, String> {
     if let Some(socket) = &a.coordinator {
-        let handle = register(socket).map_err(|e| {
-            format!(
-                "registering with the coordinator at {}: {e}",
-                socket.display()
-            )
-        })?;
+        let handle = join(Some(socket))?.expect("a socket was given");
         let desc = format!(
             "{} (id {}, {:?} class, decided by the coordinator at {})",
             handle.name(),

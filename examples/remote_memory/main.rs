@@ -42,6 +42,8 @@ mod node;
 mod page;
 mod pager;
 mod report;
+#[path = "../shared/tenant.rs"]
+mod tenant;
 
 use std::process::ExitCode;
 

@@ -49,8 +49,7 @@ use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use mtrdma::core::coordinator::register;
-use mtrdma::core::{AdmissionError, TenantHandle, TenantId, TrafficClass};
+use mtrdma::core::{TenantHandle, TenantId, TrafficClass};
 use mtrdma::sched::DelayWindowConfig;
 use mtrdma::verbs::exchange::{exchange_within, Handshake};
 use mtrdma::verbs::{
@@ -61,6 +60,7 @@ use mtrdma::verbs::{
 use crate::cli::{ClientArgs, NodeAddr, PathKind};
 use crate::page::{encode, verify, Rng, PAGE};
 use crate::report::Results;
+use crate::tenant::{admitted_in_time, join};
 use crate::{open_device, HELLO};
 
 /// Local ACK timeout exponent: 4.096 us x 2^14, about 67 ms.
@@ -294,25 +294,6 @@ pub(crate) fn check_capacity(w: u64, k: u64, nodes: &[(NodeAddr, u64)]) -> Resul
     Ok(())
 }
 
-/// What `create` gives, waiting out the tenant's control-path rate limit
-/// for up to `patience`.
-fn admitted<T>(
-    patience: Duration,
-    mut create: impl FnMut() -> Result<T, mtrdma::Error>,
-) -> Result<T, mtrdma::Error> {
-    let deadline = Instant::now() + patience;
-    loop {
-        match create() {
-            Err(mtrdma::Error::Admission(AdmissionError::RateLimited {
-                retry_after_ns, ..
-            })) if Instant::now() < deadline => std::thread::sleep(Duration::from_nanos(
-                retry_after_ns.clamp(1_000_000, 1_000_000_000),
-            )),
-            other => return other,
-        }
-    }
-}
-
 /// Runs the pager; returns its results (the caller decides the exit
 /// status from the corrupt count).
 pub(crate) fn run(a: &ClientArgs) -> Result<Results, String> {
@@ -330,15 +311,7 @@ pub(crate) fn run(a: &ClientArgs) -> Result<Results, String> {
     let pd = ctx
         .alloc_pd()
         .map_err(|e| format!("allocating a protection domain on {}: {e}", ctx.name()))?;
-    let tenant = match &a.coordinator {
-        Some(socket) => Some(register(socket).map_err(|e| {
-            format!(
-                "registering with the coordinator at {}: {e}",
-                socket.display()
-            )
-        })?),
-        None => None,
-    };
+    let tenant = join(a.coordinator.as_deref())?;
     let depth = a.depth as usize;
     let k = a.cluster;
     let n_frames = a.cache / k;
@@ -386,7 +359,7 @@ pub(crate) fn run(a: &ClientArgs) -> Result<Results, String> {
 
     let mut nodes = Vec::new();
     for (addr, mut stream, capacity) in greeted {
-        let prepared = admitted(Duration::from_secs(10), || {
+        let prepared = admitted_in_time(Duration::from_secs(10), || {
             let mut b = pd
                 .queue_pair()
                 .max_send_wr(sq)
@@ -497,7 +470,7 @@ fn allocate(
     let total = count
         .checked_mul(size)
         .ok_or_else(|| format!("{count} cluster buffers do not fit in memory"))?;
-    let region = admitted(Duration::from_secs(30), || match tenant {
+    let region = admitted_in_time(Duration::from_secs(30), || match tenant {
         Some(t) => pd.register_for(t, vec![0u8; total], Access::LOCAL),
         None => pd.allocate(total, Access::LOCAL),
     })
