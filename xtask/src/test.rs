@@ -1,7 +1,8 @@
 //! `cargo xtask test`: every check and test, device tests included.
 //!
 //! Stages: deps, `cargo fmt --check`, `cargo clippy -D warnings`,
-//! `cargo package`, `cargo test --workspace` on the host, the tests of
+//! `cargo package`, `cargo test --workspace` (and `--examples`, the
+//! examples' unit tests) on the host, the tests of
 //! memory a device may leave unwritten under Miri, each cargo-fuzz target
 //! for 30 s,
 //! then the device tests (the
@@ -104,15 +105,31 @@ pub(crate) fn run() -> Result<ExitCode> {
             Ok((ok, String::new(), None))
         });
         stage("host tests", &mut || {
-            let (ok, out) = proc::tee(proc::cargo().args([
+            let (ok, mut out) = proc::tee(proc::cargo().args([
                 "test",
                 "--workspace",
                 "--no-fail-fast",
                 "--color",
                 "never",
             ]))?;
+            // The examples' own unit tests: `cargo test` builds examples
+            // as programs (the device tests run them), `--examples` as
+            // test harnesses.
+            let (examples_ok, examples_out) = proc::tee(proc::cargo().args([
+                "test",
+                "--workspace",
+                "--examples",
+                "--no-fail-fast",
+                "--color",
+                "never",
+            ]))?;
+            out.push_str(&examples_out);
             let counts = TestCounts::parse(&out);
-            Ok((ok && counts.failed == 0, String::new(), Some(counts)))
+            Ok((
+                ok && examples_ok && counts.failed == 0,
+                String::new(),
+                Some(counts),
+            ))
         });
         stage("miri", &mut || {
             let (ok, detail) = miri::run()?;
