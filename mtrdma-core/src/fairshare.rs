@@ -9,6 +9,7 @@
 //! the others (work conservation).
 
 use std::cmp::Ordering;
+use std::collections::BinaryHeap;
 
 /// One tenant's request to [`weighted_max_min`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -45,8 +46,9 @@ impl Demand {
 ///   satisfied tenant gets more per unit of weight than they do.
 /// * Nothing is wasted: the rates add up to exactly
 ///   `min(capacity, sum of effective demands)`; bytes left over by integer
-///   division go to the unsatisfied tenants with the largest remainders
-///   (ties to the earlier tenant), so the result is deterministic.
+///   division go one at a time to the tenant whose next byte stands
+///   lowest per unit of weight (ties to the larger remainder, then to the
+///   earlier tenant), so the result is deterministic.
 ///
 /// Runs in O(n log n) with exact integer arithmetic (128-bit intermediates;
 /// no overflow for any `u64` inputs).
@@ -94,27 +96,73 @@ pub fn weighted_max_min(capacity: u64, demands: &[Demand]) -> Vec<u64> {
         return alloc;
     }
 
-    // Everyone in `rest` is held at the level left / weight_left per unit of
-    // weight: floor(left * w / weight_left) each, and the bytes lost to
-    // rounding (fewer than rest.len()) one each by largest remainder. Each
-    // still gets no more than its demand: e > left * w / weight_left >= floor,
-    // so e >= floor + 1.
-    let mut remainders = Vec::with_capacity(rest.len());
+    // Everyone in `rest` is held at the level L = left / weight_left per
+    // unit of weight: floor(left * w / weight_left) each, at or below L.
+    // Each still gets no more than its demand: e / w >= the first one's
+    // > L, so e > L * w >= floor, so e >= floor + 1. The bytes lost to
+    // rounding (fewer than rest.len()) are then given one at a time, as
+    // water-filling in whole bytes would: each to the tenant whose next
+    // byte stands lowest, (a + 1) / w, until its demand is met. A byte
+    // that completes one tenant's demand must not go ahead of another's
+    // lower next byte (the other would stay short while it stands higher),
+    // and a tenant may take more than one of them. Ties go to the larger
+    // remainder, then to the earlier tenant, so the result is
+    // deterministic.
+    let mut next = BinaryHeap::with_capacity(rest.len());
     let mut given: u128 = 0;
     for &i in rest {
         let share = left * demands[i].weight();
         let floor = share / weight_left;
         alloc[i] = u64::try_from(floor).unwrap_or(u64::MAX);
         given += floor;
-        remainders.push((share % weight_left, i));
+        next.push(NextByte {
+            level: floor + 1,
+            weight: demands[i].weight(),
+            remainder: share % weight_left,
+            tenant: i,
+        });
     }
-    remainders.sort_by(|a, b| match b.0.cmp(&a.0) {
-        Ordering::Equal => a.1.cmp(&b.1),
-        other => other,
-    });
-    let leftover = usize::try_from(left - given).unwrap_or(usize::MAX);
-    for &(_, i) in remainders.iter().take(leftover) {
+    let mut leftover = left - given;
+    while leftover > 0 {
+        let Some(mut lowest) = next.pop() else {
+            break;
+        };
+        let i = lowest.tenant;
         alloc[i] += 1;
+        leftover -= 1;
+        if alloc[i] < demands[i].effective() {
+            lowest.level += 1;
+            next.push(lowest);
+        }
     }
     alloc
+}
+
+/// A tenant's next byte in [`weighted_max_min`]'s rounding: it would bring
+/// the tenant to `level / weight` per unit of weight. Ordered so that a
+/// max-heap pops the lowest level first (then the larger remainder, then
+/// the earlier tenant).
+#[derive(Debug, PartialEq, Eq)]
+struct NextByte {
+    level: u128,
+    weight: u128,
+    remainder: u128,
+    tenant: usize,
+}
+
+impl Ord for NextByte {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // level_a / w_a vs level_b / w_b, cross-multiplied: a level is at
+        // most 2^64 and a weight below 2^32, so each product < 2^96.
+        (other.level * self.weight)
+            .cmp(&(self.level * other.weight))
+            .then(self.remainder.cmp(&other.remainder))
+            .then(other.tenant.cmp(&self.tenant))
+    }
+}
+
+impl PartialOrd for NextByte {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
 }
