@@ -123,11 +123,6 @@ fn wait_for_line(p: &mut Proc, path: &Path, text: &str) -> Result<(), String> {
 }
 
 impl Site<'_> {
-    /// A sibling example of perf's (`rpc`, `remote_memory`).
-    fn example(&self, name: &str) -> PathBuf {
-        self.perf.with_file_name(name)
-    }
-
     /// `program` at a raised CPU priority (`nice -n RPC_NICE`), the same
     /// in every run. Not the probe's real-time priority: the service's
     /// nine threads wake thousands of times a second, and at a real-time
@@ -157,7 +152,7 @@ impl Site<'_> {
         let mut addrs = Vec::new();
         for i in 0..2 {
             let port = self.port();
-            let mut cmd = Command::new(self.example("remote_memory"));
+            let mut cmd = Command::new(self.program("remote_memory")?);
             cmd.args(["node", "--device", &self.link.receiver, "-p"])
                 .arg(port.to_string())
                 .args(["--pages", &(self.pager_pages / 2).to_string()]);
@@ -176,7 +171,7 @@ impl Site<'_> {
         (nodes, addrs): (Vec<Proc>, Vec<String>),
     ) -> Result<PagerRun, String> {
         let csv = self.logs.join("pager.csv");
-        let mut cmd = Command::new(self.example("remote_memory"));
+        let mut cmd = Command::new(self.program("remote_memory")?);
         cmd.args(["client", "--device", &self.link.sender]);
         for a in &addrs {
             cmd.args(["--node", a]);
@@ -236,7 +231,7 @@ impl Site<'_> {
         // service is measured once the pager is at its pace.
         let start_file = self.logs.join("rpc.start");
         let _ = std::fs::remove_file(&start_file);
-        let mut cmd = self.raised(&self.example("rpc"));
+        let mut cmd = self.raised(&self.program("rpc")?);
         cmd.args([
             "server",
             "--device",
@@ -249,7 +244,7 @@ impl Site<'_> {
         self.coordinated(&mut cmd, rpc);
         let server = self.spawn("rpc-server", Some("rpc"), cmd)?;
         let (samples, csv) = (self.logs.join("rpc.samples"), self.logs.join("rpc.csv"));
-        let mut cmd = self.raised(&self.example("rpc"));
+        let mut cmd = self.raised(&self.program("rpc")?);
         cmd.args([
             "client",
             "--device",

@@ -181,11 +181,11 @@ fn cap_bytes_per_sec(args: &Args, link: &LinkSpec) -> u64 {
 struct Site<'a> {
     args: &'a Args,
     link: &'a LinkSpec,
-    perf: PathBuf,
-    me: PathBuf,
-    /// `libmtrdma_preload.so`, for unmodified programs as tenants (next to
-    /// the examples' directory: `cargo build --release -p mtrdma-preload`).
-    preload: PathBuf,
+    /// `target/PROFILE`, where the programs a scenario starts are found
+    /// (see `programs.rs`).
+    profile_dir: PathBuf,
+    /// The scenario running, whose programs those are.
+    scenario: String,
     socket: PathBuf,
     /// The coordinator's quota table, whose counters say what each
     /// registered tenant posted.
@@ -208,6 +208,17 @@ struct Proc {
     child: Child,
     stdout: PathBuf,
     stderr: PathBuf,
+}
+
+/// A tenant process left behind by a scenario that failed part-way is
+/// stopped, so that it does not run into the next scenario's measurements.
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 impl Proc {
@@ -360,14 +371,32 @@ impl Site<'_> {
             .map_err(|e| format!("{path}: {e}"))
     }
 
-    fn perf(&self) -> Command {
-        Command::new(&self.perf)
+    /// The program `name`, as the running scenario starts it: on the
+    /// demo's list for it (`programs.rs`), and built.
+    fn program(&self, name: &str) -> Result<PathBuf, String> {
+        crate::programs::find(&self.profile_dir, &self.scenario, name)
+    }
+
+    /// Every program the list names for the running scenario is built:
+    /// checked before the scenario starts anything.
+    fn check_programs(&self) -> Result<(), String> {
+        for p in crate::programs::PROGRAMS
+            .iter()
+            .filter(|p| p.scenarios.contains(&self.scenario.as_str()))
+        {
+            self.program(p.name)?;
+        }
+        Ok(())
+    }
+
+    fn perf(&self) -> Result<Command, String> {
+        Ok(Command::new(self.program("perf")?))
     }
 
     /// A perf server on the receiver device.
     fn server(&mut self, name: &str) -> Result<(Proc, u16), String> {
         let port = self.port();
-        let mut cmd = self.perf();
+        let mut cmd = self.perf()?;
         cmd.args(["--server", "--device", &self.link.receiver, "-p"])
             .arg(port.to_string());
         Ok((self.spawn(&format!("{name}-server"), None, cmd)?, port))
@@ -392,9 +421,10 @@ impl Site<'_> {
 
     /// Puts `cmd` under the preload library, registering with the
     /// coordinator.
-    fn preloaded(&self, cmd: &mut Command) {
-        cmd.env("LD_PRELOAD", &self.preload)
+    fn preloaded(&self, cmd: &mut Command) -> Result<(), String> {
+        cmd.env("LD_PRELOAD", self.program("mtrdma-preload")?)
             .env("MTRDMA_COORDINATOR", &self.socket);
+        Ok(())
     }
 
     /// [`Site::client_with`], under the preload library if `preloaded`.
@@ -408,10 +438,10 @@ impl Site<'_> {
     ) -> Result<Proc, String> {
         let mut cmd = if realtime && self.probe_realtime {
             let mut c = Command::new("chrt");
-            c.args(["-f", PROBE_PRIORITY]).arg(&self.perf);
+            c.args(["-f", PROBE_PRIORITY]).arg(self.program("perf")?);
             c
         } else {
-            self.perf()
+            self.perf()?
         };
         cmd.args([
             "--connect",
@@ -423,7 +453,7 @@ impl Site<'_> {
         .arg(port.to_string())
         .args(args);
         if preloaded {
-            self.preloaded(&mut cmd);
+            self.preloaded(&mut cmd)?;
         }
         self.spawn(name, Some(name), cmd)
     }
@@ -530,7 +560,7 @@ impl Site<'_> {
             let cgroup = if run.preloaded {
                 // The same program, a tenant: the bulk tenant's cgroup,
                 // windows of the demo's pieces.
-                self.preloaded(&mut cmd);
+                self.preloaded(&mut cmd)?;
                 cmd.env("MTRDMA_WINDOW", "1")
                     .env("MTRDMA_CHUNK", self.args.chunk.to_string())
                     .env("MTRDMA_PIECES", "64");
@@ -579,7 +609,7 @@ impl Site<'_> {
         let storm = match run.storm {
             None => None,
             Some(way) => {
-                let mut cmd = Command::new(&self.me);
+                let mut cmd = Command::new(self.program("isolation")?);
                 cmd.args(["--storm-tenant", "--device", &self.link.sender, "--seconds"])
                     .arg(format!("{}", secs + 1.0));
                 if run.rnr {
@@ -1031,20 +1061,13 @@ fn scenario_hogs(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
         "(hogs MB/s: under the library what the hogs posted while the probe ran, from the quota \
          table's counters; unprotected, perftest's own reports, or NaN where it gave none)",
     );
-    let preload = site.preload.exists();
-    if !preload {
-        r.say(format!(
-            "(no {}: build it with `cargo build --release -p mtrdma-preload`; the preloaded rows are left out)",
-            site.preload.display()
-        ));
-    }
     let link = site.link.mib_per_sec();
     let mut alone_p99 = f64::NAN;
     let mut p99s = Vec::new();
     // Under the library next to 4 hogs only (the demo keeps to its 15
     // minutes; `isolation --link --scenarios hogs` is the same).
     let runs = [(0usize, false), (1, false), (4, false), (4, true)];
-    for (n, preloaded) in runs.into_iter().filter(|&(_, p)| preload || !p) {
+    for (n, preloaded) in runs {
         // Its own alone run first (0 hogs): the baseline of this scenario.
         let tag = if preloaded {
             format!("hogs-{n}-preload")
@@ -1432,21 +1455,13 @@ fn scenario_attack(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
 /// Runs the link demo's scenarios; writes into `args.out`.
 pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), String> {
     let me = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
-    let dir = me.parent().ok_or("this binary has no directory")?;
-    let (perf, coordinator) = (dir.join("perf"), dir.join("coordinator"));
-    // target/<profile>/examples/isolation -> target/<profile>/libmtrdma_preload.so
-    let preload = dir
+    // target/PROFILE/examples/isolation -> target/PROFILE
+    let profile_dir = me
         .parent()
-        .map(|d| d.join("libmtrdma_preload.so"))
-        .ok_or("this binary's directory has no parent")?;
-    for p in [&perf, &coordinator] {
-        if !p.exists() {
-            return Err(format!(
-                "{} is missing: build it first (cargo build --release --examples)",
-                p.display()
-            ));
-        }
-    }
+        .and_then(Path::parent)
+        .ok_or("this binary is not in a target/PROFILE/examples directory")?
+        .to_path_buf();
+    let coordinator = crate::programs::find(&profile_dir, "link", "coordinator")?;
     let policy = args.out.join("link-policy.toml");
     std::fs::write(&policy, policy_toml(args, link))
         .map_err(|e| format!("{}: {e}", policy.display()))?;
@@ -1530,9 +1545,8 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
     let mut site = Site {
         args,
         link,
-        perf,
-        me,
-        preload,
+        profile_dir,
+        scenario: String::new(),
         socket,
         table,
         coordinator: child,
@@ -1543,21 +1557,20 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         probe_realtime,
         pager_pages: apps::PAGER_WORKING_SET,
     };
-    let result = (|| -> Result<(), String> {
-        for s in &args.scenarios {
-            match s.as_str() {
-                "latency" => scenario_latency(&mut site, r)?,
-                "hogs" => scenario_hogs(&mut site, r)?,
-                "weights" => scenario_weights(&mut site, r)?,
-                "cap" => scenario_cap(&mut site, r)?,
-                "storm" => scenario_storm(&mut site, r)?,
-                "attack" => scenario_attack(&mut site, r)?,
-                "apps" => apps::scenario_apps(&mut site, r)?,
-                _ => unreachable!("checked in parse"),
-            }
+    let ran = crate::run_scenarios(&args.out, &args.scenarios, r, |s, r| {
+        site.scenario = s.to_string();
+        site.check_programs()?;
+        match s {
+            "latency" => scenario_latency(&mut site, r),
+            "hogs" => scenario_hogs(&mut site, r),
+            "weights" => scenario_weights(&mut site, r),
+            "cap" => scenario_cap(&mut site, r),
+            "storm" => scenario_storm(&mut site, r),
+            "attack" => scenario_attack(&mut site, r),
+            "apps" => apps::scenario_apps(&mut site, r),
+            _ => unreachable!("checked in parse"),
         }
-        Ok(())
-    })();
+    });
     let cpu = cpu_time(site.coordinator.id());
     let wall = site.coordinator_started.elapsed();
     let pid = rustix::process::Pid::from_raw(site.coordinator.id() as i32);
@@ -1565,7 +1578,6 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
     }
     let _ = site.coordinator.wait();
-    result?;
     let cpu = cpu?;
     let share = cpu.as_secs_f64() / wall.as_secs_f64();
     r.say(format!(
@@ -1586,7 +1598,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
     if args.coordinator_monitor {
         r.say(monitor_summary(&coordinator_log));
     }
-    Ok(())
+    ran
 }
 
 /// What the coordinator's kernel monitor said over the run, from its log:

@@ -57,8 +57,12 @@ mod cli;
 mod demo;
 mod link;
 mod plot;
+mod programs;
 mod report;
 mod scenarios;
+// Shared with `cargo xtask demo`, which reads what this program writes.
+#[allow(dead_code)]
+mod status;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -142,16 +146,59 @@ fn run() -> Result<(), String> {
         args.chunk,
         args.budget
     ));
-    for s in &args.scenarios {
-        match s.as_str() {
-            "latency" => scenario_latency(&demo, &mut r)?,
-            "weights" => scenario_weights(&demo, &mut r)?,
-            "cap" => scenario_cap(&demo, &mut r)?,
-            "storm" => scenario_storm(&demo, &mut r)?,
-            _ => unreachable!("checked in parse"),
-        }
+    let ran = run_scenarios(&args.out, &args.scenarios, &mut r, |s, r| match s {
+        "latency" => scenario_latency(&demo, r),
+        "weights" => scenario_weights(&demo, r),
+        "cap" => scenario_cap(&demo, r),
+        "storm" => scenario_storm(&demo, r),
+        _ => unreachable!("checked in parse"),
+    });
+    write_report(&args.out, &r)?;
+    ran
+}
+
+/// Runs `scenarios` one after another with `each`: a scenario that cannot
+/// run is reported and the next one runs all the same. Which ran is kept
+/// in `out/scenarios.tsv` as it goes (see `status.rs`), and the report ends
+/// with the list. An error names every scenario that did not run; a
+/// target a scenario did not meet is in its table, not an error.
+fn run_scenarios(
+    out: &Path,
+    scenarios: &[String],
+    r: &mut Report,
+    mut each: impl FnMut(&str, &mut Report) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut record = status::Record::start(out, scenarios)?;
+    for s in scenarios {
+        let state = match each(s, r) {
+            Ok(()) => status::State::Ran,
+            Err(why) => {
+                r.say(format!("\n== scenario {s} did not run: {why}"));
+                status::State::Failed(why)
+            }
+        };
+        record.set(s, state)?;
     }
-    write_report(&args.out, &r)
+    let failed = record.failed();
+    r.say(format!(
+        "\nscenarios: {} of {} ran{}",
+        scenarios.len() - failed.len(),
+        scenarios.len(),
+        if failed.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<&str> = failed.iter().map(|(s, _)| *s).collect();
+            format!("; did not run: {}", names.join(", "))
+        }
+    ));
+    match failed.as_slice() {
+        [] => Ok(()),
+        failed => Err(failed
+            .iter()
+            .map(|(s, why)| format!("scenario {s} did not run: {why}"))
+            .collect::<Vec<_>>()
+            .join("\n")),
+    }
 }
 
 /// The link demo's control-path storm, as a process of its own: creates

@@ -1,53 +1,109 @@
 //! `cargo xtask demo`: the isolation demo on a real verbs device inside the
 //! SoftRoCE VM, next to perftest's own tools as the reference.
 //!
-//! One boot, with the shared link set up, runs in order: perftest's `ib_write_lat` (16 B) and
-//! `ib_write_bw` (64 KiB) alone, the same two tests with mtrdma's
-//! `examples/perf/` on the plain and on the scheduled path (all on
-//! `rxe0`), then the link's rate: what rxe carries across it unshaped in
-//! this boot is measured, and the link is shaped to half of that (at most
-//! 200 Mbit/s; `--link RATE` shapes it to RATE instead), since under
-//! emulation the host's speed sets what rxe carries and a faster link is
-//! not the bottleneck; then `examples/isolation --link` (tenants as processes across
-//! the shaped link; arguments after `--` go to it), then the single-process
-//! `SharedScheduler` variant across the same link. Everything lands in
-//! `target/demo/`: the tools' outputs, `reference.txt` (mtrdma against
-//! perftest, with the ratios), `link/` and `single-process/` (tables, CSV
-//! files, pictures and every process's output).
+//! First every program on the demo's list (`examples/isolation/programs.rs`)
+//! is built; the scenarios find their programs through the same list. Then
+//! one boot, with the shared link set up, runs in order: the overhead
+//! rounds on `rxe0` (perftest's `ib_write_lat` and `ib_write_bw` plain and
+//! under the preload library, mtrdma's `examples/perf` on the plain and on
+//! the scheduled path; see `overhead.rs`), the link's rate (what rxe
+//! carries across it unshaped in this boot is measured, and the link is
+//! shaped to half of that, at most 200 Mbit/s; `--link RATE` shapes it to
+//! RATE instead, since under emulation the host's speed sets what rxe
+//! carries and a faster link is not the bottleneck), `examples/isolation
+//! --link` (tenants as processes across the shaped link; arguments after
+//! `--` go to it), then the single-process `SharedScheduler` variant across
+//! the same link. Everything lands in `target/demo/`: the tools' outputs,
+//! `reference.txt` (the overhead tables), `link/` and `single-process/`
+//! (tables, CSV files, pictures and every process's output).
+//!
+//! The demo ends with every scenario and whether it ran, and exits
+//! non-zero only when one could not run, naming it; a target not met is
+//! in the tables. `--short` runs every scenario briefly (about a second a
+//! measurement, figures printed but not judged): `cargo xtask test` runs
+//! that form through [`script`] and [`summary`] in its device tests' boot.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 
-use crate::{deps, link, proc, vm};
-
-const LAT_ITERS: u32 = 20_000;
-const BW_ITERS: u32 = 2_000;
-const BW_SIZE: u32 = 65_536;
-/// Rounds of plain and preloaded perftest, in turn (medians reported).
-const PRELOAD_ROUNDS: u32 = 3;
+use crate::programs::{Build, PROGRAMS};
+use crate::status::{self, State};
+use crate::{deps, link, overhead, proc, vm};
 
 /// The fastest link the demo chooses by itself (`--link auto`, the
 /// default): half of what rxe carries unshaped in the same boot, at most
 /// this.
 pub(crate) const AUTO_CEILING_BPS: u64 = 200_000_000;
 
-/// `cargo xtask demo [--link RATE] [-- ISOLATION-ARGS...]`.
+/// The single-process run's scenarios (`isolation` without `--link`).
+const SINGLE_PROCESS_ARGS: &str = "--chunk 4096 --budget 16384";
+
+/// What a demo run does.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    /// The short form: every scenario, about a second a measurement,
+    /// figures printed but not judged.
+    pub(crate) short: bool,
+    /// The cargo profile the programs are built and run in.
+    pub(crate) release: bool,
+    /// Measure the link's rate and shape it (to the fixed rate, or with
+    /// `None` to half of what rxe carries), or take the link as the boot
+    /// set it up (`None`).
+    pub(crate) calibrate: Option<(link::Link, Option<u64>)>,
+    /// Arguments for `examples/isolation --link`.
+    pub(crate) isolation_args: Vec<String>,
+}
+
+impl Plan {
+    fn profile_dir(&self) -> PathBuf {
+        proc::target_dir().join(if self.release { "release" } else { "debug" })
+    }
+
+    fn program(&self, name: &str) -> PathBuf {
+        let program = PROGRAMS
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("{name} is on the demo's list of programs"));
+        program.path(&self.profile_dir())
+    }
+
+    /// The demo's own steps, in order, before the link run.
+    fn steps(&self) -> Vec<&'static str> {
+        let mut steps = vec!["reference", "preload"];
+        if self.calibrate.is_some() {
+            steps.push("link rate");
+        }
+        steps
+    }
+}
+
+/// `cargo xtask demo [--short] [--link RATE] [-- ISOLATION-ARGS...]`.
 pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
     let (ours, theirs) = match rest.iter().position(|a| a == "--") {
         Some(i) => (&rest[..i], &rest[i + 1..]),
         None => (rest, &[][..]),
     };
-    let rate = match ours {
-        [] => "auto".to_string(),
-        [flag, rate] if flag == "--link" => rate.clone(),
-        other => anyhow::bail!(
-            "`cargo xtask demo` takes [--link RATE|auto] [-- ARGS for examples/isolation --link], not {other:?}"
-        ),
-    };
+    let mut short = false;
+    let mut rate = "auto".to_string();
+    let mut it = ours.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--short" => short = true,
+            "--link" => {
+                rate = it
+                    .next()
+                    .cloned()
+                    .context("--link needs a RATE (such as 100mbit) or auto")?
+            }
+            other => anyhow::bail!(
+                "`cargo xtask demo` takes [--short] [--link RATE|auto] [-- ARGS for examples/isolation --link], not {other:?}"
+            ),
+        }
+    }
     // The boot's link starts at the ceiling; the calibration at the start
     // of the job shapes it to the rate it chooses (or to RATE).
     let (link, fixed) = if rate == "auto" {
@@ -62,323 +118,288 @@ pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
         }
         (link, Some(bps))
     };
+    let plan = Plan {
+        short,
+        release: true,
+        calibrate: Some((link.clone(), fixed)),
+        isolation_args: theirs.to_vec(),
+    };
     deps::ensure()?;
-    proc::check(proc::cargo().args([
-        "build",
-        "--release",
-        "--example",
-        "isolation",
-        "--example",
-        "perf",
-        "--example",
-        "coordinator",
-    ]))?;
-    // Unmodified perftest programs as tenants (the link's hogs scenario).
-    proc::check(proc::cargo().args(["build", "--release", "-p", "mtrdma-preload"]))?;
-    let examples = proc::target_dir().join("release/examples");
-    let out = proc::target_dir().join("demo");
+    build(&plan)?;
+    let out = proc::target_dir().join(if short { "demo-short" } else { "demo" });
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let q = |p: &Path| proc::shell_quote(&p.display().to_string());
-    let (perf, isolation, dir) = (
-        q(&examples.join("perf")),
-        q(&examples.join("isolation")),
-        q(&out),
-    );
-    // perftest needs a server and a client; both run here, over localhost,
-    // both with the environment `env` (empty, or the preload library).
-    let perftest_env = |env: &str, tool: &str, args: &str, file: &str| {
-        format!(
-            "echo '== {env}{tool} {args} (perftest, alone) =='\n\
-             {env}{tool} -d rxe0 -x 1 {args} > \"$TMPDIR/{file}.server\" 2>&1 &\n\
-             sleep 1\n\
-             {env}{tool} -d rxe0 -x 1 {args} localhost > {dir}/{file}.txt 2>&1 || status=1\n\
-             wait\n\
-             cat {dir}/{file}.txt\n"
-        )
-    };
-    let perftest = |tool: &str, args: &str, file: &str| perftest_env("", tool, args, file);
-    let ours = |args: &str, file: &str| {
-        format!(
-            "echo '== perf {args} =='\n\
-             {perf} --loopback --device rxe0 {args} > {dir}/{file}.txt 2>&1 || status=1\n\
-             cat {dir}/{file}.txt\n"
-        )
-    };
-    let lat = format!("-s 16 -n {LAT_ITERS}");
-    let bw = format!("-s {BW_SIZE} -n {BW_ITERS}");
-    let mut script = String::from("status=0\n");
-    script.push_str(&perftest("ib_write_lat", &lat, "ib_write_lat"));
-    script.push_str(&ours(
-        &format!("--test write_lat {lat} --path raw"),
-        "perf_write_lat_raw",
-    ));
-    script.push_str(&ours(
-        &format!("--test write_lat {lat} --path mtrdma"),
-        "perf_write_lat_mtrdma",
-    ));
-    script.push_str(&perftest("ib_write_bw", &bw, "ib_write_bw"));
-    script.push_str(&ours(
-        &format!("--test write_bw {bw} --path raw"),
-        "perf_write_bw_raw",
-    ));
-    script.push_str(&ours(
-        // The same depth in the NIC as perftest's 128 outstanding.
-        &format!("--test write_bw {bw} --path mtrdma --pieces 128"),
-        "perf_write_bw_mtrdma",
-    ));
-    // Unmodified perftest under the preload library, one tenant alone:
-    // plain and preloaded in turn, the latency test as a latency tenant,
-    // the bandwidth test as a bulk one.
-    let preload = q(&proc::target_dir().join("release/libmtrdma_preload.so"));
-    for (class, file) in [("latency", "preload-latency"), ("bulk", "preload-bulk")] {
-        let _ = writeln!(
-            script,
-            "printf '[link]\\ncapacity = \"100Gbit\"\\n[[tenant]]\\nid = 1\\nname = \"t\"\\nclass = \"{class}\"\\n' > \"$TMPDIR/{file}.toml\""
-        );
-    }
-    for round in 1..=PRELOAD_ROUNDS {
-        for (tool, args, class) in [
-            ("ib_write_lat", &lat, "latency"),
-            ("ib_write_bw", &bw, "bulk"),
-        ] {
-            script.push_str(&perftest(
-                tool,
-                args,
-                &format!("preload_{tool}_plain_{round}"),
-            ));
-            let env =
-                format!("LD_PRELOAD={preload} MTRDMA_POLICY=\"$TMPDIR/preload-{class}.toml\" ");
-            script.push_str(&perftest_env(
-                &env,
-                tool,
-                args,
-                &format!("preload_{tool}_lib_{round}"),
-            ));
-        }
-    }
-    script.push_str(
-        "echo '== the link: what rxe carries unshaped, and the rate it is shaped to =='\n",
-    );
-    script.push_str(&link.calibration_script(
-        &perf,
-        fixed,
-        AUTO_CEILING_BPS,
-        &format!("{dir}/link-rate.txt"),
-    ));
-    let extra: Vec<String> = theirs.iter().map(|a| proc::shell_quote(a)).collect();
-    // The single-process variant bounds the bulk bytes in the NIC to one
-    // budget: 16 KiB, what a latency request may find ahead of it.
-    let _ = writeln!(
-        script,
-        "echo '== examples/isolation --link (tenants as processes on the shared link) =='\n\
-         {isolation} --link --out {dir}/link {} || status=1\n\
-         echo '== examples/isolation, one process (SharedScheduler), rxa -> rxb =='\n\
-         {isolation} --device \"$MTRDMA_LINK_SENDER\" --peer-device \"$MTRDMA_LINK_RECEIVER\" \
-         --chunk 4096 --budget 16384 --out {dir}/single-process || status=1\nexit $status",
-        extra.join(" ")
-    );
     let opts = vm::Options {
-        timeout: Duration::from_secs(30 * 60),
+        timeout: Duration::from_secs(40 * 60),
         rw_shares: vec![out.clone()],
         link: Some(link),
         ..vm::Options::default()
     };
-    let outcome = vm::run(&opts, &vm::Job::script(script))?;
-    let reference = reference(&out)?;
-    println!("\n{reference}");
-    std::fs::write(out.join("reference.txt"), &reference)
-        .with_context(|| format!("writing {}", out.join("reference.txt").display()))?;
+    let outcome = vm::run(&opts, &vm::Job::script(script(&plan, &out)?))?;
+    let (text, failed) = summary(&plan, &out, outcome.exit_code);
+    println!("\n{text}");
     println!("results, CSV and pictures: {}", out.display());
-    Ok(ExitCode::from(u8::try_from(outcome.exit_code).unwrap_or(1)))
+    Ok(if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
-/// The first result row under perftest's `#bytes` header, as numbers.
-fn result_row(text: &str) -> Option<Vec<f64>> {
-    let mut lines = text.lines().skip_while(|l| !l.contains("#bytes"));
-    lines.next()?;
-    lines
-        .map(|l| {
-            l.split_whitespace()
-                .map(str::parse::<f64>)
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .find_map(|row| row.ok().filter(|r| r.len() >= 5))
-}
-
-/// mtrdma's perf against perftest, from the files the VM wrote.
-fn reference(out: &Path) -> Result<String> {
-    let read = |file: &str| -> Option<Vec<f64>> {
-        let text = std::fs::read_to_string(out.join(format!("{file}.txt"))).ok()?;
-        result_row(&text)
-    };
-    let mut s = String::from(
-        "mtrdma's own overhead, one tenant alone (SoftRoCE under emulation, same VM boot)\n",
-    );
-    let _ = writeln!(
-        s,
-        "{:<34} {:>12} {:>12} {:>12} {:>14}",
-        "test", "perftest", "perf raw", "perf mtrdma", "mtrdma/perftest"
-    );
-    // write_lat columns: bytes iters t_min t_max t_typical t_avg t_stdev p99 p99.9
-    let lats = [
-        read("ib_write_lat"),
-        read("perf_write_lat_raw"),
-        read("perf_write_lat_mtrdma"),
-    ];
-    for (name, col) in [
-        ("write_lat 16 B t_typical (us)", 4),
-        ("write_lat 16 B t_avg (us)", 5),
-        ("write_lat 16 B p99 (us)", 7),
-    ] {
-        row(&mut s, name, &lats, col);
+/// Builds every program on the demo's list in `plan`'s profile.
+pub(crate) fn build(plan: &Plan) -> Result<()> {
+    let mut examples = proc::cargo();
+    examples.arg("build");
+    let mut preload = proc::cargo();
+    preload.arg("build");
+    if plan.release {
+        examples.arg("--release");
+        preload.arg("--release");
     }
-    // write_bw columns: bytes iters peak avg msgrate
-    let bws = [
-        read("ib_write_bw"),
-        read("perf_write_bw_raw"),
-        read("perf_write_bw_mtrdma"),
-    ];
-    row(&mut s, "write_bw 64 KiB BW average (MB/s)", &bws, 3);
-    s.push_str("(write_bw: 128 outstanding on every path; mtrdma with --pieces 128)\n");
-    s.push_str(
-        "targets: mtrdma latency within 5% of ib_write_lat (ratio <= 1.05), \
-         bandwidth at least 95% of ib_write_bw (ratio >= 0.95)\n",
-    );
-    s.push_str(&preload_reference(&read));
-    Ok(s)
+    for p in PROGRAMS {
+        match p.build {
+            Build::Example => examples.args(["--example", p.name]),
+            Build::PreloadLibrary => preload.args(["-p", p.name]),
+        };
+    }
+    proc::check(&mut examples)?;
+    proc::check(&mut preload)
 }
 
-/// Unmodified perftest with and without the preload library: medians of
-/// the rounds run in turn.
-fn preload_reference(read: &dyn Fn(&str) -> Option<Vec<f64>>) -> String {
-    let median = |mut v: Vec<f64>| -> Option<f64> {
-        v.sort_by(f64::total_cmp);
-        (!v.is_empty()).then(|| v[v.len() / 2])
+/// The demo as a script for the VM, writing into `out` (a directory the
+/// VM shares writable).
+pub(crate) fn script(plan: &Plan, out: &Path) -> Result<String> {
+    let q = |p: &Path| proc::shell_quote(&p.display().to_string());
+    let dir = q(out);
+    let perf = q(&plan.program("perf"));
+    let isolation = q(&plan.program("isolation"));
+    let xtask = q(&std::env::current_exe().context("finding this program")?);
+    let settings = if plan.short {
+        overhead::SHORT
+    } else {
+        overhead::FULL
     };
-    let runs = |tool: &str, way: &str, col: usize| -> Vec<f64> {
-        (1..=PRELOAD_ROUNDS)
-            .filter_map(|r| read(&format!("preload_{tool}_{way}_{r}")))
-            .filter_map(|row| row.get(col).copied())
-            .collect()
-    };
-    let mut s = format!(
-        "\nunmodified perftest under the preload library (libmtrdma_preload.so), one tenant alone: \
-         {PRELOAD_ROUNDS} rounds, plain and preloaded in turn, medians\n"
-    );
-    let _ = writeln!(
-        s,
-        "{:<34} {:>12} {:>12} {:>10}  each round (plain / preloaded)",
-        "test", "plain", "preloaded", "ratio"
-    );
-    let cases = [
-        (
-            "ib_write_lat",
-            "write_lat 16 B t_typical (us)",
-            4,
-            "latency tenant",
-            1.15,
-            false,
-        ),
-        (
-            "ib_write_bw",
-            "write_bw 64 KiB BW average (MB/s)",
-            3,
-            "bulk tenant",
-            0.95,
-            true,
-        ),
-    ];
-    for (tool, name, col, who, target, at_least) in cases {
-        let (plain, lib) = (runs(tool, "plain", col), runs(tool, "lib", col));
-        let pairs: Vec<String> = plain
+    let steps = format!("{dir}/{}", status::FILE);
+    let mut script = format!(
+        "# the demo ({form})\n\
+         rm -rf {dir}/link {dir}/single-process; rm -f {steps}\n\
+         for s in {names}; do printf '%s\\tpending\\n' \"$s\" >> {steps}; done\n\
+         # step NAME WHY: records the step (WHY empty: it ran)\n\
+         step() {{ if [ -z \"$2\" ]; then printf '%s\\tran\\n' \"$1\"; else printf '%s\\tdid not run\\t%s\\n' \"$1\" \"$2\"; fi >> {steps}; }}\n",
+        form = if plan.short { "short form" } else { "full" },
+        names = plan
+            .steps()
             .iter()
-            .zip(&lib)
-            .map(|(p, l)| format!("{p:.2}/{l:.2}"))
-            .collect();
-        let (mp, ml) = (median(plain), median(lib));
-        let ratio = match (mp, ml) {
-            (Some(p), Some(l)) if p > 0.0 => Some(l / p),
-            _ => None,
-        };
-        let verdict = match ratio {
-            Some(r) if (at_least && r >= target) || (!at_least && r <= target) => "met",
-            Some(_) => "NOT met",
-            None => "missing",
-        };
-        let cell = |x: Option<f64>| x.map_or_else(|| "missing".to_string(), |x| format!("{x:.2}"));
-        let _ = writeln!(
-            s,
-            "{name:<34} {:>12} {:>12} {:>10}  {}  ({who}; target {} {target}: {verdict})",
-            cell(mp),
-            cell(ml),
-            ratio.map_or_else(|| "-".to_string(), |r| format!("{r:.3}")),
-            pairs.join(" "),
-            if at_least { ">=" } else { "<=" },
+            .map(|s| proc::shell_quote(s))
+            .collect::<Vec<_>>()
+            .join(" "),
+    );
+    script.push_str(&overhead::script(
+        &settings,
+        &format!("{dir}/rounds"),
+        &perf,
+        &q(&plan.program("mtrdma-preload")),
+        &xtask,
+    ));
+    script.push_str("step reference \"$ref_fail\"\nstep preload \"$preload_fail\"\n");
+    if let Some((link, fixed)) = &plan.calibrate {
+        script.push_str(
+            "echo '== the link: what rxe carries unshaped, and the rate it is shaped to =='\n",
+        );
+        // The calibration exits the job when it fails: the summary then
+        // says the link rate and everything after it did not run.
+        script.push_str(&link.calibration_script(
+            &perf,
+            *fixed,
+            AUTO_CEILING_BPS,
+            &format!("{dir}/link-rate.txt"),
+        ));
+        script.push_str("step 'link rate' ''\n");
+    }
+    let mut link_args: Vec<String> = Vec::new();
+    let mut single_args: Vec<String> = Vec::new();
+    if plan.short {
+        // A second a measurement; one bulk count, and 64 KiB messages so
+        // that what unprotected senders leave queued drains in moments.
+        link_args.extend(["--seconds", "1", "--bulk", "1", "--msg", "65536"].map(String::from));
+        single_args
+            .extend(["--seconds", "1", "--warmup-ms", "200", "--bulk", "1"].map(String::from));
+    }
+    link_args.extend(plan.isolation_args.iter().cloned());
+    if plan.short {
+        script.push_str(
+            "echo '(the short form: about a second a measurement, to show that every scenario \
+             runs; the met and NOT met in its tables are not the demo'\\''s figures)'\n",
         );
     }
-    s
-}
-
-fn row(s: &mut String, name: &str, runs: &[Option<Vec<f64>>; 3], col: usize) {
-    let v: Vec<Option<f64>> = runs
-        .iter()
-        .map(|r| r.as_ref().and_then(|r| r.get(col).copied()))
-        .collect();
-    let cell = |x: Option<f64>| x.map_or_else(|| "missing".to_string(), |x| format!("{x:.2}"));
-    let ratio = match (v[2], v[0]) {
-        (Some(m), Some(p)) if p > 0.0 => format!("{:.3}", m / p),
-        _ => "-".to_string(),
+    let words = |v: &[String]| -> String {
+        v.iter()
+            .map(|a| format!(" {}", proc::shell_quote(a)))
+            .collect()
     };
     let _ = writeln!(
-        s,
-        "{name:<34} {:>12} {:>12} {:>12} {:>14}",
-        cell(v[0]),
-        cell(v[1]),
-        cell(v[2]),
-        ratio
+        script,
+        "echo '== examples/isolation --link (tenants as processes on the shared link) =='\n\
+         {isolation} --link --out {dir}/link{}\n\
+         echo '== examples/isolation, one process (SharedScheduler), rxa -> rxb =='\n\
+         {isolation} --device \"$MTRDMA_LINK_SENDER\" --peer-device \"$MTRDMA_LINK_RECEIVER\" \
+         {SINGLE_PROCESS_ARGS} --out {dir}/single-process{}",
+        words(&link_args),
+        words(&single_args),
     );
+    Ok(script)
+}
+
+/// The summary a demo run ends with (the overhead tables, then every
+/// scenario and whether it ran), also written to `out/reference.txt` and
+/// `out/summary.txt`; and the scenarios that did not run, with why.
+/// `exit_code` is the VM job's.
+pub(crate) fn summary(plan: &Plan, out: &Path, exit_code: i32) -> (String, Vec<(String, String)>) {
+    let settings = if plan.short {
+        overhead::SHORT
+    } else {
+        overhead::FULL
+    };
+    let rounds_dir = out.join("rounds");
+    let read = |stem: &str| -> Option<Vec<f64>> {
+        overhead::result_row(&std::fs::read_to_string(rounds_dir.join(format!("{stem}.txt"))).ok()?)
+    };
+    let reference = overhead::Rounds::new(&read).table(&settings);
+    let _ = std::fs::write(out.join("reference.txt"), &reference);
+
+    let ended = if exit_code == 0 {
+        "it did not finish".to_string()
+    } else {
+        format!("the VM job ended (exit status {exit_code}) before it")
+    };
+    let mut rows: Vec<(String, State)> = Vec::new();
+    let read_states = |path: &Path| -> Option<Vec<(String, State)>> {
+        Some(status::parse(&std::fs::read_to_string(path).ok()?))
+    };
+    let steps = read_states(&out.join(status::FILE)).unwrap_or_default();
+    for step in plan.steps() {
+        let state = steps
+            .iter()
+            .find(|(s, _)| s == step)
+            .map_or(State::Pending, |(_, st)| st.clone());
+        rows.push((step.to_string(), state));
+    }
+    for (run, what) in [
+        ("link", "isolation --link"),
+        ("single-process", "isolation (one process)"),
+    ] {
+        match read_states(&out.join(run).join(status::FILE)) {
+            Some(states) if !states.is_empty() => {
+                rows.extend(states.into_iter().map(|(s, st)| (format!("{run}/{s}"), st)))
+            }
+            _ => rows.push((
+                run.to_string(),
+                State::Failed(format!(
+                    "{what} recorded no scenario ({} is missing): it could not start; see its output above",
+                    out.join(run).join(status::FILE).display()
+                )),
+            )),
+        }
+    }
+    let mut text = format!("{reference}\n==== the demo's scenarios ====\n");
+    let mut failed = Vec::new();
+    for (name, state) in rows {
+        let what = match state {
+            State::Ran => "ran".to_string(),
+            State::Pending => {
+                let why = format!("not reached: {ended}");
+                failed.push((name.clone(), why.clone()));
+                format!("did not run ({why})")
+            }
+            State::Failed(why) => {
+                failed.push((name.clone(), why.clone()));
+                format!("did not run: {why}")
+            }
+        };
+        let _ = writeln!(text, "{name:<28} {what}");
+    }
+    if failed.is_empty() {
+        text.push_str("every scenario ran (whether each met its targets is in its table)\n");
+    } else {
+        let names: Vec<&str> = failed.iter().map(|(n, _)| n.as_str()).collect();
+        let _ = writeln!(
+            text,
+            "{} scenario(s) did not run: {}",
+            failed.len(),
+            names.join(", ")
+        );
+    }
+    let _ = std::fs::write(out.join("summary.txt"), &text);
+    (text, failed)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_preload_table_takes_medians_of_rounds_in_turn() {
-        let read = |file: &str| -> Option<Vec<f64>> {
-            let round: f64 = file.rsplit('_').next()?.parse().ok()?;
-            let lib = file.contains("_lib_");
-            if file.starts_with("preload_ib_write_lat") {
-                // t_typical in column 4: plain 10, 11, 12; preloaded 11, 12, 30.
-                let t = if lib {
-                    [11.0, 12.0, 30.0]
-                } else {
-                    [10.0, 11.0, 12.0]
-                };
-                Some(vec![16.0, 1.0, 0.0, 0.0, t[round as usize - 1]])
-            } else {
-                // Bandwidth in column 3: plain 60, 62, 64; preloaded 58.
-                let b = if lib { 58.0 } else { 58.0 + 2.0 * round };
-                Some(vec![65536.0, 1.0, 0.0, b, 0.0])
-            }
-        };
-        let s = preload_reference(&read);
-        assert!(s.contains("11.00        12.00      1.091"), "{s}");
-        assert!(s.contains("target <= 1.15: met"), "{s}");
-        assert!(s.contains("62.00        58.00      0.935"), "{s}");
-        assert!(s.contains("target >= 0.95: NOT met"), "{s}");
-        assert!(s.contains("10.00/11.00 11.00/12.00 12.00/30.00"), "{s}");
+    fn plan(short: bool) -> Plan {
+        Plan {
+            short,
+            release: false,
+            calibrate: None,
+            isolation_args: Vec::new(),
+        }
     }
 
     #[test]
-    fn reads_perftest_result_rows() {
-        let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n 16      2000          20.75          761.87       25.61    \t       31.52       \t29.07  \t\t156.02  \t\t596.04 \n---\n";
-        let row = result_row(lat).unwrap();
-        assert_eq!(row.len(), 9);
-        assert_eq!((row[4], row[7]), (25.61, 156.02));
-        let bw = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n Conflicting CPU frequency values detected: 0.0 != 1.0\n 65536      1000             24.74              19.62  \t\t   0.000314\n";
-        let row = result_row(bw).unwrap();
-        assert_eq!(row[3], 19.62);
-        assert!(result_row("no header here\n 1 2 3 4 5\n").is_none());
+    fn the_summary_names_every_scenario_that_did_not_run() {
+        let out = std::env::temp_dir().join(format!("xtask-demo-summary-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(out.join("link")).unwrap();
+        std::fs::write(
+            out.join(status::FILE),
+            "reference\tran\npreload\tdid not run\tib_write_bw under the preload library, round 1\n",
+        )
+        .unwrap();
+        std::fs::write(
+            out.join("link").join(status::FILE),
+            "latency\tran\napps\tdid not run\tscenario apps starts remote_memory, which ...\nstorm\tpending\n",
+        )
+        .unwrap();
+        let (text, failed) = summary(&plan(true), &out, 1);
+        let names: Vec<&str> = failed.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["preload", "link/apps", "link/storm", "single-process"],
+            "{text}"
+        );
+        assert!(text.contains("link/latency"), "{text}");
+        assert!(text.contains("starts remote_memory"), "{text}");
+        assert!(text.contains("exit status 1"), "{text}");
+
+        // Everything recorded as ran: nothing failed.
+        std::fs::write(out.join(status::FILE), "reference\tran\npreload\tran\n").unwrap();
+        std::fs::write(out.join("link").join(status::FILE), "latency\tran\n").unwrap();
+        std::fs::create_dir_all(out.join("single-process")).unwrap();
+        std::fs::write(out.join("single-process").join(status::FILE), "cap\tran\n").unwrap();
+        let (text, failed) = summary(&plan(true), &out, 0);
+        assert!(failed.is_empty(), "{text}");
+        assert!(text.contains("every scenario ran"), "{text}");
+        std::fs::remove_dir_all(&out).ok();
+    }
+
+    #[test]
+    fn every_program_a_scenario_starts_is_built() {
+        let names: Vec<&str> = PROGRAMS.iter().map(|p| p.name).collect();
+        for needed in [
+            "isolation",
+            "perf",
+            "coordinator",
+            "rpc",
+            "remote_memory",
+            "mtrdma-preload",
+        ] {
+            assert!(names.contains(&needed), "{needed} missing from {names:?}");
+        }
+        let s = script(&plan(true), Path::new("/out")).unwrap();
+        assert!(s.contains("--link --out /out/link --seconds 1"), "{s}");
+        assert!(
+            s.contains("demo-rounds-decided") == overhead::SHORT.judged,
+            "{s}"
+        );
     }
 }

@@ -15,7 +15,16 @@ mod fuzz;
 mod kernel;
 mod link;
 mod miri;
+mod overhead;
 mod proc;
+// The demo's list of programs and its record of scenarios, shared with
+// `examples/isolation`, which uses the parts this program does not.
+#[allow(dead_code)]
+#[path = "../../examples/isolation/programs.rs"]
+mod programs;
+#[allow(dead_code)]
+#[path = "../../examples/isolation/status.rs"]
+mod status;
 mod test;
 mod vm;
 
@@ -53,12 +62,18 @@ commands:
                           host) inside one VM boot, with --link 200mbit;
                           with MTRDMA_TEST_DEVICE set, the device tests run on this host's
                           device instead of the VM
-  demo [--link RATE] [-- ARGS]
-                          inside the VM with the shared link (default 200mbit): perftest's
-                          ib_write_lat/ib_write_bw next to mtrdma's examples/perf, then
-                          examples/isolation --link ARGS (tenants as processes: alone,
-                          unprotected and with mtrdma) and its single-process variant;
-                          tables, CSV and pictures in target/demo/
+  demo [--short] [--link RATE] [-- ARGS]
+                          builds every program on examples/isolation/programs.rs, then
+                          inside the VM with the shared link (default: half of what rxe
+                          carries, at most 200mbit): perftest's ib_write_lat/ib_write_bw
+                          plain and preloaded next to mtrdma's examples/perf, in rounds
+                          until each overhead target is decided, then examples/isolation
+                          --link ARGS (tenants as processes: alone, unprotected and with
+                          mtrdma) and its single-process variant; tables, CSV and
+                          pictures in target/demo/; ends with every scenario and whether
+                          it ran (exit status 1 if one did not). --short: every scenario
+                          for about a second a measurement, figures not judged
+                          (target/demo-short/; the test command runs it too)
 ";
 
 fn main() -> ExitCode {
@@ -93,6 +108,8 @@ fn run(args: &[String]) -> Result<ExitCode> {
             test::run()
         }
         "demo" => demo::run(rest),
+        // Run by the demo's script in the VM, between overhead rounds.
+        "demo-rounds-decided" => overhead::decided_command(rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(ExitCode::SUCCESS)

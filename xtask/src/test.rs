@@ -11,6 +11,9 @@
 //! device named by `MTRDMA_TEST_DEVICE` when that is set. The VM boot also
 //! sets up the shared link at [`link::TEST_RATE`], so tests may use the
 //! devices `MTRDMA_LINK_SENDER` and `MTRDMA_LINK_RECEIVER` when those are set.
+//! Before the device tests, the same boot runs the demo in its short form
+//! (`cargo xtask demo --short`, in the debug build): a scenario of the demo
+//! that cannot run fails the stage, named.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -19,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::proc::{self, TestCounts};
-use crate::{deps, fuzz, link, miri, vm};
+use crate::{demo, deps, fuzz, link, miri, vm};
 
 /// The stages a full run goes through: deps, fmt, clippy, package, host
 /// tests, miri, fuzz, device tests.
@@ -226,7 +229,13 @@ fn forget_packaged_sources() -> Result<()> {
 }
 
 /// Builds the test binaries and runs their ignored (device) tests, in the VM
-/// or on the host device named by `MTRDMA_TEST_DEVICE`.
+/// or on the host device named by `MTRDMA_TEST_DEVICE`. In the VM the same
+/// boot first runs the demo in its short form, through the demo's own
+/// [`demo::script`] and [`demo::summary`]: every scenario for about a
+/// second a measurement, so that a program missing from the demo's list, a
+/// renamed flag or a scenario that cannot start fails the tests, named.
+/// The link tests that check a demo scenario's table read that run
+/// (`MTRDMA_DEMO_SHORT`) rather than run the scenario again.
 fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
     let binaries = test_binaries()?;
     // Programs preload the library optimised: its device tests compare
@@ -252,9 +261,24 @@ fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
     let (ok, out, where_) = match std::env::var("MTRDMA_TEST_DEVICE") {
         Ok(device) if std::env::var_os("MTRDMA_VM").is_none() => {
             let (ok, out) = proc::tee(std::process::Command::new("sh").arg("-c").arg(&script))?;
-            (ok, out, format!("host device {device}"))
+            (
+                ok,
+                out,
+                format!("host device {device}; the demo's short form needs the VM's link and did not run"),
+            )
         }
         _ => {
+            // The demo's short form, in the debug build the tests use
+            // (`cargo test` built its examples; the list builds the rest).
+            let demo_plan = demo::Plan {
+                short: true,
+                release: false,
+                calibrate: None,
+                isolation_args: Vec::new(),
+            };
+            demo::build(&demo_plan)?;
+            let demo_out = proc::target_dir().join("demo-short");
+            std::fs::create_dir_all(&demo_out)?;
             // The link's rate follows what rxe carries in this boot (with
             // the debug build the tests run), so that on a slow host it is
             // still the link, not the tenants' CPU, that queues.
@@ -266,17 +290,40 @@ fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
                 link.bits_per_second(),
                 "\"$TMPDIR/link-rate.txt\"",
             );
-            let script = format!("export MTRDMA_TEST_DEVICE=rxe0\n{calibration}{script}");
+            let script = format!(
+                "export MTRDMA_TEST_DEVICE=rxe0\n{calibration}\
+                 echo '==== the demo, short form (cargo xtask demo --short) ===='\n\
+                 ( {} )\n\
+                 export MTRDMA_DEMO_SHORT={}\n\
+                 echo '==== device tests ===='\n{script}",
+                demo::script(&demo_plan, &demo_out)?,
+                proc::shell_quote(&demo_out.display().to_string()),
+            );
             let opts = vm::Options {
                 timeout: VM_TIMEOUT,
                 link: Some(link),
+                rw_shares: vec![demo_out.clone()],
                 ..vm::Options::default()
             };
             let outcome = vm::run(&opts, &vm::Job::script(script))?;
+            let (summary, failed) = demo::summary(&demo_plan, &demo_out, 0);
+            println!("\n{summary}");
+            if !failed.is_empty() {
+                let names: Vec<String> = failed
+                    .iter()
+                    .map(|(name, why)| format!("{name} ({why})"))
+                    .collect();
+                return Ok((
+                    false,
+                    format!("the demo's short form: did not run: {}", names.join("; ")),
+                    Some(TestCounts::parse(&outcome.stdout)),
+                ));
+            }
             (
                 outcome.exit_code == 0,
                 outcome.stdout,
-                "rxe0 in the SoftRoCE VM".to_string(),
+                "rxe0 in the SoftRoCE VM, after the demo's short form (every scenario ran)"
+                    .to_string(),
             )
         }
     };
