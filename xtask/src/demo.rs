@@ -134,10 +134,12 @@ pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
         link: Some(link),
         ..vm::Options::default()
     };
-    let outcome = vm::run(&opts, &vm::Job::script(script(&plan, &out)?))?;
-    let (text, failed) = summary(&plan, &out, outcome.exit_code);
+    let outcome = vm::run(&opts, &vm::Job::script(script(&plan, &out)?));
+    // What ran is summed up even when the VM did not finish.
+    let (text, failed) = summary(&plan, &out, outcome.as_ref().map_or(-1, |o| o.exit_code));
     println!("\n{text}");
     println!("results, CSV and pictures: {}", out.display());
+    outcome?;
     Ok(if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -383,23 +385,14 @@ mod tests {
     }
 
     #[test]
-    fn every_program_a_scenario_starts_is_built() {
-        let names: Vec<&str> = PROGRAMS.iter().map(|p| p.name).collect();
-        for needed in [
-            "isolation",
-            "perf",
-            "coordinator",
-            "rpc",
-            "remote_memory",
-            "mtrdma-preload",
-        ] {
-            assert!(names.contains(&needed), "{needed} missing from {names:?}");
-        }
+    fn the_short_form_runs_isolation_briefly_and_does_not_judge() {
         let s = script(&plan(true), Path::new("/out")).unwrap();
         assert!(s.contains("--link --out /out/link --seconds 1"), "{s}");
-        assert!(
-            s.contains("demo-rounds-decided") == overhead::SHORT.judged,
-            "{s}"
-        );
+        assert!(!s.contains("demo-rounds-decided"), "{s}");
+        let mut full = plan(false);
+        full.isolation_args = vec!["--bulk".into(), "2,6".into()];
+        let s = script(&full, Path::new("/out")).unwrap();
+        assert!(s.contains("--link --out /out/link --bulk 2,6\n"), "{s}");
+        assert!(s.contains("demo-rounds-decided"), "{s}");
     }
 }
