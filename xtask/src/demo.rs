@@ -265,7 +265,8 @@ pub(crate) fn summary(plan: &Plan, out: &Path, exit_code: i32) -> (String, Vec<(
     let read = |stem: &str| -> Option<Vec<f64>> {
         overhead::result_row(&std::fs::read_to_string(rounds_dir.join(format!("{stem}.txt"))).ok()?)
     };
-    let reference = overhead::Rounds::new(&read).table(&settings);
+    let rounds = overhead::Rounds::new(&read);
+    let reference = rounds.table(&settings);
     let _ = std::fs::write(out.join("reference.txt"), &reference);
 
     let ended = if exit_code == 0 {
@@ -279,10 +280,20 @@ pub(crate) fn summary(plan: &Plan, out: &Path, exit_code: i32) -> (String, Vec<(
     };
     let steps = read_states(&out.join(status::FILE)).unwrap_or_default();
     for step in plan.steps() {
-        let state = steps
+        let mut state = steps
             .iter()
             .find(|(s, _)| s == step)
             .map_or(State::Pending, |(_, st)| st.clone());
+        // Overhead steps whose every command ran may still have measured
+        // nothing on a path.
+        if state == State::Ran {
+            if let Some(why) = (step != "link rate")
+                .then(|| rounds.lacking(step))
+                .flatten()
+            {
+                state = State::Failed(why);
+            }
+        }
         rows.push((step.to_string(), state));
     }
     for (run, what) in [
@@ -362,18 +373,35 @@ mod tests {
             "latency\tran\napps\tdid not run\tscenario apps starts remote_memory, which ...\nstorm\tpending\n",
         )
         .unwrap();
+        // The reference step ran its commands but no round gave figures.
         let (text, failed) = summary(&plan(true), &out, 1);
         let names: Vec<&str> = failed.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
             names,
-            ["preload", "link/apps", "link/storm", "single-process"],
+            [
+                "reference",
+                "preload",
+                "link/apps",
+                "link/storm",
+                "single-process"
+            ],
+            "{text}"
+        );
+        assert!(
+            text.contains("no round of 0 rounds gave a figure"),
             "{text}"
         );
         assert!(text.contains("link/latency"), "{text}");
         assert!(text.contains("starts remote_memory"), "{text}");
         assert!(text.contains("exit status 1"), "{text}");
 
-        // Everything recorded as ran: nothing failed.
+        // Everything recorded as ran, with figures: nothing failed.
+        std::fs::create_dir_all(out.join("rounds")).unwrap();
+        for way in ["perftest", "raw", "mtrdma", "preload"] {
+            let row = "#bytes\n 16 1000 1.0 2.0 3.0 4.0 5.0 6.0 7.0\n";
+            std::fs::write(out.join(format!("rounds/lat_{way}_1.txt")), row).unwrap();
+            std::fs::write(out.join(format!("rounds/bw_{way}_1.txt")), row).unwrap();
+        }
         std::fs::write(out.join(status::FILE), "reference\tran\npreload\tran\n").unwrap();
         std::fs::write(out.join("link").join(status::FILE), "latency\tran\n").unwrap();
         std::fs::create_dir_all(out.join("single-process")).unwrap();
