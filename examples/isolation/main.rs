@@ -48,8 +48,11 @@
 //!
 //! Output in `--out`: `results.txt` (the tables), `results.csv` (every
 //! figure), `latency_samples.csv` (every latency sample), `timeline.csv`
-//! (per-tenant throughput in 250 ms bins), and SVG + PNG pictures; the link
-//! run adds `link-policy.toml` and `logs/` (every process's output).
+//! (per-tenant throughput in 250 ms bins), `scenarios.tsv` (which
+//! scenarios ran, and why any did not: see `status.rs`), and SVG + PNG
+//! pictures; the link run adds `link-policy.toml` and `logs/` (every
+//! process's output). A scenario that cannot run is reported and the next
+//! one runs; the exit status is 1 when any did not run.
 
 #[path = "../shared/args.rs"]
 mod args;
