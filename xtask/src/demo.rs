@@ -71,6 +71,15 @@ impl Plan {
         program.path(&self.profile_dir())
     }
 
+    /// How long the overhead rounds run.
+    fn settings(&self) -> overhead::Settings {
+        if self.short {
+            overhead::SHORT
+        } else {
+            overhead::FULL
+        }
+    }
+
     /// The demo's own steps, in order, before the link run.
     fn steps(&self) -> Vec<&'static str> {
         let mut steps = vec!["reference", "preload"];
@@ -175,11 +184,7 @@ pub(crate) fn script(plan: &Plan, out: &Path) -> Result<String> {
     let perf = q(&plan.program("perf"));
     let isolation = q(&plan.program("isolation"));
     let xtask = q(&std::env::current_exe().context("finding this program")?);
-    let settings = if plan.short {
-        overhead::SHORT
-    } else {
-        overhead::FULL
-    };
+    let settings = plan.settings();
     let steps = format!("{dir}/{}", status::FILE);
     let mut script = format!(
         "# the demo ({form})\n\
@@ -256,11 +261,7 @@ pub(crate) fn script(plan: &Plan, out: &Path) -> Result<String> {
 /// `out/summary.txt`; and the scenarios that did not run, with why.
 /// `exit_code` is the VM job's.
 pub(crate) fn summary(plan: &Plan, out: &Path, exit_code: i32) -> (String, Vec<(String, String)>) {
-    let settings = if plan.short {
-        overhead::SHORT
-    } else {
-        overhead::FULL
-    };
+    let settings = plan.settings();
     let rounds_dir = out.join("rounds");
     let read = |stem: &str| -> Option<Vec<f64>> {
         overhead::result_row(&std::fs::read_to_string(rounds_dir.join(format!("{stem}.txt"))).ok()?)

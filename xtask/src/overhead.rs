@@ -138,33 +138,48 @@ pub(crate) fn result_row(text: &str) -> Option<Vec<f64>> {
         .find_map(|row| row.ok().filter(|r| r.len() >= 5))
 }
 
-/// The rounds' results as written in a directory.
-pub(crate) struct Rounds<'a> {
-    read: &'a dyn Fn(&str) -> Option<Vec<f64>>,
+/// The rounds' results as written in a directory, each file read once.
+pub(crate) struct Rounds {
+    /// The result row of each file stem that has one (`lat_perftest_3`).
+    rows: std::collections::HashMap<String, Vec<f64>>,
     /// How many rounds ran (the highest round with any result).
     pub(crate) count: u32,
 }
 
-impl<'a> Rounds<'a> {
+impl Rounds {
     /// From `read`, which gives the result row of a file stem
-    /// (`lat_perftest_3`).
-    pub(crate) fn new(read: &'a dyn Fn(&str) -> Option<Vec<f64>>) -> Rounds<'a> {
-        let ways = ["perftest", "raw", "mtrdma", "preload"];
-        let count = (1..=64)
-            .take_while(|k| {
-                ["lat", "bw"]
-                    .iter()
-                    .any(|t| ways.iter().any(|w| read(&format!("{t}_{w}_{k}")).is_some()))
-            })
-            .last()
-            .unwrap_or(0);
-        Rounds { read, count }
+    /// (`lat_perftest_3`), asked once for every stem of every round until
+    /// a round has none.
+    pub(crate) fn new(read: &dyn Fn(&str) -> Option<Vec<f64>>) -> Rounds {
+        let mut rows = std::collections::HashMap::new();
+        let mut count = 0;
+        for k in 1..=64 {
+            let mut any = false;
+            for t in ["lat", "bw"] {
+                for w in ["perftest", "raw", "mtrdma", "preload"] {
+                    let stem = format!("{t}_{w}_{k}");
+                    if let Some(row) = read(&stem) {
+                        rows.insert(stem, row);
+                        any = true;
+                    }
+                }
+            }
+            if !any {
+                break;
+            }
+            count = k;
+        }
+        Rounds { rows, count }
     }
 
     /// Column `col` of `test`'s `way` in each round (`None` where missing).
     fn values(&self, test: &str, way: &str, col: usize) -> Vec<Option<f64>> {
         (1..=self.count)
-            .map(|k| (self.read)(&format!("{test}_{way}_{k}")).and_then(|r| r.get(col).copied()))
+            .map(|k| {
+                self.rows
+                    .get(&format!("{test}_{way}_{k}"))
+                    .and_then(|r| r.get(col).copied())
+            })
             .collect()
     }
 
@@ -258,7 +273,7 @@ pub(crate) fn judge(ratios: &[f64], target: f64, at_least: bool, judged: bool) -
     }
 }
 
-impl Rounds<'_> {
+impl Rounds {
     /// What a step's rounds lack: the first of its paths and tests that
     /// gave no figure in any round (`step`: `reference` or `preload`).
     pub(crate) fn lacking(&self, step: &str) -> Option<String> {
