@@ -11,6 +11,9 @@
 //! [link]
 //! capacity = "100Gbit"            # shared by the fair rates; or bytes/s as an integer
 //! recompute_interval_ms = 5       # 1..=1000, default 5
+//! latency_bound = "16KiB"         # bytes a latency request may find queued
+//!                                 # ahead of it; left out: no protection
+//! exempt = ["backup"]             # bulk tenants, by name, the bound does not hold
 //!
 //! [[tenant]]
 //! id = 1                          # required, unique
@@ -74,6 +77,10 @@ pub struct Policy {
     pub link: LinkConfig,
     /// The tenants, in file order (which decides [`Policy::tenant_for_peer`]).
     pub tenants: Vec<TenantEntry>,
+    /// Names of the bulk tenants that [`LinkConfig::latency_bound`] does
+    /// not hold (`[link] exempt` in the file): the operator exempts a
+    /// tenant by naming it here, and nowhere else can.
+    pub exempt: Vec<String>,
 }
 
 /// The link shared by all tenants.
@@ -85,6 +92,18 @@ pub struct LinkConfig {
     /// How often the coordinator recomputes fair rates, in milliseconds;
     /// 1 to 1000, default [`LinkConfig::DEFAULT_RECOMPUTE_INTERVAL_MS`].
     pub recompute_interval_ms: u32,
+    /// The bytes that may be queued ahead of a latency request at the port
+    /// (`latency_bound` in the file; between
+    /// [`Protection::MIN_BOUND`](mtrdma_sched::Protection::MIN_BOUND) and
+    /// [`Protection::MAX_BOUND`](mtrdma_sched::Protection::MAX_BOUND)).
+    /// With a bound, every bulk tenant's scheduled queue pairs, in every
+    /// process, post pieces of at most a quarter of it and keep a delay
+    /// window whose queue allowance fits in it
+    /// ([`Protection::for_bound`](mtrdma_sched::Protection::for_bound)),
+    /// whatever their own code asks for, unless [`Policy::exempt`] names
+    /// the tenant. `None` (the default): no protection across processes;
+    /// each tenant's code decides its own pieces and window.
+    pub latency_bound: Option<u64>,
 }
 
 impl LinkConfig {
@@ -101,6 +120,16 @@ impl LinkConfig {
         LinkConfig {
             capacity_bytes_per_sec,
             recompute_interval_ms: LinkConfig::DEFAULT_RECOMPUTE_INTERVAL_MS,
+            latency_bound: None,
+        }
+    }
+
+    /// The same link with a latency bound of `bytes`
+    /// ([`latency_bound`](Self::latency_bound)).
+    pub const fn with_latency_bound(self, bytes: u64) -> LinkConfig {
+        LinkConfig {
+            latency_bound: Some(bytes),
+            ..self
         }
     }
 
@@ -355,7 +384,33 @@ impl TenantEntry {
 impl Policy {
     /// A policy of `link` shared by `tenants` (not yet validated).
     pub fn new(link: LinkConfig, tenants: Vec<TenantEntry>) -> Policy {
-        Policy { link, tenants }
+        Policy {
+            link,
+            tenants,
+            exempt: Vec::new(),
+        }
+    }
+
+    /// The same policy with the tenants named in `names` exempt from the
+    /// latency bound ([`exempt`](Self::exempt)).
+    pub fn with_exempt<I, S>(mut self, names: I) -> Policy
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.exempt.extend(names.into_iter().map(Into::into));
+        self
+    }
+
+    /// What the latency bound asks of `tenant`'s scheduled queue pairs:
+    /// `None` without a bound, for a latency-class tenant, and for a
+    /// tenant [`exempt`](Self::exempt) names.
+    pub fn protection_for(&self, tenant: &TenantEntry) -> Option<mtrdma_sched::Protection> {
+        let bound = self.link.latency_bound?;
+        if tenant.class == TrafficClass::Latency || self.exempt.contains(&tenant.name) {
+            return None;
+        }
+        mtrdma_sched::Protection::for_bound(bound).ok()
     }
 
     /// Reads and validates a policy from TOML text.
@@ -402,7 +457,8 @@ impl Policy {
 
     /// Checks every rule a policy must follow, whether read from a file or
     /// built in code: a link capacity above 0, a recomputation period of 1
-    /// to 1000 ms, at least one tenant, unique ids and names, well-formed
+    /// to 1000 ms, a latency bound from 1 KiB to 16 MiB, exemptions that
+    /// name tenants of the policy, at least one tenant, unique ids and names, well-formed
     /// names, weights from 1 to 1,000,000, rates above 0, and match rules
     /// that set at least one condition with cgroups starting with `/`.
     ///

@@ -33,7 +33,9 @@ fn example_path() -> PathBuf {
 fn example_file_parses_to_expected_values() {
     let policy = Policy::from_file(&example_path()).unwrap();
     let expected = Policy::new(
-        LinkConfig::new(12_500_000_000).with_recompute_interval_ms(5),
+        LinkConfig::new(12_500_000_000)
+            .with_recompute_interval_ms(5)
+            .with_latency_bound(16 << 10),
         vec![
             TenantEntry::new(TenantId(1), "kv-latency")
                 .with_class(TrafficClass::Latency)
@@ -57,7 +59,8 @@ fn example_file_parses_to_expected_values() {
                 .with_match(MatchRule::default().with_cgroup("/system.slice/backup.service")),
             TenantEntry::new(TenantId(3), "batch"),
         ],
-    );
+    )
+    .with_exempt(["backup"]);
     assert_eq!(policy, expected);
     assert_eq!(policy.validate().ok(), Some(()));
 }
@@ -83,6 +86,56 @@ fn omitted_settings_take_their_defaults() {
         (None, None, None, None)
     );
     assert!(t.matches.is_empty());
+}
+
+#[test]
+fn a_latency_bound_holds_bulk_tenants_unless_the_policy_exempts_them_by_name() {
+    let text = "[link]\ncapacity = \"100Gbit\"\nlatency_bound = \"16KiB\"\nexempt = [\"backup\"]\n\
+                [[tenant]]\nid = 1\nname = \"kv\"\nclass = \"latency\"\n\
+                [[tenant]]\nid = 2\nname = \"bulk\"\n\
+                [[tenant]]\nid = 3\nname = \"backup\"\n";
+    let policy = Policy::from_toml_str(text).unwrap();
+    assert_eq!(policy.link.latency_bound, Some(16 << 10));
+    let held: Vec<_> = policy
+        .tenants
+        .iter()
+        .map(|t| policy.protection_for(t).map(|p| p.piece_bytes))
+        .collect();
+    assert_eq!(held, [None, Some(4096), None]);
+    // Left out, nobody is held.
+    let policy = Policy::from_toml_str(&one_tenant("")).unwrap();
+    assert_eq!(policy.link.latency_bound, None);
+    assert_eq!(policy.protection_for(&policy.tenants[0]), None);
+}
+
+#[test]
+fn a_bad_latency_bound_or_exemption_is_refused_with_what_to_write() {
+    let with_link = |link: &str| format!("{LINK}{link}\n[[tenant]]\nid = 1\nname = \"kv\"\n");
+    let e = error(&with_link("latency_bound = 100"));
+    assert!(
+        e.contains("link.latency_bound") && e.contains("between 1 KiB and 16 MiB"),
+        "{e}"
+    );
+    assert!(e.contains("latency_bound = \"16KiB\""), "{e}");
+    let e = error(&with_link("latency_bound = \"1GiB\""));
+    assert!(e.contains("link.latency_bound"), "{e}");
+    let e = error(&with_link("latency_bound = \"16 parsecs\""));
+    assert!(e.contains("link.latency_bound"), "{e}");
+    let e = error(&with_link("latency_bound = \"16KiB\"\nexempt = [\"kv2\"]"));
+    assert!(
+        e.contains("link.exempt")
+            && e.contains("\"kv2\" is not the name of a tenant")
+            && e.contains("kv"),
+        "{e}"
+    );
+    let e = error(&with_link(
+        "latency_bound = \"16KiB\"\nexempt = [\"kv\", \"kv\"]",
+    ));
+    assert!(e.contains("named twice"), "{e}");
+    let e = error(&with_link("exempt = [\"kv\"]"));
+    assert!(e.contains("add latency_bound"), "{e}");
+    let e = error(&with_link("exempt = \"kv\""));
+    assert!(e.contains("exempt"), "{e}");
 }
 
 #[test]
@@ -184,7 +237,7 @@ fn unknown_fields_elsewhere_are_named() {
     assert_eq!(
         error(&format!("{LINK}speed = 1\n")),
         "field link.speed: \"speed\" is not a setting in [link]; the settings are capacity, \
-         recompute_interval_ms"
+         recompute_interval_ms, latency_bound, exempt"
     );
     assert_eq!(
         error(&format!("tenants = []\n{LINK}")),
@@ -353,7 +406,7 @@ fn a_mistyped_value_names_its_field() {
     assert_eq!(
         error(&format!("{LINK}tenant = [1]\n")).as_str(),
         "field link.tenant: \"tenant\" is not a setting in [link]; the settings are capacity, \
-         recompute_interval_ms"
+         recompute_interval_ms, latency_bound, exempt"
     );
     assert_eq!(
         error(&format!("tenant = [1]\n{LINK}")),

@@ -495,3 +495,79 @@ fn a_tenant_keeps_its_last_policy_while_the_table_is_half_written() {
     drop((tenant, taken, table));
     QuotaTable::remove(&name).unwrap();
 }
+
+// ---- the latency bound: published per tenant, checked when read ----
+
+fn bounded() -> Policy {
+    Policy::new(
+        LinkConfig::new(12_500_000_000).with_latency_bound(16 << 10),
+        vec![
+            TenantEntry::new(TenantId(1), "kv").with_class(TrafficClass::Latency),
+            TenantEntry::new(TenantId(2), "bulk").with_weight(3),
+            TenantEntry::new(TenantId(3), "backup"),
+        ],
+    )
+    .with_exempt(["backup"])
+}
+
+/// Byte offset of tenant slot `slot`'s word at `field` in the policy
+/// region (a 128-byte header, then 192-byte slots).
+fn slot_word(slot: usize, field: usize) -> usize {
+    128 + slot * 192 + field
+}
+const PIECE_BYTES: usize = 152;
+const QUEUE_BYTES: usize = 160;
+const LATENCY_BOUND: usize = 120;
+
+#[test]
+fn a_latency_bound_holds_every_bulk_tenant_the_policy_does_not_exempt_by_name() {
+    let table = QuotaTable::embedded(&bounded()).unwrap();
+    let bulk = table.attach(TenantId(2)).unwrap();
+    let p = bulk
+        .protection()
+        .expect("a bulk tenant is held to the bound");
+    assert_eq!(
+        (p.bound_bytes, p.piece_bytes, p.queue_bytes),
+        (16 << 10, 4096, 10 << 10)
+    );
+    assert_eq!(table.attach(TenantId(1)).unwrap().protection(), None);
+    assert_eq!(table.attach(TenantId(3)).unwrap().protection(), None);
+    let snap = table.snapshot().unwrap();
+    assert_eq!(snap.policy.link.latency_bound, Some(16 << 10));
+    assert_eq!(snap.policy.exempt, ["backup"]);
+    // Published again without the bound, nobody is held.
+    table.publish(&two_tenants()).unwrap();
+    assert_eq!(bulk.protection(), None);
+    assert_eq!(table.snapshot().unwrap().policy.link.latency_bound, None);
+}
+
+#[test]
+fn protection_words_that_do_not_fit_the_bound_are_refused() {
+    let (p, s) = QuotaTable::embedded_with_capacity(&bounded(), 4, 4)
+        .unwrap()
+        .to_bytes();
+    let snap = QuotaTable::validate_bytes(&p, &s).unwrap();
+    assert_eq!(snap.protection(TenantId(2)).unwrap().piece_bytes, 4096);
+    let refused = |p: &[u8]| {
+        let err = QuotaTable::validate_bytes(p, &s).unwrap_err();
+        assert!(matches!(err, TableError::OutOfRange { .. }), "{err}");
+        err.to_string()
+    };
+    // Pieces larger than the bound allows.
+    let mut big = p.clone();
+    put_u64(&mut big, slot_word(1, PIECE_BYTES), 1 << 20);
+    assert!(refused(&big).contains("latency bound"));
+    // A bulk tenant under a bound whose slot says nothing.
+    let mut none = p.clone();
+    put_u64(&mut none, slot_word(1, PIECE_BYTES), 0);
+    put_u64(&mut none, slot_word(1, QUEUE_BYTES), 0);
+    assert!(refused(&none).contains("piece size"));
+    // Settings with no bound to fit in.
+    let mut unbound = p.clone();
+    put_u64(&mut unbound, LATENCY_BOUND, 0);
+    assert!(refused(&unbound).contains("no latency bound"));
+    // A bound out of range.
+    let mut huge = p;
+    put_u64(&mut huge, LATENCY_BOUND, u64::MAX);
+    QuotaTable::validate_bytes(&huge, &s).unwrap_err();
+}

@@ -62,6 +62,13 @@ pub enum ConfigError {
         /// Which value, and the range it must lie in.
         what: &'static str,
     },
+    /// A [`Protection`](crate::Protection) (a latency bound and what
+    /// follows from it) out of range.
+    #[error("invalid protection setting: {what}")]
+    Protection {
+        /// Which value, and the range it must lie in.
+        what: &'static str,
+    },
     /// A per-tenant queue limit of zero would refuse every descriptor.
     #[error("the per-tenant queue limit must be at least 1 descriptor")]
     ZeroQueueLimit,

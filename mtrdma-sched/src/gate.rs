@@ -105,6 +105,8 @@ pub struct Lane<H> {
     /// Bytes of its oldest pieces in the NIC that no longer count against
     /// the bulk budget: it stalled ([`Gate::release_if_stalled`]).
     released: u64,
+    /// The largest piece it posts ([`Lane::with_piece_limit`]).
+    piece_limit: u64,
 }
 
 impl<H> Lane<H> {
@@ -119,7 +121,23 @@ impl<H> Lane<H> {
             pending: VecDeque::new(),
             window,
             released: 0,
+            piece_limit: u64::MAX,
         }
+    }
+
+    /// The same lane, posting pieces of at most `bytes` (at least 1):
+    /// [`push_granted`](Self::push_granted) splits a larger grant of a
+    /// WRITE or READ, whatever scheduler granted it. This is how a latency
+    /// bound's piece size ([`Protection`](crate::Protection)) holds for a
+    /// scheduler that chunks more coarsely, or not at all.
+    pub fn with_piece_limit(mut self, bytes: u64) -> Lane<H> {
+        self.piece_limit = bytes.max(1);
+        self
+    }
+
+    /// The largest piece it posts (`u64::MAX`: no limit).
+    pub fn piece_limit(&self) -> u64 {
+        self.piece_limit
     }
 
     /// Whether it stalled ([`Gate::release_if_stalled`]) and has pieces
@@ -180,6 +198,38 @@ impl<H> Lane<H> {
     #[inline]
     pub fn push_pending(&mut self, grant: Grant<H>) {
         self.pending.push_back(grant);
+    }
+
+    /// Queues `grant` behind its other pending pieces, split into pieces
+    /// of at most [`piece_limit`](Self::piece_limit) if it is a WRITE or
+    /// READ larger than that (only the last of them carries `is_last`);
+    /// returns the number of pieces queued (each one entry of the
+    /// [`GrantOrder`]).
+    pub fn push_granted(&mut self, grant: Grant<H>) -> usize
+    where
+        H: Clone,
+    {
+        if grant.len <= self.piece_limit || !grant.op.is_splittable() {
+            self.pending.push_back(grant);
+            return 1;
+        }
+        let limit = self.piece_limit;
+        let end = grant.offset.saturating_add(grant.len);
+        let mut offset = grant.offset;
+        let mut pieces = 0;
+        while offset < end {
+            let len = limit.min(end - offset);
+            self.pending.push_back(Grant {
+                handle: grant.handle.clone(),
+                offset,
+                len,
+                is_last: grant.is_last && offset + len == end,
+                ..grant
+            });
+            offset += len;
+            pieces += 1;
+        }
+        pieces
     }
 
     /// Takes the first pending piece (once [`Gate::admits`] let it go).
@@ -440,8 +490,9 @@ impl Gate {
     }
 
     /// Whether a request of `op` and `len` bytes on `lane` may skip the
-    /// scheduler's queues (before caps and rate limits): it is one piece;
-    /// nothing it should wait behind is queued (for the latency class, no
+    /// scheduler's queues (before caps and rate limits): it is one piece
+    /// (of the gate's chunks and of the lane's piece limit); nothing it
+    /// should wait behind is queued (for the latency class, no
     /// latency descriptor; for bulk, nothing at all: `sched_empty`); the
     /// lane has no pending piece and room; it fits the budget; and the
     /// lane's window lets it go at `now` (read only with a window).
@@ -461,6 +512,7 @@ impl Gate {
             sched_empty
         };
         self.one_piece(op, len)
+            && (len <= lane.piece_limit || !op.is_splittable())
             && nothing_ahead
             && lane.pending.is_empty()
             && lane.has_room()
@@ -599,6 +651,36 @@ mod tests {
             len,
             is_last,
         }
+    }
+
+    #[test]
+    fn a_lane_with_a_piece_limit_splits_large_grants_and_keeps_the_last_mark() {
+        let mut lane: Lane<()> = Lane::new(TrafficClass::Bulk, 4, None).with_piece_limit(4096);
+        let mut g = grant(TrafficClass::Bulk, 10_000, true);
+        g.offset = 65_536;
+        assert_eq!(lane.push_granted(g), 3);
+        let pieces: Vec<_> = lane
+            .pending()
+            .iter()
+            .map(|g| (g.offset, g.len, g.is_last))
+            .collect();
+        assert_eq!(
+            pieces,
+            [
+                (65_536, 4096, false),
+                (69_632, 4096, false),
+                (73_728, 1808, true)
+            ]
+        );
+        // A grant that is not its request's last keeps no mark at all.
+        let mut lane: Lane<()> = Lane::new(TrafficClass::Bulk, 4, None).with_piece_limit(4096);
+        assert_eq!(lane.push_granted(grant(TrafficClass::Bulk, 8192, false)), 2);
+        assert!(lane.pending().iter().all(|g| !g.is_last));
+        // SEND and atomics cannot be split; small grants go whole.
+        let mut send = grant(TrafficClass::Bulk, 8192, true);
+        send.op = Opcode::Send;
+        assert_eq!(lane.push_granted(send), 1);
+        assert_eq!(lane.push_granted(grant(TrafficClass::Bulk, 4096, true)), 1);
     }
 
     #[test]

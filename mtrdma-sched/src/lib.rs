@@ -35,6 +35,9 @@
 //!   budget, each queue pair's pieces in flight and delay window, the fast
 //!   path, grant order): the rules `mtrdma-verbs`' engine runs, and the
 //!   simulator with it.
+//! * [`protection`]: what the operator's latency bound asks of every bulk
+//!   sender (its piece size and queue allowance), and how a sender's own
+//!   settings are held to it.
 //! * [`sim`]: a discrete-event model of one NIC port, with and without
 //!   mtrdma, running the shipped rules of [`gate`].
 //!
@@ -89,6 +92,7 @@ mod guard;
 mod id_hash;
 mod nodes;
 mod policy;
+pub mod protection;
 mod ring;
 pub mod share;
 pub mod sim;
@@ -105,6 +109,7 @@ pub use fifo::FifoScheduler;
 pub use gcra::{gcra_decide, gcra_rescale, gcra_shared, EmissionInterval, Gcra, RateLimit};
 pub use id_hash::IdHasher;
 pub use policy::{SchedulerConfig, TenantPolicy, MAX_QUANTUM, MAX_WEIGHT};
+pub use protection::Protection;
 pub use tenant::{TenantId, TrafficClass};
 pub use tenant_scheduler::{Drained, TenantScheduler};
 pub use time::{Clock, ManualClock, Nanos, QuantaClock};

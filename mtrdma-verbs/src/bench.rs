@@ -29,7 +29,7 @@ use mtrdma_sched::TenantPolicy;
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
 use crate::qp::{Books, RawCompletion, Region, SendOp, Sink, Wc};
-use crate::scheduled::{default_scheduler, solo_scheduler, Scheduled, Shared};
+use crate::scheduled::{default_scheduler, held_config, solo_scheduler, Scheduled, Shared};
 use crate::{DefaultScheduler, PieceScheduler};
 use crate::{Error, ScheduleConfig, SharedConfig};
 
@@ -481,6 +481,7 @@ impl NullScheduler {
 /// See [`QueuePair::scheduled`](crate::QueuePair::scheduled): a null sink
 /// on a scheduler of its own.
 pub fn scheduled(sink: NullSink, config: ScheduleConfig) -> Result<NullScheduled, Error> {
+    let config = held_config(config, sink.tenant.as_ref());
     let sched = solo_scheduler(&config)?;
     scheduled_with(sink, config, sched)
 }
@@ -619,7 +620,7 @@ mod tests {
     }
 
     /// Polls until `want` completions came (or gives up).
-    fn drain(qp: &mut NullScheduled, want: usize) -> Vec<HostCompletion> {
+    fn drain<Q: PieceScheduler>(qp: &mut NullScheduled<Q>, want: usize) -> Vec<HostCompletion> {
         let mut out = Vec::new();
         for _ in 0..100_000 {
             if out.len() >= want {
@@ -1353,6 +1354,145 @@ mod tests {
         };
         let qp = scheduled_with(sink, config, mtrdma_sched::FifoScheduler::new()).unwrap();
         assert_eq!(qp.window().unwrap().weight, 4);
+    }
+
+    /// A policy with a 16 KiB latency bound: tenant 1 bulk (weight 3)
+    /// held to it, tenant 2 bulk and exempt by name, tenant 3 latency.
+    fn bounded_table() -> QuotaTable {
+        let policy = Policy::new(
+            LinkConfig::new(1 << 40).with_latency_bound(16 << 10),
+            vec![
+                mtrdma_core::TenantEntry::new(TenantId(1), "bulk").with_weight(3),
+                mtrdma_core::TenantEntry::new(TenantId(2), "backup"),
+                mtrdma_core::TenantEntry::new(TenantId(3), "kv").with_class(TrafficClass::Latency),
+            ],
+        )
+        .with_exempt(["backup"]);
+        QuotaTable::embedded(&policy).unwrap()
+    }
+
+    /// Posts one 256 KiB WRITE on `qp` and returns the lengths of the
+    /// pieces its recording sink saw.
+    fn pieces_of_one_write<Q: PieceScheduler>(qp: &mut NullScheduled<Q>) -> Vec<u32> {
+        let len = 256 << 10;
+        if let Err((e, _)) = qp.post_send(SendOp::Write(REMOTE), HeapRegion::new(len), 0..len, 7) {
+            panic!("refused: {e}");
+        }
+        let done = drain(qp, 1);
+        assert_eq!(done.len(), 1, "one completion for the whole request");
+        let log = qp.with_sink(NullSink::take_log);
+        assert_eq!(
+            log.iter().map(|p| u64::from(p.length)).sum::<u64>(),
+            len as u64
+        );
+        log.iter().map(|p| p.length).collect()
+    }
+
+    /// What a tenant's own code asks for when it wants no protection at
+    /// all: no window, 1 MiB pieces, many in flight, and a window weight
+    /// of its own for when one is forced on it.
+    fn loose() -> ScheduleConfig {
+        ScheduleConfig {
+            chunk_bytes: 1 << 20,
+            max_pieces_in_flight: 64,
+            window: Some(DelayWindowConfig {
+                weight: 1000,
+                queue_bytes: 1 << 30,
+                ..DelayWindowConfig::for_piece(1 << 20)
+            }),
+            ..ScheduleConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_tenant_held_to_a_latency_bound_cannot_loosen_it_from_its_own_code() {
+        let table = bounded_table();
+        let sink = || {
+            NullSink::new(1, 64)
+                .recording()
+                .with_tenant(table.attach(TenantId(1)).unwrap())
+        };
+        let no_window = ScheduleConfig {
+            window: None,
+            ..loose()
+        };
+        let shared = NullScheduler::new(SharedConfig {
+            chunk_bytes: 1 << 20,
+            ..SharedConfig::default()
+        })
+        .unwrap();
+        // On an engine of its own, with a scheduler that does not chunk at
+        // all, on a shared engine that chunks by 1 MiB, and scheduled as a
+        // "latency" tenant of the process's own: every way, 4 KiB pieces
+        // under a window of the bound's allowance and the tenant's weight.
+        let ways: Vec<(&str, NullScheduled)> = vec![
+            (
+                "default",
+                scheduled(sink(), ScheduleConfig::default()).unwrap(),
+            ),
+            ("no window", scheduled(sink(), no_window.clone()).unwrap()),
+            ("loose window", scheduled(sink(), loose()).unwrap()),
+            ("shared", shared.attach(sink(), no_window.clone()).unwrap()),
+            (
+                "local latency",
+                scheduled(
+                    sink(),
+                    ScheduleConfig {
+                        tenant: crate::Tenancy::Local {
+                            id: TenantId(9),
+                            class: TrafficClass::Latency,
+                        },
+                        ..no_window.clone()
+                    },
+                )
+                .unwrap(),
+            ),
+        ];
+        for (way, mut qp) in ways {
+            assert_eq!(qp.class(), TrafficClass::Bulk, "{way}");
+            let w = qp.window().unwrap_or_else(|| panic!("{way}: no window"));
+            assert_eq!((w.queue_bytes, w.piece_bytes), (10 << 10, 4096), "{way}");
+            if way != "local latency" {
+                assert_eq!(w.weight, 3, "{way}: the tenant's weight, not its code's");
+            }
+            let pieces = pieces_of_one_write(&mut qp);
+            assert!(pieces.iter().all(|&l| l <= 4096), "{way}: {pieces:?}");
+            assert_eq!(pieces.len(), 64, "{way}");
+        }
+        let mut qp = scheduled_with(sink(), no_window, mtrdma_sched::FifoScheduler::new()).unwrap();
+        assert_eq!(qp.window().unwrap().piece_bytes, 4096, "own scheduler");
+        let pieces = pieces_of_one_write(&mut qp);
+        assert!(
+            pieces.iter().all(|&l| l <= 4096),
+            "own scheduler: {pieces:?}"
+        );
+        // Tighter settings of its own are kept.
+        let tight = ScheduleConfig {
+            chunk_bytes: 2048,
+            window: Some(DelayWindowConfig {
+                queue_bytes: 4096,
+                ..DelayWindowConfig::for_piece(2048)
+            }),
+            ..ScheduleConfig::default()
+        };
+        let mut qp = scheduled(sink(), tight).unwrap();
+        let w = qp.window().unwrap();
+        assert_eq!((w.queue_bytes, w.piece_bytes), (4096, 2048));
+        assert!(pieces_of_one_write(&mut qp).iter().all(|&l| l <= 2048));
+    }
+
+    #[test]
+    fn the_exempt_and_the_latency_class_keep_their_own_settings_under_a_bound() {
+        let table = bounded_table();
+        for tenant in [TenantId(2), TenantId(3)] {
+            let sink = NullSink::new(1, 64)
+                .recording()
+                .with_tenant(table.attach(tenant).unwrap());
+            let mut qp = scheduled(sink, ScheduleConfig::default()).unwrap();
+            assert!(qp.window().is_none(), "{tenant}");
+            let pieces = pieces_of_one_write(&mut qp);
+            assert_eq!(pieces, [64 << 10; 4], "{tenant}");
+        }
     }
 
     #[test]

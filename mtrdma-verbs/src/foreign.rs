@@ -43,7 +43,7 @@ use mtrdma_core::TenantHandle;
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
 use crate::qp::{Books, Extra, RawCompletion, Region, Sink, UdDest, Wc};
-use crate::scheduled::{solo_scheduler, DefaultScheduler, Scheduled};
+use crate::scheduled::{held_config, solo_scheduler, DefaultScheduler, Scheduled};
 use crate::{Error, ScheduleConfig, SendOp};
 
 /// The provider's `post_send` (`struct ibv_context_ops`).
@@ -589,6 +589,10 @@ impl ForeignQueuePair {
     ) -> Result<ForeignQueuePair, Error> {
         // SAFETY: the caller's promise: a live queue pair.
         let qpn = unsafe { (*qp).qp_num };
+        // The policy's latency bound holds the program's queue pairs as it
+        // holds the Rust API's: a window (so no direct bulk path) and its
+        // pieces.
+        let config = held_config(config, tenant.as_ref());
         let sink = ForeignSink {
             qp,
             qpn,

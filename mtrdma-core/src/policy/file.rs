@@ -64,7 +64,12 @@ fn syntax_error(text: &str, e: &toml::de::Error) -> PolicyError {
 // Step 2a: known keys.
 
 const TOP_KEYS: &[&str] = &["link", "tenant"];
-const LINK_KEYS: &[&str] = &["capacity", "recompute_interval_ms"];
+const LINK_KEYS: &[&str] = &[
+    "capacity",
+    "recompute_interval_ms",
+    "latency_bound",
+    "exempt",
+];
 const TENANT_KEYS: &[&str] = &[
     "id",
     "name",
@@ -262,6 +267,8 @@ struct RawPolicy {
 struct RawLink {
     capacity: Option<Quantity>,
     recompute_interval_ms: Option<Whole>,
+    latency_bound: Option<Quantity>,
+    exempt: Option<Vec<String>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -456,7 +463,7 @@ fn missing(who: Option<&TenantRef>, field: &str, hint: &str) -> PolicyError {
 
 impl RawPolicy {
     fn convert(self) -> Result<Policy, PolicyError> {
-        let link =
+        let (link, exempt) =
             match self.link {
                 Some(link) => link.convert()?,
                 None => return Err(missing(
@@ -471,12 +478,16 @@ impl RawPolicy {
             .enumerate()
             .map(|(i, t)| t.convert(i))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Policy { link, tenants })
+        Ok(Policy {
+            link,
+            tenants,
+            exempt,
+        })
     }
 }
 
 impl RawLink {
-    fn convert(self) -> Result<LinkConfig, PolicyError> {
+    fn convert(self) -> Result<(LinkConfig, Vec<String>), PolicyError> {
         let field = "link.capacity";
         let capacity = match &self.capacity {
             Some(c) => quantity(c, Kind::ByteRate, None, field)?,
@@ -498,10 +509,18 @@ impl RawLink {
             )?,
             None => LinkConfig::DEFAULT_RECOMPUTE_INTERVAL_MS,
         };
-        Ok(LinkConfig {
-            capacity_bytes_per_sec: capacity,
-            recompute_interval_ms,
-        })
+        let latency_bound = match &self.latency_bound {
+            Some(b) => Some(quantity(b, Kind::Size, None, "link.latency_bound")?),
+            None => None,
+        };
+        Ok((
+            LinkConfig {
+                capacity_bytes_per_sec: capacity,
+                recompute_interval_ms,
+                latency_bound,
+            },
+            self.exempt.unwrap_or_default(),
+        ))
     }
 }
 

@@ -45,10 +45,53 @@ pub(super) fn policy(policy: &Policy) -> Result<(), PolicyError> {
             ));
         }
     }
+    exempt(policy)
+}
+
+/// A latency bound's exemptions name tenants of the policy, once each.
+fn exempt(policy: &Policy) -> Result<(), PolicyError> {
+    for (i, name) in policy.exempt.iter().enumerate() {
+        if !policy.tenants.iter().any(|t| &t.name == name) {
+            let names: Vec<&str> = policy.tenants.iter().map(|t| t.name.as_str()).collect();
+            return Err(PolicyError::invalid(
+                None,
+                "link.exempt",
+                format!(
+                    "{} is not the name of a tenant of the policy; the tenants are {}",
+                    quote(name),
+                    names.join(", ")
+                ),
+            ));
+        }
+        if policy.exempt[..i].contains(name) {
+            return Err(PolicyError::invalid(
+                None,
+                "link.exempt",
+                format!("{} is named twice; name each tenant once", quote(name)),
+            ));
+        }
+    }
+    if !policy.exempt.is_empty() && policy.link.latency_bound.is_none() {
+        return Err(PolicyError::invalid(
+            None,
+            "link.exempt",
+            "exempts tenants from a latency bound the policy does not set; \
+             add latency_bound (e.g. latency_bound = \"16KiB\") or remove exempt",
+        ));
+    }
     Ok(())
 }
 
 fn link(link: &LinkConfig) -> Result<(), PolicyError> {
+    if let Some(bound) = link.latency_bound {
+        if let Err(e) = mtrdma_sched::Protection::for_bound(bound) {
+            return Err(PolicyError::invalid(
+                None,
+                "link.latency_bound",
+                format!("{bound} bytes: {e}; e.g. latency_bound = \"16KiB\""),
+            ));
+        }
+    }
     if link.capacity_bytes_per_sec == 0 {
         return Err(PolicyError::invalid(
             None,

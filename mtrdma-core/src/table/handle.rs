@@ -233,6 +233,19 @@ impl TenantHandle {
             .cloned()
     }
 
+    /// What the policy's latency bound asks of the tenant's scheduled
+    /// queue pairs (from the table's cached snapshot): their largest piece
+    /// and their windows' queue allowance, as the coordinator (or the
+    /// embedding process) published them. `None`: the policy sets no
+    /// bound, the tenant is of the latency class, or the policy exempts
+    /// it by name.
+    pub fn protection(&self) -> Option<mtrdma_sched::Protection> {
+        self.inner
+            .table
+            .cached_snapshot()
+            .protection(self.inner.tenant)
+    }
+
     /// The sequence number of the policy this handle's limits were read
     /// from, after re-reading them if the table's policy changed: it moves
     /// when a policy is published (a reload), not when fair rates are. One

@@ -73,7 +73,9 @@ pub(crate) struct PolicyHeader {
     pub(crate) sharing_weight: AtomicU64,
     /// [`TABLE_COORDINATED`], written once by the creator.
     pub(crate) flags: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 1],
+    /// The policy's latency bound in bytes (0: none), under the seqlock.
+    /// Tables written before it existed hold 0 here (reserved space).
+    pub(crate) latency_bound: AtomicU64,
 }
 
 /// Table flag: a coordinator keeps the table. Its objects are private to
@@ -83,6 +85,8 @@ pub(crate) const TABLE_COORDINATED: u64 = 1;
 
 /// Slot flag: the slot holds a tenant.
 pub(crate) const SLOT_IN_USE: u32 = 1;
+/// Slot flag: the policy exempts the tenant from its latency bound.
+pub(crate) const SLOT_EXEMPT: u32 = 2;
 
 /// Indices into [`PolicySlot::caps`]: (rate, burst) pairs; a rate of 0 is "no cap".
 pub(crate) const CAP_BYTES: usize = 0;
@@ -114,7 +118,13 @@ pub(crate) struct PolicySlot {
     /// a restarted coordinator finds it again among what live processes
     /// hold; 0: none made yet.
     pub(crate) state_inode: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 5],
+    /// What the latency bound asks of the tenant's bulk queue pairs, as
+    /// its publisher worked it out (`mtrdma_sched::Protection`): the
+    /// largest piece and the queue allowance of its windows, in bytes
+    /// (both 0: not held to a bound). Under the seqlock.
+    pub(crate) piece_bytes: AtomicU64,
+    pub(crate) queue_bytes: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 3],
 }
 
 /// Header of the state region.

@@ -53,6 +53,7 @@ use crate::procinfo::ProcessId;
 use crate::RateLimit;
 use crate::{TenantId, TrafficClass};
 use layout::*;
+use mtrdma_sched::Protection;
 use shm::Mapping;
 
 /// Process slots of a table made without an explicit count.
@@ -164,12 +165,22 @@ pub struct PolicySnapshot {
     /// The policy (match rules are not stored in the table and are empty).
     pub policy: Policy,
     slots: HashMap<TenantId, u32>,
+    /// What the latency bound asks of each tenant held to it, as published.
+    protections: HashMap<TenantId, Protection>,
 }
 
 impl PolicySnapshot {
     /// The slot index of a tenant.
     pub fn slot_of(&self, tenant: TenantId) -> Option<u32> {
         self.slots.get(&tenant).copied()
+    }
+
+    /// What the policy's latency bound asks of `tenant`'s scheduled queue
+    /// pairs, as the table's publisher (the coordinator, or the embedding
+    /// process) published it: `None` for a tenant it does not hold (no
+    /// bound, a latency-class tenant, or one the policy exempts).
+    pub fn protection(&self, tenant: TenantId) -> Option<Protection> {
+        self.protections.get(&tenant).copied()
     }
 }
 
@@ -413,6 +424,7 @@ impl QuotaTable {
                     generation: 0,
                     policy: Policy::new(LinkConfig::new(1), Vec::new()),
                     slots: HashMap::new(),
+                    protections: HashMap::new(),
                 }),
                 clock,
             }),
@@ -641,6 +653,7 @@ impl QuotaTable {
                     generation: u64::MAX,
                     policy: Policy::new(LinkConfig::new(1), Vec::new()),
                     slots: HashMap::new(),
+                    protections: HashMap::new(),
                 }),
                 clock,
             }),
@@ -947,6 +960,7 @@ impl QuotaTable {
             let link = h.link_capacity.load(Ordering::Relaxed);
             let interval = h.recompute_interval_ms.load(Ordering::Relaxed);
             let count = h.tenant_count.load(Ordering::Relaxed);
+            let bound = h.latency_bound.load(Ordering::Relaxed);
             let mut raw = Vec::new();
             for slot in 0..self.inner.capacity {
                 let s = self.policy_slot(slot);
@@ -958,7 +972,7 @@ impl QuotaTable {
             if h.seq.load(Ordering::Relaxed) != s1 {
                 continue;
             }
-            return decode(s1 / 2, link, interval, count, raw);
+            return decode(s1 / 2, link, interval, count, bound, raw);
         }
         Err(TableError::Torn)
     }
@@ -1051,7 +1065,7 @@ impl QuotaTable {
                     .window_gain
                     .store(0, Ordering::Relaxed);
             }
-            write_slot(self.policy_slot(slot), t);
+            write_slot(self.policy_slot(slot), t, policy);
         }
         h.link_capacity
             .store(policy.link.capacity_bytes_per_sec, Ordering::Relaxed);
@@ -1059,6 +1073,8 @@ impl QuotaTable {
             .store(policy.link.recompute_interval_ms, Ordering::Relaxed);
         h.tenant_count
             .store(policy.tenants.len() as u32, Ordering::Relaxed);
+        h.latency_bound
+            .store(policy.link.latency_bound.unwrap_or(0), Ordering::Relaxed);
         h.seq.store(start + 1, Ordering::Release);
         tracing::info!(
             table = ?self.inner.name,
@@ -1770,6 +1786,9 @@ struct RawSlot {
     max_mr_bytes: u64,
     name: [u8; NAME_BYTES],
     caps: [u64; 8],
+    flags: u32,
+    piece_bytes: u64,
+    queue_bytes: u64,
 }
 
 impl RawSlot {
@@ -1788,11 +1807,14 @@ impl RawSlot {
             max_mr_bytes: s.max_mr_bytes.load(Ordering::Relaxed),
             name,
             caps: std::array::from_fn(|i| s.caps[i].load(Ordering::Relaxed)),
+            flags: s.flags.load(Ordering::Relaxed),
+            piece_bytes: s.piece_bytes.load(Ordering::Relaxed),
+            queue_bytes: s.queue_bytes.load(Ordering::Relaxed),
         }
     }
 }
 
-fn write_slot(s: &PolicySlot, t: &TenantEntry) {
+fn write_slot(s: &PolicySlot, t: &TenantEntry, policy: &Policy) {
     s.id.store(t.id.0, Ordering::Relaxed);
     s.class.store(
         match t.class {
@@ -1825,7 +1847,47 @@ fn write_slot(s: &PolicySlot, t: &TenantEntry) {
         s.caps[at].store(rate, Ordering::Relaxed);
         s.caps[at + 1].store(burst, Ordering::Relaxed);
     }
-    s.flags.store(SLOT_IN_USE, Ordering::Relaxed);
+    let protection = policy.protection_for(t);
+    s.piece_bytes
+        .store(protection.map_or(0, |p| p.piece_bytes), Ordering::Relaxed);
+    s.queue_bytes
+        .store(protection.map_or(0, |p| p.queue_bytes), Ordering::Relaxed);
+    let exempt = policy.exempt.contains(&t.name);
+    s.flags.store(
+        SLOT_IN_USE | if exempt { SLOT_EXEMPT } else { 0 },
+        Ordering::Relaxed,
+    );
+}
+
+/// The protection slot `r` of a policy with latency bound `bound` (0:
+/// none) publishes, checked: both words 0 (not held to a bound), or
+/// settings that fit the bound.
+fn slot_protection(r: &RawSlot, bound: u64) -> Result<Option<Protection>, TableError> {
+    const R: &str = "policy";
+    if r.piece_bytes == 0 && r.queue_bytes == 0 {
+        return Ok(None);
+    }
+    let field = |what: &str| format!("slot {} {what}", r.slot);
+    if bound == 0 {
+        return Err(TableError::OutOfRange {
+            region: R,
+            field: field("piece_bytes"),
+            value: r.piece_bytes,
+            range: "0 in a policy with no latency bound",
+        });
+    }
+    let p = Protection {
+        bound_bytes: bound,
+        piece_bytes: r.piece_bytes,
+        queue_bytes: r.queue_bytes,
+    };
+    p.validate().map_err(|_| TableError::OutOfRange {
+        region: R,
+        field: field("piece_bytes and queue_bytes"),
+        value: r.piece_bytes,
+        range: "a piece and a half and the queue allowance within the latency bound",
+    })?;
+    Ok(Some(p))
 }
 
 /// Turns raw slots into a validated policy.
@@ -1834,6 +1896,7 @@ fn decode(
     link: u64,
     interval: u32,
     count: u32,
+    bound: u64,
     raw: Vec<RawSlot>,
 ) -> Result<PolicySnapshot, TableError> {
     const R: &str = "policy";
@@ -1847,6 +1910,8 @@ fn decode(
     }
     let mut tenants = Vec::with_capacity(raw.len());
     let mut slots = HashMap::with_capacity(raw.len());
+    let mut protections = HashMap::new();
+    let mut exempt = Vec::new();
     for r in raw {
         let class = match r.class {
             0 => TrafficClass::Latency,
@@ -1886,21 +1951,45 @@ fn decode(
         t.qp_create_rate = cap(CAP_QP_CREATE);
         t.mr_reg_rate = cap(CAP_MR_REG);
         slots.insert(t.id, r.slot);
+        if r.flags & SLOT_EXEMPT != 0 {
+            exempt.push((t.id, t.name.clone()));
+        }
+        if let Some(p) = slot_protection(&r, bound)? {
+            protections.insert(t.id, p);
+        }
         tenants.push(t);
     }
     tenants.sort_by_key(|t| t.id);
+    exempt.sort();
     let policy = Policy {
         link: LinkConfig {
             capacity_bytes_per_sec: link,
             recompute_interval_ms: interval,
+            latency_bound: (bound != 0).then_some(bound),
         },
         tenants,
+        exempt: exempt.into_iter().map(|(_, name)| name).collect(),
     };
     policy.validate()?;
+    // A bulk tenant the bound holds must have its settings published: a
+    // slot that says nothing would let its queue pairs go unprotected.
+    if let Some(t) = policy
+        .tenants
+        .iter()
+        .find(|t| policy.protection_for(t).is_some() && !protections.contains_key(&t.id))
+    {
+        return Err(TableError::OutOfRange {
+            region: R,
+            field: format!("slot {} piece_bytes", slots[&t.id]),
+            value: 0,
+            range: "the piece size of a tenant the latency bound holds (above 0)",
+        });
+    }
     Ok(PolicySnapshot {
         generation,
         policy,
         slots,
+        protections,
     })
 }
 

@@ -150,7 +150,16 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             tenant,
             class,
             quota,
+            protection,
         } = who;
+        // Held to the policy's latency bound whatever the configuration
+        // asked: its pieces and its window's queue allowance at most the
+        // bound's, and its window's weight the tenant's.
+        let config = match &protection {
+            Some(p) => super::protected(config, p),
+            None => config,
+        };
+        let piece_limit = protection.map_or(u64::MAX, |_| config.chunk_bytes);
         let policy_seq = quota.as_ref().map_or(0, TenantHandle::policy_seq);
         let tenant_weight = self.adopt_policy(
             tenant,
@@ -159,7 +168,8 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 .and_then(TenantHandle::policy)
                 .map(|p| p.schedule),
         )?;
-        let window_takes_weight = config.window.as_ref().is_some_and(|w| w.weight == 1);
+        let window_takes_weight =
+            protection.is_some() || config.window.as_ref().is_some_and(|w| w.weight == 1);
         let window = match (&config.window, class) {
             (Some(w), TrafficClass::Bulk) => {
                 if self.shared_offset == 0 {
@@ -172,7 +182,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 // A window left at weight 1 takes the tenant's weight, so
                 // that tenants in different processes share the port by
                 // their policies' weights.
-                let weight = if w.weight == 1 {
+                let weight = if window_takes_weight {
                     tenant_weight
                 } else {
                     w.weight
@@ -193,7 +203,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             side,
             tenant,
             quota,
-            lane: Lane::new(class, slots, window),
+            lane: Lane::new(class, slots, window).with_piece_limit(piece_limit),
             retry_at: 0,
             backlog: 0,
             accepted: 0,
@@ -488,7 +498,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
 
     /// Queues a granted piece behind its queue pair's other pending ones;
     /// returns its member, unless its queue pair was detached.
-    pub(super) fn make_pending(&mut self, grant: Grant<PieceRef>) -> Option<usize> {
+    pub(super) fn make_pending(&mut self, grant: Grant<PieceRef>) -> Option<(usize, usize)> {
         let Some(msg) = self
             .messages
             .get(grant.handle.message)
@@ -500,9 +510,14 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         let member = msg.member;
         let m = self.member_mut(member);
         let class = m.class();
-        m.lane.push_pending(grant);
-        self.order.push(class, member);
-        Some(member)
+        // A grant larger than the queue pair's pieces may be (a scheduler
+        // that chunks more coarsely than the latency bound) goes as
+        // several.
+        let pieces = m.lane.push_granted(grant);
+        for _ in 0..pieces {
+            self.order.push(class, member);
+        }
+        Some((member, pieces))
     }
 
     /// Posts `member`'s first pending piece if its queue pair, the bulk
@@ -606,10 +621,19 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             };
             self.gate.granted(&grant);
             let class = grant.class;
-            if let Some(member) = self.make_pending(grant) {
-                let mut order = std::mem::take(&mut self.order);
-                order.drain_newest(class, member, |member| self.post_head(member));
-                self.order = order;
+            match self.make_pending(grant) {
+                Some((member, 1)) => {
+                    let mut order = std::mem::take(&mut self.order);
+                    order.drain_newest(class, member, |member| self.post_head(member));
+                    self.order = order;
+                }
+                // Split: as many of its pieces go as its lane lets.
+                Some(_) => {
+                    let mut order = std::mem::take(&mut self.order);
+                    order.drain(|member| self.post_head(member));
+                    self.order = order;
+                }
+                None => {}
             }
         }
         self.soon(reap_soon)

@@ -47,8 +47,8 @@ use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
 use mtrdma_sched::gate::{Gate, GrantOrder, Lane, Post};
 use mtrdma_sched::{
     Admit, Clock, DelayWindow, DelayWindowConfig, Dequeue, Descriptor, Grant, Nanos,
-    Opcode as SchedOpcode, QuantaClock, Scheduler, SchedulerConfig, TenantPolicy, TenantScheduler,
-    Window,
+    Opcode as SchedOpcode, Protection, QuantaClock, Scheduler, SchedulerConfig, TenantPolicy,
+    TenantScheduler, Window,
 };
 
 use crate::completion::{Completion, Opcode, WcStatus};
@@ -178,10 +178,14 @@ struct Who {
     tenant: TenantId,
     class: TrafficClass,
     quota: Option<TenantHandle>,
+    /// What the policy's latency bound asks of it: that of the tenant the
+    /// queue pair was created for, whoever it is scheduled as.
+    protection: Option<Protection>,
 }
 
 impl Who {
     fn of<S: Sink>(sink: &S, tenancy: Tenancy) -> Result<Who, Error> {
+        let protection = sink.tenant().and_then(TenantHandle::protection);
         match tenancy {
             Tenancy::OfQueuePair => {
                 let handle = sink.tenant().ok_or(Error::NoTenant)?.clone();
@@ -189,14 +193,42 @@ impl Who {
                     tenant: handle.tenant(),
                     class: handle.class(),
                     quota: Some(handle),
+                    protection,
                 })
             }
             Tenancy::Local { id, class } => Ok(Who {
                 tenant: id,
-                class,
+                // A queue pair of a tenant the bound holds stays bulk:
+                // calling it latency here does not take it past the bound.
+                class: if protection.is_some() {
+                    TrafficClass::Bulk
+                } else {
+                    class
+                },
                 quota: None,
+                protection,
             }),
         }
+    }
+}
+
+/// `config` as the policy's latency bound holds a queue pair of `tenant`
+/// (see [`ScheduleConfig`]'s "Protection by policy"): pieces no larger
+/// than the bound's, and a delay window with its queue allowance (or a
+/// smaller one the configuration asked for). Unchanged for a tenant the
+/// bound does not hold, or a queue pair created for no tenant.
+pub(crate) fn held_config(config: ScheduleConfig, tenant: Option<&TenantHandle>) -> ScheduleConfig {
+    match tenant.and_then(TenantHandle::protection) {
+        Some(p) => protected(config, &p),
+        None => config,
+    }
+}
+
+fn protected(config: ScheduleConfig, p: &Protection) -> ScheduleConfig {
+    ScheduleConfig {
+        chunk_bytes: p.piece_for(config.chunk_bytes),
+        window: Some(p.window_config(config.window.as_ref())),
+        ..config
     }
 }
 
@@ -214,8 +246,16 @@ pub struct WindowState {
     /// Completion times above this shrink the window.
     pub target_delay: Option<Nanos>,
     /// The sender's weight: its tenant's (from its policy, following
-    /// reloads) unless the configuration named one.
+    /// reloads) unless the configuration named one (a queue pair held to
+    /// a latency bound always takes its tenant's).
     pub weight: u32,
+    /// The bytes its window lets stand queued at the port, once the link's
+    /// rate is known ([`DelayWindowConfig::queue_bytes`]; under a latency
+    /// bound at most the bound's allowance).
+    pub queue_bytes: u64,
+    /// The largest piece it posts (`u64::MAX`: no limit beyond its
+    /// scheduler's chunks; under a latency bound at most the bound's).
+    pub piece_bytes: u64,
     /// The coordinator's gain on the window's growth, parts per million
     /// (1,000,000: none; see `mtrdma_sched::share`).
     pub gain_ppm: u32,
@@ -460,6 +500,7 @@ impl QueuePair {
     /// Routes this queue pair's sends through a scheduler of its own, the
     /// built-in [`TenantScheduler`].
     pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledQueuePair, Error> {
+        let config = held_config(config, Sink::tenant(&self));
         let sched = solo_scheduler(&config)?;
         self.scheduled_with(config, sched)
     }

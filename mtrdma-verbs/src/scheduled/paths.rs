@@ -30,6 +30,7 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         config: ScheduleConfig,
         sched: Q,
     ) -> Result<Scheduled<S, Q>, Error> {
+        let config = held_config(config, sink.tenant());
         let mut engine = Engine::new(
             SharedConfig {
                 chunk_bytes: config.chunk_bytes,
@@ -98,6 +99,8 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
                 smoothed_delay: w.smoothed_delay(),
                 target_delay: w.target_delay(),
                 weight: w.config().weight,
+                queue_bytes: w.config().queue_bytes,
+                piece_bytes: m.lane.piece_limit(),
                 gain_ppm: w.gain(),
                 sharing_weight: w.sharing_weight(),
             })

@@ -40,6 +40,7 @@ impl UdQueuePair {
     /// # }
     /// ```
     pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledUdQueuePair, Error> {
+        let config = held_config(config, Sink::tenant(&self));
         let sched = solo_scheduler(&config)?;
         self.scheduled_with(config, sched)
     }
