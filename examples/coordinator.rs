@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 use mtrdma::core::coordinator::{Coordinator, CoordinatorConfig, LinkView};
 use mtrdma::core::monitor::{CgroupPaths, KernelCounts, KernelMonitor, KernelView};
 use mtrdma::core::table::TenantUsage;
+use mtrdma::core::Policy;
 use mtrdma::TenantId;
 
 struct Args {
@@ -110,7 +111,15 @@ fn gbps(bytes_per_sec: f64) -> f64 {
     bytes_per_sec * 8.0 / 1e9
 }
 
-fn print_view(usage: &[TenantUsage], last: &[TenantUsage], secs: f64, link: u64, view: LinkView) {
+fn print_view(
+    usage: &[TenantUsage],
+    last: &[TenantUsage],
+    secs: f64,
+    policy: &Policy,
+    view: LinkView,
+) {
+    let link = policy.link.capacity_bytes_per_sec;
+    println!("{}", policy.protection_summary());
     println!(
         "link estimate {:.3} Gb/s (the most the tenants moved together lately); \
          {:.0}% of their windows' bytes over target",
@@ -273,10 +282,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGHUP, coordinator.reload_flag())?;
     println!(
-        "mtrdma coordinator: table {:?}, {} tenants, registration socket {}",
+        "mtrdma coordinator: table {:?}, {} tenants, registration socket {}\n{}",
         coordinator.table().name().unwrap_or("?"),
         coordinator.policy().tenants.len(),
-        socket.display()
+        socket.display(),
+        coordinator.policy().protection_summary()
     );
 
     let mut kernel = if args.monitor {
@@ -337,7 +347,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     &usage,
                     &last_usage,
                     secs,
-                    coordinator.policy().link.capacity_bytes_per_sec,
+                    coordinator.policy(),
                     coordinator.link_view(),
                 );
                 if let (Some(k), Some(view)) = (kernel.as_ref(), &view) {

@@ -148,6 +148,56 @@ fn delay_windows_keep_the_latency_tenant_s_p99_far_below_unprotected() {
     );
 }
 
+/// Protection is the operator's: bulk tenants on `ScheduleConfig`'s
+/// defaults (what the README's example runs: a queue pair of the tenant,
+/// `scheduled(ScheduleConfig::default())`), and bulk tenants whose code
+/// asks for no window and 1 MiB pieces, are held to the policy's
+/// `latency_bound` all the same. Each bulk tenant is an `examples/perf`
+/// process on an embedded quota table of a policy with a 16 KiB bound,
+/// sending 1 MiB WRITEs; nothing on its command line asks for protection.
+#[test]
+#[ignore = "needs the VM's shared link (cargo xtask vm --link RATE)"]
+fn a_latency_bound_in_the_policy_protects_tenants_that_did_not_ask_for_it() {
+    let Some((sender, receiver)) = link() else {
+        eprintln!("no shared link (MTRDMA_LINK_SENDER/RECEIVER): nothing to measure on this host");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("mtrdma-bound-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        "[link]\ncapacity = \"100Gbit\"\nlatency_bound = \"16KiB\"\n\
+         [[tenant]]\nid = 1\nname = \"bulk\"\n",
+    )
+    .unwrap();
+    let policy = policy.display().to_string();
+    let base = 24_000 + (std::process::id() % 1_000) as u16 * 8;
+    let unprotected = p99_next_to_bulk(&sender, &receiver, base, &["-s", "1M", "--path", "raw"]);
+    let tenant = [
+        "-s", "1M", "--path", "mtrdma", "--policy", &policy, "--tenant", "bulk",
+    ];
+    let defaults = p99_next_to_bulk(&sender, &receiver, base + 4, &tenant);
+    let mut loose = tenant.to_vec();
+    loose.extend(["--chunk", "1M", "--pieces", "64"]);
+    let loosened = p99_next_to_bulk(&sender, &receiver, base + 8, &loose);
+    eprintln!(
+        "latency tenant p99: {unprotected:.1} us unprotected, {defaults:.1} us next to tenants \
+         on their defaults, {loosened:.1} us next to tenants asking for no window and 1 MiB pieces"
+    );
+    for (what, p99) in [
+        ("on their defaults", defaults),
+        ("asking for less", loosened),
+    ] {
+        assert!(
+            p99 * 5.0 < unprotected,
+            "p99 {p99:.1} us next to bulk tenants {what} under a 16 KiB bound is not several \
+             times below {unprotected:.1} us unprotected"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The link demo's `scenario`: its section of the report (from the line
 /// starting with `header` to the next section), and the directory the
 /// run wrote its files in. In `cargo xtask test`'s boot the demo's short

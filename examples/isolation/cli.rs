@@ -28,6 +28,14 @@ pub(crate) struct Args {
     pub(crate) msg: usize,
     pub(crate) depth: usize,
     pub(crate) chunk: u64,
+    /// On the link: whether `--chunk` was given, so that the mtrdma bulk
+    /// tenants are asked for it (tighter than the bound's, or held to it);
+    /// without it they run on their defaults.
+    pub(crate) chunk_given: bool,
+    /// On the link: the policy's `latency_bound` in bytes (the bytes a
+    /// latency request may find queued ahead of it), which every mtrdma
+    /// bulk tenant is held to.
+    pub(crate) latency_bound: u64,
     pub(crate) budget: u64,
     pub(crate) cap_mbps: f64,
     /// On the link: the windows' queue allowance as a share of the path's
@@ -56,7 +64,7 @@ pub(crate) const USAGE: &str = "usage: isolation [--device NAME] [--peer-device 
     [--bulk 1,4,8] [--scenarios latency,weights,cap,storm] [--msg BYTES] [--depth N]
     [--chunk BYTES] [--budget BYTES] [--cap-mbps MB/s]
 on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
-       isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--chunk BYTES (default 4096)]
+       isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--latency-bound BYTES (default 16384)] [--chunk BYTES (a tenant's own pieces; default: the bound's)]
     [--window-target PPM (the windows' queue allowance, see perf --help)] [--window-floor USEC] [--window-queue BYTES]
     [--no-window-gains (the coordinator leaves the windows' growth to their weights)]
     [--coordinator-view (the coordinator's per-second view of every tenant into logs/coordinator.log)]
@@ -92,6 +100,8 @@ pub(crate) fn parse() -> Result<Args, String> {
         msg: 1 << 20,
         depth: 4,
         chunk: 64 << 10,
+        chunk_given: false,
+        latency_bound: 16 << 10,
         budget: 128 << 10,
         cap_mbps: 4.0,
         window_target: None,
@@ -174,6 +184,7 @@ pub(crate) fn parse() -> Result<Args, String> {
             "--msg" => args.msg = num(&flag, v)?,
             "--depth" => args.depth = num(&flag, v)?,
             "--chunk" => chunk = Some(num(&flag, v)?),
+            "--latency-bound" => args.latency_bound = num(&flag, v)?,
             "--budget" => args.budget = num(&flag, v)?,
             "--cap-mbps" => args.cap_mbps = num(&flag, v)?,
             "--window-target" => args.window_target = Some(num(&flag, v)?),
@@ -187,10 +198,14 @@ pub(crate) fn parse() -> Result<Args, String> {
     // then) needs about 8 s for the 10,000 samples a p99.9 is reported
     // over.
     args.seconds = seconds.unwrap_or(if args.link { 9.0 } else { 3.0 });
-    // On the link, the windowed bulk tenants' pieces: one MTU's worth of
-    // the link's default by default (see link.rs).
+    // On the link, the bulk tenants' pieces: the policy's latency bound's
+    // (a quarter of it: one MTU's worth of the link's default at the
+    // default 16 KiB, see link.rs), unless `--chunk` asks for others.
+    let protection = mtrdma::sched::Protection::for_bound(args.latency_bound)
+        .map_err(|e| format!("--latency-bound {}: {e}", args.latency_bound))?;
+    args.chunk_given = chunk.is_some();
     args.chunk = chunk.unwrap_or(if args.link {
-        link::WINDOW_CHUNK
+        protection.piece_bytes
     } else {
         64 << 10
     });

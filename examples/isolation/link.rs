@@ -10,11 +10,15 @@
 //! `write_bw`), unmodified perftest `ib_write_bw` hogs, and this binary
 //! itself as a control-path storm (`--storm-tenant`). "Unprotected" bulk
 //! tenants post straight on their queue pairs; with mtrdma they post
-//! through `ScheduledQueuePair` with a delay window (`--window`), which
-//! learns from its own pieces' completion times how much it may keep in
-//! the NIC. Nothing is shared between the processes but the coordinator's
-//! table, and no link rate is entered anywhere: the policy's link capacity
-//! is the NIC's nominal 100 Gbit/s.
+//! through `ScheduledQueuePair` on its defaults, asking for nothing: the
+//! policy's `latency_bound` (16 KiB unless `--latency-bound`) holds every
+//! one of them to pieces of a quarter of it (4 KiB: one MTU of the link's
+//! default, so that what a latency request finds ahead of it is counted in
+//! packets, and each piece's completion carries as many bytes as a packet
+//! can) under a delay window, which learns from its own pieces' completion
+//! times how much it may keep in the NIC. Nothing is shared between the
+//! processes but the coordinator's table, and no link rate is entered
+//! anywhere: the policy's link capacity is the NIC's nominal 100 Gbit/s.
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -31,12 +35,6 @@ use crate::{lat, Args, Lat, Report, Way};
 
 /// The cgroup every demo tenant's cgroup is created under.
 const CGROUP_ROOT: &str = "/sys/fs/cgroup/mtrdma-demo";
-/// Bulk pieces with a window, unless `--chunk` says otherwise: one MTU's
-/// worth of the link's default MTU (rxe's 4096), so that what a latency
-/// request finds ahead of it is counted in packets, and each piece's
-/// completion, wake-up and post (the bulk tenants' CPU on the emulated
-/// host) carries as many bytes as a packet can.
-pub(crate) const WINDOW_CHUNK: u64 = 4096;
 /// The latency probe's real-time CPU priority (`chrt -f`), the same in
 /// every way it is measured (alone, unprotected, with mtrdma). On the
 /// emulated host the NIC is software on the same two CPUs as eight or more
@@ -117,6 +115,9 @@ fn policy_toml(args: &Args, link: &LinkSpec) -> String {
          # coordinator costs about a quarter of a millisecond.\n\
          [link]\ncapacity = \"100Gbit\"\nrecompute_interval_ms = 20\n",
     );
+    // What a latency request may find queued ahead of it: every mtrdma
+    // bulk tenant is held to it, none asks.
+    let _ = writeln!(s, "latency_bound = {}", args.latency_bound);
     let mut tenant = |id: u32, name: &str, extra: &str| {
         let _ = write!(
             s,
@@ -518,16 +519,13 @@ impl Site<'_> {
                 Way::Mtrdma => {
                     // Two messages out: enough to keep the window fed, and
                     // what is queued when the time is up drains quickly.
+                    // Nothing asks for protection: the policy's latency
+                    // bound gives every tenant its pieces and window.
                     let pool_mib = (2 * self.args.msg).div_ceil(1 << 20).max(1);
                     a.extend(
                         [
                             "--path",
                             "mtrdma",
-                            "--window",
-                            "--chunk",
-                            &self.args.chunk.to_string(),
-                            "--pieces",
-                            "64",
                             "--pool-mib",
                             &pool_mib.to_string(),
                             "--coordinator",
@@ -535,6 +533,17 @@ impl Site<'_> {
                         ]
                         .map(String::from),
                     );
+                    // The window's own settings, only where asked for:
+                    // overrides a tenant may give (tighter ones are kept).
+                    if self.args.chunk_given {
+                        a.extend(["--chunk".into(), self.args.chunk.to_string()]);
+                    }
+                    let tuned = self.args.window_target.is_some()
+                        || self.args.window_floor_us.is_some()
+                        || self.args.window_queue.is_some();
+                    if tuned {
+                        a.push("--window".into());
+                    }
                     if let Some(ppm) = self.args.window_target {
                         a.extend(["--window-target".into(), ppm.to_string()]);
                     }
@@ -559,11 +568,11 @@ impl Site<'_> {
                 .args(["-u", ACK_TIMEOUT, "127.0.0.1"]);
             let cgroup = if run.preloaded {
                 // The same program, a tenant: the bulk tenant's cgroup,
-                // windows of the demo's pieces.
+                // held to the policy's latency bound with nothing set.
                 self.preloaded(&mut cmd)?;
-                cmd.env("MTRDMA_WINDOW", "1")
-                    .env("MTRDMA_CHUNK", self.args.chunk.to_string())
-                    .env("MTRDMA_PIECES", "64");
+                if self.args.chunk_given {
+                    cmd.env("MTRDMA_CHUNK", self.args.chunk.to_string());
+                }
                 format!("bulk{i}")
             } else {
                 name.clone()
@@ -1516,14 +1525,17 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
     }
     r.say(format!(
         "\nmtrdma on the shared link: {} -> {} shaped to {:.0} Mbit/s ({:.2} MB/s); every tenant a process in its own cgroup, \
-         registered with the coordinator; {} s per measurement; bulk with mtrdma: delay windows, {} B pieces{}; \
+         registered with the coordinator; {} s per measurement; bulk with mtrdma: on their defaults, held to the policy's \
+         latency_bound of {} B ({} B pieces{}){}; \
          the latency probe {}",
         link.sender,
         link.receiver,
         link.rate_bps as f64 / 1e6,
         link.mib_per_sec(),
         args.seconds,
+        args.latency_bound,
         args.chunk,
+        if args.chunk_given { ", asked for by --chunk" } else { "" },
         match (args.window_floor_us, args.window_queue) {
             (None, None) => String::new(),
             (floor, queue) => format!(

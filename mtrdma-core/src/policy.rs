@@ -482,6 +482,43 @@ impl Policy {
         validate::policy(self)
     }
 
+    /// One line on what the latency bound protects, for a coordinator's
+    /// view and logs: the bound and what follows from it, and who is
+    /// exempt; or that there is no protection across processes.
+    ///
+    /// ```
+    /// use mtrdma_core::{LinkConfig, Policy, TenantEntry, TenantId};
+    /// let t = vec![TenantEntry::new(TenantId(1), "bulk")];
+    /// let none = Policy::new(LinkConfig::new(1 << 30), t.clone());
+    /// assert!(none.protection_summary().starts_with("no latency bound"));
+    /// let bound = Policy::new(LinkConfig::new(1 << 30).with_latency_bound(16 << 10), t);
+    /// assert_eq!(
+    ///     bound.protection_summary(),
+    ///     "latency bound 16384 B: every bulk tenant posts pieces of at most 4096 B \
+    ///      under a delay window that keeps at most 10240 B queued"
+    /// );
+    /// ```
+    pub fn protection_summary(&self) -> String {
+        let Some(p) = self
+            .link
+            .latency_bound
+            .and_then(|b| mtrdma_sched::Protection::for_bound(b).ok())
+        else {
+            return "no latency bound: no protection across processes, each tenant's code \
+                    decides its own pieces and window (set [link] latency_bound)"
+                .to_string();
+        };
+        let mut line = format!(
+            "latency bound {} B: every bulk tenant posts pieces of at most {} B under a delay \
+             window that keeps at most {} B queued",
+            p.bound_bytes, p.piece_bytes, p.queue_bytes
+        );
+        if !self.exempt.is_empty() {
+            line.push_str(&format!(", but {} (exempt)", self.exempt.join(", ")));
+        }
+        line
+    }
+
     /// The tenant with id `id`, if any.
     pub fn tenant(&self, id: TenantId) -> Option<&TenantEntry> {
         self.tenants.iter().find(|t| t.id == id)

@@ -34,6 +34,13 @@
 //! `mtrdma_sched::window`), `MTRDMA_PIECES` (pieces of a queue pair in the
 //! device at once; default its send queue's depth, within its completion
 //! queue's budget, see [`CqInner::budget`]).
+//!
+//! Under a policy with a latency bound (`[link] latency_bound`), a bulk
+//! tenant's queue pairs are held to it whatever these say, as the Rust
+//! API's are (`mtrdma_verbs::ScheduleConfig`, "Protection by policy"):
+//! pieces of at most the bound's size and a delay window, always.
+//! `MTRDMA_CHUNK` can then only make the pieces smaller, and
+//! `MTRDMA_WINDOW` is not needed.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};

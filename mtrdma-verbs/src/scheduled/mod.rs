@@ -96,6 +96,30 @@ pub enum Tenancy {
 }
 
 /// How a queue pair's sends are scheduled.
+///
+/// # Protection by policy
+///
+/// When the policy in the quota table sets a latency bound (`[link]
+/// latency_bound` in the policy file), the queue pairs of every bulk
+/// tenant it does not exempt by name are held to it, whatever this
+/// configuration says: their WRITE and READ reach the NIC in pieces of at
+/// most the bound's piece size (a quarter of the bound), under a delay
+/// window whose queue allowance is the bound's and whose weight is the
+/// tenant's ([`Protection`] has the arithmetic). The settings are
+/// **clamped, not refused**: a configuration that asks for larger pieces,
+/// no window, a longer queue or a weight of its own still works, held to
+/// the bound, so that code written without knowing the policy (this
+/// type's defaults included) protects its neighbours without a change.
+/// Smaller pieces and a smaller queue allowance of its own are kept. The
+/// bytes in flight it allows (`max_pieces_in_flight` x `chunk_bytes`)
+/// stay the same in the smaller pieces (the defaults' 4 x 64 KiB become
+/// 64 pieces of 4 KiB), and the window decides how many are out. A queue
+/// pair created for such a tenant stays bulk when scheduled as a
+/// [`Tenancy::Local`] tenant. [`ScheduledQueuePair::window`] shows what
+/// it runs with. The bound is read when the queue pair is scheduled.
+///
+/// Without a bound (or for a latency-class or exempt tenant, or a queue
+/// pair created for no tenant) the configuration is taken as it is.
 #[derive(Debug, Clone)]
 pub struct ScheduleConfig {
     /// WRITE and READ longer than this are split into pieces of at most
@@ -225,8 +249,15 @@ pub(crate) fn held_config(config: ScheduleConfig, tenant: Option<&TenantHandle>)
 }
 
 fn protected(config: ScheduleConfig, p: &Protection) -> ScheduleConfig {
+    let piece = p.piece_for(config.chunk_bytes);
+    // The bytes in flight the configuration allowed, in the smaller
+    // pieces (the default's 4 x 64 KiB: 64 pieces of 4 KiB); the window
+    // decides how many of them are out.
+    let bytes = u64::from(config.max_pieces_in_flight).saturating_mul(config.chunk_bytes);
+    let pieces = (bytes / piece).clamp(u64::from(config.max_pieces_in_flight.max(1)), 1024);
     ScheduleConfig {
-        chunk_bytes: p.piece_for(config.chunk_bytes),
+        chunk_bytes: piece,
+        max_pieces_in_flight: u32::try_from(pieces).unwrap_or(1024),
         window: Some(p.window_config(config.window.as_ref())),
         ..config
     }
