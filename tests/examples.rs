@@ -279,6 +279,26 @@ fn the_isolation_demo_runs_every_scenario_and_writes_tables_csv_and_pictures() {
     std::fs::remove_dir_all(&out_dir).ok();
 }
 
+/// `examples/own_window`: a window written in the example (a fixed byte
+/// budget) bounds what a queue pair keeps in the NIC, in place of the
+/// pieces-in-flight bound alone.
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_window_of_ones_own_bounds_what_a_queue_pair_keeps_in_the_nic() {
+    let out = run(Command::new(example("own_window")).arg(device()));
+    let most = |what: &str| -> u64 {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("most bytes in the NIC, {what}: ")))
+            .unwrap_or_else(|| panic!("no {what:?} line in:\n{out}"))
+            .parse()
+            .expect("a byte count")
+    };
+    let open = most("16 pieces of 4096 B allowed");
+    let budget = most("under an 8192 B budget");
+    assert!(budget > 0 && budget <= 8192, "{out}");
+    assert!(open > 8192 && open <= 16 * 4096, "{out}");
+}
+
 /// `examples/own_scheduler`: a scheduler written in the example (smallest
 /// request first) decides what reaches the NIC in place of the built-in
 /// one; mtrdma_sched's FIFO keeps the posting order.

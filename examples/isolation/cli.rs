@@ -34,9 +34,15 @@ pub(crate) struct Args {
     pub(crate) chunk_given: bool,
     /// On the link: the policy's `latency_bound` in bytes (the bytes a
     /// latency request may find queued ahead of it), which every mtrdma
-    /// bulk tenant is held to.
-    pub(crate) latency_bound: u64,
+    /// bulk tenant is held to; `None` (`--latency-bound none`): no bound,
+    /// and the mtrdma bulk tenants opt in themselves as before the bound
+    /// existed (`--window --chunk C --pieces 64`, the preload library's
+    /// `MTRDMA_WINDOW=1`): the control the bound's figures compare with.
+    pub(crate) latency_bound: Option<u64>,
     pub(crate) budget: u64,
+    /// On the link: the weights scenario's tenants' weights (default
+    /// 1,2,4; at most 16 tenants).
+    pub(crate) weights: Vec<u32>,
     pub(crate) cap_mbps: f64,
     /// On the link: the windows' queue allowance as a share of the path's
     /// delay (perf's `--window-target`), if not the window's default.
@@ -64,7 +70,7 @@ pub(crate) const USAGE: &str = "usage: isolation [--device NAME] [--peer-device 
     [--bulk 1,4,8] [--scenarios latency,weights,cap,storm] [--msg BYTES] [--depth N]
     [--chunk BYTES] [--budget BYTES] [--cap-mbps MB/s]
 on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
-       isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--latency-bound BYTES (default 16384)] [--chunk BYTES (a tenant's own pieces; default: the bound's)]
+       isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--weights W1,W2,.. (default 1,2,4)] [--latency-bound BYTES|none (default 16384; none: the tenants opt in themselves)] [--chunk BYTES (a tenant's own pieces; default: the bound's)]
     [--window-target PPM (the windows' queue allowance, see perf --help)] [--window-floor USEC] [--window-queue BYTES]
     [--no-window-gains (the coordinator leaves the windows' growth to their weights)]
     [--coordinator-view (the coordinator's per-second view of every tenant into logs/coordinator.log)]
@@ -101,7 +107,8 @@ pub(crate) fn parse() -> Result<Args, String> {
         depth: 4,
         chunk: 64 << 10,
         chunk_given: false,
-        latency_bound: 16 << 10,
+        latency_bound: Some(16 << 10),
+        weights: vec![1, 2, 4],
         budget: 128 << 10,
         cap_mbps: 4.0,
         window_target: None,
@@ -184,7 +191,22 @@ pub(crate) fn parse() -> Result<Args, String> {
             "--msg" => args.msg = num(&flag, v)?,
             "--depth" => args.depth = num(&flag, v)?,
             "--chunk" => chunk = Some(num(&flag, v)?),
-            "--latency-bound" => args.latency_bound = num(&flag, v)?,
+            "--weights" => {
+                args.weights = v
+                    .split(',')
+                    .map(|n| num(&flag, n.to_string()))
+                    .collect::<Result<_, _>>()?;
+                if args.weights.is_empty()
+                    || args.weights.len() > 16
+                    || args.weights.iter().any(|&w| !(1..=1000).contains(&w))
+                {
+                    return Err(format!(
+                        "{flag} {v}: give 1 to 16 weights from 1 to 1000, e.g. 1,2,4"
+                    ));
+                }
+            }
+            "--latency-bound" if v == "none" => args.latency_bound = None,
+            "--latency-bound" => args.latency_bound = Some(num(&flag, v)?),
             "--budget" => args.budget = num(&flag, v)?,
             "--cap-mbps" => args.cap_mbps = num(&flag, v)?,
             "--window-target" => args.window_target = Some(num(&flag, v)?),
@@ -201,8 +223,9 @@ pub(crate) fn parse() -> Result<Args, String> {
     // On the link, the bulk tenants' pieces: the policy's latency bound's
     // (a quarter of it: one MTU's worth of the link's default at the
     // default 16 KiB, see link.rs), unless `--chunk` asks for others.
-    let protection = mtrdma::sched::Protection::for_bound(args.latency_bound)
-        .map_err(|e| format!("--latency-bound {}: {e}", args.latency_bound))?;
+    let bound = args.latency_bound.unwrap_or(16 << 10);
+    let protection = mtrdma::sched::Protection::for_bound(bound)
+        .map_err(|e| format!("--latency-bound {bound}: {e}"))?;
     args.chunk_given = chunk.is_some();
     args.chunk = chunk.unwrap_or(if args.link {
         protection.piece_bytes

@@ -32,6 +32,7 @@ use crate::plot::{self, BarGroup, LatencySeries};
 #[path = "apps.rs"]
 mod apps;
 use crate::{lat, Args, Lat, Report, Way};
+use mtrdma::sched::stats::jain_index;
 
 /// The cgroup every demo tenant's cgroup is created under.
 const CGROUP_ROOT: &str = "/sys/fs/cgroup/mtrdma-demo";
@@ -117,7 +118,9 @@ fn policy_toml(args: &Args, link: &LinkSpec) -> String {
     );
     // What a latency request may find queued ahead of it: every mtrdma
     // bulk tenant is held to it, none asks.
-    let _ = writeln!(s, "latency_bound = {}", args.latency_bound);
+    if let Some(bound) = args.latency_bound {
+        let _ = writeln!(s, "latency_bound = {bound}");
+    }
     let mut tenant = |id: u32, name: &str, extra: &str| {
         let _ = write!(
             s,
@@ -130,8 +133,8 @@ fn policy_toml(args: &Args, link: &LinkSpec) -> String {
     for i in 0..most {
         tenant(10 + i as u32, &format!("bulk{i}"), "");
     }
-    for (id, w) in crate::WEIGHTED {
-        tenant(id, &format!("weight{w}"), &format!("weight = {w}\n"));
+    for (i, (name, w)) in weighted(args).into_iter().enumerate() {
+        tenant(70 + i as u32, &name, &format!("weight = {w}\n"));
     }
     // The cap's burst is 64 pieces: what a capped sender may make up after
     // a moment it could not post (its window held it, or on the emulated
@@ -535,10 +538,16 @@ impl Site<'_> {
                     );
                     // The window's own settings, only where asked for:
                     // overrides a tenant may give (tighter ones are kept).
-                    if self.args.chunk_given {
+                    // Without a bound, each tenant opts in (the control).
+                    let opt_in = self.args.latency_bound.is_none();
+                    if self.args.chunk_given || opt_in {
                         a.extend(["--chunk".into(), self.args.chunk.to_string()]);
                     }
-                    let tuned = self.args.window_target.is_some()
+                    if opt_in {
+                        a.extend(["--pieces".into(), "64".into()]);
+                    }
+                    let tuned = opt_in
+                        || self.args.window_target.is_some()
                         || self.args.window_floor_us.is_some()
                         || self.args.window_queue.is_some();
                     if tuned {
@@ -570,8 +579,11 @@ impl Site<'_> {
                 // The same program, a tenant: the bulk tenant's cgroup,
                 // held to the policy's latency bound with nothing set.
                 self.preloaded(&mut cmd)?;
-                if self.args.chunk_given {
+                if self.args.chunk_given || self.args.latency_bound.is_none() {
                     cmd.env("MTRDMA_CHUNK", self.args.chunk.to_string());
+                }
+                if self.args.latency_bound.is_none() {
+                    cmd.env("MTRDMA_WINDOW", "1").env("MTRDMA_PIECES", "64");
                 }
                 format!("bulk{i}")
             } else {
@@ -1138,33 +1150,55 @@ fn scenario_hogs(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
     Ok(())
 }
 
+/// The weights scenario's tenants: their policy names and weights
+/// (`--weights`, default 1,2,4).
+fn weighted(args: &Args) -> Vec<(String, u32)> {
+    args.weights
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| (format!("weighted{i}"), w))
+        .collect()
+}
+
 fn scenario_weights(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
-    r.say("\n== three bulk tenants with weights 1:2:4, each a process ==");
+    let tenants = weighted(site.args);
+    let sum: u32 = tenants.iter().map(|(_, w)| w).sum();
+    let ratio = tenants
+        .iter()
+        .map(|(_, w)| w.to_string())
+        .collect::<Vec<_>>()
+        .join(":");
     r.say(format!(
-        "{:<12} {:>12} {:>12} {:>12} {:>10} {:>28}",
-        "way",
-        "weight1 MB/s",
-        "weight2 MB/s",
-        "weight4 MB/s",
-        "total",
-        "shares (want .143 .286 .571)"
+        "\n== {} bulk tenants with weights {ratio}, each a process ==",
+        tenants.len()
     ));
+    let mut header = format!("{:<12}", "way");
+    for (_, w) in &tenants {
+        let _ = write!(header, " {:>9}", format!("w{w} MB/s"));
+    }
+    let want: Vec<String> = tenants
+        .iter()
+        .map(|(_, w)| format!("{:.3}", f64::from(*w) / f64::from(sum)))
+        .collect();
+    let _ = write!(header, " {:>10}  shares (want {})", "total", want.join(" "));
+    r.say(header);
     r.say(
         "(mtrdma: what each tenant posted in the same measured seconds, from the quota table's \
-         counters; unprotected tenants are not registered: each one's average over its own run)",
+         counters; unprotected tenants are not registered: each one's average over its own run; \
+         Jain: of each tenant's rate over its weight)",
     );
-    let mut groups: Vec<BarGroup> = crate::WEIGHTED
+    let mut groups: Vec<BarGroup> = tenants
         .iter()
-        .map(|&(_, w)| BarGroup {
-            label: format!("weight{w}"),
+        .map(|(name, w)| BarGroup {
+            label: format!("{name} (weight {w})"),
             values: Vec::new(),
         })
         .collect();
     for way in [Way::Unprotected, Way::Mtrdma] {
         let run = Run {
-            bulk: crate::WEIGHTED
+            bulk: tenants
                 .iter()
-                .map(|&(_, w)| (format!("weight{w}"), way))
+                .map(|(name, _)| (name.clone(), way))
                 .collect(),
             ..Run::default()
         };
@@ -1182,49 +1216,64 @@ fn scenario_weights(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
         let shares: Vec<f64> = v.iter().map(|x| x / total).collect();
         let worst = shares
             .iter()
-            .zip(crate::WEIGHTED)
+            .zip(&tenants)
             .map(|(s, (_, w))| {
-                let want = f64::from(w) / 7.0;
+                let want = f64::from(*w) / f64::from(sum);
                 (s - want).abs() / want
             })
             .fold(0.0, f64::max);
-        r.say(format!(
-            "{:<12} {:>12.2} {:>12.2} {:>12.2} {:>10.2} {:>10.3} {:.3} {:.3}  (worst {:.0}% off{})",
-            way.name(),
-            v[0],
-            v[1],
-            v[2],
-            total,
-            shares[0],
-            shares[1],
-            shares[2],
+        let normalised: Vec<f64> = v
+            .iter()
+            .zip(&tenants)
+            .map(|(x, (_, w))| x / f64::from(*w))
+            .collect();
+        let jain = jain_index(&normalised);
+        let mut line = format!("{:<12}", way.name());
+        for x in &v {
+            let _ = write!(line, " {x:>9.2}");
+        }
+        let _ = write!(line, " {total:>10.2}  ");
+        let _ = write!(
+            line,
+            "{}  (worst {:.0}% off, Jain {jain:.3}{})",
+            shares
+                .iter()
+                .map(|s| format!("{s:.3}"))
+                .collect::<Vec<_>>()
+                .join(" "),
             100.0 * worst,
             if way == Way::Mtrdma {
-                format!(", target 5%: {}", verdict(worst <= 0.05))
+                format!(
+                    "; target 5% off: {}, Jain 0.99: {}",
+                    verdict(worst <= 0.05),
+                    verdict(jain >= 0.99)
+                )
             } else {
                 String::new()
             }
-        ));
+        );
+        r.say(line);
         for ((name, x), g) in rates.iter().zip(&mut groups) {
-            r.figure("link_weights", way, "1:2:4", name, "mbps", *x);
+            r.figure("link_weights", way, &ratio, name, "mbps", *x);
             g.values.push(*x);
         }
         // Each tenant's own average over its run, for comparison.
         for (name, x) in &m.bulk {
-            r.figure("link_weights", way, "1:2:4", name, "mbps_own_run", *x);
+            r.figure("link_weights", way, &ratio, name, "mbps_own_run", *x);
         }
         r.figure(
             "link_weights",
             way,
-            "1:2:4",
+            &ratio,
             "all",
             "worst_share_error",
             worst,
         );
+        r.figure("link_weights", way, &ratio, "all", "jain", jain);
     }
     plot::grouped_bars(
         &site.args.out.join("link_weights"),
-        "Bulk tenants with weights 1:2:4 (separate processes, shared link)",
+        &format!("Bulk tenants with weights {ratio} (separate processes, shared link)"),
         "MB/s",
         &["unprotected", "mtrdma"],
         &groups,
@@ -1525,15 +1574,17 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
     }
     r.say(format!(
         "\nmtrdma on the shared link: {} -> {} shaped to {:.0} Mbit/s ({:.2} MB/s); every tenant a process in its own cgroup, \
-         registered with the coordinator; {} s per measurement; bulk with mtrdma: on their defaults, held to the policy's \
-         latency_bound of {} B ({} B pieces{}){}; \
+         registered with the coordinator; {} s per measurement; bulk with mtrdma: {} ({} B pieces{}){}; \
          the latency probe {}",
         link.sender,
         link.receiver,
         link.rate_bps as f64 / 1e6,
         link.mib_per_sec(),
         args.seconds,
-        args.latency_bound,
+        match args.latency_bound {
+            Some(b) => format!("on their defaults, held to the policy's latency_bound of {b} B"),
+            None => "no latency bound; each opts in with a delay window".to_string(),
+        },
         args.chunk,
         if args.chunk_given { ", asked for by --chunk" } else { "" },
         match (args.window_floor_us, args.window_queue) {

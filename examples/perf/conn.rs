@@ -396,14 +396,15 @@ impl Side {
                     },
                     window: self.window.then(|| {
                         let window = DelayWindowConfig::for_piece(p.chunk);
-                        DelayWindowConfig {
+                        std::sync::Arc::new(DelayWindowConfig {
                             target_ratio_ppm: self
                                 .window_target_ppm
                                 .unwrap_or(window.target_ratio_ppm),
                             target_floor: self.window_floor.unwrap_or(window.target_floor),
                             queue_bytes: self.window_queue.unwrap_or(window.queue_bytes),
                             ..window
-                        }
+                        })
+                            as std::sync::Arc<dyn mtrdma::sched::WindowFactory>
                     }),
                 })
                 .map_err(|e| format!("setting up the scheduled path: {e}"))?,

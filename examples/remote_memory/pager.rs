@@ -408,7 +408,7 @@ pub(crate) fn run(a: &ClientArgs) -> Result<Results, String> {
                             class: TrafficClass::Bulk,
                         },
                     },
-                    window: Some(DelayWindowConfig::for_piece(a.chunk)),
+                    window: Some(std::sync::Arc::new(DelayWindowConfig::for_piece(a.chunk))),
                 })
                 .map_err(|e| format!("setting up the scheduled path to node {addr}: {e}"))?,
             )),

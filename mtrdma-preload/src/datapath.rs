@@ -110,9 +110,10 @@ impl Settings {
         ScheduleConfig {
             chunk_bytes: self.chunk,
             max_pieces_in_flight: pieces,
-            window: self
-                .window
-                .then(|| mtrdma_sched::DelayWindowConfig::for_piece(self.chunk)),
+            window: self.window.then(|| {
+                Arc::new(mtrdma_sched::DelayWindowConfig::for_piece(self.chunk))
+                    as Arc<dyn mtrdma_sched::WindowFactory>
+            }),
             ..ScheduleConfig::default()
         }
     }
@@ -955,7 +956,7 @@ mod tests {
         let s = Settings::from(get);
         let c = s.schedule(128, 1024);
         assert_eq!((c.chunk_bytes, c.max_pieces_in_flight), (4096, 8));
-        assert_eq!(c.window.map(|w| w.initial_window), Some(4096));
+        assert_eq!(c.window.and_then(|w| w.queue_bytes()), Some(10 << 10));
 
         let bad = |n: &str| (n == "MTRDMA_CHUNK").then(|| "lots".to_string());
         assert_eq!(Settings::from(bad).chunk, 64 << 10);

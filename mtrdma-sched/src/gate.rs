@@ -55,7 +55,7 @@ use std::collections::VecDeque;
 
 use crate::descriptor::{Grant, Opcode};
 use crate::time::Nanos;
-use crate::window::{Admit, DelayWindow, Window};
+use crate::window::{Admit, Window};
 use crate::TrafficClass;
 
 /// The engine-wide rules: the piece size, the bulk budget, and the count
@@ -101,7 +101,7 @@ pub struct Lane<H> {
     in_flight: VecDeque<Piece>,
     bytes_out: u64,
     pending: VecDeque<Grant<H>>,
-    window: Option<DelayWindow>,
+    window: Option<Box<dyn Window>>,
     /// Bytes of its oldest pieces in the NIC that no longer count against
     /// the bulk budget: it stalled ([`Gate::release_if_stalled`]).
     released: u64,
@@ -112,7 +112,7 @@ pub struct Lane<H> {
 impl<H> Lane<H> {
     /// A lane for a queue pair of `class` that may have `slots` pieces in
     /// the NIC (at least 1), bounded also by `window` if it has one.
-    pub fn new(class: TrafficClass, slots: u32, window: Option<DelayWindow>) -> Lane<H> {
+    pub fn new(class: TrafficClass, slots: u32, window: Option<Box<dyn Window>>) -> Lane<H> {
         Lane {
             class,
             slots: slots.max(1),
@@ -178,14 +178,14 @@ impl<H> Lane<H> {
 
     /// Its delay window.
     #[inline]
-    pub fn window(&self) -> Option<&DelayWindow> {
-        self.window.as_ref()
+    pub fn window(&self) -> Option<&dyn Window> {
+        self.window.as_deref()
     }
 
     /// Its delay window, to retune (link rate, weight) or read verdicts.
     #[inline]
-    pub fn window_mut(&mut self) -> Option<&mut DelayWindow> {
-        self.window.as_mut()
+    pub fn window_mut(&mut self) -> Option<&mut (dyn Window + 'static)> {
+        self.window.as_deref_mut()
     }
 
     /// Pieces granted to it and not yet posted.
@@ -639,7 +639,7 @@ impl Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DelayWindowConfig, TenantId};
+    use crate::{DelayWindow, DelayWindowConfig, TenantId};
 
     fn grant(class: TrafficClass, len: u64, is_last: bool) -> Grant<()> {
         Grant {
@@ -853,7 +853,7 @@ mod tests {
         let mut gate = Gate::new(4096, u64::MAX);
         let window = DelayWindow::new(DelayWindowConfig::for_piece(4096)).unwrap();
         let first = window.window();
-        let mut lane: Lane<()> = Lane::new(TrafficClass::Bulk, 1024, Some(window));
+        let mut lane: Lane<()> = Lane::new(TrafficClass::Bulk, 1024, Some(Box::new(window)));
         let mut t = 0;
         let mut tag = 0;
         while gate.admits(&lane, 4096, || Nanos(t)) == Admit::Now {

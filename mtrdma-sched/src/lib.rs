@@ -113,7 +113,10 @@ pub use protection::Protection;
 pub use tenant::{TenantId, TrafficClass};
 pub use tenant_scheduler::{Drained, TenantScheduler};
 pub use time::{Clock, ManualClock, Nanos, QuantaClock};
-pub use window::{Admit, DelayWindow, DelayWindowConfig, Verdicts, Window, MAX_ALLOWANCE};
+pub use window::{
+    Admit, DelayWindow, DelayWindowConfig, FixedWindow, Signals, Verdicts, Window, WindowFactory,
+    WindowView, MAX_ALLOWANCE,
+};
 
 /// A scheduler of RDMA work requests, driven by the caller.
 ///

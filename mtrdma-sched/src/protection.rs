@@ -105,16 +105,16 @@ impl Protection {
         asked.clamp(1, self.piece_bytes)
     }
 
-    /// The window of a protected sender that asked for `asked` (`None`:
-    /// no window): the policy's, for its pieces and allowance. Of the
+    /// The window of a protected sender whose own window keeps a queue
+    /// allowance of `asked_queue_bytes` (`None`: no window, or one that
+    /// keeps none): the policy's, for its pieces and allowance. Of the
     /// sender's own settings only a smaller queue allowance is kept; its
-    /// weight is the tenant's (the engine sets it from the policy), and
-    /// nothing it asks can lengthen the queue it keeps or turn the window
-    /// off.
-    pub fn window_config(&self, asked: Option<&DelayWindowConfig>) -> DelayWindowConfig {
-        let queue_bytes = asked.map_or(self.queue_bytes, |w| {
-            w.queue_bytes.clamp(1, self.queue_bytes)
-        });
+    /// weight is the tenant's (left at 1, the engine gives it the
+    /// tenant's), and nothing it asks can lengthen the queue it keeps,
+    /// replace the window with one of its own or turn it off.
+    pub fn window_config(&self, asked_queue_bytes: Option<u64>) -> DelayWindowConfig {
+        let queue_bytes =
+            asked_queue_bytes.map_or(self.queue_bytes, |q| q.clamp(1, self.queue_bytes));
         DelayWindowConfig {
             queue_bytes,
             ..DelayWindowConfig::for_piece(self.piece_bytes)
@@ -171,14 +171,14 @@ mod tests {
             quiet_every: crate::Nanos::ZERO,
             ..DelayWindowConfig::for_piece(1 << 20)
         };
-        let got = p.window_config(Some(&loose));
+        let got = p.window_config(Some(loose.queue_bytes));
         assert_eq!(got, p.window_config(None));
         assert_eq!(got.queue_bytes, 10 << 10);
         let tight = DelayWindowConfig {
             queue_bytes: 2048,
             ..DelayWindowConfig::for_piece(4096)
         };
-        assert_eq!(p.window_config(Some(&tight)).queue_bytes, 2048);
+        assert_eq!(p.window_config(Some(tight.queue_bytes)).queue_bytes, 2048);
         got.validate().unwrap();
     }
 }

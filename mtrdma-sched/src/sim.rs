@@ -50,7 +50,7 @@ use crate::policy::{SchedulerConfig, TenantPolicy};
 use crate::share::{ShareGains, ShareGainsConfig, TenantRate};
 use crate::tenant_scheduler::TenantScheduler;
 use crate::time::Nanos;
-use crate::window::{splitmix64, Admit, DelayWindow, DelayWindowConfig};
+use crate::window::{splitmix64, Admit, DelayWindow, DelayWindowConfig, Signals, Window};
 use crate::Scheduler;
 
 /// Settings of the simulated port and of the run.
@@ -343,7 +343,14 @@ pub fn run(config: &SimConfig, tenants: &[TenantSpec], mode: &Mode) -> Result<Re
     match mode {
         Mode::Fifo => {
             let engine = Engine::raw(FifoScheduler::new(), config.nic_queue_depth);
-            simulate(config, tenants, vec![engine], vec![None; tenants.len()])
+            simulate(
+                config,
+                tenants,
+                vec![engine],
+                std::iter::repeat_with(|| None)
+                    .take(tenants.len())
+                    .collect(),
+            )
         }
         Mode::Scheduled(sched_config) => {
             let mut sched = TenantScheduler::new(sched_config.clone())?;
@@ -352,7 +359,14 @@ pub fn run(config: &SimConfig, tenants: &[TenantSpec], mode: &Mode) -> Result<Re
             }
             let gate = Gate::new(sched_config.chunk_bytes, config.bulk_bytes_in_flight);
             let engine = Engine::gated(sched, gate, false);
-            simulate(config, tenants, vec![engine], vec![None; tenants.len()])
+            simulate(
+                config,
+                tenants,
+                vec![engine],
+                std::iter::repeat_with(|| None)
+                    .take(tenants.len())
+                    .collect(),
+            )
         }
         Mode::Windowed(sched_config, window) => {
             let mut engines = Vec::with_capacity(tenants.len());
@@ -369,11 +383,11 @@ pub fn run(config: &SimConfig, tenants: &[TenantSpec], mode: &Mode) -> Result<Re
                 ));
                 windows.push(match t.class {
                     TrafficClass::Latency => None,
-                    TrafficClass::Bulk => Some(DelayWindow::new(DelayWindowConfig {
+                    TrafficClass::Bulk => Some(Box::new(DelayWindow::new(DelayWindowConfig {
                         seed: u64::from(t.id.0),
                         weight: t.policy.weight,
                         ..window.clone()
-                    })?),
+                    })?) as Box<dyn Window>),
                 });
             }
             simulate(config, tenants, engines, windows)
@@ -401,7 +415,9 @@ pub fn run_with<S: Scheduler<u64>>(
         config,
         tenants,
         vec![Engine::gated(sched, gate, false)],
-        vec![None; tenants.len()],
+        std::iter::repeat_with(|| None)
+            .take(tenants.len())
+            .collect(),
     )
 }
 
@@ -412,7 +428,7 @@ fn simulate<S: Scheduler<u64>>(
     config: &SimConfig,
     tenants: &[TenantSpec],
     engines: Vec<Engine<S>>,
-    windows: Vec<Option<DelayWindow>>,
+    windows: Vec<Option<Box<dyn Window>>>,
 ) -> Result<Report, SimError> {
     if config.link_bps == 0 {
         return Err(SimError::ZeroLink);
@@ -958,8 +974,11 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
         let sharing = crate::share::sharing_for(gains.sharing_weight(), used);
         for (spec, lane) in self.specs.iter().zip(&mut self.lanes) {
             if let Some(w) = lane.window_mut() {
-                w.set_gain(gains.gain(spec.id));
-                w.set_sharing_weight(sharing);
+                w.signals(&Signals {
+                    gain_ppm: Some(gains.gain(spec.id)),
+                    sharing_weight: Some(sharing),
+                    ..Signals::default()
+                });
             }
         }
     }

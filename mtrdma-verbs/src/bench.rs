@@ -719,7 +719,7 @@ mod tests {
         let config = ScheduleConfig {
             chunk_bytes: piece,
             max_pieces_in_flight: 8,
-            window: Some(window),
+            window: Some(std::sync::Arc::new(window)),
             ..bulk0()
         };
         let mut qp = scheduled(NullSink::new(1, 16).recording(), config).unwrap();
@@ -764,7 +764,7 @@ mod tests {
         };
         let config = ScheduleConfig {
             max_pieces_in_flight: 4,
-            window: Some(window),
+            window: Some(std::sync::Arc::new(window)),
             ..ScheduleConfig::local(TenantId(0), TrafficClass::Latency)
         };
         let mut qp = scheduled(NullSink::new(1, 16), config).unwrap();
@@ -1349,7 +1349,7 @@ mod tests {
         let sink = NullSink::new(1, 16).with_tenant(table.attach(TenantId(1)).unwrap());
         let config = ScheduleConfig {
             chunk_bytes: 4096,
-            window: Some(DelayWindowConfig::for_piece(4096)),
+            window: Some(std::sync::Arc::new(DelayWindowConfig::for_piece(4096))),
             ..ScheduleConfig::default()
         };
         let qp = scheduled_with(sink, config, mtrdma_sched::FifoScheduler::new()).unwrap();
@@ -1395,11 +1395,11 @@ mod tests {
         ScheduleConfig {
             chunk_bytes: 1 << 20,
             max_pieces_in_flight: 64,
-            window: Some(DelayWindowConfig {
+            window: Some(std::sync::Arc::new(DelayWindowConfig {
                 weight: 1000,
                 queue_bytes: 1 << 30,
                 ..DelayWindowConfig::for_piece(1 << 20)
-            }),
+            })),
             ..ScheduleConfig::default()
         }
     }
@@ -1469,16 +1469,127 @@ mod tests {
         // Tighter settings of its own are kept.
         let tight = ScheduleConfig {
             chunk_bytes: 2048,
-            window: Some(DelayWindowConfig {
+            window: Some(std::sync::Arc::new(DelayWindowConfig {
                 queue_bytes: 4096,
                 ..DelayWindowConfig::for_piece(2048)
-            }),
+            })),
             ..ScheduleConfig::default()
         };
         let mut qp = scheduled(sink(), tight).unwrap();
         let w = qp.window().unwrap();
         assert_eq!((w.queue_bytes, w.piece_bytes), (4096, 2048));
         assert!(pieces_of_one_write(&mut qp).iter().all(|&l| l <= 2048));
+    }
+
+    /// A window of a test's own: a fixed budget that counts the windows
+    /// built and keeps the last signals it was given.
+    #[derive(Debug, Default)]
+    struct Recorder {
+        built: std::sync::atomic::AtomicU32,
+        signals: std::sync::Arc<std::sync::Mutex<Vec<mtrdma_sched::Signals>>>,
+    }
+
+    #[derive(Debug)]
+    struct Recorded {
+        budget: mtrdma_sched::FixedWindow,
+        signals: std::sync::Arc<std::sync::Mutex<Vec<mtrdma_sched::Signals>>>,
+    }
+
+    impl mtrdma_sched::Window for Recorded {
+        fn admit(
+            &self,
+            in_flight: u64,
+            bytes: u64,
+            now: mtrdma_sched::Nanos,
+        ) -> mtrdma_sched::Admit {
+            self.budget.admit(in_flight, bytes, now)
+        }
+        fn on_sent(&mut self, _: u64, _: mtrdma_sched::Nanos) {}
+        fn on_completed(&mut self, _: u64, _: mtrdma_sched::Nanos, _: mtrdma_sched::Nanos) {}
+        fn window(&self) -> u64 {
+            self.budget.window()
+        }
+        fn signals(&mut self, s: &mtrdma_sched::Signals) {
+            self.signals.lock().unwrap().push(*s);
+        }
+    }
+
+    impl mtrdma_sched::WindowFactory for Recorder {
+        fn build(
+            &self,
+            _seed: u64,
+            _weight: u32,
+        ) -> Result<Box<dyn mtrdma_sched::Window>, mtrdma_sched::ConfigError> {
+            self.built
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(Box::new(Recorded {
+                budget: mtrdma_sched::FixedWindow::new(8192),
+                signals: std::sync::Arc::clone(&self.signals),
+            }))
+        }
+    }
+
+    #[test]
+    fn a_window_of_ones_own_bounds_the_queue_pair_and_hears_the_coordinator() {
+        let policy = Policy::new(
+            LinkConfig::new(1 << 40),
+            vec![mtrdma_core::TenantEntry::new(TenantId(1), "t").with_weight(2)],
+        );
+        let table = QuotaTable::embedded(&policy).unwrap();
+        let recorder = std::sync::Arc::new(Recorder::default());
+        let config = ScheduleConfig {
+            chunk_bytes: 4096,
+            max_pieces_in_flight: 16,
+            window: Some(recorder.clone()),
+            ..ScheduleConfig::default()
+        };
+        let sink = NullSink::new(1, 64)
+            .recording()
+            .with_tenant(table.attach(TenantId(1)).unwrap());
+        let mut qp = scheduled(sink, config).unwrap();
+        assert_eq!(recorder.built.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert_eq!(qp.window().unwrap().window_bytes, 8192);
+        // At most two 4 KiB pieces out at once: the sink saw them posted
+        // in pairs, never more than two before a poll took one back.
+        let len = 64 << 10;
+        let region = HeapRegion::new(len);
+        if let Err((e, _)) = qp.post_send(SendOp::Write(REMOTE), region, 0..len, 1) {
+            panic!("refused: {e}");
+        }
+        let mut most = 0;
+        let mut done = Vec::new();
+        while done.is_empty() {
+            most = most.max(qp.window().unwrap().in_flight_bytes);
+            qp.poll(&mut done).unwrap();
+        }
+        assert!(most <= 8192 && most > 0, "{most}");
+        // Every completion told it the coordinator's signals (none
+        // published here: no link rate, the neutral gain and sharing).
+        let heard = recorder.signals.lock().unwrap().clone();
+        assert_eq!(heard.len(), 16, "one per piece");
+        assert!(heard.iter().all(|s| s.link_rate == Some(0)
+            && s.gain_ppm == Some(mtrdma_sched::share::GAIN_ONE)
+            && s.weight.is_none()));
+    }
+
+    #[test]
+    fn a_latency_bound_replaces_a_window_of_the_tenants_own() {
+        let table = bounded_table();
+        let recorder = std::sync::Arc::new(Recorder::default());
+        let config = ScheduleConfig {
+            window: Some(recorder.clone()),
+            ..ScheduleConfig::default()
+        };
+        let sink = NullSink::new(1, 64)
+            .recording()
+            .with_tenant(table.attach(TenantId(1)).unwrap());
+        let qp = scheduled(sink, config).unwrap();
+        assert_eq!(recorder.built.load(std::sync::atomic::Ordering::Relaxed), 0);
+        let w = qp.window().unwrap();
+        assert_eq!(
+            (w.queue_bytes, w.piece_bytes, w.weight),
+            (10 << 10, 4096, 3)
+        );
     }
 
     #[test]
@@ -1507,7 +1618,7 @@ mod tests {
         let sink = NullSink::new(1, 16).with_tenant(table.attach(TenantId(1)).unwrap());
         let config = ScheduleConfig {
             chunk_bytes: 4096,
-            window: Some(DelayWindowConfig::for_piece(4096)),
+            window: Some(std::sync::Arc::new(DelayWindowConfig::for_piece(4096))),
             ..ScheduleConfig::default()
         };
         let mut qp = scheduled(sink, config).unwrap();

@@ -1120,7 +1120,9 @@ mod tests {
         let mut qp: Box<ffi::ibv_qp> = Box::new(unsafe { MaybeUninit::zeroed().assume_init() });
         let config = ScheduleConfig {
             chunk_bytes: 4096,
-            window: Some(mtrdma_sched::DelayWindowConfig::for_piece(4096)),
+            window: Some(std::sync::Arc::new(
+                mtrdma_sched::DelayWindowConfig::for_piece(4096),
+            )),
             ..ScheduleConfig::default()
         };
         // SAFETY: as in `fake`.

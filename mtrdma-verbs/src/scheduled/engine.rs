@@ -169,31 +169,22 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 .map(|p| p.schedule),
         )?;
         let window_takes_weight =
-            protection.is_some() || config.window.as_ref().is_some_and(|w| w.weight == 1);
+            protection.is_some() || config.window.as_ref().is_some_and(|w| w.weight().is_none());
         let window = match (&config.window, class) {
-            (Some(w), TrafficClass::Bulk) => {
+            (Some(factory), TrafficClass::Bulk) => {
                 if self.shared_offset == 0 {
                     self.shared_offset =
                         mtrdma_core::clock::monotonic_ns().saturating_sub(self.clock.now().0);
                 }
                 // Queue pairs of one port start again after a quiet time
-                // at points of their own.
+                // at points of their own; a window that names no weight
+                // takes the tenant's, so that tenants in different
+                // processes share the port by their policies' weights.
                 let seed = u64::from(qpn);
-                // A window left at weight 1 takes the tenant's weight, so
-                // that tenants in different processes share the port by
-                // their policies' weights.
-                let weight = if window_takes_weight {
-                    tenant_weight
-                } else {
-                    w.weight
-                };
                 Some(
-                    DelayWindow::new(DelayWindowConfig {
-                        seed,
-                        weight,
-                        ..w.clone()
-                    })
-                    .map_err(Error::ScheduleConfig)?,
+                    factory
+                        .build(seed, tenant_weight)
+                        .map_err(Error::ScheduleConfig)?,
                 )
             }
             _ => None,
@@ -267,9 +258,10 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             }
             m.policy_seq = seq;
             if let (Some(w), true) = (m.lane.window_mut(), m.window_takes_weight) {
-                if let Err(e) = w.set_weight(weight) {
-                    tracing::warn!(%tenant, error = %e, "keeping the window's weight");
-                }
+                w.signals(&Signals {
+                    weight: Some(weight),
+                    ..Signals::default()
+                });
             }
         }
     }
@@ -729,9 +721,12 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             // weights, and the weights the link's windows share their
             // growth with.
             let now = Self::window_now(clock, offset).0;
-            w.set_link_rate(q.link_estimate());
-            w.set_gain(q.window_gain(now));
-            w.set_sharing_weight(q.sharing_weight(now));
+            w.signals(&Signals {
+                link_rate: Some(q.link_estimate().unwrap_or(0)),
+                gain_ppm: Some(q.window_gain(now)),
+                sharing_weight: Some(q.sharing_weight(now)),
+                weight: None,
+            });
         }
         let done = self.gate.completed(
             &mut m.lane,

@@ -46,10 +46,11 @@ use ibverbs_sys as ffi;
 use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
 use mtrdma_sched::gate::{Gate, GrantOrder, Lane, Post};
 use mtrdma_sched::{
-    Admit, Clock, DelayWindow, DelayWindowConfig, Dequeue, Descriptor, Grant, Nanos,
-    Opcode as SchedOpcode, Protection, QuantaClock, Scheduler, SchedulerConfig, TenantPolicy,
-    TenantScheduler, Window,
+    Admit, Clock, Dequeue, Descriptor, Grant, Nanos, Opcode as SchedOpcode, Protection,
+    QuantaClock, Scheduler, SchedulerConfig, Signals, TenantPolicy, TenantScheduler, WindowFactory,
 };
+#[cfg(doc)]
+use mtrdma_sched::{DelayWindow, DelayWindowConfig, Window};
 
 use crate::completion::{Completion, Opcode, WcStatus};
 use crate::events::{Armed, Waitable};
@@ -134,20 +135,25 @@ pub struct ScheduleConfig {
     /// scheduler alone. Queue pairs of different tenants on one
     /// [`SharedScheduler`] share it by their weights.
     pub tenant: Tenancy,
-    /// A bulk queue pair's bytes in the NIC follow a [`DelayWindow`] with
-    /// these settings (default none: only `max_pieces_in_flight` bounds
-    /// them). This is what protects a latency-sensitive tenant in another
-    /// process: every bulk queue pair that shares the port backs off when
-    /// its own pieces' completion times show a queue, so together they
-    /// keep the port's queue near the window's target without sharing any
-    /// state. Use pieces no longer than the queue a latency request may
-    /// find (`chunk_bytes` of one or a few MTUs), and
-    /// [`DelayWindowConfig::for_piece`] of that size. A window whose
-    /// `weight` is left at 1 takes the tenant's weight (from its policy in
-    /// the quota table, or the scheduler's), so bulk tenants in different
-    /// processes share the port by their weights. Latency-class queue
-    /// pairs have no window.
-    pub window: Option<DelayWindowConfig>,
+    /// A bulk queue pair's bytes in the NIC follow a window made by this
+    /// factory (default none: only `max_pieces_in_flight` bounds them; set
+    /// it with [`with_window`](Self::with_window)). A [`DelayWindowConfig`]
+    /// makes a [`DelayWindow`], which protects a latency-sensitive tenant
+    /// in another process: every bulk queue pair that shares the port
+    /// backs off when its own pieces' completion times show a queue, so
+    /// together they keep the port's queue near the window's target
+    /// without sharing any state. Use pieces no longer than the queue a
+    /// latency request may find (`chunk_bytes` of one or a few MTUs), and
+    /// [`DelayWindowConfig::for_piece`] of that size. A window that names
+    /// no weight of its own ([`WindowFactory::weight`]; a
+    /// `DelayWindowConfig` left at weight 1) takes the tenant's (from its
+    /// policy in the quota table, or the scheduler's), so bulk tenants in
+    /// different processes share the port by their weights. Any other
+    /// [`WindowFactory`] plugs in a rule of its own ([`Window`]). Latency-
+    /// class queue pairs have no window. Under a policy's latency bound
+    /// the bound's [`DelayWindow`] replaces whatever this names (see
+    /// "Protection by policy" above).
+    pub window: Option<Arc<dyn WindowFactory>>,
 }
 
 impl Default for ScheduleConfig {
@@ -162,6 +168,26 @@ impl Default for ScheduleConfig {
 }
 
 impl ScheduleConfig {
+    /// The same configuration, its bulk queue pairs' bytes in the NIC
+    /// following windows `factory` makes ([`window`](Self::window)).
+    ///
+    /// ```
+    /// use mtrdma_sched::DelayWindowConfig;
+    /// use mtrdma_verbs::ScheduleConfig;
+    /// let config = ScheduleConfig {
+    ///     chunk_bytes: 4096,
+    ///     ..ScheduleConfig::default()
+    /// }
+    /// .with_window(DelayWindowConfig::for_piece(4096));
+    /// assert!(config.window.is_some());
+    /// ```
+    pub fn with_window(self, factory: impl WindowFactory + 'static) -> ScheduleConfig {
+        ScheduleConfig {
+            window: Some(Arc::new(factory)),
+            ..self
+        }
+    }
+
     /// The defaults, scheduled as tenant `id` of `class` by this process's
     /// scheduler alone ([`Tenancy::Local`]).
     pub fn local(id: TenantId, class: TrafficClass) -> ScheduleConfig {
@@ -258,7 +284,9 @@ fn protected(config: ScheduleConfig, p: &Protection) -> ScheduleConfig {
     ScheduleConfig {
         chunk_bytes: piece,
         max_pieces_in_flight: u32::try_from(pieces).unwrap_or(1024),
-        window: Some(p.window_config(config.window.as_ref())),
+        window: Some(Arc::new(
+            p.window_config(config.window.as_ref().and_then(|w| w.queue_bytes())),
+        )),
         ..config
     }
 }

@@ -92,17 +92,20 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
     /// See [`ScheduledQueuePair::window`].
     pub(crate) fn window(&self) -> Option<WindowState> {
         let state = |m: &Member<S>| {
-            m.lane.window().map(|w| WindowState {
-                window_bytes: w.window(),
-                in_flight_bytes: m.lane.bytes_out(),
-                base_delay: w.base_delay(),
-                smoothed_delay: w.smoothed_delay(),
-                target_delay: w.target_delay(),
-                weight: w.config().weight,
-                queue_bytes: w.config().queue_bytes,
-                piece_bytes: m.lane.piece_limit(),
-                gain_ppm: w.gain(),
-                sharing_weight: w.sharing_weight(),
+            m.lane.window().map(|w| {
+                let v = w.view();
+                WindowState {
+                    window_bytes: v.window_bytes,
+                    in_flight_bytes: m.lane.bytes_out(),
+                    base_delay: v.base_delay,
+                    smoothed_delay: v.smoothed_delay,
+                    target_delay: v.target_delay,
+                    weight: v.weight,
+                    gain_ppm: v.gain_ppm,
+                    sharing_weight: v.sharing_weight,
+                    queue_bytes: v.queue_bytes,
+                    piece_bytes: m.lane.piece_limit(),
+                }
             })
         };
         match &self.way {

@@ -1,5 +1,5 @@
-//! Windows: how many bytes one sender may have in the NIC, decided from
-//! the completion times of its own pieces.
+//! The delay window: how many bytes one sender may have in the NIC,
+//! decided from the completion times of its own pieces.
 //!
 //! Schedulers order the work of the tenants they see. Tenants in other
 //! processes (other containers) are not seen: their queue pairs feed the
@@ -94,8 +94,6 @@
 //! assert!(w.window() < grown / 4, "a standing queue shrinks it");
 //! ```
 
-use std::fmt;
-
 use crate::error::ConfigError;
 use crate::policy::{MAX_WEIGHT, PPM};
 
@@ -108,70 +106,7 @@ const MAX_FILTER: u32 = 8;
 pub const MAX_ALLOWANCE: Nanos = Nanos(100_000_000);
 use crate::time::Nanos;
 
-/// Whether a piece may go into the NIC now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admit {
-    /// It may go now.
-    Now,
-    /// Not before this time (pacing), unless a completion changes that.
-    At(Nanos),
-    /// Not until a piece in flight completes.
-    AfterCompletion,
-}
-
-/// A bound on the bytes one sender keeps in the NIC, told what happens to
-/// its pieces.
-///
-/// The engine calls [`admit`](Self::admit) before posting a piece,
-/// [`on_sent`](Self::on_sent) when it posts one and
-/// [`on_completed`](Self::on_completed) when its completion is polled. The
-/// window knows nothing of verbs; implement it to plug in a rule of your
-/// own.
-pub trait Window: fmt::Debug + Send {
-    /// Whether a piece of `bytes` may be posted at `now` while `in_flight`
-    /// bytes of this sender are in the NIC.
-    fn admit(&self, in_flight: u64, bytes: u64, now: Nanos) -> Admit;
-
-    /// A piece of `bytes` was posted at `now`.
-    fn on_sent(&mut self, bytes: u64, now: Nanos);
-
-    /// A piece of `bytes` posted at `sent_at` completed at `now`.
-    fn on_completed(&mut self, bytes: u64, sent_at: Nanos, now: Nanos);
-
-    /// As [`on_completed`](Self::on_completed), for a piece whose
-    /// completion was found `host` late because the polling thread, woken
-    /// by the completion, waited that long for a CPU (its run-queue wait,
-    /// which the kernel accounts): time the host, not the NIC, added. The
-    /// default dates the completion that much earlier (never before
-    /// `sent_at`).
-    fn on_completed_late(&mut self, bytes: u64, sent_at: Nanos, now: Nanos, host: Nanos) {
-        let at = Nanos(now.0.saturating_sub(host.0).max(sent_at.0));
-        self.on_completed(bytes, sent_at, at);
-    }
-
-    /// The window now, in bytes.
-    fn window(&self) -> u64;
-
-    /// What the window made of the pieces completed since the last call:
-    /// the bytes it judged and those it found over its target (a queue
-    /// longer than it allows). The engine adds them to the tenant's
-    /// counters in the quota table, and the coordinator shows the share
-    /// over target (`mtrdma_core::coordinator::Coordinator::link_view`).
-    /// The default judges nothing.
-    fn take_verdicts(&mut self) -> Verdicts {
-        Verdicts::default()
-    }
-}
-
-/// Bytes a [`Window`] judged, and how many of them it found over its
-/// target ([`Window::take_verdicts`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Verdicts {
-    /// Bytes of completed pieces judged against the target.
-    pub judged: u64,
-    /// Of those, bytes whose delay was over the target.
-    pub over_target: u64,
-}
+use super::{Admit, Signals, Verdicts, Window, WindowView};
 
 /// Settings of a [`DelayWindow`]. [`DelayWindowConfig::for_piece`] gives
 /// defaults for a piece size.
@@ -185,9 +120,8 @@ pub struct DelayWindowConfig {
     /// one piece every `piece / window` round trips. Default: a quarter of
     /// a piece. The round trip of a sender that sleeps between pieces is,
     /// on a loaded host, mostly the time it takes to be woken: windows far
-    /// under a piece then starve their senders for no queue at all (at 1/64
-    /// of a piece, four bulk senders moved under 1% of the link on the
-    /// emulated one).
+    /// under a piece then starve their senders for no queue at all (see
+    /// `docs/delay-window.md` for the measurements behind each default).
     pub min_window: u64,
     /// The largest window. Default: 256 pieces.
     pub max_window: u64,
@@ -214,10 +148,7 @@ pub struct DelayWindowConfig {
     /// The target queueing delay is at least this. Default 800 us: a sender
     /// woken by completion events on a busy host sees its pieces complete
     /// hundreds of microseconds late now and then with no queue at all,
-    /// and a target under that noise shrinks every window to its minimum
-    /// (on the emulated link at 110 Mbit/s, 400 us left four and eight
-    /// bulk senders 78% of the link and 800 us 88 to 90%, with the latency
-    /// tenant's p99 within its bound in both).
+    /// and a target under that noise shrinks every window to its minimum.
     /// On hardware with senders that do not sleep (delays of a few
     /// microseconds), lower it: Swift's targets are tens of microseconds.
     pub target_floor: Nanos,
@@ -226,10 +157,10 @@ pub struct DelayWindowConfig {
     /// queue allowance is the time this many bytes take at that rate, in
     /// place of [`target_floor`](Self::target_floor): a fixed time is a
     /// queue of few bytes on a slow link and of many on a fast one, while
-    /// what a latency request waits behind is bytes. Default 10 KiB (on the
-    /// emulated link, queue floors of 7 to 12 KB kept the bulk tenants at
-    /// 84 to 94% of the link at 110 and 200 Mbit/s, and a latency request
-    /// that finds 16 KiB ahead of it waits the bound the demo checks).
+    /// what a latency request waits behind is bytes. Default 10 KiB: with
+    /// 4 KiB pieces, a latency request finds at most 16 KiB ahead of it
+    /// (what [`Protection::for_bound`](crate::Protection::for_bound) gives
+    /// for a 16 KiB bound).
     pub queue_bytes: u64,
     /// How strongly the window shrinks per unit of excess delay, in parts
     /// per million (Swift's beta). Default 800,000.
@@ -461,10 +392,8 @@ impl DelayWindow {
     /// grow by one [`additive_increase`](DelayWindowConfig::additive_increase)
     /// per round trip, split by weight, however many tenants there are.
     /// Windows that each grow by a whole increase overshoot their target by
-    /// about the sum of their increases before they all see it (in the
-    /// simulator, eight senders of 4 KiB pieces at 50 Mbit/s held the
-    /// latency tenant's p99 at 1.9 times its bound, 1.2 times with one
-    /// increase between them). The coordinator publishes the sum, as far
+    /// about the sum of their increases before they all see it. The
+    /// coordinator publishes the sum, as far
     /// as the link is full ([`sharing_for`](crate::share::sharing_for)).
     /// Cheap: call it as often as it changes.
     pub fn set_sharing_weight(&mut self, weights: u32) {
@@ -741,6 +670,36 @@ impl Window for DelayWindow {
 
     fn take_verdicts(&mut self) -> Verdicts {
         std::mem::take(&mut self.verdicts)
+    }
+
+    fn signals(&mut self, signals: &Signals) {
+        if let Some(rate) = signals.link_rate {
+            self.set_link_rate(Some(rate));
+        }
+        if let Some(ppm) = signals.gain_ppm {
+            self.set_gain(ppm);
+        }
+        if let Some(weights) = signals.sharing_weight {
+            self.set_sharing_weight(weights);
+        }
+        if let Some(weight) = signals.weight {
+            // A weight out of range (a policy validates them) keeps the
+            // one it has.
+            let _ = self.set_weight(weight);
+        }
+    }
+
+    fn view(&self) -> WindowView {
+        WindowView {
+            window_bytes: self.window,
+            base_delay: self.base_delay(),
+            smoothed_delay: self.smoothed_delay(),
+            target_delay: self.target_delay(),
+            weight: self.config.weight,
+            gain_ppm: self.gain,
+            sharing_weight: self.sharing_weight,
+            queue_bytes: self.config.queue_bytes,
+        }
     }
 }
 
