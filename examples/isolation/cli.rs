@@ -43,6 +43,9 @@ pub(crate) struct Args {
     /// On the link: the weights scenario's tenants' weights (default
     /// 1,2,4; at most 16 tenants).
     pub(crate) weights: Vec<u32>,
+    /// On the link: the latency probe at normal CPU priority
+    /// (`--probe-priority normal`) rather than real-time.
+    pub(crate) probe_normal: bool,
     pub(crate) cap_mbps: f64,
     /// On the link: the windows' queue allowance as a share of the path's
     /// delay (perf's `--window-target`), if not the window's default.
@@ -70,7 +73,7 @@ pub(crate) const USAGE: &str = "usage: isolation [--device NAME] [--peer-device 
     [--bulk 1,4,8] [--scenarios latency,weights,cap,storm] [--msg BYTES] [--depth N]
     [--chunk BYTES] [--budget BYTES] [--cap-mbps MB/s]
 on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
-       isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--weights W1,W2,.. (default 1,2,4)] [--latency-bound BYTES|none (default 16384; none: the tenants opt in themselves)] [--chunk BYTES (a tenant's own pieces; default: the bound's)]
+       isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--weights W1,W2,.. (default 1,2,4)] [--probe-priority realtime|normal] [--latency-bound BYTES|none (default 16384; none: the tenants opt in themselves)] [--chunk BYTES (a tenant's own pieces; default: the bound's)]
     [--window-target PPM (the windows' queue allowance, see perf --help)] [--window-floor USEC] [--window-queue BYTES]
     [--no-window-gains (the coordinator leaves the windows' growth to their weights)]
     [--coordinator-view (the coordinator's per-second view of every tenant into logs/coordinator.log)]
@@ -109,6 +112,7 @@ pub(crate) fn parse() -> Result<Args, String> {
         chunk_given: false,
         latency_bound: Some(16 << 10),
         weights: vec![1, 2, 4],
+        probe_normal: false,
         budget: 128 << 10,
         cap_mbps: 4.0,
         window_target: None,
@@ -203,6 +207,15 @@ pub(crate) fn parse() -> Result<Args, String> {
                     return Err(format!(
                         "{flag} {v}: give 1 to 16 weights from 1 to 1000, e.g. 1,2,4"
                     ));
+                }
+            }
+            "--probe-priority" => {
+                args.probe_normal = match v.as_str() {
+                    "normal" => true,
+                    "realtime" => false,
+                    other => {
+                        return Err(format!("{flag} {other}: normal or realtime"));
+                    }
                 }
             }
             "--latency-bound" if v == "none" => args.latency_bound = None,

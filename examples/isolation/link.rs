@@ -440,7 +440,7 @@ impl Site<'_> {
         realtime: bool,
         preloaded: bool,
     ) -> Result<Proc, String> {
-        let mut cmd = if realtime && self.probe_realtime {
+        let mut cmd = if realtime && self.probe_realtime && !self.args.probe_normal {
             let mut c = Command::new("chrt");
             c.args(["-f", PROBE_PRIORITY]).arg(self.program("perf")?);
             c
@@ -691,6 +691,9 @@ impl Site<'_> {
             self.client_env("latency", port, &a, true, run.preloaded)?
                 .wait()?;
             measured.probe_us = read_samples(&samples)?;
+            measured.probe_late_p99_us = std::fs::read_to_string(self.logs.join("latency.err"))
+                .ok()
+                .and_then(|e| late_p99_us(&e));
         } else {
             std::thread::sleep(Duration::from_secs_f64(secs));
         }
@@ -824,6 +827,20 @@ struct Measured {
     link_mbps: f64,
     /// Packets that left it then, per second.
     link_pps: f64,
+    /// How late the probe's sleeps between requests ended, p99 (us):
+    /// the share of its latency that is the host's CPUs, not the link
+    /// (perf says it on stderr).
+    probe_late_p99_us: Option<f64>,
+}
+
+/// The p99 of how late a perf probe's sleeps ended, from its stderr
+/// ("perf: N sleeps between requests ended late by p50 X us, p99 Y us").
+fn late_p99_us(stderr: &str) -> Option<f64> {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("sleeps between requests ended late by"))?;
+    let (_, rest) = line.split_once("p99 ")?;
+    rest.split_whitespace().next()?.parse().ok()
 }
 
 impl Measured {
@@ -945,7 +962,7 @@ fn scenario_latency(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
     let a = lat(&alone.probe_us);
     let bound = a.p99 + link.us_for_16k();
     r.say(format!(
-        "{:>4} {:<12} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>8}",
+        "{:>4} {:<12} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>8} {:>12}",
         "bulk",
         "way",
         "p50 us",
@@ -954,24 +971,27 @@ fn scenario_latency(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
         "p99/alone",
         "bulk MB/s",
         "of link",
-        "samples"
+        "samples",
+        "late p99 us"
     ));
     r.say(
         "(bulk MB/s: with mtrdma what the bulk tenants posted while the probe ran, from the \
          quota table's counters; unprotected tenants are not registered: their own averages over \
-         their runs)",
+         their runs; late p99: how late the probe's sleeps between requests ended, the host's \
+         CPUs' share of its latency, not the link's)",
     );
-    let row = |r: &mut Report, n: usize, way: Way, l: &Lat, bulk: f64| {
+    let row = |r: &mut Report, n: usize, way: Way, l: &Lat, bulk: f64, late: Option<f64>| {
         let (p50, p99, p999) = cells(l);
         r.say(format!(
-            "{n:>4} {:<12} {p50:>9} {p99:>9} {p999:>10} {:>9.2} {bulk:>10.2} {:>8.1}% {:>8}",
+            "{n:>4} {:<12} {p50:>9} {p99:>9} {p999:>10} {:>9.2} {bulk:>10.2} {:>8.1}% {:>8} {:>12}",
             way.name(),
             l.p99 / a.p99,
             100.0 * bulk / link.mib_per_sec(),
-            l.n
+            l.n,
+            late.map_or("-".to_string(), |us| format!("{us:.0}"))
         ));
     };
-    row(r, 0, Way::Alone, &a, 0.0);
+    row(r, 0, Way::Alone, &a, 0.0, alone.probe_late_p99_us);
     latency_figures(r, "link_latency", Way::Alone, "0", &a);
     r.keep_samples("link_latency", Way::Alone, "0", &alone.probe_us);
     let mut bars = Vec::new();
@@ -992,7 +1012,17 @@ fn scenario_latency(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
             let m = site.measure(&format!("latency-{n}-{}", way.name()), &run)?;
             let l = lat(&m.probe_us);
             let bulk = m.bulk_rate(n);
-            row(r, n, way, &l, bulk);
+            row(r, n, way, &l, bulk, m.probe_late_p99_us);
+            if let Some(late) = m.probe_late_p99_us {
+                r.figure(
+                    "link_latency",
+                    way,
+                    &n.to_string(),
+                    "latency",
+                    "late_p99_us",
+                    late,
+                );
+            }
             let case = n.to_string();
             latency_figures(r, "link_latency", way, &case, &l);
             r.figure("link_latency", way, &case, "bulk", "mbps_total", bulk);
@@ -1599,7 +1629,9 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         } else {
             ", no window gains from the coordinator"
         },
-        if probe_realtime {
+        if args.probe_normal {
+            "at normal CPU priority (--probe-priority normal) in every way".to_string()
+        } else if probe_realtime {
             format!("at real-time CPU priority (chrt -f {PROBE_PRIORITY}) in every way")
         } else {
             "at normal CPU priority (chrt refused)".to_string()
