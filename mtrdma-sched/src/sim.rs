@@ -343,14 +343,7 @@ pub fn run(config: &SimConfig, tenants: &[TenantSpec], mode: &Mode) -> Result<Re
     match mode {
         Mode::Fifo => {
             let engine = Engine::raw(FifoScheduler::new(), config.nic_queue_depth);
-            simulate(
-                config,
-                tenants,
-                vec![engine],
-                std::iter::repeat_with(|| None)
-                    .take(tenants.len())
-                    .collect(),
-            )
+            simulate(config, tenants, vec![engine], no_windows(tenants.len()))
         }
         Mode::Scheduled(sched_config) => {
             let mut sched = TenantScheduler::new(sched_config.clone())?;
@@ -359,14 +352,7 @@ pub fn run(config: &SimConfig, tenants: &[TenantSpec], mode: &Mode) -> Result<Re
             }
             let gate = Gate::new(sched_config.chunk_bytes, config.bulk_bytes_in_flight);
             let engine = Engine::gated(sched, gate, false);
-            simulate(
-                config,
-                tenants,
-                vec![engine],
-                std::iter::repeat_with(|| None)
-                    .take(tenants.len())
-                    .collect(),
-            )
+            simulate(config, tenants, vec![engine], no_windows(tenants.len()))
         }
         Mode::Windowed(sched_config, window) => {
             let mut engines = Vec::with_capacity(tenants.len());
@@ -393,6 +379,11 @@ pub fn run(config: &SimConfig, tenants: &[TenantSpec], mode: &Mode) -> Result<Re
             simulate(config, tenants, engines, windows)
         }
     }
+}
+
+/// No window for any of `n` tenants (one engine schedules them all).
+fn no_windows(n: usize) -> Vec<Option<Box<dyn Window>>> {
+    std::iter::repeat_with(|| None).take(n).collect()
 }
 
 /// Runs `tenants` through any scheduler `sched` (already configured for
