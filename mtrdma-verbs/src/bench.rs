@@ -29,7 +29,7 @@ use mtrdma_sched::TenantPolicy;
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
 use crate::qp::{Books, RawCompletion, Region, SendOp, Sink, Wc};
-use crate::scheduled::{default_scheduler, held_config, solo_scheduler, Scheduled, Shared};
+use crate::scheduled::{default_scheduler, solo_parts, Scheduled, Shared};
 use crate::{DefaultScheduler, PieceScheduler};
 use crate::{Error, ScheduleConfig, SharedConfig};
 
@@ -481,8 +481,7 @@ impl NullScheduler {
 /// See [`QueuePair::scheduled`](crate::QueuePair::scheduled): a null sink
 /// on a scheduler of its own.
 pub fn scheduled(sink: NullSink, config: ScheduleConfig) -> Result<NullScheduled, Error> {
-    let config = held_config(config, sink.tenant.as_ref());
-    let sched = solo_scheduler(&config)?;
+    let (config, sched) = solo_parts(config, sink.tenant.as_ref())?;
     scheduled_with(sink, config, sched)
 }
 

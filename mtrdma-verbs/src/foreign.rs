@@ -43,7 +43,7 @@ use mtrdma_core::TenantHandle;
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
 use crate::qp::{Books, Extra, RawCompletion, Region, Sink, UdDest, Wc};
-use crate::scheduled::{held_config, solo_scheduler, DefaultScheduler, Scheduled};
+use crate::scheduled::{solo_parts, DefaultScheduler, Scheduled};
 use crate::{Error, ScheduleConfig, SendOp};
 
 /// The provider's `post_send` (`struct ibv_context_ops`).
@@ -592,7 +592,7 @@ impl ForeignQueuePair {
         // The policy's latency bound holds the program's queue pairs as it
         // holds the Rust API's: a window (so no direct bulk path) and its
         // pieces.
-        let config = held_config(config, tenant.as_ref());
+        let (config, sched) = solo_parts(config, tenant.as_ref())?;
         let sink = ForeignSink {
             qp,
             qpn,
@@ -612,7 +612,6 @@ impl ForeignQueuePair {
                 .is_none()
                 .then_some((config.chunk_bytes, config.max_pieces_in_flight as usize)),
         };
-        let sched = solo_scheduler(&config)?;
         Ok(ForeignQueuePair {
             inner: Scheduled::solo(sink, config, sched)?,
         })

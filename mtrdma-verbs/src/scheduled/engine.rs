@@ -154,11 +154,9 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         } = who;
         // Held to the policy's latency bound whatever the configuration
         // asked: its pieces and its window's queue allowance at most the
-        // bound's, and its window's weight the tenant's.
-        let config = match &protection {
-            Some(p) => super::protected(config, p),
-            None => config,
-        };
+        // bound's, and its window's weight the tenant's (the bound's window
+        // names none).
+        let config = super::held(config, protection.as_ref());
         let piece_limit = protection.map_or(u64::MAX, |_| config.chunk_bytes);
         let policy_seq = quota.as_ref().map_or(0, TenantHandle::policy_seq);
         let tenant_weight = self.adopt_policy(
@@ -168,8 +166,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 .and_then(TenantHandle::policy)
                 .map(|p| p.schedule),
         )?;
-        let window_takes_weight =
-            protection.is_some() || config.window.as_ref().is_some_and(|w| w.weight().is_none());
+        let window_takes_weight = config.window.as_ref().is_some_and(|w| w.weight().is_none());
         let window = match (&config.window, class) {
             (Some(factory), TrafficClass::Bulk) => {
                 if self.shared_offset == 0 {

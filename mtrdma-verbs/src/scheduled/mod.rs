@@ -262,14 +262,15 @@ impl Who {
     }
 }
 
-/// `config` as the policy's latency bound holds a queue pair of `tenant`
+/// `config` as the latency bound `protection` (if any) holds a queue pair
 /// (see [`ScheduleConfig`]'s "Protection by policy"): pieces no larger
 /// than the bound's, and a delay window with its queue allowance (or a
-/// smaller one the configuration asked for). Unchanged for a tenant the
-/// bound does not hold, or a queue pair created for no tenant.
-pub(crate) fn held_config(config: ScheduleConfig, tenant: Option<&TenantHandle>) -> ScheduleConfig {
-    match tenant.and_then(TenantHandle::protection) {
-        Some(p) => protected(config, &p),
+/// smaller one the configuration asked for). Unchanged without one (a
+/// tenant the bound does not hold, or a queue pair created for no
+/// tenant). Applying it twice changes nothing more.
+fn held(config: ScheduleConfig, protection: Option<&Protection>) -> ScheduleConfig {
+    match protection {
+        Some(p) => protected(config, p),
         None => config,
     }
 }
@@ -546,21 +547,27 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The built-in scheduler of a queue pair scheduled on its own with
-/// `config`.
-pub(crate) fn solo_scheduler(config: &ScheduleConfig) -> Result<DefaultScheduler, Error> {
-    default_scheduler(&SharedConfig {
+/// `config` as the policy's latency bound holds a queue pair created for
+/// `tenant` ([`held`]), and the built-in scheduler of such a queue pair
+/// scheduled on its own: what [`QueuePair::scheduled`] passes on to
+/// [`QueuePair::scheduled_with`].
+pub(crate) fn solo_parts(
+    config: ScheduleConfig,
+    tenant: Option<&TenantHandle>,
+) -> Result<(ScheduleConfig, DefaultScheduler), Error> {
+    let config = held(config, tenant.and_then(TenantHandle::protection).as_ref());
+    let sched = default_scheduler(&SharedConfig {
         chunk_bytes: config.chunk_bytes,
         ..SharedConfig::default()
-    })
+    })?;
+    Ok((config, sched))
 }
 
 impl QueuePair {
     /// Routes this queue pair's sends through a scheduler of its own, the
     /// built-in [`TenantScheduler`].
     pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledQueuePair, Error> {
-        let config = held_config(config, Sink::tenant(&self));
-        let sched = solo_scheduler(&config)?;
+        let (config, sched) = solo_parts(config, Sink::tenant(&self))?;
         self.scheduled_with(config, sched)
     }
 

@@ -30,7 +30,10 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         config: ScheduleConfig,
         sched: Q,
     ) -> Result<Scheduled<S, Q>, Error> {
-        let config = held_config(config, sink.tenant());
+        // Who it is scheduled as first: the engine's pieces follow the
+        // latency bound its tenant is held to.
+        let who = Who::of(&sink, config.tenant)?;
+        let config = held(config, who.protection.as_ref());
         let mut engine = Engine::new(
             SharedConfig {
                 chunk_bytes: config.chunk_bytes,
@@ -41,7 +44,6 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
             sched,
         )?;
         engine.solo = true;
-        let who = Who::of(&sink, config.tenant)?;
         let qpn = sink.qpn();
         let (member, tenant, class) =
             engine.add_member(None, qpn, sink.send_room(), who, config)?;

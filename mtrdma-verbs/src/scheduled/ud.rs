@@ -40,8 +40,7 @@ impl UdQueuePair {
     /// # }
     /// ```
     pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledUdQueuePair, Error> {
-        let config = held_config(config, Sink::tenant(&self));
-        let sched = solo_scheduler(&config)?;
+        let (config, sched) = solo_parts(config, Sink::tenant(&self))?;
         self.scheduled_with(config, sched)
     }
 
