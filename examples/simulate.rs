@@ -13,7 +13,16 @@
 //!     --chunk-kib 2 --bulk 8 --ms 4000
 //! cargo run --release --example simulate -- --separate --link-mbps 200 --base-us 100 \
 //!     --chunk-kib 2 --probes 0 --bulk 3 --weights 1,2,4 --ms 12000 --warmup-ms 2000
+//! cargo run --release --example simulate -- --latency-bound 16384 --chunk-kib 64 \
+//!     --link-mbps 120 --base-us 100 --jitter-us 300 --probes 0 --bulk 3 --weights 1,3,9 \
+//!     --ms 12000 --warmup-ms 2000
 //! ```
+//!
+//! The last is what a policy's `latency_bound = "16KiB"` does to tenants on
+//! `ScheduleConfig::default()` (64 KiB chunks, 4 in flight), each in a
+//! process of its own; the line `bulk shares` gives each bulk tenant's
+//! share of what they moved together, the worst one's error against its
+//! weight's share, and what they moved.
 //!
 //! Flags (all optional):
 //! `--probes N` latency-probe tenants (16 B, latency class; default 1),
@@ -30,6 +39,18 @@
 //! `--separate` every tenant in a process of its own: no shared
 //! scheduler, each bulk tenant's bytes in the NIC follow its own delay
 //! window (the cross-process protection) instead,
+//! `--latency-bound B` every tenant in a process of its own, held as the
+//! verbs engine holds a queue pair under a policy's latency bound of `B`
+//! bytes: the bound's pieces (the same bytes in flight as `--pieces` x
+//! `--chunk-kib`, in more of them) and the bound's window, which keeps the
+//! bound's queue allowance at the link's rate (the coordinator publishes
+//! the rate; implies `--separate`),
+//! `--jitter-us U` up to this much more before each completion reaches its
+//! sender, drawn anew per piece (a host that wakes its senders late;
+//! default 0),
+//! `--spread-ppm P` with `--latency-bound`, the windows' wait after each
+//! completion, up to `P` millionths of a piece's time on the wire
+//! (`DelayWindowConfig::spread_ppm`; default 0),
 //! `--target-ppm P` with `--separate`, the windows' target queueing delay
 //! as a share of the path's own delay (default 500000),
 //! `--no-gains` with `--separate`, no coordinator: every window grows by
@@ -52,7 +73,7 @@ mod args;
 use std::process::ExitCode;
 
 use mtrdma::sched::sim::{run, Mode, Report, SimConfig, TenantReport, TenantSpec, Workload};
-use mtrdma::sched::{DelayWindowConfig, Nanos, RateLimit, TenantId, TenantPolicy};
+use mtrdma::sched::{DelayWindowConfig, Nanos, Protection, RateLimit, TenantId, TenantPolicy};
 
 #[derive(Debug)]
 struct Args {
@@ -66,6 +87,9 @@ struct Args {
     link_bps: u64,
     base_ns: u64,
     separate: bool,
+    latency_bound: Option<u64>,
+    jitter_ns: u64,
+    spread_ppm: u32,
     gains: bool,
     warmup_ms: u64,
     target_ppm: u32,
@@ -89,6 +113,9 @@ fn parse() -> Result<Args, String> {
         link_bps: 100_000_000_000,
         base_ns: 1_700,
         separate: false,
+        latency_bound: None,
+        jitter_ns: 0,
+        spread_ppm: 0,
         gains: true,
         warmup_ms: 1,
         target_ppm: 500_000,
@@ -142,6 +169,21 @@ fn parse() -> Result<Args, String> {
                 }
                 a.base_ns = (us * 1e3).round() as u64;
             }
+            "--latency-bound" => {
+                a.latency_bound = Some(num(&value)?);
+                a.separate = true;
+            }
+            "--jitter-us" => {
+                let us: f64 = value.parse().map_err(|e| format!("{flag} {value}: {e}"))?;
+                if !(0.0..=1e6).contains(&us) {
+                    return Err(format!("{flag} {value}: 0 to 1000000 us"));
+                }
+                a.jitter_ns = (us * 1e3).round() as u64;
+            }
+            "--spread-ppm" => {
+                a.spread_ppm = u32::try_from(num(&value)?)
+                    .map_err(|_| format!("{flag} {value}: at most 4294967295"))?
+            }
             "--target-ppm" => {
                 a.target_ppm = u32::try_from(num(&value)?)
                     .map_err(|_| format!("{flag} {value}: at most 4294967295"))?
@@ -186,7 +228,7 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("error: {e}");
             }
-            eprintln!("usage: simulate [--probes N] [--msg-rate N] [--bulk N] [--bulk-kib K] [--outstanding N] [--weights W,..] [--cap-gbps G] [--link-gbps G | --link-mbps M] [--base-us U] [--separate] [--target-ppm P] [--no-gains] [--nic-depth N] [--budget-kib K] [--pieces N] [--chunk-kib K] [--ms T] [--warmup-ms W] [--rows N]");
+            eprintln!("usage: simulate [--probes N] [--msg-rate N] [--bulk N] [--bulk-kib K] [--outstanding N] [--weights W,..] [--cap-gbps G] [--link-gbps G | --link-mbps M] [--base-us U] [--separate] [--latency-bound B] [--jitter-us U] [--spread-ppm P] [--target-ppm P] [--no-gains] [--nic-depth N] [--budget-kib K] [--pieces N] [--chunk-kib K] [--ms T] [--warmup-ms W] [--rows N]");
             return if e.is_empty() {
                 ExitCode::SUCCESS
             } else {
@@ -219,12 +261,30 @@ fn main() -> ExitCode {
         });
         id += 1;
     }
+    // Under a latency bound, as the verbs engine holds a queue pair: the
+    // bound's pieces (the same bytes in flight in more of them) and its
+    // window, whose allowance is bytes at the link's published rate.
+    let protection = match args.latency_bound.map(Protection::for_bound).transpose() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: --latency-bound: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (chunk, pieces) = match &protection {
+        Some(p) => (
+            p.piece_for(args.chunk_kib << 10),
+            p.pieces_for(args.pieces, args.chunk_kib << 10),
+        ),
+        None => (args.chunk_kib << 10, args.pieces),
+    };
     let config = SimConfig {
         link_bps: args.link_bps,
         base_latency_ns: args.base_ns,
         nic_queue_depth: args.nic_depth,
         bulk_bytes_in_flight: args.budget_kib.saturating_mul(1 << 10),
-        pieces_per_queue_pair: args.pieces,
+        pieces_per_queue_pair: pieces,
+        completion_jitter_ns: args.jitter_ns,
         duration: Nanos::from_millis(args.ms),
         warmup: Nanos::from_millis(args.warmup_ms),
         coordinator_every: if args.gains {
@@ -232,11 +292,12 @@ fn main() -> ExitCode {
         } else {
             Nanos::ZERO
         },
+        publish_link_rate: protection.is_some(),
         ..SimConfig::default()
     };
     let sched_config = mtrdma::sched::SchedulerConfig {
-        chunk_bytes: args.chunk_kib << 10,
-        quantum_bytes: args.chunk_kib << 10,
+        chunk_bytes: chunk,
+        quantum_bytes: chunk,
         ..SimConfig::scheduler_config()
     };
     let alone: Vec<TenantSpec> = tenants
@@ -244,7 +305,15 @@ fn main() -> ExitCode {
         .copied()
         .filter(|t| !matches!(t.workload, Workload::Bulk { .. }))
         .collect();
-    let protected = if args.separate {
+    let protected = if let Some(p) = &protection {
+        Mode::Windowed(
+            sched_config,
+            DelayWindowConfig {
+                spread_ppm: args.spread_ppm,
+                ..p.window_config(None)
+            },
+        )
+    } else if args.separate {
         // The model has no host noise (no sender wakes late), so the
         // target needs no floor: its share of the path's delay is enough.
         let window = DelayWindowConfig {
@@ -278,7 +347,20 @@ fn main() -> ExitCode {
         args.ms - args.warmup_ms,
         tenants.len()
     );
-    if args.separate {
+    if let Some(p) = &protection {
+        println!(
+            "mtrdma: every tenant an engine of its own under a {} B latency bound: {} pieces of {} B per queue pair, windows keeping {} B queued, {}",
+            p.bound_bytes,
+            pieces,
+            chunk,
+            p.queue_bytes,
+            if args.gains {
+                "the coordinator's gains on their growth every 20 ms"
+            } else {
+                "no coordinator"
+            }
+        );
+    } else if args.separate {
         println!(
             "mtrdma: every tenant an engine of its own, {} pieces of {} KiB per queue pair, delay windows, {}",
             args.pieces,
@@ -334,6 +416,39 @@ fn main() -> ExitCode {
         "{:>30} | {:>38.4} | {:>37.4}",
         "Jain's index (bulk, by weight)", without.jain_index, with.jain_index
     );
+    // Each bulk tenant's share of what the bulk tenants moved, against
+    // its weight's share: the figure `isolation --link --scenarios
+    // weights` reports from the link.
+    let bulk: Vec<&TenantReport> = with
+        .tenants
+        .iter()
+        .filter(|t| matches!(t.workload, Workload::Bulk { .. }))
+        .collect();
+    let moved: u64 = bulk.iter().map(|t| t.bytes).sum();
+    let weights: u64 = bulk.iter().map(|t| u64::from(t.weight)).sum();
+    if !bulk.is_empty() && moved > 0 {
+        let off = |t: &&TenantReport| {
+            let share = t.bytes as f64 / moved as f64;
+            let due = f64::from(t.weight) / weights as f64;
+            (share / due - 1.0).abs()
+        };
+        let worst = bulk.iter().map(off).fold(0.0, f64::max);
+        let shares: Vec<String> = bulk
+            .iter()
+            .map(|t| format!("{:.3}", t.bytes as f64 / moved as f64))
+            .collect();
+        println!(
+            "{:>30} | {:>38} | {:>37}",
+            "bulk shares (mtrdma)",
+            "",
+            format!(
+                "{} ({:.1}% off; {:.1} Mbit/s)",
+                shares.join(" "),
+                worst * 100.0,
+                bulk.iter().map(|t| t.gbps).sum::<f64>() * 1e3
+            )
+        );
+    }
     for a in &alone.tenants {
         let (w, s) = (without.tenant(a.id), with.tenant(a.id));
         if let (Some(w), Some(s), Some(p)) = (w, s, a.p99) {

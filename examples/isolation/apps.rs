@@ -82,6 +82,9 @@ struct AppRun {
     rpc_lost: f64,
     /// (page-ins/s, page-outs/s, page-in p99 us, corrupt) of the pager.
     pager: Option<(f64, f64, f64, f64)>,
+    /// With mtrdma: the bytes per second the pager posted while the
+    /// service was measured, from the quota table's counters.
+    pager_posted: Option<f64>,
 }
 
 /// Column `name` of the one data row of a CSV file.
@@ -169,6 +172,7 @@ impl Site<'_> {
         &mut self,
         way: Way,
         (nodes, addrs): (Vec<Proc>, Vec<String>),
+        seconds: f64,
     ) -> Result<PagerRun, String> {
         let csv = self.logs.join("pager.csv");
         let mut cmd = Command::new(self.program("remote_memory")?);
@@ -184,7 +188,7 @@ impl Site<'_> {
             "--depth",
             &PAGER_DEPTH.to_string(),
             "--seconds",
-            &format!("{}", self.args.seconds + 3.0),
+            &format!("{seconds}"),
             "--chunk",
             &self.args.chunk.to_string(),
         ])
@@ -204,7 +208,8 @@ impl Site<'_> {
     fn run_pager_alone(&mut self, tag: &str) -> Result<(f64, f64, f64, f64), String> {
         self.log_dir(tag)?;
         let nodes = self.start_nodes()?;
-        self.start_pager(Way::Unprotected, nodes)?.finish()
+        let seconds = self.args.seconds + 3.0;
+        self.start_pager(Way::Unprotected, nodes, seconds)?.finish()
     }
 
     fn log_dir(&mut self, tag: &str) -> Result<(), String> {
@@ -215,20 +220,32 @@ impl Site<'_> {
     }
 
     /// One run: the RPC service (`rpc` way), with the pager next to it
-    /// (`pager` way) if any.
+    /// (`pager` way) if any, started after the service or, with
+    /// `pager_first`, before it.
     fn run_apps(
         &mut self,
         tag: &str,
         registry: &str,
         rpc: Way,
         pager: Option<Way>,
+        pager_first: bool,
     ) -> Result<AppRun, String> {
         let secs = self.args.seconds;
         self.log_dir(tag)?;
         let name = format!("{tag}-{}", std::process::id());
-        let nodes = pager.map(|_| self.start_nodes()).transpose()?;
-        // The service runs first; the pager starts next to it, and the
-        // service is measured once the pager is at its pace.
+        let mut nodes = pager.map(|_| self.start_nodes()).transpose()?;
+        // A pager started first runs while the service starts (its
+        // clients find the server, 1.5 s) and through the service's
+        // measured seconds.
+        let early = match (pager, pager_first, nodes.take()) {
+            (Some(way), true, Some(n)) => Some(self.start_pager(way, n, secs + 6.0)?),
+            (_, _, n) => {
+                nodes = n;
+                None
+            }
+        };
+        // Otherwise the service runs first; the pager starts next to it,
+        // and the service is measured once the pager is at its pace.
         let start_file = self.logs.join("rpc.start");
         let _ = std::fs::remove_file(&start_file);
         let mut cmd = self.raised(&self.program("rpc")?);
@@ -265,24 +282,42 @@ impl Site<'_> {
         let client = self.spawn("rpc-client", Some("rpc"), cmd)?;
         // The clients have found the server and are sending.
         std::thread::sleep(Duration::from_millis(1500));
-        let pager = match (pager, nodes) {
-            (Some(way), Some(nodes)) => self.start_pager(way, nodes).map(Some),
+        let pager_run = match (early, pager, nodes) {
+            (Some(early), _, _) => Ok(Some(early)),
+            (None, Some(way), Some(nodes)) => self.start_pager(way, nodes, secs + 3.0).map(Some),
             _ => Ok(None),
         };
         // Written whatever happened, so the clients measure and end.
         let started =
             std::fs::write(&start_file, b"").map_err(|e| format!("{}: {e}", start_file.display()));
-        let pager = pager?;
+        let measured = Instant::now();
+        let before = self.posted();
+        let pager_run = pager_run?;
         started?;
         client.wait()?;
+        let after = self.posted();
+        let seconds = measured.elapsed().as_secs_f64();
         server.wait()?;
+        let of_pager = |posted: &[(String, u64)]| {
+            posted
+                .iter()
+                .find(|(n, _)| n == "pager")
+                .map(|&(_, bytes)| bytes)
+        };
+        let pager_posted = match (of_pager(&before), of_pager(&after)) {
+            (Some(b), Some(a)) if pager == Some(Way::Mtrdma) => {
+                Some(a.saturating_sub(b) as f64 / seconds)
+            }
+            _ => None,
+        };
         let mut run = AppRun {
             rpc_us: read_samples(&samples)?,
             rpc_rps: csv_field(&csv, "rps")?,
             rpc_lost: csv_field(&csv, "lost")?,
             pager: None,
+            pager_posted,
         };
-        if let Some(p) = pager {
+        if let Some(p) = pager_run {
             run.pager = Some(p.finish()?);
         }
         Ok(run)
@@ -434,14 +469,22 @@ pub(super) fn scenario_apps(site: &mut Site<'_>, r: &mut Report) -> Result<(), S
         "link_bps",
         chosen as f64,
     );
-    let alone = site.run_apps("apps-alone", &registry, Way::Alone, None)?;
+    let alone = site.run_apps("apps-alone", &registry, Way::Alone, None, false)?;
     let unprot = site.run_apps(
         "apps-unprotected",
         &registry,
         Way::Unprotected,
         Some(Way::Unprotected),
+        false,
     )?;
-    let ours = site.run_apps("apps-mtrdma", &registry, Way::Mtrdma, Some(Way::Mtrdma))?;
+    let pager_first = site.args.pager_first;
+    let ours = site.run_apps(
+        "apps-mtrdma",
+        &registry,
+        Way::Mtrdma,
+        Some(Way::Mtrdma),
+        pager_first,
+    )?;
     r.say(format!(
         "{:<12} {:>9} {:>9} {:>10} {:>9} {:>6} {:>11} {:>12} {:>8} {:>8}",
         "way",
@@ -523,6 +566,25 @@ pub(super) fn scenario_apps(site: &mut Site<'_>, r: &mut Report) -> Result<(), S
         c1 + c2,
         verdict(c1 + c2 == 0.0)
     ));
+    if let Some(posted) = ours.pager_posted {
+        r.say(format!(
+            "  apps: with mtrdma the pager, started {} the service, posted {:.2} MB/s while the service was measured (from the quota table's counters; page-ins and page-outs together)",
+            if pager_first { "before" } else { "after" },
+            posted / 1_048_576.0
+        ));
+        r.figure(
+            "apps",
+            Way::Mtrdma,
+            "pager",
+            "pager",
+            if pager_first {
+                "posted_mbps_started_first"
+            } else {
+                "posted_mbps"
+            },
+            posted / 1_048_576.0,
+        );
+    }
     plot::latency_cdf(
         &site.args.out.join("apps_rpc_cdf"),
         "RPC service on the shared link next to a pager: CDF of request latency",

@@ -67,6 +67,9 @@ pub(crate) struct Args {
     pub(crate) coordinator_monitor: bool,
     /// On the link: microseconds between the latency probe's requests.
     pub(crate) probe_interval_us: u32,
+    /// On the link, the applications scenario: the pager starts before
+    /// the RPC service in the mtrdma run (by default after it).
+    pub(crate) pager_first: bool,
 }
 
 pub(crate) const USAGE: &str = "usage: isolation [--device NAME] [--peer-device NAME] [--out DIR] [--seconds S] [--warmup-ms MS]
@@ -79,6 +82,7 @@ on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
     [--coordinator-view (the coordinator's per-second view of every tenant into logs/coordinator.log)]
     [--coordinator-monitor (the coordinator's kernel monitor: what it flagged, and its log)]
     [--probe-interval-us US (between the latency probe's requests, default 500)]
+    [--pager-first (apps: in the mtrdma run the pager starts before the RPC service, not after)]
     [--scenarios latency,hogs,weights,cap,storm,attack,apps] [--cap-share 0.25]
 the link demo's storm tenant (--rnr: SENDs to a peer on --peer-device that posts no receives;
        isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET] [--rnr --peer-device NAME]
@@ -120,6 +124,7 @@ pub(crate) fn parse() -> Result<Args, String> {
         window_queue: None,
         window_gains: true,
         coordinator_view: false,
+        pager_first: false,
         coordinator_monitor: false,
         probe_interval_us: 500,
     };
@@ -164,6 +169,10 @@ pub(crate) fn parse() -> Result<Args, String> {
             }
             "--no-window-gains" => {
                 args.window_gains = false;
+                continue;
+            }
+            "--pager-first" => {
+                args.pager_first = true;
                 continue;
             }
             "--coordinator-view" => {

@@ -105,6 +105,28 @@ impl Protection {
         asked.clamp(1, self.piece_bytes)
     }
 
+    /// The pieces a protected sender may have in the NIC when it asked for
+    /// `asked_pieces` of `asked_chunk` bytes: the same bytes in the
+    /// policy's smaller pieces ([`piece_for`](Self::piece_for); the
+    /// defaults' 4 x 64 KiB become 64 x 4 KiB), at least as many pieces
+    /// as it asked for and at most 1,024. Its window decides how many of
+    /// them are out.
+    ///
+    /// ```
+    /// use mtrdma_sched::Protection;
+    ///
+    /// let p = Protection::for_bound(16 << 10).unwrap();
+    /// assert_eq!(p.pieces_for(4, 64 << 10), 64);
+    /// assert_eq!(p.pieces_for(8, 1024), 8);
+    /// assert_eq!(p.pieces_for(4, 1 << 30), 1024);
+    /// ```
+    pub fn pieces_for(&self, asked_pieces: u32, asked_chunk: u64) -> u32 {
+        let piece = self.piece_for(asked_chunk);
+        let bytes = u64::from(asked_pieces).saturating_mul(asked_chunk);
+        let pieces = (bytes / piece).clamp(u64::from(asked_pieces.max(1)), 1024);
+        u32::try_from(pieces).unwrap_or(1024)
+    }
+
     /// The window of a protected sender whose own window keeps a queue
     /// allowance of `asked_queue_bytes` (`None`: no window, or one that
     /// keeps none): the policy's, for its pieces and allowance. Of the

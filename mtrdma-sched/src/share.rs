@@ -137,9 +137,11 @@ pub struct ShareGainsConfig {
     /// bursts of tens of milliseconds.
     pub smoothing: Nanos,
     /// How fast a gain follows the error of its tenant's share, in parts
-    /// per million: per second, the gain moves by the ratio of the share to
-    /// the rate raised to this power. Default 5,000,000 (a power of 5): an
-    /// error is mostly corrected within a second. A faster gain chases the
+    /// per million: per second, the gain is multiplied by `e` raised to
+    /// this times the tenant's shortfall as a part of its share (`(share -
+    /// rate) / share`; a tenant moving 10% over its share has its gain cut
+    /// by 1 - e^-0.5, 39%, per second at the default). Default 5,000,000:
+    /// an error is mostly corrected within a second. A faster gain chases the
     /// noise of senders that a busy host runs in bursts: at 25 per second
     /// the gains of three tenants on the emulated link swung between 0.2
     /// and 5 from one second to the next.
@@ -245,8 +247,17 @@ impl ShareGains {
         for r in &contenders {
             let s = self.tenants.get_mut(&r.id).expect("kept above");
             let share = total * f64::from(r.weight.max(1)) / weights;
-            let ratio = (share / s.rate.max(1.0)).clamp(1.0 / MAX_GAIN, MAX_GAIN);
-            s.gain = (s.gain * ratio.powf(power)).clamp(1.0 / MAX_GAIN, MAX_GAIN);
+            // The error is the shortfall against the share, as a part of
+            // the share. A tenant's rate over one interval swings (a window
+            // under one piece paces its pieces); judged by the logarithm of
+            // share over rate, a burst to twice the share would weigh no
+            // more than a fall to half of it, and the gain would settle
+            // where the geometric mean of the rate is the share, with the
+            // mean above it. In the simulator at 120 Mbit/s with up to
+            // 100 us of completion noise, 1:3:9 came out 30% off that way
+            // and 2% off this way.
+            let error = ((share - s.rate) / share).clamp(-MAX_GAIN.ln(), MAX_GAIN.ln());
+            s.gain = (s.gain * (error * power).exp()).clamp(1.0 / MAX_GAIN, MAX_GAIN);
             log_sum += s.gain.ln();
         }
         // A geometric mean of 1 among the contending tenants.

@@ -99,6 +99,12 @@ pub struct SimConfig {
     pub coordinator_every: Nanos,
     /// The coordinator's settings for those gains.
     pub share_gains: ShareGainsConfig,
+    /// With a coordinator: whether it also tells the windows the link's
+    /// rate (the simulated link's; `mtrdma_core`'s coordinator publishes
+    /// the highest rate the tenants moved together), so that each keeps
+    /// its [`DelayWindowConfig::queue_bytes`] queued instead of its
+    /// target floor, as windows under a latency bound do. Default false.
+    pub publish_link_rate: bool,
 }
 
 impl Default for SimConfig {
@@ -115,6 +121,7 @@ impl Default for SimConfig {
             warmup: Nanos::from_millis(1),
             coordinator_every: Nanos::from_millis(20),
             share_gains: ShareGainsConfig::default(),
+            publish_link_rate: false,
         }
     }
 }
@@ -184,6 +191,9 @@ pub struct TenantSpec {
     /// With mtrdma: pieces its queue pair may have in the NIC, if not
     /// [`SimConfig::pieces_per_queue_pair`].
     pub pieces_in_flight: Option<u32>,
+    /// When it posts its first work request. Default [`Nanos::ZERO`]: at
+    /// the start of the run.
+    pub start: Nanos,
 }
 
 impl TenantSpec {
@@ -198,6 +208,7 @@ impl TenantSpec {
                 think_ns: 0,
             },
             pieces_in_flight: None,
+            start: Nanos::ZERO,
         }
     }
 
@@ -213,6 +224,7 @@ impl TenantSpec {
                 bytes: 16,
             },
             pieces_in_flight: Some(64),
+            start: Nanos::ZERO,
         }
     }
 
@@ -227,6 +239,7 @@ impl TenantSpec {
                 outstanding: 4,
             },
             pieces_in_flight: None,
+            start: Nanos::ZERO,
         }
     }
 
@@ -238,6 +251,11 @@ impl TenantSpec {
     /// The same tenant in another class.
     pub fn with_class(self, class: TrafficClass) -> TenantSpec {
         TenantSpec { class, ..self }
+    }
+
+    /// The same tenant, starting at `start`.
+    pub fn starting_at(self, start: Nanos) -> TenantSpec {
+        TenantSpec { start, ..self }
     }
 }
 
@@ -626,8 +644,13 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                 Workload::Probe { .. } | Workload::MessageRate { .. } => 1,
                 Workload::Bulk { outstanding, .. } => outstanding,
             };
+            let start = self.specs[i].start.0;
             for _ in 0..n {
-                self.post(i as u32, 0)?;
+                if start == 0 {
+                    self.post(i as u32, 0)?;
+                } else {
+                    self.at(start, Event::Post { tenant: i as u32 });
+                }
             }
         }
         self.pump(0, false);
@@ -947,8 +970,9 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                     id: spec.id,
                     weight: spec.policy.weight,
                     bytes_per_sec: (u128::from(moved) * 1_000_000_000 / u128::from(every)) as u64,
-                    // A bulk tenant always has more to send.
-                    wants_more: matches!(spec.workload, Workload::Bulk { .. }),
+                    // A bulk tenant always has more to send, once started.
+                    wants_more: matches!(spec.workload, Workload::Bulk { .. })
+                        && spec.start.0 <= now,
                     cap: spec.policy.byte_cap.map(|c| c.per_second),
                 }
             })
@@ -963,11 +987,16 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
         let link = self.config.link_bps as f64 / 8.0;
         let used = (self.moved / link * 1e6).clamp(0.0, 1e6) as u32;
         let sharing = crate::share::sharing_for(gains.sharing_weight(), used);
+        let link_rate = self
+            .config
+            .publish_link_rate
+            .then_some(self.config.link_bps / 8);
         for (spec, lane) in self.specs.iter().zip(&mut self.lanes) {
             if let Some(w) = lane.window_mut() {
                 w.signals(&Signals {
                     gain_ppm: Some(gains.gain(spec.id)),
                     sharing_weight: Some(sharing),
+                    link_rate,
                     ..Signals::default()
                 });
             }

@@ -276,15 +276,11 @@ fn held(config: ScheduleConfig, protection: Option<&Protection>) -> ScheduleConf
 }
 
 fn protected(config: ScheduleConfig, p: &Protection) -> ScheduleConfig {
-    let piece = p.piece_for(config.chunk_bytes);
     // The bytes in flight the configuration allowed, in the smaller
-    // pieces (the default's 4 x 64 KiB: 64 pieces of 4 KiB); the window
-    // decides how many of them are out.
-    let bytes = u64::from(config.max_pieces_in_flight).saturating_mul(config.chunk_bytes);
-    let pieces = (bytes / piece).clamp(u64::from(config.max_pieces_in_flight.max(1)), 1024);
+    // pieces; the window decides how many of them are out.
     ScheduleConfig {
-        chunk_bytes: piece,
-        max_pieces_in_flight: u32::try_from(pieces).unwrap_or(1024),
+        chunk_bytes: p.piece_for(config.chunk_bytes),
+        max_pieces_in_flight: p.pieces_for(config.max_pieces_in_flight, config.chunk_bytes),
         window: Some(Arc::new(
             p.window_config(config.window.as_ref().and_then(|w| w.queue_bytes())),
         )),
