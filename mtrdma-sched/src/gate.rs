@@ -13,7 +13,7 @@
 //!   waits forever. Latency-class pieces do not count against it.
 //! * **A queue pair's [`Lane`].** At most `slots` pieces of one queue pair
 //!   in the NIC; its granted pieces leave in the order granted; and a bulk
-//!   queue pair with a [`DelayWindow`] keeps in the NIC what the window
+//!   queue pair with a [`DelayWindow`](crate::DelayWindow) keeps in the NIC what the window
 //!   allows, when its pacing allows (the cross-process protection).
 //! * **The fast path.** A request of one piece with nothing it should wait
 //!   behind, room in its lane and in the budget goes to the NIC without a
