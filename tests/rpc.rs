@@ -22,7 +22,7 @@ fn free_port() -> u16 {
 /// Waits until something listens on `addr` (the server's own registry).
 fn wait_for_registry(addr: &str) {
     let start = std::time::Instant::now();
-    while std::net::TcpStream::connect(addr).is_err() {
+    while !common::listening(addr) {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "no registry on {addr}"

@@ -36,6 +36,41 @@ pub(crate) fn result_row(text: &str) -> Vec<f64> {
         .collect()
 }
 
+/// Whether a server listens on `addr` (a loopback address). A connection
+/// from a port to itself is not one: a port from the ephemeral range,
+/// with nothing listening on it yet, can be picked as the connecting
+/// socket's own, and TCP then connects it to itself (a simultaneous open).
+pub(crate) fn listening(addr: &str) -> bool {
+    std::net::TcpStream::connect(addr)
+        .is_ok_and(|s| matches!((s.local_addr(), s.peer_addr()), (Ok(l), Ok(p)) if l != p))
+}
+
+/// Whether process `pid` holds a socket listening on TCP `port`: the
+/// socket's inode in `/proc/net/tcp` is one of the process's open files.
+fn listens_on(pid: u32, port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            // local_address is the 2nd column, the state (0A: LISTEN) the
+            // 4th, the inode the 10th.
+            (cols.len() > 9 && cols[1].ends_with(&want) && cols[3] == "0A")
+                .then(|| format!("socket:[{}]", cols[9]))
+        })
+        .collect();
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|l| inodes.iter().any(|i| l.as_os_str() == i.as_str()))
+        })
+    })
+}
+
 /// A `memcached` of its own on 127.0.0.1, stopped when dropped. Debian's
 /// package (`cargo xtask deps` installs it) is a test dependency: a test
 /// that needs it fails, rather than passes, without it.
@@ -45,35 +80,50 @@ pub(crate) struct Memcached {
 }
 
 impl Memcached {
+    /// Starts one on a free port and waits until it listens there. Tests
+    /// run in parallel: another test's memcached can take the same free
+    /// port first (this one then exits), and a test must not take that
+    /// one for its own (its requests were reset when the other test
+    /// ended), so it waits for its own process's socket, and tries
+    /// another port if its memcached exits.
     pub(crate) fn start() -> Memcached {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let mut cmd = std::process::Command::new("memcached");
-        cmd.args(["-l", "127.0.0.1", "-U", "0", "-p"])
-            .arg(port.to_string());
-        // memcached refuses to run as root unless told which user to be.
-        if rustix::process::geteuid().is_root() {
-            cmd.args(["-u", "root"]);
-        }
-        let mut child = cmd
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("memcached is not installed: run `cargo xtask deps`");
-        let addr = format!("127.0.0.1:{port}");
-        let start = std::time::Instant::now();
-        while std::net::TcpStream::connect(&addr).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("memcached exited at start: {status}");
+        for _ in 0..8 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            let mut cmd = std::process::Command::new("memcached");
+            cmd.args(["-l", "127.0.0.1", "-U", "0", "-p"])
+                .arg(port.to_string());
+            // memcached refuses to run as root unless told which user to be.
+            if rustix::process::geteuid().is_root() {
+                cmd.args(["-u", "root"]);
             }
-            assert!(
-                start.elapsed() < std::time::Duration::from_secs(20),
-                "memcached does not listen on {addr} after 20 s"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(10));
+            let mut child = cmd
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("memcached is not installed: run `cargo xtask deps`");
+            let start = std::time::Instant::now();
+            loop {
+                if listens_on(child.id(), port) {
+                    return Memcached {
+                        child,
+                        addr: format!("127.0.0.1:{port}"),
+                    };
+                }
+                if let Ok(Some(_)) = child.try_wait() {
+                    // The port was taken: another one.
+                    break;
+                }
+                assert!(
+                    start.elapsed() < std::time::Duration::from_secs(20),
+                    "memcached does not listen on port {port} after 20 s"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
         }
-        Memcached { child, addr }
+        panic!("memcached exited at start on eight ports in turn");
     }
 
     /// Stops it now (as a crashed registry would vanish).
