@@ -233,16 +233,15 @@ impl Site<'_> {
         let secs = self.args.seconds;
         self.log_dir(tag)?;
         let name = format!("{tag}-{}", std::process::id());
-        let mut nodes = pager.map(|_| self.start_nodes()).transpose()?;
+        let nodes = pager.map(|_| self.start_nodes()).transpose()?;
         // A pager started first runs while the service starts (its
         // clients find the server, 1.5 s) and through the service's
         // measured seconds.
-        let early = match (pager, pager_first, nodes.take()) {
-            (Some(way), true, Some(n)) => Some(self.start_pager(way, n, secs + 6.0)?),
-            (_, _, n) => {
-                nodes = n;
-                None
+        let (early, nodes) = match (pager, nodes) {
+            (Some(way), Some(n)) if pager_first => {
+                (Some(self.start_pager(way, n, secs + 6.0)?), None)
             }
+            (_, n) => (None, n),
         };
         // Otherwise the service runs first; the pager starts next to it,
         // and the service is measured once the pager is at its pace.
@@ -290,26 +289,18 @@ impl Site<'_> {
         // Written whatever happened, so the clients measure and end.
         let started =
             std::fs::write(&start_file, b"").map_err(|e| format!("{}: {e}", start_file.display()));
+        // With mtrdma, what the pager posts while the service is measured.
+        let counted = pager == Some(Way::Mtrdma);
         let measured = Instant::now();
-        let before = self.posted();
+        let before = if counted { self.posted() } else { Vec::new() };
         let pager_run = pager_run?;
         started?;
         client.wait()?;
-        let after = self.posted();
-        let seconds = measured.elapsed().as_secs_f64();
+        let pager_posted = counted
+            .then(|| posted_between(&before, &self.posted(), "pager"))
+            .flatten()
+            .map(|bytes| bytes as f64 / measured.elapsed().as_secs_f64());
         server.wait()?;
-        let of_pager = |posted: &[(String, u64)]| {
-            posted
-                .iter()
-                .find(|(n, _)| n == "pager")
-                .map(|&(_, bytes)| bytes)
-        };
-        let pager_posted = match (of_pager(&before), of_pager(&after)) {
-            (Some(b), Some(a)) if pager == Some(Way::Mtrdma) => {
-                Some(a.saturating_sub(b) as f64 / seconds)
-            }
-            _ => None,
-        };
         let mut run = AppRun {
             rpc_us: read_samples(&samples)?,
             rpc_rps: csv_field(&csv, "rps")?,

@@ -705,10 +705,9 @@ impl Site<'_> {
             .filter(|_| run.preloaded)
             .map(|i| (format!("bulk{i}"), Way::Mtrdma));
         for (name, way) in run.bulk.iter().cloned().chain(preloaded_hogs) {
-            let before = posted_before.iter().find(|(n, _)| *n == name);
-            let after = posted_after.iter().find(|(n, _)| *n == name);
-            if let (Way::Mtrdma, Some((_, a)), Some((_, b))) = (way, before, after) {
-                let mbps = b.saturating_sub(*a) as f64 / window / 1_048_576.0;
+            let bytes = posted_between(&posted_before, &posted_after, &name);
+            if let (Way::Mtrdma, Some(bytes)) = (way, bytes) {
+                let mbps = bytes as f64 / window / 1_048_576.0;
                 measured.bulk_window.push((name, mbps));
             }
         }
@@ -745,6 +744,13 @@ impl Site<'_> {
         }
         Ok(measured)
     }
+}
+
+/// The bytes tenant `name` posted between two readings of
+/// [`Site::posted`] (`None` if either reading lacks it).
+fn posted_between(before: &[(String, u64)], after: &[(String, u64)], name: &str) -> Option<u64> {
+    let of = |posted: &[(String, u64)]| posted.iter().find(|(n, _)| n == name).map(|&(_, b)| b);
+    Some(of(after)?.saturating_sub(of(before)?))
 }
 
 impl Site<'_> {

@@ -767,11 +767,13 @@ impl DelayWindow {
             // with, and the wait would only cost.
             return;
         }
-        // A piece's time on the wire, in ns.
-        let wire = u128::from(self.piece()) * 1_000_000_000 / u128::from(self.link_rate);
-        if wire < u128::from(self.config.spread_from.0) {
+        // A piece's time on the wire (ns) against `spread_from`, without a
+        // division: this runs at every completion.
+        let piece_ns_x_rate = u128::from(self.piece()) * 1_000_000_000;
+        if piece_ns_x_rate < u128::from(self.config.spread_from.0) * u128::from(self.link_rate) {
             return;
         }
+        let wire = piece_ns_x_rate / u128::from(self.link_rate);
         let span = wire * u128::from(self.config.spread_ppm) / u128::from(PPM);
         let draw = splitmix64(self.config.seed ^ self.samples.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let wait = (span * u128::from(draw >> 32)) >> 32;
