@@ -607,6 +607,38 @@ impl Gate {
         now: impl FnOnce() -> Nanos,
         host: Nanos,
     ) -> Option<u64> {
+        let (len, sent_at) = self.take_piece(lane, tag)?;
+        if let Some(w) = &mut lane.window {
+            w.on_completed_late(len, sent_at, now(), host);
+        }
+        Some(len)
+    }
+
+    /// As [`completed`](Self::completed), for a piece that reported no
+    /// completion of its own: it was posted unsignaled, and the completion
+    /// of a later piece of its queue pair, found at `now`, reported it
+    /// (the send queue completes in order). Its window counts its bytes
+    /// back but takes no delay sample from it
+    /// ([`Window::on_completed_unsampled`]).
+    #[inline]
+    pub fn completed_unsampled<H>(
+        &mut self,
+        lane: &mut Lane<H>,
+        tag: usize,
+        now: impl FnOnce() -> Nanos,
+    ) -> Option<u64> {
+        let (len, sent_at) = self.take_piece(lane, tag)?;
+        if let Some(w) = &mut lane.window {
+            w.on_completed_unsampled(len, sent_at, now());
+        }
+        Some(len)
+    }
+
+    /// Takes the piece tagged `tag` out of `lane`'s pieces in flight and
+    /// the budget (see [`completed`](Self::completed)); its bytes and
+    /// when it was sent.
+    #[inline]
+    fn take_piece<H>(&mut self, lane: &mut Lane<H>, tag: usize) -> Option<(u64, Nanos)> {
         let piece = match lane.in_flight.front() {
             Some(p) if p.tag == tag => lane.in_flight.pop_front(),
             _ => lane
@@ -623,10 +655,7 @@ impl Gate {
         let released = lane.released.min(lane.bulk_bytes(len));
         lane.released -= released;
         self.bulk_in_flight -= lane.bulk_bytes(len) - released;
-        if let Some(w) = &mut lane.window {
-            w.on_completed_late(len, Nanos(piece.sent_at), now(), host);
-        }
-        Some(len)
+        Some((len, Nanos(piece.sent_at)))
     }
 
     /// Gives back what `lane` held of the budget: its queue pair is gone,

@@ -149,6 +149,8 @@ pub struct Posted {
     pub rkey: u32,
     /// Immediate data (host order), for the opcodes that carry it.
     pub imm: Option<u32>,
+    /// Whether it asked for its completion (`IBV_SEND_SIGNALED`).
+    pub signaled: bool,
 }
 
 /// A drain held until released ([`NullSink::hold_shutdown`]).
@@ -189,9 +191,10 @@ impl ShutdownHold {
 /// A send queue that goes nowhere (see the module docs).
 pub struct NullSink {
     books: Books<HeapRegion>,
-    /// Posted and not yet completed, oldest at `head`; as many slots as
-    /// the send queue is deep.
-    ring: Box<[Posted]>,
+    /// Posted and not yet completed, oldest at `head`, each with the
+    /// `wr_id` the device was given; as many slots as the send queue is
+    /// deep.
+    ring: Box<[(Posted, u64)]>,
     head: usize,
     queued: usize,
     fail: bool,
@@ -221,7 +224,7 @@ impl NullSink {
         let depth = depth.max(1);
         NullSink {
             books: Books::new(depth, 0),
-            ring: vec![Posted::default(); depth as usize].into_boxed_slice(),
+            ring: vec![(Posted::default(), 0); depth as usize].into_boxed_slice(),
             head: 0,
             queued: 0,
             fail: false,
@@ -296,47 +299,21 @@ impl NullSink {
         self.poll_own(out)
     }
 
-    fn completion(posted: &Posted, status: WcStatus) -> Wc {
-        use ffi::ibv_wc_opcode as c;
-        use ffi::ibv_wr_opcode as o;
-        let opcode = match posted.opcode {
-            o::IBV_WR_RDMA_WRITE | o::IBV_WR_RDMA_WRITE_WITH_IMM => c::IBV_WC_RDMA_WRITE,
-            o::IBV_WR_RDMA_READ => c::IBV_WC_RDMA_READ,
-            o::IBV_WR_ATOMIC_FETCH_AND_ADD => c::IBV_WC_FETCH_ADD,
-            o::IBV_WR_ATOMIC_CMP_AND_SWP => c::IBV_WC_COMP_SWAP,
-            _ => c::IBV_WC_SEND,
-        };
+    /// The completion of the request in ring entry `entry`.
+    fn completion(&(posted, wr_id): &(Posted, u64), status: WcStatus) -> Wc {
         Wc {
-            wr_id: posted.wr_id,
+            wr_id,
             status,
-            opcode,
+            opcode: crate::qp::wc_opcode_of(posted.opcode),
             byte_len: posted.length,
             imm: None,
             source: None,
         }
     }
-}
 
-impl Sink for NullSink {
-    type Region = HeapRegion;
-
-    fn qpn(&self) -> u32 {
-        self.qpn
-    }
-
-    fn tenant(&self) -> Option<&TenantHandle> {
-        self.tenant.as_ref()
-    }
-
-    fn books(&self) -> &Books<HeapRegion> {
-        &self.books
-    }
-
-    fn books_mut(&mut self) -> &mut Books<HeapRegion> {
-        &mut self.books
-    }
-
-    unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
+    /// Takes one work request, as a provider's `post_send` takes each of
+    /// a list's.
+    fn take(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
         let refuse = match &mut self.refuse_after {
             Some(0) => {
                 self.refuse_after = None;
@@ -378,12 +355,50 @@ impl Sink for NullSink {
             remote_addr: rdma.remote_addr,
             rkey: rdma.rkey,
             imm: with_imm.then(|| u32::from_be(imm)),
+            signaled: wr.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
         };
+        let device_id = self.books.tag_send(wr.wr_id, wr.opcode);
         let at = (self.head + self.queued) % self.ring.len();
-        self.ring[at] = posted;
+        self.ring[at] = (posted, device_id);
         self.queued += 1;
         if let Some(log) = &mut self.log {
             log.push(posted);
+        }
+        Ok(())
+    }
+}
+
+impl Sink for NullSink {
+    type Region = HeapRegion;
+
+    fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    fn tenant(&self) -> Option<&TenantHandle> {
+        self.tenant.as_ref()
+    }
+
+    fn books(&self) -> &Books<HeapRegion> {
+        &self.books
+    }
+
+    fn books_mut(&mut self) -> &mut Books<HeapRegion> {
+        &mut self.books
+    }
+
+    unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
+        self.take(wr)
+    }
+
+    unsafe fn post_wr_list(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), (usize, Error)> {
+        let mut taken = 0;
+        let mut at: *mut ffi::ibv_send_wr = wr;
+        // SAFETY: the caller's promise: every `next` is null or valid.
+        while let Some(this) = unsafe { at.as_mut() } {
+            self.take(this).map_err(|e| (taken, e))?;
+            taken += 1;
+            at = this.next;
         }
         Ok(())
     }
@@ -393,12 +408,23 @@ impl Sink for NullSink {
         out: &mut Vec<HostCompletion>,
         raw: &mut Vec<RawCompletion>,
     ) -> Result<usize, Error> {
-        let n = self.queued.min(32);
-        for _ in 0..n {
-            let wc = Self::completion(&self.ring[self.head], WcStatus::Success);
-            self.head = (self.head + 1) % self.ring.len();
-            self.queued -= 1;
-            self.books.complete(wc, out, raw);
+        // Up to 32 completions, as a device reports them: one per
+        // signaled request, which also reports the unsignaled ones before
+        // it (those after the last signaled one wait for a later one).
+        let mut n = 0;
+        let mut unsignaled = 0;
+        while n < 32 && unsignaled < self.queued {
+            let at = (self.head + unsignaled) % self.ring.len();
+            if !self.ring[at].0.signaled {
+                unsignaled += 1;
+                continue;
+            }
+            let wc = Self::completion(&self.ring[at], WcStatus::Success);
+            self.head = (at + 1) % self.ring.len();
+            self.queued -= unsignaled + 1;
+            unsignaled = 0;
+            n += 1;
+            self.books.complete_device(wc, out, raw);
         }
         Ok(n)
     }
@@ -410,11 +436,13 @@ impl Sink for NullSink {
         // Everything still queued is flushed, as on a queue pair moved to
         // the error state.
         let (mut out, mut raw) = (Vec::new(), Vec::new());
+        // (A queue pair in the error state reports every request, signaled
+        // or not.)
         while self.queued > 0 {
             let wc = Self::completion(&self.ring[self.head], WcStatus::Flushed);
             self.head = (self.head + 1) % self.ring.len();
             self.queued -= 1;
-            self.books.complete(wc, &mut out, &mut raw);
+            self.books.complete_device(wc, &mut out, &mut raw);
         }
         true
     }
@@ -1147,6 +1175,12 @@ mod tests {
             );
             let done = drain(&mut qp, 1);
             let posted = qp.with_sink(|s| s.take_log());
+            // The first piece went unsignaled in a list the refusal cut:
+            // a zero-length WRITE that asks for its completion reports it.
+            let nop = posted.iter().position(|p| p.wr_id == crate::qp::NOP_WR);
+            assert_eq!(nop, Some(1), "{way}: {posted:?}");
+            assert!(!posted[0].signaled && posted[1].signaled && posted[1].length == 0);
+            let posted: Vec<_> = posted.into_iter().filter(|p| p.length > 0).collect();
             assert_eq!(
                 posted.iter().map(|p| p.remote_addr).collect::<Vec<_>>(),
                 [REMOTE.addr],

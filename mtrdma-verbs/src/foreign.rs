@@ -330,7 +330,7 @@ struct ForeignSink {
     handle: Option<TenantHandle>,
     /// Completions of pieces handed over by whoever polled the program's
     /// completion queue, not yet matched.
-    inbox: Vec<(u64, u32)>,
+    inbox: Vec<(u64, u32, bool)>,
     /// Work requests posted.
     posted: u64,
     /// Every work request in the device, oldest first: a completion
@@ -460,7 +460,9 @@ impl ForeignSink {
                 ffi::ibv_wc_status::IBV_WC_SUCCESS
             };
             match p.direct {
-                None => self.inbox.push((p.wr_id, st)),
+                // Only the request the completion named is a delay
+                // sample; the unsignaled ones before it finished earlier.
+                None => self.inbox.push((p.wr_id, st, i == at)),
                 Some(sent) => {
                     self.direct_out -= 1;
                     self.books.sends_in_flight = self.books.sends_in_flight.saturating_sub(1);
@@ -519,7 +521,7 @@ impl Sink for ForeignSink {
         raw: &mut Vec<RawCompletion>,
     ) -> Result<usize, Error> {
         let n = self.inbox.len();
-        for (wr_id, status) in self.inbox.drain(..) {
+        for (wr_id, status, sampled) in self.inbox.drain(..) {
             let wc = Wc {
                 wr_id: wr_id & !TAG_MASK,
                 status: WcStatus::from_raw(status),
@@ -528,7 +530,7 @@ impl Sink for ForeignSink {
                 imm: None,
                 source: None,
             };
-            self.books.complete(wc, out, raw);
+            self.books.complete_as(wc, sampled, out, raw);
         }
         Ok(n)
     }

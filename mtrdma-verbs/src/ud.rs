@@ -26,7 +26,7 @@ use mtrdma_core::TenantHandle;
 use crate::completion::{Opcode, WcStatus};
 use crate::events::{Armed, Waitable};
 use crate::qp::{
-    create_qp, global_ah_attr, libc_enosys, modify_qp, post_send_wr, qp_settings_setters,
+    create_qp, global_ah_attr, libc_enosys, modify_qp, post_send_list, qp_settings_setters,
     random_psn, Books, Cq, PostError, QpSettings, QpStart, RawCompletion, RawWc, Region, SendOp,
     Sink, Slot, UdDest, Wc,
 };
@@ -224,7 +224,9 @@ impl UdQueuePairBuilder<'_> {
             send_cq: cq.cq.as_ptr(),
             recv_cq: cq.cq.as_ptr(),
             qp_type: ffi::ibv_qp_type::IBV_QPT_UD,
-            sq_sig_all: 1,
+            // Each request asks for its completion or not
+            // (`Sink::post_list`).
+            sq_sig_all: 0,
             cap: ffi::ibv_qp_cap {
                 max_send_wr,
                 max_recv_wr,
@@ -860,10 +862,15 @@ impl Sink for UdQueuePair {
     }
 
     unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
+        // SAFETY: as the caller promises; `wr` alone is a list of one.
+        unsafe { self.post_wr_list(wr) }.map_err(|(_, e)| e)
+    }
+
+    unsafe fn post_wr_list(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), (usize, Error)> {
         // SAFETY: the QP is live while `self` is; the caller keeps the
-        // buffer and the address handle alive until the completion (both
-        // are in the request's `UdRegion`).
-        unsafe { post_send_wr(self.qp, wr, &self.pd) }
+        // buffers and the address handles alive until the completions
+        // (both are in the requests' `UdRegion`s).
+        unsafe { post_send_list(self.qp, wr, &mut self.books, &self.pd, |_| {}) }
     }
 
     fn poll(
@@ -904,7 +911,7 @@ impl Sink for UdQueuePair {
                 // The payload only: the GRH is not the caller's.
                 entry.byte_len = entry.byte_len.saturating_sub(GRH_BYTES as u32);
             }
-            self.books.complete(entry, out, raw);
+            self.books.complete_device(entry, out, raw);
         }
         Ok(n)
     }

@@ -324,6 +324,9 @@ pub struct DelayWindow {
     /// Bytes posted and not yet completed, as told by `on_sent` and
     /// `on_completed`.
     out: u64,
+    /// Bytes of unsignaled pieces completed since the last sample, which
+    /// the next sample judges ([`Window::on_completed_unsampled`]).
+    unjudged: u64,
     /// The queue allowance from the link's rate (ns; 0: no rate known,
     /// `target_floor` applies), and the rate it was computed from.
     allowance: u64,
@@ -357,6 +360,7 @@ impl DelayWindow {
             gain: crate::share::GAIN_ONE,
             sharing_weight: 1,
             out: 0,
+            unjudged: 0,
             allowance: 0,
             link_rate: 0,
             verdicts: Verdicts::default(),
@@ -712,6 +716,13 @@ impl Window for DelayWindow {
         self.completed(bytes, sent_at, now, host.0);
     }
 
+    /// Its bytes leave the window at once; the next sample judges them
+    /// with its own.
+    fn on_completed_unsampled(&mut self, bytes: u64, _sent_at: Nanos, _now: Nanos) {
+        self.out = self.out.saturating_sub(bytes);
+        self.unjudged = self.unjudged.saturating_add(bytes);
+    }
+
     #[inline]
     fn window(&self) -> u64 {
         self.window
@@ -787,6 +798,8 @@ impl DelayWindow {
         if bytes.saturating_mul(2) < self.largest {
             return;
         }
+        // The unsignaled pieces this completion reported are judged by it.
+        let judged = bytes.saturating_add(std::mem::take(&mut self.unjudged));
         let sample = (now - sent_at).0.max(1);
         self.srtt = if self.srtt == 0 {
             self.first_completion = now.0;
@@ -812,7 +825,7 @@ impl DelayWindow {
             .copied()
             .min()
             .unwrap_or(sample);
-        self.decide(lowest, bytes);
+        self.decide(lowest, judged);
     }
 }
 

@@ -78,6 +78,18 @@ pub trait Window: fmt::Debug + Send {
         self.on_completed(bytes, sent_at, at);
     }
 
+    /// A piece of `bytes` posted at `sent_at` is known at `now` to have
+    /// completed without a completion of its own: it went unsignaled, and
+    /// the completion of a later piece of its queue pair reported it (the
+    /// send queue completes in order). It finished at some time up to
+    /// `now`, so it is no delay sample; the completion that reported it
+    /// comes next. The default takes it as a piece completed at `now`
+    /// (which may overstate its delay); [`DelayWindow`] counts its bytes
+    /// back at once and judges them with the sample that follows.
+    fn on_completed_unsampled(&mut self, bytes: u64, sent_at: Nanos, now: Nanos) {
+        self.on_completed(bytes, sent_at, now);
+    }
+
     /// The window now, in bytes.
     fn window(&self) -> u64;
 

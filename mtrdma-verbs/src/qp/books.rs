@@ -2,6 +2,8 @@
 //! own until their completions, and the raw work requests of the layer
 //! above.
 
+use std::collections::VecDeque;
+
 use super::*;
 
 /// `wr_id`s with this bit set belong to a layer above (the scheduled
@@ -19,11 +21,31 @@ pub(crate) const SCHED_WR: u64 = 1 << 62;
 /// The raw completion that says one of the [`SCHED_WR`] requests finished.
 pub(crate) const PARKED_DONE: u64 = RAW_WR | SCHED_WR;
 
+/// Device `wr_id`s of send-side work requests carry this bit and the
+/// request's number in the queue pair's send ring ([`Books::tag_send`]):
+/// a completion names the last request it reports, and the unsignaled
+/// ones posted before it (RC and UD send queues complete in order)
+/// complete with it ([`Books::complete_device`]).
+pub(crate) const SENT_WR: u64 = 1 << 61;
+
+/// The `wr_id` of a zero-length RDMA WRITE that asks for its completion,
+/// posted only to report unsignaled requests that a refused list left
+/// without a signaled one after them ([`Sink::post_list`]); its
+/// completion reports nothing of its own.
+pub(crate) const NOP_WR: u64 = RAW_WR | SCHED_WR | 1;
+
+/// The bits of a send's number in its device `wr_id`.
+const SENT_MASK: u64 = SENT_WR - 1;
+
 /// A completion of a raw work request.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RawCompletion {
     pub(crate) wr_id: u64,
     pub(crate) status: WcStatus,
+    /// Whether the device reported it itself, at the time it finished: a
+    /// delay sample. An unsignaled piece completes with the signaled one
+    /// after it, later than it finished, and is no sample.
+    pub(crate) sampled: bool,
 }
 
 /// Where a raw send's data lives and goes.
@@ -39,6 +61,10 @@ pub(crate) struct RawSend {
     pub(crate) ud: Option<UdDest>,
     /// What the request's region adds ([`Region::extra`]).
     pub(crate) extra: Extra,
+    /// It may go unsignaled when a later request of the same list is
+    /// signaled ([`Sink::post_list`]): a piece that is not its request's
+    /// last.
+    pub(crate) quiet_ok: bool,
 }
 
 /// What a region adds to the work requests of its pieces beyond one
@@ -173,6 +199,12 @@ pub(crate) struct Slot<R> {
 /// number of requests in each queue.
 pub(crate) struct Books<R> {
     slots: Slab<Slot<R>>,
+    /// The send-side work requests in the device, oldest first, of a sink
+    /// that numbers them ([`tag_send`](Self::tag_send)): their own
+    /// `wr_id`s and the completion opcode an unsignaled one reports.
+    sent: VecDeque<(u64, ffi::ibv_wc_opcode::Type)>,
+    /// The number of `sent`'s first entry.
+    sent_head: u64,
     pub(crate) sends_in_flight: u32,
     pub(crate) recvs_in_flight: u32,
     pub(crate) max_send_wr: u32,
@@ -212,6 +244,8 @@ impl<R: Region> Books<R> {
     pub(crate) fn new(max_send_wr: u32, max_recv_wr: u32) -> Self {
         Books {
             slots: Slab::default(),
+            sent: VecDeque::new(),
+            sent_head: 0,
             sends_in_flight: 0,
             recvs_in_flight: 0,
             max_send_wr,
@@ -244,23 +278,113 @@ impl<R: Region> Books<R> {
 
     /// Takes every parked region out (teardown).
     pub(crate) fn drain_regions(&mut self) -> impl Iterator<Item = R> + '_ {
+        self.sent.clear();
         self.slots.drain().map(|slot| slot.region)
+    }
+
+    /// Numbers the send-side work request `wr_id` of verbs opcode
+    /// `opcode`, about to be posted: returns the `wr_id` the device is
+    /// given ([`SENT_WR`] and its number in the send ring).
+    #[inline]
+    pub(crate) fn tag_send(&mut self, wr_id: u64, opcode: ffi::ibv_wr_opcode::Type) -> u64 {
+        let seq = self.sent_head.wrapping_add(self.sent.len() as u64);
+        self.sent.push_back((wr_id, wc_opcode_of(opcode)));
+        SENT_WR | (seq & SENT_MASK)
+    }
+
+    /// Forgets the last `n` numbered requests: the device refused them.
+    #[inline]
+    pub(crate) fn untag_sends(&mut self, n: usize) {
+        let keep = self.sent.len().saturating_sub(n);
+        self.sent.truncate(keep);
+    }
+
+    /// Matches a completion the device reported, on a sink that numbers
+    /// its sends ([`tag_send`](Self::tag_send)): a send's completion also
+    /// completes, as succeeded, the unsignaled sends posted before it (the
+    /// send queue completes in order, and a failed request reports itself
+    /// whether signaled or not); a receive's is matched as it is.
+    #[inline]
+    pub(crate) fn complete_device(
+        &mut self,
+        wc: Wc,
+        out: &mut Vec<R::Completion>,
+        raw: &mut Vec<RawCompletion>,
+    ) {
+        if wc.wr_id & SENT_WR == 0 {
+            self.complete(wc, out, raw);
+            return;
+        }
+        let ahead = (wc.wr_id & SENT_MASK).wrapping_sub(self.sent_head) & SENT_MASK;
+        let Ok(ahead) = usize::try_from(ahead) else {
+            tracing::error!(
+                wr_id = wc.wr_id,
+                "completion for a send that is not in flight"
+            );
+            return;
+        };
+        if ahead >= self.sent.len() {
+            tracing::error!(
+                wr_id = wc.wr_id,
+                "completion for a send that is not in flight"
+            );
+            return;
+        }
+        for _ in 0..ahead {
+            let (wr_id, opcode) = self.pop_sent();
+            let implied = Wc {
+                wr_id,
+                status: WcStatus::Success,
+                opcode,
+                byte_len: 0,
+                imm: None,
+                source: None,
+            };
+            self.complete_as(implied, false, out, raw);
+        }
+        let (wr_id, _) = self.pop_sent();
+        self.complete_as(Wc { wr_id, ..wc }, true, out, raw);
+    }
+
+    #[inline]
+    fn pop_sent(&mut self) -> (u64, ffi::ibv_wc_opcode::Type) {
+        self.sent_head = self.sent_head.wrapping_add(1);
+        self.sent
+            .pop_front()
+            .expect("checked against the ring's length")
     }
 
     /// Matches one completion to its work request: a raw one goes to
     /// `raw` as it is; one of the queue pair's own hands its parked
     /// region back in `out`.
+    #[inline]
     pub(crate) fn complete(
         &mut self,
         wc: Wc,
         out: &mut Vec<R::Completion>,
         raw: &mut Vec<RawCompletion>,
     ) {
+        self.complete_as(wc, true, out, raw);
+    }
+
+    /// [`complete`](Self::complete); `sampled`: the device reported it
+    /// itself (see [`RawCompletion::sampled`]).
+    pub(crate) fn complete_as(
+        &mut self,
+        wc: Wc,
+        sampled: bool,
+        out: &mut Vec<R::Completion>,
+        raw: &mut Vec<RawCompletion>,
+    ) {
         if wc.wr_id & RAW_WR != 0 {
             self.sends_in_flight -= 1;
+            if wc.wr_id == NOP_WR {
+                return;
+            }
             raw.push(RawCompletion {
                 wr_id: wc.wr_id,
                 status: wc.status,
+                sampled,
             });
             return;
         }
@@ -312,20 +436,36 @@ impl<R: Region> Books<R> {
             raw.push(RawCompletion {
                 wr_id: PARKED_DONE,
                 status: wc.status,
+                sampled,
             });
         }
     }
 }
 
-/// The verbs work request for `raw`, its scatter list in `sge`.
-pub(crate) fn send_wr(raw: &RawSend, sge: &mut ffi::ibv_sge) -> ffi::ibv_send_wr {
+/// The completion opcode a successful send of verbs opcode `opcode`
+/// reports.
+pub(crate) fn wc_opcode_of(opcode: ffi::ibv_wr_opcode::Type) -> ffi::ibv_wc_opcode::Type {
+    use ffi::ibv_wc_opcode as c;
+    use ffi::ibv_wr_opcode as o;
+    match opcode {
+        o::IBV_WR_RDMA_WRITE | o::IBV_WR_RDMA_WRITE_WITH_IMM => c::IBV_WC_RDMA_WRITE,
+        o::IBV_WR_RDMA_READ => c::IBV_WC_RDMA_READ,
+        o::IBV_WR_ATOMIC_FETCH_AND_ADD => c::IBV_WC_FETCH_ADD,
+        o::IBV_WR_ATOMIC_CMP_AND_SWP => c::IBV_WC_COMP_SWAP,
+        _ => c::IBV_WC_SEND,
+    }
+}
+
+/// The verbs work request for `raw`, its scatter list in `sge`; signaled
+/// unless `quiet` or its region asks otherwise ([`Extra::quiet`]).
+pub(crate) fn send_wr(raw: &RawSend, sge: &mut ffi::ibv_sge, quiet: bool) -> ffi::ibv_send_wr {
     let mut wr = ffi::ibv_send_wr {
         wr_id: raw.wr_id,
         next: std::ptr::null_mut(),
         sg_list: sge,
         num_sge: i32::from(sge.length > 0),
         opcode: raw.opcode,
-        send_flags: if raw.extra.quiet {
+        send_flags: if raw.extra.quiet || quiet {
             raw.extra.flags
         } else {
             ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 | raw.extra.flags

@@ -289,7 +289,9 @@ impl QueuePairBuilder<'_> {
             send_cq: cq.cq.as_ptr(),
             recv_cq: cq.cq.as_ptr(),
             qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
-            sq_sig_all: 1,
+            // Each request asks for its completion or not
+            // (`Sink::post_list`).
+            sq_sig_all: 0,
             cap: ffi::ibv_qp_cap {
                 max_send_wr,
                 max_recv_wr,

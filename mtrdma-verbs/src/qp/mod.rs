@@ -414,38 +414,71 @@ pub(crate) fn libc_enosys() -> i32 {
     38
 }
 
-/// `ibv_post_send` of one work request on `qp`, through the provider's
-/// ops table (the inline function's body), its failure an
-/// [`Error::Verbs`] naming `pd`'s device.
+/// `ibv_post_send` of the linked list of work requests at `wr` on `qp`
+/// (one call, one doorbell), each first given to `prepare` and numbered
+/// in `books`' send ring ([`Books::tag_send`]). On refusal, the requests
+/// before the refused one were taken (their number comes with the error,
+/// an [`Error::Verbs`] naming `pd`'s device) and the rest are forgotten
+/// again.
 ///
 /// # Safety
-/// `qp` must be live; the memory `wr` names must stay valid and untouched
-/// by safe code until the request completes.
+/// `qp` must be live; every `next` in the list is null or valid; the
+/// memory the requests name must stay valid and untouched by safe code
+/// until they complete.
 #[inline]
-pub(crate) unsafe fn post_send_wr(
+pub(crate) unsafe fn post_send_list<R: Region>(
     qp: NonNull<ffi::ibv_qp>,
     wr: &mut ffi::ibv_send_wr,
+    books: &mut Books<R>,
     pd: &ProtectionDomain,
-) -> Result<(), Error> {
+    mut prepare: impl FnMut(&mut ffi::ibv_send_wr),
+) -> Result<(), (usize, Error)> {
+    let first: *mut ffi::ibv_send_wr = wr;
+    let mut n = 0;
+    let mut at = first;
+    // SAFETY: the caller's promise: every `next` is null or valid.
+    while let Some(this) = unsafe { at.as_mut() } {
+        prepare(this);
+        this.wr_id = books.tag_send(this.wr_id, this.opcode);
+        n += 1;
+        at = this.next;
+    }
     let mut bad = std::ptr::null_mut();
-    // SAFETY: `qp` is live (the caller's promise); `wr` and its scatter
-    // list outlive the call (the provider copies them into the send
-    // queue).
+    // SAFETY: `qp` is live (the caller's promise); the requests and their
+    // scatter lists outlive the call (the provider copies them into the
+    // send queue).
     let rc = unsafe {
         let ctx = qp.as_ref().context;
         match (*ctx).ops.post_send {
-            Some(post) => post(qp.as_ptr(), wr, &mut bad),
+            Some(post) => post(qp.as_ptr(), first, &mut bad),
             None => libc_enosys(),
         }
     };
-    if rc != 0 {
-        return Err(Error::Verbs {
+    if rc == 0 {
+        return Ok(());
+    }
+    // The provider points `bad` at the refused request (`ibv_post_send(3)`);
+    // those before it were taken.
+    let mut taken = 0;
+    let mut at = first;
+    while !bad.is_null() && !at.is_null() && at != bad {
+        taken += 1;
+        // SAFETY: `at` is one of the list's requests.
+        at = unsafe { (*at).next };
+    }
+    if at.is_null() {
+        // `bad` named none of them: count none as taken.
+        taken = 0;
+    }
+    books.untag_sends(n - taken);
+    Err((
+        taken,
+        Error::Verbs {
             call: "ibv_post_send",
             device: pd.context().name().to_string(),
             source: io::Error::from_raw_os_error(rc),
-        });
-    }
-    Ok(())
+        },
+    ))
 }
 
 impl Sink for QueuePair {
@@ -468,17 +501,27 @@ impl Sink for QueuePair {
     }
 
     unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
-        if wr.num_sge == 1 && wr.opcode != ffi::ibv_wr_opcode::IBV_WR_RDMA_READ {
-            // SAFETY: `num_sge` is 1, so `sg_list` points at one valid sge.
-            let len = unsafe { (*wr.sg_list).length };
-            if len <= self.max_inline {
-                // Copied into the request now; the region is not read later.
-                wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        // SAFETY: as the caller promises; `wr` alone is a list of one.
+        unsafe { self.post_wr_list(wr) }.map_err(|(_, e)| e)
+    }
+
+    unsafe fn post_wr_list(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), (usize, Error)> {
+        let max_inline = self.max_inline;
+        let inline = |wr: &mut ffi::ibv_send_wr| {
+            if wr.num_sge == 1 && wr.opcode != ffi::ibv_wr_opcode::IBV_WR_RDMA_READ {
+                // SAFETY: `num_sge` is 1, so `sg_list` points at one valid
+                // sge.
+                let len = unsafe { (*wr.sg_list).length };
+                if len <= max_inline {
+                    // Copied into the request now; the region is not read
+                    // later.
+                    wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+                }
             }
-        }
+        };
         // SAFETY: the QP is live while `self` is; the caller keeps the
-        // buffer alive until the completion.
-        unsafe { post_send_wr(self.qp, wr, &self.pd) }
+        // buffers alive until the completions.
+        unsafe { post_send_list(self.qp, wr, &mut self.books, &self.pd, inline) }
     }
 
     fn poll(
@@ -496,7 +539,8 @@ impl Sink for QueuePair {
         for entry in &wcs[..n] {
             // SAFETY: `ibv_poll_cq` wrote the first `n` entries.
             let wc = unsafe { RawWc::read(entry) };
-            self.books.complete(Wc::from_raw(&wc, None), out, raw);
+            self.books
+                .complete_device(Wc::from_raw(&wc, None), out, raw);
         }
         Ok(n)
     }

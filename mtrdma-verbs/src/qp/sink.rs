@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// Work requests handed to the device in one call at most
+/// ([`Sink::post_list`]).
+pub(crate) const LIST_MAX: usize = 32;
+
+/// In a list, at least one work request in this many asks for its
+/// completion ([`Sink::post_list`]).
+pub(crate) const SIGNAL_EVERY: usize = 16;
+
 /// Where a queue pair's send-side work requests go: the device's send
 /// queue ([`QueuePair`]), or a null sink on the host (benches and tests,
 /// see [`crate::bench`]). Everything up to the device's `post_send` and
@@ -26,6 +34,32 @@ pub(crate) trait Sink: Send + 'static {
     /// by safe code until the request's completion is polled (or the queue
     /// pair is destroyed after being drained).
     unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error>;
+
+    /// Hands the linked list of work requests that starts at `wr` to the
+    /// device. On refusal, the requests before the refused one were taken
+    /// (their number comes with the error) and the rest were not. A device
+    /// queue pair takes the list in one call (one doorbell); the default
+    /// hands the requests over one at a time.
+    ///
+    /// # Safety
+    /// As [`post_wr`](Self::post_wr), for every request of the list; each
+    /// `next` is null or points at a valid request.
+    unsafe fn post_wr_list(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), (usize, Error)> {
+        let mut taken = 0;
+        let mut at: *mut ffi::ibv_send_wr = wr;
+        // SAFETY: the caller's promise: every `next` is null or valid.
+        while let Some(this) = unsafe { at.as_mut() } {
+            let next = this.next;
+            this.next = std::ptr::null_mut();
+            // SAFETY: as the caller promises for the list.
+            let result = unsafe { self.post_wr(this) };
+            this.next = next;
+            result.map_err(|e| (taken, e))?;
+            taken += 1;
+            at = next;
+        }
+        Ok(())
+    }
 
     /// Polls up to 32 completions: those of its own work requests into
     /// `out`, raw ones (see [`RAW_WR`]) into `raw`.
@@ -136,13 +170,94 @@ pub(crate) trait Sink: Send + 'static {
             });
         }
         let mut sge = raw.sge;
-        let mut wr = send_wr(&raw, &mut sge);
+        let mut wr = send_wr(&raw, &mut sge, false);
         // SAFETY: `wr` and `sge` outlive the call (the device copies them
         // into its send queue); the caller keeps the buffer alive until
         // the completion.
         unsafe { self.post_wr(&mut wr) }?;
         self.books_mut().sends_in_flight += 1;
         Ok(())
+    }
+
+    /// Posts `pieces` in order, as lists of up to [`LIST_MAX`] work
+    /// requests (one call to the device each). A piece that may go
+    /// unsignaled ([`RawSend::quiet_ok`]) does unless it is the last of
+    /// its list or the [`SIGNAL_EVERY`]th: its completion comes with the
+    /// signaled one after it, and every list ends with one, so no piece
+    /// waits for a completion that nothing asked for. On refusal, the
+    /// pieces before the refused one were posted (their number comes with
+    /// the error) and the rest were not.
+    ///
+    /// # Safety
+    /// As [`post`](Self::post), for every piece.
+    unsafe fn post_list(&mut self, pieces: &[RawSend]) -> Result<(), (usize, Error)> {
+        let mut done = 0;
+        while done < pieces.len() {
+            let room = self.send_room() as usize;
+            if room == 0 {
+                let depth = self.books().max_send_wr;
+                return Err((done, Error::SendQueueFull { depth }));
+            }
+            let n = (pieces.len() - done).min(LIST_MAX).min(room);
+            let mut sges = [ffi::ibv_sge::default(); LIST_MAX];
+            let mut wrs = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; LIST_MAX];
+            for (i, piece) in pieces[done..done + n].iter().enumerate() {
+                sges[i] = piece.sge;
+                let quiet = piece.quiet_ok && i + 1 < n && (i + 1) % SIGNAL_EVERY != 0;
+                wrs[i].write(send_wr(piece, &mut sges[i], quiet));
+            }
+            for i in 1..n {
+                let next = wrs[i].as_mut_ptr();
+                // SAFETY: entries `..n` were written just above.
+                unsafe { (*wrs[i - 1].as_mut_ptr()).next = next };
+            }
+            // SAFETY: the first `n` entries are written and linked (the
+            // last one's `next` is null, as `send_wr` built it); their
+            // scatter entries live in `sges` until the call returns (the
+            // device copies them); the caller keeps the buffers alive.
+            let result = unsafe { self.post_wr_list(&mut *wrs[0].as_mut_ptr()) };
+            let taken = match &result {
+                Ok(()) => n,
+                Err((taken, _)) => *taken,
+            };
+            self.books_mut().sends_in_flight += taken as u32;
+            if taken > 0 && taken < n {
+                // SAFETY: entry `taken - 1` was written above.
+                let last = unsafe { &*wrs[taken - 1].as_ptr() };
+                if last.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 == 0 {
+                    self.report_quiet();
+                }
+            }
+            done += taken;
+            result.map_err(|(_, e)| (done, e))?;
+        }
+        Ok(())
+    }
+
+    /// After a list was refused part way with an unsignaled request last
+    /// among those taken: posts a zero-length RDMA WRITE that asks for its
+    /// completion ([`NOP_WR`]; the responder checks neither address nor
+    /// key of a zero-length one, IBA C9-88), so that those requests
+    /// complete. If the queue pair refuses that too, it is in the error
+    /// state or broken, and moving it there flushes every request,
+    /// signaled or not.
+    #[cold]
+    fn report_quiet(&mut self) {
+        let nop = RawSend {
+            wr_id: NOP_WR,
+            opcode: ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            sge: ffi::ibv_sge::default(),
+            remote: Some((0, 0)),
+            imm: None,
+            atomic: None,
+            ud: None,
+            extra: Extra::default(),
+            quiet_ok: false,
+        };
+        // SAFETY: it names no memory.
+        if let Err(e) = unsafe { self.post(nop) } {
+            tracing::warn!(error = %e, "a queue pair refused the request that reports its unsignaled ones");
+        }
     }
 
     /// Posts a send-side operation on `range` of `region`, parking the
@@ -196,6 +311,7 @@ pub(crate) trait Sink: Send + 'static {
             atomic: op.atomic(),
             ud,
             extra,
+            quiet_ok: false,
         };
         // SAFETY: the buffer `sge` points at is owned by the slot just
         // parked and stays there until the completion is polled.

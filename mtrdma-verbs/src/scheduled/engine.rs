@@ -441,6 +441,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 atomic: op.atomic(),
                 ud,
                 extra,
+                quiet_ok: false,
             };
             return Ok(self.launch(member, raw, len));
         }
@@ -699,14 +700,20 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 self.parked_done(member);
             } else {
                 let message = (c.wr_id & !RAW_WR) as usize;
-                self.piece_done(member, message, c.status);
+                self.piece_done(member, message, c.status, c.sampled);
             }
         }
     }
 
     /// Accounts one finished piece.
     #[inline]
-    pub(super) fn piece_done(&mut self, member: usize, message: usize, status: WcStatus) {
+    pub(super) fn piece_done(
+        &mut self,
+        member: usize,
+        message: usize,
+        status: WcStatus,
+        sampled: bool,
+    ) {
         let (clock, offset, host) = (&self.clock, self.shared_offset, self.host_delay);
         let m = self
             .members
@@ -725,12 +732,12 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                 weight: None,
             });
         }
-        let done = self.gate.completed(
-            &mut m.lane,
-            message,
-            || Self::window_now(clock, offset),
-            host,
-        );
+        let now = || Self::window_now(clock, offset);
+        let done = if sampled {
+            self.gate.completed(&mut m.lane, message, now, host)
+        } else {
+            self.gate.completed_unsampled(&mut m.lane, message, now)
+        };
         if done.is_none() {
             tracing::error!(message, "completion for a piece that is not in flight");
             return;
@@ -817,6 +824,9 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             atomic: msg.op.atomic(),
             ud: msg.region.datagram(),
             extra: msg.region.extra(grant.offset == 0, grant.is_last),
+            // Its request's last piece reports at once; the others may
+            // report with a later piece of their list.
+            quiet_ok: !grant.is_last,
         };
         msg.pieces_out += 1;
         if let Some(raw) = self.launch(member, raw, grant.len) {

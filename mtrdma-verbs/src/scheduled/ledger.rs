@@ -99,41 +99,50 @@ impl<C> Default for Book<C> {
 }
 
 impl<S: Sink> Side<S> {
-    /// Posts the pieces the engine queued, in order.
+    /// Posts the pieces the engine queued, in order, as lists (one
+    /// doorbell each).
     pub(super) fn flush(&self) {
         if lock(&self.book).to_post.is_empty() {
             return;
         }
         let mut qp = lock(&self.qp);
+        let mut pieces = Vec::new();
         loop {
             // Only the holder of `qp` takes pieces, so they go in order.
-            let Some(piece) = lock(&self.book).to_post.pop_front() else {
+            pieces.extend(lock(&self.book).to_post.drain(..));
+            if pieces.is_empty() {
                 return;
-            };
-            self.post(&mut qp, piece);
+            }
+            self.post(&mut qp, &mut pieces);
         }
     }
 
-    /// Posts one piece on `qp` (this side's, locked by the caller). A
-    /// piece the NIC refuses completes as failed at the next poll, and
-    /// the later pieces of its request are not posted (they complete as
-    /// flushed).
-    pub(super) fn post(&self, qp: &mut S, piece: RawSend) {
-        if self.refusals.load(Ordering::Acquire) {
-            let mut book = lock(&self.book);
-            if book.refused.contains(&piece.wr_id) {
-                book.raw.push(dropped(piece.wr_id));
-                self.mail.store(true, Ordering::Release);
-                return;
+    /// Posts `pieces` (drained) on `qp` (this side's, locked by the
+    /// caller), as lists. A piece the NIC refuses completes as failed at
+    /// the next poll, and the later pieces of its request are not posted
+    /// (they complete as flushed).
+    pub(super) fn post(&self, qp: &mut S, pieces: &mut Vec<RawSend>) {
+        let mut failed = Vec::new();
+        let refusals = self.refusals.load(Ordering::Acquire);
+        post_pieces(
+            qp,
+            pieces,
+            |wr_id| refusals && lock(&self.book).refused.contains(&wr_id),
+            &mut failed,
+        );
+        pieces.clear();
+        if failed.is_empty() {
+            return;
+        }
+        self.deliver(|book| {
+            for c in &failed {
+                if c.status != WcStatus::Flushed && !book.refused.contains(&c.wr_id) {
+                    book.refused.push(c.wr_id);
+                }
             }
-        }
-        if let Some(failed) = post_piece(qp, piece) {
-            self.deliver(|book| {
-                book.refused.push(failed.wr_id);
-                book.raw.push(failed);
-            });
-            self.refusals.store(true, Ordering::Release);
-        }
+            book.raw.append(&mut failed);
+        });
+        self.refusals.store(true, Ordering::Release);
     }
 
     /// Request `wr_id` finished: a refusal of one of its pieces no longer

@@ -313,15 +313,18 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
 
     #[inline(never)]
     pub(super) fn post_pieces(&mut self) {
-        for piece in self.engine.own_pieces.drain(..) {
-            // Refusals wait in `raw` for the next poll to fail their
-            // requests: until then, no later piece of one is posted.
-            if self.raw.iter().any(|c| c.wr_id == piece.wr_id) {
-                self.raw.push(dropped(piece.wr_id));
-            } else if let Some(failed) = post_piece(&mut self.sink, piece) {
-                self.raw.push(failed);
-            }
-        }
+        // Refusals wait in `raw` for the next poll to fail their requests:
+        // until then, no later piece of one is posted.
+        let mut failed = Vec::new();
+        let raw = &self.raw;
+        post_pieces(
+            &mut self.sink,
+            &self.engine.own_pieces,
+            |wr_id| raw.iter().any(|c| c.wr_id == wr_id),
+            &mut failed,
+        );
+        self.engine.own_pieces.clear();
+        self.raw.append(&mut failed);
     }
 }
 
@@ -374,17 +377,61 @@ pub(super) fn post_piece<S: Sink>(qp: &mut S, piece: RawSend) -> Option<RawCompl
     // pair cannot be drained (`detach`).
     match unsafe { qp.post(piece) } {
         Ok(()) => None,
-        Err(e) => Some(refused(wr_id, &e)),
+        Err(e) => Some(refused_piece(wr_id, &e)),
+    }
+}
+
+/// Posts `pieces` on `qp` in order, as lists ([`Sink::post_list`]: one
+/// doorbell each). A piece the NIC refuses completes as failed, and so
+/// does every later piece of its request or of one `refused_before`
+/// names (as flushed, not posted): the rest of a request must not reach
+/// the peer after a hole (the last piece of a split WRITE with immediate
+/// would tell the peer that the whole of it had arrived). Those
+/// completions go to `failed`.
+pub(super) fn post_pieces<S: Sink>(
+    qp: &mut S,
+    pieces: &[RawSend],
+    refused_before: impl Fn(u64) -> bool,
+    failed: &mut Vec<RawCompletion>,
+) {
+    let refused = |wr_id: u64, failed: &[RawCompletion]| {
+        refused_before(wr_id) || failed.iter().any(|c| c.wr_id == wr_id)
+    };
+    let mut start = 0;
+    while start < pieces.len() {
+        let end = pieces[start..]
+            .iter()
+            .position(|p| refused(p.wr_id, failed))
+            .map_or(pieces.len(), |k| start + k);
+        if end == start {
+            failed.push(dropped(pieces[start].wr_id));
+            start += 1;
+            continue;
+        }
+        // SAFETY: every piece lies inside its message's region (checked
+        // at `post_send`), and the engine keeps the message, region and
+        // all, until every piece decided for it has completed or failed
+        // (`finish_if_done` counts decided pieces), or forever if the
+        // queue pair cannot be drained (`detach`).
+        match unsafe { qp.post_list(&pieces[start..end]) } {
+            Ok(()) => start = end,
+            Err((taken, e)) => {
+                let at = start + taken;
+                failed.push(refused_piece(pieces[at].wr_id, &e));
+                start = at + 1;
+            }
+        }
     }
 }
 
 /// The completion that fails piece `wr_id`, which the NIC refused.
 #[cold]
-pub(super) fn refused(wr_id: u64, e: &Error) -> RawCompletion {
+pub(super) fn refused_piece(wr_id: u64, e: &Error) -> RawCompletion {
     tracing::warn!(error = %e, "posting a scheduled piece failed");
     RawCompletion {
         wr_id,
         status: WcStatus::LocalQpOperation,
+        sampled: false,
     }
 }
 
@@ -397,6 +444,7 @@ pub(super) fn dropped(wr_id: u64) -> RawCompletion {
     RawCompletion {
         wr_id,
         status: WcStatus::Flushed,
+        sampled: false,
     }
 }
 
@@ -514,9 +562,7 @@ impl<S: Sink, Q: PieceScheduler> Attached<S, Q> {
         };
         drop(e);
         if let Some(mut qp) = qp {
-            for piece in self.pieces.drain(..) {
-                self.side.post(&mut qp, piece);
-            }
+            self.side.post(&mut qp, &mut self.pieces);
         }
         for side in self.sides.drain(..) {
             side.flush();
