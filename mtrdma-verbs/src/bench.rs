@@ -28,10 +28,14 @@ use mtrdma_sched::TenantPolicy;
 
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
-use crate::qp::{Books, RawCompletion, Region, SendOp, Sink, Wc};
-use crate::scheduled::{default_scheduler, solo_parts, Scheduled, Shared};
+use crate::qp::{check_send, Batch, Books, RawCompletion, Region, SendOp, Sink, Wc};
+use crate::scheduled::{default_scheduler, solo_parts, Request, Scheduled, Shared};
 use crate::{DefaultScheduler, PieceScheduler};
 use crate::{Error, ScheduleConfig, SharedConfig};
+
+/// A refused batch on the host: the error, and the requests not posted as
+/// (context, region).
+pub type BatchRefused = (Error, Vec<(u64, HeapRegion)>);
 
 /// A plain heap buffer standing in for a [`MemoryRegion`](crate::MemoryRegion).
 #[derive(Debug)]
@@ -198,6 +202,12 @@ pub struct NullSink {
     head: usize,
     queued: usize,
     fail: bool,
+    /// Requests taken out of the ring so far.
+    done: u64,
+    /// The request (counted as `done` counts) that fails, if any.
+    fail_at: Option<u64>,
+    /// A request failed: every later one is flushed.
+    broken: bool,
     /// Posts still to take before refusing one (`None`: none refused).
     refuse_after: Option<usize>,
     /// Holds `shutdown` until released.
@@ -228,6 +238,9 @@ impl NullSink {
             head: 0,
             queued: 0,
             fail: false,
+            done: 0,
+            fail_at: None,
+            broken: false,
             refuse_after: None,
             hold: None,
             log: None,
@@ -252,6 +265,14 @@ impl NullSink {
         let hold = std::sync::Arc::new(ShutdownHold::default());
         self.hold = Some(std::sync::Arc::clone(&hold));
         hold
+    }
+
+    /// The request `ok` places behind the oldest one in the ring (0: the
+    /// oldest) completes with [`WcStatus::RemoteAccess`], whether it asked
+    /// for a completion or not, and every request after it is flushed
+    /// (the queue pair is in the error state from then on).
+    pub fn fail_completion_after(&mut self, ok: usize) {
+        self.fail_at = Some(self.done + ok as u64);
     }
 
     /// Takes the next `taken` posts and refuses the one after them (once).
@@ -291,6 +312,30 @@ impl NullSink {
         context: u64,
     ) -> Result<(), (Error, HeapRegion)> {
         self.post_parked(op, region, range, context)
+    }
+
+    /// What [`QueuePair::batch`](crate::QueuePair::batch) and
+    /// [`PostBatch::submit`](crate::PostBatch::submit) do with `requests`
+    /// (operation, region, range, context): one list, most of it
+    /// unsignaled. On refusal, the error and the requests not posted, as
+    /// (context, region).
+    pub fn post_batch(
+        &mut self,
+        requests: impl IntoIterator<Item = (SendOp, HeapRegion, Range<usize>, u64)>,
+    ) -> Result<(), BatchRefused> {
+        let mut batch = Batch::new(self);
+        let mut requests = requests.into_iter();
+        while let Some((op, region, range, context)) = requests.next() {
+            if let Err((error, region)) = batch.push(op, region, range, context) {
+                let mut refused = batch.cancel();
+                refused.push((context, region));
+                refused.extend(requests.map(|(_, region, _, context)| (context, region)));
+                return Err((error, refused));
+            }
+        }
+        batch
+            .submit()
+            .map_err(|refusal| (refusal.error, refusal.refused))
     }
 
     /// What [`QueuePair::poll`](crate::QueuePair::poll) does: up to 32
@@ -411,17 +456,32 @@ impl Sink for NullSink {
         // Up to 32 completions, as a device reports them: one per
         // signaled request, which also reports the unsignaled ones before
         // it (those after the last signaled one wait for a later one).
+        // A request that fails reports itself, signaled or not, and the
+        // queue pair is then in the error state: every later request is
+        // reported, flushed.
         let mut n = 0;
         let mut unsignaled = 0;
         while n < 32 && unsignaled < self.queued {
             let at = (self.head + unsignaled) % self.ring.len();
-            if !self.ring[at].0.signaled {
+            let status = if self.broken {
+                WcStatus::Flushed
+            } else if self.fail_at == Some(self.done + unsignaled as u64) {
+                WcStatus::RemoteAccess
+            } else {
+                WcStatus::Success
+            };
+            if status == WcStatus::Success && !self.ring[at].0.signaled {
                 unsignaled += 1;
                 continue;
             }
-            let wc = Self::completion(&self.ring[at], WcStatus::Success);
+            let wc = Self::completion(&self.ring[at], status);
+            if status == WcStatus::RemoteAccess {
+                self.fail_at = None;
+                self.broken = true;
+            }
             self.head = (at + 1) % self.ring.len();
             self.queued -= unsignaled + 1;
+            self.done += unsignaled as u64 + 1;
             unsignaled = 0;
             n += 1;
             self.books.complete_device(wc, out, raw);
@@ -442,6 +502,7 @@ impl Sink for NullSink {
             let wc = Self::completion(&self.ring[self.head], WcStatus::Flushed);
             self.head = (self.head + 1) % self.ring.len();
             self.queued -= 1;
+            self.done += 1;
             self.books.complete_device(wc, &mut out, &mut raw);
         }
         true
@@ -559,6 +620,40 @@ impl<Q: PieceScheduler> NullScheduled<Q> {
         self.inner.post_send(op, region, range, context, true)
     }
 
+    /// See [`ScheduledQueuePair::batch`](crate::ScheduledQueuePair::batch)
+    /// and [`ScheduledBatch::submit`](crate::ScheduledBatch::submit):
+    /// `requests` (operation, region, range, context) accepted together.
+    /// On refusal, the error and the requests not accepted, as (context,
+    /// region).
+    pub fn post_batch(
+        &mut self,
+        requests: impl IntoIterator<Item = (SendOp, HeapRegion, Range<usize>, u64)>,
+    ) -> Result<(), BatchRefused> {
+        let mut checked = Vec::new();
+        let mut requests = requests.into_iter();
+        while let Some((op, region, range, context)) = requests.next() {
+            match check_send(op, &region, &range) {
+                Ok(sge) => checked.push(Request {
+                    op,
+                    region,
+                    range,
+                    sge,
+                    context,
+                }),
+                Err(error) => {
+                    let mut refused: Vec<_> =
+                        checked.into_iter().map(|r| (r.context, r.region)).collect();
+                    refused.push((context, region));
+                    refused.extend(requests.map(|(_, region, _, context)| (context, region)));
+                    return Err((error, refused));
+                }
+            }
+        }
+        self.inner
+            .post_batch(checked)
+            .map_err(|refusal| (refusal.error, refusal.refused))
+    }
+
     /// See [`ScheduledQueuePair::poll`](crate::ScheduledQueuePair::poll).
     pub fn poll(&mut self, out: &mut Vec<HostCompletion>) -> Result<usize, Error> {
         self.inner.poll(out)
@@ -656,6 +751,215 @@ mod tests {
             qp.poll(&mut out).unwrap();
         }
         out
+    }
+
+    /// `n` 64 B WRITEs, contexts `0..n`, each region tagged with its
+    /// context.
+    fn writes(n: u64) -> Vec<(SendOp, HeapRegion, Range<usize>, u64)> {
+        (0..n)
+            .map(|i| (SendOp::Write(REMOTE), tagged(i), 0..64, i))
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_goes_as_one_list_and_asks_for_one_completion_in_sixteen() {
+        let mut sink = NullSink::new(1, 64).recording();
+        sink.post_batch(writes(20)).unwrap();
+        let posted = sink.take_log();
+        let signaled: Vec<usize> = (0..posted.len()).filter(|&i| posted[i].signaled).collect();
+        assert_eq!(posted.len(), 20);
+        assert_eq!(signaled, [15, 19], "the 16th and the last ask");
+        assert_eq!(sink.sends_in_flight(), 20);
+        let mut out = Vec::new();
+        let reported = sink.poll(&mut out).unwrap();
+        assert_eq!(reported, 2, "two completions from the device");
+        assert_eq!(
+            out.iter()
+                .map(|c| (c.context, tag(&c.region)))
+                .collect::<Vec<_>>(),
+            (0..20).map(|i| (i, i)).collect::<Vec<_>>(),
+            "every request hands its own region back, in order"
+        );
+        assert!(out.iter().all(|c| c.status == WcStatus::Success
+            && c.opcode == Opcode::Write
+            && c.byte_len == 64));
+        assert_eq!(sink.sends_in_flight(), 0);
+    }
+
+    #[test]
+    fn a_batch_the_send_queue_cannot_hold_is_refused_whole_requests_back() {
+        let mut sink = NullSink::new(1, 8);
+        let (e, refused) = sink.post_batch(writes(10)).unwrap_err();
+        assert!(matches!(e, Error::SendQueueFull { depth: 8 }), "{e}");
+        assert_eq!(
+            refused
+                .iter()
+                .map(|(c, r)| (*c, tag(r)))
+                .collect::<Vec<_>>(),
+            (0..10).map(|i| (i, i)).collect::<Vec<_>>()
+        );
+        assert_eq!(sink.sends_in_flight(), 0);
+        // The device refusing one part way: those before it are posted.
+        sink.refuse_after(3);
+        let (_, refused) = sink.post_batch(writes(6)).unwrap_err();
+        assert_eq!(
+            refused.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
+            [3, 4, 5]
+        );
+        let mut out = Vec::new();
+        sink.poll(&mut out).unwrap();
+        assert_eq!(
+            out.iter().map(|c| c.context).collect::<Vec<_>>(),
+            [0, 1, 2],
+            "the unsignaled ones before the refusal are reported"
+        );
+        assert_eq!(sink.sends_in_flight(), 0);
+    }
+
+    #[test]
+    fn a_failed_request_in_a_batch_reports_every_request_once() {
+        let mut sink = NullSink::new(1, 64);
+        sink.post_batch(writes(20)).unwrap();
+        // The 6th fails: unsignaled, it reports itself; the five before it
+        // succeeded; all after it are flushed.
+        sink.fail_completion_after(5);
+        let mut out = Vec::new();
+        while sink.sends_in_flight() > 0 {
+            sink.poll(&mut out).unwrap();
+        }
+        let got: Vec<_> = out.iter().map(|c| (c.context, c.status)).collect();
+        let want: Vec<_> = (0..20)
+            .map(|i| match i {
+                0..=4 => (i, WcStatus::Success),
+                5 => (i, WcStatus::RemoteAccess),
+                _ => (i, WcStatus::Flushed),
+            })
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_split_request_goes_as_one_list_and_a_failed_piece_fails_it_once() {
+        for (way, mut qp) in [
+            (
+                "solo",
+                scheduled(
+                    NullSink::new(1, 64).recording(),
+                    ScheduleConfig {
+                        chunk_bytes: 4096,
+                        max_pieces_in_flight: 16,
+                        ..bulk0()
+                    },
+                )
+                .unwrap(),
+            ),
+            (
+                "shared",
+                NullScheduler::new(SharedConfig {
+                    chunk_bytes: 4096,
+                    bulk_bytes_in_flight: 1 << 20,
+                    ..SharedConfig::default()
+                })
+                .unwrap()
+                .attach(
+                    NullSink::new(2, 64).recording(),
+                    ScheduleConfig {
+                        max_pieces_in_flight: 16,
+                        ..bulk0()
+                    },
+                )
+                .unwrap(),
+            ),
+        ] {
+            post(
+                &mut qp,
+                SendOp::Write(REMOTE),
+                HeapRegion::new(65536),
+                65536,
+                7,
+            );
+            let done = drain(&mut qp, 1);
+            let posted = qp.with_sink(|s| s.take_log());
+            assert_eq!(posted.len(), 16, "{way}");
+            assert_eq!(
+                posted.iter().filter(|p| p.signaled).count(),
+                1,
+                "{way}: only the request's last piece asks for a completion"
+            );
+            assert!(posted[15].signaled, "{way}");
+            assert_eq!(
+                (done.len(), done[0].context, done[0].status),
+                (1, 7, WcStatus::Success)
+            );
+
+            // The 4th piece of the next one fails: the request fails once,
+            // its region back, and nothing is left in flight.
+            qp.with_sink(|s| s.fail_completion_after(3));
+            post(
+                &mut qp,
+                SendOp::Write(REMOTE),
+                HeapRegion::new(65536),
+                65536,
+                8,
+            );
+            let done = drain(&mut qp, 1);
+            assert_eq!(done.len(), 1, "{way}");
+            assert_eq!(
+                (done[0].context, done[0].status, done[0].region.len()),
+                (8, WcStatus::RemoteAccess, 65536),
+                "{way}"
+            );
+            let mut more = Vec::new();
+            for _ in 0..100 {
+                qp.poll(&mut more).unwrap();
+            }
+            assert!(more.is_empty(), "{way}: reported once");
+            assert_eq!(qp.queued(), 0, "{way}");
+            assert_eq!(qp.with_sink(|s| s.sends_in_flight()), 0, "{way}");
+        }
+    }
+
+    #[test]
+    fn a_scheduled_batch_is_accepted_together_and_completes_request_by_request() {
+        let shared = NullScheduler::new(SharedConfig::default()).unwrap();
+        let sixteen = ScheduleConfig {
+            max_pieces_in_flight: 16,
+            ..bulk0()
+        };
+        let solo = scheduled(NullSink::new(1, 64).recording(), sixteen.clone()).unwrap();
+        let attached = shared
+            .attach(NullSink::new(2, 64).recording(), sixteen)
+            .unwrap();
+        for (way, mut qp) in [("solo", solo), ("shared", attached)] {
+            qp.post_batch(writes(16)).unwrap();
+            let posted = qp.with_sink(|s| s.take_log());
+            assert_eq!(posted.len(), 16, "{way}");
+            assert_eq!(
+                posted.iter().filter(|p| p.signaled).count(),
+                1,
+                "{way}: one completion for the batch"
+            );
+            let done = drain(&mut qp, 16);
+            assert_eq!(
+                done.iter()
+                    .map(|c| (c.context, tag(&c.region)))
+                    .collect::<Vec<_>>(),
+                (0..16).map(|i| (i, i)).collect::<Vec<_>>(),
+                "{way}"
+            );
+            assert_eq!(qp.queued(), 0, "{way}");
+            // A request out of bounds refuses it and those after it, the
+            // ones before accepted.
+            let mut batch = writes(4);
+            batch[2].2 = 0..65;
+            let (e, refused) = qp.post_batch(batch).unwrap_err();
+            assert!(
+                matches!(e, Error::LocalRangeOutOfBounds { .. }),
+                "{way}: {e}"
+            );
+            assert_eq!(refused.len(), 4, "{way}: checked before any is accepted");
+            assert_eq!(qp.queued(), 0, "{way}");
+        }
     }
 
     #[test]

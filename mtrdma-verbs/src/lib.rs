@@ -100,11 +100,11 @@ pub use mr::{Access, MemoryRegion, RemoteRegion};
 pub use pd::ProtectionDomain;
 pub use progress::ProgressThread;
 pub use qp::{
-    Endpoint, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder, SendOp, ATOMIC_BYTES,
-    MAX_RNR_RETRY,
+    BatchError, Endpoint, PostBatch, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder,
+    SendOp, ATOMIC_BYTES, MAX_RNR_RETRY,
 };
 pub use scheduled::{
-    DefaultScheduler, PieceRef, PieceScheduler, ScheduleConfig, ScheduledQueuePair,
+    DefaultScheduler, PieceRef, PieceScheduler, ScheduleConfig, ScheduledBatch, ScheduledQueuePair,
     ScheduledUdQueuePair, SharedConfig, SharedScheduler, Tenancy, WindowState,
 };
 pub use ud::{

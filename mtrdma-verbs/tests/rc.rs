@@ -579,3 +579,86 @@ fn a_send_to_a_peer_without_receives_fails_after_bounded_retries() {
         assert_eq!(a.in_flight(), (0, 0));
     }
 }
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_batch_goes_in_one_call_and_every_request_comes_back_once() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let (mut a, mut b) = pair(&pd);
+    let piece = 4096usize;
+    let n = 40u64;
+    let target = pd
+        .allocate(piece * n as usize, Access::REMOTE_READ_WRITE)
+        .unwrap();
+    let remote = target.remote().unwrap();
+    // 40 WRITEs and a SEND with immediate that tells the peer they are
+    // all there (RC delivers in order), in one batch: three completions
+    // (the 16th, the 32nd and the last ask) report all 41.
+    let note = pd.allocate(64, Access::LOCAL).unwrap();
+    b.post_recv(note, 0..64, 99).unwrap();
+    let mut batch = a.batch();
+    for i in 0..n {
+        let src = pd.register(pattern(piece, i as u8), Access::LOCAL).unwrap();
+        let to = remote.slice(i * piece as u64, piece as u64).unwrap();
+        batch
+            .post_send(SendOp::Write(to), src, 0..piece, i)
+            .unwrap();
+    }
+    let imm = pd.allocate(8, Access::LOCAL).unwrap();
+    batch
+        .post_send(SendOp::SendWithImm(7), imm, 0..8, n)
+        .unwrap();
+    assert_eq!(batch.len(), n as usize + 1);
+    batch.submit().unwrap();
+    let done = wait(&mut a, n as usize + 1);
+    assert_eq!(
+        done.iter().map(|c| c.context).collect::<Vec<_>>(),
+        (0..=n).collect::<Vec<_>>(),
+        "each request completes once, in order"
+    );
+    assert!(done.iter().all(|c| c.status == WcStatus::Success));
+    assert!(done[..n as usize].iter().all(|c| c.opcode == Opcode::Write));
+    assert_eq!(done[n as usize].opcode, Opcode::Send);
+    assert_eq!(a.in_flight(), (0, 0));
+    let got = wait(&mut b, 1).pop().unwrap();
+    assert_eq!((got.context, got.imm), (99, Some(7)));
+    for i in 0..n as usize {
+        assert!(
+            target.read()[i * piece..(i + 1) * piece] == pattern(piece, i as u8)[..],
+            "WRITE {i} arrived intact"
+        );
+    }
+
+    // To a peer that is gone: every request of the batch, unsignaled ones
+    // included, comes back once (failed), its region with it.
+    drop(b);
+    let mut batch = a.batch();
+    for i in 0..20u64 {
+        let src = pd.register(pattern(piece, i as u8), Access::LOCAL).unwrap();
+        batch
+            .post_send(SendOp::Write(remote), src, 0..piece, i)
+            .unwrap();
+    }
+    batch.submit().unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while out.len() < 20 && Instant::now() < deadline {
+        a.poll(&mut out).unwrap();
+    }
+    if out.len() < 20 {
+        a.set_error().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while out.len() < 20 && Instant::now() < deadline {
+            a.poll(&mut out).unwrap();
+        }
+    }
+    assert_eq!(
+        out.iter().map(|c| c.context).collect::<Vec<_>>(),
+        (0..20).collect::<Vec<_>>()
+    );
+    assert_eq!(a.in_flight(), (0, 0));
+    for c in &out {
+        assert_eq!(c.region.read(), &pattern(piece, c.context as u8)[..]);
+    }
+}

@@ -24,12 +24,17 @@ use crate::mr::{Access, RemoteRegion};
 use crate::slab::Slab;
 use crate::{Error, GidEntry, GidSelection, MemoryRegion, PortInfo, ProtectionDomain};
 
+mod batch;
 mod books;
 mod builder;
 mod cq;
 mod sink;
 mod wc;
 
+#[cfg(any(test, feature = "null-sink"))]
+pub(crate) use batch::Batch;
+pub(crate) use batch::Refusal;
+pub use batch::{BatchError, PostBatch};
 pub(crate) use books::*;
 pub use builder::*;
 pub(crate) use cq::*;

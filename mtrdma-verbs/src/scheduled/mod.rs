@@ -55,8 +55,8 @@ use mtrdma_sched::{DelayWindow, DelayWindowConfig, Window};
 use crate::completion::{Completion, Opcode, WcStatus};
 use crate::events::{Armed, Waitable};
 use crate::qp::{
-    check_send, PostError, QueuePair, RawCompletion, RawSend, Region, SendOp, Sink, PARKED_DONE,
-    RAW_WR, SCHED_WR,
+    check_send, BatchError, PostError, QueuePair, RawCompletion, RawSend, Refusal, Region, SendOp,
+    Sink, PARKED_DONE, RAW_WR, SCHED_WR,
 };
 use crate::slab::Slab;
 
@@ -69,6 +69,8 @@ pub(crate) use engine::default_scheduler;
 use engine::{Engine, Member, HELP_AFTER_NS};
 pub use ledger::PieceRef;
 use ledger::{Book, Message, Side, PARKED};
+#[cfg(any(test, feature = "null-sink"))]
+pub(crate) use paths::Request;
 pub(crate) use paths::Scheduled;
 use paths::*;
 pub use ud::ScheduledUdQueuePair;
@@ -740,6 +742,99 @@ impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
         timeout: Duration,
     ) -> Result<usize, Error> {
         self.inner.poll_wait(out, timeout)
+    }
+}
+
+impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
+    /// Starts a batch of send-side requests accepted together (see
+    /// [`ScheduledBatch`]).
+    pub fn batch(&mut self) -> ScheduledBatch<'_, Q> {
+        ScheduledBatch {
+            qp: &mut self.inner,
+            requests: Vec::new(),
+        }
+    }
+}
+
+/// Several send-side requests accepted together
+/// ([`ScheduledQueuePair::batch`]): the scheduler takes them in one go
+/// (one turn of a [`SharedScheduler`]'s lock), and the pieces it lets go
+/// reach the NIC as one list of work requests (one doorbell), most of them
+/// without a completion of their own (see [`PostBatch`](crate::PostBatch)).
+/// Each request is scheduled, split and charged as
+/// [`post_send`](ScheduledQueuePair::post_send) would, and completes once,
+/// its region handed back, from [`poll`](ScheduledQueuePair::poll).
+///
+/// The ownership rules are those of `post_send`: a region moves into the
+/// batch when its request is added and comes back in its completion (or
+/// in the [`BatchError`]). Dropping a batch without submitting it posts
+/// nothing and frees its regions; take them back with
+/// [`cancel`](Self::cancel).
+#[must_use = "a batch posts nothing until it is submitted"]
+pub struct ScheduledBatch<'qp, Q: PieceScheduler = DefaultScheduler> {
+    qp: &'qp mut Scheduled<QueuePair, Q>,
+    requests: Vec<paths::Request<MemoryRegion>>,
+}
+
+impl<Q: PieceScheduler> std::fmt::Debug for ScheduledBatch<'_, Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScheduledBatch")
+            .field("requests", &self.requests.len())
+            .finish()
+    }
+}
+
+impl<Q: PieceScheduler> ScheduledBatch<'_, Q> {
+    /// Adds a send-side request; its range and remote region are checked
+    /// now, and on refusal the region comes back in the [`PostError`].
+    pub fn post_send(
+        &mut self,
+        op: SendOp,
+        region: MemoryRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), PostError> {
+        let sge = match check_send(op, &region, &range) {
+            Ok(sge) => sge,
+            Err(error) => return Err(PostError::new((error, region))),
+        };
+        self.requests.push(paths::Request {
+            op,
+            region,
+            range,
+            sge,
+            context,
+        });
+        Ok(())
+    }
+
+    /// Requests in the batch.
+    pub fn len(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Whether the batch has no request.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+
+    /// Hands the requests to the scheduler, in order. If it refuses one
+    /// (a cap of this scheduler's, say), those before it were accepted;
+    /// it and those after it come back in the [`BatchError`]. A piece the
+    /// NIC refuses fails its request at the next poll, as with
+    /// `post_send`.
+    pub fn submit(mut self) -> Result<(), BatchError> {
+        let requests = std::mem::take(&mut self.requests);
+        self.qp.post_batch(requests).map_err(BatchError::new)
+    }
+
+    /// Hands nothing to the scheduler and the requests back, in order, as
+    /// (context, region).
+    pub fn cancel(mut self) -> Vec<(u64, MemoryRegion)> {
+        std::mem::take(&mut self.requests)
+            .into_iter()
+            .map(|r| (r.context, r.region))
+            .collect()
     }
 }
 

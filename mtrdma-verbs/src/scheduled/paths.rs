@@ -160,6 +160,25 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         }
     }
 
+    /// Accepts `requests` together (see [`ScheduledBatch::submit`]): the
+    /// pieces decided meanwhile go to the NIC as one list.
+    pub(crate) fn post_batch(
+        &mut self,
+        requests: Vec<Request<S::Region>>,
+    ) -> Result<(), Refusal<S::Region>> {
+        match &mut self.way {
+            Way::Solo(solo) => {
+                let result = accept_all(&mut solo.engine, solo.member, requests);
+                solo.post_decided();
+                result
+            }
+            Way::Attached(a) => {
+                let member = a.member;
+                a.with_engine(|e| accept_all(e, member, requests))
+            }
+        }
+    }
+
     /// See [`ScheduledQueuePair::poll`].
     #[inline]
     pub(crate) fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
@@ -189,6 +208,55 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
             Way::Attached(a) => crate::events::poll_wait(a, out, timeout),
         }
     }
+}
+
+/// A send-side request of a batch, its range checked (`sge`).
+pub(crate) struct Request<R> {
+    pub(crate) op: SendOp,
+    pub(crate) region: R,
+    pub(crate) range: Range<usize>,
+    pub(crate) sge: ffi::ibv_sge,
+    pub(crate) context: u64,
+}
+
+/// Accepts `requests` on `engine` for `member` in order, the pieces it
+/// decides left in `own_pieces` for the caller to post as one list (a
+/// request's piece sent at once may report with a later one, as in a
+/// direct batch); stops at the first the engine refuses, which comes back
+/// with those after it.
+fn accept_all<S: Sink, Q: PieceScheduler>(
+    engine: &mut Engine<S, Q>,
+    member: usize,
+    requests: Vec<Request<S::Region>>,
+) -> Result<(), Refusal<S::Region>> {
+    let mut requests = requests.into_iter();
+    let mut posted = 0;
+    while let Some(r) = requests.next() {
+        let op = Op {
+            op: r.op,
+            whole: false,
+        };
+        match engine.post_send(member, op, r.region, r.range, r.sge, r.context) {
+            Ok(piece) => {
+                engine.own_pieces.extend(piece.map(|mut piece| {
+                    piece.quiet_ok = piece.ud.is_none();
+                    piece
+                }));
+                posted += 1;
+            }
+            Err((error, region)) => {
+                let refused = std::iter::once((r.context, region))
+                    .chain(requests.map(|r| (r.context, r.region)))
+                    .collect();
+                return Err(Refusal {
+                    posted,
+                    error,
+                    refused,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `v.push(x)`, always inlined: `x` (a completion, several words) is
