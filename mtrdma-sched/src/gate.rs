@@ -637,7 +637,7 @@ impl Gate {
     /// Takes the piece tagged `tag` out of `lane`'s pieces in flight and
     /// the budget (see [`completed`](Self::completed)); its bytes and
     /// when it was sent.
-    #[inline]
+    #[inline(always)]
     fn take_piece<H>(&mut self, lane: &mut Lane<H>, tag: usize) -> Option<(u64, Nanos)> {
         let piece = match lane.in_flight.front() {
             Some(p) if p.tag == tag => lane.in_flight.pop_front(),

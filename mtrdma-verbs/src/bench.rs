@@ -356,6 +356,19 @@ impl NullSink {
         }
     }
 
+    /// How the request `offset` places behind the oldest in the ring ends
+    /// once a failure was asked for ([`fail_completion_after`](Self::fail_completion_after)).
+    #[cold]
+    fn failing_status(&self, offset: usize) -> WcStatus {
+        if self.broken {
+            WcStatus::Flushed
+        } else if self.fail_at == Some(self.done + offset as u64) {
+            WcStatus::RemoteAccess
+        } else {
+            WcStatus::Success
+        }
+    }
+
     /// Takes one work request, as a provider's `post_send` takes each of
     /// a list's.
     fn take(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
@@ -402,7 +415,7 @@ impl NullSink {
             imm: with_imm.then(|| u32::from_be(imm)),
             signaled: wr.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
         };
-        let device_id = self.books.tag_send(wr.wr_id, wr.opcode);
+        let device_id = self.books.tag_send(wr.wr_id, wr.opcode, posted.signaled);
         let at = (self.head + self.queued) % self.ring.len();
         self.ring[at] = (posted, device_id);
         self.queued += 1;
@@ -463,12 +476,10 @@ impl Sink for NullSink {
         let mut unsignaled = 0;
         while n < 32 && unsignaled < self.queued {
             let at = (self.head + unsignaled) % self.ring.len();
-            let status = if self.broken {
-                WcStatus::Flushed
-            } else if self.fail_at == Some(self.done + unsignaled as u64) {
-                WcStatus::RemoteAccess
-            } else {
+            let status = if !self.broken && self.fail_at.is_none() {
                 WcStatus::Success
+            } else {
+                self.failing_status(unsignaled)
             };
             if status == WcStatus::Success && !self.ring[at].0.signaled {
                 unsignaled += 1;

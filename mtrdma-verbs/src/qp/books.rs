@@ -21,21 +21,29 @@ pub(crate) const SCHED_WR: u64 = 1 << 62;
 /// The raw completion that says one of the [`SCHED_WR`] requests finished.
 pub(crate) const PARKED_DONE: u64 = RAW_WR | SCHED_WR;
 
-/// Device `wr_id`s of send-side work requests carry this bit and the
-/// request's number in the queue pair's send ring ([`Books::tag_send`]):
-/// a completion names the last request it reports, and the unsignaled
-/// ones posted before it (RC and UD send queues complete in order)
-/// complete with it ([`Books::complete_device`]).
+/// Device `wr_id`s of send-side work requests carry this bit, and the
+/// request's number among the queue pair's sends in the bits under
+/// [`SEQ_SHIFT`] ([`Books::tag_send`]): a send's completion also reports
+/// the unsignaled sends posted before it (RC and UD send queues complete
+/// in order), which the books find by their numbers
+/// ([`Books::complete_device`]).
 pub(crate) const SENT_WR: u64 = 1 << 61;
+
+/// Where a send's number sits in its device `wr_id` (bits 40 to 59; the
+/// queue pair's own `wr_id`s, slab keys, stay below).
+const SEQ_SHIFT: u32 = 40;
+
+/// The bits of a send's number.
+const SEQ_MASK: u64 = (1 << 20) - 1;
+
+/// Everything a device `wr_id` carries beyond the request's own.
+const DEVICE_BITS: u64 = SENT_WR | (SEQ_MASK << SEQ_SHIFT);
 
 /// The `wr_id` of a zero-length RDMA WRITE that asks for its completion,
 /// posted only to report unsignaled requests that a refused list left
 /// without a signaled one after them ([`Sink::post_list`]); its
 /// completion reports nothing of its own.
 pub(crate) const NOP_WR: u64 = RAW_WR | SCHED_WR | 1;
-
-/// The bits of a send's number in its device `wr_id`.
-const SENT_MASK: u64 = SENT_WR - 1;
 
 /// A completion of a raw work request.
 #[derive(Debug, Clone, Copy)]
@@ -199,12 +207,13 @@ pub(crate) struct Slot<R> {
 /// number of requests in each queue.
 pub(crate) struct Books<R> {
     slots: Slab<Slot<R>>,
-    /// The send-side work requests in the device, oldest first, of a sink
-    /// that numbers them ([`tag_send`](Self::tag_send)): their own
-    /// `wr_id`s and the completion opcode an unsignaled one reports.
-    sent: VecDeque<(u64, ffi::ibv_wc_opcode::Type)>,
-    /// The number of `sent`'s first entry.
-    sent_head: u64,
+    /// The unsignaled send-side work requests in the device, oldest
+    /// first, of a sink that numbers its sends ([`tag_send`](Self::tag_send)):
+    /// their numbers, their own `wr_id`s and the completion opcode each
+    /// reports.
+    quiet: VecDeque<(u64, u64, ffi::ibv_wc_opcode::Type)>,
+    /// Sends numbered so far.
+    sends: u64,
     pub(crate) sends_in_flight: u32,
     pub(crate) recvs_in_flight: u32,
     pub(crate) max_send_wr: u32,
@@ -244,8 +253,8 @@ impl<R: Region> Books<R> {
     pub(crate) fn new(max_send_wr: u32, max_recv_wr: u32) -> Self {
         Books {
             slots: Slab::default(),
-            sent: VecDeque::new(),
-            sent_head: 0,
+            quiet: VecDeque::new(),
+            sends: 0,
             sends_in_flight: 0,
             recvs_in_flight: 0,
             max_send_wr,
@@ -278,25 +287,39 @@ impl<R: Region> Books<R> {
 
     /// Takes every parked region out (teardown).
     pub(crate) fn drain_regions(&mut self) -> impl Iterator<Item = R> + '_ {
-        self.sent.clear();
+        self.quiet.clear();
         self.slots.drain().map(|slot| slot.region)
     }
 
     /// Numbers the send-side work request `wr_id` of verbs opcode
-    /// `opcode`, about to be posted: returns the `wr_id` the device is
-    /// given ([`SENT_WR`] and its number in the send ring).
+    /// `opcode`, about to be posted (`signaled`: it asks for its
+    /// completion): returns the `wr_id` the device is given.
     #[inline]
-    pub(crate) fn tag_send(&mut self, wr_id: u64, opcode: ffi::ibv_wr_opcode::Type) -> u64 {
-        let seq = self.sent_head.wrapping_add(self.sent.len() as u64);
-        self.sent.push_back((wr_id, wc_opcode_of(opcode)));
-        SENT_WR | (seq & SENT_MASK)
+    pub(crate) fn tag_send(
+        &mut self,
+        wr_id: u64,
+        opcode: ffi::ibv_wr_opcode::Type,
+        signaled: bool,
+    ) -> u64 {
+        let seq = self.sends & SEQ_MASK;
+        self.sends = self.sends.wrapping_add(1);
+        if !signaled {
+            self.quiet.push_back((seq, wr_id, wc_opcode_of(opcode)));
+        }
+        wr_id | SENT_WR | (seq << SEQ_SHIFT)
     }
 
     /// Forgets the last `n` numbered requests: the device refused them.
     #[inline]
     pub(crate) fn untag_sends(&mut self, n: usize) {
-        let keep = self.sent.len().saturating_sub(n);
-        self.sent.truncate(keep);
+        self.sends = self.sends.wrapping_sub(n as u64);
+        let first = self.sends & SEQ_MASK;
+        while let Some(&(seq, ..)) = self.quiet.back() {
+            if seq.wrapping_sub(first) & SEQ_MASK >= n as u64 {
+                break;
+            }
+            self.quiet.pop_back();
+        }
     }
 
     /// Matches a completion the device reported, on a sink that numbers
@@ -311,27 +334,41 @@ impl<R: Region> Books<R> {
         out: &mut Vec<R::Completion>,
         raw: &mut Vec<RawCompletion>,
     ) {
-        if wc.wr_id & SENT_WR == 0 {
-            self.complete(wc, out, raw);
-            return;
-        }
-        let ahead = (wc.wr_id & SENT_MASK).wrapping_sub(self.sent_head) & SENT_MASK;
-        let Ok(ahead) = usize::try_from(ahead) else {
-            tracing::error!(
-                wr_id = wc.wr_id,
-                "completion for a send that is not in flight"
-            );
-            return;
+        let own = Wc {
+            wr_id: wc.wr_id & !DEVICE_BITS,
+            ..wc
         };
-        if ahead >= self.sent.len() {
-            tracing::error!(
-                wr_id = wc.wr_id,
-                "completion for a send that is not in flight"
-            );
-            return;
+        if wc.wr_id & SENT_WR == 0 || self.quiet.is_empty() {
+            self.complete(own, out, raw);
+        } else {
+            self.complete_after_quiet((wc.wr_id >> SEQ_SHIFT) & SEQ_MASK, own, out, raw);
         }
-        for _ in 0..ahead {
-            let (wr_id, opcode) = self.pop_sent();
+    }
+
+    /// [`complete_device`](Self::complete_device) of send number `seq`
+    /// while unsignaled sends are in the device: those numbered before it
+    /// complete first (succeeded), and it, if unsignaled, leaves them.
+    #[inline(never)]
+    fn complete_after_quiet(
+        &mut self,
+        seq: u64,
+        wc: Wc,
+        out: &mut Vec<R::Completion>,
+        raw: &mut Vec<RawCompletion>,
+    ) {
+        // At most the send queue's depth is in the device, far fewer than
+        // half the numbers: a number "after" `seq` is one within half the
+        // range above it.
+        while let Some(&(at, wr_id, opcode)) = self.quiet.front() {
+            let behind = seq.wrapping_sub(at) & SEQ_MASK;
+            if behind > SEQ_MASK / 2 {
+                break;
+            }
+            self.quiet.pop_front();
+            if behind == 0 {
+                // The unsignaled request itself (failed, or flushed).
+                break;
+            }
             let implied = Wc {
                 wr_id,
                 status: WcStatus::Success,
@@ -342,16 +379,7 @@ impl<R: Region> Books<R> {
             };
             self.complete_as(implied, false, out, raw);
         }
-        let (wr_id, _) = self.pop_sent();
-        self.complete_as(Wc { wr_id, ..wc }, true, out, raw);
-    }
-
-    #[inline]
-    fn pop_sent(&mut self) -> (u64, ffi::ibv_wc_opcode::Type) {
-        self.sent_head = self.sent_head.wrapping_add(1);
-        self.sent
-            .pop_front()
-            .expect("checked against the ring's length")
+        self.complete_as(wc, true, out, raw);
     }
 
     /// Matches one completion to its work request: a raw one goes to

@@ -444,7 +444,8 @@ pub(crate) unsafe fn post_send_list<R: Region>(
     // SAFETY: the caller's promise: every `next` is null or valid.
     while let Some(this) = unsafe { at.as_mut() } {
         prepare(this);
-        this.wr_id = books.tag_send(this.wr_id, this.opcode);
+        let signaled = this.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
+        this.wr_id = books.tag_send(this.wr_id, this.opcode, signaled);
         n += 1;
         at = this.next;
     }

@@ -1,0 +1,264 @@
+//! Cost of the data path per piece, one request per post against batches
+//! of 16, on the host against the null sink (as `benches/verbs.rs`: the
+//! library's own code up to the provider's `ibv_post_send` and from its
+//! `ibv_poll_cq`; no RDMA device).
+//!
+//! Each path moves 64 B WRITEs, 16 per iteration, and polls until all 16
+//! have handed their regions back:
+//!
+//! * `direct_single`: 16 times [`QueuePair::post_send`] and a poll: 16
+//!   posts, 16 completions.
+//! * `direct_batch16`: one [`QueuePair::batch`] of 16: one post (a list),
+//!   one completion that reports all 16.
+//! * `scheduled_single`: 16 times [`ScheduledQueuePair::post_send`] on a
+//!   queue pair of its own, each posted and completed on its own.
+//! * `scheduled_batch16`: one [`ScheduledQueuePair::batch`] of 16: the
+//!   engine accepts all 16, posts them as one list, and one completion
+//!   reports them.
+//! * `scheduled_split16`: one 1 KiB WRITE the engine splits into 16
+//!   pieces of 64 B, posted as one list, its last piece alone signaled.
+//!
+//! The queue pairs allow 16 pieces in flight. After criterion's groups,
+//! paired rounds (each path in turn, 31 rounds of 20,000 iterations, the
+//! medians of the per-round ratios) judge the target: a piece in a batch
+//! of 16 costs at most half of what it costs posted alone, on the direct
+//! and on the scheduled path.
+//!
+//! `cargo bench --bench batch` (add `-- --quick` for a short run). For an
+//! instruction count that repeats whatever else the machine is doing,
+//! run one path alone under callgrind: `valgrind --tool=callgrind
+//! target/release/deps/batch-* --path scheduled_batch16 --iterations
+//! 10000` (and the same for `scheduled_single`), and compare the totals.
+//!
+//! [`QueuePair::post_send`]: mtrdma::verbs::QueuePair::post_send
+//! [`QueuePair::batch`]: mtrdma::verbs::QueuePair::batch
+//! [`ScheduledQueuePair::post_send`]: mtrdma::verbs::ScheduledQueuePair::post_send
+//! [`ScheduledQueuePair::batch`]: mtrdma::verbs::ScheduledQueuePair::batch
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use criterion::{Criterion, Throughput};
+use mtrdma::core::{TenantId, TrafficClass};
+use mtrdma::verbs::bench::{self, HeapRegion, HostCompletion, NullScheduled, NullSink};
+use mtrdma::verbs::{RemoteRegion, ScheduleConfig, SendOp};
+
+/// Bytes per WRITE (and per piece of the split one).
+const BYTES: usize = 64;
+/// Requests (or pieces) per iteration, and in a batch.
+const N: usize = 16;
+/// Send queue depth of every null sink.
+const DEPTH: u32 = 128;
+/// Where the WRITEs go (nothing is written: the sink is null).
+const REMOTE: RemoteRegion = RemoteRegion {
+    addr: 0x7000_0000,
+    len: 1 << 20,
+    rkey: 0x42,
+};
+/// Paired rounds, and iterations per path per round.
+const ROUNDS: usize = 31;
+const ROUND_ITERS: u32 = 20_000;
+/// What a piece in a batch may cost, as a share of one posted alone.
+const TARGET: f64 = 0.5;
+
+/// The paths, in the order of the summary.
+const PATHS: [&str; 5] = [
+    "direct_single",
+    "direct_batch16",
+    "scheduled_single",
+    "scheduled_batch16",
+    "scheduled_split16",
+];
+
+/// Everything a path needs between iterations.
+struct Rig {
+    sink: NullSink,
+    qp: NullScheduled,
+    /// 16 regions of 64 B, and one of 1 KiB for the split WRITE.
+    regions: Vec<HeapRegion>,
+    big: Option<HeapRegion>,
+    out: Vec<HostCompletion>,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let config = ScheduleConfig {
+            chunk_bytes: BYTES as u64,
+            max_pieces_in_flight: N as u32,
+            ..ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
+        };
+        Rig {
+            sink: NullSink::new(1, DEPTH),
+            qp: bench::scheduled(NullSink::new(2, DEPTH), config).expect("a scheduler of its own"),
+            regions: (0..N).map(|_| HeapRegion::new(BYTES)).collect(),
+            big: Some(HeapRegion::new(BYTES * N)),
+            out: Vec::with_capacity(64),
+        }
+    }
+
+    /// Takes the regions back from the completions in `out`.
+    fn take_back(&mut self, want: usize) {
+        assert_eq!(self.out.len(), want, "every request completes");
+        for c in self.out.drain(..) {
+            if c.region.len() == BYTES {
+                self.regions.push(black_box(c.region));
+            } else {
+                self.big = Some(black_box(c.region));
+            }
+        }
+    }
+
+    /// One iteration of `path`: 16 pieces posted and completed.
+    fn run(&mut self, path: &str) {
+        let write = SendOp::Write(REMOTE);
+        match path {
+            "direct_single" => {
+                for (i, r) in self.regions.drain(..).enumerate() {
+                    if self.sink.post_send(write, r, 0..BYTES, i as u64).is_err() {
+                        panic!("the null sink takes every post");
+                    }
+                }
+                while self.out.len() < N {
+                    self.sink.poll(&mut self.out).expect("null poll");
+                }
+                self.take_back(N);
+            }
+            "direct_batch16" => {
+                let batch = self
+                    .regions
+                    .drain(..)
+                    .enumerate()
+                    .map(|(i, r)| (write, r, 0..BYTES, i as u64));
+                if self.sink.post_batch(batch).is_err() {
+                    panic!("the null sink takes every batch");
+                }
+                while self.out.len() < N {
+                    self.sink.poll(&mut self.out).expect("null poll");
+                }
+                self.take_back(N);
+            }
+            "scheduled_single" => {
+                for (i, r) in self.regions.drain(..).enumerate() {
+                    if self.qp.post_send(write, r, 0..BYTES, i as u64).is_err() {
+                        panic!("the scheduler accepts every post");
+                    }
+                }
+                while self.out.len() < N {
+                    self.qp.poll(&mut self.out).expect("null poll");
+                }
+                self.take_back(N);
+            }
+            "scheduled_batch16" => {
+                let batch = self
+                    .regions
+                    .drain(..)
+                    .enumerate()
+                    .map(|(i, r)| (write, r, 0..BYTES, i as u64));
+                if self.qp.post_batch(batch).is_err() {
+                    panic!("the scheduler accepts every batch");
+                }
+                while self.out.len() < N {
+                    self.qp.poll(&mut self.out).expect("null poll");
+                }
+                self.take_back(N);
+            }
+            "scheduled_split16" => {
+                let r = self.big.take().expect("region back");
+                if self.qp.post_send(write, r, 0..BYTES * N, 0).is_err() {
+                    panic!("the scheduler accepts every post");
+                }
+                while self.out.is_empty() {
+                    self.qp.poll(&mut self.out).expect("null poll");
+                }
+                self.take_back(1);
+            }
+            other => panic!("no path {other}"),
+        }
+    }
+}
+
+fn groups(c: &mut Criterion, rig: &mut Rig) {
+    let mut group = c.benchmark_group("batch");
+    // Per piece.
+    group.throughput(Throughput::Elements(N as u64));
+    for path in PATHS {
+        group.bench_function(path, |b| b.iter(|| rig.run(path)));
+    }
+    group.finish();
+}
+
+/// ns per piece of `path`, over `iters` iterations.
+fn time(rig: &mut Rig, path: &str, iters: u32) -> f64 {
+    let start = Instant::now();
+    for _ in 0..iters {
+        rig.run(path);
+    }
+    start.elapsed().as_nanos() as f64 / f64::from(iters) / N as f64
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Every path in turn, round after round; the medians of each path's ns
+/// per piece and of the ratios batch / single in each round.
+fn paired(rig: &mut Rig) {
+    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); PATHS.len()];
+    for round in 0..=ROUNDS {
+        let this: Vec<f64> = PATHS.iter().map(|p| time(rig, p, ROUND_ITERS)).collect();
+        if round == 0 {
+            continue; // warm-up
+        }
+        for (all, t) in ns.iter_mut().zip(this) {
+            all.push(t);
+        }
+    }
+    println!("\npaired rounds ({ROUNDS} x {ROUND_ITERS} iterations of {N} pieces per path), ns per piece (medians):");
+    for (path, all) in PATHS.iter().zip(&ns) {
+        println!("  {path:<18} {:>7.1}", median(&mut all.clone()));
+    }
+    let ratio = |batch: usize, single: usize| {
+        let mut r: Vec<f64> = ns[batch]
+            .iter()
+            .zip(&ns[single])
+            .map(|(b, s)| b / s)
+            .collect();
+        median(&mut r)
+    };
+    for (name, batch, single) in [
+        ("direct: batch of 16 / one per post", 1, 0),
+        ("scheduled: batch of 16 / one per post", 3, 2),
+        ("scheduled: one request in 16 pieces / one per post", 4, 2),
+    ] {
+        let r = ratio(batch, single);
+        let verdict = if r <= TARGET { "met" } else { "NOT met" };
+        println!("  {name}: {r:.2} (target at most {TARGET}: {verdict})");
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let mut rig = Rig::new();
+    if let Some(path) = value("--path") {
+        // One path alone, for callgrind.
+        let iters: u32 = value("--iterations")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10_000);
+        let ns = time(&mut rig, &path, iters);
+        println!("{path}: {iters} iterations of {N} pieces, {ns:.1} ns per piece");
+        return;
+    }
+    let mut c = Criterion::default().configure_from_args();
+    groups(&mut c, &mut rig);
+    let has = |flag: &str| args.iter().any(|a| a == flag);
+    if has("--bench") && !has("--list") && !has("--profile-time") {
+        paired(&mut rig);
+    }
+}
