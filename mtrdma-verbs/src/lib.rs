@@ -74,6 +74,7 @@
 //! # }
 //! ```
 
+mod async_event;
 #[cfg(any(test, feature = "null-sink"))]
 pub mod bench;
 mod completion;
@@ -90,6 +91,7 @@ pub use mtrdma_core::registry;
 mod qp;
 pub mod scheduled;
 mod slab;
+pub mod srq;
 mod ud;
 
 pub use completion::{Completion, Opcode, WcStatus};
@@ -100,13 +102,14 @@ pub use mr::{Access, MemoryRegion, RemoteRegion};
 pub use pd::ProtectionDomain;
 pub use progress::ProgressThread;
 pub use qp::{
-    Endpoint, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder, SendOp, ATOMIC_BYTES,
-    MAX_RNR_RETRY,
+    Endpoint, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder, SendOp, SharedCompletion,
+    SharedCompletionQueue, SharedCompletionQueueBuilder, ATOMIC_BYTES, MAX_RNR_RETRY,
 };
 pub use scheduled::{
     DefaultScheduler, PieceRef, PieceScheduler, ScheduleConfig, ScheduledQueuePair,
     ScheduledUdQueuePair, SharedConfig, SharedScheduler, Tenancy, WindowState,
 };
+pub use srq::{SharedReceiveQueue, SharedReceiveQueueBuilder};
 pub use ud::{
     AddressHandle, UdCompletion, UdEndpoint, UdQueuePair, UdQueuePairBuilder, UdSource,
     DEFAULT_QKEY, GRH_BYTES,
