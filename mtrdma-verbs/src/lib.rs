@@ -18,6 +18,13 @@
 //! [`ScheduledQueuePair::poll_wait`], [`UdQueuePair::poll_wait`]) rather
 //! than spin on `poll`, so many tenants can share a few CPUs.
 //!
+//! Servers share receive and completion queues: queue pairs built with
+//! [`srq`](QueuePairBuilder::srq) take their receives from one
+//! [`SharedReceiveQueue`] (refilled from its reserve on the device's limit
+//! event), and a [`SharedCompletionQueue`] holds a server thread's RC queue
+//! pairs on one completion queue and one completion channel, routing each
+//! completion to its queue pair ([`SharedCompletion::qpn`]).
+//!
 //! Two queue pairs on one device, connected to each other: WRITE a buffer
 //! into the peer's region, then READ it back. A posted region belongs to
 //! the queue pair until its completion is polled, which hands it back.

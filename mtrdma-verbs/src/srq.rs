@@ -20,11 +20,11 @@
 //! reserve as one list of work requests (one doorbell) and arms the limit
 //! again. The event is read by the `poll_wait` of the queue pairs and
 //! shared completion queues that use the queue (they sleep on the
-//! descriptor too), and by their polls once the receives polled leave
-//! the queue below twice its limit. Should the receives polled show the
-//! queue below its limit before its event was read, it is refilled at
-//! once. Receives given with [`post_recv`](SharedReceiveQueue::post_recv)
-//! are posted at once.
+//! descriptor too), and by their polls once the receives polled show the
+//! queue below its limit (the device then surely raised it); should the
+//! event not be there yet, that poll refills the queue at once. Receives
+//! given with [`post_recv`](SharedReceiveQueue::post_recv) are posted at
+//! once.
 //!
 //! Teardown: the queue is destroyed when its last handle and the last
 //! queue pair built on it are gone (each holds it), so no queue pair can
@@ -323,14 +323,9 @@ impl Level {
         self.limit > 0 && !self.armed && self.posted > self.limit
     }
 
-    /// The device may have raised the limit event: it holds fewer than
-    /// twice the limit (it holds at most `posted`).
-    fn worth_reading_events(self) -> bool {
-        self.armed && self.posted < self.limit.saturating_mul(2)
-    }
-
-    /// The receives polled already show the queue below its limit: the
-    /// event was raised (or is on its way), refill now.
+    /// The receives polled already show the queue below its limit (the
+    /// device holds at most `posted`): the event was raised, or is on its
+    /// way.
     fn below(self) -> bool {
         self.armed && self.posted < self.limit
     }
@@ -497,11 +492,11 @@ impl SharedReceiveQueue {
         }
     }
 
-    /// After a receive was polled: reads the asynchronous events if the
-    /// queue may be below its limit, and refills it if the polled
-    /// receives already show it below.
+    /// After a receive was polled: if the queue is below its limit, reads
+    /// the asynchronous events (its limit event refills it), and refills it
+    /// at once if the event was not there yet.
     fn after_receive(&self, level: Level) {
-        if !level.worth_reading_events() {
+        if !level.below() {
             return;
         }
         if let Err(e) = self.check_events() {
@@ -829,12 +824,13 @@ mod tests {
     }
 
     #[test]
-    fn events_are_read_below_twice_the_limit_and_refilled_below_it() {
-        assert!(!level(32, true).worth_reading_events());
-        assert!(level(31, true).worth_reading_events());
-        assert!(!level(31, false).worth_reading_events(), "no event armed");
+    fn a_queue_seen_below_its_armed_limit_is_due_a_refill() {
         assert!(!level(16, true).below());
         assert!(level(15, true).below());
+        assert!(
+            !level(15, false).below(),
+            "no event armed: refilled already"
+        );
         assert_eq!(level(60, true).room(), 4);
     }
 }

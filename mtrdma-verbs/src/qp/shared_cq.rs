@@ -429,7 +429,9 @@ impl SharedCompletionQueue {
         let member = self.member(qpn)?;
         let qp = member.qp();
         let outstanding = qp.books.outstanding();
-        if outstanding > 0 {
+        // A queue pair on an SRQ may hold a receive it took from it: the
+        // error state flushes that too.
+        if outstanding > 0 || qp.srq.is_some() {
             let _ = qp.set_error();
         }
         let mut mine = Vec::new();
