@@ -3,7 +3,11 @@
 //! `rpc server` runs one UD queue pair per server thread; each serves many
 //! clients, answering every request to the queue pair number and GID it
 //! came from (taken from the receive's completion and its GRH), as HERD's
-//! and rdma-dpdk's servers do. `rpc client` runs client threads, one UD
+//! and rdma-dpdk's servers do. All the server's queue pairs take their
+//! receives from one shared receive queue: the server posts receive
+//! buffers for its clients once, not once per thread. A request's buffer
+//! goes back to the queue's reserve once it is answered, and the reserve
+//! is posted as one list when the queue's limit event says it runs low. `rpc client` runs client threads, one UD
 //! queue pair each, client `i` talking to server thread `i % threads`.
 //! Servers and clients find each other through a registry
 //! (`mtrdma::verbs::registry`): a memcached (`--registry HOST:PORT`), or,
@@ -44,8 +48,8 @@ use mtrdma::core::{TenantHandle, TenantId, TrafficClass};
 use mtrdma::verbs::registry::{Registry, RegistryHost};
 use mtrdma::verbs::{
     Access, AddressHandle, Context, MemoryRegion, Opcode, PostError, ProtectionDomain,
-    ScheduleConfig, ScheduledUdQueuePair, Tenancy, UdCompletion, UdEndpoint, UdQueuePair,
-    DEFAULT_QKEY,
+    ScheduleConfig, ScheduledUdQueuePair, SharedReceiveQueue, Tenancy, UdCompletion, UdEndpoint,
+    UdQueuePair, DEFAULT_QKEY,
 };
 
 #[path = "shared/args.rs"]
@@ -59,8 +63,8 @@ const HEADER: usize = 16;
 const REQUEST: u8 = 1;
 const BYE: u8 = 2;
 const RESPONSE: u8 = 3;
-/// Receives each queue pair keeps posted: a server's take a burst from
-/// all its clients at once.
+/// Receives the server's shared receive queue holds at least: a burst from
+/// all its clients at once (it holds four per client when that is more).
 const SERVER_RECVS: u32 = 256;
 const CLIENT_RECVS: u32 = 8;
 /// Requests each client sends before it starts counting (the server may
@@ -212,7 +216,7 @@ fn parse(mut a: args::Args) -> Result<Opts, String> {
 
 /// One UD queue pair, posting straight or through mtrdma's scheduler.
 enum Ud {
-    Raw(UdQueuePair),
+    Raw(Box<UdQueuePair>),
     Sched(Box<ScheduledUdQueuePair>),
 }
 
@@ -325,7 +329,14 @@ impl Site {
         .map_err(|e| format!("registering a {len}-byte buffer: {e}"))
     }
 
-    fn queue_pair(&self, recvs: u32, sends: u32) -> Result<Ud, String> {
+    /// A UD queue pair with `recvs` receives of its own, or taking them
+    /// from `srq`.
+    fn queue_pair(
+        &self,
+        recvs: u32,
+        sends: u32,
+        srq: Option<&SharedReceiveQueue>,
+    ) -> Result<Ud, String> {
         let mut b = self
             .pd
             .ud_queue_pair()
@@ -335,9 +346,12 @@ impl Site {
         if let Some(t) = &self.tenant {
             b = b.tenant(t);
         }
+        if let Some(srq) = srq {
+            b = b.srq(srq);
+        }
         let qp = b.build().map_err(|e| format!("a UD queue pair: {e}"))?;
         Ok(match self.path {
-            PathKind::Raw => Ud::Raw(qp),
+            PathKind::Raw => Ud::Raw(Box::new(qp)),
             PathKind::Mtrdma => {
                 let tenant = match &self.tenant {
                     Some(_) => Tenancy::OfQueuePair,
@@ -411,14 +425,31 @@ fn server(o: &Opts) -> Result<(), String> {
     };
     let mut registry = connect_registry(o, host.as_ref())?;
     let site = Site::open(o)?;
+    // One receive queue for every thread's queue pair. Its limit is half
+    // its depth, at least twice the clients: each client has one request
+    // out at a time, so the queue still holds receives for all of them
+    // when its limit event comes.
+    let depth = SERVER_RECVS.max(o.clients.saturating_mul(4));
+    let srq = site
+        .pd
+        .shared_receive_queue()
+        .max_wr(depth)
+        .limit(depth / 2)
+        .datagrams(true)
+        .build()
+        .map_err(|e| format!("a shared receive queue of {depth} receives: {e}"))?;
     let mut qps = Vec::new();
     for t in 0..o.threads {
-        let mut qp = site.queue_pair(SERVER_RECVS, SERVER_SEND_POOL as u32)?;
-        // Receives go up before the endpoint is published: a datagram to
-        // a UD queue pair with none posted is dropped.
+        let qp = site.queue_pair(0, SERVER_SEND_POOL as u32, Some(&srq))?;
+        // Receives go up before the first endpoint is published: a
+        // datagram to a UD queue pair with none posted is dropped.
         let mtu = qp.mtu() as usize;
-        for _ in 0..SERVER_RECVS {
-            qp.recv(site.buffer(mtu)?)?;
+        if t == 0 {
+            for _ in 0..depth {
+                let buf = site.buffer(mtu)?;
+                srq.post_recv(buf, 0..mtu, 1)
+                    .map_err(|e| format!("posting a receive: {e}"))?;
+            }
         }
         registry
             .publish_json(&format!("{}/server-{t}", o.name), &qp.endpoint())
@@ -429,7 +460,7 @@ fn server(o: &Opts) -> Result<(), String> {
         .publish_json(&format!("{}/threads", o.name), &o.threads)
         .map_err(|e| e.to_string())?;
     println!(
-        "rpc server: {} thread(s), one UD queue pair each (qpn {}), on {}, path {:?}, {}; registry {}",
+        "rpc server: {} thread(s), one UD queue pair each (qpn {}), {depth} receives shared, on {}, path {:?}, {}; registry {}",
         o.threads,
         qps.iter()
             .map(|q| q.endpoint().qpn.to_string())
@@ -465,8 +496,8 @@ fn server(o: &Opts) -> Result<(), String> {
                     .filter(|(i, _)| *i as u32 % o.threads == t as u32)
                     .map(|(_, c)| *c)
                     .collect();
-                let site = site.clone();
-                s.spawn(move || serve(&site, qp, &mine, o.size, deadline))
+                let (site, srq) = (site.clone(), srq.clone());
+                s.spawn(move || serve(&site, qp, &srq, &mine, o.size, deadline))
             })
             .collect();
         handles
@@ -491,12 +522,14 @@ fn server(o: &Opts) -> Result<(), String> {
         total.byes += r.byes;
     }
     println!(
-        "rpc server: answered {} requests (per queue pair: {}); {} of {} clients said bye; strangers {}",
+        "rpc server: answered {} requests (per queue pair: {}); {} of {} clients said bye; strangers {}; receive queue refilled {} times ({} limit events)",
         total.answered,
         per_qp.join(" "),
         total.byes,
         o.clients,
-        total.strangers
+        total.strangers,
+        srq.refills(),
+        srq.limit_events()
     );
     if total.byes < o.clients {
         return Err(format!(
@@ -508,10 +541,11 @@ fn server(o: &Opts) -> Result<(), String> {
 }
 
 /// One server thread: answers `clients` on `qp` until each said bye or
-/// `deadline` passes.
+/// `deadline` passes; each request's buffer goes back to `srq`'s reserve.
 fn serve(
     site: &Site,
     mut qp: Ud,
+    srq: &SharedReceiveQueue,
     clients: &[UdEndpoint],
     size: usize,
     deadline: Instant,
@@ -549,7 +583,9 @@ fn serve(
         }
         let from = c.source;
         let head = read_header(&c);
-        qp.recv(c.region)?;
+        let len = c.region.len();
+        srq.stock(c.region, 0..len, 1)
+            .map_err(|e| format!("giving a receive back: {e}"))?;
         // A client is the queue pair it published: its QPN and GID.
         let Some((k, src)) = from.and_then(|src| {
             clients
@@ -628,7 +664,7 @@ fn client(o: &Opts) -> Result<(), String> {
     }
     let mut qps = Vec::new();
     for i in o.first..o.first + o.clients {
-        let mut qp = site.queue_pair(CLIENT_RECVS, 4)?;
+        let mut qp = site.queue_pair(CLIENT_RECVS, 4, None)?;
         let mtu = qp.mtu() as usize;
         if o.size > mtu {
             return Err(format!("--size {}: above the port's MTU, {mtu}", o.size));

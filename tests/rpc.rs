@@ -132,6 +132,12 @@ fn serve_and_ask(registry: Option<&str>, path: &str, clients: u32, processes: u3
         0.0,
         "{out}"
     );
+    // The shared receive queue ran low and was refilled from its reserve
+    // (every request's buffer went back there) without losing a request.
+    assert!(
+        figure(&out, "rpc server: answered", "refilled") >= 1.0,
+        "{out}"
+    );
     // Every answered request, plus each client's warm-up, reached the one
     // server queue pair.
     let served = figure(&out, "rpc server:", "answered");

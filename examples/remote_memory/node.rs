@@ -1,14 +1,16 @@
 //! The memory node: lends a registered region of pages to one pager at a
 //! time. It does no work per request (the pager's READs and WRITEs are
 //! one-sided); it only sets up the queue pair and waits for the pager to
-//! hang up.
+//! hang up. Every pager's queue pair goes on the one completion queue the
+//! node makes at its start (a shared completion queue), not on one of its
+//! own.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use mtrdma::verbs::exchange::{exchange_within, Handshake};
-use mtrdma::verbs::{Access, ProtectionDomain, RemoteRegion};
+use mtrdma::verbs::{Access, ProtectionDomain, RemoteRegion, SharedCompletionQueue};
 
 use crate::cli::NodeArgs;
 use crate::page::PAGE;
@@ -43,13 +45,21 @@ pub(crate) fn run(a: &NodeArgs) -> Result<(), String> {
         .local_addr()
         .map_err(|e| format!("listening socket: {e}"))?
         .port();
+    // Nothing completes on it (the node posts nothing), so it has no
+    // completion channel.
+    let mut cq = ctx
+        .shared_completion_queue()
+        .entries(64)
+        .completion_events(false)
+        .build()
+        .map_err(|e| format!("creating the completion queue on {}: {e}", ctx.name()))?;
     println!("node: ready port {port} pages {}", a.pages);
     loop {
         let (mut stream, addr) = listener
             .accept()
             .map_err(|e| format!("accepting a pager: {e}"))?;
         let _ = stream.set_nodelay(true);
-        match serve(&pd, remote, a.pages, &mut stream, addr) {
+        match serve(&pd, &mut cq, remote, a.pages, &mut stream, addr) {
             Ok(()) => {
                 println!("node: pager {addr} done");
                 if !a.forever {
@@ -63,10 +73,11 @@ pub(crate) fn run(a: &NodeArgs) -> Result<(), String> {
     }
 }
 
-/// Connects a queue pair to the pager on `stream` and keeps it until the
-/// pager closes the connection.
+/// Connects a queue pair on `cq` to the pager on `stream` and keeps it
+/// until the pager closes the connection.
 fn serve(
     pd: &ProtectionDomain,
+    cq: &mut SharedCompletionQueue,
     remote: RemoteRegion,
     pages: u64,
     stream: &mut TcpStream,
@@ -77,26 +88,42 @@ fn serve(
     stream
         .write_all(format!("{HELLO} pages {pages}\n").as_bytes())
         .map_err(|e| format!("sending the greeting: {e}"))?;
-    let prepared = pd
-        .queue_pair()
-        .max_send_wr(1)
-        .max_recv_wr(1)
-        .access(Access::REMOTE_READ_WRITE)
-        .build()
+    let endpoint = cq
+        .prepare(
+            pd.queue_pair()
+                .max_send_wr(1)
+                .max_recv_wr(1)
+                .access(Access::REMOTE_READ_WRITE),
+        )
         .map_err(|e| format!("creating the queue pair: {e}"))?;
+    let served = connect_and_wait(cq, endpoint, remote, stream, addr);
+    // The queue pair goes when its pager does, whatever happened.
+    cq.remove(endpoint.qpn)
+        .map_err(|e| format!("destroying the queue pair: {e}"))?;
+    served
+}
+
+/// Connects queue pair `endpoint` of `cq` to the pager on `stream` and
+/// waits until the pager closes the connection.
+fn connect_and_wait(
+    cq: &mut SharedCompletionQueue,
+    endpoint: mtrdma::verbs::Endpoint,
+    remote: RemoteRegion,
+    stream: &mut TcpStream,
+    addr: SocketAddr,
+) -> Result<(), String> {
     let peer = exchange_within(
         stream,
         &Handshake {
-            endpoint: prepared.endpoint(),
+            endpoint,
             regions: vec![remote],
         },
         HANDSHAKE,
     )
     .map_err(|e| format!("exchanging endpoints: {e}"))?;
-    let qp = prepared
-        .connect(&peer.endpoint)
+    cq.connect(endpoint.qpn, &peer.endpoint)
         .map_err(|e| format!("connecting to the pager: {e}"))?;
-    println!("node: serving pager {addr} (queue pair {})", qp.qpn());
+    println!("node: serving pager {addr} (queue pair {})", endpoint.qpn);
     // The pager sends nothing more; end of stream is its goodbye (or its
     // death), and then the queue pair goes.
     let _ = stream.set_read_timeout(None);

@@ -181,6 +181,83 @@ pub enum Error {
         /// The most the device allows.
         max: u64,
     },
+    /// A receive was posted to a queue pair that receives from a shared
+    /// receive queue: its own receive queue does not exist.
+    #[error(
+        "this queue pair receives from a shared receive queue and has no receive queue of its \
+         own; post receives to the SharedReceiveQueue it was built with"
+    )]
+    ReceivesFromSrq,
+    /// The device offers no shared receive queues (its `max_srq` is 0).
+    #[error("device {device} does not support shared receive queues (max_srq is 0)")]
+    SrqUnsupported {
+        /// The device.
+        device: String,
+    },
+    /// A shared receive queue's limit is not below its depth.
+    #[error(
+        "a shared receive queue's limit ({limit}) must be below its depth ({max_wr}); 0 turns \
+         the limit event off"
+    )]
+    SrqLimit {
+        /// The limit asked for.
+        limit: u32,
+        /// The queue's depth.
+        max_wr: u32,
+    },
+    /// A queue pair and a shared receive queue do not carry the same
+    /// kind of receive (UD receives take the 40-byte GRH, RC ones do not).
+    #[error(
+        "a {qp} queue pair cannot receive from a shared receive queue built for {srq} queue \
+         pairs; UD queue pairs need one built with `datagrams(true)`, RC ones one without"
+    )]
+    SrqTransport {
+        /// The transport the queue was built for ("UD" or "RC").
+        srq: &'static str,
+        /// The queue pair's transport.
+        qp: &'static str,
+    },
+    /// An object was used with one of another device context or
+    /// protection domain, which the NIC would refuse.
+    #[error(
+        "the {what} belongs to another {scope} than the {with}; create both from the same \
+         {scope} (opening a device twice gives two contexts)"
+    )]
+    ForeignObject {
+        /// What was passed in.
+        what: &'static str,
+        /// What it was used with.
+        with: &'static str,
+        /// What they must share: "device context" or "protection domain".
+        scope: &'static str,
+    },
+    /// Adding a queue pair to a shared completion queue would let more
+    /// completions be outstanding than the queue holds (an overflow moves
+    /// every queue pair on it to the error state).
+    #[error(
+        "the shared completion queue holds {entries} completions, but with this queue pair \
+         {needed} could be outstanding (send queues, receive queues and shared receive queues \
+         of its queue pairs); build it with `entries({needed})` or more"
+    )]
+    CompletionQueueTooSmall {
+        /// Its entries.
+        entries: u32,
+        /// What its queue pairs could have outstanding with the new one.
+        needed: u64,
+    },
+    /// No queue pair of that number is on the shared completion queue.
+    #[error("no queue pair {qpn} is on this shared completion queue")]
+    NoSuchQueuePair {
+        /// The queue pair number asked for.
+        qpn: u32,
+    },
+    /// A send was posted to a queue pair on a shared completion queue
+    /// before it was connected.
+    #[error("queue pair {qpn} is not connected yet; connect it before posting sends")]
+    NotConnected {
+        /// The queue pair number.
+        qpn: u32,
+    },
     /// An address handle was used with a queue pair of another protection
     /// domain (the NIC would fail the send).
     #[error(

@@ -183,6 +183,19 @@ pub(crate) trait Waitable {
         None
     }
 
+    /// Another descriptor to sleep on besides the completion channel: the
+    /// device context's asynchronous events, for one whose queue pairs
+    /// take receives from a shared receive queue (its limit event refills
+    /// the queue while nothing completes). `None` by default.
+    fn side_fd(&self) -> Option<RawFd> {
+        None
+    }
+
+    /// [`side_fd`](Self::side_fd) became readable: read what is there.
+    fn side_ready(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// The thread woke from the channel and then waited `late` for a CPU:
     /// completions the next poll finds came that much before it ran
     /// (zero: the next poll's are on time).
@@ -261,11 +274,17 @@ pub(crate) fn poll_wait<W: Waitable + ?Sized>(
             return Ok(out.len() - before);
         }
         let waited = runqueue_wait();
+        let side = w.side_fd();
         // SAFETY: `fd` is the completion channel of a completion queue `w`
         // owns (directly, or through an `Arc` it holds); the channel is
         // destroyed only when `w`'s queue pair is dropped, and `w` is
-        // borrowed for the whole call.
-        if unsafe { block(fd, until) }? {
+        // borrowed for the whole call. `side` is the asynchronous event
+        // descriptor of the device context `w` keeps open.
+        let (ready, side_ready) = unsafe { block(fd, side, until) }?;
+        if side_ready {
+            w.side_ready()?;
+        }
+        if ready {
             w.take_events()?;
         }
         if let (Some(a), Some(b)) = (waited, runqueue_wait()) {
@@ -274,15 +293,22 @@ pub(crate) fn poll_wait<W: Waitable + ?Sized>(
     }
 }
 
-/// Sleeps until `fd` is readable (true) or `until` passes (false); an
-/// interrupted sleep goes on for the time that remains.
+/// Sleeps until `fd` or `side` is readable or `until` passes; says which
+/// became readable (neither: the time passed). An interrupted sleep goes
+/// on for the time that remains.
 ///
 /// # Safety
-/// `fd` must stay open until this returns.
-unsafe fn block(fd: RawFd, until: Option<Instant>) -> Result<bool, Error> {
-    // SAFETY: the caller keeps `fd` open until this returns, and the
-    // borrow does not outlive the call.
+/// `fd` and `side` must stay open until this returns.
+unsafe fn block(
+    fd: RawFd,
+    side: Option<RawFd>,
+    until: Option<Instant>,
+) -> Result<(bool, bool), Error> {
+    // SAFETY: the caller keeps `fd` and `side` open until this returns,
+    // and the borrows do not outlive the call.
     let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    // SAFETY: as above.
+    let side = side.map(|side| unsafe { BorrowedFd::borrow_raw(side) });
     loop {
         let timeout = match until {
             None => None,
@@ -292,13 +318,20 @@ unsafe fn block(fd: RawFd, until: Option<Instant>) -> Result<bool, Error> {
                 Timespec::try_from(left).ok()
             }
         };
-        let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
-        match rustix::event::poll(&mut fds, timeout.as_ref()) {
-            Ok(0) => return Ok(false),
-            Ok(_) => return Ok(true),
+        let mut fds = [
+            PollFd::from_borrowed_fd(fd, PollFlags::IN),
+            PollFd::from_borrowed_fd(side.unwrap_or(fd), PollFlags::IN),
+        ];
+        let n = if side.is_some() { 2 } else { 1 };
+        match rustix::event::poll(&mut fds[..n], timeout.as_ref()) {
+            Ok(0) => return Ok((false, false)),
+            Ok(_) => {
+                let readable = |p: &PollFd<'_>| !p.revents().is_empty();
+                return Ok((readable(&fds[0]), n == 2 && readable(&fds[1])));
+            }
             Err(rustix::io::Errno::INTR) => {
                 if until.is_some_and(|u| Instant::now() >= u) {
-                    return Ok(false);
+                    return Ok((false, false));
                 }
             }
             Err(e) => return Err(Error::CompletionWait { source: e.into() }),

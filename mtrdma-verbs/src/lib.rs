@@ -18,6 +18,13 @@
 //! [`ScheduledQueuePair::poll_wait`], [`UdQueuePair::poll_wait`]) rather
 //! than spin on `poll`, so many tenants can share a few CPUs.
 //!
+//! Servers share receive and completion queues: queue pairs built with
+//! [`srq`](QueuePairBuilder::srq) take their receives from one
+//! [`SharedReceiveQueue`] (refilled from its reserve on the device's limit
+//! event), and a [`SharedCompletionQueue`] holds a server thread's RC queue
+//! pairs on one completion queue and one completion channel, routing each
+//! completion to its queue pair ([`SharedCompletion::qpn`]).
+//!
 //! Two queue pairs on one device, connected to each other: WRITE a buffer
 //! into the peer's region, then READ it back. A posted region belongs to
 //! the queue pair until its completion is polled, which hands it back.
@@ -74,6 +81,7 @@
 //! # }
 //! ```
 
+mod async_event;
 #[cfg(any(test, feature = "null-sink"))]
 pub mod bench;
 mod completion;
@@ -90,6 +98,7 @@ pub use mtrdma_core::registry;
 mod qp;
 pub mod scheduled;
 mod slab;
+pub mod srq;
 mod ud;
 
 pub use completion::{Completion, Opcode, WcStatus};
@@ -101,12 +110,14 @@ pub use pd::ProtectionDomain;
 pub use progress::ProgressThread;
 pub use qp::{
     BatchError, Endpoint, PostBatch, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder,
-    SendOp, ATOMIC_BYTES, MAX_RNR_RETRY,
+    SendOp, SharedCompletion, SharedCompletionQueue, SharedCompletionQueueBuilder, ATOMIC_BYTES,
+    MAX_RNR_RETRY,
 };
 pub use scheduled::{
     DefaultScheduler, PieceRef, PieceScheduler, ScheduleConfig, ScheduledBatch, ScheduledQueuePair,
     ScheduledUdQueuePair, SharedConfig, SharedScheduler, Tenancy, WindowState,
 };
+pub use srq::{SharedReceiveQueue, SharedReceiveQueueBuilder};
 pub use ud::{
     AddressHandle, UdCompletion, UdEndpoint, UdQueuePair, UdQueuePairBuilder, UdSource,
     DEFAULT_QKEY, GRH_BYTES,

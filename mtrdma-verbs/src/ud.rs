@@ -30,7 +30,7 @@ use crate::qp::{
     random_psn, Books, Cq, PostError, QpSettings, QpStart, RawCompletion, RawWc, Region, SendOp,
     Sink, Slot, UdDest, Wc,
 };
-use crate::{Access, Error, Gid, GidSelection, MemoryRegion, ProtectionDomain};
+use crate::{Access, Error, Gid, GidSelection, MemoryRegion, ProtectionDomain, SharedReceiveQueue};
 
 /// Bytes at the start of every UD receive reserved for the Global Routing
 /// Header. mtrdma puts them in an internal buffer, never in the caller's.
@@ -125,6 +125,7 @@ impl ProtectionDomain {
             pd: self,
             settings: QpSettings::default(),
             qkey: DEFAULT_QKEY,
+            srq: None,
         }
     }
 }
@@ -161,6 +162,7 @@ pub struct UdQueuePairBuilder<'a> {
     pd: &'a ProtectionDomain,
     settings: QpSettings,
     qkey: u32,
+    srq: Option<SharedReceiveQueue>,
 }
 
 impl UdQueuePairBuilder<'_> {
@@ -170,6 +172,19 @@ impl UdQueuePairBuilder<'_> {
     /// `40 * n` bytes for the GRHs of its receives.
     pub fn max_recv_wr(mut self, n: u32) -> Self {
         self.settings.max_recv_wr = n.max(1);
+        self
+    }
+
+    /// Receives from `srq` (built with
+    /// [`datagrams(true)`](crate::SharedReceiveQueueBuilder::datagrams),
+    /// on the same protection domain) instead of a receive queue of its
+    /// own: several UD queue pairs (one per server thread, say) then share
+    /// one pool of receive buffers. Posting a receive to the queue pair is
+    /// refused ([`Error::ReceivesFromSrq`]); the receives it takes from the
+    /// shared queue come back through its polls, with their source, as
+    /// its own would.
+    pub fn srq(mut self, srq: &SharedReceiveQueue) -> Self {
+        self.srq = Some(srq.clone());
         self
     }
 
@@ -210,19 +225,54 @@ impl UdQueuePairBuilder<'_> {
                 max_sge: attrs.max_sge,
             });
         }
+        if let Some(srq) = &self.srq {
+            if srq.pd().raw() != self.pd.raw() {
+                return Err(Error::ForeignObject {
+                    what: "shared receive queue",
+                    with: "queue pair",
+                    scope: "protection domain",
+                });
+            }
+            if !srq.datagrams() {
+                return Err(Error::SrqTransport {
+                    srq: "RC",
+                    qp: "UD",
+                });
+            }
+        }
+        // With an SRQ the queue pair has no receive queue (and no GRH
+        // cells: the SRQ has them); its completion queue holds the
+        // receives it may take from the SRQ.
+        let (max_recv_wr, recv_cqe) = match &self.srq {
+            Some(srq) => (0, srq.max_wr()),
+            None => (max_recv_wr, max_recv_wr),
+        };
         let grh_len = GRH_BYTES * max_recv_wr as usize;
-        let grh = match &self.settings.tenant {
-            Some(t) => self.pd.register_for(t, vec![0u8; grh_len], Access::LOCAL)?,
-            None => self.pd.allocate(grh_len, Access::LOCAL)?,
+        let grh = match (&self.settings.tenant, grh_len) {
+            (_, 0) => None,
+            (Some(t), _) => Some(self.pd.register_for(t, vec![0u8; grh_len], Access::LOCAL)?),
+            (None, _) => Some(self.pd.allocate(grh_len, Access::LOCAL)?),
         };
         // The CQ holds one entry per request the queue pair lets in flight
         // (its own limits below, not the provider's possibly larger caps).
-        // Within the device's `max_cqe` (checked in `begin`), so this sum
-        // fits.
-        let cq = Cq::new(ctx, max_send_wr + max_recv_wr, events)?;
+        let entries = u64::from(max_send_wr) + u64::from(recv_cqe);
+        let max = u64::try_from(attrs.max_cqe).unwrap_or(0);
+        if entries > max {
+            return Err(Error::QueueTooDeep {
+                device,
+                what: "the completion queue's entries",
+                asked: entries,
+                max,
+            });
+        }
+        let cq = Cq::new(ctx, entries as u32, events)?;
         let mut init = ffi::ibv_qp_init_attr {
             send_cq: cq.cq.as_ptr(),
             recv_cq: cq.cq.as_ptr(),
+            srq: self
+                .srq
+                .as_ref()
+                .map_or(std::ptr::null_mut(), SharedReceiveQueue::raw),
             qp_type: ffi::ibv_qp_type::IBV_QPT_UD,
             // Each request asks for its completion or not
             // (`Sink::post_list`).
@@ -231,19 +281,23 @@ impl UdQueuePairBuilder<'_> {
                 max_send_wr,
                 max_recv_wr,
                 max_send_sge: 1,
-                max_recv_sge: 2,
+                max_recv_sge: if self.srq.is_some() { 0 } else { 2 },
                 max_inline_data: 0,
             },
             ..Default::default()
         };
         let qp = create_qp(self.pd, &mut init)?;
-        let recv_sges = init.cap.max_recv_sge;
+        let recv_sges = if self.srq.is_some() {
+            2
+        } else {
+            init.cap.max_recv_sge
+        };
         let qp = UdQueuePair {
             qp,
             cq,
-            grh_addr: grh.addr(),
-            grh_lkey: grh.lkey(),
-            grh: Some(grh),
+            grh_addr: grh.as_ref().map_or(0, MemoryRegion::addr),
+            grh_lkey: grh.as_ref().map_or(0, MemoryRegion::lkey),
+            grh,
             free_cells: (0..max_recv_wr as usize).rev().collect(),
             books: Books::new(max_send_wr, max_recv_wr),
             port: port_num,
@@ -255,6 +309,7 @@ impl UdQueuePairBuilder<'_> {
             destroyed: false,
             pd: self.pd.clone(),
             _permit: permit,
+            srq: self.srq,
         };
         if recv_sges < 2 {
             // Dropping `qp` destroys the queue pair.
@@ -518,6 +573,9 @@ pub struct UdQueuePair {
     destroyed: bool,
     pd: ProtectionDomain,
     _permit: Option<OwnedQpPermit>,
+    /// The shared receive queue it receives from, if any; dropped after
+    /// the queue pair is destroyed.
+    srq: Option<SharedReceiveQueue>,
 }
 
 // SAFETY: the queue pair owns its verbs objects, GRH buffer and in-flight
@@ -644,13 +702,18 @@ impl UdQueuePair {
     /// with an error status ([`WcStatus::LocalLength`], or
     /// [`WcStatus::LocalQpOperation`] on rxe, which also moves the queue
     /// pair to the error state), so post ranges of [`mtu`](Self::mtu)
-    /// bytes unless every sender is known.
+    /// bytes unless every sender is known. A queue pair built with an SRQ
+    /// has no receive queue of its own and refuses
+    /// ([`Error::ReceivesFromSrq`]).
     pub fn post_recv(
         &mut self,
         region: MemoryRegion,
         range: Range<usize>,
         context: u64,
     ) -> Result<(), PostError> {
+        if self.srq.is_some() {
+            return refuse(Error::ReceivesFromSrq, region);
+        }
         let Some(payload) = region.sge(&range) else {
             let len = region.len();
             return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
@@ -834,6 +897,16 @@ impl Waitable for UdQueuePair {
     fn take_events(&mut self) -> Result<(), Error> {
         Sink::take_events(self)
     }
+
+    fn side_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.srq
+            .as_ref()
+            .map(|_| crate::async_event::fd(self.pd.context()))
+    }
+
+    fn side_ready(&mut self) -> Result<(), Error> {
+        crate::async_event::service(self.pd.context()).map(drop)
+    }
 }
 
 impl Drop for UdQueuePair {
@@ -888,6 +961,10 @@ impl Sink for UdQueuePair {
         for entry in &wcs[..n] {
             // SAFETY: `Cq::poll` returns how many entries the provider wrote.
             let wc = unsafe { RawWc::read(entry) };
+            if let Some(c) = self.srq.as_ref().and_then(|srq| srq.complete_ud(&wc)) {
+                out.push(c);
+                continue;
+            }
             // A receive's GRH cell: its source is read, and the cell freed.
             let cell = match self.books.parked(wc.wr_id) {
                 Some(UdRegion {

@@ -23,11 +23,12 @@ pub(crate) const PARKED_DONE: u64 = RAW_WR | SCHED_WR;
 
 /// Device `wr_id`s of send-side work requests carry this bit, and the
 /// request's number among the queue pair's sends in the bits under
-/// [`SEQ_SHIFT`] ([`Books::tag_send`]): a send's completion also reports
+/// [`SEQ_SHIFT`] ([`Books::tag_send`]; bit 61 marks receives of a shared
+/// receive queue, `srq::SRQ_WR`): a send's completion also reports
 /// the unsignaled sends posted before it (RC and UD send queues complete
 /// in order), which the books find by their numbers
 /// ([`Books::complete_device`]).
-pub(crate) const SENT_WR: u64 = 1 << 61;
+pub(crate) const SENT_WR: u64 = 1 << 60;
 
 /// Where a send's number sits in its device `wr_id` (bits 40 to 59; the
 /// queue pair's own `wr_id`s, slab keys, stay below).

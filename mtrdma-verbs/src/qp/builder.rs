@@ -11,6 +11,7 @@ pub struct QueuePairBuilder<'a> {
     access: Access,
     max_inline: u32,
     retries: Retries,
+    srq: Option<SharedReceiveQueue>,
 }
 
 /// How a connected queue pair retries, set by the builder
@@ -183,6 +184,7 @@ impl ProtectionDomain {
             access: Access::REMOTE_READ_WRITE,
             max_inline: 0,
             retries: Retries::default(),
+            srq: None,
         }
     }
 }
@@ -190,9 +192,21 @@ impl ProtectionDomain {
 impl QueuePairBuilder<'_> {
     qp_settings_setters!();
 
-    /// Receive queue depth (default 128).
+    /// Receive queue depth (default 128; not used with
+    /// [`srq`](Self::srq)).
     pub fn max_recv_wr(mut self, n: u32) -> Self {
         self.settings.max_recv_wr = n.max(1);
+        self
+    }
+
+    /// Receives from `srq` instead of a receive queue of its own: posting
+    /// a receive to the queue pair is then refused
+    /// ([`Error::ReceivesFromSrq`]), and the receives it takes from the
+    /// shared queue come back through its polls (or its shared completion
+    /// queue's). The shared queue must be of the same protection domain,
+    /// and built for RC (not [`datagrams`](crate::SharedReceiveQueueBuilder::datagrams)).
+    pub fn srq(mut self, srq: &SharedReceiveQueue) -> Self {
+        self.srq = Some(srq.clone());
         self
     }
 
@@ -271,6 +285,48 @@ impl QueuePairBuilder<'_> {
     /// Creates the queue pair and moves it to INIT. Connect it with
     /// [`PreparedQueuePair::connect`] once the peer's [`Endpoint`] is known.
     pub fn build(self) -> Result<PreparedQueuePair, Error> {
+        self.build_on(None)
+    }
+
+    /// The protection domain it is built on.
+    pub(crate) fn pd(&self) -> &ProtectionDomain {
+        self.pd
+    }
+
+    /// The shared receive queue it receives from, if any.
+    pub(crate) fn shared_rq(&self) -> Option<&SharedReceiveQueue> {
+        self.srq.as_ref()
+    }
+
+    /// The depths of its own queues (send, receive; no receive queue with
+    /// an SRQ).
+    pub(crate) fn depths(&self) -> (u32, u32) {
+        let recv = if self.srq.is_some() {
+            0
+        } else {
+            self.settings.max_recv_wr
+        };
+        (self.settings.max_send_wr, recv)
+    }
+
+    /// [`build`](Self::build), on the completion queue `shared` (a shared
+    /// completion queue's, which polls it) or on one of its own.
+    pub(crate) fn build_on(self, shared: Option<&Cq>) -> Result<PreparedQueuePair, Error> {
+        if let Some(srq) = &self.srq {
+            if srq.pd().raw() != self.pd.raw() {
+                return Err(Error::ForeignObject {
+                    what: "shared receive queue",
+                    with: "queue pair",
+                    scope: "protection domain",
+                });
+            }
+            if srq.datagrams() {
+                return Err(Error::SrqTransport {
+                    srq: "UD",
+                    qp: "RC",
+                });
+            }
+        }
         let QpStart {
             permit,
             device,
@@ -280,14 +336,38 @@ impl QueuePairBuilder<'_> {
             max_send_wr,
             max_recv_wr,
             events,
+            attrs,
             ..
         } = self.settings.begin(self.pd)?;
-        // Within the device's `max_cqe` (checked in `begin`), so this sum
-        // fits.
-        let cq = Cq::new(self.pd.context(), max_send_wr + max_recv_wr, events)?;
+        // With an SRQ the queue pair has no receive queue; its own
+        // completion queue holds the receives it may take from the SRQ.
+        let (max_recv_wr, recv_cqe) = match &self.srq {
+            Some(srq) => (0, srq.max_wr()),
+            None => (max_recv_wr, max_recv_wr),
+        };
+        let cq = match shared {
+            Some(cq) => cq.member(),
+            None => {
+                let entries = u64::from(max_send_wr) + u64::from(recv_cqe);
+                let max = u64::try_from(attrs.max_cqe).unwrap_or(0);
+                if entries > max {
+                    return Err(Error::QueueTooDeep {
+                        device: device.clone(),
+                        what: "the completion queue's entries",
+                        asked: entries,
+                        max,
+                    });
+                }
+                Cq::new(self.pd.context(), entries as u32, events)?
+            }
+        };
         let mut init = ffi::ibv_qp_init_attr {
             send_cq: cq.cq.as_ptr(),
             recv_cq: cq.cq.as_ptr(),
+            srq: self
+                .srq
+                .as_ref()
+                .map_or(std::ptr::null_mut(), SharedReceiveQueue::raw),
             qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
             // Each request asks for its completion or not
             // (`Sink::post_list`).
@@ -296,7 +376,7 @@ impl QueuePairBuilder<'_> {
                 max_send_wr,
                 max_recv_wr,
                 max_send_sge: 1,
-                max_recv_sge: 1,
+                max_recv_sge: u32::from(self.srq.is_none()),
                 max_inline_data: self.max_inline,
             },
             ..Default::default()
@@ -317,6 +397,7 @@ impl QueuePairBuilder<'_> {
             max_inline: if self.max_inline == 0 { 0 } else { max_inline },
             destroyed: false,
             _permit: permit,
+            srq: self.srq,
         };
         let mut attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
@@ -384,7 +465,30 @@ impl PreparedQueuePair {
     /// Connects to `remote`: INIT to RTR (path MTU, remote QPN and PSN,
     /// address vector with the remote GID) and RTR to RTS.
     pub fn connect(self, remote: &Endpoint) -> Result<QueuePair, Error> {
-        let qp = self.qp;
+        self.ready(remote)?;
+        Ok(self.qp)
+    }
+
+    /// The queue pair, to post to and tear down in place (a shared
+    /// completion queue's).
+    pub(crate) fn qp_mut(&mut self) -> &mut QueuePair {
+        &mut self.qp
+    }
+
+    /// The queue pair.
+    pub(crate) fn qp_ref(&self) -> &QueuePair {
+        &self.qp
+    }
+
+    /// The queue pair, connected by [`ready`](Self::ready).
+    pub(crate) fn into_qp(self) -> QueuePair {
+        self.qp
+    }
+
+    /// [`connect`](Self::connect) in place: on failure the queue pair
+    /// stays here, in whatever state the failed transition left it.
+    pub(crate) fn ready(&self, remote: &Endpoint) -> Result<(), Error> {
+        let qp = &self.qp;
         let local = self.endpoint;
         let ctx = qp.pd.context();
         let attrs = device_attrs(ctx)?;
@@ -439,7 +543,7 @@ impl PreparedQueuePair {
             mtu,
             "queue pair connected"
         );
-        Ok(qp)
+        Ok(())
     }
 }
 

@@ -1,4 +1,6 @@
-//! The completion queue a queue pair polls.
+//! The completion queue a queue pair polls: its own, or a handle on a
+//! [`SharedCompletionQueue`](crate::SharedCompletionQueue)'s, which only
+//! that queue polls and destroys.
 
 use super::*;
 
@@ -7,6 +9,11 @@ pub(crate) struct Cq {
     /// Its completion channel, if it has one (see [`crate::events`]).
     /// Dropped after `Drop::drop` destroyed the CQ: the channel goes last.
     pub(crate) events: Option<CompChannel>,
+    /// Whether this handle polls and destroys the CQ. A queue pair on a
+    /// shared completion queue holds a handle that does neither: the
+    /// shared queue polls for all its queue pairs and routes each
+    /// completion to its own.
+    owner: bool,
 }
 
 impl Cq {
@@ -26,7 +33,11 @@ impl Cq {
         // outlives the CQ (see `events`); no context pointer.
         let cq = unsafe { ffi::ibv_create_cq(ctx.raw(), cqe, std::ptr::null_mut(), channel, 0) };
         match NonNull::new(cq) {
-            Some(cq) => Ok(Cq { cq, events }),
+            Some(cq) => Ok(Cq {
+                cq,
+                events,
+                owner: true,
+            }),
             None => Err(Error::Verbs {
                 call: "ibv_create_cq",
                 device: ctx.name().to_string(),
@@ -35,10 +46,25 @@ impl Cq {
         }
     }
 
+    /// A handle on `self` for a queue pair on it that neither polls it
+    /// nor destroys it (see `owner`).
+    pub(crate) fn member(&self) -> Cq {
+        Cq {
+            cq: self.cq,
+            events: None,
+            owner: false,
+        }
+    }
+
     /// Polls up to `wcs.len()` completions into `wcs`; returns how many
     /// (the first that many entries are written), or the provider's error.
+    /// A member's handle refuses: its completions belong to the shared
+    /// queue, which routes them.
     #[inline]
     pub(crate) fn poll(&self, wcs: &mut [MaybeUninit<ffi::ibv_wc>]) -> Result<usize, io::Error> {
+        if !self.owner {
+            return Err(io::Error::from_raw_os_error(22));
+        }
         let room = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
         // SAFETY: the CQ is live while `self` is (and so is its context,
         // kept open by the owner's PD); `wcs` has room for `room` entries.
@@ -57,6 +83,9 @@ impl Cq {
 
 impl Drop for Cq {
     fn drop(&mut self) {
+        if !self.owner {
+            return;
+        }
         // SAFETY: the CQ is ours; its QP was destroyed first (field order
         // and `QueuePair::drop`). Every event taken from its channel was
         // acknowledged at once (`Cq::take_events`), so this does not wait.

@@ -22,12 +22,15 @@ use crate::completion::{Completion, Opcode, WcStatus};
 use crate::events::{Armed, CompChannel, Waitable};
 use crate::mr::{Access, RemoteRegion};
 use crate::slab::Slab;
-use crate::{Error, GidEntry, GidSelection, MemoryRegion, PortInfo, ProtectionDomain};
+use crate::{
+    Error, GidEntry, GidSelection, MemoryRegion, PortInfo, ProtectionDomain, SharedReceiveQueue,
+};
 
 mod batch;
 mod books;
 mod builder;
 mod cq;
+mod shared_cq;
 mod sink;
 mod wc;
 
@@ -38,6 +41,7 @@ pub use batch::{BatchError, PostBatch};
 pub(crate) use books::*;
 pub use builder::*;
 pub(crate) use cq::*;
+pub use shared_cq::*;
 pub(crate) use sink::*;
 pub(crate) use wc::RawWc;
 
@@ -233,6 +237,9 @@ pub struct QueuePair {
     max_inline: u32,
     destroyed: bool,
     _permit: Option<OwnedQpPermit>,
+    /// The shared receive queue it receives from, if any; dropped after
+    /// the queue pair is destroyed.
+    srq: Option<SharedReceiveQueue>,
 }
 
 // SAFETY: the queue pair owns its verbs objects and in-flight regions;
@@ -286,7 +293,9 @@ impl QueuePair {
             .map_err(PostError::new)
     }
 
-    /// Posts a receive into `range` of `region`.
+    /// Posts a receive into `range` of `region`. A queue pair built with
+    /// an SRQ has no receive queue of its own and refuses
+    /// ([`Error::ReceivesFromSrq`]).
     pub fn post_recv(
         &mut self,
         region: MemoryRegion,
@@ -294,6 +303,9 @@ impl QueuePair {
         context: u64,
     ) -> Result<(), PostError> {
         let refuse = |error, region| Err(PostError::new((error, region)));
+        if self.srq.is_some() {
+            return refuse(Error::ReceivesFromSrq, region);
+        }
         let Some(mut sge) = region.sge(&range) else {
             let len = region.len();
             return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
@@ -545,6 +557,10 @@ impl Sink for QueuePair {
         for entry in &wcs[..n] {
             // SAFETY: `ibv_poll_cq` wrote the first `n` entries.
             let wc = unsafe { RawWc::read(entry) };
+            if let Some(c) = self.srq.as_ref().and_then(|srq| srq.complete_rc(&wc)) {
+                out.push(c);
+                continue;
+            }
             self.books
                 .complete_device(Wc::from_raw(&wc, None), out, raw);
         }
@@ -596,6 +612,16 @@ impl Waitable for QueuePair {
 
     fn take_events(&mut self) -> Result<(), Error> {
         Sink::take_events(self)
+    }
+
+    fn side_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.srq
+            .as_ref()
+            .map(|_| crate::async_event::fd(self.pd.context()))
+    }
+
+    fn side_ready(&mut self) -> Result<(), Error> {
+        crate::async_event::service(self.pd.context()).map(drop)
     }
 }
 

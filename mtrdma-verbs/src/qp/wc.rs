@@ -21,6 +21,7 @@ mod offset {
     pub(super) const OPCODE: usize = 12;
     pub(super) const BYTE_LEN: usize = 20;
     pub(super) const IMM_DATA: usize = 24;
+    pub(super) const QP_NUM: usize = 28;
     pub(super) const SRC_QP: usize = 32;
     pub(super) const WC_FLAGS: usize = 36;
 }
@@ -30,6 +31,9 @@ mod offset {
 pub(crate) struct RawWc {
     pub(crate) wr_id: u64,
     pub(crate) status: WcStatus,
+    /// The local queue pair it belongs to (defined whatever the status:
+    /// how a completion queue shared by several queue pairs routes it).
+    pub(crate) qp_num: u32,
     /// Its opcode, on success.
     pub(crate) opcode: Option<ffi::ibv_wc_opcode::Type>,
     /// Bytes of a successful receive, RDMA READ or atomic.
@@ -60,10 +64,12 @@ impl RawWc {
         // SAFETY: as above; `wr_id` is always written.
         let wr_id = unsafe { base.add(offset::WR_ID).cast::<u64>().read() };
         let status = u32_at(offset::STATUS);
+        let qp_num = u32_at(offset::QP_NUM);
         if status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
             return RawWc {
                 wr_id,
                 status: WcStatus::from_raw(status),
+                qp_num,
                 opcode: None,
                 byte_len: None,
                 imm: None,
@@ -84,6 +90,7 @@ impl RawWc {
         RawWc {
             wr_id,
             status: WcStatus::Success,
+            qp_num,
             opcode: Some(opcode),
             byte_len: counted.then(|| u32_at(offset::BYTE_LEN)),
             imm: with_imm.then(|| u32_at(offset::IMM_DATA)),
@@ -120,13 +127,17 @@ mod tests {
     #[test]
     fn an_error_completion_reads_only_wr_id_and_status() {
         let raw = entry(
-            &[(offset::STATUS, ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR)],
+            &[
+                (offset::STATUS, ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR),
+                (offset::QP_NUM, 0x42),
+            ],
             7,
         );
         // SAFETY: the fields defined for an error are written.
         let wc = unsafe { RawWc::read(&raw) };
         assert_eq!(wc.wr_id, 7);
         assert_eq!(wc.status, WcStatus::Flushed);
+        assert_eq!(wc.qp_num, 0x42, "the queue pair is defined for errors too");
         assert_eq!(
             (wc.opcode, wc.byte_len, wc.imm, wc.src_qp),
             (None, None, None, None)
@@ -139,6 +150,7 @@ mod tests {
             &[
                 (offset::STATUS, ffi::ibv_wc_status::IBV_WC_SUCCESS),
                 (offset::OPCODE, ffi::ibv_wc_opcode::IBV_WC_RDMA_WRITE),
+                (offset::QP_NUM, 5),
                 (offset::WC_FLAGS, 0),
             ],
             9,
@@ -157,6 +169,7 @@ mod tests {
             (offset::BYTE_LEN, 1040),
             (offset::SRC_QP, 0x11),
             (offset::WC_FLAGS, ffi::ibv_wc_flags::IBV_WC_GRH.0),
+            (offset::QP_NUM, 6),
         ];
         // SAFETY: the fields defined for a receive without immediate are
         // written.
@@ -188,6 +201,7 @@ mod tests {
                 .write(ffi::ibv_wc_opcode::IBV_WC_RECV);
             base.add(offset::BYTE_LEN).cast::<u32>().write(77);
             base.add(offset::IMM_DATA).cast::<u32>().write(88);
+            base.add(offset::QP_NUM).cast::<u32>().write(66);
             base.add(offset::SRC_QP).cast::<u32>().write(99);
             base.add(offset::WC_FLAGS)
                 .cast::<u32>()
@@ -200,6 +214,7 @@ mod tests {
         assert_eq!(wc.len(), 77);
         assert_eq!(wc.imm_data(), Some(88));
         assert_eq!(wc.src_qp, 99);
+        assert_eq!(wc.qp_num, 66);
         assert!(wc.error().is_none());
     }
 }
