@@ -9,14 +9,15 @@
 //! * `direct_single`: 16 times [`QueuePair::post_send`] and a poll: 16
 //!   posts, 16 completions.
 //! * `direct_batch16`: one [`QueuePair::batch`] of 16: one post (a list),
-//!   one completion that reports all 16.
+//!   two completions (the 8th and the 16th ask) that report all 16.
 //! * `scheduled_single`: 16 times [`ScheduledQueuePair::post_send`] on a
 //!   queue pair of its own, each posted and completed on its own.
 //! * `scheduled_batch16`: one [`ScheduledQueuePair::batch`] of 16: the
-//!   engine accepts all 16, posts them as one list, and one completion
-//!   reports them.
+//!   engine accepts all 16, posts them as one list, and two completions
+//!   report them.
 //! * `scheduled_split16`: one 1 KiB WRITE the engine splits into 16
-//!   pieces of 64 B, posted as one list, its last piece alone signaled.
+//!   pieces of 64 B, posted as one list, its 8th and last pieces
+//!   signaled.
 //!
 //! The queue pairs allow 16 pieces in flight. After criterion's groups,
 //! paired rounds (each path in turn, 31 rounds of 20,000 iterations, the

@@ -105,6 +105,15 @@ pub struct SimConfig {
     /// its [`DelayWindowConfig::queue_bytes`] queued instead of its
     /// target floor, as windows under a latency bound do. Default false.
     pub publish_link_rate: bool,
+    /// With mtrdma: the pieces a tenant's queue pair posts in one pump go
+    /// as one list, and only a request's last piece, the list's last and
+    /// every `k`-th ask for a completion (`k` half the list, rounded up,
+    /// and at most `signal_every`), as the verbs engine posts them; the
+    /// others complete with the next of their queue pair that does, and
+    /// their windows take no delay sample from them
+    /// ([`Gate::completed_unsampled`]). 1 (the default): every piece
+    /// reports.
+    pub signal_every: u32,
 }
 
 impl Default for SimConfig {
@@ -122,6 +131,7 @@ impl Default for SimConfig {
             coordinator_every: Nanos::from_millis(20),
             share_gains: ShareGainsConfig::default(),
             publish_link_rate: false,
+            signal_every: 1,
         }
     }
 }
@@ -500,6 +510,8 @@ fn simulate<S: Scheduler<u64>>(
         rng: 0,
         gains: None,
         moved: 0.0,
+        lists: vec![Vec::new(); tenants.len()],
+        quiet: vec![VecDeque::new(); tenants.len()],
     };
     if config.coordinator_every > Nanos::ZERO && sim.lanes.iter().any(|l| l.window().is_some()) {
         sim.gains = Some(ShareGains::new(config.share_gains));
@@ -582,6 +594,8 @@ struct InNic {
     grant: Grant<u64>,
     /// Its tag in its tenant's lane (none without mtrdma).
     tag: Option<usize>,
+    /// Whether it asks for its completion ([`SimConfig::signal_every`]).
+    signaled: bool,
 }
 
 struct Sim<'a, S> {
@@ -613,6 +627,11 @@ struct Sim<'a, S> {
     /// What the tenants moved together, smoothed as the coordinator
     /// smooths it (bytes per second).
     moved: f64,
+    /// Per tenant: the tags of the pieces posted in this pump (its list).
+    lists: Vec<Vec<usize>>,
+    /// Per tenant: tags of unsignaled pieces off the wire, waiting for the
+    /// completion of a later piece to report them.
+    quiet: Vec<VecDeque<usize>>,
 }
 
 impl<S: Scheduler<u64>> Sim<'_, S> {
@@ -718,10 +737,40 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
             .as_mut()
             .expect("only gated engines have lanes");
         gate.sent(&mut self.lanes[t], tag, grant.len, || Nanos(now));
+        // Provisionally: the list's pieces are settled when it closes.
+        let signaled = grant.is_last || self.config.signal_every <= 1;
+        self.lists[t].push(tag);
         self.nic.push_back(InNic {
             grant,
             tag: Some(tag),
+            signaled,
         });
+    }
+
+    /// The end of a pump: each tenant's pieces of it go as one list, in
+    /// which the last piece and every `k`-th ask for a completion, `k`
+    /// half the list (rounded up) and at most
+    /// [`SimConfig::signal_every`], as the verbs engine posts them: a
+    /// window of a few pieces frees half of them while the rest are on
+    /// the wire.
+    fn close_lists(&mut self) {
+        for t in 0..self.lists.len() {
+            let n = self.lists[t].len();
+            if n == 0 {
+                continue;
+            }
+            let every = n
+                .div_ceil(2)
+                .clamp(1, self.config.signal_every.max(1) as usize);
+            for (i, tag) in self.lists[t].drain(..).enumerate() {
+                if (i + 1) % every != 0 && i + 1 != n {
+                    continue;
+                }
+                if let Some(p) = self.nic.iter_mut().rev().find(|p| p.tag == Some(tag)) {
+                    p.signaled = true;
+                }
+            }
+        }
     }
 
     /// Fills the NIC queue from the engines and starts the wire.
@@ -746,6 +795,7 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                 }
             }
         }
+        self.close_lists();
         if !self.wire_busy {
             if let Some(head) = self.nic.front() {
                 self.wire_busy = true;
@@ -824,7 +874,11 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
         while moved < limit && self.nic.len() < self.engines[e].raw_depth {
             match self.engines[e].sched.dequeue(Nanos(now)) {
                 Dequeue::Ready(grant) => {
-                    self.nic.push_back(InNic { grant, tag: None });
+                    self.nic.push_back(InNic {
+                        grant,
+                        tag: None,
+                        signaled: true,
+                    });
                     moved += 1;
                 }
                 Dequeue::Wait(t) => {
@@ -881,7 +935,12 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
             match event {
                 Event::WireDone => {
                     self.wire_busy = false;
-                    if let Some(InNic { grant: g, tag }) = self.nic.pop_front() {
+                    if let Some(InNic {
+                        grant: g,
+                        tag,
+                        signaled,
+                    }) = self.nic.pop_front()
+                    {
                         let msg = self.msgs[g.handle as usize];
                         self.state[msg.tenant as usize].moved += g.len;
                         if now > warm {
@@ -892,9 +951,13 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                             self.state[msg.tenant as usize].bytes += bytes as u64;
                         }
                         let done = now + self.config.base_latency_ns + self.jitter();
-                        if let Some(tag) = tag {
-                            let tenant = msg.tenant;
-                            self.at(done, Event::PieceDone { tenant, tag });
+                        match tag {
+                            Some(tag) if signaled => {
+                                let tenant = msg.tenant;
+                                self.at(done, Event::PieceDone { tenant, tag });
+                            }
+                            Some(tag) => self.quiet[msg.tenant as usize].push_back(tag),
+                            None => {}
                         }
                         if g.is_last {
                             self.at(done, Event::Completion { msg: g.handle });
@@ -930,6 +993,14 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                         .gate
                         .as_mut()
                         .expect("only gated engines tag pieces");
+                    // The unsignaled pieces before it complete with it.
+                    while let Some(&q) = self.quiet[t].front() {
+                        if q > tag {
+                            break;
+                        }
+                        self.quiet[t].pop_front();
+                        gate.completed_unsampled(&mut self.lanes[t], q, || Nanos(now));
+                    }
                     gate.completed(&mut self.lanes[t], tag, || Nanos(now), Nanos::ZERO);
                     self.pump(now, false);
                 }

@@ -773,13 +773,13 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_goes_as_one_list_and_asks_for_one_completion_in_sixteen() {
+    fn a_batch_goes_as_one_list_and_asks_for_two_completions() {
         let mut sink = NullSink::new(1, 64).recording();
         sink.post_batch(writes(20)).unwrap();
         let posted = sink.take_log();
         let signaled: Vec<usize> = (0..posted.len()).filter(|&i| posted[i].signaled).collect();
         assert_eq!(posted.len(), 20);
-        assert_eq!(signaled, [15, 19], "the 16th and the last ask");
+        assert_eq!(signaled, [9, 19], "the one halfway and the last ask");
         assert_eq!(sink.sends_in_flight(), 20);
         let mut out = Vec::new();
         let reported = sink.poll(&mut out).unwrap();
@@ -894,10 +894,10 @@ mod tests {
             assert_eq!(posted.len(), 16, "{way}");
             assert_eq!(
                 posted.iter().filter(|p| p.signaled).count(),
-                1,
-                "{way}: only the request's last piece asks for a completion"
+                2,
+                "{way}: the piece halfway and the request's last ask for a completion"
             );
-            assert!(posted[15].signaled, "{way}");
+            assert!(posted[7].signaled && posted[15].signaled, "{way}");
             assert_eq!(
                 (done.len(), done[0].context, done[0].status),
                 (1, 7, WcStatus::Success)
@@ -947,8 +947,8 @@ mod tests {
             assert_eq!(posted.len(), 16, "{way}");
             assert_eq!(
                 posted.iter().filter(|p| p.signaled).count(),
-                1,
-                "{way}: one completion for the batch"
+                2,
+                "{way}: two completions for the batch"
             );
             let done = drain(&mut qp, 16);
             assert_eq!(

@@ -593,8 +593,8 @@ fn a_batch_goes_in_one_call_and_every_request_comes_back_once() {
         .unwrap();
     let remote = target.remote().unwrap();
     // 40 WRITEs and a SEND with immediate that tells the peer they are
-    // all there (RC delivers in order), in one batch: three completions
-    // (the 16th, the 32nd and the last ask) report all 41.
+    // all there (RC delivers in order), in one batch: four completions
+    // (two in each list of at most 32) report all 41.
     let note = pd.allocate(64, Access::LOCAL).unwrap();
     b.post_recv(note, 0..64, 99).unwrap();
     let mut batch = a.batch();

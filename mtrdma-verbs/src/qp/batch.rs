@@ -6,10 +6,10 @@ use super::*;
 
 /// Several send-side requests that go to the NIC together
 /// ([`QueuePair::batch`]): one `ibv_post_send` call with a linked list of
-/// work requests (one doorbell), and one completion for up to 16 of them
-/// (the batch's last request, and every 16th, ask for one; a completion
-/// also reports the requests posted before it, since the send queue
-/// completes in order). Each request still hands its region back in a
+/// work requests (one doorbell), and two completions for the batch (its
+/// last request and the one halfway ask for one, and at least one in 16;
+/// a completion also reports the requests posted before it, since the
+/// send queue completes in order). Each request still hands its region back in a
 /// [`Completion`] of its own from [`QueuePair::poll`].
 ///
 /// The ownership rules are those of [`QueuePair::post_send`]: a request's

@@ -7,7 +7,8 @@ use super::*;
 pub(crate) const LIST_MAX: usize = 32;
 
 /// In a list, at least one work request in this many asks for its
-/// completion ([`Sink::post_list`]).
+/// completion, and one in half the list when that is fewer
+/// ([`Sink::post_list`]).
 pub(crate) const SIGNAL_EVERY: usize = 16;
 
 /// Where a queue pair's send-side work requests go: the device's send
@@ -182,9 +183,10 @@ pub(crate) trait Sink: Send + 'static {
     /// Posts `pieces` in order, as lists of up to [`LIST_MAX`] work
     /// requests (one call to the device each). A piece that may go
     /// unsignaled ([`RawSend::quiet_ok`]) does unless it is the last of
-    /// its list or the [`SIGNAL_EVERY`]th: its completion comes with the
-    /// signaled one after it, and every list ends with one, so no piece
-    /// waits for a completion that nothing asked for. On refusal, the
+    /// its list or the `k`-th, `k` half the list (rounded up) and at most
+    /// [`SIGNAL_EVERY`]: its completion comes with the signaled one after
+    /// it, and every list ends with one, so no piece waits for a
+    /// completion that nothing asked for. On refusal, the
     /// pieces before the refused one were posted (their number comes with
     /// the error) and the rest were not.
     ///
@@ -201,9 +203,13 @@ pub(crate) trait Sink: Send + 'static {
             let n = (pieces.len() - done).min(LIST_MAX).min(room);
             let mut sges = [ffi::ibv_sge::default(); LIST_MAX];
             let mut wrs = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; LIST_MAX];
+            // Half the list (rounded up), at most SIGNAL_EVERY: a window
+            // of a few pieces gets half of them back while the rest are
+            // on the wire, rather than all of them after the last.
+            let every = n.div_ceil(2).clamp(1, SIGNAL_EVERY);
             for (i, piece) in pieces[done..done + n].iter().enumerate() {
                 sges[i] = piece.sge;
-                let quiet = piece.quiet_ok && i + 1 < n && (i + 1) % SIGNAL_EVERY != 0;
+                let quiet = piece.quiet_ok && i + 1 < n && (i + 1) % every != 0;
                 wrs[i].write(send_wr(piece, &mut sges[i], quiet));
             }
             for i in 1..n {
