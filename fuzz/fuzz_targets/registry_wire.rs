@@ -15,7 +15,10 @@ fuzz_target!(|data: &[u8]| {
             assert!(values.iter().all(|(_, _, v)| v.len() <= MAX_VALUE));
         }
         let wire = reply.encode();
-        assert_eq!(Reply::parse(&wire), Ok(Parsed::Done(reply.clone(), wire.len())));
+        assert_eq!(
+            Reply::parse(&wire),
+            Ok(Parsed::Done(reply.clone(), wire.len()))
+        );
         if let Reply::Values(values) = &reply {
             if let [(key, _, value)] = &values[..] {
                 // Asking for the one name a reply carries gives its value.
@@ -37,4 +40,3 @@ fuzz_target!(|data: &[u8]| {
         assert_ne!(Reply::parse(data), Ok(Parsed::Incomplete));
     }
 });
-

@@ -20,6 +20,7 @@ pub(crate) const TARGETS: &[&str] = &[
     "engine_rules",
     "registration",
     "registry_wire",
+    "data_path",
 ];
 
 fn has_nightly() -> bool {

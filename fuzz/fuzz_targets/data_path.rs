@@ -1,0 +1,200 @@
+//! Arbitrary sequences of posts (single, batches, requests split into
+//! pieces or sent whole), polls, refused posts, failed completions and
+//! queue pairs dropped mid-flight, driven through the whole scheduled data
+//! path (the verbs engine, its lists of work requests and its selective
+//! signaling) on null sinks: two queue pairs with engines of their own and
+//! two on one shared engine. What a user relies on holds:
+//!
+//! * every request a queue pair accepted completes exactly once, with its
+//!   own region (each region carries its request's number), whatever
+//!   failed around it; none is lost, none returned twice;
+//! * a refused post hands its own region back at once;
+//! * when the input ends and the queue pairs are polled, nothing is left
+//!   in flight or queued.
+#![no_main]
+
+use std::collections::HashMap;
+
+use libfuzzer_sys::fuzz_target;
+use mtrdma_core::{TenantId, TrafficClass};
+use mtrdma_verbs::bench::{
+    self, HeapRegion, HostCompletion, NullScheduled, NullScheduler, NullSink,
+};
+use mtrdma_verbs::{RemoteRegion, ScheduleConfig, SendOp, SharedConfig};
+
+const QPS: usize = 4;
+const REMOTE: RemoteRegion = RemoteRegion {
+    addr: 0x7000_0000,
+    len: 1 << 20,
+    rkey: 0x42,
+};
+
+/// A region of `len` bytes (at least 8) carrying `id`.
+fn region(id: u64, len: usize) -> HeapRegion {
+    let mut r = HeapRegion::new(len.max(8));
+    r.as_mut_slice()[..8].copy_from_slice(&id.to_le_bytes());
+    r
+}
+
+fn id_of(r: &HeapRegion) -> u64 {
+    u64::from_le_bytes(r.as_slice()[..8].try_into().expect("8 bytes"))
+}
+
+struct Rig {
+    shared: NullScheduler,
+    qps: Vec<NullScheduled>,
+    /// Per queue pair: requests accepted and not yet completed, by number,
+    /// with their regions' lengths.
+    open: Vec<HashMap<u64, usize>>,
+    next: u64,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let shared = NullScheduler::new(SharedConfig {
+            chunk_bytes: 1024,
+            bulk_bytes_in_flight: 8 << 10,
+            ..SharedConfig::default()
+        })
+        .expect("a shared engine");
+        let mut rig = Rig {
+            shared,
+            qps: Vec::new(),
+            open: vec![HashMap::new(); QPS],
+            next: 0,
+        };
+        for q in 0..QPS {
+            let qp = rig.make(q);
+            rig.qps.push(qp);
+        }
+        rig
+    }
+
+    fn make(&self, q: usize) -> NullScheduled {
+        let config = ScheduleConfig {
+            chunk_bytes: 1024,
+            max_pieces_in_flight: 8,
+            ..ScheduleConfig::local(TenantId(q as u32), TrafficClass::Bulk)
+        };
+        let sink = NullSink::new(q as u32, 16);
+        if q < 2 {
+            bench::scheduled(sink, config).expect("a queue pair of its own")
+        } else {
+            self.shared.attach(sink, config).expect("attached")
+        }
+    }
+
+    fn completed(&mut self, q: usize, done: Vec<HostCompletion>) {
+        for c in done {
+            let id = id_of(&c.region);
+            assert_eq!(c.context, id, "a completion hands back its own region");
+            let len = self.open[q]
+                .remove(&id)
+                .unwrap_or_else(|| panic!("request {id} completed twice or was never accepted"));
+            assert_eq!(c.region.len(), len, "request {id}'s region, whole");
+        }
+    }
+
+    fn poll(&mut self, q: usize) {
+        let mut out = Vec::new();
+        self.qps[q].poll(&mut out).expect("a null poll");
+        self.completed(q, out);
+    }
+
+    fn post(&mut self, q: usize, len: usize, whole: bool) {
+        let id = self.next;
+        self.next += 1;
+        let r = region(id, len);
+        let len = r.len();
+        let op = SendOp::Write(REMOTE);
+        let result = if whole {
+            self.qps[q].post_send_whole(op, r, 0..len, id)
+        } else {
+            self.qps[q].post_send(op, r, 0..len, id)
+        };
+        match result {
+            Ok(()) => {
+                self.open[q].insert(id, len);
+            }
+            Err((_, r)) => assert_eq!(id_of(&r), id, "a refused post hands its region back"),
+        }
+    }
+
+    fn batch(&mut self, q: usize, lens: &[u8]) {
+        let requests: Vec<_> = lens
+            .iter()
+            .map(|&l| {
+                let id = self.next;
+                self.next += 1;
+                let r = region(id, 8 + usize::from(l) * 32);
+                let len = r.len();
+                (SendOp::Write(REMOTE), r, 0..len, id)
+            })
+            .collect();
+        let ids: Vec<(u64, usize)> = requests
+            .iter()
+            .map(|(_, r, _, id)| (*id, r.len()))
+            .collect();
+        match self.qps[q].post_batch(requests) {
+            Ok(()) => self.open[q].extend(ids),
+            Err((_, refused)) => {
+                // The first ones were accepted; the rest came back, in
+                // order, each with its own region.
+                let accepted = ids.len() - refused.len();
+                self.open[q].extend(ids[..accepted].iter().copied());
+                for ((context, r), (id, _)) in refused.iter().zip(&ids[accepted..]) {
+                    assert_eq!((*context, id_of(r)), (*id, *id));
+                }
+            }
+        }
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut rig = Rig::new();
+    let mut bytes = data.iter().copied();
+    while let (Some(op), Some(arg)) = (bytes.next(), bytes.next()) {
+        let q = usize::from(arg) % QPS;
+        let n = usize::from(arg / 4);
+        match op % 8 {
+            0 => rig.post(q, 8 + n * 64, false),
+            1 => {
+                let lens: Vec<u8> = bytes.by_ref().take(1 + n % 12).collect();
+                rig.batch(q, &lens);
+            }
+            2 | 3 => rig.poll(q),
+            4 => rig.qps[q].with_sink(|s| s.refuse_after(n % 20)),
+            5 => rig.qps[q].with_sink(|s| s.fail_completion_after(n % 20)),
+            6 => rig.post(q, 8 + n * 64, true),
+            _ => {
+                // Dropped with work in flight: its requests are flushed and
+                // their regions freed, none handed back.
+                let qp = rig.make(q);
+                drop(std::mem::replace(&mut rig.qps[q], qp));
+                rig.open[q].clear();
+            }
+        }
+    }
+    // Everything accepted completes, once.
+    for _ in 0..10_000 {
+        if rig.open.iter().all(HashMap::is_empty) {
+            break;
+        }
+        for q in 0..QPS {
+            rig.poll(q);
+        }
+    }
+    for q in 0..QPS {
+        assert!(
+            rig.open[q].is_empty(),
+            "queue pair {q}: requests {:?} never completed",
+            rig.open[q].keys().collect::<Vec<_>>()
+        );
+        assert_eq!(rig.qps[q].queued(), 0, "queue pair {q}");
+        assert_eq!(
+            rig.qps[q].with_sink(|s| s.sends_in_flight()),
+            0,
+            "queue pair {q}"
+        );
+    }
+});
