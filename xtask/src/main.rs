@@ -6,8 +6,10 @@
 //!                                       --link RATE also rxa -> rxb over a shaped link)
 //! cargo xtask test                      deps, fmt, clippy, package, unit tests, Miri, fuzz, device tests in the VM
 //! cargo xtask demo                      the isolation demo and perftest reference inside the VM
+//! cargo xtask bench-device [-- ARGS]    the criterion bench on a device (benches/device.rs) on rxe0 in the VM
 //! ```
 
+mod bench;
 mod cpio;
 mod demo;
 mod deps;
@@ -74,6 +76,11 @@ commands:
                           it ran (exit status 1 if one did not). --short: every scenario
                           for about a second a measurement, figures not judged
                           (target/demo-short/; the test command runs it too)
+  bench-device [-- ARGS]  builds benches/device.rs and runs it inside the VM on rxe0
+                          (MTRDMA_BENCH_DEVICE=rxe0): latency and message rate of 64 B
+                          WRITEs, raw against mtrdma, single posts and batches, then
+                          paired rounds; ARGS go to the bench (criterion's: --quick, a
+                          filter); criterion's results in target/vm/criterion/
 ";
 
 fn main() -> ExitCode {
@@ -108,6 +115,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
             test::run()
         }
         "demo" => demo::run(rest),
+        "bench-device" => bench::run(rest),
         // Run by the demo's script in the VM, between overhead rounds.
         "demo-rounds-decided" => overhead::decided_command(rest),
         "help" | "-h" | "--help" => {
