@@ -28,8 +28,10 @@
 //! `cargo bench --bench batch` (add `-- --quick` for a short run). For an
 //! instruction count that repeats whatever else the machine is doing,
 //! run one path alone under callgrind: `valgrind --tool=callgrind
-//! target/release/deps/batch-* --path scheduled_batch16 --iterations
-//! 10000` (and the same for `scheduled_single`), and compare the totals.
+//! target/release/deps/batch-HASH --path scheduled_batch16 --iterations
+//! 10000` (the executable `cargo bench --bench batch --no-run` names, not
+//! the `.d` file beside it; and the same for `scheduled_single`), and
+//! compare the totals.
 //!
 //! [`QueuePair::post_send`]: mtrdma::verbs::QueuePair::post_send
 //! [`QueuePair::batch`]: mtrdma::verbs::QueuePair::batch

@@ -640,8 +640,8 @@ impl<Q: PieceScheduler> NullScheduled<Q> {
         &mut self,
         requests: impl IntoIterator<Item = (SendOp, HeapRegion, Range<usize>, u64)>,
     ) -> Result<(), BatchRefused> {
-        let mut checked = Vec::new();
         let mut requests = requests.into_iter();
+        let mut checked = Vec::with_capacity(requests.size_hint().0);
         while let Some((op, region, range, context)) = requests.next() {
             match check_send(op, &region, &range) {
                 Ok(sge) => checked.push(Request {

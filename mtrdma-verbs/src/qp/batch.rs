@@ -170,7 +170,7 @@ impl<'a, S: Sink> Batch<'a, S> {
     pub(crate) fn new(sink: &'a mut S) -> Self {
         Batch {
             sink,
-            pieces: Vec::new(),
+            pieces: Vec::with_capacity(LIST_MAX / 2),
         }
     }
 

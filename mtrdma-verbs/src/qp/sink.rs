@@ -201,16 +201,17 @@ pub(crate) trait Sink: Send + 'static {
                 return Err((done, Error::SendQueueFull { depth }));
             }
             let n = (pieces.len() - done).min(LIST_MAX).min(room);
-            let mut sges = [ffi::ibv_sge::default(); LIST_MAX];
+            // Not zeroed: only the first `n` entries are written and read.
+            let mut sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; LIST_MAX];
             let mut wrs = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; LIST_MAX];
             // Half the list (rounded up), at most SIGNAL_EVERY: a window
             // of a few pieces gets half of them back while the rest are
             // on the wire, rather than all of them after the last.
             let every = n.div_ceil(2).clamp(1, SIGNAL_EVERY);
             for (i, piece) in pieces[done..done + n].iter().enumerate() {
-                sges[i] = piece.sge;
+                let sge = sges[i].write(piece.sge);
                 let quiet = piece.quiet_ok && i + 1 < n && (i + 1) % every != 0;
-                wrs[i].write(send_wr(piece, &mut sges[i], quiet));
+                wrs[i].write(send_wr(piece, sge, quiet));
             }
             for i in 1..n {
                 let next = wrs[i].as_mut_ptr();
