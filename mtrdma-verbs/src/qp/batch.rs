@@ -190,34 +190,12 @@ impl<'a, S: Sink> Batch<'a, S> {
             Ok(sge) => sge,
             Err(error) => return Err((error, region)),
         };
-        let books = self.sink.books_mut();
-        if books.sends_in_flight as usize + self.pieces.len() >= books.max_send_wr as usize {
-            let depth = books.max_send_wr;
-            return Err((Error::SendQueueFull { depth }, region));
-        }
-        let (opcode, remote, imm) = op.lower(true);
-        let ud = region.datagram();
-        let extra = region.extra(true, true);
-        let slot = books.park(Slot {
-            context,
-            region,
-            send: true,
-            len: sge.length,
-        });
-        self.pieces.push(RawSend {
-            wr_id: slot as u64,
-            opcode,
-            sge,
-            remote: remote.map(|r| (r.addr, r.rkey)),
-            imm,
-            atomic: op.atomic(),
-            ud,
-            extra,
-            // A list the device cuts short is closed by a zero-length RDMA
-            // WRITE, which a datagram queue pair cannot post: datagrams
-            // each ask for their completion.
-            quiet_ok: ud.is_none(),
-        });
+        let pending = self.pieces.len();
+        let raw = self
+            .sink
+            .books_mut()
+            .park_send(op, region, sge, context, pending)?;
+        self.pieces.push(raw);
         Ok(())
     }
 

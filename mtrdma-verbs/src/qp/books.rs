@@ -271,6 +271,49 @@ impl<R: Region> Books<R> {
         self.slots.remove(i)
     }
 
+    /// Parks `region` for a send-side request `op` that `check_send` found
+    /// to be `sge`, if the send queue has room for it after `pending`
+    /// requests not yet posted; returns its work request (`wr_id`: the
+    /// slot; it may go unsignaled in a list unless it is a datagram, see
+    /// [`Sink::post_list`]). On refusal the region comes back.
+    #[inline]
+    pub(crate) fn park_send(
+        &mut self,
+        op: SendOp,
+        region: R,
+        sge: ffi::ibv_sge,
+        context: u64,
+        pending: usize,
+    ) -> Result<RawSend, (Error, R)> {
+        if self.sends_in_flight as usize + pending >= self.max_send_wr as usize {
+            let depth = self.max_send_wr;
+            return Err((Error::SendQueueFull { depth }, region));
+        }
+        let (opcode, remote, imm) = op.lower(true);
+        let ud = region.datagram();
+        let extra = region.extra(true, true);
+        let slot = self.park(Slot {
+            context,
+            region,
+            send: true,
+            len: sge.length,
+        });
+        Ok(RawSend {
+            wr_id: slot as u64,
+            opcode,
+            sge,
+            remote: remote.map(|r| (r.addr, r.rkey)),
+            imm,
+            atomic: op.atomic(),
+            ud,
+            extra,
+            // A list the device cuts short is closed by a zero-length RDMA
+            // WRITE, which a datagram queue pair cannot post: datagrams
+            // each ask for their completion.
+            quiet_ok: ud.is_none(),
+        })
+    }
+
     /// The region parked under `wr_id` (one of the queue pair's own work
     /// requests), if any.
     pub(crate) fn parked(&self, wr_id: u64) -> Option<&R> {

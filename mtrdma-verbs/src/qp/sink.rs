@@ -295,30 +295,12 @@ pub(crate) trait Sink: Send + 'static {
         context: u64,
         flag: u64,
     ) -> Result<(), (Error, Self::Region)> {
-        let books = self.books_mut();
-        if books.sends_in_flight >= books.max_send_wr {
-            let depth = books.max_send_wr;
-            return Err((Error::SendQueueFull { depth }, region));
-        }
-        let (opcode, remote, imm) = op.lower(true);
-        let ud = region.datagram();
-        let extra = region.extra(true, true);
-        let slot = books.park(Slot {
-            context,
-            region,
-            send: true,
-            len: sge.length,
-        });
+        let raw = self.books_mut().park_send(op, region, sge, context, 0)?;
+        let slot = raw.wr_id as usize;
         let raw = RawSend {
-            wr_id: slot as u64 | flag,
-            opcode,
-            sge,
-            remote: remote.map(|r| (r.addr, r.rkey)),
-            imm,
-            atomic: op.atomic(),
-            ud,
-            extra,
+            wr_id: raw.wr_id | flag,
             quiet_ok: false,
+            ..raw
         };
         // SAFETY: the buffer `sge` points at is owned by the slot just
         // parked and stays there until the completion is polled.
