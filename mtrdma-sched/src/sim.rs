@@ -511,6 +511,7 @@ fn simulate<S: Scheduler<u64>>(
         gains: None,
         moved: 0.0,
         lists: vec![Vec::new(); tenants.len()],
+        listed: Vec::new(),
         quiet: vec![VecDeque::new(); tenants.len()],
     };
     if config.coordinator_every > Nanos::ZERO && sim.lanes.iter().any(|l| l.window().is_some()) {
@@ -627,8 +628,11 @@ struct Sim<'a, S> {
     /// What the tenants moved together, smoothed as the coordinator
     /// smooths it (bytes per second).
     moved: f64,
-    /// Per tenant: the tags of the pieces posted in this pump (its list).
+    /// Per tenant: the tags of the pieces posted in this pump (its list;
+    /// kept only with [`SimConfig::signal_every`] above 1).
     lists: Vec<Vec<usize>>,
+    /// The tenants whose lists are not empty.
+    listed: Vec<usize>,
     /// Per tenant: tags of unsignaled pieces off the wire, waiting for the
     /// completion of a later piece to report them.
     quiet: Vec<VecDeque<usize>>,
@@ -739,7 +743,12 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
         gate.sent(&mut self.lanes[t], tag, grant.len, || Nanos(now));
         // Provisionally: the list's pieces are settled when it closes.
         let signaled = grant.is_last || self.config.signal_every <= 1;
-        self.lists[t].push(tag);
+        if self.config.signal_every > 1 {
+            if self.lists[t].is_empty() {
+                self.listed.push(t);
+            }
+            self.lists[t].push(tag);
+        }
         self.nic.push_back(InNic {
             grant,
             tag: Some(tag),
@@ -754,11 +763,8 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
     /// window of a few pieces frees half of them while the rest are on
     /// the wire.
     fn close_lists(&mut self) {
-        for t in 0..self.lists.len() {
+        for t in std::mem::take(&mut self.listed) {
             let n = self.lists[t].len();
-            if n == 0 {
-                continue;
-            }
             let every = n
                 .div_ceil(2)
                 .clamp(1, self.config.signal_every.max(1) as usize);
