@@ -934,6 +934,10 @@ impl Sink for UdQueuePair {
         &mut self.books
     }
 
+    fn quiet_lists(&self) -> bool {
+        true
+    }
+
     unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
         // SAFETY: as the caller promises; `wr` alone is a list of one.
         unsafe { self.post_wr_list(wr) }.map_err(|(_, e)| e)

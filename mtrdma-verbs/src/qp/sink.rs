@@ -36,6 +36,15 @@ pub(crate) trait Sink: Send + 'static {
     /// pair is destroyed after being drained).
     unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error>;
 
+    /// Whether pieces may go unsignaled in a list ([`post_list`](Self::post_list)):
+    /// a sink whose books number its sends ([`Books::tag_send`]) reports
+    /// the unsignaled ones with the completion after them. The default is
+    /// no: every piece asks for its completion (a foreign program's queue
+    /// pair, which keeps its own order of what it posted).
+    fn quiet_lists(&self) -> bool {
+        false
+    }
+
     /// Hands the linked list of work requests that starts at `wr` to the
     /// device. On refusal, the requests before the refused one were taken
     /// (their number comes with the error) and the rest were not. A device
@@ -208,9 +217,10 @@ pub(crate) trait Sink: Send + 'static {
             // of a few pieces gets half of them back while the rest are
             // on the wire, rather than all of them after the last.
             let every = n.div_ceil(2).clamp(1, SIGNAL_EVERY);
+            let lists_quiet = self.quiet_lists();
             for (i, piece) in pieces[done..done + n].iter().enumerate() {
                 let sge = sges[i].write(piece.sge);
-                let quiet = piece.quiet_ok && i + 1 < n && (i + 1) % every != 0;
+                let quiet = lists_quiet && piece.quiet_ok && i + 1 < n && (i + 1) % every != 0;
                 wrs[i].write(send_wr(piece, sge, quiet));
             }
             for i in 1..n {
