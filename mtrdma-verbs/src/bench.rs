@@ -28,7 +28,7 @@ use mtrdma_sched::TenantPolicy;
 
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
-use crate::qp::{check_send, Batch, Books, RawCompletion, Region, SendOp, Sink, Wc};
+use crate::qp::{Batch, Books, RawCompletion, Region, SendOp, Sink, Wc};
 use crate::scheduled::{default_scheduler, solo_parts, Request, Scheduled, Shared};
 use crate::{DefaultScheduler, PieceScheduler};
 use crate::{Error, ScheduleConfig, SharedConfig};
@@ -453,18 +453,6 @@ impl Sink for NullSink {
         self.take(wr)
     }
 
-    unsafe fn post_wr_list(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), (usize, Error)> {
-        let mut taken = 0;
-        let mut at: *mut ffi::ibv_send_wr = wr;
-        // SAFETY: the caller's promise: every `next` is null or valid.
-        while let Some(this) = unsafe { at.as_mut() } {
-            self.take(this).map_err(|e| (taken, e))?;
-            taken += 1;
-            at = this.next;
-        }
-        Ok(())
-    }
-
     fn poll(
         &mut self,
         out: &mut Vec<HostCompletion>,
@@ -647,15 +635,9 @@ impl<Q: PieceScheduler> NullScheduled<Q> {
         let mut requests = requests.into_iter();
         let mut checked = Vec::with_capacity(requests.size_hint().0);
         while let Some((op, region, range, context)) = requests.next() {
-            match check_send(op, &region, &range) {
-                Ok(sge) => checked.push(Request {
-                    op,
-                    region,
-                    range,
-                    sge,
-                    context,
-                }),
-                Err(error) => {
+            match Request::checked(op, region, range, context) {
+                Ok(request) => checked.push(request),
+                Err((error, region)) => {
                     let mut refused: Vec<_> =
                         checked.into_iter().map(|r| (r.context, r.region)).collect();
                     refused.push((context, region));

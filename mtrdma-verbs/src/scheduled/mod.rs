@@ -794,17 +794,9 @@ impl<Q: PieceScheduler> ScheduledBatch<'_, Q> {
         range: Range<usize>,
         context: u64,
     ) -> Result<(), PostError> {
-        let sge = match check_send(op, &region, &range) {
-            Ok(sge) => sge,
-            Err(error) => return Err(PostError::new((error, region))),
-        };
-        self.requests.push(paths::Request {
-            op,
-            region,
-            range,
-            sge,
-            context,
-        });
+        let request =
+            paths::Request::checked(op, region, range, context).map_err(PostError::new)?;
+        self.requests.push(request);
         Ok(())
     }
 

@@ -219,6 +219,28 @@ pub(crate) struct Request<R> {
     pub(crate) context: u64,
 }
 
+impl<R: Region> Request<R> {
+    /// A request whose range and remote region `check_send` accepts; on
+    /// refusal the region comes back with the error.
+    pub(crate) fn checked(
+        op: SendOp,
+        region: R,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<Request<R>, (Error, R)> {
+        match check_send(op, &region, &range) {
+            Ok(sge) => Ok(Request {
+                op,
+                region,
+                range,
+                sge,
+                context,
+            }),
+            Err(error) => Err((error, region)),
+        }
+    }
+}
+
 /// Accepts `requests` on `engine` for `member` in order, the pieces it
 /// decides left in `own_pieces` for the caller to post as one list (a
 /// request's piece sent at once may report with a later one, as in a
