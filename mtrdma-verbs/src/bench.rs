@@ -198,7 +198,7 @@ pub struct NullSink {
     /// Posted and not yet completed, oldest at `head`, each with the
     /// `wr_id` the device was given; as many slots as the send queue is
     /// deep.
-    ring: Box<[(Posted, u64)]>,
+    ring: Box<[Entry]>,
     head: usize,
     queued: usize,
     fail: bool,
@@ -234,7 +234,7 @@ impl NullSink {
         let depth = depth.max(1);
         NullSink {
             books: Books::new(depth, 0),
-            ring: vec![(Posted::default(), 0); depth as usize].into_boxed_slice(),
+            ring: vec![Entry::default(); depth as usize].into_boxed_slice(),
             head: 0,
             queued: 0,
             fail: false,
@@ -345,12 +345,12 @@ impl NullSink {
     }
 
     /// The completion of the request in ring entry `entry`.
-    fn completion(&(posted, wr_id): &(Posted, u64), status: WcStatus) -> Wc {
+    fn completion(entry: &Entry, status: WcStatus) -> Wc {
         Wc {
-            wr_id,
+            wr_id: entry.wr_id,
             status,
-            opcode: crate::qp::wc_opcode_of(posted.opcode),
-            byte_len: posted.length,
+            opcode: crate::qp::wc_opcode_of(entry.opcode),
+            byte_len: entry.length,
             imm: None,
             source: None,
         }
@@ -396,6 +396,24 @@ impl NullSink {
         } else {
             ffi::ibv_sge::default()
         };
+        let signaled = wr.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
+        let at = (self.head + self.queued) % self.ring.len();
+        self.ring[at] = Entry {
+            wr_id: self.books.tag_send(wr.wr_id, wr.opcode, signaled),
+            opcode: wr.opcode,
+            length: sge.length,
+            signaled,
+        };
+        self.queued += 1;
+        if let Some(log) = &mut self.log {
+            log.push(Self::posted(wr, sge, signaled));
+        }
+        Ok(())
+    }
+
+    /// What [`recording`](Self::recording) keeps of a work request.
+    #[cold]
+    fn posted(wr: &ffi::ibv_send_wr, sge: ffi::ibv_sge, signaled: bool) -> Posted {
         // SAFETY: the request was built from an all-zero value, so both
         // union members are initialised plain integers.
         let (rdma, imm) = unsafe { (wr.wr.rdma, wr.__bindgen_anon_1.imm_data) };
@@ -404,7 +422,7 @@ impl NullSink {
             wr.opcode,
             o::IBV_WR_SEND_WITH_IMM | o::IBV_WR_RDMA_WRITE_WITH_IMM
         );
-        let posted = Posted {
+        Posted {
             wr_id: wr.wr_id,
             opcode: wr.opcode,
             addr: sge.addr,
@@ -413,17 +431,20 @@ impl NullSink {
             remote_addr: rdma.remote_addr,
             rkey: rdma.rkey,
             imm: with_imm.then(|| u32::from_be(imm)),
-            signaled: wr.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
-        };
-        let device_id = self.books.tag_send(wr.wr_id, wr.opcode, posted.signaled);
-        let at = (self.head + self.queued) % self.ring.len();
-        self.ring[at] = (posted, device_id);
-        self.queued += 1;
-        if let Some(log) = &mut self.log {
-            log.push(posted);
+            signaled,
         }
-        Ok(())
     }
+}
+
+/// A request in the null sink's ring: what its completion reports.
+#[derive(Debug, Clone, Copy, Default)]
+struct Entry {
+    /// The `wr_id` the device was given ([`Books::tag_send`]).
+    wr_id: u64,
+    /// The verbs opcode.
+    opcode: u32,
+    length: u32,
+    signaled: bool,
 }
 
 impl Sink for NullSink {
@@ -473,7 +494,7 @@ impl Sink for NullSink {
             } else {
                 self.failing_status(unsignaled)
             };
-            if status == WcStatus::Success && !self.ring[at].0.signaled {
+            if status == WcStatus::Success && !self.ring[at].signaled {
                 unsignaled += 1;
                 continue;
             }
@@ -957,6 +978,56 @@ mod tests {
             assert_eq!(refused.len(), 4, "{way}: checked before any is accepted");
             assert_eq!(qp.queued(), 0, "{way}");
         }
+    }
+
+    #[test]
+    fn a_scheduled_batch_past_what_may_go_at_once_or_cut_by_the_device_loses_nothing() {
+        // Four may go at once (the rest wait for the engine); then the
+        // device refuses the third of the list, and then everything.
+        let four = ScheduleConfig {
+            max_pieces_in_flight: 4,
+            ..bulk0()
+        };
+        let mut qp = scheduled(NullSink::new(1, 64).recording(), four).unwrap();
+        qp.post_batch(writes(16)).unwrap();
+        assert!(qp.queued() > 0, "the engine holds what may not go yet");
+        let done = drain(&mut qp, 16);
+        let got: Vec<(u64, u64, WcStatus)> = done
+            .iter()
+            .map(|c| (c.context, tag(&c.region), c.status))
+            .collect();
+        let want: Vec<(u64, u64, WcStatus)> = (0..16).map(|i| (i, i, WcStatus::Success)).collect();
+        assert_eq!(got, want, "every request once, in order");
+        assert_eq!(qp.with_sink(|s| s.take_log()).len(), 16);
+
+        qp.with_sink(|s| s.refuse_after(2));
+        qp.post_batch(writes(4)).unwrap();
+        let mut done = drain(&mut qp, 4);
+        done.sort_by_key(|c| c.context);
+        assert_eq!(
+            done.iter()
+                .map(|c| (c.context, tag(&c.region), c.status))
+                .collect::<Vec<_>>(),
+            (0..4)
+                .map(|i| (i, i, WcStatus::Success))
+                .collect::<Vec<_>>(),
+            "the two the device refused went through the engine"
+        );
+
+        qp.with_sink(|s| s.set_fail(true));
+        qp.post_batch(writes(4)).unwrap();
+        let mut done = drain(&mut qp, 4);
+        done.sort_by_key(|c| c.context);
+        assert_eq!(
+            done.iter()
+                .map(|c| (c.context, tag(&c.region)))
+                .collect::<Vec<_>>(),
+            (0..4).map(|i| (i, i)).collect::<Vec<_>>(),
+            "a refused request comes back once, failed"
+        );
+        assert!(done.iter().all(|c| c.status != WcStatus::Success));
+        assert_eq!(qp.queued(), 0);
+        assert_eq!(qp.with_sink(|s| s.sends_in_flight()), 0);
     }
 
     #[test]

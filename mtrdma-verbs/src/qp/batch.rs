@@ -195,7 +195,7 @@ impl<'a, S: Sink> Batch<'a, S> {
             .sink
             .books_mut()
             .park_send(op, region, sge, context, pending)?;
-        self.pieces.push(raw);
+        push_in_place(&mut self.pieces, raw);
         Ok(())
     }
 

@@ -496,14 +496,17 @@ impl<R: Region> Books<R> {
         } else {
             wc.byte_len
         };
-        out.push(slot.region.complete_from(
-            slot.context,
-            wc.status,
-            opcode,
-            byte_len,
-            wc.imm.map(u32::from_be),
-            wc.source,
-        ));
+        push_in_place(
+            out,
+            slot.region.complete_from(
+                slot.context,
+                wc.status,
+                opcode,
+                byte_len,
+                wc.imm.map(u32::from_be),
+                wc.source,
+            ),
+        );
         if sched {
             raw.push(RawCompletion {
                 wr_id: PARKED_DONE,
@@ -511,6 +514,22 @@ impl<R: Region> Books<R> {
                 sampled,
             });
         }
+    }
+}
+
+/// `v.push(x)`, always inlined: `x` (a completion, several words) is
+/// written straight into `v`'s buffer rather than built on the stack and
+/// copied by an out-of-line `push` (which reads back the narrow stores
+/// just made, a stall that cost ~5 ns per request on the null-sink bench).
+#[inline(always)]
+pub(crate) fn push_in_place<T>(v: &mut Vec<T>, x: T) {
+    v.reserve(1);
+    let len = v.len();
+    // SAFETY: `reserve(1)` left room for at least one more element at
+    // index `len`, which is written before the length covers it.
+    unsafe {
+        v.as_mut_ptr().add(len).write(x);
+        v.set_len(len + 1);
     }
 }
 

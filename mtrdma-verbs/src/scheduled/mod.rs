@@ -55,8 +55,8 @@ use mtrdma_sched::{DelayWindow, DelayWindowConfig, Window};
 use crate::completion::{Completion, Opcode, WcStatus};
 use crate::events::{Armed, Waitable};
 use crate::qp::{
-    check_send, BatchError, PostError, QueuePair, RawCompletion, RawSend, Refusal, Region, SendOp,
-    Sink, PARKED_DONE, RAW_WR, SCHED_WR,
+    check_send, push_in_place, BatchError, PostError, QueuePair, RawCompletion, RawSend, Refusal,
+    Region, SendOp, Sink, LIST_MAX, PARKED_DONE, RAW_WR, SCHED_WR,
 };
 use crate::slab::Slab;
 

@@ -167,11 +167,7 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         requests: Vec<Request<S::Region>>,
     ) -> Result<(), Refusal<S::Region>> {
         match &mut self.way {
-            Way::Solo(solo) => {
-                let result = accept_all(&mut solo.engine, solo.member, requests);
-                solo.post_decided();
-                result
-            }
+            Way::Solo(solo) => solo.post_batch(requests),
             Way::Attached(a) => {
                 let member = a.member;
                 a.with_engine(|e| accept_all(e, member, requests))
@@ -281,22 +277,6 @@ fn accept_all<S: Sink, Q: PieceScheduler>(
     Ok(())
 }
 
-/// `v.push(x)`, always inlined: `x` (a completion, several words) is
-/// written straight into `v`'s buffer rather than built on the stack and
-/// copied by an out-of-line `push` (which reads back the narrow stores
-/// just made, a stall that cost ~5 ns per request on the null-sink bench).
-#[inline(always)]
-pub(super) fn push_in_place<T>(v: &mut Vec<T>, x: T) {
-    v.reserve(1);
-    let len = v.len();
-    // SAFETY: `reserve(1)` left room for at least one more element at
-    // index `len`, which is written before the length covers it.
-    unsafe {
-        v.as_mut_ptr().add(len).write(x);
-        v.set_len(len + 1);
-    }
-}
-
 /// Whether the engine asked (through `wake_at`) to be pumped by now.
 #[inline]
 pub(super) fn wake_due(wake_at: &AtomicU64, clock: &QuantaClock) -> bool {
@@ -372,6 +352,83 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
         }
         self.post_decided();
         result.map(|_| ())
+    }
+
+    /// [`Scheduled::post_batch`] on a queue pair of its own: the leading
+    /// requests the engine lets go at once (`may_park`, judged after each
+    /// one is counted, as for as many single posts) are parked in the
+    /// queue pair's books and posted as one list, as a direct batch; the
+    /// rest go through the engine, whose pieces follow as lists of their
+    /// own.
+    pub(super) fn post_batch(
+        &mut self,
+        requests: Vec<Request<S::Region>>,
+    ) -> Result<(), Refusal<S::Region>> {
+        let mut requests = requests.into_iter();
+        let mut parked: Vec<RawSend> = Vec::with_capacity(requests.len().min(LIST_MAX));
+        // What a request refused by the queue pair needs to go through
+        // the engine after all.
+        let mut asked: Vec<(SendOp, Range<usize>)> = Vec::with_capacity(parked.capacity());
+        let mut next = requests.next();
+        while let Some(r) = next.take() {
+            let len = r.sge.length;
+            if !self.engine.may_park(self.member, r.op, u64::from(len)) {
+                next = Some(r);
+                break;
+            }
+            let books = self.sink.books_mut();
+            match books.park_send(r.op, r.region, r.sge, r.context, parked.len()) {
+                Ok(raw) => {
+                    self.engine.parked(self.member, len);
+                    asked.push((r.op, r.range));
+                    push_in_place(
+                        &mut parked,
+                        RawSend {
+                            wr_id: raw.wr_id | SCHED_WR,
+                            ..raw
+                        },
+                    );
+                    next = requests.next();
+                }
+                Err((_, region)) => {
+                    // No room in the send queue: through the engine.
+                    next = Some(Request { region, ..r });
+                    break;
+                }
+            }
+        }
+        let mut back = Vec::new();
+        // SAFETY: every parked request's buffer is its region, in the
+        // books under its `wr_id` until its completion is polled.
+        if let Err((taken, _)) = unsafe { self.sink.post_list(&parked) } {
+            // Refused by the queue pair: uncounted, and through the engine
+            // (whose refused pieces complete as failed at the next poll),
+            // as a refused single post.
+            for (piece, (op, range)) in parked[taken..].iter().zip(asked.drain(taken..)) {
+                self.engine.parked_done(self.member);
+                let slot = self
+                    .sink
+                    .books_mut()
+                    .unpark((piece.wr_id & !SCHED_WR) as usize)
+                    .expect("just parked");
+                back.push(Request {
+                    op,
+                    region: slot.region,
+                    range,
+                    sge: piece.sge,
+                    context: slot.context,
+                });
+            }
+        }
+        let posted = parked.len() - back.len();
+        back.extend(next);
+        back.extend(requests);
+        let result = accept_all(&mut self.engine, self.member, back).map_err(|mut refusal| {
+            refusal.posted += posted;
+            refusal
+        });
+        self.post_decided();
+        result
     }
 
     #[inline]
