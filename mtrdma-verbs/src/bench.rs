@@ -20,16 +20,17 @@
 
 use std::io;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ibverbs_sys as ffi;
 use mtrdma_core::{TenantHandle, TenantId};
-use mtrdma_sched::TenantPolicy;
+use mtrdma_sched::{ManualClock, TenantPolicy};
 
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
 use crate::qp::{Batch, Books, RawCompletion, Region, SendOp, Sink, Wc};
-use crate::scheduled::{default_scheduler, solo_parts, Request, Scheduled, Shared};
+use crate::scheduled::{default_scheduler, solo_parts, EngineClock, Request, Scheduled, Shared};
 use crate::{DefaultScheduler, PieceScheduler};
 use crate::{Error, ScheduleConfig, SharedConfig};
 
@@ -562,9 +563,23 @@ impl std::fmt::Debug for NullScheduler {
 impl NullScheduler {
     /// See [`SharedScheduler::new`](crate::SharedScheduler::new).
     pub fn new(config: SharedConfig) -> Result<NullScheduler, Error> {
+        Self::on(config, EngineClock::real())
+    }
+
+    /// The same on `clock`, which moves only when told to: the engine
+    /// (its windows, pacing, the release of stalled budget, its wake-ups)
+    /// then runs in virtual time.
+    pub fn with_clock(
+        config: SharedConfig,
+        clock: Arc<ManualClock>,
+    ) -> Result<NullScheduler, Error> {
+        Self::on(config, EngineClock::Manual(clock))
+    }
+
+    fn on(config: SharedConfig, clock: EngineClock) -> Result<NullScheduler, Error> {
         let sched = default_scheduler(&config)?;
         Ok(NullScheduler {
-            shared: Shared::new(config, sched)?,
+            shared: Shared::new(config, sched, clock)?,
         })
     }
 
@@ -598,6 +613,21 @@ pub fn scheduled(sink: NullSink, config: ScheduleConfig) -> Result<NullScheduled
     scheduled_with(sink, config, sched)
 }
 
+/// [`scheduled`] on `clock`, which moves only when told to: the engine
+/// (its window, pacing, its wake-ups) runs in virtual time, and a test
+/// decides how long each piece took by moving the clock between the post
+/// and the poll that completes it.
+pub fn scheduled_with_clock(
+    sink: NullSink,
+    config: ScheduleConfig,
+    clock: Arc<ManualClock>,
+) -> Result<NullScheduled, Error> {
+    let (config, sched) = solo_parts(config, sink.tenant.as_ref())?;
+    Ok(NullScheduled {
+        inner: Scheduled::solo(sink, config, sched, EngineClock::Manual(clock))?,
+    })
+}
+
 /// See [`QueuePair::scheduled_with`](crate::QueuePair::scheduled_with): a
 /// null sink on a scheduler of its own, `sched`.
 pub fn scheduled_with<Q: PieceScheduler>(
@@ -606,7 +636,7 @@ pub fn scheduled_with<Q: PieceScheduler>(
     sched: Q,
 ) -> Result<NullScheduled<Q>, Error> {
     Ok(NullScheduled {
-        inner: Scheduled::solo(sink, config, sched)?,
+        inner: Scheduled::solo(sink, config, sched, EngineClock::real())?,
     })
 }
 
@@ -1101,6 +1131,139 @@ mod tests {
         qp.poll(&mut more).unwrap();
         assert!(more.is_empty(), "nothing completes twice");
         assert_eq!(qp.with_sink(|s| s.sends_in_flight()), 0);
+    }
+
+    /// Sends `requests` WRITEs of 64 KiB on `qp` one after the other,
+    /// moving `clock` by `step` before each poll: every piece takes `step`
+    /// from its post to the poll that completes it. Returns the window
+    /// after each request.
+    fn paced(
+        qp: &mut NullScheduled,
+        clock: &ManualClock,
+        step: mtrdma_sched::Nanos,
+        requests: u64,
+    ) -> Vec<u64> {
+        let mut windows = Vec::new();
+        let mut out = Vec::new();
+        for i in 0..requests {
+            post(
+                qp,
+                SendOp::Write(REMOTE),
+                HeapRegion::new(65_536),
+                65_536,
+                i,
+            );
+            out.clear();
+            while out.is_empty() {
+                clock.advance(step);
+                qp.poll(&mut out).unwrap();
+            }
+            assert_eq!(out[0].status, WcStatus::Success);
+            windows.push(qp.window().expect("a bulk window").window_bytes);
+        }
+        windows
+    }
+
+    #[test]
+    fn on_a_manual_clock_a_stalled_queue_pair_gives_up_the_bulk_budget_after_stall_after() {
+        // Two bulk tenants share 8 KiB in the NIC. The first fills it and
+        // is never polled (its pieces never complete, as behind a peer
+        // that is gone); the second waits until the first's oldest piece
+        // has been out for `stall_after` (the clock moved by hand in steps
+        // of 1 ms), and no sooner.
+        let clock = Arc::new(ManualClock::new(mtrdma_sched::Nanos::from_millis(1)));
+        let stall = Duration::from_millis(100);
+        let shared = NullScheduler::with_clock(
+            SharedConfig {
+                chunk_bytes: 4096,
+                bulk_bytes_in_flight: 8192,
+                stall_after: stall,
+                ..SharedConfig::default()
+            },
+            Arc::clone(&clock),
+        )
+        .unwrap();
+        let bulk = |t| ScheduleConfig::local(TenantId(t), TrafficClass::Bulk);
+        let mut stuck = shared.attach(NullSink::new(1, 16), bulk(1)).unwrap();
+        let mut other = shared.attach(NullSink::new(2, 16), bulk(2)).unwrap();
+        post(
+            &mut stuck,
+            SendOp::Write(REMOTE),
+            HeapRegion::new(8192),
+            8192,
+            1,
+        );
+        assert_eq!(stuck.with_sink(|s| s.sends_in_flight()), 2);
+        post(
+            &mut other,
+            SendOp::Write(REMOTE),
+            HeapRegion::new(4096),
+            4096,
+            2,
+        );
+        let mut out = Vec::new();
+        let step = mtrdma_sched::Nanos::from_millis(1);
+        for _ in 0..99 {
+            clock.advance(step);
+            other.poll(&mut out).unwrap();
+            assert_eq!(
+                other.with_sink(|s| s.sends_in_flight()),
+                0,
+                "held while the budget is the first one's"
+            );
+        }
+        clock.advance(step);
+        for _ in 0..100 {
+            other.poll(&mut out).unwrap();
+        }
+        assert_eq!(out.len(), 1, "released at 100 ms");
+        assert_eq!((out[0].context, out[0].status), (2, WcStatus::Success));
+        // The first one's request is still there, and completes once
+        // polled.
+        let done = drain(&mut stuck, 1);
+        assert_eq!((done[0].context, done[0].status), (1, WcStatus::Success));
+    }
+
+    #[test]
+    fn on_a_manual_clock_the_engine_and_its_window_run_in_virtual_time() {
+        use mtrdma_sched::Nanos;
+        let piece = 4096;
+        let config = ScheduleConfig {
+            chunk_bytes: piece,
+            max_pieces_in_flight: 64,
+            window: Some(Arc::new(DelayWindowConfig {
+                quiet_every: Nanos::ZERO,
+                ..DelayWindowConfig::for_piece(piece)
+            })),
+            ..bulk0()
+        };
+        let run = || {
+            let clock = Arc::new(ManualClock::new(Nanos::from_millis(1)));
+            let mut qp =
+                scheduled_with_clock(NullSink::new(1, 128), config.clone(), Arc::clone(&clock))
+                    .unwrap();
+            // Pieces that take 100 us (the path's own delay, no queue):
+            // the window grows. Then every piece takes 2 ms, a standing
+            // queue far over the target: it shrinks to its least, a
+            // quarter of a piece, and stays there (one piece every four
+            // round trips) until, a base period later, it takes the 2 ms
+            // for the path's own delay.
+            let mut windows = paced(&mut qp, &clock, Nanos::from_micros(100), 100);
+            windows.extend(paced(&mut qp, &clock, Nanos::from_millis(2), 10));
+            assert_eq!(qp.queued(), 0);
+            windows
+        };
+        let windows = run();
+        let grown = windows[99];
+        assert!(grown >= 4 * piece, "an empty queue lets it grow: {grown}");
+        assert_eq!(
+            windows[103..],
+            [piece / 4; 7],
+            "a standing queue shrinks it to its least"
+        );
+        // Nothing but the manual clock moves the engine's time: the same
+        // run gives the same windows, request by request.
+        assert_eq!(run(), windows);
     }
 
     #[test]

@@ -43,7 +43,7 @@ use mtrdma_core::TenantHandle;
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
 use crate::qp::{Books, Extra, RawCompletion, Region, Sink, UdDest, Wc};
-use crate::scheduled::{solo_parts, DefaultScheduler, Scheduled};
+use crate::scheduled::{solo_parts, DefaultScheduler, EngineClock, Scheduled};
 use crate::{Error, ScheduleConfig, SendOp};
 
 /// The provider's `post_send` (`struct ibv_context_ops`).
@@ -615,7 +615,7 @@ impl ForeignQueuePair {
                 .then_some((config.chunk_bytes, config.max_pieces_in_flight as usize)),
         };
         Ok(ForeignQueuePair {
-            inner: Scheduled::solo(sink, config, sched)?,
+            inner: Scheduled::solo(sink, config, sched, EngineClock::real())?,
         })
     }
 

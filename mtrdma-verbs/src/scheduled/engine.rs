@@ -1,37 +1,57 @@
 //! The engine behind every scheduled queue pair: which pieces go to the
 //! NIC when, the requests they belong to, and the queue pairs they go to.
 
-use super::*;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ibverbs_sys as ffi;
+use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
+use mtrdma_sched::gate::{Gate, GrantOrder, Lane, Post};
+use mtrdma_sched::{
+    Admit, Dequeue, Descriptor, Grant, Nanos, Opcode as SchedOpcode, SchedulerConfig, Signals,
+    TenantPolicy, TenantScheduler,
+};
+
+use super::{
+    lock, wake_due, wake_instant, DefaultScheduler, Done, EngineClock, Message, Op, PieceRef,
+    PieceScheduler, ScheduleConfig, SharedConfig, Side, Who, WindowState, PARKED,
+};
+use crate::completion::WcStatus;
+use crate::qp::{push_in_place, RawCompletion, RawSend, Region, SendOp, Sink, PARKED_DONE, RAW_WR};
+use crate::slab::Slab;
+use crate::Error;
 
 /// One attached queue pair.
 pub(super) struct Member<S: Sink> {
     /// Its side, or none for a queue pair with an engine of its own, whose
     /// pieces and finished requests go to `own_pieces` and `own_done`.
-    pub(super) side: Option<Arc<Side<S>>>,
-    pub(super) tenant: TenantId,
-    pub(super) quota: Option<TenantHandle>,
+    side: Option<Arc<Side<S>>>,
+    tenant: TenantId,
+    quota: Option<TenantHandle>,
     /// Its pieces in the NIC, the pieces granted and not yet posted (the
     /// queue pair was full, the bulk budget spent, its window or its
     /// shared rate limit said wait), and its window: the rules of
     /// [`mtrdma_sched::gate`].
-    pub(super) lane: Lane<PieceRef>,
+    lane: Lane<PieceRef>,
     /// When the shared rate limit lets the head of its pending pieces go
     /// (on the quota table's clock).
-    pub(super) retry_at: u64,
+    retry_at: u64,
     /// Bytes accepted and not yet posted (its share of the tenant's demand
     /// in the quota table).
-    pub(super) backlog: u64,
+    backlog: u64,
     /// Requests accepted and not yet handed back.
-    pub(super) accepted: usize,
+    accepted: usize,
     /// Pieces in flight the engine posted raw (the others were parked in
     /// the queue pair's books, see [`Engine::may_park`]).
-    pub(super) raw_out: u32,
+    raw_out: u32,
     /// Whether the window's weight is the tenant's (left at 1 in the
     /// configuration), so that a reload changes it too.
-    pub(super) window_takes_weight: bool,
+    window_takes_weight: bool,
     /// The quota table's policy sequence its tenant's weight and caps were
     /// read at (see [`Engine::follow_policy`]).
-    pub(super) policy_seq: u64,
+    policy_seq: u64,
 }
 
 impl<S: Sink> Member<S> {
@@ -40,53 +60,87 @@ impl<S: Sink> Member<S> {
     pub(super) fn class(&self) -> TrafficClass {
         self.lane.class()
     }
+
+    /// Requests accepted and not yet handed back.
+    pub(super) fn accepted(&self) -> usize {
+        self.accepted
+    }
+
+    /// Whether bytes accepted are not yet in the device (queued in the
+    /// scheduler, or granted and waiting for room).
+    pub(super) fn unposted(&self) -> bool {
+        // The backlog is kept for tenants of the quota table; without one,
+        // anything accepted may still be waiting.
+        self.backlog > 0
+            || !self.lane.pending().is_empty()
+            || (self.quota.is_none() && self.accepted > 0)
+    }
+
+    /// Its window's state, if it has one.
+    pub(super) fn window_state(&self) -> Option<WindowState> {
+        self.lane.window().map(|w| {
+            let v = w.view();
+            WindowState {
+                window_bytes: v.window_bytes,
+                in_flight_bytes: self.lane.bytes_out(),
+                base_delay: v.base_delay,
+                smoothed_delay: v.smoothed_delay,
+                target_delay: v.target_delay,
+                weight: v.weight,
+                gain_ppm: v.gain_ppm,
+                sharing_weight: v.sharing_weight,
+                queue_bytes: v.queue_bytes,
+                piece_bytes: self.lane.piece_limit(),
+            }
+        })
+    }
 }
 
 /// Everything behind a [`SharedScheduler`]: the queue pairs, their
 /// requests, and the one scheduler that orders them.
 pub(super) struct Engine<S: Sink, Q: PieceScheduler> {
-    pub(super) sched: Q,
+    sched: Q,
     /// The piece size, the bulk budget and the latency count: what
     /// reaches the NIC when ([`mtrdma_sched::gate`]).
-    pub(super) gate: Gate,
-    pub(super) members: Slab<Member<S>>,
-    pub(super) messages: Slab<Message<S::Region>>,
+    gate: Gate,
+    members: Slab<Member<S>>,
+    messages: Slab<Message<S::Region>>,
     /// Members with pending pieces.
     /// Members' pending pieces, in the order granted.
-    pub(super) order: GrantOrder,
-    pub(super) next_seq: u64,
+    order: GrantOrder,
+    next_seq: u64,
     /// Tenants whose policy was set on the scheduler itself.
-    pub(super) explicit: Vec<TenantId>,
+    explicit: Vec<TenantId>,
     /// Whether any tenant was ever given caps in `sched` (which the fast
     /// path must then ask).
-    pub(super) capped: bool,
-    pub(super) clock: QuantaClock,
+    capped: bool,
+    clock: EngineClock,
     /// Shared with the queue pairs: see `ScheduledQueuePair::wake_at`.
-    pub(super) wake_at: Arc<AtomicU64>,
+    wake_at: Arc<AtomicU64>,
     /// Sides with pieces to post once the engine's lock is released.
-    pub(super) flush: Vec<Arc<Side<S>>>,
+    flush: Vec<Arc<Side<S>>>,
     /// The member whose owner holds the engine's lock (`usize::MAX`: none).
-    pub(super) caller: usize,
+    caller: usize,
     /// Pieces decided for `caller`, which it posts itself.
-    pub(super) own_pieces: Vec<RawSend>,
+    own_pieces: Vec<RawSend>,
     /// Requests of `caller` that finished, which it takes itself.
-    pub(super) own_done: Vec<Done<S>>,
+    own_done: Vec<Done<S>>,
     /// Piece completions being matched (kept for its capacity).
-    pub(super) scratch: Vec<RawCompletion>,
+    scratch: Vec<RawCompletion>,
     /// `CLOCK_MONOTONIC` minus `clock` at creation: windows run on the
     /// clock every process shares, so that their quiet times line up
     /// across processes.
-    pub(super) shared_offset: u64,
+    shared_offset: u64,
     /// How long the thread that polls next waited for a CPU after a
     /// completion woke it (see `Waitable::woke_late`): the completions it
     /// finds are judged that much earlier by the windows.
-    pub(super) host_delay: Nanos,
+    host_delay: Nanos,
     /// The earliest time (the engine's clock) a queue pair held back by
     /// its rate limit or window pacing may go again, found by this pump.
-    pub(super) timed_wake: u64,
+    timed_wake: u64,
     /// Whether every queue pair has an engine of its own (no sides): then
     /// nothing but completions and `timed_wake` makes work.
-    pub(super) solo: bool,
+    solo: bool,
 }
 
 /// How often queue pairs that hold bulk budget are polled by the others
@@ -110,7 +164,11 @@ pub(crate) fn default_scheduler(config: &SharedConfig) -> Result<DefaultSchedule
 }
 
 impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
-    pub(super) fn new(config: SharedConfig, sched: Q) -> Result<Engine<S, Q>, Error> {
+    pub(super) fn new(
+        config: SharedConfig,
+        sched: Q,
+        clock: EngineClock,
+    ) -> Result<Engine<S, Q>, Error> {
         Ok(Engine {
             sched,
             gate: Gate::new(config.chunk_bytes, config.bulk_bytes_in_flight).with_stall_after(
@@ -122,7 +180,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             next_seq: 0,
             explicit: Vec::new(),
             capped: false,
-            clock: QuantaClock::new(),
+            clock,
             wake_at: Arc::new(AtomicU64::new(u64::MAX)),
             flush: Vec::new(),
             caller: usize::MAX,
@@ -170,8 +228,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         let window = match (&config.window, class) {
             (Some(factory), TrafficClass::Bulk) => {
                 if self.shared_offset == 0 {
-                    self.shared_offset =
-                        mtrdma_core::clock::monotonic_ns().saturating_sub(self.clock.now().0);
+                    self.shared_offset = self.clock.shared_offset();
                 }
                 // Queue pairs of one port start again after a quiet time
                 // at points of their own; a window that names no weight
@@ -304,7 +361,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
 
     /// The engine's clock as the windows see it (shared by every process).
     #[inline]
-    pub(super) fn window_now(clock: &QuantaClock, offset: u64) -> Nanos {
+    pub(super) fn window_now(clock: &EngineClock, offset: u64) -> Nanos {
         Nanos(clock.now().0.saturating_add(offset))
     }
 
@@ -969,6 +1026,138 @@ impl<S: Sink> Leaving<S> {
             qp.shutdown()
         };
         keep_unless_drained(drained, self.regions);
+    }
+}
+
+/// What the queue pairs' paths (`paths.rs`, `mod.rs`) see of the engine.
+impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
+    /// Marks an engine behind one queue pair of its own: no sides, so
+    /// nothing but completions and timed wake-ups makes work.
+    pub(super) fn set_solo(&mut self) {
+        self.solo = true;
+    }
+
+    /// The pieces decided for the caller, which it posts itself.
+    #[inline]
+    pub(super) fn own_pieces_mut(&mut self) -> &mut Vec<RawSend> {
+        &mut self.own_pieces
+    }
+
+    /// The caller's finished requests, which it takes itself.
+    #[inline]
+    pub(super) fn own_done_mut(&mut self) -> &mut Vec<Done<S>> {
+        &mut self.own_done
+    }
+
+    /// [`completed`](Self::completed), the requests of `member` that
+    /// finished appended to `out` (straight into it: the engine's own
+    /// list is empty between calls).
+    #[inline]
+    pub(super) fn completed_into(
+        &mut self,
+        member: usize,
+        raw: &[RawCompletion],
+        due: bool,
+        out: &mut Vec<Done<S>>,
+    ) {
+        std::mem::swap(out, &mut self.own_done);
+        self.completed(member, raw, due);
+        std::mem::swap(out, &mut self.own_done);
+        out.append(&mut self.own_done);
+    }
+
+    /// Runs `f` with `member` as the caller: the pieces decided for it and
+    /// its finished requests are left for it (`own_pieces_mut`,
+    /// `own_done_mut`) rather than in its side's book.
+    #[inline]
+    pub(super) fn as_caller<R>(&mut self, member: usize, f: impl FnOnce(&mut Self) -> R) -> R {
+        self.caller = member;
+        let result = f(self);
+        self.caller = usize::MAX;
+        result
+    }
+
+    /// Moves to `into` the sides whose pieces the caller (whose side is
+    /// `own`) posts once the engine's lock is released: its own, and, if
+    /// it `helps` (a bulk queue pair), those whose owners have left
+    /// decided pieces unposted for [`HELP_AFTER_NS`].
+    pub(super) fn sides_to_post(
+        &mut self,
+        own: &Arc<Side<S>>,
+        helps: bool,
+        into: &mut Vec<Arc<Side<S>>>,
+    ) {
+        if self.flush.is_empty() {
+            return;
+        }
+        let now = self.clock.now().0;
+        self.flush.retain(|s| {
+            let due = Arc::ptr_eq(s, own)
+                || (helps && now.saturating_sub(lock(&s.book).decided_at) >= HELP_AFTER_NS);
+            if due {
+                into.push(Arc::clone(s));
+            }
+            !due
+        });
+    }
+
+    /// Remembers that `side` has decided pieces in its book to post.
+    pub(super) fn post_later(&mut self, side: &Arc<Side<S>>) {
+        if !self.flush.iter().any(|s| Arc::ptr_eq(s, side)) {
+            self.flush.push(Arc::clone(side));
+        }
+    }
+
+    /// Whether a wake-up the engine asked for has come.
+    #[inline]
+    pub(super) fn wake_due(&self) -> bool {
+        wake_due(&self.wake_at, &self.clock)
+    }
+
+    /// When the engine wants to be pumped without a completion.
+    pub(super) fn wake_instant(&self) -> Option<Instant> {
+        wake_instant(&self.wake_at, &self.clock)
+    }
+
+    /// What a queue pair reads the engine's wake-ups with, without its
+    /// lock: the wake-up time and the clock it is on.
+    pub(super) fn wake_handle(&self) -> (Arc<AtomicU64>, EngineClock) {
+        (Arc::clone(&self.wake_at), self.clock.clone())
+    }
+
+    /// The thread that polls next waited `late` for a CPU after a
+    /// completion woke it (see `Waitable::woke_late`).
+    pub(super) fn woke_late(&mut self, late: Duration) {
+        self.host_delay = Nanos(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    /// Sets `tenant`'s weight and caps, which its quota-table policy no
+    /// longer changes ([`SharedScheduler::set_policy`]).
+    pub(super) fn set_explicit_policy(
+        &mut self,
+        tenant: TenantId,
+        policy: TenantPolicy,
+    ) -> Result<(), Error> {
+        self.set_policy(tenant, policy)?;
+        if !self.explicit.contains(&tenant) {
+            self.explicit.push(tenant);
+        }
+        Ok(())
+    }
+
+    /// Queue pairs attached.
+    pub(super) fn queue_pairs(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Pieces waiting in the scheduler's queues.
+    pub(super) fn queued_pieces(&self) -> usize {
+        self.sched.len()
+    }
+
+    /// Bulk bytes in the NIC.
+    pub(super) fn bulk_in_flight(&self) -> u64 {
+        self.gate.bulk_in_flight()
     }
 }
 

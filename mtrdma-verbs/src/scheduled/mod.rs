@@ -44,29 +44,26 @@ use std::time::{Duration, Instant};
 
 use ibverbs_sys as ffi;
 use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
-use mtrdma_sched::gate::{Gate, GrantOrder, Lane, Post};
-use mtrdma_sched::{
-    Admit, Clock, Dequeue, Descriptor, Grant, Nanos, Opcode as SchedOpcode, Protection,
-    QuantaClock, Scheduler, SchedulerConfig, Signals, TenantPolicy, TenantScheduler, WindowFactory,
-};
 #[cfg(doc)]
 use mtrdma_sched::{DelayWindow, DelayWindowConfig, Window};
+use mtrdma_sched::{Nanos, Protection, Scheduler, TenantPolicy, TenantScheduler, WindowFactory};
 
 use crate::completion::{Completion, Opcode, WcStatus};
 use crate::events::{Armed, Waitable};
 use crate::qp::{
     check_send, push_in_place, BatchError, PostError, QueuePair, RawCompletion, RawSend, Refusal,
-    Region, SendOp, Sink, LIST_MAX, PARKED_DONE, RAW_WR, SCHED_WR,
+    Region, SendOp, Sink, LIST_MAX, SCHED_WR,
 };
-use crate::slab::Slab;
 
+mod clock;
 mod engine;
 mod ledger;
 mod paths;
 mod ud;
 use crate::{Error, MemoryRegion};
+pub(crate) use clock::EngineClock;
 pub(crate) use engine::default_scheduler;
-use engine::{Engine, Member, HELP_AFTER_NS};
+use engine::{Engine, Member};
 pub use ledger::PieceRef;
 use ledger::{Book, Message, Side, PARKED};
 #[cfg(any(test, feature = "null-sink"))]
@@ -426,7 +423,7 @@ impl<Q: PieceScheduler> SharedScheduler<Q> {
     /// [`PieceScheduler`]).
     pub fn with_scheduler(config: SharedConfig, sched: Q) -> Result<SharedScheduler<Q>, Error> {
         Ok(SharedScheduler {
-            shared: Shared::new(config, sched)?,
+            shared: Shared::new(config, sched, EngineClock::real())?,
         })
     }
 
@@ -465,36 +462,35 @@ impl<S: Sink, Q: PieceScheduler> Clone for Shared<S, Q> {
 }
 
 impl<S: Sink, Q: PieceScheduler> Shared<S, Q> {
-    pub(crate) fn new(config: SharedConfig, sched: Q) -> Result<Shared<S, Q>, Error> {
+    pub(crate) fn new(
+        config: SharedConfig,
+        sched: Q,
+        clock: EngineClock,
+    ) -> Result<Shared<S, Q>, Error> {
         Ok(Shared {
-            engine: Arc::new(Mutex::new(Engine::new(config, sched)?)),
+            engine: Arc::new(Mutex::new(Engine::new(config, sched, clock)?)),
         })
     }
 
     pub(crate) fn debug(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let e = self.lock();
         f.debug_struct(name)
-            .field("queue_pairs", &e.members.len())
-            .field("queued", &e.sched.len())
-            .field("bulk_bytes_in_flight", &e.gate.bulk_in_flight())
+            .field("queue_pairs", &e.queue_pairs())
+            .field("queued", &e.queued_pieces())
+            .field("bulk_bytes_in_flight", &e.bulk_in_flight())
             .finish()
     }
 
     pub(crate) fn set_policy(&self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
-        let mut e = self.lock();
-        e.set_policy(tenant, policy)?;
-        if !e.explicit.contains(&tenant) {
-            e.explicit.push(tenant);
-        }
-        Ok(())
+        self.lock().set_explicit_policy(tenant, policy)
     }
 
     pub(crate) fn bulk_bytes_in_flight(&self) -> u64 {
-        self.lock().gate.bulk_in_flight()
+        self.lock().bulk_in_flight()
     }
 
     pub(crate) fn queue_pairs(&self) -> usize {
-        self.lock().members.len()
+        self.lock().queue_pairs()
     }
 
     fn lock(&self) -> MutexGuard<'_, Engine<S, Q>> {
@@ -516,7 +512,7 @@ impl<S: Sink, Q: PieceScheduler> Shared<S, Q> {
         let mut e = self.lock();
         let (member, tenant, class) =
             e.add_member(Some(Arc::clone(&side)), qpn, sq_room, who, config)?;
-        let (wake_at, clock) = (Arc::clone(&e.wake_at), e.clock.clone());
+        let (wake_at, clock) = e.wake_handle();
         drop(e);
         let attached = Attached {
             engine: Arc::clone(&self.engine),
@@ -576,7 +572,7 @@ impl QueuePair {
         config: ScheduleConfig,
         sched: Q,
     ) -> Result<ScheduledQueuePair<Q>, Error> {
-        let inner = Scheduled::solo(self, config, sched)?;
+        let inner = Scheduled::solo(self, config, sched, EngineClock::real())?;
         Ok(ScheduledQueuePair { inner })
     }
 

@@ -29,6 +29,7 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         sink: S,
         config: ScheduleConfig,
         sched: Q,
+        clock: EngineClock,
     ) -> Result<Scheduled<S, Q>, Error> {
         // Who it is scheduled as first: the engine's pieces follow the
         // latency bound its tenant is held to.
@@ -42,8 +43,9 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
                 ..SharedConfig::default()
             },
             sched,
+            clock,
         )?;
-        engine.solo = true;
+        engine.set_solo();
         let qpn = sink.qpn();
         let (member, tenant, class) =
             engine.add_member(None, qpn, sink.send_room(), who, config)?;
@@ -71,48 +73,25 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
 
     /// Requests accepted and not yet handed back.
     pub(crate) fn queued(&self) -> usize {
-        match &self.way {
-            Way::Solo(solo) => solo.engine.member(solo.member).accepted,
-            Way::Attached(a) => lock(&a.engine).member(a.member).accepted,
-        }
+        self.with_member(Member::accepted)
     }
 
     /// Whether bytes accepted are not yet in the device (queued in the
     /// scheduler, or granted and waiting for room).
     pub(crate) fn unposted(&self) -> bool {
-        // The backlog is kept for tenants of the quota table; without one,
-        // anything accepted may still be waiting.
-        let of = |m: &Member<S>| {
-            m.backlog > 0 || !m.lane.pending().is_empty() || (m.quota.is_none() && m.accepted > 0)
-        };
-        match &self.way {
-            Way::Solo(solo) => of(solo.engine.member(solo.member)),
-            Way::Attached(a) => of(lock(&a.engine).member(a.member)),
-        }
+        self.with_member(Member::unposted)
     }
 
     /// See [`ScheduledQueuePair::window`].
     pub(crate) fn window(&self) -> Option<WindowState> {
-        let state = |m: &Member<S>| {
-            m.lane.window().map(|w| {
-                let v = w.view();
-                WindowState {
-                    window_bytes: v.window_bytes,
-                    in_flight_bytes: m.lane.bytes_out(),
-                    base_delay: v.base_delay,
-                    smoothed_delay: v.smoothed_delay,
-                    target_delay: v.target_delay,
-                    weight: v.weight,
-                    gain_ppm: v.gain_ppm,
-                    sharing_weight: v.sharing_weight,
-                    queue_bytes: v.queue_bytes,
-                    piece_bytes: m.lane.piece_limit(),
-                }
-            })
-        };
+        self.with_member(Member::window_state)
+    }
+
+    /// Reads this queue pair's entry in the engine.
+    fn with_member<R>(&self, f: impl FnOnce(&Member<S>) -> R) -> R {
         match &self.way {
-            Way::Solo(solo) => state(solo.engine.member(solo.member)),
-            Way::Attached(a) => state(lock(&a.engine).member(a.member)),
+            Way::Solo(solo) => f(solo.engine.member(solo.member)),
+            Way::Attached(a) => f(lock(&a.engine).member(a.member)),
         }
     }
 
@@ -153,7 +132,7 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
                 a.with_engine(|e| {
                     let piece =
                         e.post_send(member, Op { op, whole }, region, range, sge, context)?;
-                    e.own_pieces.extend(piece);
+                    e.own_pieces_mut().extend(piece);
                     Ok(())
                 })
             }
@@ -256,7 +235,7 @@ fn accept_all<S: Sink, Q: PieceScheduler>(
         };
         match engine.post_send(member, op, r.region, r.range, r.sge, r.context) {
             Ok(piece) => {
-                engine.own_pieces.extend(piece.map(|mut piece| {
+                engine.own_pieces_mut().extend(piece.map(|mut piece| {
                     piece.quiet_ok = piece.ud.is_none();
                     piece
                 }));
@@ -279,14 +258,14 @@ fn accept_all<S: Sink, Q: PieceScheduler>(
 
 /// Whether the engine asked (through `wake_at`) to be pumped by now.
 #[inline]
-pub(super) fn wake_due(wake_at: &AtomicU64, clock: &QuantaClock) -> bool {
+pub(super) fn wake_due(wake_at: &AtomicU64, clock: &EngineClock) -> bool {
     let wake = wake_at.load(Ordering::Acquire);
     wake != u64::MAX && clock.now().0 >= wake
 }
 
 /// When the engine asked (through `wake_at`) to be pumped, as an instant;
 /// `None`: not before a completion or a post.
-pub(super) fn wake_instant(wake_at: &AtomicU64, clock: &QuantaClock) -> Option<Instant> {
+pub(super) fn wake_instant(wake_at: &AtomicU64, clock: &EngineClock) -> Option<Instant> {
     let wake = wake_at.load(Ordering::Acquire);
     if wake == u64::MAX {
         return None;
@@ -435,14 +414,9 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
     pub(super) fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
         let before = out.len();
         let polled = self.sink.poll(out, &mut self.raw);
-        let due = wake_due(&self.engine.wake_at, &self.engine.clock);
+        let due = self.engine.wake_due();
         if !self.raw.is_empty() || due {
-            // Finished requests go straight to `out` (the engine's list is
-            // empty between calls).
-            std::mem::swap(out, &mut self.engine.own_done);
-            self.engine.completed(self.member, &self.raw, due);
-            std::mem::swap(out, &mut self.engine.own_done);
-            out.append(&mut self.engine.own_done);
+            self.engine.completed_into(self.member, &self.raw, due, out);
             self.raw.clear();
             self.post_decided();
         }
@@ -453,7 +427,7 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
     /// refuses completes as failed at the next poll.
     #[inline]
     pub(super) fn post_decided(&mut self) {
-        if !self.engine.own_pieces.is_empty() {
+        if !self.engine.own_pieces_mut().is_empty() {
             self.post_pieces();
         }
     }
@@ -464,13 +438,14 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
         // until then, no later piece of one is posted.
         let mut failed = Vec::new();
         let raw = &self.raw;
+        let pieces = self.engine.own_pieces_mut();
         post_pieces(
             &mut self.sink,
-            &self.engine.own_pieces,
+            pieces,
             |wr_id| raw.iter().any(|c| c.wr_id == wr_id),
             &mut failed,
         );
-        self.engine.own_pieces.clear();
+        pieces.clear();
         self.raw.append(&mut failed);
     }
 }
@@ -495,11 +470,11 @@ impl<S: Sink, Q: PieceScheduler> Waitable for Solo<S, Q> {
     }
 
     fn poll_by(&self) -> Option<Instant> {
-        wake_instant(&self.engine.wake_at, &self.engine.clock)
+        self.engine.wake_instant()
     }
 
     fn woke_late(&mut self, late: Duration) {
-        self.engine.host_delay = Nanos(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
+        self.engine.woke_late(late);
     }
 }
 
@@ -604,7 +579,7 @@ pub(super) struct Attached<S: Sink, Q: PieceScheduler> {
     /// When the engine next wants a pump without a completion (the
     /// engine's clock; `u64::MAX`: not before a completion or a post).
     pub(super) wake_at: Arc<AtomicU64>,
-    pub(super) clock: QuantaClock,
+    pub(super) clock: EngineClock,
     /// Piece completions polled and not yet matched (kept for its capacity).
     pub(super) raw: Vec<RawCompletion>,
     /// Own pieces the engine decided, to post (kept for its capacity).
@@ -638,10 +613,7 @@ impl<S: Sink, Q: PieceScheduler> Attached<S, Q> {
         let due = wake_due(&self.wake_at, &self.clock);
         if !raw.is_empty() || due {
             let member = self.member;
-            self.with_engine(|e| {
-                e.completed(member, &raw, due);
-                out.append(&mut e.own_done);
-            });
+            self.with_engine(|e| e.completed_into(member, &raw, due, out));
         }
         raw.clear();
         self.raw = raw;
@@ -661,30 +633,17 @@ impl<S: Sink, Q: PieceScheduler> Attached<S, Q> {
     /// work).
     pub(super) fn with_engine<R>(&mut self, f: impl FnOnce(&mut Engine<S, Q>) -> R) -> R {
         let mut e = lock(&self.engine);
-        e.caller = self.member;
-        let result = f(&mut e);
-        e.caller = usize::MAX;
-        std::mem::swap(&mut self.pieces, &mut e.own_pieces);
-        if !e.own_done.is_empty() {
+        let result = e.as_caller(self.member, f);
+        std::mem::swap(&mut self.pieces, e.own_pieces_mut());
+        if !e.own_done_mut().is_empty() {
             // Finished while posting (another queue pair's poll reaped
             // them): the next poll hands them over.
             let mut book = lock(&self.side.book);
-            book.done.append(&mut e.own_done);
+            book.done.append(e.own_done_mut());
             self.side.mail.store(true, Ordering::Release);
         }
-        if !e.flush.is_empty() {
-            let now = e.clock.now().0;
-            let helps = self.class == TrafficClass::Bulk;
-            let (own, sides) = (&self.side, &mut self.sides);
-            e.flush.retain(|s| {
-                let due = Arc::ptr_eq(s, own)
-                    || (helps && now.saturating_sub(lock(&s.book).decided_at) >= HELP_AFTER_NS);
-                if due {
-                    sides.push(Arc::clone(s));
-                }
-                !due
-            });
-        }
+        let helps = self.class == TrafficClass::Bulk;
+        e.sides_to_post(&self.side, helps, &mut self.sides);
         let qp = if self.pieces.is_empty() {
             None
         } else {
@@ -696,13 +655,11 @@ impl<S: Sink, Q: PieceScheduler> Attached<S, Q> {
                     // these behind its pieces for it (or the next poll).
                     let mut book = lock(&self.side.book);
                     if book.to_post.is_empty() {
-                        book.decided_at = e.clock.now().0;
+                        book.decided_at = e.now().0;
                     }
                     book.to_post.extend(self.pieces.drain(..));
                     self.side.mail.store(true, Ordering::Release);
-                    if !e.flush.iter().any(|s| Arc::ptr_eq(s, &self.side)) {
-                        e.flush.push(Arc::clone(&self.side));
-                    }
+                    e.post_later(&self.side);
                     None
                 }
             }

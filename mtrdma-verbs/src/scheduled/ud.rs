@@ -53,7 +53,7 @@ impl UdQueuePair {
     ) -> Result<ScheduledUdQueuePair<Q>, Error> {
         let endpoint = self.endpoint();
         let mtu = self.mtu();
-        let inner = Scheduled::solo(self, config, sched)?;
+        let inner = Scheduled::solo(self, config, sched, EngineClock::real())?;
         Ok(ScheduledUdQueuePair {
             inner,
             endpoint,
