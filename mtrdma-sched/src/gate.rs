@@ -254,11 +254,17 @@ impl<H> Lane<H> {
     }
 
     /// What its window says of a piece of `len` bytes at `now` (read only
-    /// with a window).
+    /// with a window). A window may hold a piece back for a time, but not
+    /// until a completion when none of the lane's pieces is in the NIC:
+    /// none would come, and the piece (one larger than the window, such
+    /// as a request sent whole) would wait forever. Alone, it goes.
     #[inline]
     fn window_admits(&self, len: u64, now: impl FnOnce() -> Nanos) -> Admit {
         match &self.window {
-            Some(w) => w.admit(self.bytes_out, len, now()),
+            Some(w) => match w.admit(self.bytes_out, len, now()) {
+                Admit::AfterCompletion if self.in_flight.is_empty() => Admit::Now,
+                verdict => verdict,
+            },
             None => Admit::Now,
         }
     }
@@ -831,6 +837,43 @@ mod tests {
         );
         assert_eq!(gate.bulk_in_flight(), 0);
         assert!(gate.may_grant());
+    }
+
+    /// A window of `0` bytes that never grows, and that holds back until a
+    /// completion whatever does not fit (even with nothing in flight).
+    #[derive(Debug)]
+    struct Strict(u64);
+
+    impl crate::Window for Strict {
+        fn admit(&self, in_flight: u64, bytes: u64, _now: Nanos) -> Admit {
+            if in_flight + bytes <= self.0 {
+                Admit::Now
+            } else {
+                Admit::AfterCompletion
+            }
+        }
+        fn on_sent(&mut self, _bytes: u64, _now: Nanos) {}
+        fn on_completed(&mut self, _bytes: u64, _sent_at: Nanos, _now: Nanos) {}
+        fn window(&self) -> u64 {
+            self.0
+        }
+    }
+
+    #[test]
+    fn a_piece_larger_than_its_window_goes_alone_but_not_beside_another() {
+        // An 8 KiB piece (a request sent whole) cannot fit a 4 KiB window,
+        // and with nothing in flight no completion would ever make room:
+        // alone, it goes; beside another piece, even a zero-length one, it
+        // waits for that one's completion.
+        let mut gate = Gate::new(1 << 20, 1 << 20);
+        let mut lane: Lane<()> = Lane::new(TrafficClass::Bulk, 8, Some(Box::new(Strict(4096))));
+        let now = || Nanos(0);
+        gate.sent(&mut lane, 0, 1024, now);
+        assert_eq!(gate.admits(&lane, 8192, now), Admit::AfterCompletion);
+        assert_eq!(gate.completed(&mut lane, 0, now, Nanos::ZERO), Some(1024));
+        assert_eq!(gate.admits(&lane, 8192, now), Admit::Now);
+        gate.sent(&mut lane, 1, 0, now);
+        assert_eq!(gate.admits(&lane, 8192, now), Admit::AfterCompletion);
     }
 
     #[test]

@@ -1225,6 +1225,42 @@ mod tests {
     }
 
     #[test]
+    fn a_request_sent_whole_that_is_larger_than_the_window_goes_alone() {
+        // A window of about one 1 KiB piece, and requests sent whole of
+        // one and three pieces: the second is larger than the window can
+        // ever be at its start, and with nothing in flight no completion
+        // would make room. It goes alone.
+        let clock = Arc::new(ManualClock::new(mtrdma_sched::Nanos::from_millis(1)));
+        let config = ScheduleConfig {
+            chunk_bytes: 1024,
+            max_pieces_in_flight: 8,
+            window: Some(Arc::new(DelayWindowConfig::for_piece(1024))),
+            ..bulk0()
+        };
+        let mut qp =
+            scheduled_with_clock(NullSink::new(1, 16), config, Arc::clone(&clock)).unwrap();
+        for (i, len) in [1032, 3080].into_iter().enumerate() {
+            let r = HeapRegion::new(len);
+            if let Err((e, _)) = qp.post_send_whole(SendOp::Write(REMOTE), r, 0..len, i as u64) {
+                panic!("refused: {e}");
+            }
+        }
+        let mut out = Vec::new();
+        for _ in 0..10 {
+            qp.poll(&mut out).unwrap();
+            clock.advance(mtrdma_sched::Nanos::from_millis(1));
+        }
+        assert_eq!(
+            out.iter()
+                .map(|c| (c.context, c.byte_len))
+                .collect::<Vec<_>>(),
+            [(0, 1032), (1, 3080)]
+        );
+        assert!(qp.window().unwrap().window_bytes < 3080);
+        assert_eq!(qp.queued(), 0);
+    }
+
+    #[test]
     fn on_a_manual_clock_the_engine_and_its_window_run_in_virtual_time() {
         use mtrdma_sched::Nanos;
         let piece = 4096;

@@ -44,7 +44,9 @@ pub enum Admit {
     Now,
     /// Not before this time (pacing), unless a completion changes that.
     At(Nanos),
-    /// Not until a piece in flight completes.
+    /// Not until a piece in flight completes. With none of the sender's
+    /// pieces in flight, the gate lets the piece go alone instead: no
+    /// completion would come (see [`Window::admit`]).
     AfterCompletion,
 }
 
@@ -58,7 +60,11 @@ pub enum Admit {
 /// own.
 pub trait Window: fmt::Debug + Send {
     /// Whether a piece of `bytes` may be posted at `now` while `in_flight`
-    /// bytes of this sender are in the NIC.
+    /// bytes of this sender are in the NIC. A piece larger than the
+    /// window (a request sent whole) never fits it: when none of the
+    /// sender's pieces is in the NIC, [`gate`](crate::gate) posts it alone
+    /// on [`Admit::AfterCompletion`] rather than wait for a completion
+    /// that would never come ([`Admit::At`] still holds it for a time).
     fn admit(&self, in_flight: u64, bytes: u64, now: Nanos) -> Admit;
 
     /// A piece of `bytes` was posted at `now`.
