@@ -4,16 +4,21 @@
 //! moves by hand, so that the whole engine (windows, pacing, the stall
 //! release, wake-ups) runs on the null sink in virtual time.
 
+#[cfg(any(test, feature = "null-sink"))]
 use std::sync::Arc;
 
-use mtrdma_sched::{Clock, ManualClock, Nanos, QuantaClock};
+#[cfg(any(test, feature = "null-sink"))]
+use mtrdma_sched::ManualClock;
+use mtrdma_sched::{Clock, Nanos, QuantaClock};
 
 /// Where the engine's time comes from.
 #[derive(Debug, Clone)]
 pub(crate) enum EngineClock {
     /// `quanta`'s clock, counted from the engine's creation.
     Real(QuantaClock),
-    /// A clock that moves only when its owner moves it (tests, fuzzing).
+    /// A clock that moves only when its owner moves it (the null sink's
+    /// tests and fuzzing).
+    #[cfg(any(test, feature = "null-sink"))]
     Manual(Arc<ManualClock>),
 }
 
@@ -30,6 +35,7 @@ impl EngineClock {
     pub(crate) fn shared_offset(&self) -> u64 {
         match self {
             EngineClock::Real(c) => mtrdma_core::clock::monotonic_ns().saturating_sub(c.now().0),
+            #[cfg(any(test, feature = "null-sink"))]
             EngineClock::Manual(_) => 0,
         }
     }
@@ -39,6 +45,7 @@ impl EngineClock {
     pub(crate) fn now(&self) -> Nanos {
         match self {
             EngineClock::Real(c) => c.now(),
+            #[cfg(any(test, feature = "null-sink"))]
             EngineClock::Manual(c) => c.now(),
         }
     }

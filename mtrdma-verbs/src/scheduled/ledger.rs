@@ -2,7 +2,14 @@
 //! their pieces in the NIC, and each attached queue pair's side (its lock,
 //! and the book of what was decided for it and what it finished).
 
-use super::*;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use super::{lock, post_pieces, Done};
+use crate::completion::{Opcode, WcStatus};
+use crate::qp::{RawCompletion, RawSend, Region, SendOp, Sink};
+use crate::Error;
 
 /// The handle of a scheduled request, as a [`PieceScheduler`] sees it
 /// (opaque: a scheduler only keeps it and hands it back in its grants).

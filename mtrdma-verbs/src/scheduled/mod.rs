@@ -36,7 +36,6 @@
 //! every queue pair of the scheduler. There is no background thread (see
 //! [`ScheduledQueuePair::with_progress_thread`] for one).
 
-use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
@@ -48,7 +47,7 @@ use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
 use mtrdma_sched::{DelayWindow, DelayWindowConfig, Window};
 use mtrdma_sched::{Nanos, Protection, Scheduler, TenantPolicy, TenantScheduler, WindowFactory};
 
-use crate::completion::{Completion, Opcode, WcStatus};
+use crate::completion::{Completion, WcStatus};
 use crate::events::{Armed, Waitable};
 use crate::qp::{
     check_send, push_in_place, BatchError, PostError, QueuePair, RawCompletion, RawSend, Refusal,
