@@ -1226,38 +1226,52 @@ mod tests {
 
     #[test]
     fn a_request_sent_whole_that_is_larger_than_the_window_goes_alone() {
-        // A window of about one 1 KiB piece, and requests sent whole of
-        // one and three pieces: the second is larger than the window can
-        // ever be at its start, and with nothing in flight no completion
-        // would make room. It goes alone.
-        let clock = Arc::new(ManualClock::new(mtrdma_sched::Nanos::from_millis(1)));
-        let config = ScheduleConfig {
-            chunk_bytes: 1024,
-            max_pieces_in_flight: 8,
-            window: Some(Arc::new(DelayWindowConfig::for_piece(1024))),
-            ..bulk0()
-        };
-        let mut qp =
-            scheduled_with_clock(NullSink::new(1, 16), config, Arc::clone(&clock)).unwrap();
-        for (i, len) in [1032, 3080].into_iter().enumerate() {
-            let r = HeapRegion::new(len);
-            if let Err((e, _)) = qp.post_send_whole(SendOp::Write(REMOTE), r, 0..len, i as u64) {
-                panic!("refused: {e}");
+        // A window of about one 1 KiB piece. First, requests sent whole of
+        // one and three pieces: the second is larger than the window, and
+        // with nothing in flight no completion would make room. Then one
+        // of 1352 B split in two pieces, and one of 1352 B sent whole,
+        // polled every millisecond (later than the round trip that would
+        // round the window up to fit it). Each time, the large one goes
+        // alone.
+        for (split, lens) in [(false, [1032, 3080]), (true, [1352, 1352])] {
+            let clock = Arc::new(ManualClock::new(mtrdma_sched::Nanos::from_millis(1)));
+            let config = ScheduleConfig {
+                chunk_bytes: 1024,
+                max_pieces_in_flight: 8,
+                window: Some(Arc::new(DelayWindowConfig {
+                    quiet_every: mtrdma_sched::Nanos::from_millis(5),
+                    ..DelayWindowConfig::for_piece(1024)
+                })),
+                ..bulk0()
+            };
+            let mut qp =
+                scheduled_with_clock(NullSink::new(1, 16), config, Arc::clone(&clock)).unwrap();
+            for (i, len) in lens.into_iter().enumerate() {
+                let (r, op) = (HeapRegion::new(len), SendOp::Write(REMOTE));
+                let result = if split && i == 0 {
+                    qp.post_send(op, r, 0..len, i as u64)
+                } else {
+                    qp.post_send_whole(op, r, 0..len, i as u64)
+                };
+                if let Err((e, _)) = result {
+                    panic!("refused: {e}");
+                }
             }
+            let mut out = Vec::new();
+            for _ in 0..20 {
+                qp.poll(&mut out).unwrap();
+                clock.advance(mtrdma_sched::Nanos::from_millis(1));
+            }
+            assert_eq!(
+                out.iter()
+                    .map(|c| (c.context, c.byte_len))
+                    .collect::<Vec<_>>(),
+                [(0, lens[0] as u32), (1, lens[1] as u32)],
+                "split first: {split}"
+            );
+            assert!(qp.window().unwrap().window_bytes < lens[1] as u64);
+            assert_eq!(qp.queued(), 0);
         }
-        let mut out = Vec::new();
-        for _ in 0..10 {
-            qp.poll(&mut out).unwrap();
-            clock.advance(mtrdma_sched::Nanos::from_millis(1));
-        }
-        assert_eq!(
-            out.iter()
-                .map(|c| (c.context, c.byte_len))
-                .collect::<Vec<_>>(),
-            [(0, 1032), (1, 3080)]
-        );
-        assert!(qp.window().unwrap().window_bytes < 3080);
-        assert_eq!(qp.queued(), 0);
     }
 
     #[test]

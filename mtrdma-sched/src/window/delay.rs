@@ -661,6 +661,12 @@ impl Window for DelayWindow {
             // Under one piece: one piece per interval, whenever the one
             // before has completed.
             self.extra_anchor(interval).saturating_add(interval)
+        } else if in_flight == 0 {
+            // Above, and nothing in flight: a piece larger than the window
+            // (a request sent whole) goes alone. Waiting for the round
+            // trip that rounds the window up, a sender that polls later
+            // than that round trip lasts would miss it every time.
+            return Admit::Now;
         } else {
             // Above: the window is a piece larger for one round trip in
             // every interval.
@@ -1465,6 +1471,30 @@ mod tests {
             (per_rtt - 0.25).abs() < 0.02,
             "{per_rtt} pieces per round trip"
         );
+    }
+
+    #[test]
+    fn a_piece_larger_than_the_window_goes_alone_whenever_the_sender_polls() {
+        // A window a few bytes over 4 pieces, and a request sent whole of
+        // 4.5 pieces: with nothing in flight it goes at once, at any time
+        // (not only in the round trips that round the window up, which a
+        // late sender would miss); beside a piece in flight it waits.
+        let mut w = DelayWindow::new(DelayWindowConfig {
+            initial_window: 4 * PIECE,
+            additive_increase: 1,
+            quiet_every: Nanos::ZERO,
+            ..config()
+        })
+        .unwrap();
+        let mut now = Nanos::ZERO;
+        run(&mut w, &mut now, Nanos::from_micros(100), 1);
+        let big = 4 * PIECE + PIECE / 2;
+        assert!(w.window() > 4 * PIECE && w.window() < big);
+        for late in 0..50 {
+            let at = now + Nanos::from_micros(37 * late);
+            assert_eq!(w.admit(0, big, at), Admit::Now, "{late}");
+        }
+        assert_ne!(w.admit(PIECE, big, now), Admit::Now);
     }
 
     #[test]
