@@ -3,7 +3,10 @@
 //! queue pairs dropped mid-flight, driven through the whole scheduled data
 //! path (the verbs engine, its lists of work requests and its selective
 //! signaling) on null sinks: two queue pairs with engines of their own and
-//! two on one shared engine. What a user relies on holds:
+//! two on one shared engine, one of each with a delay window. The engines
+//! run on a manual clock the input moves, so windows, pacing, quiet
+//! times, the release of a stalled queue pair's budget and timed wake-ups
+//! all happen, and a crash replays exactly. What a user relies on holds:
 //!
 //! * every request a queue pair accepted completes exactly once, with its
 //!   own region (each region carries its request's number), whatever
@@ -14,12 +17,15 @@
 #![no_main]
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use mtrdma_core::{TenantId, TrafficClass};
 use mtrdma_verbs::bench::{
     self, HeapRegion, HostCompletion, NullScheduled, NullScheduler, NullSink,
 };
+use mtrdma_sched::{DelayWindowConfig, ManualClock, Nanos};
 use mtrdma_verbs::{RemoteRegion, ScheduleConfig, SendOp, SharedConfig};
 
 const QPS: usize = 4;
@@ -41,6 +47,7 @@ fn id_of(r: &HeapRegion) -> u64 {
 }
 
 struct Rig {
+    clock: Arc<ManualClock>,
     shared: NullScheduler,
     qps: Vec<NullScheduled>,
     /// Per queue pair: requests accepted and not yet completed, by number,
@@ -51,13 +58,19 @@ struct Rig {
 
 impl Rig {
     fn new() -> Rig {
-        let shared = NullScheduler::new(SharedConfig {
-            chunk_bytes: 1024,
-            bulk_bytes_in_flight: 8 << 10,
-            ..SharedConfig::default()
-        })
+        let clock = Arc::new(ManualClock::new(Nanos::from_millis(1)));
+        let shared = NullScheduler::with_clock(
+            SharedConfig {
+                chunk_bytes: 1024,
+                bulk_bytes_in_flight: 8 << 10,
+                stall_after: Duration::from_millis(20),
+                ..SharedConfig::default()
+            },
+            Arc::clone(&clock),
+        )
         .expect("a shared engine");
         let mut rig = Rig {
+            clock,
             shared,
             qps: Vec::new(),
             open: vec![HashMap::new(); QPS],
@@ -71,14 +84,24 @@ impl Rig {
     }
 
     fn make(&self, q: usize) -> NullScheduled {
+        // Queue pairs 1 and 3 keep a delay window, with quiet times every
+        // 5 ms of the manual clock.
+        let window = (q % 2 == 1).then(|| {
+            Arc::new(DelayWindowConfig {
+                quiet_every: Nanos::from_millis(5),
+                ..DelayWindowConfig::for_piece(1024)
+            }) as _
+        });
         let config = ScheduleConfig {
             chunk_bytes: 1024,
             max_pieces_in_flight: 8,
+            window,
             ..ScheduleConfig::local(TenantId(q as u32), TrafficClass::Bulk)
         };
         let sink = NullSink::new(q as u32, 16);
         if q < 2 {
-            bench::scheduled(sink, config).expect("a queue pair of its own")
+            bench::scheduled_with_clock(sink, config, Arc::clone(&self.clock))
+                .expect("a queue pair of its own")
         } else {
             self.shared.attach(sink, config).expect("attached")
         }
@@ -156,7 +179,7 @@ fuzz_target!(|data: &[u8]| {
     while let (Some(op), Some(arg)) = (bytes.next(), bytes.next()) {
         let q = usize::from(arg) % QPS;
         let n = usize::from(arg / 4);
-        match op % 8 {
+        match op % 10 {
             0 => rig.post(q, 8 + n * 64, false),
             1 => {
                 let lens: Vec<u8> = bytes.by_ref().take(1 + n % 12).collect();
@@ -166,6 +189,10 @@ fuzz_target!(|data: &[u8]| {
             4 => rig.qps[q].with_sink(|s| s.refuse_after(n % 20)),
             5 => rig.qps[q].with_sink(|s| s.fail_completion_after(n % 20)),
             6 => rig.post(q, 8 + n * 64, true),
+            // Time passes: up to about 3 ms, or up to 63 ms (past a
+            // stalled queue pair's 20 ms).
+            7 => rig.clock.advance(Nanos::from_micros(n as u64 * 50)),
+            8 => rig.clock.advance(Nanos::from_millis(n as u64)),
             _ => {
                 // Dropped with work in flight: its requests are flushed and
                 // their regions freed, none handed back.
@@ -183,6 +210,8 @@ fuzz_target!(|data: &[u8]| {
         for q in 0..QPS {
             rig.poll(q);
         }
+        // Paced pieces and quiet times wait for the clock.
+        rig.clock.advance(Nanos::from_millis(1));
     }
     for q in 0..QPS {
         assert!(
