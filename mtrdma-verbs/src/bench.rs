@@ -382,7 +382,7 @@ impl NullSink {
         }
         batch
             .submit()
-            .map_err(|refusal| (refusal.error, refusal.refused))
+            .map_err(|refusal| (*refusal.error, refusal.refused))
     }
 
     /// What [`QueuePair::poll`](crate::QueuePair::poll) does: up to 32
@@ -741,7 +741,7 @@ impl<Q: PieceScheduler> NullScheduled<Q> {
         }
         self.inner
             .post_batch(checked)
-            .map_err(|refusal| (refusal.error, refusal.refused))
+            .map_err(|refusal| (*refusal.error, refusal.refused))
     }
 
     /// See [`ScheduledQueuePair::poll`](crate::ScheduledQueuePair::poll).

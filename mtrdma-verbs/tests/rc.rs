@@ -907,3 +907,49 @@ fn dropping_a_qp_with_gathers_in_flight_frees_every_region() {
     );
     drop(b);
 }
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_batch_carries_gathers_and_single_requests_in_one_call() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let (mut a, _b) = gather_pair(&pd, 3);
+    let target = pd.allocate(8 * 8192, Access::REMOTE_READ_WRITE).unwrap();
+    let remote = target.remote().unwrap();
+    let mut wants = Vec::new();
+    let mut batch = a.batch();
+    for i in 0..8u64 {
+        let to = remote.slice(i * 8192, 8192).unwrap();
+        if i % 2 == 0 {
+            let (parts, want) = three_parts(&pd);
+            batch.post_send_gather(SendOp::Write(to), parts, i).unwrap();
+            wants.push(want);
+        } else {
+            let src = pd.register(pattern(1000, i as u8), Access::LOCAL).unwrap();
+            batch.post_send(SendOp::Write(to), src, 0..1000, i).unwrap();
+            wants.push(pattern(1000, i as u8));
+        }
+    }
+    batch.submit().unwrap();
+    let done = wait(&mut a, 8);
+    let contexts: Vec<u64> = done.iter().map(|c| c.context).collect();
+    assert_eq!(contexts, (0..8).collect::<Vec<_>>(), "in order, once each");
+    for c in done {
+        assert_eq!(c.status, WcStatus::Success);
+        let i = c.context;
+        if i % 2 == 0 {
+            assert_three_back(c);
+        } else {
+            assert!(c.gathered.is_empty());
+            assert_eq!(c.region.read(), pattern(1000, i as u8));
+        }
+    }
+    let landed = target.read();
+    for (i, want) in wants.iter().enumerate() {
+        let at = i * 8192;
+        assert!(
+            landed[at..at + want.len()] == want[..],
+            "request {i} landed"
+        );
+    }
+}

@@ -330,3 +330,115 @@ fn the_sink_refuses_a_scatter_list_longer_than_it_was_built_for() {
     // the test; nothing is posted.
     assert!(unsafe { sink.post_wr(&mut wr) }.is_err());
 }
+
+/// Tags of (context, region) entries.
+fn entries(refused: &[(u64, HeapRegion)]) -> Vec<(u64, u64)> {
+    refused.iter().map(|(c, r)| (*c, tag(r))).collect()
+}
+
+/// A batch of six: single WRITEs with contexts and tags `0..6`, but for
+/// request 3, a gather of regions tagged 30, 31, 32.
+fn mixed_batch(sink: &mut NullSink) -> Batch<'_, NullSink> {
+    let mut batch = Batch::new(sink);
+    for i in 0..6 {
+        if i == 3 {
+            batch
+                .push_gather(SendOp::Write(REMOTE), parts(&[30, 31, 32]), i)
+                .unwrap();
+        } else {
+            batch
+                .push(SendOp::Write(REMOTE), tagged(i), 0..64, i)
+                .unwrap();
+        }
+    }
+    batch
+}
+
+#[test]
+fn a_batch_carries_a_gather_in_its_list_unsignaled_and_hands_its_regions_back() {
+    let mut sink = NullSink::new(1, 64).with_max_send_sge(3).recording();
+    let batch = mixed_batch(&mut sink);
+    assert_eq!(batch.len(), 6);
+    assert!(batch.submit().is_ok());
+    let log = sink.take_log();
+    assert_eq!(log.len(), 6, "one work request each");
+    let signaled: Vec<usize> = (0..6).filter(|&i| log[i].signaled).collect();
+    assert_eq!(signaled, [2, 5]);
+    assert_eq!(log[3].sg_list.len(), 3, "the gather's whole list");
+    assert!(log
+        .iter()
+        .enumerate()
+        .all(|(i, p)| i == 3 || p.sg_list.len() == 1));
+    let done = poll_all(&mut sink);
+    let got: Vec<(u64, Vec<u64>, u32)> = done
+        .iter()
+        .map(|c| (c.context, regions(c), c.byte_len))
+        .collect();
+    let want: Vec<(u64, Vec<u64>, u32)> = (0..6)
+        .map(|i| {
+            if i == 3 {
+                (3, vec![30, 31, 32], 192)
+            } else {
+                (i, vec![i], 64)
+            }
+        })
+        .collect();
+    assert_eq!(
+        got, want,
+        "the unsignaled gather completes with its regions"
+    );
+}
+
+#[test]
+fn a_batch_refused_before_its_gather_hands_every_region_back_in_order() {
+    let mut sink = NullSink::new(1, 64).with_max_send_sge(3);
+    sink.refuse_after(2);
+    let refusal = mixed_batch(&mut sink).submit().err().unwrap();
+    assert_eq!((refusal.posted, refusal.not_posted), (2, 4));
+    assert_eq!(
+        entries(&refusal.refused),
+        [(2, 2), (3, 30), (3, 31), (3, 32), (4, 4), (5, 5)],
+        "the gather's regions as consecutive entries with its context"
+    );
+    // The two taken complete (the last of them unsignaled: reported by the
+    // zero-length WRITE the sink posts after a cut list).
+    let done = poll_all(&mut sink);
+    let got: Vec<(u64, Vec<u64>)> = done.iter().map(|c| (c.context, regions(c))).collect();
+    assert_eq!(got, [(0, vec![0]), (1, vec![1])]);
+    assert_eq!(sink.books.drain_regions().count(), 0, "nothing left parked");
+}
+
+#[test]
+fn a_cancelled_batch_hands_a_gathers_regions_back_and_a_refused_gather_leaves_it_unchanged() {
+    let mut sink = NullSink::new(1, 64).with_max_send_sge(3);
+    let mut batch = mixed_batch(&mut sink);
+    let (error, back_parts) = batch
+        .push_gather(SendOp::Send, parts(&[40, 41, 42, 43]), 9)
+        .unwrap_err();
+    assert!(matches!(error, Error::TooManyParts { parts: 4, max: 3 }));
+    assert_eq!(back(&back_parts).len(), 4);
+    assert_eq!(batch.len(), 6, "unchanged");
+    let cancelled = batch.cancel();
+    assert_eq!(
+        entries(&cancelled),
+        [
+            (0, 0),
+            (1, 1),
+            (2, 2),
+            (3, 30),
+            (3, 31),
+            (3, 32),
+            (4, 4),
+            (5, 5)
+        ]
+    );
+    assert_eq!(sink.sends_in_flight(), 0);
+    assert_eq!(sink.books.drain_regions().count(), 0);
+}
+
+#[test]
+fn a_dropped_batch_with_a_gather_leaves_nothing_parked() {
+    let mut sink = NullSink::new(1, 64).with_max_send_sge(3);
+    drop(mixed_batch(&mut sink));
+    assert_eq!(sink.books.drain_regions().count(), 0);
+}

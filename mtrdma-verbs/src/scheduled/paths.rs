@@ -263,12 +263,13 @@ fn accept_all<S: Sink, Q: PieceScheduler>(
                 posted += 1;
             }
             Err((error, region)) => {
-                let refused = std::iter::once((r.context, region))
+                let refused: Vec<_> = std::iter::once((r.context, region))
                     .chain(requests.map(|r| (r.context, r.region)))
                     .collect();
                 return Err(Refusal {
                     posted,
-                    error,
+                    not_posted: refused.len(),
+                    error: Box::new(error),
                     refused,
                 });
             }
