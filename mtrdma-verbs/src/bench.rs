@@ -705,6 +705,18 @@ impl<Q: PieceScheduler> NullScheduled<Q> {
         self.inner.post_send(op, region, range, context, false)
     }
 
+    /// See [`ScheduledQueuePair::post_send_gather`](crate::ScheduledQueuePair::post_send_gather):
+    /// on refusal, the error and the parts, untouched, in order.
+    #[allow(clippy::type_complexity)]
+    pub fn post_send_gather(
+        &mut self,
+        op: SendOp,
+        parts: Vec<(HeapRegion, Range<usize>)>,
+        context: u64,
+    ) -> Result<(), (Error, Vec<(HeapRegion, Range<usize>)>)> {
+        self.inner.post_gather(op, parts, context)
+    }
+
     /// See [`ScheduledQueuePair::post_send_whole`](crate::ScheduledQueuePair::post_send_whole).
     pub fn post_send_whole(
         &mut self,

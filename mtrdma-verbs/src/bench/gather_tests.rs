@@ -442,3 +442,161 @@ fn a_dropped_batch_with_a_gather_leaves_nothing_parked() {
     drop(mixed_batch(&mut sink));
     assert_eq!(sink.books.drain_regions().count(), 0);
 }
+
+/// A `len`-byte region whose first bytes say `tag`.
+fn big(tag: u64, len: usize) -> HeapRegion {
+    let mut r = HeapRegion::new(len);
+    r.as_mut_slice()[..8].copy_from_slice(&tag.to_le_bytes());
+    r
+}
+
+/// A scheduled null sink that takes `sges` entries per request and cuts
+/// requests in 4 KiB pieces: on an engine of its own, or attached to a
+/// shared one.
+fn scheduled_ways(sges: u32) -> Vec<(&'static str, NullScheduled)> {
+    let config = || ScheduleConfig {
+        chunk_bytes: 4096,
+        max_pieces_in_flight: 16,
+        ..ScheduleConfig::local(mtrdma_core::TenantId(0), mtrdma_core::TrafficClass::Bulk)
+    };
+    let shared = NullScheduler::new(crate::SharedConfig {
+        chunk_bytes: 4096,
+        bulk_bytes_in_flight: 1 << 20,
+        ..crate::SharedConfig::default()
+    })
+    .unwrap();
+    vec![
+        (
+            "solo",
+            scheduled(
+                NullSink::new(1, 64).with_max_send_sge(sges).recording(),
+                config(),
+            )
+            .unwrap(),
+        ),
+        (
+            "shared",
+            shared
+                .attach(
+                    NullSink::new(2, 64).with_max_send_sge(sges).recording(),
+                    config(),
+                )
+                .unwrap(),
+        ),
+    ]
+}
+
+fn drain_scheduled(qp: &mut NullScheduled, want: usize) -> Vec<HostCompletion> {
+    let mut out = Vec::new();
+    for _ in 0..100_000 {
+        if out.len() >= want {
+            break;
+        }
+        qp.poll(&mut out).unwrap();
+    }
+    out
+}
+
+#[test]
+fn a_scheduled_gather_goes_whole_as_one_work_request_and_hands_every_region_back() {
+    for (way, mut qp) in scheduled_ways(3) {
+        // A request split in pieces before it, and one after.
+        qp.post_send(SendOp::Write(REMOTE), big(1, 16_384), 0..16_384, 1)
+            .unwrap();
+        let given = vec![
+            (big(20, 8192), 0..8192),
+            (big(21, 8192), 100..8192),
+            (big(22, 8192), 0..8192),
+        ];
+        let want: Vec<(u64, u32)> = given
+            .iter()
+            .map(|(r, range)| (r.addr() + range.start as u64, range.len() as u32))
+            .collect();
+        qp.post_send_gather(SendOp::Write(REMOTE), given, 2)
+            .unwrap();
+        qp.post_send(SendOp::Write(REMOTE), big(3, 8192), 0..8192, 3)
+            .unwrap();
+        let done = drain_scheduled(&mut qp, 3);
+        let got: Vec<(u64, WcStatus, Vec<u64>, u32)> = done
+            .iter()
+            .map(|c| (c.context, c.status, regions(c), c.byte_len))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1, WcStatus::Success, vec![1], 16_384),
+                (2, WcStatus::Success, vec![20, 21, 22], 8192 * 3 - 100),
+                (3, WcStatus::Success, vec![3], 8192),
+            ],
+            "{way}"
+        );
+        let log = qp.with_sink(NullSink::take_log);
+        let lists: Vec<&Posted> = log.iter().filter(|p| p.sg_list.len() > 1).collect();
+        assert_eq!(lists.len(), 1, "{way}: the gather is one work request");
+        let sent: Vec<(u64, u32)> = lists[0]
+            .sg_list
+            .iter()
+            .map(|e| (e.addr, e.length))
+            .collect();
+        assert_eq!(sent, want, "{way}: its whole list, in order, never split");
+        assert_eq!(lists[0].remote_addr, REMOTE.addr, "{way}");
+        assert_eq!(
+            log.len(),
+            4 + 1 + 2,
+            "{way}: the others went as 4 KiB pieces"
+        );
+        assert_eq!(qp.queued(), 0, "{way}");
+    }
+}
+
+#[test]
+fn a_scheduled_gather_is_checked_and_refused_every_region_back() {
+    for (way, mut qp) in scheduled_ways(2) {
+        let (error, refused) = qp
+            .post_send_gather(SendOp::Send, parts(&[1, 2, 3]), 0)
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::TooManyParts { parts: 3, max: 2 }),
+            "{way}: {error}"
+        );
+        assert_eq!(
+            back(&refused),
+            [(1, 0..64), (2, 0..64), (3, 0..64)],
+            "{way}"
+        );
+        let small = RemoteRegion { len: 100, ..REMOTE };
+        let (error, refused) = qp
+            .post_send_gather(SendOp::Write(small), parts(&[4, 5]), 0)
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::RemoteOutOfBounds { .. }),
+            "{way}: {error}"
+        );
+        assert_eq!(back(&refused), [(4, 0..64), (5, 0..64)], "{way}");
+        assert!(qp.with_sink(NullSink::take_log).is_empty(), "{way}");
+    }
+}
+
+#[test]
+fn a_failed_scheduled_gather_hands_every_region_back_once() {
+    for (way, mut qp) in scheduled_ways(3) {
+        qp.with_sink(|s| s.fail_completion_after(0));
+        qp.post_send_gather(SendOp::Write(REMOTE), parts(&[1, 2, 3]), 0)
+            .unwrap();
+        qp.post_send_gather(SendOp::Write(REMOTE), parts(&[4, 5]), 1)
+            .unwrap();
+        let done = drain_scheduled(&mut qp, 2);
+        let got: Vec<(u64, bool, Vec<u64>)> = done
+            .iter()
+            .map(|c| (c.context, c.status.is_success(), regions(c)))
+            .collect();
+        assert_eq!(
+            got,
+            [(0, false, vec![1, 2, 3]), (1, false, vec![4, 5])],
+            "{way}"
+        );
+        let mut more = Vec::new();
+        qp.poll(&mut more).unwrap();
+        assert!(more.is_empty(), "{way}: nothing comes back twice");
+    }
+}
