@@ -113,7 +113,14 @@ impl Region for HeapRegion {
             byte_len,
             imm,
             region: self,
+            gathered: Vec::new(),
         }
+    }
+
+    const GATHERS: bool = true;
+
+    fn attach_rest(done: &mut HostCompletion, rest: Vec<HeapRegion>) {
+        done.gathered = rest;
     }
 }
 
@@ -131,23 +138,39 @@ pub struct HostCompletion {
     pub byte_len: u32,
     /// Immediate data.
     pub imm: Option<u32>,
-    /// The region, handed back.
+    /// The region, handed back (a gather request's first).
     pub region: HeapRegion,
+    /// A gather request's regions after the first, in order; empty for
+    /// every other request.
+    pub gathered: Vec<HeapRegion>,
 }
 
-/// A work request as the null sink took it from the `ibv_send_wr`.
+/// One scatter entry of a work request the null sink took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Posted {
-    /// Its `wr_id`.
-    pub wr_id: u64,
-    /// The verbs opcode (`ibv_wr_opcode`).
-    pub opcode: u32,
-    /// Local address of the data.
+pub struct PostedSge {
+    /// Local address.
     pub addr: u64,
     /// Bytes.
     pub length: u32,
     /// Local key.
     pub lkey: u32,
+}
+
+/// A work request as the null sink took it from the `ibv_send_wr`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Posted {
+    /// Its `wr_id`.
+    pub wr_id: u64,
+    /// The verbs opcode (`ibv_wr_opcode`).
+    pub opcode: u32,
+    /// Local address of the data (its first scatter entry's).
+    pub addr: u64,
+    /// Bytes (of its first scatter entry).
+    pub length: u32,
+    /// Local key (of its first scatter entry).
+    pub lkey: u32,
+    /// Its whole scatter list, in order (`num_sge` entries).
+    pub sg_list: Vec<PostedSge>,
     /// Remote address (WRITE, READ).
     pub remote_addr: u64,
     /// Remote key (WRITE, READ).
@@ -303,6 +326,30 @@ impl NullSink {
         self.books.sends_in_flight
     }
 
+    /// What [`QueuePair::post_send_gather`](crate::QueuePair::post_send_gather)
+    /// does: one work request whose scatter list names the ranges of
+    /// `parts` in order, every region parked until its completion is
+    /// polled. On refusal, the error and the parts, untouched, in order.
+    /// The sink takes as many scatter entries per request as
+    /// [`with_max_send_sge`](Self::with_max_send_sge) says (default 1).
+    #[allow(clippy::type_complexity)]
+    pub fn post_send_gather(
+        &mut self,
+        op: SendOp,
+        parts: Vec<(HeapRegion, Range<usize>)>,
+        context: u64,
+    ) -> Result<(), (Error, Vec<(HeapRegion, Range<usize>)>)> {
+        self.post_gather(op, parts, context)
+    }
+
+    /// The same sink, taking up to `n` scatter entries per work request
+    /// (as a queue pair built with
+    /// [`QueuePairBuilder::max_send_sge`](crate::QueuePairBuilder::max_send_sge)).
+    pub fn with_max_send_sge(mut self, n: u32) -> NullSink {
+        self.books.max_send_sge = n.max(1);
+        self
+    }
+
     /// The direct path: what [`QueuePair::post_send`](crate::QueuePair::post_send)
     /// does, the region parked until its completion is polled.
     pub fn post_send(
@@ -336,7 +383,7 @@ impl NullSink {
         }
         batch
             .submit()
-            .map_err(|refusal| (refusal.error, refusal.refused))
+            .map_err(|refusal| (*refusal.error, refusal.refused))
     }
 
     /// What [`QueuePair::poll`](crate::QueuePair::poll) does: up to 32
@@ -391,6 +438,15 @@ impl NullSink {
                 source: io::Error::from_raw_os_error(12),
             });
         }
+        if u32::try_from(wr.num_sge).map_or(true, |n| n > self.books.max_send_sge) {
+            // A provider refuses a scatter list longer than the queue
+            // pair was built for (EINVAL).
+            return Err(Error::Verbs {
+                call: "ibv_post_send",
+                device: "null".to_string(),
+                source: io::Error::from_raw_os_error(22),
+            });
+        }
         let sge = if wr.num_sge > 0 {
             // SAFETY: the caller's `wr` names one valid scatter entry.
             unsafe { *wr.sg_list }
@@ -418,6 +474,21 @@ impl NullSink {
         // SAFETY: the request was built from an all-zero value, so both
         // union members are initialised plain integers.
         let (rdma, imm) = unsafe { (wr.wr.rdma, wr.__bindgen_anon_1.imm_data) };
+        let n = usize::try_from(wr.num_sge).unwrap_or(0);
+        let sg_list = if n == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: the caller's `wr` names `num_sge` valid scatter
+            // entries at `sg_list`.
+            unsafe { std::slice::from_raw_parts(wr.sg_list, n) }
+                .iter()
+                .map(|e| PostedSge {
+                    addr: e.addr,
+                    length: e.length,
+                    lkey: e.lkey,
+                })
+                .collect()
+        };
         use ffi::ibv_wr_opcode as o;
         let with_imm = matches!(
             wr.opcode,
@@ -429,6 +500,7 @@ impl NullSink {
             addr: sge.addr,
             length: sge.length,
             lkey: sge.lkey,
+            sg_list,
             remote_addr: rdma.remote_addr,
             rkey: rdma.rkey,
             imm: with_imm.then(|| u32::from_be(imm)),
@@ -663,6 +735,18 @@ impl<Q: PieceScheduler> NullScheduled<Q> {
         self.inner.post_send(op, region, range, context, false)
     }
 
+    /// See [`ScheduledQueuePair::post_send_gather`](crate::ScheduledQueuePair::post_send_gather):
+    /// on refusal, the error and the parts, untouched, in order.
+    #[allow(clippy::type_complexity)]
+    pub fn post_send_gather(
+        &mut self,
+        op: SendOp,
+        parts: Vec<(HeapRegion, Range<usize>)>,
+        context: u64,
+    ) -> Result<(), (Error, Vec<(HeapRegion, Range<usize>)>)> {
+        self.inner.post_gather(op, parts, context)
+    }
+
     /// See [`ScheduledQueuePair::post_send_whole`](crate::ScheduledQueuePair::post_send_whole).
     pub fn post_send_whole(
         &mut self,
@@ -699,7 +783,7 @@ impl<Q: PieceScheduler> NullScheduled<Q> {
         }
         self.inner
             .post_batch(checked)
-            .map_err(|refusal| (refusal.error, refusal.refused))
+            .map_err(|refusal| (*refusal.error, refusal.refused))
     }
 
     /// See [`ScheduledQueuePair::poll`](crate::ScheduledQueuePair::poll).
@@ -743,6 +827,9 @@ impl<Q: PieceScheduler> NullScheduled<Q> {
         self.inner.with_sink(f)
     }
 }
+
+#[cfg(test)]
+mod gather_tests;
 
 #[cfg(test)]
 mod tests {

@@ -130,6 +130,25 @@ pub struct Completion {
     pub byte_len: u32,
     /// Immediate data, for SEND/WRITE with immediate.
     pub imm: Option<u32>,
-    /// The region the request used, back in the caller's hands.
+    /// The region the request used, back in the caller's hands; for a
+    /// gather request ([`QueuePair::post_send_gather`]), its first region.
+    ///
+    /// [`QueuePair::post_send_gather`]: crate::QueuePair::post_send_gather
     pub region: MemoryRegion,
+    /// A gather request's regions after the first, in the order they were
+    /// posted; empty for every other request. Together with
+    /// [`region`](Self::region) they are every region the request named,
+    /// whether it succeeded, failed or was flushed.
+    pub gathered: Vec<MemoryRegion>,
+}
+
+impl Completion {
+    /// Every region the request named, in order: [`region`](Self::region),
+    /// then [`gathered`](Self::gathered).
+    pub fn into_regions(self) -> Vec<MemoryRegion> {
+        let mut regions = Vec::with_capacity(1 + self.gathered.len());
+        regions.push(self.region);
+        regions.extend(self.gathered);
+        regions
+    }
 }

@@ -303,6 +303,16 @@ impl Context {
         &self.inner.name
     }
 
+    /// The most scatter/gather entries one work request may have on this
+    /// device (its `max_sge` attribute): the most regions one gather
+    /// request may name, and so the most
+    /// [`QueuePairBuilder::max_send_sge`](crate::QueuePairBuilder::max_send_sge)
+    /// may ask for.
+    pub fn max_sge(&self) -> Result<u32, Error> {
+        let attrs = crate::qp::device_attrs(self)?;
+        Ok(u32::try_from(attrs.max_sge).unwrap_or(0))
+    }
+
     /// How many ports the device has (they are numbered from 1).
     pub fn port_count(&self) -> u8 {
         self.inner.port_count

@@ -166,6 +166,57 @@ pub enum Error {
         /// The most it allows.
         max_sge: i32,
     },
+    /// A queue pair was asked for more scatter/gather entries per send
+    /// than its device allows (`max_send_sge` against the device's
+    /// `max_sge`).
+    #[error(
+        "max_send_sge of {asked} is more than device {device} allows ({max} scatter/gather \
+         entries per work request)"
+    )]
+    TooManySges {
+        /// The device.
+        device: String,
+        /// The entries asked for.
+        asked: u32,
+        /// The most the device allows.
+        max: u32,
+    },
+    /// A gather request named no region.
+    #[error("a gather request needs at least one region; refused before posting")]
+    EmptyGather,
+    /// A gather request named more regions than the queue pair's
+    /// `max_send_sge`.
+    #[error(
+        "a gather request of {parts} regions exceeds this queue pair's max_send_sge of {max}; \
+         build it with QueuePairBuilder::max_send_sge, or post fewer regions; refused before \
+         posting"
+    )]
+    TooManyParts {
+        /// The regions named.
+        parts: usize,
+        /// The queue pair's `max_send_sge`.
+        max: u32,
+    },
+    /// A gather request's regions add up to more bytes than one work
+    /// request carries (2^32 - 1).
+    #[error(
+        "a gather request of {len} bytes is longer than one work request carries (4294967295 \
+         bytes); refused before posting"
+    )]
+    GatherTooLong {
+        /// The bytes of all its regions.
+        len: u64,
+    },
+    /// An atomic operation was given several regions: its old value goes
+    /// into one 8-byte range.
+    #[error(
+        "an atomic operation returns its word into one 8-byte range, not a gather list of \
+         {parts} regions; refused before posting"
+    )]
+    AtomicGather {
+        /// The regions named.
+        parts: usize,
+    },
     /// A queue asked for is deeper than the device allows (its
     /// `max_qp_wr`, or `max_cqe` for the completion queue that holds both
     /// queues' completions).

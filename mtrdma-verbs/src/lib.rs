@@ -109,9 +109,9 @@ pub use mr::{Access, MemoryRegion, RemoteRegion};
 pub use pd::ProtectionDomain;
 pub use progress::ProgressThread;
 pub use qp::{
-    BatchError, Endpoint, PostBatch, PostError, PreparedQueuePair, QueuePair, QueuePairBuilder,
-    SendOp, SharedCompletion, SharedCompletionQueue, SharedCompletionQueueBuilder, ATOMIC_BYTES,
-    MAX_RNR_RETRY,
+    BatchError, Endpoint, GatherError, PostBatch, PostError, PreparedQueuePair, QueuePair,
+    QueuePairBuilder, SendOp, SharedCompletion, SharedCompletionQueue,
+    SharedCompletionQueueBuilder, ATOMIC_BYTES, MAX_RNR_RETRY,
 };
 pub use scheduled::{
     DefaultScheduler, PieceRef, PieceScheduler, ScheduleConfig, ScheduledBatch, ScheduledQueuePair,

@@ -544,6 +544,7 @@ impl SharedReceiveQueue {
             byte_len: wc.byte_len.unwrap_or(0),
             imm: wc.imm.map(u32::from_be),
             region: posted.region,
+            gathered: Vec::new(),
         })
     }
 

@@ -740,6 +740,7 @@ impl UdQueuePair {
                 region,
                 kind: UdKind::Recv { cell },
             },
+            rest: Vec::new(),
             send: false,
             len: 0,
         });

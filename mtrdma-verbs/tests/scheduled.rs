@@ -434,3 +434,55 @@ fn the_built_in_policy_composed_of_pieces_caps_a_tenant_and_moves_every_byte() {
         );
     }
 }
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_scheduled_gather_goes_whole_and_lands_its_regions_back_to_back() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let a = pd.queue_pair().max_send_sge(3).build().unwrap();
+    let b = pd.queue_pair().build().unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let (a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    // Pieces of 4 KiB: a gather of 24 KiB still goes as one work request.
+    let mut a = a
+        .scheduled(ScheduleConfig {
+            chunk_bytes: 4096,
+            ..ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
+        })
+        .unwrap();
+    let parts = |base: u8| {
+        (0..3u8)
+            .map(|i| {
+                let mr = pd.register(pattern(8192, base + i), Access::LOCAL).unwrap();
+                (mr, 0..8192)
+            })
+            .collect::<Vec<_>>()
+    };
+    let want = |base: u8| -> Vec<u8> { (0..3).flat_map(|i| pattern(8192, base + i)).collect() };
+
+    let target = pd.allocate(3 * 8192, Access::REMOTE_READ_WRITE).unwrap();
+    a.post_send_gather(SendOp::Write(target.remote().unwrap()), parts(1), 1)
+        .unwrap();
+    let done = wait(&mut a, 1).pop().unwrap();
+    assert_eq!(
+        (done.status, done.opcode, done.byte_len),
+        (WcStatus::Success, Opcode::Write, 3 * 8192)
+    );
+    let back: Vec<Vec<u8>> = done.into_regions().iter().map(|r| r.read()).collect();
+    assert_eq!(
+        back,
+        (1..4).map(|s| pattern(8192, s)).collect::<Vec<_>>(),
+        "every region back, in order"
+    );
+    assert!(target.read() == want(1), "the WRITE landed whole, in order");
+
+    let recv = pd.allocate(3 * 8192, Access::LOCAL).unwrap();
+    b.post_recv(recv, 0..3 * 8192, 2).unwrap();
+    a.post_send_gather(SendOp::Send, parts(5), 3).unwrap();
+    let sent = wait(&mut a, 1).pop().unwrap();
+    assert_eq!((sent.status, sent.gathered.len()), (WcStatus::Success, 2));
+    let got = wait(&mut b, 1).pop().unwrap();
+    assert_eq!((got.status, got.byte_len), (WcStatus::Success, 3 * 8192));
+    assert!(got.region.read() == want(5), "the SEND arrived whole");
+}

@@ -86,6 +86,25 @@ impl PostBatch<'_> {
             .map_err(PostError::new)
     }
 
+    /// Adds a gather request (several regions, one work request), checked
+    /// as [`QueuePair::post_send_gather`] checks it (and for room in the
+    /// send queue for the batch so far); on refusal every region comes
+    /// back in the [`GatherError`], in order, and the batch is unchanged.
+    /// Once added, its regions are the batch's: they come back in its
+    /// completion ([`Completion::gathered`]), or, if it is not posted, as
+    /// consecutive entries of [`BatchError::refused`] (or of
+    /// [`cancel`](Self::cancel)'s answer) that share its context.
+    pub fn post_send_gather(
+        &mut self,
+        op: SendOp,
+        parts: Vec<(MemoryRegion, Range<usize>)>,
+        context: u64,
+    ) -> Result<(), GatherError> {
+        self.inner
+            .push_gather(op, parts, context)
+            .map_err(GatherError::new)
+    }
+
     /// Requests in the batch.
     pub fn len(&self) -> usize {
         self.inner.len()
@@ -104,7 +123,8 @@ impl PostBatch<'_> {
     }
 
     /// Posts nothing and hands back the batch's requests, in order, as
-    /// (context, region).
+    /// (context, region); a gather request's regions as consecutive
+    /// entries with its context, in order.
     pub fn cancel(self) -> Vec<(u64, MemoryRegion)> {
         self.inner.cancel()
     }
@@ -115,9 +135,14 @@ impl PostBatch<'_> {
 pub struct BatchError {
     /// How many of the batch's requests were posted (its first ones).
     pub posted: usize,
+    /// How many were not (it and those after it).
+    pub not_posted: usize,
     /// Why the next one was refused.
     pub error: Box<Error>,
-    /// The requests not posted, in order, as (context, region).
+    /// The regions of the requests not posted, in order, as (context,
+    /// region): one entry for each request, and for a gather request
+    /// ([`PostBatch::post_send_gather`]) one for each of its regions, in
+    /// order, all with its context.
     pub refused: Vec<(u64, MemoryRegion)>,
 }
 
@@ -125,7 +150,8 @@ impl BatchError {
     pub(crate) fn new(refusal: Refusal<MemoryRegion>) -> BatchError {
         BatchError {
             posted: refusal.posted,
-            error: Box::new(refusal.error),
+            not_posted: refusal.not_posted,
+            error: refusal.error,
             refused: refusal.refused,
         }
     }
@@ -136,9 +162,7 @@ impl fmt::Display for BatchError {
         write!(
             f,
             "{} request(s) of the batch posted, {} not: {}",
-            self.posted,
-            self.refused.len(),
-            self.error
+            self.posted, self.not_posted, self.error
         )
     }
 }
@@ -154,7 +178,11 @@ impl std::error::Error for BatchError {
 /// region).
 pub(crate) struct Refusal<R> {
     pub(crate) posted: usize,
-    pub(crate) error: Error,
+    /// Requests not posted (a gather request's regions each have an
+    /// entry in `refused`).
+    pub(crate) not_posted: usize,
+    /// Boxed, as [`BatchError::error`]: it keeps the refusal small.
+    pub(crate) error: Box<Error>,
     pub(crate) refused: Vec<(u64, R)>,
 }
 
@@ -164,6 +192,9 @@ pub(crate) struct Refusal<R> {
 pub(crate) struct Batch<'a, S: Sink> {
     sink: &'a mut S,
     pieces: Vec<RawSend>,
+    /// The scatter lists of its gather requests of several entries, which
+    /// their work requests point at ([`Extra::sg_list`]) until submitted.
+    lists: Vec<Vec<ffi::ibv_sge>>,
 }
 
 impl<'a, S: Sink> Batch<'a, S> {
@@ -171,6 +202,7 @@ impl<'a, S: Sink> Batch<'a, S> {
         Batch {
             sink,
             pieces: Vec::with_capacity(LIST_MAX / 2),
+            lists: Vec::new(),
         }
     }
 
@@ -199,16 +231,51 @@ impl<'a, S: Sink> Batch<'a, S> {
         Ok(())
     }
 
+    /// Adds a gather request (see [`PostBatch::post_send_gather`]).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn push_gather(
+        &mut self,
+        op: SendOp,
+        parts: Vec<(S::Region, Range<usize>)>,
+        context: u64,
+    ) -> Result<(), (Error, Vec<(S::Region, Range<usize>)>)> {
+        let gather = match check_gather(op, &parts, self.sink.books().max_send_sge) {
+            Ok(gather) => gather,
+            Err(error) => return Err((error, parts)),
+        };
+        let (regions, ranges): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
+        let pending = self.pieces.len();
+        match self
+            .sink
+            .books_mut()
+            .park_gather(op, regions, &gather, context, pending)
+        {
+            Ok(raw) => {
+                push_in_place(&mut self.pieces, raw);
+                if gather.sges.len() > 1 {
+                    // Moving the list keeps its entries where they are,
+                    // where the work request points.
+                    self.lists.push(gather.sges);
+                }
+                Ok(())
+            }
+            Err((error, regions)) => Err((error, regions.into_iter().zip(ranges).collect())),
+        }
+    }
+
     /// Posts the batch as one list (see [`PostBatch::submit`]).
     pub(crate) fn submit(mut self) -> Result<(), Refusal<S::Region>> {
         let pieces = std::mem::take(&mut self.pieces);
-        // SAFETY: every request's buffer is its region, parked in the
-        // books under its `wr_id` until its completion is polled.
+        // SAFETY: every request's buffers are its regions, parked in the
+        // books under its `wr_id` until its completion is polled; the
+        // scatter lists of its gather requests are in `self.lists` until
+        // the batch is dropped, after the call (the device copies them).
         match unsafe { self.sink.post_list(&pieces) } {
             Ok(()) => Ok(()),
             Err((posted, error)) => Err(Refusal {
                 posted,
-                error,
+                not_posted: pieces.len() - posted,
+                error: Box::new(error),
                 refused: self.unpark(&pieces[posted..]),
             }),
         }
@@ -220,13 +287,17 @@ impl<'a, S: Sink> Batch<'a, S> {
         self.unpark(&pieces)
     }
 
-    /// Takes the regions of `pieces`, not posted, out of the books.
+    /// Takes the regions of `pieces`, not posted, out of the books, in
+    /// order (a gather request's each with its context).
     fn unpark(&mut self, pieces: &[RawSend]) -> Vec<(u64, S::Region)> {
         let books = self.sink.books_mut();
         pieces
             .iter()
             .filter_map(|p| books.unpark(p.wr_id as usize))
-            .map(|slot| (slot.context, slot.region))
+            .flat_map(|slot| {
+                let context = slot.context;
+                slot.into_regions().map(move |region| (context, region))
+            })
             .collect()
     }
 }

@@ -162,6 +162,27 @@ pub(crate) trait Region: Send + Sync + 'static {
         let _ = (first, last);
         Extra::default()
     }
+
+    /// Whether one request may name several regions of this kind (a
+    /// gather list, [`Sink::post_gather`]): only then can its completion
+    /// hand them all back ([`attach_rest`](Self::attach_rest)).
+    const GATHERS: bool = false;
+
+    /// Hands the regions after the first of a gather request back in the
+    /// completion `done` (which holds the first), in order. Called only
+    /// with regions of a kind that [`GATHERS`](Self::GATHERS); for the
+    /// others `rest` is always empty.
+    fn attach_rest(done: &mut Self::Completion, rest: Vec<Self>)
+    where
+        Self: Sized,
+    {
+        let _ = done;
+        debug_assert!(rest.is_empty(), "a region kind that does not gather");
+        // Never reached with regions in it: `post_gather` refuses kinds
+        // that do not gather. Should it be, the request has completed and
+        // the NIC no longer reaches them, so they may be freed.
+        drop(rest);
+    }
 }
 
 impl Region for MemoryRegion {
@@ -190,7 +211,14 @@ impl Region for MemoryRegion {
             byte_len,
             imm,
             region: self,
+            gathered: Vec::new(),
         }
+    }
+
+    const GATHERS: bool = true;
+
+    fn attach_rest(done: &mut Completion, rest: Vec<MemoryRegion>) {
+        done.gathered = rest;
     }
 }
 
@@ -198,9 +226,19 @@ impl Region for MemoryRegion {
 pub(crate) struct Slot<R> {
     pub(crate) context: u64,
     pub(crate) region: R,
+    /// A gather request's regions after the first, in order (empty for
+    /// every other request): parked with it, handed back with it.
+    pub(crate) rest: Vec<R>,
     pub(crate) send: bool,
     /// Bytes of a send (reported for [`SCHED_WR`] requests).
     pub(crate) len: u32,
+}
+
+impl<R> Slot<R> {
+    /// Its regions, in order: the first, then a gather request's others.
+    pub(crate) fn into_regions(self) -> impl Iterator<Item = R> {
+        std::iter::once(self.region).chain(self.rest)
+    }
 }
 
 /// A queue pair's own bookkeeping, apart from the device: the regions of
@@ -219,6 +257,9 @@ pub(crate) struct Books<R> {
     pub(crate) recvs_in_flight: u32,
     pub(crate) max_send_wr: u32,
     pub(crate) max_recv_wr: u32,
+    /// The scatter entries a send work request may have: the most regions
+    /// a gather request may name.
+    pub(crate) max_send_sge: u32,
 }
 
 impl Wc {
@@ -260,7 +301,15 @@ impl<R: Region> Books<R> {
             recvs_in_flight: 0,
             max_send_wr,
             max_recv_wr,
+            max_send_sge: 1,
         }
+    }
+
+    /// The same books, for a send queue whose work requests take up to
+    /// `n` scatter entries.
+    pub(crate) fn with_max_send_sge(mut self, n: u32) -> Self {
+        self.max_send_sge = n.max(1);
+        self
     }
 
     pub(crate) fn park(&mut self, slot: Slot<R>) -> usize {
@@ -295,6 +344,7 @@ impl<R: Region> Books<R> {
         let slot = self.park(Slot {
             context,
             region,
+            rest: Vec::new(),
             send: true,
             len: sge.length,
         });
@@ -310,6 +360,63 @@ impl<R: Region> Books<R> {
             // A list the device cuts short is closed by a zero-length RDMA
             // WRITE, which a datagram queue pair cannot post: datagrams
             // each ask for their completion.
+            quiet_ok: ud.is_none(),
+        })
+    }
+
+    /// Parks the regions of a gather request `op` that [`check_gather`]
+    /// found to be `gather`, if the send queue has room for it after
+    /// `pending` requests not yet posted; returns its work request, whose
+    /// scatter list is `gather.sges` (it must stay where it is until the
+    /// request is handed to the device). On refusal the regions come back,
+    /// in order.
+    pub(crate) fn park_gather(
+        &mut self,
+        op: SendOp,
+        regions: Vec<R>,
+        gather: &Gather,
+        context: u64,
+        pending: usize,
+    ) -> Result<RawSend, (Error, Vec<R>)> {
+        if self.sends_in_flight as usize + pending >= self.max_send_wr as usize {
+            let depth = self.max_send_wr;
+            return Err((Error::SendQueueFull { depth }, regions));
+        }
+        let mut regions = regions.into_iter();
+        let Some(first) = regions.next() else {
+            return Err((Error::EmptyGather, Vec::new()));
+        };
+        let rest: Vec<R> = regions.collect();
+        let (opcode, remote, imm) = op.lower(true);
+        let ud = first.datagram();
+        let mut extra = first.extra(true, true);
+        // One entry goes in the request itself; several are read from
+        // `gather.sges` when the request is built ([`send_wr`]).
+        let sge = match gather.sges.as_slice() {
+            [] => ffi::ibv_sge::default(),
+            [one] => *one,
+            [first_sge, ..] => {
+                extra.sg_list = gather.sges.as_ptr() as usize;
+                extra.num_sge = i32::try_from(gather.sges.len()).unwrap_or(i32::MAX);
+                *first_sge
+            }
+        };
+        let slot = self.park(Slot {
+            context,
+            region: first,
+            rest,
+            send: true,
+            len: gather.len,
+        });
+        Ok(RawSend {
+            wr_id: slot as u64,
+            opcode,
+            sge,
+            remote: remote.map(|r| (r.addr, r.rkey)),
+            imm,
+            atomic: op.atomic(),
+            ud,
+            extra,
             quiet_ok: ud.is_none(),
         })
     }
@@ -332,7 +439,7 @@ impl<R: Region> Books<R> {
     /// Takes every parked region out (teardown).
     pub(crate) fn drain_regions(&mut self) -> impl Iterator<Item = R> + '_ {
         self.quiet.clear();
-        self.slots.drain().map(|slot| slot.region)
+        self.slots.drain().flat_map(Slot::into_regions)
     }
 
     /// Numbers the send-side work request `wr_id` of verbs opcode
@@ -507,6 +614,10 @@ impl<R: Region> Books<R> {
                 wc.source,
             ),
         );
+        if !slot.rest.is_empty() {
+            let done = out.last_mut().expect("just pushed");
+            R::attach_rest(done, slot.rest);
+        }
         if sched {
             raw.push(RawCompletion {
                 wr_id: PARKED_DONE,

@@ -10,6 +10,7 @@ pub struct QueuePairBuilder<'a> {
     settings: QpSettings,
     access: Access,
     max_inline: u32,
+    max_send_sge: u32,
     retries: Retries,
     srq: Option<SharedReceiveQueue>,
 }
@@ -183,6 +184,7 @@ impl ProtectionDomain {
             settings: QpSettings::default(),
             access: Access::REMOTE_READ_WRITE,
             max_inline: 0,
+            max_send_sge: 1,
             retries: Retries::default(),
             srq: None,
         }
@@ -231,6 +233,16 @@ impl QueuePairBuilder<'_> {
     /// place back when dropped.
     pub fn tenant(mut self, tenant: &TenantHandle) -> Self {
         self.settings.tenant = Some(tenant.clone());
+        self
+    }
+
+    /// How many regions one send-side request may name: the scatter/gather
+    /// entries of each send work request (default 1; 0 is taken as 1).
+    /// A gather request ([`QueuePair::post_send_gather`]) may name up to
+    /// this many. Creation fails with [`Error::TooManySges`] if the device
+    /// allows fewer (its `max_sge` attribute).
+    pub fn max_send_sge(mut self, n: u32) -> Self {
+        self.max_send_sge = n.max(1);
         self
     }
 
@@ -339,6 +351,14 @@ impl QueuePairBuilder<'_> {
             attrs,
             ..
         } = self.settings.begin(self.pd)?;
+        let max_sge = u32::try_from(attrs.max_sge).unwrap_or(0);
+        if self.max_send_sge > max_sge {
+            return Err(Error::TooManySges {
+                device,
+                asked: self.max_send_sge,
+                max: max_sge,
+            });
+        }
         // With an SRQ the queue pair has no receive queue; its own
         // completion queue holds the receives it may take from the SRQ.
         let (max_recv_wr, recv_cqe) = match &self.srq {
@@ -375,7 +395,7 @@ impl QueuePairBuilder<'_> {
             cap: ffi::ibv_qp_cap {
                 max_send_wr,
                 max_recv_wr,
-                max_send_sge: 1,
+                max_send_sge: self.max_send_sge,
                 max_recv_sge: u32::from(self.srq.is_none()),
                 max_inline_data: self.max_inline,
             },
@@ -391,7 +411,7 @@ impl QueuePairBuilder<'_> {
             pd: self.pd.clone(),
             // The requested depths, not the provider's (possibly rounded
             // up) ones: the completion queue was sized for these.
-            books: Books::new(max_send_wr, max_recv_wr),
+            books: Books::new(max_send_wr, max_recv_wr).with_max_send_sge(self.max_send_sge),
             port: port_num,
             gid_index: gid.index,
             max_inline: if self.max_inline == 0 { 0 } else { max_inline },

@@ -189,6 +189,104 @@ pub(crate) fn check_send<R: Region>(
     Ok(sge)
 }
 
+/// The scatter list of a gather request, as [`check_gather`] found it:
+/// the entries of its non-empty ranges, in order, and their bytes.
+pub(crate) struct Gather {
+    pub(crate) sges: Vec<ffi::ibv_sge>,
+    pub(crate) len: u32,
+}
+
+/// Checks a gather request before anything is posted: it names at least
+/// one region and at most `max_sge` (1 for region kinds that do not
+/// gather, [`Region::GATHERS`]), every range lies in its region, the
+/// bytes fit one work request, and a WRITE or READ fits the remote region;
+/// an atomic operation takes one region, checked as [`check_send`] checks
+/// it. Empty ranges name no scatter entry (their regions are still the
+/// request's).
+pub(crate) fn check_gather<R: Region>(
+    op: SendOp,
+    parts: &[(R, Range<usize>)],
+    max_sge: u32,
+) -> Result<Gather, Error> {
+    let max = if R::GATHERS { max_sge } else { 1 };
+    match parts {
+        [] => return Err(Error::EmptyGather),
+        _ if parts.len() > max as usize => {
+            return Err(Error::TooManyParts {
+                parts: parts.len(),
+                max,
+            })
+        }
+        [(region, range)] if op.atomic().is_some() => {
+            let sge = check_send(op, region, range)?;
+            return Ok(Gather {
+                sges: vec![sge],
+                len: sge.length,
+            });
+        }
+        _ if op.atomic().is_some() => {
+            return Err(Error::AtomicGather { parts: parts.len() });
+        }
+        _ => {}
+    }
+    let mut sges = Vec::with_capacity(parts.len());
+    let mut len = 0u64;
+    for (region, range) in parts {
+        let Some(sge) = region.sge(range) else {
+            return Err(Error::LocalRangeOutOfBounds {
+                range: range.clone(),
+                len: region.len(),
+            });
+        };
+        len += u64::from(sge.length);
+        if sge.length > 0 {
+            sges.push(sge);
+        }
+    }
+    let Ok(total) = u32::try_from(len) else {
+        return Err(Error::GatherTooLong { len });
+    };
+    if let (_, Some(r), _) = op.lower(true) {
+        if len > r.len || r.addr.checked_add(r.len).is_none() {
+            return Err(Error::RemoteOutOfBounds { remote: r, len });
+        }
+    }
+    Ok(Gather { sges, len: total })
+}
+
+/// A refused gather request ([`QueuePair::post_send_gather`]): the error,
+/// and every region handed back untouched, in the order given, each with
+/// its range.
+#[derive(Debug)]
+pub struct GatherError {
+    /// Why it was refused.
+    pub error: Box<Error>,
+    /// The regions and ranges, as given.
+    pub parts: Vec<(MemoryRegion, Range<usize>)>,
+}
+
+impl GatherError {
+    /// A refusal of `parts` for `error`.
+    pub(crate) fn new((error, parts): (Error, Vec<(MemoryRegion, Range<usize>)>)) -> GatherError {
+        GatherError {
+            error: Box::new(error),
+            parts,
+        }
+    }
+}
+
+impl fmt::Display for GatherError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for GatherError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
 /// A refused post: the error, and the region handed back.
 #[derive(Debug)]
 pub struct PostError {
@@ -293,6 +391,76 @@ impl QueuePair {
             .map_err(PostError::new)
     }
 
+    /// Posts one send-side operation on several regions (a gather list):
+    /// the ranges of `parts`, in order, go out as one message, as if they
+    /// were one contiguous range, in one work request whose scatter list
+    /// names each of them. A SEND sends their concatenation, a WRITE
+    /// writes it to the remote region, a READ fills them in order from it.
+    ///
+    /// It names at least one region and at most the queue pair's
+    /// [`max_send_sge`](Self::max_send_sge) (set with
+    /// [`QueuePairBuilder::max_send_sge`]); each range must lie in its
+    /// region and the bytes of all of them must fit a WRITE's or READ's
+    /// remote region, as for [`post_send`](Self::post_send). An atomic
+    /// operation takes exactly one region. Empty ranges are allowed: their
+    /// regions take no part in the transfer.
+    ///
+    /// Every region is the queue pair's until the request's completion is
+    /// polled: the [`Completion`] hands them all back, the first in
+    /// [`region`](Completion::region) and the others in
+    /// [`gathered`](Completion::gathered), in order, whether the request
+    /// succeeded, failed or was flushed. On refusal nothing is posted and
+    /// every region comes back untouched in the [`GatherError`], in order,
+    /// with its range.
+    ///
+    /// ```no_run
+    /// use mtrdma_verbs::{Access, Context, SendOp};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ctx = Context::open_first_active()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let a = pd.queue_pair().max_send_sge(3).build()?;
+    /// let b = pd.queue_pair().build()?;
+    /// let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// let (mut a, _b) = (a.connect(&eb)?, b.connect(&ea)?);
+    /// let target = pd.allocate(96, Access::REMOTE_READ_WRITE)?;
+    ///
+    /// // A header, a body and a trailer, written back to back.
+    /// let header = pd.allocate(16, Access::LOCAL)?;
+    /// let body = pd.allocate(4096, Access::LOCAL)?;
+    /// let trailer = pd.allocate(16, Access::LOCAL)?;
+    /// let parts = vec![(header, 0..16), (body, 0..64), (trailer, 0..16)];
+    /// a.post_send_gather(SendOp::Write(target.remote().unwrap()), parts, 7)?;
+    ///
+    /// let mut done = Vec::new();
+    /// while done.is_empty() {
+    ///     a.poll(&mut done)?;
+    /// }
+    /// let c = done.pop().unwrap();
+    /// assert!(c.status.is_success() && c.byte_len == 96);
+    /// let [header, body, trailer]: [_; 3] = c.into_regions().try_into().unwrap();
+    /// # let _ = (header, body, trailer);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn post_send_gather(
+        &mut self,
+        op: SendOp,
+        parts: Vec<(MemoryRegion, Range<usize>)>,
+        context: u64,
+    ) -> Result<(), GatherError> {
+        self.post_gather(op, parts, context)
+            .map_err(GatherError::new)
+    }
+
+    /// The most regions one gather request may name
+    /// ([`post_send_gather`](Self::post_send_gather)): the scatter entries
+    /// of its send work requests, as built
+    /// ([`QueuePairBuilder::max_send_sge`]).
+    pub fn max_send_sge(&self) -> u32 {
+        self.books.max_send_sge
+    }
+
     /// Posts a receive into `range` of `region`. A queue pair built with
     /// an SRQ has no receive queue of its own and refuses
     /// ([`Error::ReceivesFromSrq`]).
@@ -321,6 +489,7 @@ impl QueuePair {
         let slot = self.books.park(Slot {
             context,
             region,
+            rest: Vec::new(),
             send: false,
             len: 0,
         });

@@ -294,6 +294,51 @@ pub(crate) trait Sink: Send + 'static {
         self.park_and_post(op, region, sge, context, 0)
     }
 
+    /// Posts a gather request: one send-side operation on the ranges of
+    /// several regions, in order, as one work request whose scatter list
+    /// names them all ([`check_gather`] checks it first). Every region is
+    /// parked under the request's `wr_id` until its completion is polled,
+    /// which hands them all back in order; on refusal they come back with
+    /// the error, in order, each with its range.
+    #[allow(clippy::type_complexity)]
+    fn post_gather(
+        &mut self,
+        op: SendOp,
+        parts: Vec<(Self::Region, Range<usize>)>,
+        context: u64,
+    ) -> Result<(), (Error, Vec<(Self::Region, Range<usize>)>)> {
+        let gather = match check_gather(op, &parts, self.books().max_send_sge) {
+            Ok(gather) => gather,
+            Err(error) => return Err((error, parts)),
+        };
+        let (regions, ranges): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
+        let raw = match self
+            .books_mut()
+            .park_gather(op, regions, &gather, context, 0)
+        {
+            Ok(raw) => raw,
+            Err((error, regions)) => {
+                return Err((error, regions.into_iter().zip(ranges).collect()))
+            }
+        };
+        let slot = raw.wr_id as usize;
+        let raw = RawSend {
+            quiet_ok: false,
+            ..raw
+        };
+        // SAFETY: the buffers the scatter list names are the regions just
+        // parked, which stay in the slot until the completion is polled;
+        // the list itself, `gather.sges`, lives until the call returns
+        // (the device copies it into its send queue).
+        let posted = unsafe { self.post(raw) };
+        drop(gather);
+        if let Err(error) = posted {
+            let slot = self.books_mut().unpark(slot).expect("just parked");
+            return Err((error, slot.into_regions().zip(ranges).collect()));
+        }
+        Ok(())
+    }
+
     /// [`post_parked`](Self::post_parked) of a request `check_send` found
     /// to be `sge`, its `wr_id` marked with `flag` (0 or [`SCHED_WR`]).
     #[inline]

@@ -15,8 +15,8 @@ use mtrdma_sched::{
 };
 
 use super::{
-    lock, wake_due, wake_instant, DefaultScheduler, Done, EngineClock, Message, Op, PieceRef,
-    PieceScheduler, ScheduleConfig, SharedConfig, Side, Who, WindowState, PARKED,
+    lock, wake_due, wake_instant, DefaultScheduler, Done, EngineClock, Gathered, Message, Op,
+    PieceRef, PieceScheduler, ScheduleConfig, SharedConfig, Side, Who, WindowState, PARKED,
 };
 use crate::completion::WcStatus;
 use crate::qp::{push_in_place, RawCompletion, RawSend, Region, SendOp, Sink, PARKED_DONE, RAW_WR};
@@ -448,12 +448,57 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
     pub(super) fn post_send(
         &mut self,
         member: usize,
-        Op { op, whole }: Op,
+        op: Op,
         region: S::Region,
         range: Range<usize>,
         sge: ffi::ibv_sge,
         context: u64,
     ) -> Result<Option<RawSend>, (Error, S::Region)> {
+        self.accept(member, op, region, range, sge, context, None)
+            .map_err(|(error, region, _)| (error, region))
+    }
+
+    /// [`post_send`](Self::post_send) of a gather request (see
+    /// [`ScheduledQueuePair::post_send_gather`]): `region` its first,
+    /// `gather` the others and its scatter list, `len` its bytes. It goes
+    /// whole, never split. On refusal every region comes back.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn post_gather(
+        &mut self,
+        member: usize,
+        op: SendOp,
+        region: S::Region,
+        gather: Box<Gathered<S::Region>>,
+        len: u32,
+        context: u64,
+    ) -> Result<Option<RawSend>, (Error, S::Region, Box<Gathered<S::Region>>)> {
+        let op = Op { op, whole: true };
+        let sge = gather.sges.first().copied().unwrap_or_default();
+        self.accept(
+            member,
+            op,
+            region,
+            0..len as usize,
+            sge,
+            context,
+            Some(gather),
+        )
+        .map_err(|(error, region, gather)| (error, region, gather.expect("given")))
+    }
+
+    /// [`post_send`](Self::post_send), for a gather request too.
+    #[inline]
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn accept(
+        &mut self,
+        member: usize,
+        Op { op, whole }: Op,
+        region: S::Region,
+        range: Range<usize>,
+        sge: ffi::ibv_sge,
+        context: u64,
+        gather: Option<Box<Gathered<S::Region>>>,
+    ) -> Result<Option<RawSend>, (Error, S::Region, Option<Box<Gathered<S::Region>>>)> {
         self.follow_policy(member);
         let len = (range.end - range.start) as u64;
         let seq = self.next_seq;
@@ -470,7 +515,11 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             && (!self.capped || self.sched.admit_now(tenant, len, self.now()).is_ok());
         let go = fast && self.rate_allows(member, len);
         let ud = region.datagram();
-        let extra = region.extra(true, true);
+        let mut extra = region.extra(true, true);
+        let sge = match &gather {
+            Some(gather) => gather.lower(&mut extra),
+            None => sge,
+        };
         let message = self.messages.insert(Message {
             member,
             seq,
@@ -485,6 +534,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             granted: if go { len } else { 0 },
             abandoned: false,
             status: WcStatus::Success,
+            gather,
         });
         self.member_mut(member).accepted += 1;
         if go {
@@ -526,7 +576,11 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         if let Err(rejected) = self.sched.enqueue(descriptor, self.now()) {
             self.member_mut(member).accepted -= 1;
             let message = self.messages.remove(message).expect("just stored");
-            return Err((Error::Rejected(rejected.reason), message.region));
+            return Err((
+                Error::Rejected(rejected.reason),
+                message.region,
+                message.gather,
+            ));
         }
         self.gate.enqueued(class);
         self.add_backlog(member, len);
@@ -863,6 +917,34 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             return;
         }
         let (opcode, remote, imm) = msg.op.lower(grant.is_last);
+        if let Some(gather) = &msg.gather {
+            if grant.offset != 0 || !grant.is_last {
+                // A gather request goes whole (its descriptor says so);
+                // should a scheduler split it, fail it rather than send
+                // part of its list.
+                msg.status = WcStatus::LocalLength;
+                self.finish_if_done(message);
+                return;
+            }
+            let mut extra = msg.region.extra(true, true);
+            let sge = gather.lower(&mut extra);
+            let raw = RawSend {
+                wr_id: RAW_WR | message as u64,
+                opcode,
+                sge,
+                remote: remote.map(|r| (r.addr, r.rkey)),
+                imm,
+                atomic: msg.op.atomic(),
+                ud: msg.region.datagram(),
+                extra,
+                quiet_ok: false,
+            };
+            msg.pieces_out += 1;
+            if let Some(raw) = self.launch(member, raw, grant.len) {
+                self.own_pieces.push(raw);
+            }
+            return;
+        }
         let Some(mut sge) = msg.region.sge(&(msg.start..msg.start + msg.len as usize)) else {
             // Checked at `post_send`; should it ever fail, fail the request
             // rather than leave it waiting forever.
@@ -977,7 +1059,10 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         self.order.remove_lane(m.class(), member);
         self.gate.forget(&m.lane);
         let messages = self.messages.remove_where(|msg| msg.member == member);
-        let regions = messages.into_iter().map(|msg| msg.region).collect();
+        let regions = messages
+            .into_iter()
+            .flat_map(Message::into_regions)
+            .collect();
         let leaving = match (&m.side, own) {
             (Some(side), _) => {
                 // Pieces decided and not posted never reach the NIC.

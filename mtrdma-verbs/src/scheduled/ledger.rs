@@ -6,9 +6,11 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+use ibverbs_sys as ffi;
+
 use super::{lock, post_pieces, Done};
 use crate::completion::{Opcode, WcStatus};
-use crate::qp::{RawCompletion, RawSend, Region, SendOp, Sink};
+use crate::qp::{Extra, RawCompletion, RawSend, Region, SendOp, Sink};
 use crate::Error;
 
 /// The handle of a scheduled request, as a [`PieceScheduler`] sees it
@@ -39,6 +41,32 @@ pub(super) struct Message<R> {
     /// as the scheduler grants it, and it finishes without waiting.
     pub(super) abandoned: bool,
     pub(super) status: WcStatus,
+    /// A gather request's other regions and its scatter list (none for
+    /// every other request). Such a request goes whole, as one piece.
+    pub(super) gather: Option<Box<Gathered<R>>>,
+}
+
+/// What a scheduled gather request keeps beyond its first region.
+pub(super) struct Gathered<R> {
+    /// Its regions after the first, in order.
+    pub(super) rest: Vec<R>,
+    /// Its scatter list ([`check_gather`]'s): its piece's work request
+    /// points at it when it names several entries. It lives as long as
+    /// the request, and the list's entries do not move with it.
+    pub(super) sges: Vec<ffi::ibv_sge>,
+}
+
+impl<R: Region> Gathered<R> {
+    /// What the work request of the request's one piece carries beyond
+    /// `extra`: its first scatter entry, and the whole list when it has
+    /// several.
+    pub(super) fn lower(&self, extra: &mut Extra) -> ffi::ibv_sge {
+        if self.sges.len() > 1 {
+            extra.sg_list = self.sges.as_ptr() as usize;
+            extra.num_sge = i32::try_from(self.sges.len()).unwrap_or(i32::MAX);
+        }
+        self.sges.first().copied().unwrap_or_default()
+    }
 }
 
 impl<R: Region> Message<R> {
@@ -51,8 +79,19 @@ impl<R: Region> Message<R> {
             Opcode::Unknown
         };
         let byte_len = u32::try_from(self.len).unwrap_or(u32::MAX);
-        self.region
-            .complete(self.context, self.status, opcode, byte_len, None)
+        let mut done = self
+            .region
+            .complete(self.context, self.status, opcode, byte_len, None);
+        if let Some(gather) = self.gather {
+            R::attach_rest(&mut done, gather.rest);
+        }
+        done
+    }
+
+    /// Every region of the request, in order.
+    pub(super) fn into_regions(self) -> impl Iterator<Item = R> {
+        let rest = self.gather.map(|g| g.rest).unwrap_or_default();
+        std::iter::once(self.region).chain(rest)
     }
 }
 

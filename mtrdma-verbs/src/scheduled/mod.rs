@@ -50,8 +50,8 @@ use mtrdma_sched::{Nanos, Protection, Scheduler, TenantPolicy, TenantScheduler, 
 use crate::completion::{Completion, WcStatus};
 use crate::events::{Armed, Waitable};
 use crate::qp::{
-    check_send, push_in_place, BatchError, PostError, QueuePair, RawCompletion, RawSend, Refusal,
-    Region, SendOp, Sink, LIST_MAX, SCHED_WR,
+    check_gather, check_send, push_in_place, BatchError, Gather, GatherError, PostError, QueuePair,
+    RawCompletion, RawSend, Refusal, Region, SendOp, Sink, LIST_MAX, SCHED_WR,
 };
 
 mod clock;
@@ -64,7 +64,7 @@ pub(crate) use clock::EngineClock;
 pub(crate) use engine::default_scheduler;
 use engine::{Engine, Member};
 pub use ledger::PieceRef;
-use ledger::{Book, Message, Side, PARKED};
+use ledger::{Book, Gathered, Message, Side, PARKED};
 #[cfg(any(test, feature = "null-sink"))]
 pub(crate) use paths::Request;
 pub(crate) use paths::Scheduled;
@@ -670,6 +670,55 @@ impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
         self.inner
             .post_send(op, region, range, context, true)
             .map_err(PostError::new)
+    }
+
+    /// Posts one send-side operation on several regions (a gather list),
+    /// as [`QueuePair::post_send_gather`] does and checked as it checks
+    /// (against the `max_send_sge` the queue pair was built with). The
+    /// request is scheduled and charged to its tenant as one piece and
+    /// goes to the NIC whole, as one work request, as
+    /// [`post_send_whole`](Self::post_send_whole) sends a request: a
+    /// scatter list is never split. Its completion hands every region
+    /// back in order ([`Completion::region`], then
+    /// [`Completion::gathered`]); on refusal (by the checks, or by the
+    /// scheduler) every region comes back untouched in the
+    /// [`GatherError`], in order, with its range.
+    ///
+    /// ```no_run
+    /// use mtrdma_core::{TenantId, TrafficClass};
+    /// use mtrdma_verbs::{Access, Context, ScheduleConfig, SendOp};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ctx = Context::open_first_active()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let a = pd.queue_pair().max_send_sge(2).build()?;
+    /// let b = pd.queue_pair().build()?;
+    /// let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// let (a, _b) = (a.connect(&eb)?, b.connect(&ea)?);
+    /// let mut a = a.scheduled(ScheduleConfig::local(TenantId(1), TrafficClass::Bulk))?;
+    /// let target = pd.allocate(8192, Access::REMOTE_READ_WRITE)?;
+    ///
+    /// let header = pd.allocate(64, Access::LOCAL)?;
+    /// let body = pd.allocate(4096, Access::LOCAL)?;
+    /// let parts = vec![(header, 0..64), (body, 0..4096)];
+    /// a.post_send_gather(SendOp::Write(target.remote().unwrap()), parts, 1)?;
+    /// let mut done = Vec::new();
+    /// while done.is_empty() {
+    ///     a.poll(&mut done)?;
+    /// }
+    /// assert_eq!(done[0].gathered.len(), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn post_send_gather(
+        &mut self,
+        op: SendOp,
+        parts: Vec<(MemoryRegion, Range<usize>)>,
+        context: u64,
+    ) -> Result<(), GatherError> {
+        self.inner
+            .post_gather(op, parts, context)
+            .map_err(GatherError::new)
     }
 
     /// Posts a receive (receives are not scheduled).

@@ -139,6 +139,43 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         }
     }
 
+    /// See [`ScheduledQueuePair::post_send_gather`].
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn post_gather(
+        &mut self,
+        op: SendOp,
+        parts: Vec<(S::Region, Range<usize>)>,
+        context: u64,
+    ) -> Result<(), (Error, Vec<(S::Region, Range<usize>)>)> {
+        let max_sge = self.with_sink_ref(|qp| qp.books().max_send_sge);
+        let Gather { sges, len } = match check_gather(op, &parts, max_sge) {
+            Ok(gather) => gather,
+            Err(error) => return Err((error, parts)),
+        };
+        let (regions, ranges): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
+        let mut regions = regions.into_iter();
+        let first = regions.next().expect("check_gather refuses an empty list");
+        let gather = Box::new(Gathered {
+            rest: regions.collect(),
+            sges,
+        });
+        let result = match &mut self.way {
+            Way::Solo(solo) => solo.post_gather(op, first, gather, len, context),
+            Way::Attached(a) => {
+                let member = a.member;
+                a.with_engine(|e| {
+                    let piece = e.post_gather(member, op, first, gather, len, context)?;
+                    e.own_pieces_mut().extend(piece);
+                    Ok(())
+                })
+            }
+        };
+        result.map_err(|(error, first, gather)| {
+            let regions = std::iter::once(first).chain(gather.rest);
+            (error, regions.zip(ranges).collect())
+        })
+    }
+
     /// Accepts `requests` together (see [`ScheduledBatch::submit`]): the
     /// pieces decided meanwhile go to the NIC as one list.
     pub(crate) fn post_batch(
@@ -242,12 +279,13 @@ fn accept_all<S: Sink, Q: PieceScheduler>(
                 posted += 1;
             }
             Err((error, region)) => {
-                let refused = std::iter::once((r.context, region))
+                let refused: Vec<_> = std::iter::once((r.context, region))
                     .chain(requests.map(|r| (r.context, r.region)))
                     .collect();
                 return Err(Refusal {
                     posted,
-                    error,
+                    not_posted: refused.len(),
+                    error: Box::new(error),
                     refused,
                 });
             }
@@ -324,6 +362,30 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
                 .post_send(self.member, Op { op, whole }, region, range, sge, context);
         if let Ok(Some(piece)) = result {
             // The fast path: nothing else was decided.
+            if let Some(failed) = post_piece(&mut self.sink, piece) {
+                self.raw.push(failed);
+            }
+            return Ok(());
+        }
+        self.post_decided();
+        result.map(|_| ())
+    }
+
+    /// [`Scheduled::post_gather`] on a queue pair of its own: always
+    /// through the engine (a request sent whole).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn post_gather(
+        &mut self,
+        op: SendOp,
+        first: S::Region,
+        gather: Box<Gathered<S::Region>>,
+        len: u32,
+        context: u64,
+    ) -> Result<(), (Error, S::Region, Box<Gathered<S::Region>>)> {
+        let result = self
+            .engine
+            .post_gather(self.member, op, first, gather, len, context);
+        if let Ok(Some(piece)) = result {
             if let Some(failed) = post_piece(&mut self.sink, piece) {
                 self.raw.push(failed);
             }
