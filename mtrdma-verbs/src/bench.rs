@@ -282,7 +282,7 @@ impl NullSink {
         self
     }
 
-    /// Makes its [`shutdown`](crate::qp::Sink::shutdown) (the drain of a
+    /// Makes its `shutdown` (the drain of a
     /// queue pair being dropped) wait until the returned hold is
     /// released: a NIC that takes long to flush.
     pub fn hold_shutdown(&mut self) -> std::sync::Arc<ShutdownHold> {

@@ -13,7 +13,7 @@ use crate::completion::{Opcode, WcStatus};
 use crate::qp::{Extra, RawCompletion, RawSend, Region, SendOp, Sink};
 use crate::Error;
 
-/// The handle of a scheduled request, as a [`PieceScheduler`] sees it
+/// The handle of a scheduled request, as a [`PieceScheduler`](crate::PieceScheduler) sees it
 /// (opaque: a scheduler only keeps it and hands it back in its grants).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PieceRef {
