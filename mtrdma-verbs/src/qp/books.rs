@@ -76,6 +76,36 @@ pub(crate) struct RawSend {
     pub(crate) quiet_ok: bool,
 }
 
+impl RawSend {
+    /// The work request `wr_id` of `op` on `sge` (the request's `last`
+    /// piece or not: only the last carries immediate data), to a datagram
+    /// destination `ud` if any, with what its region adds (`extra`);
+    /// `quiet_ok`: see [`RawSend::quiet_ok`].
+    #[inline]
+    pub(crate) fn new(
+        wr_id: u64,
+        op: SendOp,
+        last: bool,
+        sge: ffi::ibv_sge,
+        ud: Option<UdDest>,
+        extra: Extra,
+        quiet_ok: bool,
+    ) -> RawSend {
+        let (opcode, remote, imm) = op.lower(last);
+        RawSend {
+            wr_id,
+            opcode,
+            sge,
+            remote: remote.map(|r| (r.addr, r.rkey)),
+            imm,
+            atomic: op.atomic(),
+            ud,
+            extra,
+            quiet_ok,
+        }
+    }
+}
+
 /// What a region adds to the work requests of its pieces beyond one
 /// scatter entry: a foreign program's own send flags, and its scatter
 /// list when it has several entries (see [`crate::foreign`]).
@@ -338,7 +368,6 @@ impl<R: Region> Books<R> {
             let depth = self.max_send_wr;
             return Err((Error::SendQueueFull { depth }, region));
         }
-        let (opcode, remote, imm) = op.lower(true);
         let ud = region.datagram();
         let extra = region.extra(true, true);
         let slot = self.park(Slot {
@@ -348,20 +377,18 @@ impl<R: Region> Books<R> {
             send: true,
             len: sge.length,
         });
-        Ok(RawSend {
-            wr_id: slot as u64,
-            opcode,
+        // A list the device cuts short is closed by a zero-length RDMA
+        // WRITE, which a datagram queue pair cannot post: datagrams each
+        // ask for their completion.
+        Ok(RawSend::new(
+            slot as u64,
+            op,
+            true,
             sge,
-            remote: remote.map(|r| (r.addr, r.rkey)),
-            imm,
-            atomic: op.atomic(),
             ud,
             extra,
-            // A list the device cuts short is closed by a zero-length RDMA
-            // WRITE, which a datagram queue pair cannot post: datagrams
-            // each ask for their completion.
-            quiet_ok: ud.is_none(),
-        })
+            ud.is_none(),
+        ))
     }
 
     /// Parks the regions of a gather request `op` that [`check_gather`]
@@ -387,7 +414,6 @@ impl<R: Region> Books<R> {
             return Err((Error::EmptyGather, Vec::new()));
         };
         let rest: Vec<R> = regions.collect();
-        let (opcode, remote, imm) = op.lower(true);
         let ud = first.datagram();
         let mut extra = first.extra(true, true);
         // One entry goes in the request itself; several are read from
@@ -408,17 +434,15 @@ impl<R: Region> Books<R> {
             send: true,
             len: gather.len,
         });
-        Ok(RawSend {
-            wr_id: slot as u64,
-            opcode,
+        Ok(RawSend::new(
+            slot as u64,
+            op,
+            true,
             sge,
-            remote: remote.map(|r| (r.addr, r.rkey)),
-            imm,
-            atomic: op.atomic(),
             ud,
             extra,
-            quiet_ok: ud.is_none(),
-        })
+            ud.is_none(),
+        ))
     }
 
     /// The region parked under `wr_id` (one of the queue pair's own work

@@ -538,18 +538,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         });
         self.member_mut(member).accepted += 1;
         if go {
-            let (opcode, remote, imm) = op.lower(true);
-            let raw = RawSend {
-                wr_id: RAW_WR | message as u64,
-                opcode,
-                sge,
-                remote: remote.map(|r| (r.addr, r.rkey)),
-                imm,
-                atomic: op.atomic(),
-                ud,
-                extra,
-                quiet_ok: false,
-            };
+            let raw = RawSend::new(RAW_WR | message as u64, op, true, sge, ud, extra, false);
             return Ok(self.launch(member, raw, len));
         }
         let handle = PieceRef { message, seq };
@@ -916,7 +905,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             self.finish_if_done(message);
             return;
         }
-        let (opcode, remote, imm) = msg.op.lower(grant.is_last);
+        let wr_id = RAW_WR | message as u64;
         if let Some(gather) = &msg.gather {
             if grant.offset != 0 || !grant.is_last {
                 // A gather request goes whole (its descriptor says so);
@@ -928,17 +917,8 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             }
             let mut extra = msg.region.extra(true, true);
             let sge = gather.lower(&mut extra);
-            let raw = RawSend {
-                wr_id: RAW_WR | message as u64,
-                opcode,
-                sge,
-                remote: remote.map(|r| (r.addr, r.rkey)),
-                imm,
-                atomic: msg.op.atomic(),
-                ud: msg.region.datagram(),
-                extra,
-                quiet_ok: false,
-            };
+            let ud = msg.region.datagram();
+            let raw = RawSend::new(wr_id, msg.op, true, sge, ud, extra, false);
             msg.pieces_out += 1;
             if let Some(raw) = self.launch(member, raw, grant.len) {
                 self.own_pieces.push(raw);
@@ -954,19 +934,16 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         };
         sge.addr += grant.offset;
         sge.length = u32::try_from(grant.len).unwrap_or(u32::MAX);
-        let raw = RawSend {
-            wr_id: RAW_WR | message as u64,
-            opcode,
-            sge,
-            remote: remote.map(|r| (r.addr + grant.offset, r.rkey)),
-            imm,
-            atomic: msg.op.atomic(),
-            ud: msg.region.datagram(),
-            extra: msg.region.extra(grant.offset == 0, grant.is_last),
-            // Its request's last piece reports at once; the others may
-            // report with a later piece of their list.
-            quiet_ok: !grant.is_last,
-        };
+        let (ud, extra) = (
+            msg.region.datagram(),
+            msg.region.extra(grant.offset == 0, grant.is_last),
+        );
+        // Its request's last piece reports at once; the others may report
+        // with a later piece of their list.
+        let mut raw = RawSend::new(wr_id, msg.op, grant.is_last, sge, ud, extra, !grant.is_last);
+        if let Some((addr, _)) = &mut raw.remote {
+            *addr += grant.offset;
+        }
         msg.pieces_out += 1;
         if let Some(raw) = self.launch(member, raw, grant.len) {
             self.own_pieces.push(raw);
