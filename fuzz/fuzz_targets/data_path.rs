@@ -85,10 +85,12 @@ impl Rig {
 
     fn make(&self, q: usize) -> NullScheduled {
         // Queue pairs 1 and 3 keep a delay window, with quiet times every
-        // 5 ms of the manual clock.
+        // 50 ms of the manual clock (a quiet time lasts twice the target
+        // delay, some milliseconds here: far shorter periods would leave
+        // the window quiet most of the time).
         let window = (q % 2 == 1).then(|| {
             Arc::new(DelayWindowConfig {
-                quiet_every: Nanos::from_millis(5),
+                quiet_every: Nanos::from_millis(50),
                 ..DelayWindowConfig::for_piece(1024)
             }) as _
         });
@@ -210,8 +212,10 @@ fuzz_target!(|data: &[u8]| {
         for q in 0..QPS {
             rig.poll(q);
         }
-        // Paced pieces and quiet times wait for the clock.
-        rig.clock.advance(Nanos::from_millis(1));
+        // Paced pieces and quiet times wait for the clock. A window the
+        // input drove down to a fraction of a piece sends one piece every
+        // few round trips: slow, not lost, so the rounds are long.
+        rig.clock.advance(Nanos::from_millis(10));
     }
     for q in 0..QPS {
         assert!(

@@ -97,6 +97,10 @@
 use crate::error::ConfigError;
 use crate::policy::{MAX_WEIGHT, PPM};
 
+/// How many pieces posted a large one is remembered for (at least; at
+/// most twice as many) as the piece size ([`DelayWindow`]'s `largest`).
+const PIECE_MEMORY: u32 = 16;
+
 /// The most samples [`DelayWindowConfig::filter`] may name.
 const MAX_FILTER: u32 = 8;
 
@@ -308,9 +312,17 @@ pub struct DelayWindow {
     /// Samples taken so far (the next slot of `recent` is this modulo
     /// `filter`).
     samples: u64,
-    /// The largest piece seen: samples of pieces under half of it are not
-    /// used (a short piece's delay says less about the queue).
+    /// The largest piece of the last [`PIECE_MEMORY`] to twice as many
+    /// posted: samples of pieces under half of it are not used (a short
+    /// piece's delay says less about the queue). Only recent pieces
+    /// count, so that one large piece (a request sent whole) does not
+    /// make every later piece of the usual size short, and the window
+    /// deaf, for good.
     largest: u64,
+    /// The largest piece posted since `largest` was last renewed, and how
+    /// many pieces that was.
+    largest_next: u64,
+    posted_since: u32,
     /// When the last piece beyond the window's whole pieces was due (ns;
     /// `None`: none posted yet), and when the first piece completed.
     extra_at: Option<u64>,
@@ -355,6 +367,8 @@ impl DelayWindow {
             recent: [u64::MAX; MAX_FILTER as usize],
             samples: 0,
             largest: 0,
+            largest_next: 0,
+            posted_since: 0,
             extra_at: None,
             first_completion: 0,
             gain: crate::share::GAIN_ONE,
@@ -688,6 +702,12 @@ impl Window for DelayWindow {
     #[inline]
     fn on_sent(&mut self, bytes: u64, now: Nanos) {
         self.largest = self.largest.max(bytes);
+        self.largest_next = self.largest_next.max(bytes);
+        self.posted_since += 1;
+        if self.posted_since >= PIECE_MEMORY {
+            self.largest = std::mem::take(&mut self.largest_next);
+            self.posted_since = 0;
+        }
         if let Some(interval) = self.extra_interval() {
             if self.window >= self.piece() {
                 // Keep the anchor near: a window that changes its fraction
@@ -1470,6 +1490,32 @@ mod tests {
         assert!(
             (per_rtt - 0.25).abs() < 0.02,
             "{per_rtt} pieces per round trip"
+        );
+    }
+
+    #[test]
+    fn one_large_piece_does_not_make_the_window_deaf_to_the_usual_ones() {
+        // A request sent whole of 4 pieces, then pieces of the usual size
+        // that meet a standing queue (2 ms each): their samples count
+        // again once the large piece is out of memory, and the window
+        // shrinks.
+        let mut w = window();
+        let mut now = Nanos::ZERO;
+        run(&mut w, &mut now, Nanos::from_micros(100), 20);
+        let before = w.window();
+        w.on_sent(4 * PIECE, now);
+        w.on_completed(4 * PIECE, now, now + Nanos::from_micros(100));
+        now = now + Nanos::from_micros(100);
+        run(
+            &mut w,
+            &mut now,
+            Nanos::from_millis(2),
+            2 * PIECE_MEMORY as usize + 8,
+        );
+        assert!(
+            w.window() < before / 2,
+            "the usual pieces' delays are heard: {before} -> {}",
+            w.window()
         );
     }
 
