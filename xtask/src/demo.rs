@@ -16,11 +16,11 @@
 //! process's output).
 //!
 //! The link's rate (`--link auto`, the default) is the highest, in steps
-//! of 10 Mbit/s from 50 Mbit/s up to [`AUTO_CEILING_BPS`] (or up to what
-//! rxe carries across the link unshaped in this boot, if less), at which
+//! of 10 Mbit/s from 50 Mbit/s up to [`AUTO_CEILING_BPS`], at which
 //! perftest's `ib_write_bw -s 4096` alone fills at least 95% of the link
 //! in this boot: a binary search of 3-second probes (1-second ones in the
-//! short form), each printed (see [`link::Search`]). Under emulation the
+//! short form), each printed, after what rxe carries across the link
+//! unshaped is measured and printed (see [`link::Search`]). Under emulation the
 //! host's speed, not the link, sets what one sender moves, and a link the
 //! senders cannot fill is not the bottleneck the tenants share: their CPU
 //! is. `--link RATE` shapes the link to RATE instead (with a warning when
