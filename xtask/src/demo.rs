@@ -18,12 +18,12 @@
 //! The link's rate (`--link auto`, the default) is the highest, in steps
 //! of 10 Mbit/s from 50 Mbit/s up to [`AUTO_CEILING_BPS`], at which
 //! perftest's `ib_write_bw -s 4096` alone fills at least 95% of the link
-//! in this boot: a binary search of 3-second probes (1-second ones in the
+//! in this boot: a binary search of 3-second probes (2-second ones in the
 //! short form), each printed, after what rxe carries across the link
-//! unshaped is measured and printed (see [`link::Search`]). Under emulation the
-//! host's speed, not the link, sets what one sender moves, and a link the
-//! senders cannot fill is not the bottleneck the tenants share: their CPU
-//! is. `--link RATE` shapes the link to RATE instead (with a warning when
+//! unshaped is measured and printed (see [`link::Search`]). Under
+//! emulation the host's speed, not the link, sets what one sender moves,
+//! and a link the senders cannot fill is not the bottleneck the tenants
+//! share: their CPU is. `--link RATE` shapes the link to RATE instead (with a warning when
 //! RATE is more than half of what rxe carries unshaped).
 //!
 //! The demo ends with every scenario and whether it ran, and exits
@@ -464,7 +464,7 @@ mod tests {
             })
         );
         let (_, short) = link_choice("auto", true).unwrap();
-        assert!(matches!(short, link::RateChoice::Search(s) if s.probe_secs == 1));
+        assert!(matches!(short, link::RateChoice::Search(s) if s.probe_secs == 2));
         let (link, fixed) = link_choice("120mbit", true).unwrap();
         assert_eq!(link.bits_per_second(), 120_000_000);
         assert_eq!(fixed, link::RateChoice::Fixed(120_000_000));
@@ -474,7 +474,7 @@ mod tests {
 
     #[test]
     fn the_link_rate_is_searched_before_the_link_run_and_reported() {
-        for (short, secs) in [(true, 1), (false, 3)] {
+        for (short, secs) in [(true, 2), (false, 3)] {
             let mut p = plan(short);
             p.calibrate = Some(link_choice("auto", short).unwrap());
             let s = script(&p, Path::new("/out")).unwrap();
