@@ -13,8 +13,7 @@
 //! queues there for mtrdma to keep short. The scenario then shapes the
 //! link (both ends, tbf as `cargo xtask vm --link` does) to half of what
 //! the pager moved alone in its busier direction, rounded down to
-//! 10 Mbit/s, if that is slower than the boot's rate, as the demo shapes
-//! the link to half of what one sender carries unshaped; and puts the
+//! 10 Mbit/s, if that is slower than the boot's rate; and puts the
 //! boot's rate back afterwards. No tenant is told the rate.
 //!
 //! Three runs: the RPC service alone, next to the pager unprotected (both

@@ -8,7 +8,8 @@
 //! Scenario names are those of `isolation --link --scenarios` and the
 //! demo's own steps around it: `reference` (perftest's tools next to
 //! `examples/perf`), `preload` (perftest under the preload library), `link
-//! rate` (what rxe carries unshaped), `link` (the link run itself) and
+//! rate` (what rxe carries unshaped, measured with `perf`, then the search
+//! for the rate `ib_write_bw` fills), `link` (the link run itself) and
 //! `single-process` (isolation's one-process run). Programs installed with
 //! the system (perftest's `ib_write_bw`, `memcached`) are not built and not
 //! listed: `cargo xtask deps` installs them.

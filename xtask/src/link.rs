@@ -13,6 +13,14 @@
 //! packets from a local source. Each end then gets a `tbf` qdisc at RATE
 //! (both directions are shaped: READ responses and ACKs flow back), or
 //! none with `unshaped`.
+//!
+//! The demo and the test command's boot then choose the rate in the job
+//! itself ([`Link::calibration_script`]): what rxe carries across the
+//! link unshaped is measured and reported, and the link is shaped to the
+//! highest rate, in steps of 10 Mbit/s, at which perftest's
+//! `ib_write_bw -s 4096` alone fills at least 95% of it in that boot,
+//! found by a binary search with every probe printed ([`Search`]); or to
+//! a rate given.
 
 use anyhow::{bail, Context as _, Result};
 
@@ -65,9 +73,9 @@ const MIN_BPS: u64 = 1_000_000;
 const MAX_BPS: u64 = 1_000_000_000_000;
 
 /// The rate `cargo xtask test` boots the device tests' link at, and the
-/// most it shapes it to: the job first shapes it to half of what rxe
-/// carries unshaped in that boot, if that is less
-/// ([`Link::calibration_script`]).
+/// most it shapes it to: the job first shapes it to the highest rate at
+/// which `ib_write_bw -s 4096` fills it in that boot, if that is less
+/// ([`Link::calibration_script`], with the short probes).
 pub(crate) const TEST_RATE: &str = "200mbit";
 
 /// How fast the link is.
@@ -235,32 +243,35 @@ impl Link {
     }
 
     /// Guest commands that measure what rxe carries across the link with
-    /// no shaping in this boot, then shape both ends to a rate chosen from
-    /// it and export that rate as `MTRDMA_LINK_RATE_BPS` and
+    /// no shaping in this boot, then shape both ends to a rate chosen as
+    /// `choice` says and export that rate as `MTRDMA_LINK_RATE_BPS` and
     /// `MTRDMA_LINK_RATE` for what follows.
     ///
     /// The measurement: the qdiscs come off, one `perf` (the binary at
     /// `perf`) sends 1 MiB WRITEs from `rxa` to `rxb` for
     /// [`CALIBRATION_SECS`] on the plain path, and its average is the
-    /// unshaped rate. With `fixed` given, the link is shaped to it (with a warning on stderr when it is more
-    /// than half the unshaped rate); without, to half the unshaped rate
-    /// rounded down to 10 Mbit/s, at most `ceiling` bits per second and at
-    /// least 10 Mbit/s. Under emulation the host's speed sets what rxe
-    /// carries (twice as much on one machine as on another), and a link
-    /// faster than half of it is not the bottleneck: the tenants' CPU is.
-    /// One line saying what was measured and chosen goes to stdout and to
-    /// `report`.
+    /// unshaped rate. [`RateChoice::Fixed`] shapes the link to that rate
+    /// (with a warning on stderr when it is more than half the unshaped
+    /// rate); [`RateChoice::Search`] shapes it to the highest rate at which
+    /// perftest's `ib_write_bw -s 4096` alone fills at least
+    /// [`FILL_PERCENT`]% of it (see [`Search`]). What was measured, every
+    /// probe and the rate chosen go to stdout and to `report` (a shell
+    /// word), which starts afresh. The job ends with 125, saying why,
+    /// when a measurement fails.
     pub(crate) fn calibration_script(
         &self,
         perf: &str,
-        fixed: Option<u64>,
-        ceiling: u64,
+        choice: RateChoice,
         report: &str,
     ) -> String {
         let (a, b) = (SENDER_NETDEV, RECEIVER_NETDEV);
         let port = CALIBRATION_PORT;
+        let probe = match choice {
+            RateChoice::Fixed(_) => String::new(),
+            RateChoice::Search(search) => self.probe_function(search.probe_secs),
+        };
         format!(
-            "# the link's rate from what rxe carries unshaped in this boot\n\
+            "# the link's rate, from what rxe carries across it in this boot\n\
              tc qdisc del dev {a} root 2>/dev/null\n\
              tc qdisc del dev {b} root 2>/dev/null\n\
              {perf} --server --device {RECEIVER} -p {port} > \"$TMPDIR/calibration.server\" 2>&1 &\n\
@@ -272,37 +283,210 @@ impl Link {
              if [ -z \"$mbs\" ]; then\n\
              echo 'link: measuring the unshaped rate failed:' >&2; cat \"$TMPDIR/calibration.client\" >&2; exit 125\n\
              fi\n\
+             {probe}\
              {shape}",
-            shape = self.shape_from_measurement(fixed, ceiling, report),
+            shape = self.shape_from_measurement(choice, report),
+        )
+    }
+
+    /// `link_shape`, a shell function that shapes both ends to `$rate`
+    /// bits per second, replacing what shaped them before.
+    fn shape_function(&self) -> String {
+        let (a, b) = (SENDER_NETDEV, RECEIVER_NETDEV);
+        format!(
+            "link_shape() {{\n\
+             tc qdisc del dev {a} root 2>/dev/null\n\
+             tc qdisc del dev {b} root 2>/dev/null\n\
+             {tbf_a} || {{ echo \"link: shaping {a} to $rate bit/s failed\" >&2; exit 125; }}\n\
+             {tbf_b} || {{ echo \"link: shaping {b} to $rate bit/s failed\" >&2; exit 125; }}\n\
+             }}\n",
+            tbf_a = self.tbf_command(a, "${rate}"),
+            tbf_b = self.tbf_command(b, "${rate}"),
+        )
+    }
+
+    /// `link_probe RATE`, a shell function that shapes both ends to RATE
+    /// and runs perftest's `ib_write_bw -s 4096` (its defaults otherwise,
+    /// `-D secs`) from `rxa` to `rxb` across the link, alone, and sets
+    /// `moved` to its BW average in MB/s (2^20 bytes). When ib_write_bw
+    /// fails or prints no result (under emulation perftest now and then
+    /// cannot calibrate its clock) it runs once more; after a second
+    /// failure the job ends with 125, with both outputs on stderr.
+    fn probe_function(&self, secs: u32) -> String {
+        let port = PROBE_PORT;
+        let tool = format!("ib_write_bw -x 1 -s {PROBE_SIZE} -D {secs} -p {port}");
+        format!(
+            "link_probe() {{\n\
+             rate=$1\n\
+             link_shape\n\
+             for try in 1 2; do\n\
+             {tool} -d {RECEIVER} > \"$TMPDIR/link-probe.server\" 2>&1 &\n\
+             server=$!\n\
+             # until the server listens (state 0A: an earlier probe's closed\n\
+             # connection on the port does not count)\n\
+             for i in $(seq 100); do grep -q \":$(printf %04X {port}) 00000000:0000 0A\" /proc/net/tcp && break; sleep 0.1; done\n\
+             {tool} -d {SENDER} 127.0.0.1 > \"$TMPDIR/link-probe.client\" 2>&1; rc=$?\n\
+             [ $rc -eq 0 ] || kill $server 2>/dev/null\n\
+             wait $server\n\
+             moved=$(awk '/#bytes/ {{ getline; print $4; exit }}' \"$TMPDIR/link-probe.client\")\n\
+             case $moved in ''|*[!0-9.]*) moved= ;; esac\n\
+             if [ $rc -eq 0 ] && [ -n \"$moved\" ]; then return 0; fi\n\
+             echo \"link: ib_write_bw -s {PROBE_SIZE} across the link at $rate bit/s gave no result (exit status $rc, try $try of 2); its output, then its server's:\" >&2\n\
+             cat \"$TMPDIR/link-probe.client\" \"$TMPDIR/link-probe.server\" >&2\n\
+             done\n\
+             echo \"link: ib_write_bw failed twice at $rate bit/s: cannot find the rate it fills; stopping\" >&2\n\
+             exit 125\n\
+             }}\n"
         )
     }
 
     /// The second half of [`Link::calibration_script`]: from `$mbs`, the
-    /// unshaped rate in MB/s (2^20 bytes), chooses the rate, shapes both
-    /// ends, exports it and reports.
-    fn shape_from_measurement(&self, fixed: Option<u64>, ceiling: u64, report: &str) -> String {
-        let choose = match fixed {
-            Some(bps) => format!(
+    /// unshaped rate in MB/s (2^20 bytes), chooses the rate (for a search,
+    /// with `link_probe` from [`Link::probe_function`]), shapes both ends,
+    /// exports it and reports.
+    fn shape_from_measurement(&self, choice: RateChoice, report: &str) -> String {
+        let mut s = format!(
+            "{shape}\
+             : > {report}\n\
+             unshaped=$(awk -v m=\"$mbs\" 'BEGIN {{ printf \"%d\", m * 1048576 * 8 }}')\n\
+             if [ \"$unshaped\" -le 0 ]; then echo \"link: unshaped rate $mbs MB/s is not a rate\" >&2; exit 125; fi\n",
+            shape = self.shape_function(),
+        );
+        match choice {
+            RateChoice::Fixed(bps) => s.push_str(&format!(
                 "rate={bps}\n\
                  if [ $((rate * 2)) -gt \"$unshaped\" ]; then\n\
                  echo \"link: warning: {bps} bit/s is more than half of what rxe carried unshaped ($unshaped bit/s): the tenants' CPU, not the link, may be the bottleneck\" >&2\n\
-                 fi\n"
-            ),
-            None => format!(
-                "rate=$(awk -v u=\"$unshaped\" 'BEGIN {{ r = u / 2; if (r > {ceiling}) r = {ceiling}; \
-                 r = int(r / 10000000) * 10000000; if (r < 10000000) r = 10000000; printf \"%d\", r }}')\n"
-            ),
-        };
+                 fi\n\
+                 link_shape\n\
+                 echo \"link: rxe carried $mbs MB/s ($unshaped bit/s) from {SENDER} to {RECEIVER} unshaped in this boot; the link is shaped to $rate bit/s\" | tee -a {report}\n"
+            )),
+            RateChoice::Search(search) => s.push_str(&search.script(report)),
+        }
+        s.push_str("export MTRDMA_LINK_RATE_BPS=$rate MTRDMA_LINK_RATE=\"${rate}bit\"\n");
+        s
+    }
+}
+
+/// How [`Link::calibration_script`] chooses the link's rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RateChoice {
+    /// `--link RATE`: this many bits per second.
+    Fixed(u64),
+    /// `--link auto`: the highest rate perftest's `ib_write_bw` fills.
+    Search(Search),
+}
+
+/// The search for the link's rate: the highest, in steps of
+/// [`SEARCH_STEP_BPS`] from [`SEARCH_FLOOR_BPS`] up to `ceiling`, at
+/// which perftest's `ib_write_bw -s 4096`, alone on the link, moves at
+/// least [`FILL_PERCENT`]% of it in this boot. Under emulation the host's
+/// speed, not the link, sets what one sender moves (`ib_write_bw` filled
+/// 95 to 97% of 200 Mbit/s in some boots on one machine and 77 to 89% in
+/// others), and a link the senders cannot fill is not the bottleneck the
+/// demo's tenants share: their CPU is.
+///
+/// What `perf` carried unshaped before does not cap the search: it is
+/// another sender (1 MiB WRITEs, waiting on completion events), and
+/// `ib_write_bw` moved more than it across the shaped link in the same
+/// boot (13.67 MB/s at 150 Mbit/s against 12.39 MB/s unshaped), or
+/// filled 95.4% of 190 Mbit/s when it had carried 193.7 Mbit/s.
+///
+/// A binary search: a rate filled to the mark raises the lower end, one
+/// short of it lowers the upper end, one probe each (six at most from 50
+/// to 400 Mbit/s, each taking 3 s or more beyond its `-D`). A probe can
+/// fall short of the link through a stall of the emulated CPU but never
+/// run over it, so noise can only make the choice lower, where the link
+/// is surely the bottleneck. The floor: rxe keeps about 64 packets of a
+/// queue pair in flight, 43 ms at 50 Mbit/s, two thirds of perftest's
+/// default RC retry timeout (67 ms); slower links queue nearer to it.
+/// When no rate is filled to the mark, the link is shaped to the one
+/// probed that was filled the most (where the link comes closest to
+/// being the bottleneck), with a warning: not always the floor, since
+/// on a loaded host `ib_write_bw` filled less of 50 Mbit/s than of 60
+/// or 70 in some boots (82.9 against 85.6%, 87.2 against 92.0%; no
+/// retransmission counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Search {
+    /// The fastest rate tried.
+    pub(crate) ceiling: u64,
+    /// How long each probe's `ib_write_bw` runs (`-D`).
+    pub(crate) probe_secs: u32,
+}
+
+/// The share of the link `ib_write_bw` must fill at the rate the search
+/// chooses.
+const FILL_PERCENT: u32 = 95;
+/// The slowest rate the search tries.
+const SEARCH_FLOOR_BPS: u64 = 50_000_000;
+/// The search's resolution.
+const SEARCH_STEP_BPS: u64 = 10_000_000;
+/// How long a probe runs: long enough that one stall of the emulated CPU
+/// does not decide it.
+const PROBE_SECS: u32 = 3;
+/// How long a probe runs in the short forms (`cargo xtask demo --short`,
+/// the test command's boot): the search still runs, less surely. Not 1:
+/// on a quiet host 1-second probes filled 91.6 to 93.7% of 50 to
+/// 130 Mbit/s, while 3-second ones filled 95.3 to 96.5% of 130 to
+/// 180 Mbit/s in the next boot. Most likely ib_write_bw's time includes
+/// filling the queue in front of the link (about 64 packets, 27 ms at
+/// 80 Mbit/s), which takes 2.7% off a 1-second probe's share.
+const SHORT_PROBE_SECS: u32 = 2;
+/// The probes' message size.
+const PROBE_SIZE: u32 = 4096;
+/// The TCP port of the probes' control connection.
+const PROBE_PORT: u32 = 17_998;
+
+impl Search {
+    /// A search up to `ceiling` bits per second, with short probes for the
+    /// short forms.
+    pub(crate) fn new(ceiling: u64, short: bool) -> Search {
+        Search {
+            ceiling,
+            probe_secs: if short { SHORT_PROBE_SECS } else { PROBE_SECS },
+        }
+    }
+
+    /// The search as guest commands, after `$mbs` and `$unshaped` are
+    /// known and with `link_probe` defined: sets `rate`, shapes both ends to it and
+    /// reports to stdout and `report`.
+    fn script(&self, report: &str) -> String {
+        let step = SEARCH_STEP_BPS;
+        let floor = SEARCH_FLOOR_BPS.div_ceil(step);
+        let ceiling = (self.ceiling / step).max(floor);
+        let fill = FILL_PERCENT;
+        let secs = self.probe_secs;
         format!(
-            "unshaped=$(awk -v m=\"$mbs\" 'BEGIN {{ printf \"%d\", m * 1048576 * 8 }}')\n\
-             if [ \"$unshaped\" -le 0 ]; then echo \"link: unshaped rate $mbs MB/s is not a rate\" >&2; exit 125; fi\n\
-             {choose}\
-             {tbf_a} || exit 125\n\
-             {tbf_b} || exit 125\n\
-             export MTRDMA_LINK_RATE_BPS=$rate MTRDMA_LINK_RATE=\"${{rate}}bit\"\n\
-             echo \"link: rxe carried $mbs MB/s ($unshaped bit/s) from {SENDER} to {RECEIVER} unshaped in this boot; the link is shaped to $rate bit/s\" | tee {report}\n",
-            tbf_a = self.tbf_command(SENDER_NETDEV, "${rate}"),
-            tbf_b = self.tbf_command(RECEIVER_NETDEV, "${rate}"),
+            "# the highest rate, in steps of {step} bit/s, that ib_write_bw -s {PROBE_SIZE} fills to {fill}%\n\
+             lo={floor}; hi={ceiling}\n\
+             echo \"link: rxe carried $mbs MB/s ($unshaped bit/s) from {SENDER} to {RECEIVER} unshaped in this boot\" | tee -a {report}\n\
+             echo \"link: searching $((lo * {step_m})) to $((hi * {step_m})) Mbit/s, in steps of {step_m}, for the highest rate at which ib_write_bw -s {PROBE_SIZE} alone fills at least {fill}% of the link ({secs} s a probe)\" | tee -a {report}\n\
+             best=; probes=0; started=$(date +%s)\n\
+             # the probe filled the largest share, for when none fills enough\n\
+             most=; most_share=-1\n\
+             while [ $lo -le $hi ]; do\n\
+             mid=$(((lo + hi) / 2))\n\
+             link_probe $((mid * {step}))\n\
+             probes=$((probes + 1))\n\
+             share=$(awk -v m=\"$moved\" -v r=\"$rate\" 'BEGIN {{ printf \"%.1f\", m * 1048576 * 8 * 100 / r }}')\n\
+             if awk -v s=\"$share\" -v t=\"$most_share\" 'BEGIN {{ exit !(s > t) }}'; then most=$rate; most_share=$share; fi\n\
+             if awk -v m=\"$moved\" -v r=\"$rate\" 'BEGIN {{ exit !(m * 1048576 * 8 * 100 >= {fill} * r) }}'; then\n\
+             best=$mid; lo=$((mid + 1)); verdict=filled\n\
+             else\n\
+             hi=$((mid - 1)); verdict='short of {fill}%'\n\
+             fi\n\
+             echo \"link: probe at $((rate / 1000000)) Mbit/s: ib_write_bw moved $moved MB/s, $share% of the link: $verdict\" | tee -a {report}\n\
+             done\n\
+             took=$(($(date +%s) - started))\n\
+             if [ -n \"$best\" ]; then\n\
+             rate=$((best * {step}))\n\
+             echo \"link: the link is shaped to $rate bit/s ($((rate / 1000000)) Mbit/s), the highest rate at which ib_write_bw -s {PROBE_SIZE} alone filled at least {fill}% of it in this boot ($probes probes, $took s)\" | tee -a {report}\n\
+             else\n\
+             rate=$most\n\
+             echo \"link: warning: ib_write_bw -s {PROBE_SIZE} alone filled less than {fill}% of the link at every rate tried, down to $((lo * {step_m})) Mbit/s: the link is shaped to the rate it filled the most of, $rate bit/s ($((rate / 1000000)) Mbit/s, $most_share%), where the tenants' CPU, not the link, may be the bottleneck ($probes probes, $took s)\" | tee -a {report} >&2\n\
+             fi\n\
+             link_shape\n",
+            step_m = step / 1_000_000,
         )
     }
 }
@@ -453,73 +637,318 @@ mod tests {
         assert_eq!(Link::new(TEST_RATE).unwrap().bits_per_second(), 200_000_000);
     }
 
-    /// Runs the choice of rate from a measured `mbs` with a `tc` that only
-    /// records its arguments; returns the exported rate, what `tc` was
-    /// asked and what went to stderr.
-    fn choose(link: &Link, mbs: &str, fixed: Option<u64>) -> (String, String, String) {
-        let dir = std::env::temp_dir().join(format!(
-            "mtrdma-link-choose-{}-{}",
-            std::process::id(),
-            mbs.replace('.', "_")
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let tc = dir.join("tc");
-        std::fs::write(
-            &tc,
-            "#!/bin/sh\necho \"$@\" >> \"$(dirname \"$0\")/calls\"\n",
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&tc, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let report = dir.join("report");
-        let script = format!(
-            "mbs={mbs}\n{}echo \"$MTRDMA_LINK_RATE_BPS $MTRDMA_LINK_RATE\"",
-            link.shape_from_measurement(fixed, 200_000_000, &report.display().to_string())
-        );
-        let out = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(&script)
-            .env("PATH", format!("{}:/usr/bin:/bin", dir.display()))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        let stdout = String::from_utf8(out.stdout).unwrap();
-        let calls = std::fs::read_to_string(dir.join("calls")).unwrap_or_default();
-        assert!(std::fs::read_to_string(&report)
-            .unwrap()
-            .contains("unshaped"));
-        let _ = std::fs::remove_dir_all(&dir);
-        (
-            stdout.lines().last().unwrap_or("").to_string(),
-            calls,
-            String::from_utf8(out.stderr).unwrap(),
-        )
+    /// A scratch directory with stand-ins for `tc` and `ib_write_bw`, for
+    /// running the calibration's second half on the host.
+    ///
+    /// `tc` records its arguments in `tc.calls` and the rate of a qdisc it
+    /// adds in `rate`. `ib_write_bw` records its arguments in
+    /// `ib_write_bw.calls`; as a server it exits at once, as a client it
+    /// prints perftest's result row for a sender that moves 97% of the
+    /// link, or all of `capacity` bit/s if that is less (80% of the link
+    /// below the rate in a file `slow_below`). With a file `fail`
+    /// holding N, the first N clients fail without a result.
+    struct Guest {
+        dir: std::path::PathBuf,
+    }
+
+    impl Guest {
+        fn new(name: &str, capacity: u64) -> Guest {
+            let dir = std::env::temp_dir().join(format!(
+                "mtrdma-link-{name}-{}-{capacity}",
+                std::process::id()
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let tools = [
+                (
+                    "tc",
+                    "#!/bin/sh\nd=$(dirname \"$0\")\necho \"$@\" >> \"$d/tc.calls\"\n\
+                     while [ $# -gt 1 ]; do if [ \"$1\" = rate ]; then echo \"${2%bit}\" > \"$d/rate\"; fi; shift; done\n",
+                ),
+                (
+                    "ib_write_bw",
+                    "#!/bin/sh\nd=$(dirname \"$0\")\necho \"$@\" >> \"$d/ib_write_bw.calls\"\n\
+                     case \" $* \" in *' 127.0.0.1 '*) ;; *) exit 0 ;; esac\n\
+                     if [ -s \"$d/fail\" ] && [ \"$(cat \"$d/fail\")\" -gt 0 ]; then\n\
+                     echo $(($(cat \"$d/fail\") - 1)) > \"$d/fail\"; echo ' Couldn'\\''t connect to 127.0.0.1:17998'; exit 1\n\
+                     fi\n\
+                     mbs=$(awk -v r=\"$(cat \"$d/rate\")\" -v c=\"$(cat \"$d/capacity\")\" \
+                     -v s=\"$(cat \"$d/slow_below\" 2>/dev/null)\" \
+                     'BEGIN { m = r * (r < s + 0 ? 0.8 : 0.97); if (m > c) m = c; printf \"%.2f\", m / 8 / 1048576 }')\n\
+                     echo ' #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]'\n\
+                     echo \" 4096       12800            0.00               $mbs  \t\t   0.004266\"\n",
+                ),
+                // The server is taken to listen at once.
+                ("grep", "#!/bin/sh\nexit 0\n"),
+            ];
+            use std::os::unix::fs::PermissionsExt as _;
+            for (name, text) in tools {
+                let path = dir.join(name);
+                std::fs::write(&path, text).unwrap();
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+            std::fs::write(dir.join("capacity"), capacity.to_string()).unwrap();
+            Guest { dir }
+        }
+
+        fn read(&self, name: &str) -> String {
+            std::fs::read_to_string(self.dir.join(name)).unwrap_or_default()
+        }
+
+        /// Runs the choice of rate from a measured `mbs` (MB/s unshaped)
+        /// and returns the exit status, the exported rate (the last line
+        /// of stdout), stdout and stderr.
+        fn choose(&self, link: &Link, mbs: &str, choice: RateChoice) -> (i32, String, String) {
+            let report = self.dir.join("report");
+            let probe = match choice {
+                RateChoice::Search(search) => link.probe_function(search.probe_secs),
+                RateChoice::Fixed(_) => String::new(),
+            };
+            let script = format!(
+                "mbs={mbs}\n{probe}{}echo \"$MTRDMA_LINK_RATE_BPS $MTRDMA_LINK_RATE\"",
+                link.shape_from_measurement(choice, &report.display().to_string())
+            );
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(&script)
+                .env("PATH", format!("{}:/usr/bin:/bin", self.dir.display()))
+                .env("TMPDIR", &self.dir)
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8(out.stdout).unwrap();
+            (
+                out.status.code().unwrap_or(-1),
+                stdout,
+                String::from_utf8(out.stderr).unwrap(),
+            )
+        }
+    }
+
+    impl Drop for Guest {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn exported(stdout: &str) -> &str {
+        stdout.lines().last().unwrap_or("")
+    }
+
+    fn search(ceiling: u64) -> RateChoice {
+        RateChoice::Search(Search::new(ceiling, false))
     }
 
     #[test]
-    fn shapes_to_half_the_unshaped_rate_within_the_ceiling() {
-        let link = Link::new("200mbit").unwrap();
-        // 22.25 MB/s unshaped is 186.6 Mbit/s: half, rounded down, is 90.
-        let (rate, calls, _) = choose(&link, "22.25", None);
-        assert_eq!(rate, "90000000 90000000bit");
-        for dev in ["va", "vb"] {
-            assert!(
-                calls.contains(&format!(
-                    "qdisc add dev {dev} root tbf rate 90000000bit burst 8528 limit 16mb"
-                )),
-                "{calls}"
-            );
+    fn finds_the_highest_rate_ib_write_bw_fills() {
+        // A sender that moves at most 160 Mbit/s fills 95% of links up to
+        // 168 Mbit/s: on the 10 Mbit/s grid, 160.
+        let guest = Guest::new("search", 160_000_000);
+        let link = Link::new("400mbit").unwrap();
+        let (status, out, err) = guest.choose(&link, "74.82", search(400_000_000));
+        assert_eq!(status, 0, "{out}{err}");
+        assert_eq!(exported(&out), "160000000 160000000bit", "{out}");
+        // A binary search from 50 to 400 Mbit/s, the first probe in the
+        // middle, each printed with what ib_write_bw moved and its share.
+        let probes: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with("link: probe at "))
+            .collect();
+        assert_eq!(
+            probes,
+            [
+                "link: probe at 220 Mbit/s: ib_write_bw moved 19.07 MB/s, 72.7% of the link: short of 95%",
+                "link: probe at 130 Mbit/s: ib_write_bw moved 15.03 MB/s, 97.0% of the link: filled",
+                "link: probe at 170 Mbit/s: ib_write_bw moved 19.07 MB/s, 94.1% of the link: short of 95%",
+                "link: probe at 150 Mbit/s: ib_write_bw moved 17.34 MB/s, 97.0% of the link: filled",
+                "link: probe at 160 Mbit/s: ib_write_bw moved 18.50 MB/s, 97.0% of the link: filled",
+            ],
+            "{out}"
+        );
+        assert!(out.contains("searching 50 to 400 Mbit/s"), "{out}");
+        assert!(
+            out.contains(
+                "the link is shaped to 160000000 bit/s (160 Mbit/s), the highest rate at which \
+                 ib_write_bw -s 4096 alone filled at least 95% of it in this boot (5 probes, "
+            ),
+            "{out}"
+        );
+        // The unshaped rate, every probe and the choice are in the report.
+        let report = guest.read("report");
+        assert!(
+            report.starts_with("link: rxe carried 74.82 MB/s"),
+            "{report}"
+        );
+        for probe in probes {
+            assert!(report.contains(probe), "{report}");
         }
-        // A fast host: the ceiling.
-        assert_eq!(choose(&link, "120", None).0, "200000000 200000000bit");
-        // A very slow one: never under 10 Mbit/s.
-        assert_eq!(choose(&link, "0.5", None).0, "10000000 10000000bit");
-        // A rate asked for is kept, with a warning when it is too fast.
-        let (rate, _, warned) = choose(&link, "22.25", Some(150_000_000));
-        assert_eq!(rate, "150000000 150000000bit");
-        assert!(warned.contains("more than half"), "{warned}");
-        let (_, _, quiet) = choose(&link, "22.25", Some(50_000_000));
+        assert!(report.contains("shaped to 160000000 bit/s"), "{report}");
+        // Each probe ran perftest's defaults but for the size, the GID
+        // index and the duration, across the link, server on rxb.
+        let calls = guest.read("ib_write_bw.calls");
+        assert_eq!(
+            calls.matches("-x 1 -s 4096 -D 3 -p 17998 -d rxb\n").count(),
+            5,
+            "{calls}"
+        );
+        assert_eq!(
+            calls
+                .matches("-x 1 -s 4096 -D 3 -p 17998 -d rxa 127.0.0.1\n")
+                .count(),
+            5,
+            "{calls}"
+        );
+        // Both ends were reshaped for each probe, and last to the choice.
+        let tc = guest.read("tc.calls");
+        for dev in ["va", "vb"] {
+            assert_eq!(tc.matches(&format!("qdisc del dev {dev} root")).count(), 6);
+            assert!(tc.contains(&format!(
+                "qdisc add dev {dev} root tbf rate 220000000bit burst 8528 limit 16mb"
+            )));
+        }
+        assert!(
+            tc.ends_with(
+                "qdisc del dev va root\n\
+                 qdisc del dev vb root\n\
+                 qdisc add dev va root tbf rate 160000000bit burst 8528 limit 16mb\n\
+                 qdisc add dev vb root tbf rate 160000000bit burst 8528 limit 16mb\n"
+            ),
+            "{tc}"
+        );
+    }
+
+    #[test]
+    fn the_search_spans_floor_to_ceiling_whatever_perf_carried() {
+        // perf's 10 MB/s unshaped (83.9 Mbit/s) does not stop the search:
+        // ib_write_bw fills the ceiling.
+        let guest = Guest::new("uncapped", 1_000_000_000);
+        let link = Link::new("400mbit").unwrap();
+        let (status, out, err) = guest.choose(&link, "10", search(400_000_000));
+        assert_eq!(status, 0, "{out}{err}");
+        assert!(out.contains("searching 50 to 400 Mbit/s"), "{out}");
+        assert_eq!(exported(&out), "400000000 400000000bit", "{out}");
+        // The test command's ceiling is its rate, and short probes.
+        let guest = Guest::new("short", 1_000_000_000);
+        let choice = RateChoice::Search(Search::new(200_000_000, true));
+        let (status, out, err) = guest.choose(&link, "74.82", choice);
+        assert_eq!(status, 0, "{out}{err}");
+        assert!(out.contains("searching 50 to 200 Mbit/s"), "{out}");
+        assert!(out.contains("(2 s a probe)"), "{out}");
+        assert_eq!(exported(&out), "200000000 200000000bit", "{out}");
+        assert!(guest.read("ib_write_bw.calls").contains(" -D 2 "));
+    }
+
+    #[test]
+    fn a_link_never_filled_is_shaped_to_the_rate_filled_most_with_a_warning() {
+        // A sender too slow for every rate: the floor is filled the most.
+        let guest = Guest::new("slow", 30_000_000);
+        let link = Link::new("400mbit").unwrap();
+        let (status, out, err) = guest.choose(&link, "74.82", search(400_000_000));
+        assert_eq!(status, 0, "{out}{err}");
+        assert_eq!(exported(&out), "50000000 50000000bit", "{out}");
+        assert!(
+            out.contains("link: probe at 50 Mbit/s: ib_write_bw moved 3.58 MB/s, 60.1%"),
+            "{out}"
+        );
+        assert!(
+            err.contains(
+                "warning: ib_write_bw -s 4096 alone filled less than 95% of the link at every \
+                 rate tried, down to 50 Mbit/s: the link is shaped to the rate it filled the \
+                 most of, 50000000 bit/s (50 Mbit/s, 60.1%)"
+            ),
+            "{err}"
+        );
+        assert!(guest.read("report").contains("warning"));
+        // Slow links that fill less (queues near RC's retry timeout with
+        // perftest's default): the probe that came closest is kept.
+        let guest = Guest::new("timeouts", 70_000_000);
+        std::fs::write(guest.dir.join("slow_below"), "80000000").unwrap();
+        let (status, out, err) = guest.choose(&link, "74.82", search(400_000_000));
+        assert_eq!(status, 0, "{out}{err}");
+        assert_eq!(exported(&out), "80000000 80000000bit", "{out}{err}");
+        assert!(out.contains("probe at 60 Mbit/s"), "{out}");
+        assert!(out.contains("probe at 50 Mbit/s"), "{out}");
+        assert!(err.contains("80000000 bit/s (80 Mbit/s, 87.5%)"), "{err}");
+    }
+
+    #[test]
+    fn a_probe_without_a_result_runs_again_then_stops_the_job() {
+        // One failure: the probe runs again and the search goes on.
+        let guest = Guest::new("flaky", 160_000_000);
+        std::fs::write(guest.dir.join("fail"), "1").unwrap();
+        let link = Link::new("400mbit").unwrap();
+        let (status, out, err) = guest.choose(&link, "74.82", search(400_000_000));
+        assert_eq!(status, 0, "{out}{err}");
+        assert_eq!(exported(&out), "160000000 160000000bit", "{out}");
+        assert!(
+            err.contains("gave no result (exit status 1, try 1 of 2)"),
+            "{err}"
+        );
+        assert!(err.contains("Couldn't connect"), "{err}");
+        // Two in a row: the job ends with 125 and says why.
+        let guest = Guest::new("broken", 160_000_000);
+        std::fs::write(guest.dir.join("fail"), "2").unwrap();
+        let (status, out, err) = guest.choose(&link, "74.82", search(400_000_000));
+        assert_eq!(status, 125, "{out}{err}");
+        assert!(
+            err.contains("ib_write_bw failed twice at 220000000 bit/s"),
+            "{err}"
+        );
+        assert!(!out.contains("MTRDMA"), "{out}");
+    }
+
+    #[test]
+    fn a_fixed_rate_is_kept_with_a_warning_when_too_fast() {
+        let guest = Guest::new("fixed", 1_000_000_000);
+        let link = Link::new("200mbit").unwrap();
+        // 22.25 MB/s unshaped is 186.6 Mbit/s: 150 is more than half.
+        let (status, out, err) = guest.choose(&link, "22.25", RateChoice::Fixed(150_000_000));
+        assert_eq!(status, 0, "{out}{err}");
+        assert_eq!(exported(&out), "150000000 150000000bit");
+        assert!(err.contains("more than half"), "{err}");
+        assert!(guest
+            .read("report")
+            .contains("unshaped in this boot; the link is shaped to 150000000 bit/s"));
+        // No probe runs.
+        assert_eq!(guest.read("ib_write_bw.calls"), "");
+        for dev in ["va", "vb"] {
+            assert!(guest.read("tc.calls").contains(&format!(
+                "qdisc add dev {dev} root tbf rate 150000000bit burst 8528 limit 16mb"
+            )));
+        }
+        let (_, _, quiet) = guest.choose(&link, "22.25", RateChoice::Fixed(50_000_000));
         assert!(quiet.is_empty(), "{quiet}");
+    }
+
+    #[test]
+    fn the_calibration_measures_unshaped_then_probes_with_ib_write_bw() {
+        let link = Link::new("400mbit").unwrap();
+        let script = link.calibration_script("/perf", search(400_000_000), "/out/link-rate.txt");
+        let measure = script
+            .find("/perf --connect 127.0.0.1 --device rxa")
+            .unwrap();
+        let search_at = script.find("while [ $lo -le $hi ]").unwrap();
+        assert!(measure < search_at, "{script}");
+        assert!(script.contains("link_probe() {"), "{script}");
+        assert!(
+            script.contains("ib_write_bw -x 1 -s 4096 -D 3 -p 17998 -d rxb >"),
+            "{script}"
+        );
+        assert!(
+            script.contains("ib_write_bw -x 1 -s 4096 -D 3 -p 17998 -d rxa 127.0.0.1 >"),
+            "{script}"
+        );
+        // The server listening, not a closed connection on its port.
+        assert!(
+            script.contains(":$(printf %04X 17998) 00000000:0000 0A"),
+            "{script}"
+        );
+        assert!(script.contains(": > /out/link-rate.txt\n"), "{script}");
+        assert!(
+            script.contains("export MTRDMA_LINK_RATE_BPS=$rate MTRDMA_LINK_RATE=\"${rate}bit\"")
+        );
+        let fixed = link.calibration_script("/perf", RateChoice::Fixed(100_000_000), "/out/r");
+        assert!(!fixed.contains("link_probe"), "{fixed}");
+        assert!(fixed.contains("rate=100000000\n"), "{fixed}");
     }
 
     #[test]

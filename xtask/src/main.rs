@@ -61,15 +61,19 @@ commands:
                           (every published crate packages and builds), cargo test, the
                           work-completion reads under Miri, every
                           fuzz target for 30 s, and the device tests (#[ignore]d on the
-                          host) inside one VM boot, with --link 200mbit;
+                          host) inside one VM boot, with --link 200mbit (then shaped to
+                          the highest rate up to it that ib_write_bw -s 4096 fills to 95%);
                           with MTRDMA_TEST_DEVICE set, the device tests run on this host's
                           device instead of the VM
   demo [--short] [--link RATE] [-- ARGS]
                           builds every program on examples/isolation/programs.rs, then
-                          inside the VM with the shared link (default: half of what rxe
-                          carries, at most 200mbit): perftest's ib_write_lat/ib_write_bw
-                          plain and preloaded next to mtrdma's examples/perf, in rounds
-                          until each overhead target is decided, then examples/isolation
+                          inside the VM with the shared link (default, auto: the highest
+                          rate, 50 to 400mbit in steps of 10mbit, at which ib_write_bw -s
+                          4096 alone fills 95% of it in that boot, found by a binary search
+                          whose probes are printed and kept in link-rate.txt; or RATE):
+                          perftest's ib_write_lat/ib_write_bw plain and preloaded next
+                          to mtrdma's examples/perf, in rounds until each overhead target
+                          is decided, then examples/isolation
                           --link ARGS (tenants as processes: alone, unprotected and with
                           mtrdma) and its single-process variant; tables, CSV and
                           pictures in target/demo/; ends with every scenario and whether

@@ -279,15 +279,15 @@ fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
             demo::build(&demo_plan)?;
             let demo_out = proc::target_dir().join("demo-short");
             std::fs::create_dir_all(&demo_out)?;
-            // The link's rate follows what rxe carries in this boot (with
-            // the debug build the tests run), so that on a slow host it is
-            // still the link, not the tenants' CPU, that queues.
+            // The link's rate is the highest that ib_write_bw fills in
+            // this boot, at most the test rate (the demo's search, with its
+            // short probes), so that on a slow host it is still the link,
+            // not the tenants' CPU, that queues.
             let perf = proc::target_dir().join("debug/examples/perf");
             let link = link::Link::new(link::TEST_RATE)?;
             let calibration = link.calibration_script(
                 &proc::shell_quote(&perf.display().to_string()),
-                None,
-                link.bits_per_second(),
+                link::RateChoice::Search(link::Search::new(link.bits_per_second(), true)),
                 "\"$TMPDIR/link-rate.txt\"",
             );
             let script = format!(
