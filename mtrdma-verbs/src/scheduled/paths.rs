@@ -360,6 +360,13 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
         let result =
             self.engine
                 .post_send(self.member, Op { op, whole }, region, range, sge, context);
+        self.post_accepted(result)
+    }
+
+    /// Posts what the engine decided on accepting a request (`result`):
+    /// the one piece it returned, or the pieces it left in `own_pieces`.
+    #[inline]
+    fn post_accepted<E>(&mut self, result: Result<Option<RawSend>, E>) -> Result<(), E> {
         if let Ok(Some(piece)) = result {
             // The fast path: nothing else was decided.
             if let Some(failed) = post_piece(&mut self.sink, piece) {
@@ -385,14 +392,7 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
         let result = self
             .engine
             .post_gather(self.member, op, first, gather, len, context);
-        if let Ok(Some(piece)) = result {
-            if let Some(failed) = post_piece(&mut self.sink, piece) {
-                self.raw.push(failed);
-            }
-            return Ok(());
-        }
-        self.post_decided();
-        result.map(|_| ())
+        self.post_accepted(result)
     }
 
     /// [`Scheduled::post_batch`] on a queue pair of its own: the leading
