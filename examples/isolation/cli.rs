@@ -67,6 +67,10 @@ pub(crate) struct Args {
     pub(crate) coordinator_monitor: bool,
     /// On the link: microseconds between the latency probe's requests.
     pub(crate) probe_interval_us: u32,
+    /// On the link, the latency scenario's control: plain senders of the
+    /// bulk tenants' piece size, this many requests outstanding each
+    /// (0: no control run).
+    pub(crate) control_depth: u32,
     /// On the link, the applications scenario: the pager starts before
     /// the RPC service in the mtrdma run (by default after it).
     pub(crate) pager_first: bool,
@@ -82,6 +86,7 @@ on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
     [--coordinator-view (the coordinator's per-second view of every tenant into logs/coordinator.log)]
     [--coordinator-monitor (the coordinator's kernel monitor: what it flagged, and its log)]
     [--probe-interval-us US (between the latency probe's requests, default 500)]
+    [--control-depth N (latency: the control's plain senders of the bulk pieces' size keep N requests out each, default 1; 0: no control)]
     [--pager-first (apps: in the mtrdma run the pager starts before the RPC service, not after)]
     [--scenarios latency,hogs,weights,cap,storm,attack,apps] [--cap-share 0.25]
 the link demo's storm tenant (--rnr: SENDs to a peer on --peer-device that posts no receives;
@@ -127,6 +132,7 @@ pub(crate) fn parse() -> Result<Args, String> {
         pager_first: false,
         coordinator_monitor: false,
         probe_interval_us: 500,
+        control_depth: 1,
     };
     pub(crate) fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String>
     where
@@ -235,6 +241,7 @@ pub(crate) fn parse() -> Result<Args, String> {
             "--window-floor" => args.window_floor_us = Some(num(&flag, v)?),
             "--window-queue" => args.window_queue = Some(num(&flag, v)?),
             "--probe-interval-us" => args.probe_interval_us = num(&flag, v)?,
+            "--control-depth" => args.control_depth = num(&flag, v)?,
             other => return Err(format!("unknown flag {other}\n{USAGE}")),
         }
     }
