@@ -105,10 +105,20 @@ impl Cq {
     /// Asks for an event at the next completion (`ibv_req_notify_cq`, for
     /// every completion, not only solicited ones); returns the descriptor
     /// that then becomes readable. An error names the verbs call.
+    ///
+    /// A queue still armed from before (its event not yet read: no
+    /// completion since, or one whose event waits on the descriptor) is
+    /// not armed again. The provider raises one event per arm, so this
+    /// saves the call (a system call on a software device) and the read of
+    /// a second event, and the descriptor still becomes readable at the
+    /// next completion, or already is.
     pub(crate) fn arm(&self) -> Result<Armed, (&'static str, io::Error)> {
         let Some(events) = &self.events else {
             return Err(("ibv_req_notify_cq", io::Error::from_raw_os_error(22)));
         };
+        if self.armed.get() {
+            return Ok(Armed::Fd(events.fd().as_raw_fd()));
+        }
         // SAFETY: the CQ is live while `self` is (and so is its context,
         // kept open by the owner's PD); `ibv_req_notify_cq` is a static
         // inline in verbs.h that makes exactly this call.
@@ -123,18 +133,22 @@ impl Cq {
             // Providers return a positive errno (or its negation).
             return Err(("ibv_req_notify_cq", io::Error::from_raw_os_error(rc.abs())));
         }
+        self.armed.set(true);
         Ok(Armed::Fd(events.fd().as_raw_fd()))
     }
 
-    /// Takes every event waiting on the channel, acknowledging each at
-    /// once (so none is ever left unacknowledged when the CQ is
-    /// destroyed); returns how many. Never blocks: the descriptor is
-    /// non-blocking.
+    /// Takes the event waiting on the channel, acknowledging it at once
+    /// (so none is ever left unacknowledged when the CQ is destroyed);
+    /// returns how many it took (0 or 1). Never blocks: the descriptor is
+    /// non-blocking. One arm raises one event and [`arm`](Self::arm) does
+    /// not arm again before it is taken, so there is at most one: reading
+    /// on until the descriptor says it has no more would cost a system
+    /// call at every wake-up. Should there be another, the descriptor
+    /// stays readable and the next wait takes it at once.
     pub(crate) fn take_events(&self) -> Result<u32, (&'static str, io::Error)> {
         let Some(events) = &self.events else {
             return Ok(0);
         };
-        let mut taken = 0;
         loop {
             let mut cq = std::ptr::null_mut();
             let mut context = std::ptr::null_mut();
@@ -144,7 +158,7 @@ impl Cq {
             if rc != 0 {
                 let e = io::Error::last_os_error();
                 return match e.kind() {
-                    io::ErrorKind::WouldBlock => Ok(taken),
+                    io::ErrorKind::WouldBlock => Ok(0),
                     io::ErrorKind::Interrupted => continue,
                     _ => Err(("ibv_get_cq_event", e)),
                 };
@@ -153,7 +167,8 @@ impl Cq {
             // SAFETY: the event just taken is this CQ's (the channel is
             // its alone), and the CQ is live; one ack for one event.
             unsafe { ffi::ibv_ack_cq_events(self.cq.as_ptr(), 1) };
-            taken += 1;
+            self.armed.set(false);
+            return Ok(1);
         }
     }
 }

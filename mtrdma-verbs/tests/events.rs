@@ -115,6 +115,57 @@ fn a_write_completes_through_poll_wait() {
     }
 }
 
+/// A queue armed by one wait and left with its event unread (the
+/// completion was found by `poll`, not by sleeping) is not armed again,
+/// and nothing is missed: the next wait takes the old event, arms, and
+/// wakes at the next completion; an idle wait after it sleeps out its
+/// timeout rather than waking at once on an event it has already taken.
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_wait_after_a_completion_found_without_sleeping_misses_nothing() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    let (mut a, _b) = pair_with_events(&pd, false);
+    let target = pd.allocate(4096, Access::REMOTE_READ_WRITE).unwrap();
+    let remote = target.remote().unwrap();
+    let mut out = Vec::new();
+    // Arms the queue and times out: armed, no event.
+    assert_eq!(a.poll_wait(&mut out, Duration::from_millis(20)).unwrap(), 0);
+    for round in 0..50u64 {
+        // Found by polling: its event waits on the descriptor, unread.
+        let src = pd
+            .register(pattern(4096, round as u8), Access::LOCAL)
+            .unwrap();
+        a.post_send(SendOp::Write(remote), src, 0..4096, round)
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while out.is_empty() {
+            a.poll(&mut out).unwrap();
+            assert!(Instant::now() < deadline, "round {round}: no completion");
+        }
+        assert_eq!(out.pop().unwrap().context, round);
+        // The next one is waited for, behind that unread event.
+        let src = pd
+            .register(pattern(4096, round as u8), Access::LOCAL)
+            .unwrap();
+        a.post_send(SendOp::Write(remote), src, 0..4096, 1000 + round)
+            .unwrap();
+        let (got, _) = wait_all(|o, t| a.poll_wait(o, t), 1, Duration::from_secs(5));
+        assert_eq!(got[0].context, 1000 + round);
+        assert_eq!(got[0].status, WcStatus::Success);
+    }
+    let wall = Instant::now();
+    assert_eq!(
+        a.poll_wait(&mut out, Duration::from_millis(100)).unwrap(),
+        0
+    );
+    assert!(
+        wall.elapsed() >= Duration::from_millis(80),
+        "an idle wait returned after {:?}",
+        wall.elapsed()
+    );
+}
+
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_send_a_peer_thread_posts_later_wakes_the_waiting_receiver() {

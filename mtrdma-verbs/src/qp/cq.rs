@@ -14,6 +14,11 @@ pub(crate) struct Cq {
     /// shared queue polls for all its queue pairs and routes each
     /// completion to its own.
     owner: bool,
+    /// Armed for an event whose descriptor has not been read yet
+    /// ([`Cq::arm`], [`Cq::take_events`]): a completion after the arm
+    /// raises (or raised) it, so arming again would only cost a system
+    /// call and leave a second event to read.
+    pub(crate) armed: std::cell::Cell<bool>,
 }
 
 impl Cq {
@@ -37,6 +42,7 @@ impl Cq {
                 cq,
                 events,
                 owner: true,
+                armed: std::cell::Cell::new(false),
             }),
             None => Err(Error::Verbs {
                 call: "ibv_create_cq",
@@ -53,6 +59,7 @@ impl Cq {
             cq: self.cq,
             events: None,
             owner: false,
+            armed: std::cell::Cell::new(false),
         }
     }
 
