@@ -5,7 +5,9 @@
 //! [`QueuePairBuilder`](crate::QueuePairBuilder) or
 //! [`UdQueuePairBuilder`](crate::UdQueuePairBuilder)) gets a completion
 //! channel of its own (`ibv_create_comp_channel`, one file descriptor) and
-//! its completion queue is created with it. `poll_wait` then polls; if
+//! its completion queue is created with it. `poll_wait` then polls (again
+//! at once while a scheduled queue pair's polls take its pieces'
+//! completions, which may have let it post more); if
 //! nothing came, it arms the completion queue (`ibv_req_notify_cq`), polls
 //! again (a completion that arrived before the arm raises no event), and
 //! sleeps in poll(2) on the channel's descriptor until the next completion
@@ -211,6 +213,17 @@ pub(crate) trait Waitable {
         Ok(())
     }
 
+    /// Whether the last poll took completions it kept to itself (a
+    /// scheduled queue pair's pieces, whose request is not done): it may
+    /// have posted more in their place, and on a device that completes
+    /// work while it is posted (a software one) those may be done
+    /// already, so [`poll_wait`] polls again before it arms and sleeps.
+    /// False by default: every completion a plain queue pair takes is
+    /// handed over.
+    fn took(&self) -> bool {
+        false
+    }
+
     /// The thread woke from the channel and then waited `late` for a CPU:
     /// completions the next poll finds came that much before it ran
     /// (zero: the next poll's are on time).
@@ -271,8 +284,9 @@ pub(crate) fn poll_wait<W: Waitable + ?Sized>(
             (Some(d), Some(p)) => Some(d.min(p)),
             (d, p) => d.or(p),
         };
-        if until.is_some_and(|u| now >= u) {
-            // Due for a poll now (a scheduler's wake-up).
+        if until.is_some_and(|u| now >= u) || w.took() {
+            // Due for a poll now (a scheduler's wake-up), or the poll
+            // took pieces' completions and may have posted more.
             continue;
         }
         let fd = match w.arm()? {
@@ -287,6 +301,11 @@ pub(crate) fn poll_wait<W: Waitable + ?Sized>(
         w.poll(out)?;
         if out.len() > before {
             return Ok(out.len() - before);
+        }
+        if w.took() {
+            // It found pieces' completions (the queue stays armed: the
+            // next arm costs nothing) and may have posted more.
+            continue;
         }
         let waited = runqueue_wait();
         let side = w.side_fd();

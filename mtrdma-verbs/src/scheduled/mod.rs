@@ -521,6 +521,7 @@ impl<S: Sink, Q: PieceScheduler> Shared<S, Q> {
             raw: Vec::new(),
             pieces: Vec::new(),
             sides: Vec::new(),
+            took: false,
             member,
             class,
         };

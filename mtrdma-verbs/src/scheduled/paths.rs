@@ -55,6 +55,7 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
                 sink,
                 member,
                 raw: Vec::new(),
+                took: false,
             })),
             qpn,
             tenant,
@@ -327,6 +328,8 @@ pub(super) struct Solo<S: Sink, Q: PieceScheduler> {
     pub(super) member: usize,
     /// Piece completions to match: polled, or of pieces the NIC refused.
     pub(super) raw: Vec<RawCompletion>,
+    /// The last poll took piece completions (see `Waitable::took`).
+    pub(super) took: bool,
 }
 
 impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
@@ -477,7 +480,8 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
         let before = out.len();
         let polled = self.sink.poll(out, &mut self.raw);
         let due = self.engine.wake_due();
-        if !self.raw.is_empty() || due {
+        self.took = !self.raw.is_empty();
+        if self.took || due {
             self.engine.completed_into(self.member, &self.raw, due, out);
             self.raw.clear();
             self.post_decided();
@@ -533,6 +537,10 @@ impl<S: Sink, Q: PieceScheduler> Waitable for Solo<S, Q> {
 
     fn poll_by(&self) -> Option<Instant> {
         self.engine.wake_instant()
+    }
+
+    fn took(&self) -> bool {
+        self.took
     }
 
     fn woke_late(&mut self, late: Duration) {
@@ -648,6 +656,8 @@ pub(super) struct Attached<S: Sink, Q: PieceScheduler> {
     pub(super) pieces: Vec<RawSend>,
     /// Other queue pairs' sides to post for (kept for its capacity).
     pub(super) sides: Vec<Arc<Side<S>>>,
+    /// The last poll took piece completions (see `Waitable::took`).
+    pub(super) took: bool,
     pub(super) member: usize,
     pub(super) class: TrafficClass,
 }
@@ -673,7 +683,8 @@ impl<S: Sink, Q: PieceScheduler> Attached<S, Q> {
         // Only a finished piece or a due wake-up gives the scheduler
         // something to do; otherwise the engine's lock is left to others.
         let due = wake_due(&self.wake_at, &self.clock);
-        if !raw.is_empty() || due {
+        self.took = !raw.is_empty();
+        if self.took || due {
             let member = self.member;
             self.with_engine(|e| e.completed_into(member, &raw, due, out));
         }
@@ -759,6 +770,10 @@ impl<S: Sink, Q: PieceScheduler> Waitable for Attached<S, Q> {
     fn poll_by(&self) -> Option<Instant> {
         let slice = Instant::now() + ATTACHED_WAIT;
         Some(wake_instant(&self.wake_at, &self.clock).map_or(slice, |at| at.min(slice)))
+    }
+
+    fn took(&self) -> bool {
+        self.took
     }
 }
 
