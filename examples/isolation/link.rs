@@ -1081,7 +1081,13 @@ fn scenario_latency(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
             let m = site.measure(&format!("latency-{n}-control"), &run)?;
             let l = lat(&m.probe_us);
             let bulk = m.bulk_rate(n);
-            let label = format!("plain {}K x{}", args.chunk >> 10, args.control_depth);
+            // A bound under 4 KiB gives pieces that are not whole KiB.
+            let piece = if args.chunk % 1024 == 0 {
+                format!("{}K", args.chunk >> 10)
+            } else {
+                format!("{}B", args.chunk)
+            };
+            let label = format!("plain {piece} x{}", args.control_depth);
             row(r, n, &label, &l, bulk, m.probe_late_p99_us);
             let case = n.to_string();
             r.figure(
