@@ -33,10 +33,10 @@ fuzz_target!(|data: &[u8]| {
     }
     // "Read more" never holds on to more than a command line and its
     // value, or a reply's lines and values.
-    if data.len() > MAX_LINE + 1 + MAX_VALUE + 2 {
+    if data.len() > MAX_LINE + 2 + MAX_VALUE + 2 {
         assert_ne!(Command::parse(data), Ok(Parsed::Incomplete));
     }
-    if data.len() > (MAX_VALUES + 1) * (MAX_LINE + 1 + MAX_VALUE + 2) {
+    if data.len() > (MAX_VALUES + 1) * (MAX_LINE + 2 + MAX_VALUE + 2) {
         assert_ne!(Reply::parse(data), Ok(Parsed::Incomplete));
     }
 });

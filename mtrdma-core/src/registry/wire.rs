@@ -12,7 +12,8 @@ pub const MAX_KEY: usize = 250;
 /// The largest value the registry stores or accepts in a reply: an
 /// endpoint is well under a kilobyte in JSON.
 pub const MAX_VALUE: usize = 64 * 1024;
-/// The longest command or reply line (the data block not counted).
+/// The longest command or reply line, its `\r\n` or `\n` and the data
+/// block not counted.
 pub const MAX_LINE: usize = 2048;
 /// The most names one `get` asks for, and values one reply carries: a
 /// reply cannot make a reader buffer more than this many values.
@@ -84,16 +85,24 @@ pub fn check_key(key: &str) -> Result<(), WireError> {
 }
 
 /// The first line in `buf` (without its `\r\n` or `\n`) and the bytes up
-/// to and including its end.
+/// to and including its end. A line holds at most [`MAX_LINE`] bytes, its
+/// end not counted, whether it ends in `\n` or in `\r\n`: a line read with
+/// a bare `\n` and written again with `\r\n` is still a line.
 fn line(buf: &[u8]) -> Result<Parsed<&str>, WireError> {
-    let Some(nl) = buf.iter().take(MAX_LINE + 1).position(|&b| b == b'\n') else {
-        return if buf.len() > MAX_LINE {
+    let Some(nl) = buf.iter().take(MAX_LINE + 2).position(|&b| b == b'\n') else {
+        // Without a `\n` in sight, the line is too long once the buffer
+        // holds more than MAX_LINE bytes that cannot all be text and `\r`.
+        let too_long = buf.len() > MAX_LINE + 1 || (buf.len() > MAX_LINE && buf[MAX_LINE] != b'\r');
+        return if too_long {
             Err(WireError::LineTooLong)
         } else {
             Ok(Parsed::Incomplete)
         };
     };
     let text = buf[..nl].strip_suffix(b"\r").unwrap_or(&buf[..nl]);
+    if text.len() > MAX_LINE {
+        return Err(WireError::LineTooLong);
+    }
     if !text.is_ascii() {
         return Err(WireError::NotText);
     }
@@ -409,6 +418,37 @@ mod tests {
         assert_eq!(Reply::parse(b"ST\xffRED\r\n"), Err(WireError::NotText));
         let (err, _) = done(Reply::parse(b"SERVER_ERROR out of memory\r\n").unwrap());
         assert_eq!(err, Reply::Error("SERVER_ERROR out of memory".into()));
+    }
+
+    #[test]
+    fn a_line_of_the_longest_length_reads_back_after_encoding_with_either_end() {
+        // A reply line of MAX_LINE bytes read with a bare `\n` is encoded
+        // with `\r\n`; it must read back, and one byte more must not.
+        let text = format!("SERVER_ERROR {}", "x".repeat(MAX_LINE - 13));
+        for end in ["\n", "\r\n"] {
+            let wire = format!("{text}{end}");
+            let (reply, used) = done(Reply::parse(wire.as_bytes()).unwrap());
+            assert_eq!((&reply, used), (&Reply::Error(text.clone()), wire.len()));
+            let again = reply.encode();
+            assert_eq!(Reply::parse(&again), Ok(Parsed::Done(reply, again.len())));
+            assert_eq!(
+                Reply::parse(format!("{text}x{end}").as_bytes()),
+                Err(WireError::LineTooLong)
+            );
+        }
+        assert_eq!(
+            Reply::parse(format!("{text}\r").as_bytes()),
+            Ok(Parsed::Incomplete)
+        );
+        let keys: Vec<String> = (0..MAX_LINE / 32).map(|i| format!("{i:031}")).collect();
+        let get = format!("get {}", keys.join(" "));
+        let get = &get[..MAX_LINE];
+        let (command, _) = done(Command::parse(format!("{get}\n").as_bytes()).unwrap());
+        let again = command.encode();
+        assert_eq!(
+            Command::parse(&again),
+            Ok(Parsed::Done(command, again.len()))
+        );
     }
 
     #[test]
