@@ -656,6 +656,14 @@ impl UdQueuePair {
         self.mtu
     }
 
+    /// The most regions one gather datagram may name
+    /// ([`post_send_gather`](Self::post_send_gather)): the scatter entries
+    /// of its send work requests, as built
+    /// ([`UdQueuePairBuilder::max_send_sge`]).
+    pub fn max_send_sge(&self) -> u32 {
+        self.books.max_send_sge
+    }
+
     /// Work requests posted and not yet polled (send, receive).
     pub fn in_flight(&self) -> (u32, u32) {
         (self.books.sends_in_flight, self.books.recvs_in_flight)

@@ -584,6 +584,7 @@ fn a_ud_gather_is_one_datagram_within_the_mtu_and_every_region_comes_back() {
     let mut server = pd.ud_queue_pair().build().unwrap();
     let mtu = server.mtu() as usize;
     let mut client = pd.ud_queue_pair().max_send_sge(3).build().unwrap();
+    assert_eq!((client.max_send_sge(), server.max_send_sge()), (3, 1));
     let ep = server.endpoint();
     let to_server = client.address_handle(&ep).unwrap();
 
