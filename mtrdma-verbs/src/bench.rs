@@ -30,7 +30,9 @@ use mtrdma_sched::{ManualClock, TenantPolicy};
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
 use crate::qp::{Batch, Books, RawCompletion, Region, SendOp, Sink, Wc};
-use crate::scheduled::{default_scheduler, solo_parts, EngineClock, Request, Scheduled, Shared};
+use crate::scheduled::{
+    default_scheduler, solo_parts, Batched, EngineClock, Request, Scheduled, Shared,
+};
 use crate::{DefaultScheduler, PieceScheduler};
 use crate::{Error, ScheduleConfig, SharedConfig};
 
@@ -786,6 +788,13 @@ impl<Q: PieceScheduler> NullScheduled<Q> {
             .map_err(|refusal| (*refusal.error, refusal.refused))
     }
 
+    /// See [`ScheduledQueuePair::batch`](crate::ScheduledQueuePair::batch).
+    pub fn batch(&mut self) -> NullBatch<'_, Q> {
+        NullBatch {
+            inner: Batched::new(&mut self.inner),
+        }
+    }
+
     /// See [`ScheduledQueuePair::poll`](crate::ScheduledQueuePair::poll).
     pub fn poll(&mut self, out: &mut Vec<HostCompletion>) -> Result<usize, Error> {
         self.inner.poll(out)
@@ -825,6 +834,70 @@ impl<Q: PieceScheduler> NullScheduled<Q> {
     /// Runs `f` on its null sink.
     pub fn with_sink<R>(&mut self, f: impl FnOnce(&mut NullSink) -> R) -> R {
         self.inner.with_sink(f)
+    }
+}
+
+/// A [`ScheduledBatch`](crate::ScheduledBatch) on a null sink
+/// ([`NullScheduled::batch`]).
+#[must_use = "a batch posts nothing until it is submitted"]
+pub struct NullBatch<'qp, Q: PieceScheduler = DefaultScheduler> {
+    inner: Batched<'qp, NullSink, Q>,
+}
+
+impl<Q: PieceScheduler> std::fmt::Debug for NullBatch<'_, Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NullBatch")
+            .field("requests", &self.inner.len())
+            .finish()
+    }
+}
+
+impl<Q: PieceScheduler> NullBatch<'_, Q> {
+    /// See [`ScheduledBatch::post_send`](crate::ScheduledBatch::post_send).
+    pub fn post_send(
+        &mut self,
+        op: SendOp,
+        region: HeapRegion,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), (Error, HeapRegion)> {
+        self.inner.push(op, region, range, context)
+    }
+
+    /// See [`ScheduledBatch::post_send_gather`](crate::ScheduledBatch::post_send_gather):
+    /// on refusal, the error and the parts, untouched, in order.
+    #[allow(clippy::type_complexity)]
+    pub fn post_send_gather(
+        &mut self,
+        op: SendOp,
+        parts: Vec<(HeapRegion, Range<usize>)>,
+        context: u64,
+    ) -> Result<(), (Error, Vec<(HeapRegion, Range<usize>)>)> {
+        self.inner.push_gather(op, parts, context)
+    }
+
+    /// Requests in the batch.
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Whether the batch has no request.
+    pub fn is_empty(&self) -> bool {
+        self.inner.len() == 0
+    }
+
+    /// See [`ScheduledBatch::submit`](crate::ScheduledBatch::submit): on
+    /// refusal, the error and the regions not accepted, as (context,
+    /// region), a gather request's consecutive.
+    pub fn submit(self) -> Result<(), BatchRefused> {
+        self.inner
+            .submit()
+            .map_err(|refusal| (*refusal.error, refusal.refused))
+    }
+
+    /// See [`ScheduledBatch::cancel`](crate::ScheduledBatch::cancel).
+    pub fn cancel(self) -> Vec<(u64, HeapRegion)> {
+        self.inner.cancel()
     }
 }
 

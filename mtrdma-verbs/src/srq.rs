@@ -564,6 +564,7 @@ impl SharedReceiveQueue {
             imm: wc.imm.map(u32::from_be),
             source,
             region: posted.region,
+            gathered: Vec::new(),
         })
     }
 }

@@ -26,11 +26,14 @@ use mtrdma_core::TenantHandle;
 use crate::completion::{Opcode, WcStatus};
 use crate::events::{Armed, Waitable};
 use crate::qp::{
-    create_qp, global_ah_attr, libc_enosys, modify_qp, post_send_list, qp_settings_setters,
-    random_psn, Books, Cq, PostError, QpSettings, QpStart, RawCompletion, RawWc, Region, SendOp,
-    Sink, Slot, UdDest, Wc,
+    check_gather, create_qp, global_ah_attr, libc_enosys, modify_qp, post_send_list,
+    qp_settings_setters, random_psn, Books, Cq, PostError, QpSettings, QpStart, RawCompletion,
+    RawWc, Region, SendOp, Sink, Slot, UdDest, Wc,
 };
-use crate::{Access, Error, Gid, GidSelection, MemoryRegion, ProtectionDomain, SharedReceiveQueue};
+use crate::{
+    Access, Error, GatherError, Gid, GidSelection, MemoryRegion, ProtectionDomain,
+    SharedReceiveQueue,
+};
 
 /// Bytes at the start of every UD receive reserved for the Global Routing
 /// Header. mtrdma puts them in an internal buffer, never in the caller's.
@@ -216,6 +219,7 @@ impl UdQueuePairBuilder<'_> {
             max_send_wr,
             max_recv_wr,
             events,
+            max_send_sge,
             attrs,
         } = self.settings.begin(self.pd)?;
         let ctx = self.pd.context();
@@ -280,7 +284,7 @@ impl UdQueuePairBuilder<'_> {
             cap: ffi::ibv_qp_cap {
                 max_send_wr,
                 max_recv_wr,
-                max_send_sge: 1,
+                max_send_sge,
                 max_recv_sge: if self.srq.is_some() { 0 } else { 2 },
                 max_inline_data: 0,
             },
@@ -299,7 +303,7 @@ impl UdQueuePairBuilder<'_> {
             grh_lkey: grh.as_ref().map_or(0, MemoryRegion::lkey),
             grh,
             free_cells: (0..max_recv_wr as usize).rev().collect(),
-            books: Books::new(max_send_wr, max_recv_wr),
+            books: Books::new(max_send_wr, max_recv_wr).with_max_send_sge(max_send_sge),
             port: port_num,
             gid_index: gid.index,
             gid: gid.gid,
@@ -382,8 +386,20 @@ pub struct UdCompletion {
     pub imm: Option<u32>,
     /// The sender, for a successful receive.
     pub source: Option<UdSource>,
-    /// The region the request used, back in the caller's hands.
+    /// The region the request used, back in the caller's hands: for a
+    /// gather send ([`UdQueuePair::post_send_gather`]), its first region.
     pub region: MemoryRegion,
+    /// A gather send's regions after the first, in the order they were
+    /// given; empty for every other request.
+    pub gathered: Vec<MemoryRegion>,
+}
+
+impl UdCompletion {
+    /// Every region the request used, in order: [`region`](Self::region),
+    /// then [`gathered`](Self::gathered).
+    pub fn into_regions(self) -> Vec<MemoryRegion> {
+        std::iter::once(self.region).chain(self.gathered).collect()
+    }
 }
 
 /// The sender's GID from a UD receive's 40-byte GRH area, following
@@ -442,6 +458,9 @@ pub(crate) enum UdKind {
     Send(Datagram),
     /// A receive: its GRH goes to this cell of the GRH buffer.
     Recv { cell: usize },
+    /// A gather send's region after the first (whose kind says where it
+    /// goes).
+    Part,
 }
 
 /// A UD work request's buffer as the queue pair's books and the scheduling
@@ -498,7 +517,14 @@ impl Region for UdRegion {
             imm,
             source,
             region: self.region,
+            gathered: Vec::new(),
         }
+    }
+
+    const GATHERS: bool = true;
+
+    fn attach_rest(done: &mut UdCompletion, rest: Vec<UdRegion>) {
+        done.gathered = rest.into_iter().map(UdRegion::into_region).collect();
     }
 
     #[inline]
@@ -509,7 +535,7 @@ impl Region for UdRegion {
                 qpn: d.qpn,
                 qkey: d.qkey,
             }),
-            UdKind::Recv { .. } => None,
+            UdKind::Recv { .. } | UdKind::Part => None,
         }
     }
 }
@@ -599,6 +625,15 @@ fn refuse<T>(error: Error, region: MemoryRegion) -> Result<T, PostError> {
     Err(PostError::new((error, region)))
 }
 
+/// A refused gather datagram, its regions the caller's again.
+pub(crate) fn refused_parts((error, parts): (Error, Vec<(UdRegion, Range<usize>)>)) -> GatherError {
+    let parts = parts
+        .into_iter()
+        .map(|(region, range)| (region.into_region(), range))
+        .collect();
+    GatherError::new((error, parts))
+}
+
 impl UdQueuePair {
     /// The queue pair number.
     pub fn qpn(&self) -> u32 {
@@ -619,6 +654,14 @@ impl UdQueuePair {
     /// The largest message it sends: the port's active MTU in bytes.
     pub fn mtu(&self) -> u32 {
         self.mtu
+    }
+
+    /// The most regions one gather datagram may name
+    /// ([`post_send_gather`](Self::post_send_gather)): the scatter entries
+    /// of its send work requests, as built
+    /// ([`UdQueuePairBuilder::max_send_sge`]).
+    pub fn max_send_sge(&self) -> u32 {
+        self.books.max_send_sge
     }
 
     /// Work requests posted and not yet polled (send, receive).
@@ -678,22 +721,115 @@ impl UdQueuePair {
             let range = range.clone();
             return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
         };
-        if sge.length > self.mtu {
-            let error = Error::MessageTooLarge {
-                len: range.len(),
+        match self.destination(dest, remote_qpn, remote_qkey, sge.length) {
+            Ok(kind) => Ok((UdRegion { region, kind }, sge)),
+            Err(error) => refuse(error, region),
+        }
+    }
+
+    /// Checks a gather datagram of `parts` to `dest` (as [`check_gather`]
+    /// checks a gather request, then its total bytes against the MTU and
+    /// the address handle's protection domain) and wraps its regions for
+    /// the books, the first with where it goes; on refusal every region
+    /// comes back, in order, with its range.
+    pub(crate) fn datagram_gather(
+        &self,
+        dest: &AddressHandle,
+        remote_qpn: u32,
+        remote_qkey: u32,
+        parts: Vec<(MemoryRegion, Range<usize>)>,
+    ) -> Result<Vec<(UdRegion, Range<usize>)>, GatherError> {
+        let kind = check_gather(SendOp::Send, &parts, self.books.max_send_sge)
+            .and_then(|g| self.destination(dest, remote_qpn, remote_qkey, g.len));
+        let mut kind = match kind {
+            Ok(kind) => Some(kind),
+            Err(error) => return Err(GatherError::new((error, parts))),
+        };
+        let wrap = |(region, range)| {
+            let kind = kind.take().unwrap_or(UdKind::Part);
+            (UdRegion { region, kind }, range)
+        };
+        Ok(parts.into_iter().map(wrap).collect())
+    }
+
+    /// Where a datagram of `len` bytes to `dest` goes, if it fits the MTU
+    /// and `dest` is of this queue pair's protection domain.
+    fn destination(
+        &self,
+        dest: &AddressHandle,
+        remote_qpn: u32,
+        remote_qkey: u32,
+        len: u32,
+    ) -> Result<UdKind, Error> {
+        if len > self.mtu {
+            return Err(Error::MessageTooLarge {
+                len: len as usize,
                 mtu: self.mtu,
-            };
-            return refuse(error, region);
+            });
         }
         if dest.inner.pd.raw() != self.pd.raw() {
-            return refuse(Error::ForeignAddressHandle, region);
+            return Err(Error::ForeignAddressHandle);
         }
-        let kind = UdKind::Send(Datagram {
+        Ok(UdKind::Send(Datagram {
             ah: dest.clone(),
             qpn: remote_qpn,
             qkey: remote_qkey,
-        });
-        Ok((UdRegion { region, kind }, sge))
+        }))
+    }
+
+    /// Sends the ranges of several regions, in order, as one datagram (a
+    /// gather list: one work request whose scatter list names them all)
+    /// to the queue pair `remote_qpn` (with Q_Key `remote_qkey`) behind
+    /// `dest`. It may name up to the `max_send_sge` the queue pair was
+    /// built with ([`UdQueuePairBuilder::max_send_sge`]), and its bytes
+    /// together must fit the MTU ([`mtu`](Self::mtu)). Every region is
+    /// the queue pair's until the completion is polled, which hands them
+    /// all back in order ([`UdCompletion::region`], then
+    /// [`UdCompletion::gathered`]); on refusal (checked before anything is
+    /// posted, or refused by the device) they come back untouched in the
+    /// [`GatherError`], in order, each with its range.
+    ///
+    /// ```no_run
+    /// use mtrdma_verbs::{Access, Context, UdCompletion};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ctx = Context::open("rxe0")?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let mut server = pd.ud_queue_pair().build()?;
+    /// let mut client = pd.ud_queue_pair().max_send_sge(2).build()?;
+    /// server.post_recv(pd.allocate(server.mtu() as usize, Access::LOCAL)?, 0..64, 1)?;
+    /// let to_server = client.address_handle(&server.endpoint())?;
+    /// let mut header = pd.allocate(8, Access::LOCAL)?;
+    /// header.write_at(0, b"header: ")?;
+    /// let mut body = pd.allocate(5, Access::LOCAL)?;
+    /// body.write_at(0, b"hello")?;
+    /// let ep = server.endpoint();
+    /// let parts = vec![(header, 0..8), (body, 0..5)];
+    /// client.post_send_gather(&to_server, ep.qpn, ep.qkey, parts, 2)?;
+    /// let mut done: Vec<UdCompletion> = Vec::new();
+    /// while done.is_empty() {
+    ///     server.poll(&mut done)?;
+    /// }
+    /// let c = &done[0];
+    /// assert_eq!(&c.region.read()[..c.byte_len as usize], b"header: hello");
+    /// let mut sent: Vec<UdCompletion> = Vec::new();
+    /// while sent.is_empty() {
+    ///     client.poll(&mut sent)?;
+    /// }
+    /// assert_eq!(sent[0].gathered.len(), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn post_send_gather(
+        &mut self,
+        dest: &AddressHandle,
+        remote_qpn: u32,
+        remote_qkey: u32,
+        parts: Vec<(MemoryRegion, Range<usize>)>,
+        context: u64,
+    ) -> Result<(), GatherError> {
+        let parts = self.datagram_gather(dest, remote_qpn, remote_qkey, parts)?;
+        Sink::post_gather(self, SendOp::Send, parts, context).map_err(refused_parts)
     }
 
     /// Posts a receive into `range` of `region`: the payload of the next

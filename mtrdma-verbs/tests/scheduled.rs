@@ -435,31 +435,53 @@ fn the_built_in_policy_composed_of_pieces_caps_a_tenant_and_moves_every_byte() {
     }
 }
 
-#[test]
-#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
-fn a_scheduled_gather_goes_whole_and_lands_its_regions_back_to_back() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+/// A connected pair on `pd`: the first scheduled in 4 KiB pieces and
+/// taking gathers of three regions.
+fn gather_pair(
+    pd: &mtrdma_verbs::ProtectionDomain,
+) -> (mtrdma_verbs::ScheduledQueuePair, mtrdma_verbs::QueuePair) {
     let a = pd.queue_pair().max_send_sge(3).build().unwrap();
     let b = pd.queue_pair().build().unwrap();
     let (ea, eb) = (a.endpoint(), b.endpoint());
-    let (a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
-    // Pieces of 4 KiB: a gather of 24 KiB still goes as one work request.
-    let mut a = a
+    let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    let a = a
         .scheduled(ScheduleConfig {
             chunk_bytes: 4096,
             ..ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
         })
         .unwrap();
-    let parts = |base: u8| {
-        (0..3u8)
-            .map(|i| {
-                let mr = pd.register(pattern(8192, base + i), Access::LOCAL).unwrap();
-                (mr, 0..8192)
-            })
-            .collect::<Vec<_>>()
-    };
-    let want = |base: u8| -> Vec<u8> { (0..3).flat_map(|i| pattern(8192, base + i)).collect() };
+    (a, b)
+}
+
+/// `n` regions of 8 KiB with the patterns of `base`, `base + 1`, ..., each
+/// with its whole range.
+fn gather_parts(
+    pd: &mtrdma_verbs::ProtectionDomain,
+    base: u8,
+    n: u8,
+) -> Vec<(mtrdma_verbs::MemoryRegion, std::ops::Range<usize>)> {
+    (0..n)
+        .map(|i| {
+            let mr = pd.register(pattern(8192, base + i), Access::LOCAL).unwrap();
+            (mr, 0..8192)
+        })
+        .collect()
+}
+
+/// What a gather of `gather_parts(_, base, 3)` sends, back to back.
+fn gathered(base: u8) -> Vec<u8> {
+    (0..3).flat_map(|i| pattern(8192, base + i)).collect()
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_scheduled_gather_goes_whole_and_lands_its_regions_back_to_back() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    // Pieces of 4 KiB: a gather of 24 KiB still goes as one work request.
+    let (mut a, mut b) = gather_pair(&pd);
+    let parts = |base: u8| gather_parts(&pd, base, 3);
+    let want = gathered;
 
     let target = pd.allocate(3 * 8192, Access::REMOTE_READ_WRITE).unwrap();
     a.post_send_gather(SendOp::Write(target.remote().unwrap()), parts(1), 1)
@@ -485,4 +507,107 @@ fn a_scheduled_gather_goes_whole_and_lands_its_regions_back_to_back() {
     let got = wait(&mut b, 1).pop().unwrap();
     assert_eq!((got.status, got.byte_len), (WcStatus::Success, 3 * 8192));
     assert!(got.region.read() == want(5), "the SEND arrived whole");
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_scheduled_batch_carries_gathers_whole_among_single_requests() {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    // Pieces of 4 KiB: the single WRITE is split, each gather goes whole.
+    let (mut a, mut b) = gather_pair(&pd);
+    let parts = |base: u8, n: u8| gather_parts(&pd, base, n);
+    let want = gathered;
+    let target = pd
+        .allocate(3 * 8192 + 16384, Access::REMOTE_READ_WRITE)
+        .unwrap();
+    let remote = target.remote().unwrap();
+    let recv = pd.allocate(3 * 8192, Access::LOCAL).unwrap();
+    b.post_recv(recv, 0..3 * 8192, 9).unwrap();
+
+    let mut batch = a.batch();
+    batch
+        .post_send_gather(
+            SendOp::Write(remote.slice(0, 3 * 8192).unwrap()),
+            parts(1, 3),
+            1,
+        )
+        .unwrap();
+    let single = pd.register(pattern(16384, 4), Access::LOCAL).unwrap();
+    let to = remote.slice(3 * 8192, 16384).unwrap();
+    batch
+        .post_send(SendOp::Write(to), single, 0..16384, 2)
+        .unwrap();
+    // Refused when added, every region back; the batch is unchanged.
+    let refused = batch
+        .post_send_gather(SendOp::Send, parts(20, 4), 7)
+        .unwrap_err();
+    assert!(
+        matches!(
+            *refused.error,
+            mtrdma_verbs::Error::TooManyParts { parts: 4, max: 3 }
+        ),
+        "{}",
+        refused.error
+    );
+    let back: Vec<Vec<u8>> = refused.parts.iter().map(|(r, _)| r.read()).collect();
+    assert_eq!(back, (20..24).map(|s| pattern(8192, s)).collect::<Vec<_>>());
+    batch
+        .post_send_gather(SendOp::Send, parts(5, 3), 3)
+        .unwrap();
+    assert_eq!(batch.len(), 3);
+    batch.submit().unwrap();
+
+    let done = wait(&mut a, 3);
+    let got: Vec<(u64, WcStatus, u32, usize)> = done
+        .iter()
+        .map(|c| (c.context, c.status, c.byte_len, c.gathered.len()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcStatus::Success, 3 * 8192, 2),
+            (2, WcStatus::Success, 16384, 0),
+            (3, WcStatus::Success, 3 * 8192, 2),
+        ],
+        "one completion a request, in order"
+    );
+    let back: Vec<Vec<u8>> = done
+        .into_iter()
+        .next()
+        .unwrap()
+        .into_regions()
+        .iter()
+        .map(|r| r.read())
+        .collect();
+    assert_eq!(back, (1..4).map(|s| pattern(8192, s)).collect::<Vec<_>>());
+    let landed = target.read();
+    assert!(
+        landed[..3 * 8192] == want(1),
+        "the gathered WRITE landed whole"
+    );
+    assert!(
+        landed[3 * 8192..] == pattern(16384, 4),
+        "the split WRITE landed"
+    );
+    let got = wait(&mut b, 1).pop().unwrap();
+    assert_eq!((got.status, got.byte_len), (WcStatus::Success, 3 * 8192));
+    assert!(
+        got.region.read() == want(5),
+        "the gathered SEND arrived whole"
+    );
+
+    // A cancelled batch hands a gather's regions back as consecutive
+    // entries with its context.
+    let mut batch = a.batch();
+    batch
+        .post_send_gather(SendOp::Send, parts(30, 2), 4)
+        .unwrap();
+    let cancelled: Vec<(u64, Vec<u8>)> = batch
+        .cancel()
+        .into_iter()
+        .map(|(c, r)| (c, r.read()))
+        .collect();
+    assert_eq!(cancelled, [(4, pattern(8192, 30)), (4, pattern(8192, 31))]);
+    assert_eq!(a.queued(), 0);
 }

@@ -486,6 +486,13 @@ fn scheduled_ways(sges: u32) -> Vec<(&'static str, NullScheduled)> {
     ]
 }
 
+/// Every completion's context, success and regions, in order.
+fn outcomes(done: &[HostCompletion]) -> Vec<(u64, bool, Vec<u64>)> {
+    done.iter()
+        .map(|c| (c.context, c.status.is_success(), regions(c)))
+        .collect()
+}
+
 fn drain_scheduled(qp: &mut NullScheduled, want: usize) -> Vec<HostCompletion> {
     let mut out = Vec::new();
     for _ in 0..100_000 {
@@ -549,21 +556,29 @@ fn a_scheduled_gather_goes_whole_as_one_work_request_and_hands_every_region_back
     }
 }
 
+/// Checks the refusal of a gather of `parts(&[first, first + 1, first +
+/// 2])` on a queue pair that takes two entries: every region back, in
+/// order, with its range.
+#[allow(clippy::type_complexity)]
+fn refused_three_of_two(
+    result: Result<(), (Error, Vec<(HeapRegion, Range<usize>)>)>,
+    first: u64,
+    way: &str,
+) {
+    let (error, refused) = result.unwrap_err();
+    assert!(
+        matches!(error, Error::TooManyParts { parts: 3, max: 2 }),
+        "{way}: {error}"
+    );
+    let want: Vec<(u64, Range<usize>)> = (first..first + 3).map(|t| (t, 0..64)).collect();
+    assert_eq!(back(&refused), want, "{way}");
+}
+
 #[test]
 fn a_scheduled_gather_is_checked_and_refused_every_region_back() {
     for (way, mut qp) in scheduled_ways(2) {
-        let (error, refused) = qp
-            .post_send_gather(SendOp::Send, parts(&[1, 2, 3]), 0)
-            .unwrap_err();
-        assert!(
-            matches!(error, Error::TooManyParts { parts: 3, max: 2 }),
-            "{way}: {error}"
-        );
-        assert_eq!(
-            back(&refused),
-            [(1, 0..64), (2, 0..64), (3, 0..64)],
-            "{way}"
-        );
+        let refused = qp.post_send_gather(SendOp::Send, parts(&[1, 2, 3]), 0);
+        refused_three_of_two(refused, 1, way);
         let small = RemoteRegion { len: 100, ..REMOTE };
         let (error, refused) = qp
             .post_send_gather(SendOp::Write(small), parts(&[4, 5]), 0)
@@ -586,13 +601,211 @@ fn a_failed_scheduled_gather_hands_every_region_back_once() {
         qp.post_send_gather(SendOp::Write(REMOTE), parts(&[4, 5]), 1)
             .unwrap();
         let done = drain_scheduled(&mut qp, 2);
-        let got: Vec<(u64, bool, Vec<u64>)> = done
-            .iter()
-            .map(|c| (c.context, c.status.is_success(), regions(c)))
-            .collect();
         assert_eq!(
-            got,
+            outcomes(&done),
             [(0, false, vec![1, 2, 3]), (1, false, vec![4, 5])],
+            "{way}"
+        );
+        let mut more = Vec::new();
+        qp.poll(&mut more).unwrap();
+        assert!(more.is_empty(), "{way}: nothing comes back twice");
+    }
+}
+
+/// A batch of `qp` holding one WRITE of a region tagged 1, context 1.
+fn batch_of_one_write(qp: &mut NullScheduled) -> NullBatch<'_> {
+    let mut batch = qp.batch();
+    batch
+        .post_send(SendOp::Write(REMOTE), tagged(1), 0..64, 1)
+        .unwrap();
+    batch
+}
+
+/// Every completion's context and regions, in order.
+fn handed_back(done: &[HostCompletion]) -> Vec<(u64, Vec<u64>)> {
+    done.iter().map(|c| (c.context, regions(c))).collect()
+}
+
+#[test]
+fn a_scheduled_batch_sends_its_gather_whole_in_the_batchs_list_and_hands_every_region_back() {
+    for (way, mut qp) in scheduled_ways(3) {
+        // The gather first: the engine lets all three go at once, as one
+        // list, the gather in it without a completion of its own.
+        let mut batch = qp.batch();
+        batch
+            .post_send_gather(SendOp::Write(REMOTE), parts(&[20, 21, 22]), 0)
+            .unwrap();
+        batch
+            .post_send(SendOp::Write(REMOTE), tagged(1), 0..64, 1)
+            .unwrap();
+        batch
+            .post_send(SendOp::Write(REMOTE), tagged(2), 0..64, 2)
+            .unwrap();
+        assert_eq!(batch.len(), 3, "{way}");
+        batch.submit().unwrap();
+        let log = qp.with_sink(NullSink::take_log);
+        let shape: Vec<(usize, bool)> = log.iter().map(|p| (p.sg_list.len(), p.signaled)).collect();
+        assert_eq!(
+            shape,
+            [(3, false), (1, true), (1, true)],
+            "{way}: one work request for the gather, reported by the next"
+        );
+        let done = drain_scheduled(&mut qp, 3);
+        assert_eq!(
+            handed_back(&done),
+            [(0, vec![20, 21, 22]), (1, vec![1]), (2, vec![2])],
+            "{way}"
+        );
+        assert!(done.iter().all(|c| c.status.is_success()), "{way}");
+        assert_eq!(done[0].byte_len, 3 * 64, "{way}");
+
+        // Behind a request the engine lets go at once: still in order.
+        let mut batch = qp.batch();
+        batch
+            .post_send(SendOp::Write(REMOTE), tagged(3), 0..64, 3)
+            .unwrap();
+        batch
+            .post_send_gather(SendOp::Send, parts(&[30, 31]), 4)
+            .unwrap();
+        batch
+            .post_send(SendOp::Write(REMOTE), tagged(5), 0..64, 5)
+            .unwrap();
+        batch.submit().unwrap();
+        let log = qp.with_sink(NullSink::take_log);
+        let lists: Vec<usize> = log.iter().map(|p| p.sg_list.len()).collect();
+        assert_eq!(lists, [1, 2, 1], "{way}: in order, the gather whole");
+        let done = drain_scheduled(&mut qp, 3);
+        assert_eq!(
+            handed_back(&done),
+            [(3, vec![3]), (4, vec![30, 31]), (5, vec![5])],
+            "{way}"
+        );
+        let mut more = Vec::new();
+        qp.poll(&mut more).unwrap();
+        assert!(more.is_empty(), "{way}: nothing comes back twice");
+        assert_eq!(qp.queued(), 0, "{way}");
+    }
+}
+
+#[test]
+fn a_scheduled_batchs_gather_is_checked_when_added_and_a_refused_one_leaves_the_batch_unchanged() {
+    for (way, mut qp) in scheduled_ways(2) {
+        let mut batch = batch_of_one_write(&mut qp);
+        let refused = batch.post_send_gather(SendOp::Send, parts(&[2, 3, 4]), 2);
+        refused_three_of_two(refused, 2, way);
+        let (error, refused) = batch
+            .post_send_gather(
+                SendOp::Send,
+                vec![(tagged(5), 0..64), (tagged(6), 0..65)],
+                3,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(error, Error::LocalRangeOutOfBounds { .. }),
+            "{way}: {error}"
+        );
+        assert_eq!(back(&refused), [(5, 0..64), (6, 0..65)], "{way}");
+        let (error, refused) = batch
+            .post_send_gather(SendOp::Send, Vec::new(), 4)
+            .unwrap_err();
+        assert!(matches!(error, Error::EmptyGather), "{way}: {error}");
+        assert!(refused.is_empty(), "{way}");
+        assert_eq!(batch.len(), 1, "{way}: the batch is unchanged");
+        batch.submit().unwrap();
+        let done = drain_scheduled(&mut qp, 1);
+        assert_eq!(handed_back(&done), [(1, vec![1])], "{way}");
+    }
+}
+
+#[test]
+fn a_cancelled_scheduled_batch_hands_its_gathers_regions_back_in_order() {
+    for (way, mut qp) in scheduled_ways(3) {
+        let mut batch = batch_of_one_write(&mut qp);
+        batch
+            .post_send_gather(SendOp::Write(REMOTE), parts(&[20, 21, 22]), 2)
+            .unwrap();
+        batch
+            .post_send(SendOp::Write(REMOTE), tagged(3), 0..64, 3)
+            .unwrap();
+        assert_eq!(
+            entries(&batch.cancel()),
+            [(1, 1), (2, 20), (2, 21), (2, 22), (3, 3)],
+            "{way}"
+        );
+        assert!(qp.with_sink(NullSink::take_log).is_empty(), "{way}");
+        assert_eq!(qp.queued(), 0, "{way}");
+    }
+}
+
+#[test]
+fn a_gather_the_scheduler_refuses_in_a_batch_hands_every_region_back_once() {
+    // One descriptor queued at most, one piece in the NIC: the first
+    // request goes, the second is granted and waits for room, the third
+    // waits in the scheduler's queue, the gather after it is refused, and
+    // so is what follows it.
+    let config = ScheduleConfig {
+        max_pieces_in_flight: 1,
+        ..ScheduleConfig::local(mtrdma_core::TenantId(0), mtrdma_core::TrafficClass::Bulk)
+    };
+    let sched = mtrdma_sched::TenantScheduler::new(mtrdma_sched::SchedulerConfig {
+        max_queued_per_tenant: 1,
+        ..mtrdma_sched::SchedulerConfig::default()
+    })
+    .unwrap();
+    let sink = NullSink::new(1, 64).with_max_send_sge(3).recording();
+    let mut qp = scheduled_with(sink, config, sched).unwrap();
+    let mut batch = qp.batch();
+    for i in 0..3 {
+        batch
+            .post_send(SendOp::Write(REMOTE), tagged(i), 0..64, i)
+            .unwrap();
+    }
+    batch
+        .post_send_gather(SendOp::Write(REMOTE), parts(&[20, 21, 22]), 3)
+        .unwrap();
+    batch
+        .post_send(SendOp::Write(REMOTE), tagged(4), 0..64, 4)
+        .unwrap();
+    let (error, refused) = batch.submit().unwrap_err();
+    assert!(matches!(error, Error::Rejected(_)), "{error}");
+    assert_eq!(entries(&refused), [(3, 20), (3, 21), (3, 22), (4, 4)]);
+    let done = drain_scheduled(&mut qp, 3);
+    assert_eq!(
+        handed_back(&done),
+        [(0, vec![0]), (1, vec![1]), (2, vec![2])]
+    );
+    let mut more = Vec::new();
+    for _ in 0..100 {
+        qp.poll(&mut more).unwrap();
+    }
+    assert!(more.is_empty(), "nothing comes back twice");
+    assert_eq!(qp.queued(), 0);
+    assert!(qp
+        .with_sink(NullSink::take_log)
+        .iter()
+        .all(|p| p.sg_list.len() == 1));
+}
+
+#[test]
+fn a_failed_gather_in_a_scheduled_batch_hands_every_region_back_once() {
+    for (way, mut qp) in scheduled_ways(3) {
+        qp.with_sink(|s| s.fail_completion_after(1));
+        let mut batch = batch_of_one_write(&mut qp);
+        batch
+            .post_send_gather(SendOp::Write(REMOTE), parts(&[20, 21]), 2)
+            .unwrap();
+        batch
+            .post_send_gather(SendOp::Write(REMOTE), parts(&[30, 31, 32]), 3)
+            .unwrap();
+        batch.submit().unwrap();
+        let done = drain_scheduled(&mut qp, 3);
+        assert_eq!(
+            outcomes(&done),
+            [
+                (1, true, vec![1]),
+                (2, false, vec![20, 21]),
+                (3, false, vec![30, 31, 32])
+            ],
             "{way}"
         );
         let mut more = Vec::new();

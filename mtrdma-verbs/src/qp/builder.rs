@@ -10,7 +10,6 @@ pub struct QueuePairBuilder<'a> {
     settings: QpSettings,
     access: Access,
     max_inline: u32,
-    max_send_sge: u32,
     retries: Retries,
     srq: Option<SharedReceiveQueue>,
 }
@@ -60,6 +59,9 @@ pub(crate) struct QpSettings {
     pub(crate) tenant: Option<TenantHandle>,
     /// Whether the completion queue gets a completion channel.
     pub(crate) events: bool,
+    /// Scatter entries per send work request: the most regions a gather
+    /// request may name.
+    pub(crate) max_send_sge: u32,
 }
 
 impl Default for QpSettings {
@@ -71,6 +73,7 @@ impl Default for QpSettings {
             gid: GidSelection::Auto,
             tenant: None,
             events: false,
+            max_send_sge: 1,
         }
     }
 }
@@ -86,6 +89,7 @@ pub(crate) struct QpStart {
     pub(crate) max_send_wr: u32,
     pub(crate) max_recv_wr: u32,
     pub(crate) events: bool,
+    pub(crate) max_send_sge: u32,
     /// The device's attributes, read once for the checks here and the
     /// builder's own.
     pub(crate) attrs: ffi::ibv_device_attr,
@@ -123,6 +127,14 @@ impl QpSettings {
                 return Err(e);
             }
         }
+        let max_sge = u32::try_from(attrs.max_sge).unwrap_or(0);
+        if self.max_send_sge > max_sge {
+            return Err(Error::TooManySges {
+                device: ctx.name().to_string(),
+                asked: self.max_send_sge,
+                max: max_sge,
+            });
+        }
         Ok(QpStart {
             permit,
             device: ctx.name().to_string(),
@@ -132,6 +144,7 @@ impl QpSettings {
             max_send_wr: self.max_send_wr,
             max_recv_wr: self.max_recv_wr,
             events: self.events,
+            max_send_sge: self.max_send_sge,
             attrs,
         })
     }
@@ -171,6 +184,17 @@ macro_rules! qp_settings_setters {
             self.settings.events = on;
             self
         }
+
+        /// How many regions one send-side request may name: the
+        /// scatter/gather entries of each send work request (default 1; 0
+        /// is taken as 1). A gather request (`post_send_gather`) may name
+        /// up to this many. Creation fails with
+        /// [`Error::TooManySges`](crate::Error::TooManySges) if the device
+        /// allows fewer (its `max_sge` attribute).
+        pub fn max_send_sge(mut self, n: u32) -> Self {
+            self.settings.max_send_sge = n.max(1);
+            self
+        }
     };
 }
 pub(crate) use qp_settings_setters;
@@ -184,7 +208,6 @@ impl ProtectionDomain {
             settings: QpSettings::default(),
             access: Access::REMOTE_READ_WRITE,
             max_inline: 0,
-            max_send_sge: 1,
             retries: Retries::default(),
             srq: None,
         }
@@ -233,16 +256,6 @@ impl QueuePairBuilder<'_> {
     /// place back when dropped.
     pub fn tenant(mut self, tenant: &TenantHandle) -> Self {
         self.settings.tenant = Some(tenant.clone());
-        self
-    }
-
-    /// How many regions one send-side request may name: the scatter/gather
-    /// entries of each send work request (default 1; 0 is taken as 1).
-    /// A gather request ([`QueuePair::post_send_gather`]) may name up to
-    /// this many. Creation fails with [`Error::TooManySges`] if the device
-    /// allows fewer (its `max_sge` attribute).
-    pub fn max_send_sge(mut self, n: u32) -> Self {
-        self.max_send_sge = n.max(1);
         self
     }
 
@@ -348,17 +361,10 @@ impl QueuePairBuilder<'_> {
             max_send_wr,
             max_recv_wr,
             events,
+            max_send_sge,
             attrs,
             ..
         } = self.settings.begin(self.pd)?;
-        let max_sge = u32::try_from(attrs.max_sge).unwrap_or(0);
-        if self.max_send_sge > max_sge {
-            return Err(Error::TooManySges {
-                device,
-                asked: self.max_send_sge,
-                max: max_sge,
-            });
-        }
         // With an SRQ the queue pair has no receive queue; its own
         // completion queue holds the receives it may take from the SRQ.
         let (max_recv_wr, recv_cqe) = match &self.srq {
@@ -395,7 +401,7 @@ impl QueuePairBuilder<'_> {
             cap: ffi::ibv_qp_cap {
                 max_send_wr,
                 max_recv_wr,
-                max_send_sge: self.max_send_sge,
+                max_send_sge,
                 max_recv_sge: u32::from(self.srq.is_none()),
                 max_inline_data: self.max_inline,
             },
@@ -411,7 +417,7 @@ impl QueuePairBuilder<'_> {
             pd: self.pd.clone(),
             // The requested depths, not the provider's (possibly rounded
             // up) ones: the completion queue was sized for these.
-            books: Books::new(max_send_wr, max_recv_wr).with_max_send_sge(self.max_send_sge),
+            books: Books::new(max_send_wr, max_recv_wr).with_max_send_sge(max_send_sge),
             port: port_num,
             gid_index: gid.index,
             max_inline: if self.max_inline == 0 { 0 } else { max_inline },

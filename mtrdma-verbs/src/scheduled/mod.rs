@@ -65,10 +65,10 @@ pub(crate) use engine::default_scheduler;
 use engine::{Engine, Member};
 pub use ledger::PieceRef;
 use ledger::{Book, Gathered, Message, Side, PARKED};
-#[cfg(any(test, feature = "null-sink"))]
-pub(crate) use paths::Request;
 pub(crate) use paths::Scheduled;
 use paths::*;
+#[cfg(any(test, feature = "null-sink"))]
+pub(crate) use paths::{Batched, Request};
 pub use ud::ScheduledUdQueuePair;
 
 /// Who a scheduled queue pair's sends are scheduled as
@@ -795,8 +795,7 @@ impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
     /// [`ScheduledBatch`]).
     pub fn batch(&mut self) -> ScheduledBatch<'_, Q> {
         ScheduledBatch {
-            qp: &mut self.inner,
-            requests: Vec::new(),
+            inner: paths::Batched::new(&mut self.inner),
         }
     }
 }
@@ -817,14 +816,13 @@ impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
 /// [`cancel`](Self::cancel).
 #[must_use = "a batch posts nothing until it is submitted"]
 pub struct ScheduledBatch<'qp, Q: PieceScheduler = DefaultScheduler> {
-    qp: &'qp mut Scheduled<QueuePair, Q>,
-    requests: Vec<paths::Request<MemoryRegion>>,
+    inner: paths::Batched<'qp, QueuePair, Q>,
 }
 
 impl<Q: PieceScheduler> std::fmt::Debug for ScheduledBatch<'_, Q> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ScheduledBatch")
-            .field("requests", &self.requests.len())
+            .field("requests", &self.inner.len())
             .finish()
     }
 }
@@ -839,39 +837,92 @@ impl<Q: PieceScheduler> ScheduledBatch<'_, Q> {
         range: Range<usize>,
         context: u64,
     ) -> Result<(), PostError> {
-        let request =
-            paths::Request::checked(op, region, range, context).map_err(PostError::new)?;
-        self.requests.push(request);
-        Ok(())
+        self.inner
+            .push(op, region, range, context)
+            .map_err(PostError::new)
+    }
+
+    /// Adds a gather request (several regions, one work request), checked
+    /// now as [`ScheduledQueuePair::post_send_gather`] checks it (against
+    /// the queue pair's `max_send_sge`); on refusal every region comes
+    /// back in the [`GatherError`], in order, and the batch is unchanged.
+    /// Once submitted it is scheduled and charged as one piece and goes
+    /// to the NIC whole, as that single post sends it; when the scheduler
+    /// lets it go at once it reaches the NIC in the same list as the
+    /// batch's other requests let go with it. Once added, its regions are
+    /// the batch's: they come back in its completion
+    /// ([`Completion::region`], then [`Completion::gathered`]), or, if it
+    /// is not accepted, as consecutive entries of
+    /// [`BatchError::refused`] (or of [`cancel`](Self::cancel)'s answer)
+    /// that share its context.
+    ///
+    /// ```no_run
+    /// use mtrdma_core::{TenantId, TrafficClass};
+    /// use mtrdma_verbs::{Access, Context, ScheduleConfig, SendOp};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ctx = Context::open_first_active()?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let a = pd.queue_pair().max_send_sge(2).build()?;
+    /// let b = pd.queue_pair().build()?;
+    /// let (ea, eb) = (a.endpoint(), b.endpoint());
+    /// let (a, _b) = (a.connect(&eb)?, b.connect(&ea)?);
+    /// let mut a = a.scheduled(ScheduleConfig::local(TenantId(1), TrafficClass::Bulk))?;
+    /// let target = pd.allocate(8192, Access::REMOTE_READ_WRITE)?;
+    /// let remote = target.remote().unwrap();
+    ///
+    /// let mut batch = a.batch();
+    /// let header = pd.allocate(64, Access::LOCAL)?;
+    /// let body = pd.allocate(4096, Access::LOCAL)?;
+    /// let parts = vec![(header, 0..64), (body, 0..4096)];
+    /// batch.post_send_gather(SendOp::Write(remote.slice(0, 4160).unwrap()), parts, 1)?;
+    /// let tail = pd.allocate(1024, Access::LOCAL)?;
+    /// batch.post_send(SendOp::Write(remote.slice(4160, 1024).unwrap()), tail, 0..1024, 2)?;
+    /// batch.submit()?;
+    /// let mut done = Vec::new();
+    /// while done.len() < 2 {
+    ///     a.poll(&mut done)?;
+    /// }
+    /// assert_eq!(done[0].gathered.len(), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn post_send_gather(
+        &mut self,
+        op: SendOp,
+        parts: Vec<(MemoryRegion, Range<usize>)>,
+        context: u64,
+    ) -> Result<(), GatherError> {
+        self.inner
+            .push_gather(op, parts, context)
+            .map_err(GatherError::new)
     }
 
     /// Requests in the batch.
     pub fn len(&self) -> usize {
-        self.requests.len()
+        self.inner.len()
     }
 
     /// Whether the batch has no request.
     pub fn is_empty(&self) -> bool {
-        self.requests.is_empty()
+        self.inner.len() == 0
     }
 
     /// Hands the requests to the scheduler, in order. If it refuses one
     /// (a cap of this scheduler's, say), those before it were accepted;
-    /// it and those after it come back in the [`BatchError`]. A piece the
-    /// NIC refuses fails its request at the next poll, as with
+    /// it and those after it come back in the [`BatchError`] (a gather
+    /// request's regions as consecutive entries with its context). A
+    /// piece the NIC refuses fails its request at the next poll, as with
     /// `post_send`.
-    pub fn submit(mut self) -> Result<(), BatchError> {
-        let requests = std::mem::take(&mut self.requests);
-        self.qp.post_batch(requests).map_err(BatchError::new)
+    pub fn submit(self) -> Result<(), BatchError> {
+        self.inner.submit().map_err(BatchError::new)
     }
 
     /// Hands nothing to the scheduler and the requests back, in order, as
-    /// (context, region).
-    pub fn cancel(mut self) -> Vec<(u64, MemoryRegion)> {
-        std::mem::take(&mut self.requests)
-            .into_iter()
-            .map(|r| (r.context, r.region))
-            .collect()
+    /// (context, region); a gather request's regions as consecutive
+    /// entries with its context, in order.
+    pub fn cancel(self) -> Vec<(u64, MemoryRegion)> {
+        self.inner.cancel()
     }
 }
 

@@ -148,6 +148,33 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         parts: Vec<(S::Region, Range<usize>)>,
         context: u64,
     ) -> Result<(), (Error, Vec<(S::Region, Range<usize>)>)> {
+        let (request, ranges) = self.gather_request(op, parts, context)?;
+        let result = match &mut self.way {
+            Way::Solo(solo) => solo.post_request(request),
+            Way::Attached(a) => {
+                let member = a.member;
+                a.with_engine(|e| {
+                    let piece = request.accept(e, member)?;
+                    e.own_pieces_mut().extend(piece);
+                    Ok(())
+                })
+            }
+        };
+        result.map_err(|(error, regions)| (error, regions.into_iter().zip(ranges).collect()))
+    }
+
+    /// A gather request of `parts` checked against this queue pair's
+    /// `max_send_sge` ([`check_gather`]), and the ranges as given (to
+    /// hand back with the regions should it be refused later); on refusal
+    /// the parts come back untouched.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn gather_request(
+        &self,
+        op: SendOp,
+        parts: Vec<(S::Region, Range<usize>)>,
+        context: u64,
+    ) -> Result<(Request<S::Region>, Vec<Range<usize>>), (Error, Vec<(S::Region, Range<usize>)>)>
+    {
         let max_sge = self.with_sink_ref(|qp| qp.books().max_send_sge);
         let Gather { sges, len } = match check_gather(op, &parts, max_sge) {
             Ok(gather) => gather,
@@ -155,26 +182,20 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         };
         let (regions, ranges): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
         let mut regions = regions.into_iter();
-        let first = regions.next().expect("check_gather refuses an empty list");
-        let gather = Box::new(Gathered {
-            rest: regions.collect(),
-            sges,
-        });
-        let result = match &mut self.way {
-            Way::Solo(solo) => solo.post_gather(op, first, gather, len, context),
-            Way::Attached(a) => {
-                let member = a.member;
-                a.with_engine(|e| {
-                    let piece = e.post_gather(member, op, first, gather, len, context)?;
-                    e.own_pieces_mut().extend(piece);
-                    Ok(())
-                })
-            }
+        let region = regions.next().expect("check_gather refuses an empty list");
+        let sge = sges.first().copied().unwrap_or_default();
+        let request = Request {
+            op,
+            region,
+            range: 0..len as usize,
+            sge,
+            context,
+            gather: Some(Box::new(Gathered {
+                rest: regions.collect(),
+                sges,
+            })),
         };
-        result.map_err(|(error, first, gather)| {
-            let regions = std::iter::once(first).chain(gather.rest);
-            (error, regions.zip(ranges).collect())
-        })
+        Ok((request, ranges))
     }
 
     /// Accepts `requests` together (see [`ScheduledBatch::submit`]): the
@@ -226,10 +247,16 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
 /// A send-side request of a batch, its range checked (`sge`).
 pub(crate) struct Request<R> {
     pub(crate) op: SendOp,
+    /// Its region (a gather request's first).
     pub(crate) region: R,
+    /// Its range (a gather request's: `0..` its bytes).
     pub(crate) range: Range<usize>,
+    /// Its scatter entry (a gather request's first).
     pub(crate) sge: ffi::ibv_sge,
     pub(crate) context: u64,
+    /// A gather request's other regions and scatter list
+    /// ([`Scheduled::gather_request`]); it goes whole, never parked.
+    pub(super) gather: Option<Box<Gathered<R>>>,
 }
 
 impl<R: Region> Request<R> {
@@ -248,9 +275,112 @@ impl<R: Region> Request<R> {
                 range,
                 sge,
                 context,
+                gather: None,
             }),
             Err(error) => Err((error, region)),
         }
+    }
+
+    /// Its regions, in order (a gather request's all), each with its
+    /// context: how a request not posted is handed back.
+    pub(crate) fn into_entries(self) -> impl Iterator<Item = (u64, R)> {
+        let context = self.context;
+        let rest = self.gather.map(|g| g.rest).unwrap_or_default();
+        std::iter::once(self.region)
+            .chain(rest)
+            .map(move |region| (context, region))
+    }
+
+    /// Accepts it on `engine` for `member` (see [`Engine::post_send`]; a
+    /// gather request whole, [`Engine::post_gather`]). On refusal its
+    /// regions come back, in order.
+    #[allow(clippy::type_complexity)]
+    fn accept<S: Sink<Region = R>, Q: PieceScheduler>(
+        self,
+        engine: &mut Engine<S, Q>,
+        member: usize,
+    ) -> Result<Option<RawSend>, (Error, Vec<R>)> {
+        let Request {
+            op,
+            region,
+            range,
+            sge,
+            context,
+            gather,
+        } = self;
+        match gather {
+            None => engine
+                .post_send(member, Op { op, whole: false }, region, range, sge, context)
+                .map_err(|(error, region)| (error, vec![region])),
+            Some(gather) => {
+                let len = u32::try_from(range.len()).expect("check_gather: it fits a u32");
+                engine
+                    .post_gather(member, op, region, gather, len, context)
+                    .map_err(|(error, first, gather)| {
+                        (error, std::iter::once(first).chain(gather.rest).collect())
+                    })
+            }
+        }
+    }
+}
+
+/// Send-side requests to be accepted together on a scheduled queue pair
+/// of any [`Sink`]: what [`ScheduledBatch`] is.
+pub(crate) struct Batched<'a, S: Sink, Q: PieceScheduler> {
+    qp: &'a mut Scheduled<S, Q>,
+    requests: Vec<Request<S::Region>>,
+}
+
+impl<'a, S: Sink, Q: PieceScheduler> Batched<'a, S, Q> {
+    pub(crate) fn new(qp: &'a mut Scheduled<S, Q>) -> Self {
+        Batched {
+            qp,
+            requests: Vec::new(),
+        }
+    }
+
+    /// Requests in the batch.
+    pub(crate) fn len(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// See [`ScheduledBatch::post_send`].
+    pub(crate) fn push(
+        &mut self,
+        op: SendOp,
+        region: S::Region,
+        range: Range<usize>,
+        context: u64,
+    ) -> Result<(), (Error, S::Region)> {
+        self.requests
+            .push(Request::checked(op, region, range, context)?);
+        Ok(())
+    }
+
+    /// See [`ScheduledBatch::post_send_gather`].
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn push_gather(
+        &mut self,
+        op: SendOp,
+        parts: Vec<(S::Region, Range<usize>)>,
+        context: u64,
+    ) -> Result<(), (Error, Vec<(S::Region, Range<usize>)>)> {
+        let (request, _) = self.qp.gather_request(op, parts, context)?;
+        self.requests.push(request);
+        Ok(())
+    }
+
+    /// See [`ScheduledBatch::submit`].
+    pub(crate) fn submit(self) -> Result<(), Refusal<S::Region>> {
+        self.qp.post_batch(self.requests)
+    }
+
+    /// See [`ScheduledBatch::cancel`].
+    pub(crate) fn cancel(self) -> Vec<(u64, S::Region)> {
+        self.requests
+            .into_iter()
+            .flat_map(Request::into_entries)
+            .collect()
     }
 }
 
@@ -267,11 +397,8 @@ fn accept_all<S: Sink, Q: PieceScheduler>(
     let mut requests = requests.into_iter();
     let mut posted = 0;
     while let Some(r) = requests.next() {
-        let op = Op {
-            op: r.op,
-            whole: false,
-        };
-        match engine.post_send(member, op, r.region, r.range, r.sge, r.context) {
+        let context = r.context;
+        match r.accept(engine, member) {
             Ok(piece) => {
                 engine.own_pieces_mut().extend(piece.map(|mut piece| {
                     piece.quiet_ok = piece.ud.is_none();
@@ -279,13 +406,16 @@ fn accept_all<S: Sink, Q: PieceScheduler>(
                 }));
                 posted += 1;
             }
-            Err((error, region)) => {
-                let refused: Vec<_> = std::iter::once((r.context, region))
-                    .chain(requests.map(|r| (r.context, r.region)))
-                    .collect();
+            Err((error, regions)) => {
+                let mut refused: Vec<_> = regions.into_iter().map(|r| (context, r)).collect();
+                let mut not_posted = 1;
+                for r in requests {
+                    not_posted += 1;
+                    refused.extend(r.into_entries());
+                }
                 return Err(Refusal {
                     posted,
-                    not_posted: refused.len(),
+                    not_posted,
                     error: Box::new(error),
                     refused,
                 });
@@ -383,18 +513,11 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
 
     /// [`Scheduled::post_gather`] on a queue pair of its own: always
     /// through the engine (a request sent whole).
-    #[allow(clippy::type_complexity)]
-    pub(super) fn post_gather(
+    pub(super) fn post_request(
         &mut self,
-        op: SendOp,
-        first: S::Region,
-        gather: Box<Gathered<S::Region>>,
-        len: u32,
-        context: u64,
-    ) -> Result<(), (Error, S::Region, Box<Gathered<S::Region>>)> {
-        let result = self
-            .engine
-            .post_gather(self.member, op, first, gather, len, context);
+        request: Request<S::Region>,
+    ) -> Result<(), (Error, Vec<S::Region>)> {
+        let result = request.accept(&mut self.engine, self.member);
         self.post_accepted(result)
     }
 
@@ -416,7 +539,9 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
         let mut next = requests.next();
         while let Some(r) = next.take() {
             let len = r.sge.length;
-            if !self.engine.may_park(self.member, r.op, u64::from(len)) {
+            // A gather request goes through the engine, whole, as its
+            // single post does; so do those after it, to keep their order.
+            if r.gather.is_some() || !self.engine.may_park(self.member, r.op, u64::from(len)) {
                 next = Some(r);
                 break;
             }
@@ -461,6 +586,7 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
                     range,
                     sge: piece.sge,
                     context: slot.context,
+                    gather: None,
                 });
             }
         }
