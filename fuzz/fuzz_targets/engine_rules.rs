@@ -278,33 +278,21 @@ impl Nic {
     }
 }
 
+/// A request as a queue pair takes it: operation, region, range, context.
+type Request = (SendOp, HeapRegion, Range<usize>, u64);
+
 /// What the harness calls on a queue pair, whatever its scheduler.
 trait Qp {
-    fn post(
-        &mut self,
-        op: SendOp,
-        r: HeapRegion,
-        range: Range<usize>,
-        id: u64,
-        whole: bool,
-    ) -> Result<(), (Error, HeapRegion)>;
-    fn batch(
-        &mut self,
-        requests: Vec<(SendOp, HeapRegion, Range<usize>, u64)>,
-    ) -> Result<(), BatchRefused>;
+    /// Posts `request` (`whole`: not split).
+    fn post(&mut self, request: Request, whole: bool) -> Result<(), (Error, HeapRegion)>;
+    fn batch(&mut self, requests: Vec<Request>) -> Result<(), BatchRefused>;
     fn poll(&mut self, out: &mut Vec<HostCompletion>);
     fn sink(&mut self, f: &mut dyn FnMut(&mut NullSink));
 }
 
 impl<Q: PieceScheduler> Qp for NullScheduled<Q> {
-    fn post(
-        &mut self,
-        op: SendOp,
-        r: HeapRegion,
-        range: Range<usize>,
-        id: u64,
-        whole: bool,
-    ) -> Result<(), (Error, HeapRegion)> {
+    fn post(&mut self, request: Request, whole: bool) -> Result<(), (Error, HeapRegion)> {
+        let (op, r, range, id) = request;
         if whole {
             self.post_send_whole(op, r, range, id)
         } else {
@@ -312,10 +300,7 @@ impl<Q: PieceScheduler> Qp for NullScheduled<Q> {
         }
     }
 
-    fn batch(
-        &mut self,
-        requests: Vec<(SendOp, HeapRegion, Range<usize>, u64)>,
-    ) -> Result<(), BatchRefused> {
+    fn batch(&mut self, requests: Vec<Request>) -> Result<(), BatchRefused> {
         self.post_batch(requests)
     }
 
@@ -406,10 +391,6 @@ impl Rig {
         let nic = Arc::clone(&self.nic);
         let sink = NullSink::new(q as u32, DEPTH).watch(move |e| lock(&nic).on(q, e));
         match q {
-            0 => Box::new(
-                bench::scheduled_with_clock(sink, config, Arc::clone(&self.clock))
-                    .expect("a queue pair of its own"),
-            ),
             // The composed scheduler runs on the real clock; without a
             // window or caps, nothing it does depends on the time.
             1 if self.composed => {
@@ -421,7 +402,7 @@ impl Rig {
                 .expect("a valid configuration");
                 Box::new(bench::scheduled_with(sink, config, sched).expect("composed"))
             }
-            1 => Box::new(
+            0 | 1 => Box::new(
                 bench::scheduled_with_clock(sink, config, Arc::clone(&self.clock))
                     .expect("a queue pair of its own"),
             ),
@@ -473,7 +454,7 @@ impl Rig {
         self.next += 1;
         let r = region(id, len);
         self.open(&mut lock(&self.nic), q, id, kind, whole, &r, len);
-        if let Err((_, r)) = self.qps[q].post(kind.op(id), r, 0..len, id, whole) {
+        if let Err((_, r)) = self.qps[q].post((kind.op(id), r, 0..len, id), whole) {
             self.refused(id, &r);
         }
         self.step_done();
