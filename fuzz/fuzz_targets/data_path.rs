@@ -16,35 +16,20 @@
 //!   in flight or queued.
 #![no_main]
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{delay_window, id_of, region, REMOTE};
 use libfuzzer_sys::fuzz_target;
 use mtrdma_core::{TenantId, TrafficClass};
-use mtrdma_verbs::bench::{
-    self, HeapRegion, HostCompletion, NullScheduled, NullScheduler, NullSink,
-};
-use mtrdma_sched::{DelayWindowConfig, ManualClock, Nanos};
-use mtrdma_verbs::{RemoteRegion, ScheduleConfig, SendOp, SharedConfig};
+use mtrdma_sched::{ManualClock, Nanos};
+use mtrdma_verbs::bench::{self, HostCompletion, NullScheduled, NullScheduler, NullSink};
+use mtrdma_verbs::{ScheduleConfig, SendOp, SharedConfig};
 
 const QPS: usize = 4;
-const REMOTE: RemoteRegion = RemoteRegion {
-    addr: 0x7000_0000,
-    len: 1 << 20,
-    rkey: 0x42,
-};
-
-/// A region of `len` bytes (at least 8) carrying `id`.
-fn region(id: u64, len: usize) -> HeapRegion {
-    let mut r = HeapRegion::new(len.max(8));
-    r.as_mut_slice()[..8].copy_from_slice(&id.to_le_bytes());
-    r
-}
-
-fn id_of(r: &HeapRegion) -> u64 {
-    u64::from_le_bytes(r.as_slice()[..8].try_into().expect("8 bytes"))
-}
 
 struct Rig {
     clock: Arc<ManualClock>,
@@ -84,16 +69,8 @@ impl Rig {
     }
 
     fn make(&self, q: usize) -> NullScheduled {
-        // Queue pairs 1 and 3 keep a delay window, with quiet times every
-        // 50 ms of the manual clock (a quiet time lasts twice the target
-        // delay, some milliseconds here: far shorter periods would leave
-        // the window quiet most of the time).
-        let window = (q % 2 == 1).then(|| {
-            Arc::new(DelayWindowConfig {
-                quiet_every: Nanos::from_millis(50),
-                ..DelayWindowConfig::for_piece(1024)
-            }) as _
-        });
+        // Queue pairs 1 and 3 keep a delay window.
+        let window = (q % 2 == 1).then(|| delay_window(1024));
         let config = ScheduleConfig {
             chunk_bytes: 1024,
             max_pieces_in_flight: 8,

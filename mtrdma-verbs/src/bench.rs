@@ -183,6 +183,25 @@ pub struct Posted {
     pub signaled: bool,
 }
 
+/// What a watched null sink reports as it happens ([`NullSink::watch`]):
+/// every work request offered to it and every one that leaves its ring,
+/// so that a test sees what is in the "NIC" (posted, not yet completed)
+/// at any moment, whoever posts or polls.
+#[derive(Debug)]
+pub enum SinkEvent<'a> {
+    /// It took this work request: in the NIC until it completes.
+    Posted(&'a Posted),
+    /// It refused this work request, which never reached the NIC.
+    Refused(&'a Posted),
+    /// The oldest work request in its ring left it with this status: its
+    /// completion was polled (an unsignaled one's, with the signaled one
+    /// after it), or it was flushed when the queue pair was drained.
+    Completed(WcStatus),
+}
+
+/// What [`NullSink::watch`] calls.
+type Watcher = Box<dyn FnMut(SinkEvent<'_>) + Send>;
+
 /// A drain held until released ([`NullSink::hold_shutdown`]).
 #[derive(Debug, Default)]
 pub struct ShutdownHold {
@@ -239,6 +258,8 @@ pub struct NullSink {
     /// Holds `shutdown` until released.
     hold: Option<std::sync::Arc<ShutdownHold>>,
     log: Option<Vec<Posted>>,
+    /// Told of every post and completion ([`NullSink::watch`]).
+    watch: Option<Watcher>,
     qpn: u32,
     tenant: Option<TenantHandle>,
 }
@@ -270,6 +291,7 @@ impl NullSink {
             refuse_after: None,
             hold: None,
             log: None,
+            watch: None,
             qpn,
             tenant: None,
         }
@@ -310,6 +332,40 @@ impl NullSink {
     pub fn recording(mut self) -> NullSink {
         self.log = Some(Vec::new());
         self
+    }
+
+    /// The same sink, calling `f` as it takes or refuses each work
+    /// request and as each leaves its ring ([`SinkEvent`]), in the order
+    /// they happen; `f` runs inside the post or poll, with the queue
+    /// pair's lock held (it must not call back into the queue pair or its
+    /// engine).
+    pub fn watch(mut self, f: impl FnMut(SinkEvent<'_>) + Send + 'static) -> NullSink {
+        self.watch = Some(Box::new(f));
+        self
+    }
+
+    /// Tells the watcher, if any, that the sink took (`taken`) or refused
+    /// `wr`.
+    #[cold]
+    fn tell_offered(&mut self, wr: &ffi::ibv_send_wr, taken: bool) {
+        if let Some(watch) = &mut self.watch {
+            let signaled = wr.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
+            let posted = Self::posted(wr, Self::first_sge(wr), signaled);
+            watch(if taken {
+                SinkEvent::Posted(&posted)
+            } else {
+                SinkEvent::Refused(&posted)
+            });
+        }
+    }
+
+    /// Tells the watcher, if any, that the oldest request in the ring
+    /// left it with `status`.
+    #[inline]
+    fn tell_completed(&mut self, status: WcStatus) {
+        if let Some(watch) = &mut self.watch {
+            watch(SinkEvent::Completed(status));
+        }
     }
 
     /// From now on, refuses (`fail`) or takes every post.
@@ -434,6 +490,9 @@ impl NullSink {
             None => false,
         };
         if refuse || self.fail || self.queued == self.ring.len() {
+            if self.watch.is_some() {
+                self.tell_offered(wr, false);
+            }
             return Err(Error::Verbs {
                 call: "ibv_post_send",
                 device: "null".to_string(),
@@ -443,18 +502,16 @@ impl NullSink {
         if u32::try_from(wr.num_sge).map_or(true, |n| n > self.books.max_send_sge) {
             // A provider refuses a scatter list longer than the queue
             // pair was built for (EINVAL).
+            if self.watch.is_some() {
+                self.tell_offered(wr, false);
+            }
             return Err(Error::Verbs {
                 call: "ibv_post_send",
                 device: "null".to_string(),
                 source: io::Error::from_raw_os_error(22),
             });
         }
-        let sge = if wr.num_sge > 0 {
-            // SAFETY: the caller's `wr` names one valid scatter entry.
-            unsafe { *wr.sg_list }
-        } else {
-            ffi::ibv_sge::default()
-        };
+        let sge = Self::first_sge(wr);
         let signaled = wr.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
         let at = (self.head + self.queued) % self.ring.len();
         self.ring[at] = Entry {
@@ -467,7 +524,22 @@ impl NullSink {
         if let Some(log) = &mut self.log {
             log.push(Self::posted(wr, sge, signaled));
         }
+        if self.watch.is_some() {
+            self.tell_offered(wr, true);
+        }
         Ok(())
+    }
+
+    /// The first scatter entry of `wr` (all zero if it has none).
+    #[inline]
+    fn first_sge(wr: &ffi::ibv_send_wr) -> ffi::ibv_sge {
+        if wr.num_sge > 0 {
+            // SAFETY: the caller's `wr` names at least one valid scatter
+            // entry.
+            unsafe { *wr.sg_list }
+        } else {
+            ffi::ibv_sge::default()
+        }
     }
 
     /// What [`recording`](Self::recording) keeps of a work request.
@@ -581,6 +653,12 @@ impl Sink for NullSink {
             self.head = (at + 1) % self.ring.len();
             self.queued -= unsignaled + 1;
             self.done += unsignaled as u64 + 1;
+            if self.watch.is_some() {
+                for _ in 0..unsignaled {
+                    self.tell_completed(WcStatus::Success);
+                }
+                self.tell_completed(status);
+            }
             unsignaled = 0;
             n += 1;
             self.books.complete_device(wc, out, raw);
@@ -602,6 +680,7 @@ impl Sink for NullSink {
             self.head = (self.head + 1) % self.ring.len();
             self.queued -= 1;
             self.done += 1;
+            self.tell_completed(WcStatus::Flushed);
             self.books.complete_device(wc, &mut out, &mut raw);
         }
         true
@@ -967,6 +1046,45 @@ mod tests {
         (0..n)
             .map(|i| (SendOp::Write(REMOTE), tagged(i), 0..64, i))
             .collect()
+    }
+
+    #[test]
+    fn a_watched_sink_reports_what_it_takes_refuses_and_completes() {
+        let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = Arc::clone(&events);
+        let mut sink = NullSink::new(1, 4).watch(move |e| {
+            let e = match e {
+                SinkEvent::Posted(p) => format!("posted {} {}", p.wr_id, p.length),
+                SinkEvent::Refused(p) => format!("refused {}", p.wr_id),
+                SinkEvent::Completed(s) => format!("completed {s:?}"),
+            };
+            seen.lock().unwrap().push(e);
+        });
+        post_direct(&mut sink, 7, 64);
+        sink.refuse_after(0);
+        assert!(sink
+            .post_send(SendOp::Write(REMOTE), tagged(8), 0..16, 8)
+            .is_err());
+        post_direct(&mut sink, 9, 32);
+        sink.fail_completion_after(0);
+        let mut out = Vec::new();
+        sink.poll(&mut out).unwrap();
+        let events = events.lock().unwrap();
+        assert_eq!(events.len(), 5, "{events:?}");
+        assert!(events[0].starts_with("posted ") && events[0].ends_with(" 64"));
+        assert!(events[1].starts_with("refused "));
+        assert!(events[2].starts_with("posted ") && events[2].ends_with(" 32"));
+        assert_eq!(events[3..], ["completed RemoteAccess", "completed Flushed"]);
+    }
+
+    fn post_direct(sink: &mut NullSink, context: u64, len: usize) {
+        let r = tagged(context);
+        if sink
+            .post_send(SendOp::Write(REMOTE), r, 0..len, context)
+            .is_err()
+        {
+            panic!("refused");
+        }
     }
 
     #[test]
