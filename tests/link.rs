@@ -44,6 +44,39 @@ fn spawn(cmd: &mut Command) -> Child {
         .expect("start examples/perf")
 }
 
+/// Packets `device` has sent (SoftRoCE's `sent_pkts` counter), if the
+/// provider keeps that counter.
+fn sent_packets(device: &str) -> Option<u64> {
+    let path = format!("/sys/class/infiniband/{device}/ports/1/hw_counters/sent_pkts");
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Waits until the bulk tenants are moving (at least a second, and until
+/// `sender` sends 64 packets or more in a quarter of a second): on a busy
+/// emulated host they may take seconds to start and connect, and a probe
+/// that starts before them measures an idle link.
+fn wait_for_bulk(sender: &str) {
+    let start = std::time::Instant::now();
+    let Some(mut before) = sent_packets(sender) else {
+        std::thread::sleep(Duration::from_secs(1));
+        return;
+    };
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = sent_packets(sender).unwrap_or(before);
+        let moving = now.saturating_sub(before) >= 64;
+        if moving && start.elapsed() >= Duration::from_secs(1) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the bulk tenants sent {} packets in the last 250 ms after 20 s: they did not start",
+            now.saturating_sub(before)
+        );
+        before = now;
+    }
+}
+
 /// The latency tenant's p99 (us) next to `bulk` tenants run with `way`.
 fn p99_next_to_bulk(sender: &str, receiver: &str, port: u16, way: &[&str]) -> f64 {
     let bulk = 2u16;
@@ -74,7 +107,7 @@ fn p99_next_to_bulk(sender: &str, receiver: &str, port: u16, way: &[&str]) -> f6
         bulk_args.extend_from_slice(way);
         children.push(spawn(&mut client(port + i, &bulk_args)));
     }
-    std::thread::sleep(Duration::from_secs(1));
+    wait_for_bulk(sender);
     let out = client(
         port,
         &[
