@@ -25,7 +25,7 @@
 //! ```text
 //! cargo run --release --example coordinator -- --policy examples/policy.toml
 //!     [--table NAME] [--socket PATH] [--capacity N (tenants)] [--processes N (per tenant)] [--quiet]
-//!     [--no-window-gains] [--monitor]
+//!     [--no-window-gains] [--no-piece-floor] [--monitor]
 //! ```
 //!
 //! Tenant processes then call `mtrdma::core::coordinator::register(socket)`.
@@ -51,6 +51,9 @@ struct Args {
     /// Whether to set gains on the tenants' delay windows (see
     /// `Coordinator::set_window_gains`).
     window_gains: bool,
+    /// Whether to run the one-piece floor (see
+    /// `Coordinator::set_piece_floor`).
+    piece_floor: bool,
     /// Whether to load the kernel monitor.
     monitor: bool,
 }
@@ -72,6 +75,7 @@ fn parse() -> Result<Args, String> {
     let mut socket = None;
     let (mut capacity, mut processes, mut quiet) = (64u32, 256u32, false);
     let mut window_gains = true;
+    let mut piece_floor = true;
     let mut monitor = false;
     let mut it = args::Args::from_env();
     while let Some(token) = it.next()? {
@@ -87,6 +91,7 @@ fn parse() -> Result<Args, String> {
             "--processes" => processes = it.parse(&flag)?,
             "--quiet" => quiet = true,
             "--no-window-gains" => window_gains = false,
+            "--no-piece-floor" => piece_floor = false,
             "--monitor" => monitor = true,
             other => return Err(format!("unknown flag {other}")),
         }
@@ -103,6 +108,7 @@ fn parse() -> Result<Args, String> {
         },
         quiet,
         window_gains,
+        piece_floor,
         monitor,
     })
 }
@@ -122,9 +128,13 @@ fn print_view(
     println!("{}", policy.protection_summary());
     println!(
         "link estimate {:.3} Gb/s (the most the tenants moved together lately); \
-         {:.0}% of their windows' bytes over target",
+         {:.0}% of their windows' bytes over target; one-piece floor given to {} of {} \
+         windowed tenants ({} steps taken back)",
         gbps(view.estimate_bytes_per_sec as f64),
-        100.0 * view.over_target
+        100.0 * view.over_target,
+        view.floor_granted,
+        view.floor_senders,
+        view.floor_withdrawals
     );
     println!(
         "{:>4} {:<16} {:<7} {:>9} {:>9} {:>6} {:>5} {:>11} {:>14} {:>10} {:>5}",
@@ -277,6 +287,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let socket = args.config.socket.clone();
     let mut coordinator = Coordinator::start(args.config)?;
     coordinator.set_window_gains(args.window_gains);
+    coordinator.set_piece_floor(args.piece_floor);
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;

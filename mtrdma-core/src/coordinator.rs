@@ -33,7 +33,9 @@ use crate::policy::{PeerCredentials, Policy, PolicyError};
 use crate::procinfo::{self, ProcessId};
 use crate::table::{DemandCounters, QuotaTable, Reclaimed, TableError, TenantHandle, TenantUsage};
 use crate::TenantId;
+use mtrdma_sched::piece_floor::{FloorControl, Permit, Shift};
 use mtrdma_sched::share::{ShareGains, TenantRate};
+use mtrdma_sched::{Protection, TrafficClass};
 
 use wire::HELLO;
 
@@ -257,7 +259,21 @@ pub struct LinkView {
     /// The share of bytes the tenants' delay windows judged over their
     /// target lately (0 to 1).
     pub over_target: f64,
+    /// Tenants whose windows the one-piece floor is given to now
+    /// ([`Coordinator::set_piece_floor`]).
+    pub floor_granted: usize,
+    /// Tenants whose windows contend for the link, as the floor counts
+    /// them.
+    pub floor_senders: usize,
+    /// Steps of the floor taken back so far: the latency tenants' median
+    /// delay moved by more than allowed.
+    pub floor_withdrawals: u64,
 }
+
+/// A tenant's windows count as contending for the link (for the one-piece
+/// floor) for this long after they last judged a piece: a tenant with a
+/// quiet interval is not taken for one that left.
+const FLOOR_SENDER_MEMORY_NS: u64 = 1_000_000_000;
 
 /// The coordinator (see the module docs).
 #[derive(Debug)]
@@ -276,6 +292,10 @@ pub struct Coordinator {
     /// The gains on the tenants' windows' growth, from what each moved
     /// (`None`: turned off, every gain 1).
     gains: Option<ShareGains>,
+    /// The one-piece floor (`None`: turned off), and when each tenant's
+    /// windows last judged a piece.
+    floor: Option<FloorControl>,
+    windows_seen: HashMap<TenantId, u64>,
     /// When `tick` last looked at the policy file and for dead processes
     /// (0: never).
     last_housekeeping_ns: u64,
@@ -400,6 +420,8 @@ impl Coordinator {
             last_recompute_ns: 0,
             link: LinkObserver::default(),
             gains: Some(ShareGains::default()),
+            floor: Some(FloorControl::default()),
+            windows_seen: HashMap::new(),
             last_housekeeping_ns: 0,
             registration_waiting: None,
             pending: Vec::new(),
@@ -653,6 +675,9 @@ impl Coordinator {
             // atomic's round trip holds it), pulled the victim's gain to
             // 0.7 and left it half of what it moves alone.
             let windowed = now.judged > before.judged;
+            if windowed {
+                self.windows_seen.insert(t.id, now_ns);
+            }
             moved.push(TenantRate {
                 id: t.id,
                 weight: t.schedule.weight,
@@ -676,6 +701,7 @@ impl Coordinator {
                     mtrdma_sched::share::sharing_for(g.sharing_weight(), used)
                 }));
         }
+        let floor_permits = self.piece_floor(now_ns, &tenants);
         let capacity = self.policy.link.capacity_bytes_per_sec;
         let rates = weighted_max_min(capacity, &demands);
         let active_weight: u128 = demands
@@ -701,8 +727,91 @@ impl Coordinator {
             self.table.set_window_gain(slot, gain);
             out.push((t.id, published));
         }
+        for (&(_, slot), permit) in tenants.iter().zip(floor_permits) {
+            self.table.set_floor_permit(slot, permit.to_word());
+        }
         self.table.heartbeat(now_ns);
         out
+    }
+
+    /// The one-piece floor's step at `now_ns` (`mtrdma_sched::piece_floor`):
+    /// the latency tenants' reports in, the permit of each of `tenants`
+    /// out. The windowed senders are the bulk tenants whose windows judged
+    /// a piece within [`FLOOR_SENDER_MEMORY_NS`], in id order; a step may
+    /// move the latency tenants' median by a quarter of the time a piece
+    /// of the policy's bound takes at the link's measured rate. With no
+    /// bound, no measured rate or the floor turned off, every permit is
+    /// off.
+    fn piece_floor(
+        &mut self,
+        now_ns: u64,
+        tenants: &[(&crate::policy::TenantEntry, u32)],
+    ) -> Vec<Permit> {
+        let off = |floor: &FloorControl| Permit {
+            on: false,
+            generation: floor.permit(None).generation,
+        };
+        let Some(floor) = self.floor.as_mut() else {
+            return vec![Permit::OFF; tenants.len()];
+        };
+        let piece = self
+            .policy
+            .link
+            .latency_bound
+            .and_then(|b| Protection::for_bound(b).ok())
+            .map(|p| p.piece_bytes);
+        let rate = self.table.link_estimate();
+        let seen = &self.windows_seen;
+        let is_sender = |t: &crate::policy::TenantEntry| {
+            t.class == TrafficClass::Bulk
+                && seen
+                    .get(&t.id)
+                    .is_some_and(|&at| now_ns.saturating_sub(at) <= FLOOR_SENDER_MEMORY_NS)
+        };
+        let (Some(piece), Some(rate)) = (piece, rate) else {
+            floor.update(
+                mtrdma_sched::Nanos(now_ns),
+                Shift::default(),
+                mtrdma_sched::Nanos::ZERO,
+                0,
+            );
+            return tenants.iter().map(|_| off(floor)).collect();
+        };
+        let senders = tenants.iter().filter(|(t, _)| is_sender(t)).count();
+        let reports = tenants
+            .iter()
+            .filter(|(t, _)| t.class == TrafficClass::Latency)
+            .map(|&(_, slot)| Shift::from_word(self.table.delay_shift(slot)));
+        let report = FloorControl::merge(floor.permit(None), reports);
+        let quarter = u128::from(piece) * 1_000_000_000 / u128::from(rate.max(1)) / 4;
+        let allowed = mtrdma_sched::Nanos(u64::try_from(quarter).unwrap_or(u64::MAX));
+        floor.update(mtrdma_sched::Nanos(now_ns), report, allowed, senders);
+        let mut index = 0;
+        tenants
+            .iter()
+            .map(|(t, _)| {
+                if is_sender(t) {
+                    index += 1;
+                    floor.permit(Some(index - 1))
+                } else if t.class == TrafficClass::Latency {
+                    floor.permit(None)
+                } else {
+                    off(floor)
+                }
+            })
+            .collect()
+    }
+
+    /// Whether the coordinator runs the one-piece floor
+    /// (`mtrdma_sched::piece_floor`; on by default): it gives the bulk
+    /// tenants' delay windows a floor of one piece, one tenant at a time,
+    /// as far as the latency tenants' median delay allows. Off, windows
+    /// under a latency bound pace their pieces below one piece as they
+    /// need.
+    pub fn set_piece_floor(&mut self, on: bool) {
+        if on != self.floor.is_some() {
+            self.floor = on.then(FloorControl::default);
+        }
     }
 
     /// Whether the coordinator sets gains on the tenants' delay windows'
@@ -721,6 +830,9 @@ impl Coordinator {
         LinkView {
             estimate_bytes_per_sec: self.table.link_estimate().unwrap_or(0),
             over_target: self.link.over_share(),
+            floor_granted: self.floor.as_ref().map_or(0, FloorControl::granted),
+            floor_senders: self.floor.as_ref().map_or(0, FloorControl::senders),
+            floor_withdrawals: self.floor.as_ref().map_or(0, FloorControl::withdrawals),
         }
     }
 

@@ -805,3 +805,92 @@ fn fair_rates_lapse_when_the_coordinator_stops() {
         "{again}"
     );
 }
+
+/// The one-piece floor through the table: a latency tenant's reports
+/// (`TenantHandle::report_delay_shift`, as its engine writes them) decide
+/// which bulk tenants' windows get it (`TenantHandle::floor_permit`), one
+/// tenant at a time, as far as the latency tenant's median delay allows;
+/// a step that moves it too far is taken back; a stopped coordinator's
+/// permits lapse; and the floor can be turned off.
+#[test]
+fn the_one_piece_floor_is_given_by_the_latency_tenant_s_delays() {
+    use mtrdma_core::table::HEARTBEAT_STALE_NS;
+    use mtrdma_sched::piece_floor::DelayShift;
+    use mtrdma_sched::Nanos;
+
+    const FLOOR: &str = r#"
+[link]
+capacity = 1000000000
+recompute_interval_ms = 1
+latency_bound = 16384
+
+[[tenant]]
+id = 1
+name = "latency"
+class = "latency"
+
+[[tenant]]
+id = 2
+name = "bulk-a"
+
+[[tenant]]
+id = 3
+name = "bulk-b"
+"#;
+    let s = Setup::new("floor", FLOOR);
+    let mut c = Coordinator::start(s.config.clone()).unwrap();
+    let table = c.table().clone();
+    let latency = table.attach(TenantId(1)).unwrap();
+    let bulk = [
+        table.attach(TenantId(2)).unwrap(),
+        table.attach(TenantId(3)).unwrap(),
+    ];
+    let interval = 20_000_000u64;
+    let mut now = table.now_ns();
+    let mut probe = DelayShift::new();
+    // Each bulk tenant with the floor adds `per` ns to the probe's delay of
+    // 300 us; 4 KiB pieces at the measured 20 MB/s take 205 us, and a
+    // step may move the median by a quarter of that.
+    let mut run = |c: &mut Coordinator, now: &mut u64, ms: u64, per: u64| {
+        let mut most = 0;
+        for _ in 0..ms / 20 {
+            for b in &bulk {
+                b.record_posted(200_000, 50);
+                b.record_verdicts(200_000, 0);
+            }
+            let permit = latency.floor_permit(*now);
+            let given = bulk.iter().filter(|b| b.floor_permit(*now).on).count() as u64;
+            assert_eq!(
+                permit.on,
+                given > 0,
+                "the latency tenant's permit says whether any has it"
+            );
+            // Forty requests of the probe in these 20 ms.
+            for i in 0..40 {
+                let sent = *now + i * 500_000;
+                let delay = 300_000 + per * given;
+                if probe.record(permit, Nanos(sent), Nanos(sent + delay)) {
+                    latency.report_delay_shift(probe.report());
+                }
+            }
+            *now += interval;
+            c.recompute(*now);
+            most = most.max(bulk.iter().filter(|b| b.floor_permit(*now).on).count());
+        }
+        most
+    };
+    // The floor costs the probe nothing: both get it.
+    assert_eq!(run(&mut c, &mut now, 3_000, 0), 2);
+    let view = c.link_view();
+    assert_eq!((view.floor_granted, view.floor_senders), (2, 2));
+    // Now each costs it 40 us: two are too many, one is kept.
+    run(&mut c, &mut now, 2_000, 40_000);
+    assert_eq!(bulk.iter().filter(|b| b.floor_permit(now).on).count(), 1);
+    assert!(c.link_view().floor_withdrawals >= 1);
+    // A stopped coordinator's permits lapse.
+    assert!(!bulk[0].floor_permit(now + HEARTBEAT_STALE_NS + 1).on);
+    assert!(!latency.floor_permit(now + HEARTBEAT_STALE_NS + 1).on);
+    // Turned off: no floor, whatever the probe says.
+    c.set_piece_floor(false);
+    assert_eq!(run(&mut c, &mut now, 1_000, 0), 0);
+}

@@ -54,6 +54,7 @@
 use std::collections::VecDeque;
 
 use crate::descriptor::{Grant, Opcode};
+use crate::piece_floor::{DelayShift, Permit, Shift};
 use crate::time::Nanos;
 use crate::window::{Admit, Window};
 use crate::TrafficClass;
@@ -107,6 +108,12 @@ pub struct Lane<H> {
     released: u64,
     /// The largest piece it posts ([`Lane::with_piece_limit`]).
     piece_limit: u64,
+    /// A latency lane's delays with and without the one-piece floor
+    /// ([`Lane::with_delay_shift`]), the permit as last told, and whether
+    /// a report is due.
+    shift: Option<Box<DelayShift>>,
+    permit: Permit,
+    report_due: bool,
 }
 
 impl<H> Lane<H> {
@@ -122,7 +129,43 @@ impl<H> Lane<H> {
             window,
             released: 0,
             piece_limit: u64::MAX,
+            shift: None,
+            permit: Permit::OFF,
+            report_due: false,
         }
+    }
+
+    /// The same lane, keeping its pieces' delays with and without the
+    /// coordinator's one-piece floor ([`piece_floor`](crate::piece_floor)):
+    /// a latency-class lane under a latency bound. Its pieces are then
+    /// timed; [`Gate::completed`] records each, and
+    /// [`take_shift_report`](Self::take_shift_report) tells what it saw.
+    pub fn with_delay_shift(mut self) -> Lane<H> {
+        self.shift = Some(Box::default());
+        self
+    }
+
+    /// Whether it keeps a delay shift ([`with_delay_shift`](Self::with_delay_shift)).
+    #[inline]
+    pub fn keeps_delay_shift(&self) -> bool {
+        self.shift.is_some()
+    }
+
+    /// Tells the lane the coordinator's permit as it stands (for a lane
+    /// that keeps a delay shift; cheap).
+    #[inline]
+    pub fn set_permit(&mut self, permit: Permit) {
+        self.permit = permit;
+    }
+
+    /// What its delays show of the floor, when a report is due (every 16
+    /// pieces timed, and at a change of the permit); `None` otherwise and
+    /// for a lane that keeps none.
+    pub fn take_shift_report(&mut self) -> Option<Shift> {
+        if !std::mem::take(&mut self.report_due) {
+            return None;
+        }
+        self.shift.as_mut().map(|s| s.report())
     }
 
     /// The same lane, posting pieces of at most `bytes` (at least 1):
@@ -443,7 +486,7 @@ impl Gate {
     /// its window, or to find it stalled.
     #[inline]
     fn stamps<H>(&self, lane: &Lane<H>) -> bool {
-        lane.window.is_some() || self.budget_counts(lane)
+        lane.window.is_some() || lane.shift.is_some() || self.budget_counts(lane)
     }
 
     /// The piece size.
@@ -616,6 +659,9 @@ impl Gate {
         let (len, sent_at) = self.take_piece(lane, tag)?;
         if let Some(w) = &mut lane.window {
             w.on_completed_late(len, sent_at, now(), host);
+        } else if let Some(shift) = &mut lane.shift {
+            let at = Nanos(now().0.saturating_sub(host.0).max(sent_at.0));
+            lane.report_due |= shift.record(lane.permit, sent_at, at);
         }
         Some(len)
     }

@@ -38,6 +38,9 @@
 //! * [`protection`]: what the operator's latency bound asks of every bulk
 //!   sender (its piece size and queue allowance), and how a sender's own
 //!   settings are held to it.
+//! * [`piece_floor`]: when the coordinator lets delay windows keep one
+//!   piece whatever the delay (pacing under a piece costs a sleep per
+//!   piece), judged by what it does to the latency tenants' delays.
 //! * [`sim`]: a discrete-event model of one NIC port, with and without
 //!   mtrdma, running the shipped rules of [`gate`].
 //!
@@ -91,6 +94,7 @@ mod gcra;
 mod guard;
 mod id_hash;
 mod nodes;
+pub mod piece_floor;
 mod policy;
 pub mod protection;
 mod ring;

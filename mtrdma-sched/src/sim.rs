@@ -46,6 +46,7 @@ use crate::descriptor::{Dequeue, Descriptor, Grant, Opcode};
 use crate::error::{ConfigError, RejectReason};
 use crate::fifo::FifoScheduler;
 use crate::gate::{Gate, GrantOrder, Lane, Post};
+use crate::piece_floor::{FloorControl, Shift};
 use crate::policy::{SchedulerConfig, TenantPolicy};
 use crate::share::{ShareGains, ShareGainsConfig, TenantRate};
 use crate::tenant_scheduler::TenantScheduler;
@@ -114,6 +115,12 @@ pub struct SimConfig {
     /// ([`Gate::completed_unsampled`]). 1 (the default): every piece
     /// reports.
     pub signal_every: u32,
+    /// With a coordinator and windows: it also runs the one-piece floor's
+    /// control ([`FloorControl`]), the latency tenants' queue pairs keep
+    /// their delays with and without it ([`Lane::with_delay_shift`]), and
+    /// a step may move their median by half the time one piece (the
+    /// scheduler's chunk) takes on the wire. Default false.
+    pub piece_floor: bool,
 }
 
 impl Default for SimConfig {
@@ -132,6 +139,7 @@ impl Default for SimConfig {
             share_gains: ShareGainsConfig::default(),
             publish_link_rate: false,
             signal_every: 1,
+            piece_floor: false,
         }
     }
 }
@@ -353,6 +361,23 @@ pub struct Report {
     /// a [`Workload::Bulk`] workload (the ones always backlogged); 1 if
     /// there are none.
     pub jain_index: f64,
+    /// With [`SimConfig::piece_floor`]: the coordinator's floor at the
+    /// end of the run.
+    pub piece_floor: Option<FloorReport>,
+}
+
+/// The one-piece floor at the end of a run ([`Report::piece_floor`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FloorReport {
+    /// Windowed tenants that had it.
+    pub granted: usize,
+    /// The most that had it at once, over the run.
+    pub most: usize,
+    /// Steps taken back ([`FloorControl::withdrawals`]).
+    pub withdrawals: u64,
+    /// The share of the measured time it was given to every windowed
+    /// tenant, in parts per million.
+    pub all_ppm: u32,
 }
 
 impl Report {
@@ -371,7 +396,7 @@ pub fn run(config: &SimConfig, tenants: &[TenantSpec], mode: &Mode) -> Result<Re
     match mode {
         Mode::Fifo => {
             let engine = Engine::raw(FifoScheduler::new(), config.nic_queue_depth);
-            simulate(config, tenants, vec![engine], no_windows(tenants.len()))
+            simulate(config, tenants, vec![engine], no_windows(tenants.len()), 0)
         }
         Mode::Scheduled(sched_config) => {
             let mut sched = TenantScheduler::new(sched_config.clone())?;
@@ -380,7 +405,7 @@ pub fn run(config: &SimConfig, tenants: &[TenantSpec], mode: &Mode) -> Result<Re
             }
             let gate = Gate::new(sched_config.chunk_bytes, config.bulk_bytes_in_flight);
             let engine = Engine::gated(sched, gate, false);
-            simulate(config, tenants, vec![engine], no_windows(tenants.len()))
+            simulate(config, tenants, vec![engine], no_windows(tenants.len()), 0)
         }
         Mode::Windowed(sched_config, window) => {
             let mut engines = Vec::with_capacity(tenants.len());
@@ -404,7 +429,7 @@ pub fn run(config: &SimConfig, tenants: &[TenantSpec], mode: &Mode) -> Result<Re
                     })?) as Box<dyn Window>),
                 });
             }
-            simulate(config, tenants, engines, windows)
+            simulate(config, tenants, engines, windows, sched_config.chunk_bytes)
         }
     }
 }
@@ -437,17 +462,20 @@ pub fn run_with<S: Scheduler<u64>>(
         std::iter::repeat_with(|| None)
             .take(tenants.len())
             .collect(),
+        0,
     )
 }
 
 /// Runs `tenants`, tenant `i` posting through `engines[i]` if there is one
 /// per tenant, else through `engines[0]`; tenant `i`'s queue pair has
-/// window `windows[i]`.
+/// window `windows[i]`; windows' pieces are of `piece` bytes (0: no
+/// windows).
 fn simulate<S: Scheduler<u64>>(
     config: &SimConfig,
     tenants: &[TenantSpec],
     engines: Vec<Engine<S>>,
     windows: Vec<Option<Box<dyn Window>>>,
+    piece: u64,
 ) -> Result<Report, SimError> {
     if config.link_bps == 0 {
         return Err(SimError::ZeroLink);
@@ -483,12 +511,20 @@ fn simulate<S: Scheduler<u64>>(
     } else {
         vec![0; tenants.len()]
     };
+    let floor = config.piece_floor
+        && config.coordinator_every > Nanos::ZERO
+        && windows.iter().any(Option::is_some);
     let lanes = tenants
         .iter()
         .zip(windows)
         .map(|(t, w)| {
             let slots = t.pieces_in_flight.unwrap_or(config.pieces_per_queue_pair);
-            Lane::new(t.class, slots, w)
+            let lane = Lane::new(t.class, slots, w);
+            if floor && t.class == TrafficClass::Latency {
+                lane.with_delay_shift()
+            } else {
+                lane
+            }
         })
         .collect();
     let mut sim = Sim {
@@ -509,6 +545,11 @@ fn simulate<S: Scheduler<u64>>(
         state: tenants.iter().map(|_| TenantState::default()).collect(),
         rng: 0,
         gains: None,
+        floor: floor.then(FloorControl::default),
+        floor_piece: piece,
+        floor_most: 0,
+        floor_all_ns: 0,
+        shifts: vec![Shift::default(); tenants.len()],
         moved: 0.0,
         lists: vec![Vec::new(); tenants.len()],
         listed: Vec::new(),
@@ -625,6 +666,15 @@ struct Sim<'a, S> {
     /// The coordinator's gains ([`SimConfig::coordinator_every`]), if the
     /// tenants have windows and a coordinator runs.
     gains: Option<ShareGains>,
+    /// The coordinator's one-piece floor ([`SimConfig::piece_floor`]), the
+    /// windows' piece size, and each latency tenant's last report.
+    floor: Option<FloorControl>,
+    floor_piece: u64,
+    shifts: Vec<Shift>,
+    /// The most windowed tenants that had the floor at once, and the
+    /// measured time all had it (ns).
+    floor_most: usize,
+    floor_all_ns: u64,
     /// What the tenants moved together, smoothed as the coordinator
     /// smooths it (bytes per second).
     moved: f64,
@@ -1008,6 +1058,9 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                         gate.completed_unsampled(&mut self.lanes[t], q, || Nanos(now));
                     }
                     gate.completed(&mut self.lanes[t], tag, || Nanos(now), Nanos::ZERO);
+                    if let Some(report) = self.lanes[t].take_shift_report() {
+                        self.shifts[t] = report;
+                    }
                     self.pump(now, false);
                 }
                 Event::Post { tenant } => {
@@ -1033,6 +1086,8 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
     /// The coordinator's recomputation: what each tenant moved since the
     /// last, into the gains of their windows.
     fn recompute(&mut self, now: u64) {
+        // A step may move the latency tenants' median by half a piece's time.
+        let allowed = Nanos(self.tx_ns(self.floor_piece) / 4);
         let Some(gains) = self.gains.as_mut() else {
             return;
         };
@@ -1068,12 +1123,36 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
             .config
             .publish_link_rate
             .then_some(self.config.link_bps / 8);
+        // The floor: given to the windowed tenants that have started, in
+        // the order of the specs.
+        let senders = self
+            .specs
+            .iter()
+            .zip(&self.lanes)
+            .filter(|(spec, lane)| lane.window().is_some() && spec.start.0 <= now)
+            .count();
+        if let Some(floor) = self.floor.as_mut() {
+            let report = FloorControl::merge(floor.permit(None), self.shifts.iter().copied());
+            let n = floor.update(Nanos(now), report, allowed, senders);
+            self.floor_most = self.floor_most.max(n);
+            if n == senders && now >= self.config.warmup.0 {
+                self.floor_all_ns += self.config.coordinator_every.0;
+            }
+        }
+        let mut sender = 0;
         for (spec, lane) in self.specs.iter().zip(&mut self.lanes) {
+            let started = spec.start.0 <= now;
+            let piece_floor = self.floor.as_ref().map(|f| {
+                lane.set_permit(f.permit(None));
+                started && f.permit(Some(sender)).on
+            });
             if let Some(w) = lane.window_mut() {
+                sender += usize::from(started);
                 w.signals(&Signals {
                     gain_ppm: Some(gains.gain(spec.id)),
                     sharing_weight: Some(sharing),
                     link_rate,
+                    piece_floor,
                     ..Signals::default()
                 });
             }
@@ -1106,10 +1185,19 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
                 p999: pct(0.999),
             });
         }
+        let piece_floor = self.floor.as_ref().map(|f| FloorReport {
+            granted: f.granted(),
+            most: self.floor_most,
+            withdrawals: f.withdrawals(),
+            all_ppm: (self.floor_all_ns as f64
+                / (self.config.duration - self.config.warmup).0 as f64
+                * 1e6) as u32,
+        });
         Report {
             tenants,
             total_gbps: total,
             jain_index: jain_index(&normalised),
+            piece_floor,
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::RateLimit;
 use crate::{gcra_shared, EmissionInterval};
 use crate::{TenantId, TrafficClass};
 use mtrdma_sched::gcra_rescale;
+use mtrdma_sched::piece_floor::{Permit, Shift};
 use mtrdma_sched::share::{GAIN_ONE, MAX_GAIN};
 
 /// How far behind its fair rate a tenant may fall and still catch up, in
@@ -675,6 +676,34 @@ impl TenantHandle {
     fn coordinator_live(&self, now_ns: u64) -> bool {
         let beat = self.inner.table.last_heartbeat_ns();
         beat != 0 && now_ns.saturating_sub(beat) <= HEARTBEAT_STALE_NS
+    }
+
+    /// The coordinator's permit for the one-piece floor
+    /// (`mtrdma_sched::piece_floor`): for a bulk tenant, whether its delay
+    /// windows may keep one piece whatever the delay; for a latency
+    /// tenant, whether the floor is given to any (its delays are then the
+    /// floor's trial). Off where none is published, where the
+    /// coordinator's heartbeat is more than [`HEARTBEAT_STALE_NS`] before
+    /// `now_ns` (a stopped coordinator judges no trial), and for a word
+    /// out of range.
+    #[inline]
+    pub fn floor_permit(&self, now_ns: u64) -> Permit {
+        let word = self.policy_slot().floor_permit.load(Ordering::Acquire);
+        if word == 0 || !self.coordinator_live(now_ns) {
+            return Permit::OFF;
+        }
+        Permit::from_word(word).unwrap_or(Permit::OFF)
+    }
+
+    /// Publishes what this tenant's latency queue pairs saw of the floor
+    /// (`mtrdma_sched::piece_floor::DelayShift::report`) for the
+    /// coordinator. Processes of one tenant write the same word: the last
+    /// report stands.
+    #[inline]
+    pub fn report_delay_shift(&self, shift: Shift) {
+        self.state()
+            .delay_shift
+            .store(shift.to_word(), Ordering::Release);
     }
 
     /// Counts traffic handed to the NIC (for usage and the coordinator's demand estimate).

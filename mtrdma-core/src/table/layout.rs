@@ -124,7 +124,11 @@ pub(crate) struct PolicySlot {
     /// (both 0: not held to a bound). Under the seqlock.
     pub(crate) piece_bytes: AtomicU64,
     pub(crate) queue_bytes: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 3],
+    /// The coordinator's permit for the one-piece floor
+    /// (`mtrdma_sched::piece_floor::Permit::to_word`; 0: off). One word
+    /// outside the seqlock, as `window_gain`.
+    pub(crate) floor_permit: AtomicU64,
+    pub(crate) _reserved: [AtomicU64; 2],
 }
 
 /// Header of the state region.
@@ -169,7 +173,10 @@ pub(crate) struct TenantState {
     /// The byte rate (per second) `tat[TAT_BYTES]` is charged at (0: none
     /// known), so that a new rate carries over what is owed in bytes.
     pub(crate) byte_rate: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 1],
+    /// What the tenant's latency queue pairs last reported of their delays
+    /// with and without the one-piece floor
+    /// (`mtrdma_sched::piece_floor::Shift::to_word`; 0: nothing).
+    pub(crate) delay_shift: AtomicU64,
 }
 
 /// `b"MTRDMASG"` as a little-endian u64.

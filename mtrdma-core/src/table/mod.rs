@@ -1055,6 +1055,7 @@ impl QuotaTable {
                 s.flags.store(0, Ordering::Relaxed);
                 s.fair_rate.store(0, Ordering::Relaxed);
                 s.window_gain.store(0, Ordering::Relaxed);
+                s.floor_permit.store(0, Ordering::Relaxed);
             }
         }
         for &(slot, t, fresh) in &placement {
@@ -1063,6 +1064,9 @@ impl QuotaTable {
                 self.policy_slot(slot).fair_rate.store(0, Ordering::Relaxed);
                 self.policy_slot(slot)
                     .window_gain
+                    .store(0, Ordering::Relaxed);
+                self.policy_slot(slot)
+                    .floor_permit
                     .store(0, Ordering::Relaxed);
             }
             write_slot(self.policy_slot(slot), t, policy);
@@ -1184,6 +1188,28 @@ impl QuotaTable {
         self.policy_slot(slot)
             .window_gain
             .store(u64::from(ppm), Ordering::Release);
+    }
+
+    /// The policy's latency bound in bytes, as last published (`None`:
+    /// no bound). One word read on its own, outside the seqlock.
+    pub fn latency_bound(&self) -> Option<u64> {
+        let bound = self.policy_header().latency_bound.load(Ordering::Acquire);
+        (bound != 0).then_some(bound)
+    }
+
+    /// Publishes a tenant's permit for the one-piece floor
+    /// (`mtrdma_sched::piece_floor::Permit::to_word`).
+    pub(crate) fn set_floor_permit(&self, slot: u32, word: u64) {
+        self.policy_slot(slot)
+            .floor_permit
+            .store(word, Ordering::Release);
+    }
+
+    /// What a tenant's latency queue pairs last reported of the floor
+    /// (`mtrdma_sched::piece_floor::Shift::to_word`; 0: nothing).
+    pub(crate) fn delay_shift(&self, slot: u32) -> u64 {
+        self.state_of(slot)
+            .map_or(0, |st| st.delay_shift.load(Ordering::Acquire))
     }
 
     /// Returns the resources of processes that died without releasing them

@@ -348,6 +348,9 @@ pub struct DelayWindow {
     /// Until when (ns) it posts nothing after its last completion
     /// ([`DelayWindowConfig::spread_ppm`]).
     spread_until: u64,
+    /// Whether the coordinator permits a floor of one piece
+    /// ([`DelayWindow::set_piece_floor`]).
+    piece_floor: bool,
 }
 
 impl DelayWindow {
@@ -379,6 +382,7 @@ impl DelayWindow {
             link_rate: 0,
             verdicts: Verdicts::default(),
             spread_until: 0,
+            piece_floor: false,
         })
     }
 
@@ -495,8 +499,41 @@ impl DelayWindow {
         };
     }
 
-    /// The smallest window: the configured one times the weight.
+    /// Lets the window keep one piece (the largest of its recent pieces)
+    /// whatever the delay, or takes that back (the coordinator's permit,
+    /// [`piece_floor`](crate::piece_floor)). Under one piece a window
+    /// paces its pieces, one every `piece / window` round trips, and its
+    /// sender sleeps before nearly every piece; where the host's CPUs, not
+    /// the port, limit the senders, those sleeps cost more than the piece.
+    /// The floor is one piece whatever the weight and gain, and never
+    /// above [`max_window`](DelayWindowConfig::max_window). Turned on, it
+    /// raises the window to it at once.
+    pub fn set_piece_floor(&mut self, on: bool) {
+        self.piece_floor = on;
+        if on {
+            self.window = self.window.max(self.floor());
+        }
+    }
+
+    /// Whether the window keeps one piece whatever the delay
+    /// ([`set_piece_floor`](Self::set_piece_floor)).
+    pub fn piece_floor(&self) -> bool {
+        self.piece_floor
+    }
+
+    /// The smallest window: the configured one times the weight, or one
+    /// piece where the coordinator permits it and that is more.
     fn floor(&self) -> u64 {
+        let c = &self.config;
+        if self.piece_floor && self.largest > 0 {
+            return self.weighted_floor().max(self.largest.min(c.max_window));
+        }
+        self.weighted_floor()
+    }
+
+    /// The configured smallest window times the weight (and the gain, if
+    /// under 1).
+    fn weighted_floor(&self) -> u64 {
         let c = &self.config;
         // A gain under 1 lowers the floor as a smaller weight would; one
         // over 1 does not raise it (a floor holds a window up whatever the
@@ -621,7 +658,11 @@ impl DelayWindow {
                 * u128::from(bytes)
                 / (u128::from(window) * u128::from(PPM) * u128::from(self.sharing_weight));
             let grow = u64::try_from(grow).unwrap_or(u64::MAX);
-            self.window = self.window.saturating_add(grow.max(1)).min(c.max_window);
+            self.window = self
+                .window
+                .saturating_add(grow.max(1))
+                .min(c.max_window)
+                .max(floor);
         } else {
             // A round trip's cut is decrease x (sample - target) / sample
             // of the window, at most max_decrease (Swift's multiplicative
@@ -772,6 +813,11 @@ impl Window for DelayWindow {
             // A weight out of range (a policy validates them) keeps the
             // one it has.
             let _ = self.set_weight(weight);
+        }
+        if let Some(on) = signals.piece_floor {
+            if on != self.piece_floor {
+                self.set_piece_floor(on);
+            }
         }
     }
 
@@ -1541,6 +1587,51 @@ mod tests {
             assert_eq!(w.admit(0, big, at), Admit::Now, "{late}");
         }
         assert_ne!(w.admit(PIECE, big, now), Admit::Now);
+    }
+
+    #[test]
+    fn the_piece_floor_holds_one_piece_whatever_the_delay_and_the_gain() {
+        let mut w = DelayWindow::new(config()).unwrap();
+        w.set_gain(250_000);
+        let mut now = Nanos::ZERO;
+        // A standing queue: every piece takes ten times the path's delay.
+        let run = |w: &mut DelayWindow, now: &mut Nanos, n: u32| {
+            for i in 0..n {
+                let delay = if i == 0 { 100 } else { 1_000 };
+                w.on_sent(PIECE, *now);
+                w.on_completed(PIECE, *now, *now + Nanos::from_micros(delay));
+                *now = *now + Nanos::from_micros(delay);
+            }
+        };
+        run(&mut w, &mut now, 200);
+        assert!(
+            w.window() < PIECE / 4,
+            "gain 1/4 lowers the floor: {}",
+            w.window()
+        );
+        w.signals(&Signals {
+            piece_floor: Some(true),
+            ..Signals::default()
+        });
+        assert!(w.piece_floor());
+        assert_eq!(w.window(), PIECE, "raised to one piece at once");
+        run(&mut w, &mut now, 200);
+        assert_eq!(w.window(), PIECE, "held there by the floor");
+        assert_eq!(
+            w.admit(0, PIECE, now),
+            Admit::Now,
+            "no pacing under a piece"
+        );
+        w.signals(&Signals {
+            piece_floor: Some(false),
+            ..Signals::default()
+        });
+        run(&mut w, &mut now, 200);
+        assert!(
+            w.window() < PIECE / 4,
+            "taken back, it shrinks: {}",
+            w.window()
+        );
     }
 
     #[test]

@@ -153,6 +153,9 @@ pub struct Signals {
     pub sharing_weight: Option<u32>,
     /// The tenant's weight, after a policy reload changed it.
     pub weight: Option<u32>,
+    /// Whether the coordinator permits windows no smaller than one piece
+    /// ([`piece_floor`](crate::piece_floor)).
+    pub piece_floor: Option<bool>,
 }
 
 /// A window as it stands ([`Window::view`]).

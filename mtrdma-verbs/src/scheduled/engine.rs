@@ -244,11 +244,25 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             _ => None,
         };
         let slots = config.max_pieces_in_flight.max(1).min(sq_room);
+        let mut lane = Lane::new(class, slots, window).with_piece_limit(piece_limit);
+        // A latency queue pair of a coordinated table under a bound keeps
+        // its delays with and without the one-piece floor for the
+        // coordinator (`mtrdma_sched::piece_floor`).
+        let judges_floor = class == TrafficClass::Latency
+            && quota
+                .as_ref()
+                .is_some_and(|q| q.table().is_coordinated() && q.table().latency_bound().is_some());
+        if judges_floor {
+            if self.shared_offset == 0 {
+                self.shared_offset = self.clock.shared_offset();
+            }
+            lane = lane.with_delay_shift();
+        }
         let member = self.members.insert(Member {
             side,
             tenant,
             quota,
-            lane: Lane::new(class, slots, window).with_piece_limit(piece_limit),
+            lane,
             retry_at: 0,
             backlog: 0,
             accepted: 0,
@@ -822,15 +836,21 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         if let (Some(w), Some(q)) = (m.lane.window_mut(), &m.quota) {
             // The queue allowance in bytes at the link's measured rate, the
             // coordinator's gain that brings the tenants' shares to their
-            // weights, and the weights the link's windows share their
-            // growth with.
+            // weights, the weights the link's windows share their growth
+            // with, and whether they may keep one piece whatever the delay.
             let now = Self::window_now(clock, offset).0;
             w.signals(&Signals {
                 link_rate: Some(q.link_estimate().unwrap_or(0)),
                 gain_ppm: Some(q.window_gain(now)),
                 sharing_weight: Some(q.sharing_weight(now)),
                 weight: None,
+                piece_floor: Some(q.floor_permit(now).on),
             });
+        } else if let (Some(q), true) = (&m.quota, m.lane.keeps_delay_shift()) {
+            // A latency queue pair judging the floor: its delays are the
+            // trial's while any tenant has it.
+            let now = Self::window_now(clock, offset).0;
+            m.lane.set_permit(q.floor_permit(now));
         }
         let now = || Self::window_now(clock, offset);
         let done = if sampled {
@@ -848,6 +868,8 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             if v.judged > 0 {
                 q.record_verdicts(v.judged, v.over_target);
             }
+        } else if let (Some(q), Some(shift)) = (&m.quota, m.lane.take_shift_report()) {
+            q.report_delay_shift(shift);
         }
         m.raw_out -= 1;
         let Some(msg) = self.messages.get_mut(message) else {

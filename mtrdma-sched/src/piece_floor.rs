@@ -1,0 +1,831 @@
+//! The one-piece floor: a delay window that may not shrink below one
+//! piece, permitted only while the latency tenants show it costs them
+//! nothing.
+//!
+//! A [`DelayWindow`](crate::DelayWindow) under one piece sends one piece
+//! every `piece / window` round trips, so its sender sleeps before nearly
+//! every piece. On a host whose CPUs, not the link, limit the senders (the
+//! emulated link: about 700 us of CPU per sleep against 300 us per piece)
+//! that pacing costs the bulk tenants a third to a half of what plain
+//! senders move, with no queue at the port to show for it. A floor of one
+//! piece per window removes the sleeps; but where the port is what limits
+//! them, eight windows of one 4 KiB piece are 32 KiB queued, twice a 16 KiB
+//! bound. The windows cannot tell the two apart: their own pieces take
+//! as long in both. Only a latency request, which waits behind whatever
+//! stands at the port, can.
+//!
+//! So the coordinator tries the floor and asks the latency tenants:
+//!
+//! * [`Permit`]: the coordinator's word, read by every engine: whether the
+//!   floor is on, and a generation that changes with every change of it.
+//! * [`DelayShift`]: kept by a latency-class queue pair's engine under a
+//!   bound. It keeps the delays (post to completion, less the host's
+//!   run-queue wait) of its requests sent with the floor off, its
+//!   reference, and of those sent in the current generation with it on,
+//!   and reports the shift of the median between the two ([`Shift`]).
+//!   Requests sent within [`SETTLE`] of a change are not counted: the
+//!   queue takes time to follow.
+//! * [`FloorControl`]: the coordinator's state machine. After a reference
+//!   time with the floor off and enough samples, it gives the floor to one
+//!   windowed sender; then, each time the latency tenants' report shows
+//!   that their median delay surely moved by no more than what is allowed,
+//!   to one more (to twice as many while it surely did not move at all).
+//!   The coordinator allows a quarter of the time one piece takes at the
+//!   link's measured rate: where the port limits the senders, the windows
+//!   already keep most of the bound queued, and a piece more per sender
+//!   would take the rest. As soon as a step surely moves the median
+//!   further, it takes one sender's floor back and waits before trying
+//!   again, twice as long each time it fails (up to a minute). One step
+//!   adds at most a piece per sender it adds to what stands at the port,
+//!   for the few hundred milliseconds it takes to judge it. A floor that
+//!   holds is taken off for a short reference time every
+//!   [`FloorControlConfig::refresh_every`], and whenever windowed senders
+//!   come or go, so that the reference follows the link. With no latency
+//!   tenant reporting, the floor stays off: the windows then keep to the
+//!   bound on their own, as without it.
+//!
+//! The comparison is of the median, in the same boot and the same minute,
+//! with and without the floor: the host's noise (a probe woken late by a
+//! busy CPU) is in both and cancels, where an absolute judgment against
+//! the bound would be mostly noise on a loaded host.
+//!
+//! ```
+//! use mtrdma_sched::piece_floor::{DelayShift, FloorControl, Shift};
+//! use mtrdma_sched::Nanos;
+//!
+//! let mut control = FloorControl::default();
+//! let mut probe = DelayShift::new();
+//! let mut report = Shift::default();
+//! let allowed = Nanos::from_micros(200);
+//! let mut now = Nanos::ZERO;
+//! let mut most = 0;
+//! // Four windowed senders; a latency request every millisecond, which
+//! // each sender with the floor delays by 150 us: the coordinator gives
+//! // the floor to one, then takes back the second (300 us).
+//! for _ in 0..5_000 {
+//!     let permit = control.permit(None);
+//!     let delay = 100_000 + 150_000 * control.granted() as u64;
+//!     if probe.record(permit, now, now + Nanos(delay)) {
+//!         report = probe.report();
+//!     }
+//!     now = now + Nanos::from_millis(1);
+//!     most = most.max(control.update(now, report, allowed, 4));
+//! }
+//! assert_eq!(most, 2, "tried two");
+//! assert_eq!(control.granted(), 1, "and kept one");
+//! assert!(control.withdrawals() >= 1);
+//! ```
+
+use crate::time::Nanos;
+
+/// Requests sent within this time after the permit changed are not
+/// counted: the windows and the queue at the port take time to follow.
+pub const SETTLE: Nanos = Nanos(50_000_000);
+
+/// Delays kept of each kind (with the floor off, and on).
+const KEEP: usize = 256;
+
+/// The fewest samples of each kind for a shift to be reported.
+pub const MIN_SAMPLES: u32 = 64;
+
+/// The coordinator's word on the floor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Permit {
+    /// Whether windows may not shrink below one piece.
+    pub on: bool,
+    /// Changes with every change of `on` (wrapping).
+    pub generation: u32,
+}
+
+impl Permit {
+    /// No floor: what holds where none is published.
+    pub const OFF: Permit = Permit {
+        on: false,
+        generation: 0,
+    };
+
+    /// As one word of shared memory: bit 0 `on`, bits 1 to 32 the
+    /// generation.
+    pub fn to_word(self) -> u64 {
+        (u64::from(self.generation) << 1) | u64::from(self.on)
+    }
+
+    /// From a word [`to_word`](Self::to_word) wrote; `None` for one no
+    /// permit gives (bits above 32 set: the memory is not a permit's).
+    pub fn from_word(word: u64) -> Option<Permit> {
+        if word >> 33 != 0 {
+            return None;
+        }
+        Some(Permit {
+            on: word & 1 == 1,
+            generation: (word >> 1) as u32,
+        })
+    }
+}
+
+/// What a latency sender reports ([`DelayShift::report`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Shift {
+    /// The generation of the permit its samples are of (the low 15 bits,
+    /// as [`to_word`](Self::to_word) keeps them).
+    pub generation: u16,
+    /// Requests counted in that generation. Not carried in a word that
+    /// gives a range (it reads back as 0).
+    pub samples: u32,
+    /// With the floor on, once both kinds have [`MIN_SAMPLES`]: how far
+    /// the median delay of those requests lies from the median of the
+    /// reference, in nanoseconds, as a range that holds it with about
+    /// 95% confidence (the medians' spread estimated from their samples'
+    /// interquartile ranges). `None` with the floor off or too few
+    /// samples.
+    pub range: Option<ShiftRange>,
+}
+
+/// How far the median delay moved ([`Shift::range`]), in nanoseconds:
+/// likely between `low` and `high`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShiftRange {
+    /// The least it likely moved (negative: it likely fell).
+    pub low: i64,
+    /// The most it likely moved.
+    pub high: i64,
+}
+
+/// Units of a range in a word, in nanoseconds, and its bounds (24 bits
+/// signed: about half a second either way).
+const UNIT_NS: i64 = 64;
+const FIELD_MAX: i64 = (1 << 23) - 1;
+
+impl Shift {
+    /// One word of shared memory: bit 63 set when a range is given; then
+    /// bits 0 to 23 its low end and 24 to 47 its high end (signed, in
+    /// units of 64 ns, saturating at about 0.54 s either way), else bits
+    /// 0 to 31 the samples; bits 48 to 62 the generation's low 15 bits.
+    /// 0 is "nothing reported".
+    pub fn to_word(self) -> u64 {
+        let field = |ns: i64| ((ns / UNIT_NS).clamp(-FIELD_MAX, FIELD_MAX) as u64) & 0xff_ffff;
+        let body = match self.range {
+            Some(r) => field(r.low) | (field(r.high) << 24) | (1 << 63),
+            None => u64::from(self.samples),
+        };
+        body | (u64::from(self.generation & 0x7fff) << 48)
+    }
+
+    /// From a word [`to_word`](Self::to_word) wrote (any word reads as
+    /// some report; the coordinator checks its generation, and a range
+    /// whose ends are out of order reads as none).
+    pub fn from_word(word: u64) -> Shift {
+        let field = |bits: u64| {
+            let v = (bits & 0xff_ffff) as i64;
+            (if v > FIELD_MAX { v - (1 << 24) } else { v }) * UNIT_NS
+        };
+        let generation = ((word >> 48) & 0x7fff) as u16;
+        if word >> 63 == 1 {
+            let range = ShiftRange {
+                low: field(word),
+                high: field(word >> 24),
+            };
+            Shift {
+                generation,
+                samples: 0,
+                range: (range.low <= range.high).then_some(range),
+            }
+        } else {
+            Shift {
+                generation,
+                samples: word as u32,
+                range: None,
+            }
+        }
+    }
+
+    /// Whether it is of `permit`'s generation (the low 15 bits, as words
+    /// keep them).
+    pub fn is_of(&self, permit: Permit) -> bool {
+        (self.generation & 0x7fff) == (permit.generation & 0x7fff) as u16
+    }
+}
+
+/// The last [`KEEP`] delays of one kind, in nanoseconds.
+#[derive(Debug, Clone)]
+struct Ring {
+    delays: Vec<u64>,
+    next: usize,
+}
+
+impl Ring {
+    fn new() -> Ring {
+        Ring {
+            delays: Vec::with_capacity(KEEP),
+            next: 0,
+        }
+    }
+
+    fn push(&mut self, delay: u64) {
+        if self.delays.len() < KEEP {
+            self.delays.push(delay);
+        } else {
+            self.delays[self.next] = delay;
+        }
+        self.next = (self.next + 1) % KEEP;
+    }
+
+    fn clear(&mut self) {
+        self.delays.clear();
+        self.next = 0;
+    }
+
+    fn len(&self) -> usize {
+        self.delays.len()
+    }
+
+    /// The median and the interquartile range.
+    fn quartiles(&self, scratch: &mut Vec<u64>) -> (u64, u64) {
+        scratch.clear();
+        scratch.extend_from_slice(&self.delays);
+        let n = scratch.len();
+        if n == 0 {
+            return (0, 0);
+        }
+        let mut at = |k: usize| *scratch.select_nth_unstable(k.min(n - 1)).1;
+        let (median, q1, q3) = (at(n / 2), at(n / 4), at(n * 3 / 4));
+        (median, q3.saturating_sub(q1))
+    }
+}
+
+/// A latency sender's delays with the floor off and on (see the
+/// [module docs](self)).
+#[derive(Debug, Clone)]
+pub struct DelayShift {
+    reference: Ring,
+    trial: Ring,
+    permit: Permit,
+    /// When this sender first saw `permit` (ns of the shared clock).
+    since: u64,
+    /// Requests counted in `permit`'s generation.
+    counted: u32,
+    scratch: Vec<u64>,
+}
+
+impl Default for DelayShift {
+    fn default() -> Self {
+        DelayShift::new()
+    }
+}
+
+impl DelayShift {
+    /// Nothing seen yet.
+    pub fn new() -> DelayShift {
+        DelayShift {
+            reference: Ring::new(),
+            trial: Ring::new(),
+            permit: Permit::OFF,
+            since: 0,
+            counted: 0,
+            scratch: Vec::with_capacity(KEEP),
+        }
+    }
+
+    /// Takes a request sent at `sent_at` that completed at `done_at`
+    /// (less the host's delay), under `permit` as it is at completion.
+    /// Returns whether a report is due: every 16 requests counted, and at
+    /// a change of the permit.
+    pub fn record(&mut self, permit: Permit, sent_at: Nanos, done_at: Nanos) -> bool {
+        let changed = permit != self.permit;
+        if changed {
+            // Each generation with the floor on is judged on its own
+            // samples, against those of the last time it was off: the
+            // reference is of the link as it is now.
+            if permit.on {
+                self.trial.clear();
+            } else {
+                self.reference.clear();
+            }
+            self.permit = permit;
+            self.since = done_at.0;
+            self.counted = 0;
+        }
+        if sent_at.0 < self.since.saturating_add(SETTLE.0) {
+            return changed;
+        }
+        let delay = done_at.0.saturating_sub(sent_at.0);
+        if permit.on {
+            self.trial.push(delay);
+        } else {
+            self.reference.push(delay);
+        }
+        self.counted = self.counted.saturating_add(1);
+        changed || self.counted % 16 == 0
+    }
+
+    /// What it has seen of the current generation.
+    pub fn report(&mut self) -> Shift {
+        let enough = |r: &Ring| r.len() >= MIN_SAMPLES as usize;
+        let range = if self.permit.on && enough(&self.trial) && enough(&self.reference) {
+            let (on, on_iqr) = self.trial.quartiles(&mut self.scratch);
+            let (off, off_iqr) = self.reference.quartiles(&mut self.scratch);
+            // A median's standard error is about 1.25 sigma / sqrt(n), and
+            // sigma about IQR / 1.35; two of them either way.
+            let var = |iqr: u64, n: usize| {
+                let se = 0.926 * iqr as f64 / (n as f64).sqrt();
+                se * se
+            };
+            let margin =
+                2.0 * (var(on_iqr, self.trial.len()) + var(off_iqr, self.reference.len())).sqrt();
+            let shift = on as f64 - off as f64;
+            Some(ShiftRange {
+                low: (shift - margin) as i64,
+                high: (shift + margin) as i64,
+            })
+        } else {
+            None
+        };
+        Shift {
+            generation: (self.permit.generation & 0x7fff) as u16,
+            samples: self.counted,
+            range,
+        }
+    }
+}
+
+/// Settings of [`FloorControl`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FloorControlConfig {
+    /// The least time with the floor off before it is given (at the
+    /// start, after a refresh and when the windowed senders change). Its
+    /// delays are the reference the steps are judged against. Default
+    /// 1 s.
+    pub reference: Nanos,
+    /// With a shift reported and within what is allowed, the least time
+    /// before the floor is given to one more sender. Default 0: as soon as
+    /// a report of the new generation has [`MIN_SAMPLES`] samples.
+    pub step: Nanos,
+    /// With the floor given and no shift reported for this long (no
+    /// latency tenant sends), it is taken off. Default 3 s.
+    pub patience: Nanos,
+    /// After a step that moved the median too far, the wait before it is
+    /// tried again; it doubles with every failure in a row. Default 2 s.
+    pub backoff: Nanos,
+    /// The longest wait. Default 60 s.
+    pub max_backoff: Nanos,
+    /// A floor that holds is taken off for [`reference`](Self::reference)
+    /// this often, so that the reference follows the link. Default 30 s.
+    pub refresh_every: Nanos,
+}
+
+impl Default for FloorControlConfig {
+    fn default() -> Self {
+        FloorControlConfig {
+            reference: Nanos::from_secs(1),
+            step: Nanos::ZERO,
+            patience: Nanos::from_secs(3),
+            backoff: Nanos::from_secs(2),
+            max_backoff: Nanos::from_secs(60),
+            refresh_every: Nanos::from_secs(30),
+        }
+    }
+}
+
+/// The coordinator's state machine for the floor (see the
+/// [module docs](self)): how many of the windowed senders have it.
+#[derive(Debug, Clone)]
+pub struct FloorControl {
+    config: FloorControlConfig,
+    /// Senders given the floor: the first `granted` of the caller's order.
+    granted: usize,
+    /// The generation of the permit; changes with every change of
+    /// `granted`.
+    generation: u32,
+    /// Since when the current generation stands, and when a shift of it
+    /// was last heard.
+    since: u64,
+    heard: u64,
+    /// With none granted: not before this.
+    off_until: u64,
+    /// Holding below the last step that failed: not tried again before
+    /// this (0: no step failed, or the wait is over).
+    retry_at: u64,
+    /// Senders to give the floor to at once after a refresh (as many as
+    /// had it).
+    resume: usize,
+    /// When to take it off for a fresh reference.
+    refresh_at: u64,
+    /// The windowed senders at the last update.
+    senders: usize,
+    backoff: u64,
+    /// Whether a step was taken back since the last refresh.
+    failed_since_refresh: bool,
+    withdrawals: u64,
+    last_shift: Option<ShiftRange>,
+}
+
+impl Default for FloorControl {
+    fn default() -> Self {
+        FloorControl::new(FloorControlConfig::default())
+    }
+}
+
+impl FloorControl {
+    /// None given, with `config`'s timings.
+    pub fn new(config: FloorControlConfig) -> FloorControl {
+        FloorControl {
+            granted: 0,
+            generation: 0,
+            since: 0,
+            heard: 0,
+            off_until: config.reference.0,
+            retry_at: 0,
+            resume: 0,
+            refresh_at: 0,
+            senders: 0,
+            backoff: config.backoff.0,
+            failed_since_refresh: false,
+            withdrawals: 0,
+            last_shift: None,
+            config,
+        }
+    }
+
+    /// How many senders have the floor: the first this many of the order
+    /// the caller keeps ([`update`](Self::update)'s `senders`).
+    pub fn granted(&self) -> usize {
+        self.granted
+    }
+
+    /// The permit of a sender at `index` in the caller's order of windowed
+    /// senders (on for the first [`granted`](Self::granted)), or, with
+    /// `None`, of a latency sender (on while any sender has it: its
+    /// delays are then the floor's trial).
+    pub fn permit(&self, index: Option<usize>) -> Permit {
+        Permit {
+            on: index.map_or(self.granted > 0, |i| i < self.granted),
+            generation: self.generation,
+        }
+    }
+
+    /// The windowed senders at the last [`update`](Self::update).
+    pub fn senders(&self) -> usize {
+        self.senders
+    }
+
+    /// Steps taken back: the latency tenants' median moved by more than
+    /// allowed.
+    pub fn withdrawals(&self) -> u64 {
+        self.withdrawals
+    }
+
+    /// The last shift the latency tenants reported with the floor given.
+    pub fn last_shift(&self) -> Option<ShiftRange> {
+        self.last_shift
+    }
+
+    fn grant(&mut self, n: usize, now: u64) {
+        if n != self.granted {
+            self.granted = n;
+            self.generation = self.generation.wrapping_add(1);
+            self.since = now;
+            self.heard = now;
+        }
+    }
+
+    /// Takes, at `now`, the latency tenants' report (the largest shift of
+    /// those of the current generation, [`merge`](Self::merge)), the shift
+    /// `allowed` and how many windowed `senders` there are; returns how
+    /// many of them have the floor.
+    pub fn update(&mut self, now: Nanos, report: Shift, allowed: Nanos, senders: usize) -> usize {
+        let now = now.0;
+        let c = self.config;
+        let latency = self.permit(None);
+        let current = report.is_of(latency);
+        let range = report.range.filter(|_| current && latency.on);
+        if range.is_some() {
+            self.last_shift = range;
+            self.heard = now;
+        }
+        let allowed = i64::try_from(allowed.0).unwrap_or(i64::MAX);
+        if senders != std::mem::replace(&mut self.senders, senders) {
+            // Senders came or left: the link is another; a fresh
+            // reference, then as many as had it at once.
+            self.resume = self.granted.min(senders);
+            self.off_for_reference(now);
+            return self.granted;
+        }
+        if self.granted == 0 {
+            let reference = current && report.samples >= MIN_SAMPLES;
+            if senders > 0 && now >= self.off_until && reference {
+                let n = self.resume.clamp(1, senders);
+                self.grant(n, now);
+                self.refresh_at = now.saturating_add(c.refresh_every.0);
+            }
+            return self.granted;
+        }
+        match range {
+            Some(r) if r.low > allowed => {
+                // The last step moved the median too far: take it back,
+                // and wait before trying it again.
+                self.withdrawals += 1;
+                self.failed_since_refresh = true;
+                let n = self.granted - 1;
+                self.resume = n;
+                self.retry_at = now.saturating_add(self.backoff).max(1);
+                if n == 0 {
+                    self.off_until = self.retry_at;
+                }
+                self.backoff = self.backoff.saturating_mul(2).min(c.max_backoff.0);
+                self.grant(n, now);
+            }
+            _ if now.saturating_sub(self.heard) >= c.patience.0 => {
+                // No latency tenant reports: no floor.
+                self.resume = 0;
+                self.off_for_reference(now);
+            }
+            _ if now >= self.refresh_at => {
+                // A whole period with no step taken back starts the waits
+                // afresh; one with a step taken back keeps them (and the
+                // step's next try).
+                if !self.failed_since_refresh {
+                    self.backoff = c.backoff.0;
+                }
+                self.failed_since_refresh = false;
+                self.resume = self.granted;
+                self.off_for_reference(now);
+            }
+            Some(r) if r.high <= allowed && self.granted < senders => {
+                // Within what is allowed, surely: one more, or twice as
+                // many while the median surely did not move at all.
+                let waited = now >= self.retry_at;
+                if waited && now.saturating_sub(self.since) >= c.step.0 {
+                    self.retry_at = 0;
+                    let more = if r.high <= 0 { self.granted } else { 1 };
+                    self.grant((self.granted + more).min(senders), now);
+                }
+            }
+            _ => {}
+        }
+        self.granted
+    }
+
+    /// Off for a fresh reference: a new generation even if it was off,
+    /// so that the latency senders start their reference again.
+    fn off_for_reference(&mut self, now: u64) {
+        self.off_until = now.saturating_add(self.config.reference.0);
+        self.granted = 0;
+        self.generation = self.generation.wrapping_add(1);
+        self.since = now;
+        self.heard = now;
+    }
+
+    /// The report of several latency senders for `permit` (a latency
+    /// sender's, [`permit`](Self::permit)`(None)`): those of its
+    /// generation only; the largest of each end of their ranges, and the
+    /// most samples.
+    pub fn merge(permit: Permit, reports: impl IntoIterator<Item = Shift>) -> Shift {
+        let mut out = Shift {
+            generation: (permit.generation & 0x7fff) as u16,
+            samples: 0,
+            range: None,
+        };
+        for r in reports.into_iter().filter(|r| r.is_of(permit)) {
+            out.samples = out.samples.max(r.samples);
+            out.range = match (out.range, r.range) {
+                (Some(a), Some(b)) => Some(ShiftRange {
+                    low: a.low.max(b.low),
+                    high: a.high.max(b.high),
+                }),
+                (a, b) => a.or(b),
+            };
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn words_read_back() {
+        for p in [
+            Permit::OFF,
+            Permit {
+                on: true,
+                generation: 7,
+            },
+            Permit {
+                on: false,
+                generation: u32::MAX,
+            },
+        ] {
+            assert_eq!(Permit::from_word(p.to_word()), Some(p));
+        }
+        assert_eq!(Permit::from_word(u64::MAX), None);
+        // Beyond the field's range, a range saturates; out of order, it is
+        // none.
+        let far = Shift {
+            generation: 1,
+            samples: 0,
+            range: Some(ShiftRange {
+                low: -1 << 40,
+                high: 1 << 40,
+            }),
+        };
+        let back = Shift::from_word(far.to_word()).range.unwrap();
+        assert_eq!((back.low, back.high), (-64 * FIELD_MAX, 64 * FIELD_MAX));
+        let swapped = (1u64 << 63) | 0x10 | (0x01 << 24);
+        assert_eq!(Shift::from_word(swapped).range, None);
+        for s in [
+            Shift::default(),
+            Shift {
+                generation: 0x7fff,
+                samples: u32::MAX,
+                range: None,
+            },
+            Shift {
+                generation: 3,
+                samples: 0,
+                range: Some(ShiftRange {
+                    low: -64 * 1000,
+                    high: 64 * FIELD_MAX,
+                }),
+            },
+        ] {
+            assert_eq!(Shift::from_word(s.to_word()), s);
+        }
+    }
+
+    /// Drives a probe every ms for `for_ms` whose delay is `base` ns and
+    /// `per` ns more for every sender with the floor, next to `senders`;
+    /// returns the most senders given it and the ms it was given to all.
+    fn drive(
+        control: &mut FloorControl,
+        for_ms: u64,
+        base: u64,
+        per: u64,
+        senders: usize,
+    ) -> (usize, u64) {
+        drive_from(control, 0, for_ms, base, per, senders)
+    }
+
+    /// As `drive`, from `from_ms` on.
+    fn drive_from(
+        control: &mut FloorControl,
+        from_ms: u64,
+        for_ms: u64,
+        base: u64,
+        per: u64,
+        senders: usize,
+    ) -> (usize, u64) {
+        let mut probe = DelayShift::new();
+        let mut report = Shift::default();
+        let mut most = 0;
+        let mut all_ms = 0;
+        for t in from_ms..from_ms + for_ms {
+            let now = Nanos(t * MS);
+            let delay = base + per * control.granted() as u64;
+            if probe.record(control.permit(None), now, now + Nanos(delay)) {
+                report = probe.report();
+            }
+            let n = control.update(now + Nanos(MS), report, Nanos(200_000), senders);
+            most = most.max(n);
+            all_ms += u64::from(n == senders);
+        }
+        (most, all_ms)
+    }
+
+    #[test]
+    fn a_floor_that_costs_nothing_is_given_to_every_sender_and_holds() {
+        let mut c = FloorControl::default();
+        let (most, all_ms) = drive(&mut c, 60_000, 500_000, 10_000, 8);
+        assert_eq!(most, 8);
+        assert_eq!(c.withdrawals(), 0);
+        // Off for the first reference, eight steps, then 500 ms of every
+        // 30 s.
+        assert!(all_ms > 56_000, "all eight for {all_ms} ms of 60,000");
+        assert_eq!(c.permit(Some(7)).on, c.granted() == 8);
+        assert!(!c.permit(Some(8)).on);
+    }
+
+    #[test]
+    fn a_step_that_moves_the_median_is_taken_back_and_tried_ever_less_often() {
+        let mut c = FloorControl::default();
+        // Each sender with the floor adds 90 us: two are allowed, the
+        // third is not.
+        let (most, all_ms) = drive(&mut c, 120_000, 500_000, 90_000, 8);
+        assert_eq!(most, 3);
+        assert_eq!(all_ms, 0);
+        assert_eq!(c.granted(), 2);
+        // Waits of 2, 4, 8, 16, 32 and 60 s, then the refresh after 30 s
+        // starts them afresh: a handful of tries in two minutes.
+        assert!((4..=10).contains(&c.withdrawals()), "{}", c.withdrawals());
+    }
+
+    #[test]
+    fn no_latency_sender_no_floor() {
+        let mut c = FloorControl::default();
+        for t in 0..20_000 {
+            assert_eq!(
+                c.update(Nanos(t * MS), Shift::default(), Nanos(200_000), 4),
+                0
+            );
+        }
+        assert!(!c.permit(None).on && !c.permit(Some(0)).on);
+    }
+
+    #[test]
+    fn senders_that_come_or_go_restart_the_reference_and_a_silent_latency_sender_ends_it() {
+        let mut c = FloorControl::default();
+        drive(&mut c, 5_000, 500_000, 0, 4);
+        assert_eq!(c.granted(), 4);
+        let now = Nanos(5_000 * MS);
+        // Two senders leave: off at once, for a reference of the link as
+        // it is now; then the two that are left get it back in one step.
+        assert_eq!(c.update(now, Shift::default(), Nanos(200_000), 2), 0);
+        let (most, _) = drive_from(&mut c, 5_001, 1_500, 500_000, 0, 2);
+        assert_eq!((most, c.granted()), (2, 2));
+        assert_eq!(c.withdrawals(), 0);
+        // No report of the current generation comes in: patience runs out.
+        let mut now = 6_501 * MS;
+        while c.granted() > 0 {
+            now += MS;
+            c.update(Nanos(now), Shift::default(), Nanos(200_000), 2);
+            assert!(now < 10_000 * MS, "still given at {now}");
+        }
+    }
+
+    #[test]
+    fn requests_sent_while_the_queue_settles_are_not_counted() {
+        let mut s = DelayShift::new();
+        let on = Permit {
+            on: true,
+            generation: 1,
+        };
+        for t in 0..200u64 {
+            s.record(
+                Permit::OFF,
+                Nanos((200 + t) * MS),
+                Nanos((200 + t) * MS + 1000),
+            );
+        }
+        assert_eq!(s.report().samples, 200);
+        // The change is seen at 400 ms; requests sent before 450 ms are
+        // not counted.
+        for t in 0..100u64 {
+            let sent = Nanos((400 + t) * MS);
+            s.record(on, sent, sent + Nanos(5_000));
+        }
+        let r = s.report();
+        assert_eq!(r.samples, 49);
+        assert_eq!(r.range, None, "too few samples");
+        for t in 100..200u64 {
+            let sent = Nanos((400 + t) * MS);
+            s.record(on, sent, sent + Nanos(5_000));
+        }
+        let r = s.report().range.unwrap();
+        assert_eq!((r.low, r.high), (4_000, 4_000), "no spread: no margin");
+        // With spread, the range widens around the shift.
+        let mut s = DelayShift::new();
+        for t in 0..256u64 {
+            let sent = Nanos((200 + t) * MS);
+            s.record(Permit::OFF, sent, sent + Nanos(1_000 + (t % 10) * 100));
+        }
+        for t in 0..300u64 {
+            let sent = Nanos((500 + t) * MS);
+            s.record(on, sent, sent + Nanos(6_000 + (t % 10) * 100));
+        }
+        let r = s.report().range.unwrap();
+        assert!(
+            r.low < 5_100 && r.high > 5_100 && r.high - r.low < 400,
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn merge_takes_the_current_generation_s_largest_shift() {
+        let p = Permit {
+            on: true,
+            generation: 9,
+        };
+        let r = |g: u16, s: Option<i64>| Shift {
+            generation: g,
+            samples: 80,
+            range: s.map(|s| ShiftRange {
+                low: s - 5,
+                high: s + 5,
+            }),
+        };
+        let m = FloorControl::merge(
+            p,
+            [
+                r(9, Some(10)),
+                r(8, Some(1_000)),
+                r(9, Some(30)),
+                r(9, None),
+            ],
+        );
+        assert_eq!(m.range.map(|r| (r.low, r.high)), Some((25, 35)));
+        assert_eq!(m.samples, 80);
+        assert_eq!(FloorControl::merge(p, [r(8, Some(5))]).range, None);
+    }
+}
