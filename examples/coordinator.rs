@@ -20,7 +20,10 @@
 //! in the last second (`kernel: tenant ... made N queue pairs/s`); and a
 //! line when a tenant's processes hold more than mtrdma admitted
 //! (`BYPASS:`) or a process of no tenant holds verbs objects
-//! (`UNATTRIBUTED:`). These lines come with `--quiet` too.
+//! (`UNATTRIBUTED:`); and a line whenever the one-piece floor
+//! (`mtrdma::sched::piece_floor`) is given to more or fewer tenants
+//! (`one-piece floor: given to N of M windowed tenants`). These lines
+//! come with `--quiet` too.
 //!
 //! ```text
 //! cargo run --release --example coordinator -- --policy examples/policy.toml
@@ -322,6 +325,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut last_print = Instant::now();
     let mut last_usage = coordinator.usage();
+    let mut last_floor = (0, 0);
     while !stop.load(Ordering::Acquire) {
         let now = coordinator.table().now_ns();
         let report = coordinator.tick(now);
@@ -346,6 +350,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if let Some(e) = report.reload_error {
             println!("policy reload failed, keeping the previous policy: {e}");
         }
+        // Every change of the one-piece floor, also with --quiet.
+        let link = coordinator.link_view();
+        let floor = (link.floor_granted, link.floor_senders);
+        if floor != last_floor && (floor.0 > 0 || last_floor.0 > 0) {
+            println!(
+                "one-piece floor: given to {} of {} windowed tenants ({} steps taken back)",
+                floor.0, floor.1, link.floor_withdrawals
+            );
+        }
+        last_floor = floor;
         if last_print.elapsed() >= Duration::from_secs(1) {
             let secs = last_print.elapsed().as_secs_f64();
             let view = kernel.as_mut().and_then(|k| k.view(&mut coordinator));

@@ -59,6 +59,9 @@ pub(crate) struct Args {
     /// On the link: whether the coordinator sets gains on the windows'
     /// growth (coordinator's `--no-window-gains` when not).
     pub(crate) window_gains: bool,
+    /// On the link: whether the coordinator runs the one-piece floor
+    /// (coordinator's `--no-piece-floor` when not).
+    pub(crate) piece_floor: bool,
     /// On the link: the coordinator prints its view (each tenant's rate
     /// and gain, every second) into `logs/coordinator.log`.
     pub(crate) coordinator_view: bool,
@@ -83,6 +86,7 @@ on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
        isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--weights W1,W2,.. (default 1,2,4)] [--probe-priority realtime|normal] [--latency-bound BYTES|none (default 16384; none: the tenants opt in themselves)] [--chunk BYTES (a tenant's own pieces; default: the bound's)]
     [--window-target PPM (the windows' queue allowance, see perf --help)] [--window-floor USEC] [--window-queue BYTES]
     [--no-window-gains (the coordinator leaves the windows' growth to their weights)]
+    [--no-piece-floor (the coordinator gives no window a floor of one piece)]
     [--coordinator-view (the coordinator's per-second view of every tenant into logs/coordinator.log)]
     [--coordinator-monitor (the coordinator's kernel monitor: what it flagged, and its log)]
     [--probe-interval-us US (between the latency probe's requests, default 500)]
@@ -128,6 +132,7 @@ pub(crate) fn parse() -> Result<Args, String> {
         window_floor_us: None,
         window_queue: None,
         window_gains: true,
+        piece_floor: true,
         coordinator_view: false,
         pager_first: false,
         coordinator_monitor: false,
@@ -175,6 +180,10 @@ pub(crate) fn parse() -> Result<Args, String> {
             }
             "--no-window-gains" => {
                 args.window_gains = false;
+                continue;
+            }
+            "--no-piece-floor" => {
+                args.piece_floor = false;
                 continue;
             }
             "--pager-first" => {

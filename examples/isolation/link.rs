@@ -16,8 +16,11 @@
 //! default, so that what a latency request finds ahead of it is counted in
 //! packets, and each piece's completion carries as many bytes as a packet
 //! can) under a delay window, which learns from its own pieces' completion
-//! times how much it may keep in the NIC. Nothing is shared between the
-//! processes but the coordinator's table, and no link rate is entered
+//! times how much it may keep in the NIC. Next to them the probe posts
+//! through mtrdma too, as the latency tenant's scheduled queue pair: its
+//! delays tell the coordinator how far the bulk tenants' windows may keep
+//! a whole piece (`mtrdma::sched::piece_floor`). Nothing is shared between
+//! the processes but the coordinator's table, and no link rate is entered
 //! anywhere: the policy's link capacity is the NIC's nominal 100 Gbit/s.
 
 use std::fmt::Write as _;
@@ -675,6 +678,13 @@ impl Site<'_> {
         if let Some(port) = probe_port {
             let samples = self.logs.join("latency.samples");
             let _ = std::fs::remove_file(&samples);
+            // Next to bulk tenants with mtrdma the probe posts through
+            // mtrdma too, as a latency-class tenant's scheduled queue pair
+            // (its requests take the fast path): its delays with and
+            // without the one-piece floor are the coordinator's evidence
+            // (`mtrdma::sched::piece_floor`). Alone and next to
+            // unprotected tenants it posts raw.
+            let with_mtrdma = run.bulk.iter().any(|(_, way)| *way == Way::Mtrdma);
             let mut a: Vec<String> = [
                 "--test",
                 "write_comp_lat",
@@ -683,7 +693,11 @@ impl Site<'_> {
                 "-D",
                 &format!("{secs}"),
                 "--path",
-                "raw",
+                if with_mtrdma && !run.preloaded {
+                    "mtrdma"
+                } else {
+                    "raw"
+                },
                 "--wait",
                 "--interval",
                 &self.args.probe_interval_us.to_string(),
@@ -1653,6 +1667,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         .arg(&socket)
         .args((!args.coordinator_view).then_some("--quiet"))
         .args((!args.window_gains).then_some("--no-window-gains"))
+        .args((!args.piece_floor).then_some("--no-piece-floor"))
         // With the coordinator's `--monitor` (isolation's
         // `--coordinator-monitor`) the kernel's view of every tenant's
         // queue pairs and regions: the storm's rates, and the unprotected
@@ -1692,7 +1707,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
     r.say(format!(
         "\nmtrdma on the shared link: {} -> {} shaped to {:.0} Mbit/s ({:.2} MB/s); every tenant a process in its own cgroup, \
          registered with the coordinator; {} s per measurement; bulk with mtrdma: {} ({} B pieces{}){}; \
-         the latency probe {}",
+         the latency probe {} (through mtrdma as a latency-class queue pair next to bulk tenants with mtrdma, raw otherwise)",
         link.sender,
         link.receiver,
         link.rate_bps as f64 / 1e6,
@@ -1715,6 +1730,10 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
             ""
         } else {
             ", no window gains from the coordinator"
+        } + if args.piece_floor {
+            ""
+        } else {
+            ", no one-piece floor from the coordinator"
         },
         if args.probe_normal {
             "at normal CPU priority (--probe-priority normal) in every way".to_string()

@@ -296,6 +296,10 @@ pub struct Coordinator {
     /// windows last judged a piece.
     floor: Option<FloorControl>,
     windows_seen: HashMap<TenantId, u64>,
+    /// The windowed senders in the order they came: the floor is given
+    /// to the first of them, so that one that comes does not take it from
+    /// one that has it.
+    floor_order: Vec<TenantId>,
     /// When `tick` last looked at the policy file and for dead processes
     /// (0: never).
     last_housekeeping_ns: u64,
@@ -422,6 +426,7 @@ impl Coordinator {
             gains: Some(ShareGains::default()),
             floor: Some(FloorControl::default()),
             windows_seen: HashMap::new(),
+            floor_order: Vec::new(),
             last_housekeeping_ns: 0,
             registration_waiting: None,
             pending: Vec::new(),
@@ -737,9 +742,10 @@ impl Coordinator {
     /// The one-piece floor's step at `now_ns` (`mtrdma_sched::piece_floor`):
     /// the latency tenants' reports in, the permit of each of `tenants`
     /// out. The windowed senders are the bulk tenants whose windows judged
-    /// a piece within [`FLOOR_SENDER_MEMORY_NS`], in id order; a step may
-    /// move the latency tenants' median by a quarter of the time a piece
-    /// of the policy's bound takes at the link's measured rate. With no
+    /// a piece within [`FLOOR_SENDER_MEMORY_NS`], in the order they came
+    /// (those that came together in id order); steps are judged by the
+    /// time a piece of the policy's bound takes at the link's measured
+    /// rate (`FloorControl::update`). With no
     /// bound, no measured rate or the floor turned off, every permit is
     /// off.
     fn piece_floor(
@@ -768,6 +774,13 @@ impl Coordinator {
                     .get(&t.id)
                     .is_some_and(|&at| now_ns.saturating_sub(at) <= FLOOR_SENDER_MEMORY_NS)
         };
+        let order = &mut self.floor_order;
+        order.retain(|id| tenants.iter().any(|(t, _)| t.id == *id && is_sender(t)));
+        for (t, _) in tenants {
+            if is_sender(t) && !order.contains(&t.id) {
+                order.push(t.id);
+            }
+        }
         let (Some(piece), Some(rate)) = (piece, rate) else {
             floor.update(
                 mtrdma_sched::Nanos(now_ns),
@@ -777,22 +790,20 @@ impl Coordinator {
             );
             return tenants.iter().map(|_| off(floor)).collect();
         };
-        let senders = tenants.iter().filter(|(t, _)| is_sender(t)).count();
+        let senders = order.len();
         let reports = tenants
             .iter()
             .filter(|(t, _)| t.class == TrafficClass::Latency)
             .map(|&(_, slot)| Shift::from_word(self.table.delay_shift(slot)));
         let report = FloorControl::merge(floor.permit(None), reports);
-        let quarter = u128::from(piece) * 1_000_000_000 / u128::from(rate.max(1)) / 4;
-        let allowed = mtrdma_sched::Nanos(u64::try_from(quarter).unwrap_or(u64::MAX));
-        floor.update(mtrdma_sched::Nanos(now_ns), report, allowed, senders);
-        let mut index = 0;
+        let piece_ns = u128::from(piece) * 1_000_000_000 / u128::from(rate.max(1));
+        let piece_time = mtrdma_sched::Nanos(u64::try_from(piece_ns).unwrap_or(u64::MAX));
+        floor.update(mtrdma_sched::Nanos(now_ns), report, piece_time, senders);
         tenants
             .iter()
             .map(|(t, _)| {
-                if is_sender(t) {
-                    index += 1;
-                    floor.permit(Some(index - 1))
+                if let Some(index) = order.iter().position(|id| *id == t.id) {
+                    floor.permit(Some(index))
                 } else if t.class == TrafficClass::Latency {
                     floor.permit(None)
                 } else {

@@ -39,8 +39,10 @@
 //!   adds at most a piece per sender it adds to what stands at the port,
 //!   for the few hundred milliseconds it takes to judge it. A floor that
 //!   holds is taken off for a short reference time every
-//!   [`FloorControlConfig::refresh_every`], and whenever windowed senders
-//!   come or go, so that the reference follows the link. With no latency
+//!   [`FloorControlConfig::refresh_every`], so that the reference follows
+//!   the link. A windowed sender that comes starts without the floor (the
+//!   caller keeps the senders in the order they came), and the next step
+//!   gives it; one that leaves takes its floor with it. With no latency
 //!   tenant reporting, the floor stays off: the windows then keep to the
 //!   bound on their own, as without it.
 //!
@@ -56,7 +58,8 @@
 //! let mut control = FloorControl::default();
 //! let mut probe = DelayShift::new();
 //! let mut report = Shift::default();
-//! let allowed = Nanos::from_micros(200);
+//! // A piece takes 800 us: a step may move the median by 200 us.
+//! let piece = Nanos::from_micros(800);
 //! let mut now = Nanos::ZERO;
 //! let mut most = 0;
 //! // Four windowed senders; a latency request every millisecond, which
@@ -69,7 +72,7 @@
 //!         report = probe.report();
 //!     }
 //!     now = now + Nanos::from_millis(1);
-//!     most = most.max(control.update(now, report, allowed, 4));
+//!     most = most.max(control.update(now, report, piece, 4));
 //! }
 //! assert_eq!(most, 2, "tried two");
 //! assert_eq!(control.granted(), 1, "and kept one");
@@ -352,9 +355,8 @@ impl DelayShift {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FloorControlConfig {
     /// The least time with the floor off before it is given (at the
-    /// start, after a refresh and when the windowed senders change). Its
-    /// delays are the reference the steps are judged against. Default
-    /// 1 s.
+    /// start and after a refresh). Its delays are the reference the steps
+    /// are judged against. Default 1 s.
     pub reference: Nanos,
     /// With a shift reported and within what is allowed, the least time
     /// before the floor is given to one more sender. Default 0: as soon as
@@ -488,11 +490,17 @@ impl FloorControl {
         }
     }
 
-    /// Takes, at `now`, the latency tenants' report (the largest shift of
-    /// those of the current generation, [`merge`](Self::merge)), the shift
-    /// `allowed` and how many windowed `senders` there are; returns how
-    /// many of them have the floor.
-    pub fn update(&mut self, now: Nanos, report: Shift, allowed: Nanos, senders: usize) -> usize {
+    /// Takes, at `now`, the latency tenants' report (the largest shifts of
+    /// those of the current generation, [`merge`](Self::merge)), the time
+    /// one `piece` takes at the link's rate and how many windowed
+    /// `senders` there are; returns how many of them have the floor.
+    ///
+    /// A step may move the latency tenants' median by a quarter of
+    /// `piece` (where the port limits the senders, the windows keep most
+    /// of the bound queued already): it is taken back when the median
+    /// surely moved further, and the next is taken only when it surely
+    /// did not.
+    pub fn update(&mut self, now: Nanos, report: Shift, piece: Nanos, senders: usize) -> usize {
         let now = now.0;
         let c = self.config;
         let latency = self.permit(None);
@@ -502,13 +510,14 @@ impl FloorControl {
             self.last_shift = range;
             self.heard = now;
         }
-        let allowed = i64::try_from(allowed.0).unwrap_or(i64::MAX);
-        if senders != std::mem::replace(&mut self.senders, senders) {
-            // Senders came or left: the link is another; a fresh
-            // reference, then as many as had it at once.
-            self.resume = self.granted.min(senders);
-            self.off_for_reference(now);
-            return self.granted;
+        let piece = i64::try_from(piece.0).unwrap_or(i64::MAX);
+        let allowed = piece / 4;
+        self.senders = senders;
+        if self.granted > senders {
+            // Senders left: their floors go with them. One that comes
+            // starts without it (the caller keeps them in the order they
+            // came), and the next step gives it.
+            self.grant(senders, now);
         }
         if self.granted == 0 {
             let reference = current && report.samples >= MIN_SAMPLES;
@@ -582,18 +591,18 @@ impl FloorControl {
     pub fn merge(permit: Permit, reports: impl IntoIterator<Item = Shift>) -> Shift {
         let mut out = Shift {
             generation: (permit.generation & 0x7fff) as u16,
-            samples: 0,
-            range: None,
+            ..Shift::default()
+        };
+        let worse = |a: Option<ShiftRange>, b: Option<ShiftRange>| match (a, b) {
+            (Some(a), Some(b)) => Some(ShiftRange {
+                low: a.low.max(b.low),
+                high: a.high.max(b.high),
+            }),
+            (a, b) => a.or(b),
         };
         for r in reports.into_iter().filter(|r| r.is_of(permit)) {
             out.samples = out.samples.max(r.samples);
-            out.range = match (out.range, r.range) {
-                (Some(a), Some(b)) => Some(ShiftRange {
-                    low: a.low.max(b.low),
-                    high: a.high.max(b.high),
-                }),
-                (a, b) => a.or(b),
-            };
+            out.range = worse(out.range, r.range);
         }
         out
     }
@@ -665,29 +674,29 @@ mod tests {
         per: u64,
         senders: usize,
     ) -> (usize, u64) {
-        drive_from(control, 0, for_ms, base, per, senders)
+        let mut probe = (DelayShift::new(), Shift::default());
+        drive_from(control, &mut probe, 0, for_ms, base, per, senders)
     }
 
-    /// As `drive`, from `from_ms` on.
+    /// As `drive`, from `from_ms` on, with a probe and its last report.
     fn drive_from(
         control: &mut FloorControl,
+        (probe, report): &mut (DelayShift, Shift),
         from_ms: u64,
         for_ms: u64,
         base: u64,
         per: u64,
         senders: usize,
     ) -> (usize, u64) {
-        let mut probe = DelayShift::new();
-        let mut report = Shift::default();
         let mut most = 0;
         let mut all_ms = 0;
         for t in from_ms..from_ms + for_ms {
             let now = Nanos(t * MS);
             let delay = base + per * control.granted() as u64;
             if probe.record(control.permit(None), now, now + Nanos(delay)) {
-                report = probe.report();
+                *report = probe.report();
             }
-            let n = control.update(now + Nanos(MS), report, Nanos(200_000), senders);
+            let n = control.update(now + Nanos(MS), *report, Nanos(800_000), senders);
             most = most.max(n);
             all_ms += u64::from(n == senders);
         }
@@ -726,7 +735,7 @@ mod tests {
         let mut c = FloorControl::default();
         for t in 0..20_000 {
             assert_eq!(
-                c.update(Nanos(t * MS), Shift::default(), Nanos(200_000), 4),
+                c.update(Nanos(t * MS), Shift::default(), Nanos(800_000), 4),
                 0
             );
         }
@@ -734,22 +743,25 @@ mod tests {
     }
 
     #[test]
-    fn senders_that_come_or_go_restart_the_reference_and_a_silent_latency_sender_ends_it() {
+    fn senders_that_come_are_given_it_by_the_next_steps_and_a_silent_latency_sender_ends_it() {
         let mut c = FloorControl::default();
-        drive(&mut c, 5_000, 500_000, 0, 4);
-        assert_eq!(c.granted(), 4);
+        let mut probe = (DelayShift::new(), Shift::default());
+        drive_from(&mut c, &mut probe, 0, 5_000, 500_000, 0, 2);
+        assert_eq!(c.granted(), 2);
         let now = Nanos(5_000 * MS);
-        // Two senders leave: off at once, for a reference of the link as
-        // it is now; then the two that are left get it back in one step.
-        assert_eq!(c.update(now, Shift::default(), Nanos(200_000), 2), 0);
-        let (most, _) = drive_from(&mut c, 5_001, 1_500, 500_000, 0, 2);
-        assert_eq!((most, c.granted()), (2, 2));
+        // Two senders leave: they take theirs.
+        assert_eq!(c.update(now, Shift::default(), Nanos(800_000), 1), 1);
+        // Three come: they are given it in the steps that follow, with no
+        // new reference.
+        let (most, all_ms) = drive_from(&mut c, &mut probe, 5_001, 1_500, 500_000, 0, 4);
+        assert_eq!((most, c.granted()), (4, 4));
+        assert!(all_ms > 1_000, "all four for {all_ms} ms");
         assert_eq!(c.withdrawals(), 0);
         // No report of the current generation comes in: patience runs out.
         let mut now = 6_501 * MS;
         while c.granted() > 0 {
             now += MS;
-            c.update(Nanos(now), Shift::default(), Nanos(200_000), 2);
+            c.update(Nanos(now), Shift::default(), Nanos(800_000), 4);
             assert!(now < 10_000 * MS, "still given at {now}");
         }
     }

@@ -118,8 +118,8 @@ pub struct SimConfig {
     /// With a coordinator and windows: it also runs the one-piece floor's
     /// control ([`FloorControl`]), the latency tenants' queue pairs keep
     /// their delays with and without it ([`Lane::with_delay_shift`]), and
-    /// a step may move their median by half the time one piece (the
-    /// scheduler's chunk) takes on the wire. Default false.
+    /// its steps are judged by the time one piece (the scheduler's chunk)
+    /// takes on the wire ([`FloorControl::update`]). Default false.
     pub piece_floor: bool,
 }
 
@@ -1086,8 +1086,9 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
     /// The coordinator's recomputation: what each tenant moved since the
     /// last, into the gains of their windows.
     fn recompute(&mut self, now: u64) {
-        // A step may move the latency tenants' median by half a piece's time.
-        let allowed = Nanos(self.tx_ns(self.floor_piece) / 4);
+        // The time a piece takes on the wire, by which the floor's steps
+        // are judged.
+        let piece = Nanos(self.tx_ns(self.floor_piece));
         let Some(gains) = self.gains.as_mut() else {
             return;
         };
@@ -1133,7 +1134,7 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
             .count();
         if let Some(floor) = self.floor.as_mut() {
             let report = FloorControl::merge(floor.permit(None), self.shifts.iter().copied());
-            let n = floor.update(Nanos(now), report, allowed, senders);
+            let n = floor.update(Nanos(now), report, piece, senders);
             self.floor_most = self.floor_most.max(n);
             if n == senders && now >= self.config.warmup.0 {
                 self.floor_all_ns += self.config.coordinator_every.0;
