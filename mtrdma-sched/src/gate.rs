@@ -660,7 +660,7 @@ impl Gate {
         if let Some(w) = &mut lane.window {
             w.on_completed_late(len, sent_at, now(), host);
         } else if let Some(shift) = &mut lane.shift {
-            let at = Nanos(now().0.saturating_sub(host.0).max(sent_at.0));
+            let at = crate::window::dated(sent_at, now(), host);
             lane.report_due |= shift.record(lane.permit, sent_at, at);
         }
         Some(len)

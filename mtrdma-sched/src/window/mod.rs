@@ -80,8 +80,7 @@ pub trait Window: fmt::Debug + Send {
     /// default dates the completion that much earlier (never before
     /// `sent_at`).
     fn on_completed_late(&mut self, bytes: u64, sent_at: Nanos, now: Nanos, host: Nanos) {
-        let at = Nanos(now.0.saturating_sub(host.0).max(sent_at.0));
-        self.on_completed(bytes, sent_at, at);
+        self.on_completed(bytes, sent_at, dated(sent_at, now, host));
     }
 
     /// A piece of `bytes` posted at `sent_at` is known at `now` to have
@@ -126,6 +125,14 @@ pub trait Window: fmt::Debug + Send {
             ..WindowView::default()
         }
     }
+}
+
+/// When a piece posted at `sent_at` and found complete at `now` by a
+/// poller that woke `host` late really completed: `host` earlier, never
+/// before `sent_at` ([`Window::on_completed_late`]; a latency lane's delay
+/// samples, [`Gate::completed`](crate::gate::Gate::completed)).
+pub(crate) fn dated(sent_at: Nanos, now: Nanos, host: Nanos) -> Nanos {
+    Nanos(now.0.saturating_sub(host.0).max(sent_at.0))
 }
 
 /// Bytes a [`Window`] judged, and how many of them it found over its
