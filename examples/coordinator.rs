@@ -22,7 +22,8 @@
 //! (`BYPASS:`) or a process of no tenant holds verbs objects
 //! (`UNATTRIBUTED:`); and a line whenever the one-piece floor
 //! (`mtrdma::sched::piece_floor`) is given to more or fewer tenants
-//! (`one-piece floor: given to N of M windowed tenants`). These lines
+//! (`one-piece floor: given to N of M windowed tenants (K steps taken
+//! back) at S s`, S the seconds since the coordinator started). These lines
 //! come with `--quiet` too.
 //!
 //! ```text
@@ -324,13 +325,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
 
     let mut last_print = Instant::now();
+    let started = last_print;
     let mut last_usage = coordinator.usage();
     let mut last_floor = (0, 0);
     while !stop.load(Ordering::Acquire) {
         let now = coordinator.table().now_ns();
         let report = coordinator.tick(now);
         for (slot, tenant) in &report.registered {
-            println!("registered a process as {tenant} (process slot {slot})");
+            println!(
+                "registered a process as {tenant} (process slot {slot}) at {:.3} s",
+                started.elapsed().as_secs_f64()
+            );
         }
         for reason in &report.refused {
             println!("refused a registration: {reason}");
@@ -355,8 +360,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let floor = (link.floor_granted, link.floor_senders);
         if floor != last_floor && (floor.0 > 0 || last_floor.0 > 0) {
             println!(
-                "one-piece floor: given to {} of {} windowed tenants ({} steps taken back)",
-                floor.0, floor.1, link.floor_withdrawals
+                "one-piece floor: given to {} of {} windowed tenants ({} steps taken back) at {:.3} s",
+                floor.0,
+                floor.1,
+                link.floor_withdrawals,
+                started.elapsed().as_secs_f64()
             );
         }
         last_floor = floor;

@@ -51,7 +51,7 @@ use crate::completion::{Completion, WcStatus};
 use crate::events::{Armed, Waitable};
 use crate::qp::{
     check_gather, check_send, push_in_place, BatchError, Gather, GatherError, PostError, QueuePair,
-    RawCompletion, RawSend, Refusal, Region, SendOp, Sink, LIST_MAX, SCHED_WR,
+    RawCompletion, RawSend, Refusal, Region, SendOp, Sink, SCHED_WR,
 };
 
 mod clock;

@@ -56,6 +56,7 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
                 member,
                 raw: Vec::new(),
                 took: false,
+                batch: BatchScratch::default(),
             })),
             qpn,
             tenant,
@@ -460,6 +461,19 @@ pub(super) struct Solo<S: Sink, Q: PieceScheduler> {
     pub(super) raw: Vec<RawCompletion>,
     /// The last poll took piece completions (see `Waitable::took`).
     pub(super) took: bool,
+    /// The lists a batch is posted from, kept between batches so that a
+    /// batch allocates none.
+    pub(super) batch: BatchScratch,
+}
+
+/// What [`Solo::post_batch`] builds a batch's list in: the work requests
+/// of the requests it parked, and what each asked for (to hand a request
+/// the queue pair refuses to the engine after all). Both are empty
+/// between batches; only their room is kept.
+#[derive(Default)]
+pub(super) struct BatchScratch {
+    parked: Vec<RawSend>,
+    asked: Vec<(SendOp, Range<usize>)>,
 }
 
 impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
@@ -532,10 +546,11 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
         requests: Vec<Request<S::Region>>,
     ) -> Result<(), Refusal<S::Region>> {
         let mut requests = requests.into_iter();
-        let mut parked: Vec<RawSend> = Vec::with_capacity(requests.len().min(LIST_MAX));
-        // What a request refused by the queue pair needs to go through
-        // the engine after all.
-        let mut asked: Vec<(SendOp, Range<usize>)> = Vec::with_capacity(parked.capacity());
+        let BatchScratch {
+            mut parked,
+            mut asked,
+        } = std::mem::take(&mut self.batch);
+        debug_assert!(parked.is_empty() && asked.is_empty());
         let mut next = requests.next();
         while let Some(r) = next.take() {
             let len = r.sge.length;
@@ -591,6 +606,9 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
             }
         }
         let posted = parked.len() - back.len();
+        parked.clear();
+        asked.clear();
+        self.batch = BatchScratch { parked, asked };
         back.extend(next);
         back.extend(requests);
         let result = accept_all(&mut self.engine, self.member, back).map_err(|mut refusal| {
