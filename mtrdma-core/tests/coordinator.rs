@@ -887,9 +887,24 @@ name = "bulk-b"
     run(&mut c, &mut now, 2_000, 40_000);
     assert_eq!(bulk.iter().filter(|b| b.floor_permit(now).on).count(), 1);
     assert!(c.link_view().floor_withdrawals >= 1);
+    // What a window is told at a completion, in one read, is what each
+    // accessor says.
+    for b in &bulk {
+        let s = b.window_signals(now);
+        assert_eq!(s.piece_floor, Some(b.floor_permit(now).on));
+        assert_eq!(s.gain_ppm, Some(b.window_gain(now)));
+        assert_eq!(s.sharing_weight, Some(b.sharing_weight(now)));
+        assert_eq!(s.link_rate, Some(b.link_estimate().unwrap_or(0)));
+    }
     // A stopped coordinator's permits lapse.
-    assert!(!bulk[0].floor_permit(now + HEARTBEAT_STALE_NS + 1).on);
-    assert!(!latency.floor_permit(now + HEARTBEAT_STALE_NS + 1).on);
+    let stale = now + HEARTBEAT_STALE_NS + 1;
+    assert!(!bulk[0].floor_permit(stale).on);
+    assert!(!latency.floor_permit(stale).on);
+    let s = bulk[0].window_signals(stale);
+    assert_eq!(
+        (s.piece_floor, s.gain_ppm, s.sharing_weight),
+        (Some(false), Some(mtrdma_sched::share::GAIN_ONE), Some(1))
+    );
     // Turned off: no floor, whatever the probe says.
     c.set_piece_floor(false);
     assert_eq!(run(&mut c, &mut now, 1_000, 0), 0);

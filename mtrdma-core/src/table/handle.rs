@@ -641,10 +641,16 @@ impl TenantHandle {
     /// windows to their weights alone), and for a word out of range.
     #[inline]
     pub fn window_gain(&self, now_ns: u64) -> u32 {
+        self.gain_if(self.coordinator_live(now_ns))
+    }
+
+    /// [`window_gain`](Self::window_gain), the coordinator `live` or not.
+    #[inline]
+    fn gain_if(&self, live: bool) -> u32 {
         let ppm = self.policy_slot().window_gain.load(Ordering::Acquire);
         let one = u64::from(GAIN_ONE);
         let max = (GAIN_ONE as f64 * MAX_GAIN) as u64;
-        if !self.coordinator_live(now_ns) || !(one * one / max..=max).contains(&ppm) {
+        if !live || !(one * one / max..=max).contains(&ppm) {
             return GAIN_ONE;
         }
         ppm as u32
@@ -661,12 +667,37 @@ impl TenantHandle {
     /// largest weight).
     #[inline]
     pub fn sharing_weight(&self, now_ns: u64) -> u32 {
+        self.sharing_if(self.coordinator_live(now_ns))
+    }
+
+    /// [`sharing_weight`](Self::sharing_weight), the coordinator `live` or
+    /// not.
+    #[inline]
+    fn sharing_if(&self, live: bool) -> u32 {
         let w = self.inner.table.sharing_weight();
         let most = u64::from(crate::table::MAX_TENANTS) * u64::from(mtrdma_sched::MAX_WEIGHT);
-        if !self.coordinator_live(now_ns) || w == 0 || w > most {
+        if !live || w == 0 || w > most {
             return 1;
         }
         u32::try_from(w).unwrap_or(u32::MAX)
+    }
+
+    /// Everything the coordinator tells this tenant's delay windows, read
+    /// with one look at its heartbeat: the link's measured rate
+    /// ([`link_estimate`](Self::link_estimate), 0 where none), the gain
+    /// ([`window_gain`](Self::window_gain)), the sharing weight
+    /// ([`sharing_weight`](Self::sharing_weight)) and whether the
+    /// one-piece floor is permitted ([`floor_permit`](Self::floor_permit)).
+    #[inline]
+    pub fn window_signals(&self, now_ns: u64) -> mtrdma_sched::Signals {
+        let live = self.coordinator_live(now_ns);
+        mtrdma_sched::Signals {
+            link_rate: Some(self.link_estimate().unwrap_or(0)),
+            gain_ppm: Some(self.gain_if(live)),
+            sharing_weight: Some(self.sharing_if(live)),
+            weight: None,
+            piece_floor: Some(self.permit_if(live).on),
+        }
     }
 
     /// Whether the coordinator recomputed within [`HEARTBEAT_STALE_NS`]
@@ -688,8 +719,14 @@ impl TenantHandle {
     /// out of range.
     #[inline]
     pub fn floor_permit(&self, now_ns: u64) -> Permit {
+        self.permit_if(self.coordinator_live(now_ns))
+    }
+
+    /// [`floor_permit`](Self::floor_permit), the coordinator `live` or not.
+    #[inline]
+    fn permit_if(&self, live: bool) -> Permit {
         let word = self.policy_slot().floor_permit.load(Ordering::Acquire);
-        if word == 0 || !self.coordinator_live(now_ns) {
+        if word == 0 || !live {
             return Permit::OFF;
         }
         Permit::from_word(word).unwrap_or(Permit::OFF)

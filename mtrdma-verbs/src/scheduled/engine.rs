@@ -839,13 +839,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             // weights, the weights the link's windows share their growth
             // with, and whether they may keep one piece whatever the delay.
             let now = Self::window_now(clock, offset).0;
-            w.signals(&Signals {
-                link_rate: Some(q.link_estimate().unwrap_or(0)),
-                gain_ppm: Some(q.window_gain(now)),
-                sharing_weight: Some(q.sharing_weight(now)),
-                weight: None,
-                piece_floor: Some(q.floor_permit(now).on),
-            });
+            w.signals(&q.window_signals(now));
         } else if let (Some(q), true) = (&m.quota, m.lane.keeps_delay_shift()) {
             // A latency queue pair judging the floor: its delays are the
             // trial's while any tenant has it.
