@@ -391,8 +391,7 @@ impl Rig {
         let nic = Arc::clone(&self.nic);
         let sink = NullSink::new(q as u32, DEPTH).watch(move |e| lock(&nic).on(q, e));
         match q {
-            // The composed scheduler runs on the real clock; without a
-            // window or caps, nothing it does depends on the time.
+            // The same policy composed of pieces, on the same clock.
             1 if self.composed => {
                 let sched = composed(&SchedulerConfig {
                     chunk_bytes: self.chunk,
@@ -400,7 +399,10 @@ impl Rig {
                     ..SchedulerConfig::default()
                 })
                 .expect("a valid configuration");
-                Box::new(bench::scheduled_with(sink, config, sched).expect("composed"))
+                Box::new(
+                    bench::scheduled_with_on_clock(sink, config, sched, Arc::clone(&self.clock))
+                        .expect("composed"),
+                )
             }
             0 | 1 => Box::new(
                 bench::scheduled_with_clock(sink, config, Arc::clone(&self.clock))

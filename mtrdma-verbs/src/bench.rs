@@ -793,6 +793,20 @@ pub fn scheduled_with<Q: PieceScheduler>(
     })
 }
 
+/// [`scheduled_with`] on `clock`, as [`scheduled_with_clock`] is for the
+/// built-in scheduler: a scheduler of the caller's (say, one composed of
+/// `mtrdma_sched::compose` pieces) in virtual time.
+pub fn scheduled_with_on_clock<Q: PieceScheduler>(
+    sink: NullSink,
+    config: ScheduleConfig,
+    sched: Q,
+    clock: Arc<ManualClock>,
+) -> Result<NullScheduled<Q>, Error> {
+    Ok(NullScheduled {
+        inner: Scheduled::solo(sink, config, sched, EngineClock::Manual(clock))?,
+    })
+}
+
 /// A [`ScheduledQueuePair`](crate::ScheduledQueuePair) on a null sink.
 pub struct NullScheduled<Q: PieceScheduler = DefaultScheduler> {
     inner: Scheduled<NullSink, Q>,
