@@ -31,18 +31,18 @@
 //!   that their median delay surely moved by no more than what is allowed,
 //!   to more: twice as many while it surely moved by no more than half of
 //!   what is allowed (if each sender's floor adds about the same, twice
-//!   the senders stay within it), one more otherwise. The coordinator allows a quarter of the time one piece takes at the
-//!   link's measured rate: where the port limits the senders, the windows
+//!   the senders stay within it), one more otherwise. The coordinator
+//!   allows a quarter of the time one piece takes at the link's
+//!   measured rate: where the port limits the senders, the windows
 //!   already keep most of the bound queued, and a piece more per sender
 //!   would take the rest. As soon as a step surely moves the median
 //!   further, it takes that step back (to the senders that last held, or
 //!   one fewer) and waits before trying again, twice as long each time it
 //!   fails (up to a minute). One step adds at most a piece per sender it
 //!   adds to what stands at the port, for the hundred milliseconds or so
-//!   it takes to judge it. A floor that
-//!   holds is taken off for a short reference time every
-//!   [`FloorControlConfig::refresh_every`], so that the reference follows
-//!   the link. A windowed sender that comes starts without the floor (the
+//!   it takes to judge it. A floor that holds is taken off for a short
+//!   reference time every [`FloorControlConfig::refresh_every`], so
+//!   that the reference follows the link. A windowed sender that comes starts without the floor (the
 //!   caller keeps the senders in the order they came), and the next step
 //!   gives it; one that leaves takes its floor with it. With no latency
 //!   tenant reporting, the floor stays off: the windows then keep to the
@@ -418,8 +418,9 @@ pub struct FloorControl {
     /// had it).
     resume: usize,
     /// The most senders a report of their generation showed within what
-    /// is allowed since the last reference: where a step that fails goes
-    /// back to.
+    /// is allowed (kept through refreshes; cleared when the floor lapses
+    /// for want of reports, and lowered when senders leave or a step back
+    /// goes below it): where a step that fails goes back to.
     held: usize,
     /// When to take it off for a fresh reference.
     refresh_at: u64,

@@ -776,9 +776,7 @@ pub fn scheduled_with_clock(
     clock: Arc<ManualClock>,
 ) -> Result<NullScheduled, Error> {
     let (config, sched) = solo_parts(config, sink.tenant.as_ref())?;
-    Ok(NullScheduled {
-        inner: Scheduled::solo(sink, config, sched, EngineClock::Manual(clock))?,
-    })
+    scheduled_with_on_clock(sink, config, sched, clock)
 }
 
 /// See [`QueuePair::scheduled_with`](crate::QueuePair::scheduled_with): a
