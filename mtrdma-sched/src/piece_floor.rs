@@ -427,7 +427,9 @@ pub struct FloorControl {
     /// The windowed senders at the last update.
     senders: usize,
     backoff: u64,
-    /// Whether a step was taken back since the last refresh.
+    /// Whether a step was taken back since the last refresh (cleared by
+    /// a refresh with none taken back, and when the floor lapses for want
+    /// of reports).
     failed_since_refresh: bool,
     withdrawals: u64,
     last_shift: Option<ShiftRange>,
@@ -567,9 +569,14 @@ impl FloorControl {
                 self.grant(n, now);
             }
             _ if now.saturating_sub(self.heard) >= c.patience.0 => {
-                // No latency tenant reports: no floor.
+                // No latency tenant reports: no floor. The next to report
+                // starts afresh, from one sender with doublings and the
+                // first waits, whatever was taken back before.
                 self.resume = 0;
                 self.held = 0;
+                self.failed_since_refresh = false;
+                self.retry_at = 0;
+                self.backoff = c.backoff.0;
                 self.off_for_reference(now);
             }
             _ if now >= self.refresh_at => {
@@ -798,6 +805,44 @@ mod tests {
         assert_eq!(most, 4);
         assert_eq!(c.granted(), 3);
         assert_eq!(c.withdrawals(), 2);
+    }
+
+    #[test]
+    fn a_latency_tenant_that_comes_after_one_left_is_given_the_doubling_ramp_again() {
+        let mut c = FloorControl::default();
+        let mut probe = (DelayShift::new(), Shift::default());
+        // As above: a doubling from two to four is taken back.
+        let delay = |n: usize| 500_000 + 20_000 * (n * n) as u64;
+        drive_with(&mut c, &mut probe, 0, 1_500, 8, delay);
+        assert_eq!((c.granted(), c.withdrawals()), (2, 1));
+        // The latency tenant leaves: patience runs out and the floor ends.
+        let mut now = 1_500 * MS;
+        while c.granted() > 0 {
+            now += MS;
+            c.update(Nanos(now), Shift::default(), Nanos(800_000), 8);
+            assert!(now < 5_000 * MS, "still given at {now}");
+        }
+        // Another comes, next to senders that cost 10 us each: after its
+        // reference it is given 1, 2, 4, 8 (not one at a time, and with
+        // no wait left from the step taken back before).
+        let from = now / MS + 1;
+        let mut probe = (DelayShift::new(), Shift::default());
+        let mut counts = Vec::new();
+        let mut all_at = None;
+        for t in from..from + 4_000 {
+            let before = c.granted();
+            drive_from(&mut c, &mut probe, t, 1, 500_000, 10_000, 8);
+            if c.granted() != before {
+                counts.push(c.granted());
+                if c.granted() == 8 && all_at.is_none() {
+                    all_at = Some(t - from);
+                }
+            }
+        }
+        assert_eq!(&counts[..4], [1, 2, 4, 8], "{counts:?}");
+        let all_at = all_at.unwrap();
+        assert!(all_at < 1_000 + 1_000 + 4 * 150, "all eight at {all_at} ms");
+        assert_eq!(c.withdrawals(), 1);
     }
 
     #[test]
