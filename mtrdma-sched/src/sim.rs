@@ -106,6 +106,14 @@ pub struct SimConfig {
     /// its [`DelayWindowConfig::queue_bytes`] queued instead of its
     /// target floor, as windows under a latency bound do. Default false.
     pub publish_link_rate: bool,
+    /// With [`publish_link_rate`](Self::publish_link_rate): publish the
+    /// rate as `mtrdma_core`'s coordinator measures it, not the link's:
+    /// the highest of what the tenants moved together, smoothed over 200
+    /// ms, falling by half every 5 s while less is moved; and judge the
+    /// link's use (how far the windows share its growth) against the
+    /// highest over minutes, as it does. It starts at 0 and is only a
+    /// lower bound while the link is not full. Default false.
+    pub measured_link_rate: bool,
     /// With mtrdma: the pieces a tenant's queue pair posts in one pump go
     /// as one list, and only a request's last piece, the list's last and
     /// every `k`-th ask for a completion (`k` half the list, rounded up,
@@ -138,6 +146,7 @@ impl Default for SimConfig {
             coordinator_every: Nanos::from_millis(20),
             share_gains: ShareGainsConfig::default(),
             publish_link_rate: false,
+            measured_link_rate: false,
             signal_every: 1,
             piece_floor: false,
         }
@@ -551,6 +560,8 @@ fn simulate<S: Scheduler<u64>>(
         floor_all_ns: 0,
         shifts: vec![Shift::default(); tenants.len()],
         moved: 0.0,
+        peak: 0.0,
+        capacity: 0.0,
         lists: vec![Vec::new(); tenants.len()],
         listed: Vec::new(),
         quiet: vec![VecDeque::new(); tenants.len()],
@@ -676,8 +687,13 @@ struct Sim<'a, S> {
     floor_most: usize,
     floor_all_ns: u64,
     /// What the tenants moved together, smoothed as the coordinator
-    /// smooths it (bytes per second).
+    /// smooths it (bytes per second), and the highest of it lately (the
+    /// coordinator's link estimate, see [`SimConfig::measured_link_rate`]).
     moved: f64,
+    peak: f64,
+    /// The highest of it over minutes: the coordinator's measure of the
+    /// link's capacity, against which it judges the link's use.
+    capacity: f64,
     /// Per tenant: the tags of the pieces posted in this pump (its list;
     /// kept only with [`SimConfig::signal_every`] above 1).
     lists: Vec<Vec<usize>>,
@@ -1117,13 +1133,23 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
         let total: u64 = rates.iter().map(|r| r.bytes_per_sec).sum();
         let alpha = (every as f64 / 200e6).min(1.0);
         self.moved += alpha * (total as f64 - self.moved);
-        let link = self.config.link_bps as f64 / 8.0;
-        let used = (self.moved / link * 1e6).clamp(0.0, 1e6) as u32;
+        self.peak = (self.peak * 0.5f64.powf(every as f64 / 5e9)).max(self.moved);
+        self.capacity = (self.capacity * 0.5f64.powf(every as f64 / 120e9)).max(self.moved);
+        let link = if self.config.measured_link_rate {
+            self.capacity
+        } else {
+            self.config.link_bps as f64 / 8.0
+        };
+        let used = (self.moved / link.max(1.0) * 1e6).clamp(0.0, 1e6) as u32;
         let sharing = crate::share::sharing_for(gains.sharing_weight(), used);
-        let link_rate = self
-            .config
-            .publish_link_rate
-            .then_some(self.config.link_bps / 8);
+        let link_rate =
+            self.config
+                .publish_link_rate
+                .then_some(if self.config.measured_link_rate {
+                    self.peak as u64
+                } else {
+                    self.config.link_bps / 8
+                });
         // The floor: given to the windowed tenants that have started, in
         // the order of the specs.
         let senders = self

@@ -809,3 +809,63 @@ fn the_one_piece_floor_is_given_only_as_far_as_the_latency_tenant_s_median_allow
         }
     }
 }
+
+/// Bulk tenants under a 16 KiB latency bound next to a latency probe,
+/// the one-piece floor on, told the link's rate as the coordinator
+/// measures it (the most they moved together lately, 0 at first; and the
+/// link's use judged against the most over minutes) rather than the
+/// link's: the measured rate rises as they fill the link, and they move
+/// about what they move told the link's rate, the probe within its bound.
+///
+/// The windows' wait after a completion
+/// ([`DelayWindowConfig::spread_ppm`](mtrdma_sched::DelayWindowConfig::spread_ppm))
+/// is drawn from that rate, and only a sender with another piece on the
+/// wire waits: on the emulated link at 180 Mbit/s, waits drawn from a
+/// measured 40 Mbit/s (a piece seemed 800 us on the wire) held eight
+/// tenants of about one piece each there for whole runs, and the rate
+/// never rose because they never moved more.
+#[test]
+fn tenants_told_the_rate_they_move_fill_the_link_as_when_told_the_links() {
+    let (held, pieces) = held_by_a_16_kib_bound(false);
+    for mbit in [50u64, 120, 180] {
+        let piece_us = 4096 * 8 / mbit;
+        let base = SimConfig {
+            duration: Nanos::from_secs(8),
+            warmup: Nanos::from_secs(2),
+            pieces_per_queue_pair: pieces,
+            publish_link_rate: true,
+            signal_every: 16,
+            piece_floor: true,
+            ..slow_link(mbit, piece_us * 2)
+        };
+        let alone = probe_p99(&run(&base, &isolation(0), &Mode::Fifo).unwrap());
+        let allowed = 16_384 * 8 * 1_000 / mbit;
+        for n in [1u32, 4, 8] {
+            let mut tenants = vec![TenantSpec::probe(TenantId(0))];
+            tenants.extend((1..=n).map(|t| windowed_bulk(t, 1 << 20, TenantPolicy::weight(1))));
+            let measure = |measured: bool| {
+                let config = SimConfig {
+                    measured_link_rate: measured,
+                    ..base.clone()
+                };
+                let r = run(&config, &tenants, &held).unwrap();
+                let link: f64 =
+                    r.tenants[1..].iter().map(|t| t.gbps).sum::<f64>() * 1e3 / mbit as f64;
+                (probe_p99(&r), link)
+            };
+            let (p99_told, link_told) = measure(false);
+            let (p99, link) = measure(true);
+            eprintln!(
+                "{mbit} Mbit/s, {n} bulk: told the link's rate {link_told:.3} of the link, p99 {p99_told} ns; told what they move {link:.3}, p99 {p99} ns; alone {alone} ns, bound +{allowed} ns"
+            );
+            assert!(
+                link >= 0.95 * link_told,
+                "{mbit} Mbit/s, {n} bulk: {link:.3} of the link told what they move, {link_told:.3} told the link's rate"
+            );
+            assert!(
+                p99 <= alone + allowed,
+                "{mbit} Mbit/s, {n} bulk: p99 {p99} ns, alone {alone} ns, allowed +{allowed} ns"
+            );
+        }
+    }
+}
