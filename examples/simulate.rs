@@ -55,6 +55,9 @@
 //! (`DelayWindowConfig::spread_from`; default 500),
 //! `--target-ppm P` with `--separate`, the windows' target queueing delay
 //! as a share of the path's own delay (default 500000),
+//! `--measured-rate` with `--latency-bound`, the rate published is the
+//! coordinator's measure (the most the tenants moved together lately,
+//! `SimConfig::measured_link_rate`) rather than the link's,
 //! `--no-gains` with `--separate`, no coordinator: every window grows by
 //! its weight alone (by default a coordinator sets gains on their growth
 //! every 20 ms from what each tenant moved, `mtrdma_sched::share`),
@@ -92,6 +95,9 @@ struct Args {
     latency_bound: Option<u64>,
     jitter_ns: u64,
     spread_ppm: Option<u32>,
+    /// `--measured-rate`: the windows are told what the tenants moved,
+    /// not the link's rate.
+    measured_rate: bool,
     spread_from_ns: Option<u64>,
     gains: bool,
     warmup_ms: u64,
@@ -119,6 +125,7 @@ fn parse() -> Result<Args, String> {
         latency_bound: None,
         jitter_ns: 0,
         spread_ppm: None,
+        measured_rate: false,
         spread_from_ns: None,
         gains: true,
         warmup_ms: 1,
@@ -145,6 +152,10 @@ fn parse() -> Result<Args, String> {
         }
         if flag == "--no-gains" {
             a.gains = false;
+            continue;
+        }
+        if flag == "--measured-rate" {
+            a.measured_rate = true;
             continue;
         }
         let value = it.value(&flag)?;
@@ -231,7 +242,7 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("error: {e}");
             }
-            eprintln!("usage: simulate [--probes N] [--msg-rate N] [--bulk N] [--bulk-kib K] [--outstanding N] [--weights W,..] [--cap-gbps G] [--link-gbps G | --link-mbps M] [--base-us U] [--separate] [--latency-bound B] [--jitter-us U] [--spread-ppm P] [--spread-from-us U] [--target-ppm P] [--no-gains] [--nic-depth N] [--budget-kib K] [--pieces N] [--chunk-kib K] [--ms T] [--warmup-ms W] [--rows N]");
+            eprintln!("usage: simulate [--probes N] [--msg-rate N] [--bulk N] [--bulk-kib K] [--outstanding N] [--weights W,..] [--cap-gbps G] [--link-gbps G | --link-mbps M] [--base-us U] [--separate] [--latency-bound B] [--jitter-us U] [--spread-ppm P] [--spread-from-us U] [--measured-rate] [--target-ppm P] [--no-gains] [--nic-depth N] [--budget-kib K] [--pieces N] [--chunk-kib K] [--ms T] [--warmup-ms W] [--rows N]");
             return if e.is_empty() {
                 ExitCode::SUCCESS
             } else {
@@ -296,6 +307,7 @@ fn main() -> ExitCode {
             Nanos::ZERO
         },
         publish_link_rate: protection.is_some(),
+        measured_link_rate: args.measured_rate,
         ..SimConfig::default()
     };
     let sched_config = mtrdma::sched::SchedulerConfig {
