@@ -8,6 +8,20 @@ fn probe_p99(r: &Report) -> u64 {
     r.tenant(TenantId(0)).unwrap().p99.unwrap().0
 }
 
+/// A latency probe (tenant 0) next to `bulk` windowed bulk tenants of 1
+/// MiB messages, weight 1 each (tenants 1 to `bulk`).
+fn probe_and_bulk(bulk: u32) -> Vec<TenantSpec> {
+    let mut tenants = vec![TenantSpec::probe(TenantId(0))];
+    tenants.extend((1..=bulk).map(|t| windowed_bulk(t, 1 << 20, TenantPolicy::weight(1))));
+    tenants
+}
+
+/// What the tenants after the first (the probe) moved together, as a
+/// share of a link of `mbit` Mbit/s.
+fn bulk_share(r: &Report, mbit: u64) -> f64 {
+    r.tenants[1..].iter().map(|t| t.gbps).sum::<f64>() * 1e3 / mbit as f64
+}
+
 /// The time the bulk budget takes on the wire.
 fn budget_ns(config: &SimConfig) -> u64 {
     config.bulk_bytes_in_flight * 8_000_000_000 / config.link_bps
@@ -488,11 +502,10 @@ fn windows_that_share_their_growth_keep_the_queue_of_eight_tenants_short() {
             ..slow_link(mbit, 0)
         };
         let alone = probe_p99(&run(&config, &isolation(0), &Mode::Fifo).unwrap());
-        let mut tenants = vec![TenantSpec::probe(TenantId(0))];
-        tenants.extend((1..=8).map(|t| windowed_bulk(t, 1 << 20, TenantPolicy::weight(1))));
+        let tenants = probe_and_bulk(8);
         let excess = |config: &SimConfig| {
             let r = run(config, &tenants, &mode).unwrap();
-            let link: f64 = r.tenants[1..].iter().map(|t| t.gbps).sum::<f64>() * 1e3 / mbit as f64;
+            let link = bulk_share(&r, mbit);
             (probe_p99(&r).saturating_sub(alone), link)
         };
         let (with, link) = excess(&config);
@@ -710,16 +723,14 @@ fn windows_hold_the_latency_bound_with_one_completion_per_list() {
         let alone = probe_p99(&run(&base, &isolation(0), &Mode::Fifo).unwrap());
         let allowed = 16_384 * 8 * 1_000 / mbit;
         for bulk in [1u32, 4, 8] {
-            let mut tenants = vec![TenantSpec::probe(TenantId(0))];
-            tenants.extend((1..=bulk).map(|t| windowed_bulk(t, 1 << 20, TenantPolicy::weight(1))));
+            let tenants = probe_and_bulk(bulk);
             let measure = |every: u32| {
                 let config = SimConfig {
                     signal_every: every,
                     ..base.clone()
                 };
                 let r = run(&config, &tenants, &held).unwrap();
-                let link: f64 =
-                    r.tenants[1..].iter().map(|t| t.gbps).sum::<f64>() * 1e3 / mbit as f64;
+                let link = bulk_share(&r, mbit);
                 (probe_p99(&r), link)
             };
             let (p99_all, link_all) = measure(1);
@@ -771,15 +782,14 @@ fn the_one_piece_floor_is_given_only_as_far_as_the_latency_tenant_s_median_allow
         };
         let alone = probe_p99(&run(&base, &isolation(0), &Mode::Fifo).unwrap());
         let allowed = 16_384 * 8 * 1_000 / mbit;
-        let mut tenants = vec![TenantSpec::probe(TenantId(0))];
-        tenants.extend((1..=bulk).map(|t| windowed_bulk(t, 1 << 20, TenantPolicy::weight(1))));
+        let tenants = probe_and_bulk(bulk);
         let measure = |floor: bool| {
             let config = SimConfig {
                 piece_floor: floor,
                 ..base.clone()
             };
             let r = run(&config, &tenants, &held).unwrap();
-            let link: f64 = r.tenants[1..].iter().map(|t| t.gbps).sum::<f64>() * 1e3 / mbit as f64;
+            let link = bulk_share(&r, mbit);
             (probe_p99(&r), link, r.piece_floor)
         };
         let (p99_off, link_off, none) = measure(false);
@@ -841,16 +851,14 @@ fn tenants_told_the_rate_they_move_fill_the_link_as_when_told_the_links() {
         let alone = probe_p99(&run(&base, &isolation(0), &Mode::Fifo).unwrap());
         let allowed = 16_384 * 8 * 1_000 / mbit;
         for n in [1u32, 4, 8] {
-            let mut tenants = vec![TenantSpec::probe(TenantId(0))];
-            tenants.extend((1..=n).map(|t| windowed_bulk(t, 1 << 20, TenantPolicy::weight(1))));
+            let tenants = probe_and_bulk(n);
             let measure = |measured: bool| {
                 let config = SimConfig {
                     measured_link_rate: measured,
                     ..base.clone()
                 };
                 let r = run(&config, &tenants, &held).unwrap();
-                let link: f64 =
-                    r.tenants[1..].iter().map(|t| t.gbps).sum::<f64>() * 1e3 / mbit as f64;
+                let link = bulk_share(&r, mbit);
                 (probe_p99(&r), link)
             };
             let (p99_told, link_told) = measure(false);
