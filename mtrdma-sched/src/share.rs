@@ -113,6 +113,64 @@ pub fn sharing_for(weights: u32, utilization_ppm: u32) -> u32 {
     1 + u32::try_from(extra).unwrap_or(u32::MAX - 1)
 }
 
+/// The link's rate as the tenants' traffic shows it: what they moved
+/// together, smoothed over about [`LinkEstimate::SMOOTHING_NS`], and the
+/// highest such rate seen lately, which falls by half every
+/// [`LinkEstimate::HALF_LIFE_NS`] while less is moved. Windows queue at
+/// most `queue_bytes` at this rate: an estimate above the link's rate only
+/// shortens their queues; one below (the link was not full) lasts only
+/// until the tenants fill it. The coordinator keeps one
+/// (`mtrdma_core`'s `LinkObserver`), and so does the simulator with
+/// [`SimConfig::measured_link_rate`](crate::sim::SimConfig::measured_link_rate).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LinkEstimate {
+    smoothed: f64,
+    peak: f64,
+    /// The highest smoothed rate seen over the last minutes (falls by
+    /// half every [`LinkEstimate::CAPACITY_HALF_LIFE_NS`]): what the link
+    /// can carry, against which its use is judged. Windows that hold
+    /// themselves back move less, and a shorter memory would take that
+    /// for the link's rate.
+    capacity: f64,
+}
+
+impl LinkEstimate {
+    /// Over how long what was moved is averaged.
+    pub const SMOOTHING_NS: f64 = 200e6;
+    /// How fast the estimate forgets a rate no longer moved.
+    pub const HALF_LIFE_NS: f64 = 5e9;
+    /// How fast the link's capacity, against which its use is judged, is
+    /// forgotten.
+    pub const CAPACITY_HALF_LIFE_NS: f64 = 120e9;
+
+    /// Takes `bytes_per_sec` moved over the last `elapsed_ns`; returns the
+    /// estimate (bytes per second, 0 while nothing was moved).
+    pub fn update(&mut self, bytes_per_sec: u64, elapsed_ns: u64) -> u64 {
+        let dt = elapsed_ns as f64;
+        let alpha = (dt / Self::SMOOTHING_NS).min(1.0);
+        self.smoothed += alpha * (bytes_per_sec as f64 - self.smoothed);
+        let decay = 0.5f64.powf(dt / Self::HALF_LIFE_NS);
+        self.peak = (self.peak * decay).max(self.smoothed);
+        let decay = 0.5f64.powf(dt / Self::CAPACITY_HALF_LIFE_NS);
+        self.capacity = (self.capacity * decay).max(self.smoothed);
+        self.peak as u64
+    }
+
+    /// What is moved now, smoothed (bytes per second).
+    pub fn smoothed(&self) -> f64 {
+        self.smoothed
+    }
+
+    /// What is moved now (smoothed) as a share of the most moved over the
+    /// last minutes, parts per million (0 before anything was moved).
+    pub fn utilization_ppm(&self) -> u32 {
+        if self.capacity <= 0.0 {
+            return 0;
+        }
+        (self.smoothed / self.capacity * 1e6).clamp(0.0, 1e6) as u32
+    }
+}
+
 /// What one tenant moved over the last recomputation interval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TenantRate {
@@ -414,5 +472,38 @@ mod tests {
         }
         // The first moves far less than its share: the larger gain.
         assert!(gains.gain(TenantId(1)) > gains.gain(TenantId(2)));
+    }
+
+    const ESTIMATE_TICK: u64 = 20_000_000;
+
+    /// The link's use is what is moved now against the highest rate seen
+    /// over the last minutes: full while the tenants keep moving it, less
+    /// when they move less, and still less a minute later (the estimate
+    /// the windows' allowance follows has come down by then).
+    #[test]
+    fn the_links_use_is_what_is_moved_against_the_highest_rate_seen() {
+        let mut e = LinkEstimate::default();
+        assert_eq!(e.utilization_ppm(), 0);
+        for _ in 0..50 {
+            e.update(25_000_000, ESTIMATE_TICK);
+        }
+        assert!(e.utilization_ppm() > 999_000, "{}", e.utilization_ppm());
+        for _ in 0..50 {
+            e.update(15_000_000, ESTIMATE_TICK);
+        }
+        // 15 against 25 MB/s, the highest having fallen for a second
+        // (half every 2 minutes): about 0.6.
+        let used = e.utilization_ppm();
+        assert!((595_000..=610_000).contains(&used), "{used}");
+        for _ in 0..(60_000_000_000 / ESTIMATE_TICK) {
+            e.update(15_000_000, ESTIMATE_TICK);
+        }
+        // A minute on: 15 against 25 x 0.71.
+        let used = e.utilization_ppm();
+        assert!((830_000..=870_000).contains(&used), "{used}");
+        assert!(
+            e.update(15_000_000, ESTIMATE_TICK) < 16_000_000,
+            "the estimate has followed"
+        );
     }
 }

@@ -48,7 +48,7 @@ use crate::fifo::FifoScheduler;
 use crate::gate::{Gate, GrantOrder, Lane, Post};
 use crate::piece_floor::{FloorControl, Shift};
 use crate::policy::{SchedulerConfig, TenantPolicy};
-use crate::share::{ShareGains, ShareGainsConfig, TenantRate};
+use crate::share::{LinkEstimate, ShareGains, ShareGainsConfig, TenantRate};
 use crate::tenant_scheduler::TenantScheduler;
 use crate::time::Nanos;
 use crate::window::{splitmix64, Admit, DelayWindow, DelayWindowConfig, Signals, Window};
@@ -559,9 +559,7 @@ fn simulate<S: Scheduler<u64>>(
         floor_most: 0,
         floor_all_ns: 0,
         shifts: vec![Shift::default(); tenants.len()],
-        moved: 0.0,
-        peak: 0.0,
-        capacity: 0.0,
+        moved: LinkEstimate::default(),
         lists: vec![Vec::new(); tenants.len()],
         listed: Vec::new(),
         quiet: vec![VecDeque::new(); tenants.len()],
@@ -686,14 +684,9 @@ struct Sim<'a, S> {
     /// measured time all had it (ns).
     floor_most: usize,
     floor_all_ns: u64,
-    /// What the tenants moved together, smoothed as the coordinator
-    /// smooths it (bytes per second), and the highest of it lately (the
-    /// coordinator's link estimate, see [`SimConfig::measured_link_rate`]).
-    moved: f64,
-    peak: f64,
-    /// The highest of it over minutes: the coordinator's measure of the
-    /// link's capacity, against which it judges the link's use.
-    capacity: f64,
+    /// What the tenants moved together, as the coordinator measures it
+    /// (see [`SimConfig::measured_link_rate`]).
+    moved: LinkEstimate,
     /// Per tenant: the tags of the pieces posted in this pump (its list;
     /// kept only with [`SimConfig::signal_every`] above 1).
     lists: Vec<Vec<usize>>,
@@ -1131,25 +1124,16 @@ impl<S: Scheduler<u64>> Sim<'_, S> {
         // smoothed over 200 ms, against the link's rate (which the
         // simulator knows; the coordinator takes the highest it has seen).
         let total: u64 = rates.iter().map(|r| r.bytes_per_sec).sum();
-        let alpha = (every as f64 / 200e6).min(1.0);
-        self.moved += alpha * (total as f64 - self.moved);
-        self.peak = (self.peak * 0.5f64.powf(every as f64 / 5e9)).max(self.moved);
-        self.capacity = (self.capacity * 0.5f64.powf(every as f64 / 120e9)).max(self.moved);
-        let link = if self.config.measured_link_rate {
-            self.capacity
+        let estimate = self.moved.update(total, every);
+        let (used, rate) = if self.config.measured_link_rate {
+            (self.moved.utilization_ppm(), estimate)
         } else {
-            self.config.link_bps as f64 / 8.0
+            let link = self.config.link_bps as f64 / 8.0;
+            let used = self.moved.smoothed() / link * 1e6;
+            (used.clamp(0.0, 1e6) as u32, self.config.link_bps / 8)
         };
-        let used = (self.moved / link.max(1.0) * 1e6).clamp(0.0, 1e6) as u32;
         let sharing = crate::share::sharing_for(gains.sharing_weight(), used);
-        let link_rate =
-            self.config
-                .publish_link_rate
-                .then_some(if self.config.measured_link_rate {
-                    self.peak as u64
-                } else {
-                    self.config.link_bps / 8
-                });
+        let link_rate = self.config.publish_link_rate.then_some(rate);
         // The floor: given to the windowed tenants that have started, in
         // the order of the specs.
         let senders = self

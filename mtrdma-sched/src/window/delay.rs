@@ -206,9 +206,9 @@ pub struct DelayWindowConfig {
     /// link's, held senders of a piece or so at that rate, which then
     /// never rose: on the emulated link at 180 Mbit/s, eight tenants next
     /// to the latency probe moved 27 and 33% of the link in two of five
-    /// rounds, the rate stuck at 40 to 57 Mbit/s (a piece seemingly 600
-    /// to 800 us on the wire); with this rule, 69 to 80% in five of five,
-    /// in the same boot.
+    /// rounds, the rate stuck at about 50 Mbit/s (a piece seemingly 800
+    /// us on the wire) until the probe ended; with this rule, 69 to 80%
+    /// in five of five, in the same boot.
     ///
     /// Senders that see their completions within well under a piece's
     /// time on the wire of when the NIC made them (a host that wakes them
@@ -860,14 +860,7 @@ impl DelayWindow {
         }
         if self.out < self.piece() {
             // Nothing else of this sender's is on the wire: a wait would
-            // leave it idle rather than out of step. And the link's rate
-            // is what the tenants moved together (a lower bound while the
-            // link is not full): waits drawn from a rate below the link's
-            // hold every sender of a piece or less below it, so that they
-            // never move more and the measured rate stays where it is (on
-            // the emulated link at 180 Mbit/s, eight tenants stuck at 40
-            // Mbit/s, where a piece seemed 800 us on the wire, for a whole
-            // run).
+            // idle it, not put it out of step (see `spread_ppm`'s docs).
             return;
         }
         if self.sharing_weight <= self.config.weight {
