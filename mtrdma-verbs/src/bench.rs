@@ -1001,7 +1001,7 @@ mod tests {
     use crate::RemoteRegion;
     use mtrdma_core::TrafficClass;
     use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit};
-    use mtrdma_sched::DelayWindowConfig;
+    use mtrdma_sched::{DelayWindowConfig, Nanos, WindowFactory};
 
     /// Scheduled as tenant 0, bulk, by the scheduler alone.
     fn bulk0() -> ScheduleConfig {
@@ -1151,6 +1151,166 @@ mod tests {
             [0, 1, 2],
             "the unsignaled ones before the refusal are reported"
         );
+        assert_eq!(sink.sends_in_flight(), 0);
+    }
+
+    #[test]
+    fn a_window_driven_under_a_piece_by_a_sleeping_sender_still_finishes_every_request() {
+        // A sender on a shared engine with a delay window polls its first
+        // request 380 ms late (its window learns a round trip that long
+        // and shrinks to a quarter of a piece), sends a request whole and
+        // then 24 pieces: they go slowly, one piece every few round trips,
+        // but every request completes, once (found by the data_path fuzz
+        // target, whose drain was shorter than this takes).
+        let clock = Arc::new(ManualClock::new(Nanos::from_millis(1)));
+        let shared = NullScheduler::with_clock(
+            SharedConfig {
+                chunk_bytes: 1024,
+                bulk_bytes_in_flight: 8 << 10,
+                stall_after: Duration::from_millis(20),
+                ..SharedConfig::default()
+            },
+            Arc::clone(&clock),
+        )
+        .unwrap();
+        let window: Arc<dyn WindowFactory> = Arc::new(DelayWindowConfig {
+            quiet_every: Nanos::from_millis(50),
+            ..DelayWindowConfig::for_piece(1024)
+        });
+        let config = ScheduleConfig {
+            chunk_bytes: 1024,
+            max_pieces_in_flight: 8,
+            window: Some(window),
+            ..ScheduleConfig::local(TenantId(3), TrafficClass::Bulk)
+        };
+        let mut qp = shared.attach(NullSink::new(3, 16), config).unwrap();
+        let w = SendOp::Write(REMOTE);
+        let region = |id: u64, len: usize| {
+            let mut r = HeapRegion::new(len);
+            r.as_mut_slice()[..8].copy_from_slice(&id.to_le_bytes());
+            (w, r, 0..len, id)
+        };
+        let (op, r, range, id) = region(0, 584);
+        qp.post_send(op, r, range, id).map_err(|e| e.0).unwrap();
+        clock.advance(Nanos::from_millis(380));
+        let small = [(1, 296), (2, 264), (3, 8)].map(|(id, len)| region(id, len));
+        qp.post_batch(small).map_err(|e| e.0).unwrap();
+        let (op, r, range, id) = region(4, 3976);
+        qp.post_send_whole(op, r, range, id)
+            .map_err(|e| e.0)
+            .unwrap();
+        let large = [5, 6, 7].map(|id| region(id, 8040));
+        qp.post_batch(large).map_err(|e| e.0).unwrap();
+        let mut done = Vec::new();
+        for _ in 0..30_000 {
+            qp.poll(&mut done).unwrap();
+            if done.len() >= 8 {
+                break;
+            }
+            clock.advance(Nanos::from_millis(10));
+        }
+        let mut got: Vec<(u64, u64)> = done.iter().map(|c| (c.context, tag(&c.region))).collect();
+        got.sort_unstable();
+        assert_eq!(got, (0..8).map(|i| (i, i)).collect::<Vec<_>>());
+        assert!(done.iter().all(|c| c.status == WcStatus::Success));
+        assert_eq!((qp.queued(), qp.with_sink(|s| s.sends_in_flight())), (0, 0));
+    }
+
+    /// Contexts `from..from + n` as a batch (each region tagged with its
+    /// context).
+    fn writes_from(from: u64, n: u64) -> Vec<(SendOp, HeapRegion, Range<usize>, u64)> {
+        (from..from + n)
+            .map(|i| (SendOp::Write(REMOTE), tagged(i), 0..64, i))
+            .collect()
+    }
+
+    #[test]
+    fn batches_between_single_posts_complete_in_order_and_a_failure_among_them_loses_nothing() {
+        // A batch, single posts, a batch longer than one list, a single
+        // post: the batches' unsignaled requests are reported by their
+        // own lists' completions, the single posts by theirs, in order.
+        let mut sink = NullSink::new(1, 128).recording();
+        sink.post_batch(writes_from(0, 5)).unwrap();
+        post_direct(&mut sink, 5, 64);
+        post_direct(&mut sink, 6, 64);
+        sink.post_batch(writes_from(7, 40)).unwrap();
+        post_direct(&mut sink, 47, 64);
+        let posted = sink.take_log();
+        let signaled = posted.iter().filter(|p| p.signaled).count();
+        assert_eq!(posted.len(), 48);
+        assert_eq!(
+            signaled,
+            2 + 2 + 2 + 2 + 1,
+            "lists of 5, 32 and 8, two singles, one single"
+        );
+        let mut out = Vec::new();
+        while sink.sends_in_flight() > 0 {
+            sink.poll(&mut out).unwrap();
+        }
+        let got: Vec<(u64, u64)> = out.iter().map(|c| (c.context, tag(&c.region))).collect();
+        assert_eq!(got, (0..48).map(|i| (i, i)).collect::<Vec<_>>());
+        assert!(out.iter().all(|c| c.status == WcStatus::Success));
+
+        // The same with the 30th request failing (unsignaled, in the long
+        // batch's first list): those before it succeed, it fails, every
+        // later one is flushed, each reported once.
+        sink.post_batch(writes_from(0, 5)).unwrap();
+        post_direct(&mut sink, 5, 64);
+        post_direct(&mut sink, 6, 64);
+        sink.post_batch(writes_from(7, 40)).unwrap();
+        post_direct(&mut sink, 47, 64);
+        sink.fail_completion_after(29);
+        let mut out = Vec::new();
+        while sink.sends_in_flight() > 0 {
+            sink.poll(&mut out).unwrap();
+        }
+        let got: Vec<(u64, u64, WcStatus)> = out
+            .iter()
+            .map(|c| (c.context, tag(&c.region), c.status))
+            .collect();
+        let want: Vec<(u64, u64, WcStatus)> = (0..48)
+            .map(|i| match i {
+                0..=28 => (i, i, WcStatus::Success),
+                29 => (i, i, WcStatus::RemoteAccess),
+                _ => (i, i, WcStatus::Flushed),
+            })
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_batch_refused_in_its_second_list_hands_back_what_was_not_posted() {
+        // 40 requests go as lists of 32 and 8; the device takes the first
+        // list and 3 of the second, the 3rd of them unsignaled: a
+        // zero-length WRITE reports them, and the other 5 come back.
+        let mut sink = NullSink::new(1, 128).recording();
+        sink.refuse_after(35);
+        let (e, refused) = sink.post_batch(writes(40)).unwrap_err();
+        assert!(matches!(e, Error::Verbs { .. }), "{e}");
+        assert_eq!(
+            refused
+                .iter()
+                .map(|(c, r)| (*c, tag(r)))
+                .collect::<Vec<_>>(),
+            (35..40).map(|i| (i, i)).collect::<Vec<_>>()
+        );
+        let posted = sink.take_log();
+        assert_eq!(posted.len(), 36, "35 requests and the zero-length WRITE");
+        assert_eq!((posted[35].length, posted[35].signaled), (0, true));
+        let mut out = Vec::new();
+        while sink.sends_in_flight() > 0 {
+            sink.poll(&mut out).unwrap();
+        }
+        assert_eq!(
+            out.iter().map(|c| c.context).collect::<Vec<_>>(),
+            (0..35).collect::<Vec<_>>(),
+            "every posted request once, the zero-length WRITE none"
+        );
+        // The books are empty: a batch after it is numbered afresh.
+        sink.post_batch(writes(3)).unwrap();
+        let mut out = Vec::new();
+        sink.poll(&mut out).unwrap();
+        assert_eq!(out.iter().map(|c| c.context).collect::<Vec<_>>(), [0, 1, 2]);
         assert_eq!(sink.sends_in_flight(), 0);
     }
 

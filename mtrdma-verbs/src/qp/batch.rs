@@ -186,28 +186,72 @@ pub(crate) struct Refusal<R> {
     pub(crate) refused: Vec<(u64, R)>,
 }
 
-/// A batch on any [`Sink`]: what [`PostBatch`] is. Each request's region
-/// is parked in the sink's books when it is added, under the `wr_id` its
-/// work request carries.
+/// A batch on any [`Sink`]: what [`PostBatch`] is. Its requests are
+/// parked in the sink's books together, as one group ([`Books::park_group`]),
+/// when it is submitted; their work requests are built as they are added.
 pub(crate) struct Batch<'a, S: Sink> {
     sink: &'a mut S,
-    pieces: Vec<RawSend>,
+    /// Its requests, in order, with their regions.
+    pieces: Vec<Grouped<S::Region>>,
+    /// Their work requests and scatter entries (the books' [`ListScratch`],
+    /// handed back when the batch is done).
+    scratch: ListScratch,
     /// The scatter lists of its gather requests of several entries, which
-    /// their work requests point at ([`Extra::sg_list`]) until submitted.
+    /// their work requests point at until submitted.
     lists: Vec<Vec<ffi::ibv_sge>>,
+    /// One of its requests is a datagram: every request asks for its
+    /// completion (a UD queue pair cannot post the zero-length WRITE that
+    /// closes a list cut short).
+    all_signaled: bool,
+    /// Posted for a scheduled queue pair ([`Batch::scheduled`]).
+    sched: bool,
 }
+
+/// What a batch the device refused part of leaves: how many of its
+/// requests were posted (its first ones), why the next was not, and the
+/// requests not posted, in order.
+pub(crate) type Unposted<R> = (usize, Error, Vec<Grouped<R>>);
 
 impl<'a, S: Sink> Batch<'a, S> {
     pub(crate) fn new(sink: &'a mut S) -> Self {
+        let books = sink.books_mut();
+        let pieces = books.group_queue();
+        let scratch = books.take_list_scratch();
         Batch {
             sink,
-            pieces: Vec::with_capacity(LIST_MAX / 2),
+            pieces,
+            scratch,
             lists: Vec::new(),
+            all_signaled: false,
+            sched: false,
         }
+    }
+
+    /// A batch a scheduled queue pair posts for requests its engine lets
+    /// go at once: each completion also reports a raw completion
+    /// [`PARKED_DONE`], as for a request parked alone with [`SCHED_WR`].
+    pub(crate) fn scheduled(sink: &'a mut S) -> Self {
+        let mut batch = Batch::new(sink);
+        batch.sched = true;
+        batch
     }
 
     pub(crate) fn len(&self) -> usize {
         self.pieces.len()
+    }
+
+    /// Refuses one more request if the send queue has no room for the
+    /// batch with it.
+    #[inline]
+    fn check_room(&self) -> Result<(), Error> {
+        let books = self.sink.books();
+        let room = (books.max_send_wr as usize).min(GROUP_MAX);
+        if books.sends_in_flight as usize + self.pieces.len() >= room {
+            return Err(Error::SendQueueFull {
+                depth: books.max_send_wr,
+            });
+        }
+        Ok(())
     }
 
     /// Adds a request (see [`PostBatch::post_send`]).
@@ -218,16 +262,41 @@ impl<'a, S: Sink> Batch<'a, S> {
         range: Range<usize>,
         context: u64,
     ) -> Result<(), (Error, S::Region)> {
-        let sge = match check_send(op, &region, &range) {
-            Ok(sge) => sge,
-            Err(error) => return Err((error, region)),
-        };
-        let pending = self.pieces.len();
-        let raw = self
-            .sink
-            .books_mut()
-            .park_send(op, region, sge, context, pending)?;
-        push_in_place(&mut self.pieces, raw);
+        match check_send(op, &region, &range) {
+            Ok(sge) => self.push_checked(op, region, sge, context),
+            Err(error) => Err((error, region)),
+        }
+    }
+
+    /// Adds a request `check_send` found to be `sge` (see
+    /// [`PostBatch::post_send`]).
+    #[inline]
+    pub(crate) fn push_checked(
+        &mut self,
+        op: SendOp,
+        region: S::Region,
+        sge: ffi::ibv_sge,
+        context: u64,
+    ) -> Result<(), (Error, S::Region)> {
+        if let Err(error) = self.check_room() {
+            return Err((error, region));
+        }
+        let ud = region.datagram();
+        self.all_signaled |= ud.is_some();
+        let raw = RawSend::new(0, op, true, sge, ud, region.extra(true, true), false);
+        let mut entry = sge;
+        push_in_place(&mut self.scratch.wrs, send_wr(&raw, &mut entry, true));
+        push_in_place(&mut self.scratch.sges, sge);
+        push_in_place(
+            &mut self.pieces,
+            Grouped {
+                context,
+                region,
+                rest: Vec::new(),
+                len: sge.length,
+                opcode: wc_opcode_of(raw.opcode),
+            },
+        );
         Ok(())
     }
 
@@ -243,61 +312,126 @@ impl<'a, S: Sink> Batch<'a, S> {
             Ok(gather) => gather,
             Err(error) => return Err((error, parts)),
         };
-        let (regions, ranges): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
-        let pending = self.pieces.len();
-        match self
-            .sink
-            .books_mut()
-            .park_gather(op, regions, &gather, context, pending)
-        {
-            Ok(raw) => {
-                push_in_place(&mut self.pieces, raw);
-                if gather.sges.len() > 1 {
-                    // Moving the list keeps its entries where they are,
-                    // where the work request points.
-                    self.lists.push(gather.sges);
-                }
-                Ok(())
-            }
-            Err((error, regions)) => Err((error, regions.into_iter().zip(ranges).collect())),
+        if let Err(error) = self.check_room() {
+            return Err((error, parts));
         }
+        let mut regions = parts.into_iter().map(|(region, _)| region);
+        let Some(region) = regions.next() else {
+            return Err((Error::EmptyGather, Vec::new()));
+        };
+        let rest: Vec<S::Region> = regions.collect();
+        let ud = region.datagram();
+        self.all_signaled |= ud.is_some();
+        let mut extra = region.extra(true, true);
+        let sge = match gather.sges.as_slice() {
+            [] => ffi::ibv_sge::default(),
+            [one] => *one,
+            [first, ..] => {
+                extra.sg_list = gather.sges.as_ptr() as usize;
+                extra.num_sge = i32::try_from(gather.sges.len()).unwrap_or(i32::MAX);
+                *first
+            }
+        };
+        let raw = RawSend::new(0, op, true, sge, ud, extra, false);
+        let mut entry = sge;
+        self.scratch.wrs.push(send_wr(&raw, &mut entry, true));
+        self.scratch.sges.push(sge);
+        if gather.sges.len() > 1 {
+            // Moving the list keeps its entries where they are, where the
+            // work request points.
+            self.lists.push(gather.sges);
+        }
+        self.pieces.push(Grouped {
+            context,
+            region,
+            rest,
+            len: gather.len,
+            opcode: wc_opcode_of(raw.opcode),
+        });
+        Ok(())
     }
 
-    /// Posts the batch as one list (see [`PostBatch::submit`]).
-    pub(crate) fn submit(mut self) -> Result<(), Refusal<S::Region>> {
-        let pieces = std::mem::take(&mut self.pieces);
-        // SAFETY: every request's buffers are its regions, parked in the
-        // books under its `wr_id` until its completion is polled; the
-        // scatter lists of its gather requests are in `self.lists` until
-        // the batch is dropped, after the call (the device copies them).
-        match unsafe { self.sink.post_list(&pieces) } {
-            Ok(()) => Ok(()),
-            Err((posted, error)) => Err(Refusal {
-                posted,
-                not_posted: pieces.len() - posted,
-                error: Box::new(error),
-                refused: self.unpark(&pieces[posted..]),
-            }),
+    /// Posts the batch as lists of up to [`LIST_MAX`] work requests (see
+    /// [`PostBatch::submit`] and, for which of them ask for a completion,
+    /// [`Sink::post_list`]).
+    pub(crate) fn submit(self) -> Result<(), Refusal<S::Region>> {
+        self.post().map_err(|(posted, error, refused)| Refusal {
+            posted,
+            not_posted: refused.len(),
+            error: Box::new(error),
+            refused: refused
+                .into_iter()
+                .flat_map(Grouped::into_entries)
+                .collect(),
+        })
+    }
+
+    /// [`submit`](Self::submit), handing back the requests not posted as
+    /// they were added.
+    pub(crate) fn post(mut self) -> Result<(), Unposted<S::Region>> {
+        let n = self.scratch.wrs.len();
+        if n == 0 {
+            return Ok(());
         }
+        let pieces = std::mem::take(&mut self.pieces);
+        let key = self.sink.books_mut().park_group(pieces, self.sched);
+        let quiet_ok = !self.all_signaled && self.sink.quiet_lists();
+        let signaled = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let wrs = self.scratch.wrs.as_mut_ptr();
+        let mut done = 0;
+        while done < n {
+            let len = (n - done).min(LIST_MAX);
+            let every = len.div_ceil(2).clamp(1, SIGNAL_EVERY);
+            for i in 0..len {
+                let at = done + i;
+                // SAFETY: `at < n`, the length of `self.scratch.wrs`, which does
+                // not change while `wrs` is used.
+                let wr = unsafe { &mut *wrs.add(at) };
+                wr.wr_id = group_wr_id(key, at);
+                if wr.num_sge <= 1 {
+                    wr.sg_list = &mut self.scratch.sges[at];
+                }
+                if !quiet_ok || i + 1 == len || (i + 1) % every == 0 {
+                    wr.send_flags |= signaled;
+                }
+                wr.next = if i + 1 < len {
+                    // SAFETY: `at + 1 < n`, as above.
+                    unsafe { wrs.add(at + 1) }
+                } else {
+                    std::ptr::null_mut()
+                };
+            }
+            // SAFETY: requests `done..done + len` are built and linked
+            // (the last one's `next` is null); their scatter entries are
+            // in `self.scratch.sges` or `self.lists`, which outlive the call (the
+            // device copies them); their buffers are the group's regions,
+            // parked in the books until their completions are polled.
+            let result = unsafe { self.sink.post_wr_list(&mut *wrs.add(done)) };
+            let taken = match &result {
+                Ok(()) => len,
+                Err((taken, _)) => *taken,
+            };
+            self.sink.books_mut().sends_in_flight += taken as u32;
+            if let Err((_, error)) = result {
+                let posted = done + taken;
+                // SAFETY: `posted - 1 < n`, as above.
+                if taken > 0 && unsafe { (*wrs.add(posted - 1)).send_flags } & signaled == 0 {
+                    self.sink
+                        .report_quiet(group_wr_id(key, posted - 1) | GROUP_NOP);
+                }
+                let refused = self.sink.books_mut().unpark_group_from(key, posted);
+                return Err((posted, error, refused));
+            }
+            done += len;
+        }
+        Ok(())
     }
 
     /// Posts nothing; hands the requests back (see [`PostBatch::cancel`]).
     pub(crate) fn cancel(mut self) -> Vec<(u64, S::Region)> {
-        let pieces = std::mem::take(&mut self.pieces);
-        self.unpark(&pieces)
-    }
-
-    /// Takes the regions of `pieces`, not posted, out of the books, in
-    /// order (a gather request's each with its context).
-    fn unpark(&mut self, pieces: &[RawSend]) -> Vec<(u64, S::Region)> {
-        let books = self.sink.books_mut();
-        pieces
-            .iter()
-            .filter_map(|p| books.unpark(p.wr_id as usize))
-            .flat_map(|slot| {
-                let context = slot.context;
-                slot.into_regions().map(move |region| (context, region))
-            })
+        self.pieces
+            .drain(..)
+            .flat_map(Grouped::into_entries)
             .collect()
     }
 }
@@ -306,6 +440,11 @@ impl<S: Sink> Drop for Batch<'_, S> {
     fn drop(&mut self) {
         // Never posted: the regions may be freed.
         let pieces = std::mem::take(&mut self.pieces);
-        drop(self.unpark(&pieces));
+        let scratch = std::mem::take(&mut self.scratch);
+        let books = self.sink.books_mut();
+        books.keep_list_scratch(scratch);
+        if pieces.capacity() > 0 {
+            books.recycle(pieces);
+        }
     }
 }

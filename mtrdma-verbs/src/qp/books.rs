@@ -46,6 +46,37 @@ const DEVICE_BITS: u64 = SENT_WR | (SEQ_MASK << SEQ_SHIFT);
 /// completion reports nothing of its own.
 pub(crate) const NOP_WR: u64 = RAW_WR | SCHED_WR | 1;
 
+/// `wr_id`s with this bit (and not [`RAW_WR`]) are pieces of a group: a
+/// batch's requests parked together ([`Books::park_group`]), the group's
+/// key in the bits under [`GROUP_ITEM_SHIFT`] and the piece's place in it
+/// above. They are not numbered ([`Books::tag_send`]): a completion of
+/// one reports the group's pieces before it, which the group keeps in
+/// order.
+pub(crate) const GROUP_WR: u64 = 1 << 39;
+
+/// With [`GROUP_WR`]: the zero-length WRITE that reports a group's
+/// unsignaled pieces up to the one it names, after the device took only
+/// part of the group's list ([`Sink::post_list`]'s `report_quiet`).
+pub(crate) const GROUP_NOP: u64 = 1 << 38;
+
+/// Where a piece's place in its group sits in its `wr_id`.
+const GROUP_ITEM_SHIFT: u32 = 20;
+
+/// The bits of a group's key.
+const GROUP_KEY_MASK: u64 = (1 << GROUP_ITEM_SHIFT) - 1;
+
+/// The bits of a piece's place in its group (bits 20 to 37).
+const GROUP_ITEM_MASK: u64 = (1 << 18) - 1;
+
+/// The most requests one group (one batch) may hold.
+pub(crate) const GROUP_MAX: usize = GROUP_ITEM_MASK as usize + 1;
+
+/// The `wr_id` of the piece `item` places into the group `key`.
+#[inline]
+pub(crate) fn group_wr_id(key: usize, item: usize) -> u64 {
+    GROUP_WR | key as u64 | ((item as u64) << GROUP_ITEM_SHIFT)
+}
+
 /// A completion of a raw work request.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RawCompletion {
@@ -271,11 +302,80 @@ impl<R> Slot<R> {
     }
 }
 
+/// A request of a group (a batch's requests parked together): its region
+/// stays here until its completion, or the completion of a later piece
+/// of the group, is polled.
+pub(crate) struct Grouped<R> {
+    pub(crate) context: u64,
+    pub(crate) region: R,
+    /// A gather request's regions after the first, in order.
+    pub(crate) rest: Vec<R>,
+    /// Its bytes (what its completion reports).
+    pub(crate) len: u32,
+    /// The completion opcode it reports when a later piece's completion
+    /// reports it ([`wc_opcode_of`]).
+    pub(crate) opcode: ffi::ibv_wc_opcode::Type,
+}
+
+impl<R> Grouped<R> {
+    /// Its regions, in order, each with its context.
+    pub(crate) fn into_entries(self) -> impl Iterator<Item = (u64, R)> {
+        let context = self.context;
+        std::iter::once(self.region)
+            .chain(self.rest)
+            .map(move |region| (context, region))
+    }
+}
+
+/// Room for a batch's work requests and their scatter entries, kept by
+/// the books between batches ([`Batch`]).
+#[derive(Default)]
+pub(crate) struct ListScratch {
+    /// The work requests, in order (`wr_id`, signaling, links and single
+    /// scatter entries are set when the batch is submitted).
+    pub(crate) wrs: Vec<ffi::ibv_send_wr>,
+    /// Each work request's scatter entry (unused for a gather request of
+    /// several entries, whose list the batch keeps).
+    pub(crate) sges: Vec<ffi::ibv_sge>,
+}
+
+// SAFETY: the only pointers in these requests are set by `Batch::submit`,
+// which hands them to the device within the same call, and gather
+// requests' scatter lists, owned by the same batch; the books keep the
+// vectors empty between batches, for their room only.
+unsafe impl Send for ListScratch {}
+// SAFETY: as above; a shared reference reads no pointee.
+unsafe impl Sync for ListScratch {}
+
+/// A queue pair's batches ([`Batch`]): those in flight, and room kept for
+/// the next.
+struct Batches<R> {
+    /// Batches parked together, each under one key ([`GROUP_WR`]).
+    groups: Slab<Group<R>>,
+    /// Emptied groups' queues, kept for the next batches.
+    spare: Vec<Vec<Grouped<R>>>,
+    /// Room for the next batch's work requests.
+    scratch: ListScratch,
+}
+
+/// A group in flight: its requests not yet reported, in order.
+struct Group<R> {
+    pieces: VecDeque<Grouped<R>>,
+    /// The place in the group of the first of `pieces`.
+    first: usize,
+    /// Posted by a scheduled queue pair: each piece's completion also
+    /// reports a raw completion [`PARKED_DONE`] (see [`SCHED_WR`]).
+    sched: bool,
+}
+
 /// A queue pair's own bookkeeping, apart from the device: the regions of
 /// its work requests in flight, parked under their `wr_id`s, and the
 /// number of requests in each queue.
 pub(crate) struct Books<R> {
     slots: Slab<Slot<R>>,
+    /// Batches in flight and room for the next (boxed: a queue pair stays
+    /// small to move).
+    batches: Box<Batches<R>>,
     /// The unsignaled send-side work requests in the device, oldest
     /// first, of a sink that numbers its sends ([`tag_send`](Self::tag_send)):
     /// their numbers, their own `wr_id`s and the completion opcode each
@@ -325,6 +425,11 @@ impl<R: Region> Books<R> {
     pub(crate) fn new(max_send_wr: u32, max_recv_wr: u32) -> Self {
         Books {
             slots: Slab::default(),
+            batches: Box::new(Batches {
+                groups: Slab::default(),
+                spare: Vec::new(),
+                scratch: ListScratch::default(),
+            }),
             quiet: VecDeque::new(),
             sends: 0,
             sends_in_flight: 0,
@@ -463,7 +568,74 @@ impl<R: Region> Books<R> {
     /// Takes every parked region out (teardown).
     pub(crate) fn drain_regions(&mut self) -> impl Iterator<Item = R> + '_ {
         self.quiet.clear();
-        self.slots.drain().flat_map(Slot::into_regions)
+        self.slots.drain().flat_map(Slot::into_regions).chain(
+            self.batches
+                .groups
+                .drain()
+                .flat_map(|g| g.pieces.into_iter().flat_map(|p| p.into_entries()))
+                .map(|(_, region)| region),
+        )
+    }
+
+    /// An empty queue for a batch's requests (an emptied group's, if
+    /// any).
+    #[inline]
+    pub(crate) fn group_queue(&mut self) -> Vec<Grouped<R>> {
+        self.batches.spare.pop().unwrap_or_default()
+    }
+
+    /// Room for a batch's work requests (empty).
+    #[inline]
+    pub(crate) fn take_list_scratch(&mut self) -> ListScratch {
+        std::mem::take(&mut self.batches.scratch)
+    }
+
+    /// Keeps the room of a batch's work requests for the next one.
+    #[inline]
+    pub(crate) fn keep_list_scratch(&mut self, mut scratch: ListScratch) {
+        scratch.wrs.clear();
+        scratch.sges.clear();
+        self.batches.scratch = scratch;
+    }
+
+    /// Keeps an emptied queue for the next batch.
+    #[inline]
+    pub(crate) fn recycle(&mut self, queue: impl Into<Vec<Grouped<R>>>) {
+        let mut queue = queue.into();
+        queue.clear();
+        if self.batches.spare.len() < 4 {
+            self.batches.spare.push(queue);
+        }
+    }
+
+    /// Parks a batch's requests, in order, as one group; returns its key
+    /// (see [`group_wr_id`]). Nothing of them is counted in flight until
+    /// posted.
+    #[inline]
+    pub(crate) fn park_group(&mut self, pieces: Vec<Grouped<R>>, sched: bool) -> usize {
+        debug_assert!(pieces.len() <= GROUP_MAX);
+        self.batches.groups.insert(Group {
+            pieces: pieces.into(),
+            first: 0,
+            sched,
+        })
+    }
+
+    /// Takes the pieces of group `key` from place `from` on out of the
+    /// books, in order: the device did not take them. The group goes if
+    /// nothing of it is left.
+    pub(crate) fn unpark_group_from(&mut self, key: usize, from: usize) -> Vec<Grouped<R>> {
+        let Some(group) = self.batches.groups.get_mut(key) else {
+            return Vec::new();
+        };
+        let at = from.saturating_sub(group.first).min(group.pieces.len());
+        let back: Vec<Grouped<R>> = group.pieces.drain(at..).collect();
+        if group.pieces.is_empty() {
+            if let Some(group) = self.batches.groups.remove(key) {
+                self.recycle(group.pieces);
+            }
+        }
+        back
     }
 
     /// Numbers the send-side work request `wr_id` of verbs opcode
@@ -476,6 +648,10 @@ impl<R: Region> Books<R> {
         opcode: ffi::ibv_wr_opcode::Type,
         signaled: bool,
     ) -> u64 {
+        if wr_id & (GROUP_WR | RAW_WR) == GROUP_WR {
+            // A group's pieces are found by their place in it.
+            return wr_id;
+        }
         let seq = self.sends & SEQ_MASK;
         self.sends = self.sends.wrapping_add(1);
         if !signaled {
@@ -591,6 +767,10 @@ impl<R: Region> Books<R> {
             });
             return;
         }
+        if wc.wr_id & GROUP_WR != 0 {
+            self.complete_group(wc, sampled, out, raw);
+            return;
+        }
         let sched = wc.wr_id & SCHED_WR != 0;
         let Some(slot) = usize::try_from(wc.wr_id & !SCHED_WR)
             .ok()
@@ -604,20 +784,7 @@ impl<R: Region> Books<R> {
         } else {
             self.recvs_in_flight -= 1;
         }
-        let opcode = if !wc.status.is_success() {
-            Opcode::Unknown
-        } else {
-            use ffi::ibv_wc_opcode as o;
-            match wc.opcode {
-                o::IBV_WC_SEND => Opcode::Send,
-                o::IBV_WC_RDMA_WRITE => Opcode::Write,
-                o::IBV_WC_RDMA_READ => Opcode::Read,
-                o::IBV_WC_COMP_SWAP | o::IBV_WC_FETCH_ADD => Opcode::Atomic,
-                o::IBV_WC_RECV => Opcode::Recv,
-                o::IBV_WC_RECV_RDMA_WITH_IMM => Opcode::RecvWithImm,
-                _ => Opcode::Unknown,
-            }
-        };
+        let opcode = opcode_of(wc.status, wc.opcode);
         // A send reports the length it was posted with (a scheduled one
         // its request's, as the scheduler does for the requests it
         // splits): the device defines a length only for receives, READs
@@ -649,6 +816,98 @@ impl<R: Region> Books<R> {
                 sampled,
             });
         }
+    }
+}
+
+impl<R: Region> Books<R> {
+    /// A completion of a group's piece ([`GROUP_WR`]): the group's pieces
+    /// before it that are not yet reported completed, as succeeded (the
+    /// send queue completes in order, and a failed request reports
+    /// itself), then it with its status (unless it is the group's
+    /// [`GROUP_NOP`], which reports only those before it, and itself). A
+    /// scheduled queue pair's group also reports a raw [`PARKED_DONE`]
+    /// for each, `sampled` for it alone.
+    fn complete_group(
+        &mut self,
+        wc: Wc,
+        sampled: bool,
+        out: &mut Vec<R::Completion>,
+        raw: &mut Vec<RawCompletion>,
+    ) {
+        let key = (wc.wr_id & GROUP_KEY_MASK) as usize;
+        let item = ((wc.wr_id >> GROUP_ITEM_SHIFT) & GROUP_ITEM_MASK) as usize;
+        let nop = wc.wr_id & GROUP_NOP != 0;
+        if nop {
+            self.sends_in_flight -= 1;
+        }
+        let Some(group) = self.batches.groups.get_mut(key) else {
+            if !nop {
+                tracing::error!(wr_id = wc.wr_id, "completion for an unknown work request");
+            }
+            return;
+        };
+        let mut reported = 0u32;
+        while group.first <= item {
+            let Some(piece) = group.pieces.pop_front() else {
+                break;
+            };
+            let this = group.first == item && !nop;
+            group.first += 1;
+            reported += 1;
+            let (status, opcode) = if this {
+                (wc.status, wc.opcode)
+            } else {
+                (WcStatus::Success, piece.opcode)
+            };
+            push_in_place(
+                out,
+                piece.region.complete_from(
+                    piece.context,
+                    status,
+                    opcode_of(status, opcode),
+                    piece.len,
+                    None,
+                    None,
+                ),
+            );
+            if !piece.rest.is_empty() {
+                let done = out.last_mut().expect("just pushed");
+                R::attach_rest(done, piece.rest);
+            }
+            if group.sched {
+                raw.push(RawCompletion {
+                    wr_id: PARKED_DONE,
+                    status,
+                    sampled: this && sampled,
+                });
+            }
+        }
+        let empty = group.pieces.is_empty();
+        self.sends_in_flight -= reported;
+        if empty {
+            if let Some(group) = self.batches.groups.remove(key) {
+                self.recycle(group.pieces);
+            }
+        }
+    }
+}
+
+/// The [`Opcode`] a completion of `status` and verbs completion opcode
+/// `opcode` reports.
+#[inline]
+fn opcode_of(status: WcStatus, opcode: ffi::ibv_wc_opcode::Type) -> Opcode {
+    if !status.is_success() {
+        return Opcode::Unknown;
+    }
+    use ffi::ibv_wc_opcode as o;
+    match opcode {
+        o::IBV_WC_SEND => Opcode::Send,
+        o::IBV_WC_RDMA_WRITE => Opcode::Write,
+        o::IBV_WC_RDMA_READ => Opcode::Read,
+        o::IBV_WC_COMP_SWAP | o::IBV_WC_FETCH_ADD => Opcode::Atomic,
+        o::IBV_WC_RECV => Opcode::Recv,
+        o::IBV_WC_RECV_RDMA_WITH_IMM => Opcode::RecvWithImm,
+        _ => Opcode::Unknown,
     }
 }
 

@@ -34,9 +34,7 @@ mod shared_cq;
 mod sink;
 mod wc;
 
-#[cfg(any(test, feature = "null-sink"))]
-pub(crate) use batch::Batch;
-pub(crate) use batch::Refusal;
+pub(crate) use batch::{Batch, Refusal};
 pub use batch::{BatchError, PostBatch};
 pub(crate) use books::*;
 pub use builder::*;
@@ -620,14 +618,12 @@ pub(crate) unsafe fn post_send_list<R: Region>(
     mut prepare: impl FnMut(&mut ffi::ibv_send_wr),
 ) -> Result<(), (usize, Error)> {
     let first: *mut ffi::ibv_send_wr = wr;
-    let mut n = 0;
     let mut at = first;
     // SAFETY: the caller's promise: every `next` is null or valid.
     while let Some(this) = unsafe { at.as_mut() } {
         prepare(this);
         let signaled = this.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
         this.wr_id = books.tag_send(this.wr_id, this.opcode, signaled);
-        n += 1;
         at = this.next;
     }
     let mut bad = std::ptr::null_mut();
@@ -656,8 +652,17 @@ pub(crate) unsafe fn post_send_list<R: Region>(
     if at.is_null() {
         // `bad` named none of them: count none as taken.
         taken = 0;
+        at = first;
     }
-    books.untag_sends(n - taken);
+    // The numbered ones (a group's pieces are not, [`Books::tag_send`])
+    // of those not taken are forgotten.
+    let mut untaken = 0;
+    // SAFETY: `at` is null or one of the list's requests.
+    while let Some(this) = unsafe { at.as_ref() } {
+        untaken += usize::from(this.wr_id & SENT_WR != 0);
+        at = this.next;
+    }
+    books.untag_sends(untaken);
     Err((
         taken,
         Error::Verbs {

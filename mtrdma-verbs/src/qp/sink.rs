@@ -242,7 +242,7 @@ pub(crate) trait Sink: Send + 'static {
                 // SAFETY: entry `taken - 1` was written above.
                 let last = unsafe { &*wrs[taken - 1].as_ptr() };
                 if last.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 == 0 {
-                    self.report_quiet();
+                    self.report_quiet(NOP_WR);
                 }
             }
             done += taken;
@@ -253,15 +253,16 @@ pub(crate) trait Sink: Send + 'static {
 
     /// After a list was refused part way with an unsignaled request last
     /// among those taken: posts a zero-length RDMA WRITE that asks for its
-    /// completion ([`NOP_WR`]; the responder checks neither address nor
+    /// completion (`wr_id`: [`NOP_WR`], or a group's [`GROUP_NOP`] naming
+    /// that request; the responder checks neither address nor
     /// key of a zero-length one, IBA C9-88), so that those requests
     /// complete. If the queue pair refuses that too, it is in the error
     /// state or broken, and moving it there flushes every request,
     /// signaled or not.
     #[cold]
-    fn report_quiet(&mut self) {
+    fn report_quiet(&mut self, wr_id: u64) {
         let nop = RawSend {
-            wr_id: NOP_WR,
+            wr_id,
             opcode: ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
             sge: ffi::ibv_sge::default(),
             remote: Some((0, 0)),

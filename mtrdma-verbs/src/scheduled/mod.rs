@@ -50,7 +50,7 @@ use mtrdma_sched::{Nanos, Protection, Scheduler, TenantPolicy, TenantScheduler, 
 use crate::completion::{Completion, WcStatus};
 use crate::events::{Armed, Waitable};
 use crate::qp::{
-    check_gather, check_send, push_in_place, BatchError, Gather, GatherError, PostError, QueuePair,
+    check_gather, check_send, Batch, BatchError, Gather, GatherError, PostError, QueuePair,
     RawCompletion, RawSend, Refusal, Region, SendOp, Sink, SCHED_WR,
 };
 

@@ -466,14 +466,12 @@ pub(super) struct Solo<S: Sink, Q: PieceScheduler> {
     pub(super) batch: BatchScratch,
 }
 
-/// What [`Solo::post_batch`] builds a batch's list in: the work requests
-/// of the requests it parked, and what each asked for (to hand a request
-/// the queue pair refuses to the engine after all). Both are empty
-/// between batches; only their room is kept.
+/// What each request [`Solo::post_batch`] parked asked for (to hand a
+/// request the queue pair refuses to the engine after all). Empty between
+/// batches; only its room is kept.
 #[derive(Default)]
 pub(super) struct BatchScratch {
-    parked: Vec<RawSend>,
-    asked: Vec<(SendOp, Range<usize>)>,
+    asked: Vec<(SendOp, Range<usize>, ffi::ibv_sge)>,
 }
 
 impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
@@ -546,11 +544,9 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
         requests: Vec<Request<S::Region>>,
     ) -> Result<(), Refusal<S::Region>> {
         let mut requests = requests.into_iter();
-        let BatchScratch {
-            mut parked,
-            mut asked,
-        } = std::mem::take(&mut self.batch);
-        debug_assert!(parked.is_empty() && asked.is_empty());
+        let mut asked = std::mem::take(&mut self.batch.asked);
+        debug_assert!(asked.is_empty());
+        let mut batch = Batch::scheduled(&mut self.sink);
         let mut next = requests.next();
         while let Some(r) = next.take() {
             let len = r.sge.length;
@@ -560,18 +556,10 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
                 next = Some(r);
                 break;
             }
-            let books = self.sink.books_mut();
-            match books.park_send(r.op, r.region, r.sge, r.context, parked.len()) {
-                Ok(raw) => {
+            match batch.push_checked(r.op, r.region, r.sge, r.context) {
+                Ok(()) => {
                     self.engine.parked(self.member, len);
-                    asked.push((r.op, r.range));
-                    push_in_place(
-                        &mut parked,
-                        RawSend {
-                            wr_id: raw.wr_id | SCHED_WR,
-                            ..raw
-                        },
-                    );
+                    asked.push((r.op, r.range, r.sge));
                     next = requests.next();
                 }
                 Err((_, region)) => {
@@ -582,33 +570,26 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
             }
         }
         let mut back = Vec::new();
-        // SAFETY: every parked request's buffer is its region, in the
-        // books under its `wr_id` until its completion is polled.
-        if let Err((taken, _)) = unsafe { self.sink.post_list(&parked) } {
+        let mut posted = batch.len();
+        if let Err((taken, _, unposted)) = batch.post() {
             // Refused by the queue pair: uncounted, and through the engine
             // (whose refused pieces complete as failed at the next poll),
             // as a refused single post.
-            for (piece, (op, range)) in parked[taken..].iter().zip(asked.drain(taken..)) {
+            posted = taken;
+            for (piece, (op, range, sge)) in unposted.into_iter().zip(asked.drain(taken..)) {
                 self.engine.parked_done(self.member);
-                let slot = self
-                    .sink
-                    .books_mut()
-                    .unpark((piece.wr_id & !SCHED_WR) as usize)
-                    .expect("just parked");
                 back.push(Request {
                     op,
-                    region: slot.region,
+                    region: piece.region,
                     range,
-                    sge: piece.sge,
-                    context: slot.context,
+                    sge,
+                    context: piece.context,
                     gather: None,
                 });
             }
         }
-        let posted = parked.len() - back.len();
-        parked.clear();
         asked.clear();
-        self.batch = BatchScratch { parked, asked };
+        self.batch = BatchScratch { asked };
         back.extend(next);
         back.extend(requests);
         let result = accept_all(&mut self.engine, self.member, back).map_err(|mut refusal| {
