@@ -284,8 +284,10 @@ pub struct Coordinator {
     policy_mtime: Option<SystemTime>,
     listener: UnixListener,
     reload_requested: Arc<AtomicBool>,
-    /// Per tenant: its counters at the last recomputation.
-    last_counters: HashMap<TenantId, DemandCounters>,
+    /// Per tenant of the policy: its slot and counters at the last
+    /// recomputation (a tenant a reload removes is forgotten, so that one
+    /// brought back, or given another slot, is measured afresh).
+    last_counters: HashMap<TenantId, (u32, DemandCounters)>,
     last_recompute_ns: u64,
     /// What the tenants move and what their windows judge.
     link: LinkObserver,
@@ -639,7 +641,10 @@ impl Coordinator {
         let mut signals = LinkSignals::default();
         for &(t, slot) in &tenants {
             let now = self.table.demand_counters(slot);
-            let before = self.last_counters.insert(t.id, now).unwrap_or(now);
+            let before = match self.last_counters.insert(t.id, (slot, now)) {
+                Some((was, before)) if was == slot => before,
+                _ => now,
+            };
             let observed = per_sec(now.posted.saturating_sub(before.posted));
             signals.moved = signals.moved.saturating_add(observed);
             signals.judged = signals
@@ -691,6 +696,10 @@ impl Coordinator {
                 cap,
             });
         }
+        // Tenants no longer in the policy are forgotten.
+        let present = |id: &TenantId| tenants.binary_search_by_key(id, |(t, _)| t.id).is_ok();
+        self.last_counters.retain(|id, _| present(id));
+        self.windows_seen.retain(|id, _| present(id));
         if !first {
             if let Some(gains) = self.gains.as_mut() {
                 // Windows of tenants in separate processes: each grows by

@@ -909,3 +909,33 @@ name = "bulk-b"
     c.set_piece_floor(false);
     assert_eq!(run(&mut c, &mut now, 1_000, 0), 0);
 }
+
+/// A tenant a reload removes and a later one brings back is measured
+/// afresh: what it posted while out of the policy is not taken for one
+/// interval's traffic (which would have lifted the link's estimate to
+/// 100 MB/s here).
+#[test]
+fn a_tenant_removed_and_brought_back_by_reloads_is_measured_afresh() {
+    let s = Setup::new("readd", TWO);
+    let (mut c, table, light, heavy) = two_tenants(&s);
+    let t0 = table.now_ns();
+    c.recompute(t0);
+    heavy.record_posted(1 << 20, 16);
+    light.record_posted(1 << 20, 16);
+    c.recompute(t0 + 1_000_000_000);
+    let before = c.link_view().estimate_bytes_per_sec;
+    assert!(before > 0 && before < 4 << 20, "{before}");
+
+    let only_light = TWO.split("[[tenant]]\nid = 2").next().unwrap().to_string();
+    s.write_policy(&only_light);
+    c.reload().unwrap();
+    assert_eq!(c.policy().tenants.len(), 1);
+    c.recompute(t0 + 2_000_000_000);
+    heavy.record_posted(100 << 20, 1600);
+
+    s.write_policy(TWO);
+    c.reload().unwrap();
+    c.recompute(t0 + 3_000_000_000);
+    let after = c.link_view().estimate_bytes_per_sec;
+    assert!(after <= before, "{after} after, {before} before");
+}
