@@ -323,15 +323,7 @@ impl<'a, S: Sink> Batch<'a, S> {
         let ud = region.datagram();
         self.all_signaled |= ud.is_some();
         let mut extra = region.extra(true, true);
-        let sge = match gather.sges.as_slice() {
-            [] => ffi::ibv_sge::default(),
-            [one] => *one,
-            [first, ..] => {
-                extra.sg_list = gather.sges.as_ptr() as usize;
-                extra.num_sge = i32::try_from(gather.sges.len()).unwrap_or(i32::MAX);
-                *first
-            }
-        };
+        let sge = gather.first_entry(&mut extra);
         let raw = RawSend::new(0, op, true, sge, ud, extra, false);
         let mut entry = sge;
         self.scratch.wrs.push(send_wr(&raw, &mut entry, true));

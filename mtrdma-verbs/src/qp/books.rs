@@ -521,17 +521,7 @@ impl<R: Region> Books<R> {
         let rest: Vec<R> = regions.collect();
         let ud = first.datagram();
         let mut extra = first.extra(true, true);
-        // One entry goes in the request itself; several are read from
-        // `gather.sges` when the request is built ([`send_wr`]).
-        let sge = match gather.sges.as_slice() {
-            [] => ffi::ibv_sge::default(),
-            [one] => *one,
-            [first_sge, ..] => {
-                extra.sg_list = gather.sges.as_ptr() as usize;
-                extra.num_sge = i32::try_from(gather.sges.len()).unwrap_or(i32::MAX);
-                *first_sge
-            }
-        };
+        let sge = gather.first_entry(&mut extra);
         let slot = self.park(Slot {
             context,
             region: first,

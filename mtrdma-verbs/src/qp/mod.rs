@@ -194,6 +194,24 @@ pub(crate) struct Gather {
     pub(crate) len: u32,
 }
 
+impl Gather {
+    /// The scatter entry its work request carries itself (all zero if
+    /// it has none); with several, `extra` is pointed at the whole list,
+    /// `sges`, which the request is built from ([`send_wr`]) and which
+    /// must stay where it is until the request is handed to the device.
+    pub(crate) fn first_entry(&self, extra: &mut Extra) -> ffi::ibv_sge {
+        match self.sges.as_slice() {
+            [] => ffi::ibv_sge::default(),
+            [one] => *one,
+            [first, ..] => {
+                extra.sg_list = self.sges.as_ptr() as usize;
+                extra.num_sge = i32::try_from(self.sges.len()).unwrap_or(i32::MAX);
+                *first
+            }
+        }
+    }
+}
+
 /// Checks a gather request before anything is posted: it names at least
 /// one region and at most `max_sge` (1 for region kinds that do not
 /// gather, [`Region::GATHERS`]), every range lies in its region, the
