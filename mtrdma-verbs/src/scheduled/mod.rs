@@ -50,8 +50,8 @@ use mtrdma_sched::{Nanos, Protection, Scheduler, TenantPolicy, TenantScheduler, 
 use crate::completion::{Completion, WcStatus};
 use crate::events::{Armed, Waitable};
 use crate::qp::{
-    check_gather, check_send, Batch, BatchError, Gather, GatherError, PostError, QueuePair,
-    RawCompletion, RawSend, Refusal, Region, SendOp, Sink, SCHED_WR,
+    check_gather, check_send, push_in_place, Batch, BatchError, Gather, GatherError, PostError,
+    QueuePair, RawCompletion, RawSend, Refusal, Region, SendOp, Sink, SCHED_WR,
 };
 
 mod clock;

@@ -547,8 +547,8 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
         let mut asked = std::mem::take(&mut self.batch.asked);
         debug_assert!(asked.is_empty());
         let mut batch = Batch::scheduled(&mut self.sink);
-        let mut next = requests.next();
-        while let Some(r) = next.take() {
+        let mut next = None;
+        for r in requests.by_ref() {
             let len = r.sge.length;
             // A gather request goes through the engine, whole, as its
             // single post does; so do those after it, to keep their order.
@@ -556,15 +556,29 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
                 next = Some(r);
                 break;
             }
-            match batch.push_checked(r.op, r.region, r.sge, r.context) {
+            let Request {
+                op,
+                region,
+                range,
+                sge,
+                context,
+                gather: _,
+            } = r;
+            match batch.push_checked(op, region, sge, context) {
                 Ok(()) => {
                     self.engine.parked(self.member, len);
-                    asked.push((r.op, r.range, r.sge));
-                    next = requests.next();
+                    push_in_place(&mut asked, (op, range, sge));
                 }
                 Err((_, region)) => {
                     // No room in the send queue: through the engine.
-                    next = Some(Request { region, ..r });
+                    next = Some(Request {
+                        op,
+                        region,
+                        range,
+                        sge,
+                        context,
+                        gather: None,
+                    });
                     break;
                 }
             }
