@@ -281,9 +281,29 @@ impl<'a, S: Sink> Batch<'a, S> {
         if let Err(error) = self.check_room() {
             return Err((error, region));
         }
+        let extra = region.extra(true, true);
+        self.add(op, region, Vec::new(), sge, extra, sge.length, context);
+        Ok(())
+    }
+
+    /// Adds a request the batch has room for: its work request, on `sge`
+    /// (its first scatter entry) with what its first region adds
+    /// (`extra`), and its regions, `len` bytes in all.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn add(
+        &mut self,
+        op: SendOp,
+        region: S::Region,
+        rest: Vec<S::Region>,
+        sge: ffi::ibv_sge,
+        extra: Extra,
+        len: u32,
+        context: u64,
+    ) {
         let ud = region.datagram();
         self.all_signaled |= ud.is_some();
-        let raw = RawSend::new(0, op, true, sge, ud, region.extra(true, true), false);
+        let raw = RawSend::new(0, op, true, sge, ud, extra, false);
         let mut entry = sge;
         push_in_place(&mut self.scratch.wrs, send_wr(&raw, &mut entry, true));
         push_in_place(&mut self.scratch.sges, sge);
@@ -292,12 +312,11 @@ impl<'a, S: Sink> Batch<'a, S> {
             Grouped {
                 context,
                 region,
-                rest: Vec::new(),
-                len: sge.length,
+                rest,
+                len,
                 opcode: wc_opcode_of(raw.opcode),
             },
         );
-        Ok(())
     }
 
     /// Adds a gather request (see [`PostBatch::post_send_gather`]).
@@ -320,26 +339,14 @@ impl<'a, S: Sink> Batch<'a, S> {
             return Err((Error::EmptyGather, Vec::new()));
         };
         let rest: Vec<S::Region> = regions.collect();
-        let ud = region.datagram();
-        self.all_signaled |= ud.is_some();
         let mut extra = region.extra(true, true);
         let sge = gather.first_entry(&mut extra);
-        let raw = RawSend::new(0, op, true, sge, ud, extra, false);
-        let mut entry = sge;
-        self.scratch.wrs.push(send_wr(&raw, &mut entry, true));
-        self.scratch.sges.push(sge);
+        self.add(op, region, rest, sge, extra, gather.len, context);
         if gather.sges.len() > 1 {
             // Moving the list keeps its entries where they are, where the
             // work request points.
             self.lists.push(gather.sges);
         }
-        self.pieces.push(Grouped {
-            context,
-            region,
-            rest,
-            len: gather.len,
-            opcode: wc_opcode_of(raw.opcode),
-        });
         Ok(())
     }
 

@@ -456,10 +456,9 @@ impl<R: Region> Books<R> {
     }
 
     /// Parks `region` for a send-side request `op` that `check_send` found
-    /// to be `sge`, if the send queue has room for it after `pending`
-    /// requests not yet posted; returns its work request (`wr_id`: the
-    /// slot; it may go unsignaled in a list unless it is a datagram, see
-    /// [`Sink::post_list`]). On refusal the region comes back.
+    /// to be `sge`, if the send queue has room for it; returns its work
+    /// request (`wr_id`: the slot; it asks for its completion). On refusal
+    /// the region comes back.
     #[inline]
     pub(crate) fn park_send(
         &mut self,
@@ -467,9 +466,8 @@ impl<R: Region> Books<R> {
         region: R,
         sge: ffi::ibv_sge,
         context: u64,
-        pending: usize,
     ) -> Result<RawSend, (Error, R)> {
-        if self.sends_in_flight as usize + pending >= self.max_send_wr as usize {
+        if self.sends_in_flight >= self.max_send_wr {
             let depth = self.max_send_wr;
             return Err((Error::SendQueueFull { depth }, region));
         }
@@ -482,23 +480,12 @@ impl<R: Region> Books<R> {
             send: true,
             len: sge.length,
         });
-        // A list the device cuts short is closed by a zero-length RDMA
-        // WRITE, which a datagram queue pair cannot post: datagrams each
-        // ask for their completion.
-        Ok(RawSend::new(
-            slot as u64,
-            op,
-            true,
-            sge,
-            ud,
-            extra,
-            ud.is_none(),
-        ))
+        Ok(RawSend::new(slot as u64, op, true, sge, ud, extra, false))
     }
 
     /// Parks the regions of a gather request `op` that [`check_gather`]
-    /// found to be `gather`, if the send queue has room for it after
-    /// `pending` requests not yet posted; returns its work request, whose
+    /// found to be `gather`, if the send queue has room for it; returns its
+    /// work request (it asks for its completion), whose
     /// scatter list is `gather.sges` (it must stay where it is until the
     /// request is handed to the device). On refusal the regions come back,
     /// in order.
@@ -508,9 +495,8 @@ impl<R: Region> Books<R> {
         regions: Vec<R>,
         gather: &Gather,
         context: u64,
-        pending: usize,
     ) -> Result<RawSend, (Error, Vec<R>)> {
-        if self.sends_in_flight as usize + pending >= self.max_send_wr as usize {
+        if self.sends_in_flight >= self.max_send_wr {
             let depth = self.max_send_wr;
             return Err((Error::SendQueueFull { depth }, regions));
         }
@@ -529,15 +515,7 @@ impl<R: Region> Books<R> {
             send: true,
             len: gather.len,
         });
-        Ok(RawSend::new(
-            slot as u64,
-            op,
-            true,
-            sge,
-            ud,
-            extra,
-            ud.is_none(),
-        ))
+        Ok(RawSend::new(slot as u64, op, true, sge, ud, extra, false))
     }
 
     /// The region parked under `wr_id` (one of the queue pair's own work

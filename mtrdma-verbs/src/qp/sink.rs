@@ -313,20 +313,13 @@ pub(crate) trait Sink: Send + 'static {
             Err(error) => return Err((error, parts)),
         };
         let (regions, ranges): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
-        let raw = match self
-            .books_mut()
-            .park_gather(op, regions, &gather, context, 0)
-        {
+        let raw = match self.books_mut().park_gather(op, regions, &gather, context) {
             Ok(raw) => raw,
             Err((error, regions)) => {
                 return Err((error, regions.into_iter().zip(ranges).collect()))
             }
         };
         let slot = raw.wr_id as usize;
-        let raw = RawSend {
-            quiet_ok: false,
-            ..raw
-        };
         // SAFETY: the buffers the scatter list names are the regions just
         // parked, which stay in the slot until the completion is polled;
         // the list itself, `gather.sges`, lives until the call returns
@@ -351,11 +344,10 @@ pub(crate) trait Sink: Send + 'static {
         context: u64,
         flag: u64,
     ) -> Result<(), (Error, Self::Region)> {
-        let raw = self.books_mut().park_send(op, region, sge, context, 0)?;
+        let raw = self.books_mut().park_send(op, region, sge, context)?;
         let slot = raw.wr_id as usize;
         let raw = RawSend {
             wr_id: raw.wr_id | flag,
-            quiet_ok: false,
             ..raw
         };
         // SAFETY: the buffer `sge` points at is owned by the slot just
