@@ -1035,7 +1035,7 @@ fn scenario_latency(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
     }];
     for &n in &args.bulk {
         let mut p99 = vec![a.p99];
-        let mut share = 0.0;
+        let (mut share, mut wire) = (0.0, 0.0);
         for way in [Way::Unprotected, Way::Mtrdma] {
             let run = Run {
                 probe: true,
@@ -1067,9 +1067,11 @@ fn scenario_latency(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
                 "mbps_total_own_runs",
                 m.bulk_total(),
             );
+            r.figure("link_latency", way, &case, "link", "mbps", m.link_mbps);
             r.keep_samples("link_latency", way, &case, &m.probe_us);
             p99.push(l.p99);
             share = bulk / link.mib_per_sec();
+            wire = m.link_mbps;
             if Some(&n) == args.bulk.iter().max() {
                 cdf.push(LatencySeries {
                     label: format!("{} ({n} bulk)", way.name()),
@@ -1120,7 +1122,15 @@ fn scenario_latency(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
                 "p99_us",
                 l.p99,
             );
-            Some(bulk / link.mib_per_sec())
+            r.figure(
+                "link_latency",
+                Way::Unprotected,
+                &case,
+                "control",
+                "link_mbps",
+                m.link_mbps,
+            );
+            Some((bulk / link.mib_per_sec(), m.link_mbps))
         } else {
             None
         };
@@ -1131,22 +1141,32 @@ fn scenario_latency(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
             100.0 * share,
         );
         match control {
-            Some(c) if c < 0.95 => {
+            // Against the control, both are counted over the same seconds
+            // by the same counter: the bytes that left the sender's
+            // network device while the probe ran (the probe's own and the
+            // headers included, alike in both runs). The tenants' own
+            // figures cover different spans: the quota table's counters
+            // while the probe ran for mtrdma, the senders' averages over
+            // their whole runs for the plain control (which start before
+            // the probe and can exceed the link).
+            Some((c, c_wire)) => {
+                let ratio = if c_wire > 0.0 { wire / c_wire } else { 0.0 };
+                let c_link = c_wire / link.mib_per_sec();
                 let _ = write!(
                     v,
-                    " ({:.2}x the control's {:.0}%, target 85% of the link or 0.9x the control): {}",
-                    share / c,
-                    100.0 * c,
-                    verdict(share >= 0.85 || share >= 0.9 * c)
+                    " ({ratio:.2}x the control on the wire while the probe ran, {wire:.1} against {c_wire:.1} MB/s; the control filled {:.0}% of the link on the wire, {:.0}% by its own average",
+                    100.0 * c_link,
+                    100.0 * c
                 );
-            }
-            Some(c) => {
-                let _ = write!(
-                    v,
-                    " (the control {:.0}%; target 85%): {}",
-                    100.0 * c,
-                    verdict(share >= 0.85)
-                );
+                if c_link < 0.95 {
+                    let _ = write!(
+                        v,
+                        "; target 85% of the link or 0.9x the control): {}",
+                        verdict(share >= 0.85 || ratio >= 0.9)
+                    );
+                } else {
+                    let _ = write!(v, "; target 85%): {}", verdict(share >= 0.85));
+                }
             }
             None => {
                 let _ = write!(v, " (target 85%): {}", verdict(share >= 0.85));
