@@ -23,3 +23,44 @@ pub use mtrdma_verbs as verbs;
 
 pub use mtrdma_sched::{TenantId, TrafficClass};
 pub use mtrdma_verbs::{Context, Error};
+
+/// The book's pages (`docs/`, an mdBook), so that their Rust snippets are
+/// compiled (and, unless marked `no_run`, run) as this crate's doctests.
+#[cfg(doctest)]
+mod book {
+    macro_rules! pages {
+        ($($name:ident = $path:literal;)*) => {
+            $(
+                #[doc = include_str!(concat!("../docs/", $path))]
+                struct $name;
+            )*
+        };
+    }
+    pages! {
+        Introduction = "introduction.md";
+        Using = "using.md";
+        Protection = "protection.md";
+        Preload = "preload.md";
+        Coordinator = "coordinator.md";
+        Applications = "applications.md";
+        Architecture = "architecture.md";
+        Security = "security.md";
+        Monitor = "monitor.md";
+        DelayWindow = "delay-window.md";
+        Layout = "layout.md";
+        Commands = "commands.md";
+        SoftRoce = "softroce-vm.md";
+        Fuzzing = "fuzzing.md";
+        Results = "results.md";
+        Simulator = "results/simulator.md";
+        Benchmarks = "results/benchmarks.md";
+        LinkProtection = "results/link-protection.md";
+        Weights = "results/weights.md";
+        Demo = "results/demo.md";
+        ApplicationResults = "results/applications.md";
+        LoopbackDemo = "results/loopback-demo.md";
+        PostPath = "results/post-path.md";
+        Lists = "results/lists.md";
+        DeviceCriterion = "results/device-criterion.md";
+    }
+}

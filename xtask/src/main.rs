@@ -4,12 +4,13 @@
 //! cargo xtask deps                      install the Debian packages the build, VM and baselines need
 //! cargo xtask vm [OPTIONS] -- CMD...    run CMD inside a QEMU VM with SoftRoCE (rxe0; with
 //!                                       --link RATE also rxa -> rxb over a shaped link)
-//! cargo xtask test                      deps, fmt, clippy, package, unit tests, Miri, fuzz, device tests in the VM
+//! cargo xtask test                      deps, fmt, clippy, package, the book, unit tests, Miri, fuzz, device tests in the VM
 //! cargo xtask demo                      the isolation demo and perftest reference inside the VM
 //! cargo xtask bench-device [-- ARGS]    the criterion bench on a device (benches/device.rs) on rxe0 in the VM
 //! ```
 
 mod bench;
+mod book;
 mod cpio;
 mod demo;
 mod deps;
@@ -58,7 +59,8 @@ commands:
       --link-mtu BYTES    the veth MTU with --link (default 4200: rxe active MTU 4096;
                           1500 gives 1024)
   test                    deps, cargo fmt --check, clippy -D warnings, cargo package
-                          (every published crate packages and builds), cargo test, the
+                          (every published crate packages and builds), the book
+                          (mdbook build docs; its doctests and links in cargo test), cargo test, the
                           work-completion reads under Miri, every
                           fuzz target for 30 s, and the device tests (#[ignore]d on the
                           host) inside one VM boot, with --link 200mbit (then shaped to

@@ -1,7 +1,7 @@
 //! `cargo xtask test`: every check and test, device tests included.
 //!
 //! Stages: deps, `cargo fmt --check`, `cargo clippy -D warnings`,
-//! `cargo package`, `cargo test --workspace` (and `--examples`, the
+//! `cargo package`, the book (`mdbook build docs`), `cargo test --workspace` (and `--examples`, the
 //! examples' unit tests) on the host, the tests of
 //! memory a device may leave unwritten under Miri, each cargo-fuzz target
 //! for 30 s,
@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::proc::{self, TestCounts};
-use crate::{demo, deps, fuzz, link, miri, vm};
+use crate::{book, demo, deps, fuzz, link, miri, vm};
 
-/// The stages a full run goes through: deps, fmt, clippy, package, host
-/// tests, miri, fuzz, device tests.
-const STAGES: usize = 8;
+/// The stages a full run goes through: deps, fmt, clippy, package, book,
+/// host tests, miri, fuzz, device tests.
+const STAGES: usize = 9;
 
 /// How long each fuzz target runs.
 const FUZZ_TIME: Duration = Duration::from_secs(30);
@@ -106,6 +106,10 @@ pub(crate) fn run() -> Result<ExitCode> {
                     .arg(&target),
             )?;
             Ok((ok, String::new(), None))
+        });
+        stage("book", &mut || {
+            let (ok, front) = book::run()?;
+            Ok((ok, front, None))
         });
         stage("host tests", &mut || {
             let (ok, mut out) = proc::tee(proc::cargo().args([
