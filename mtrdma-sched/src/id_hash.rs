@@ -12,7 +12,7 @@ use crate::TenantId;
 /// allocated, looked up on every request, where SipHash's resistance to
 /// chosen keys buys nothing.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct IdHasher(u64);
+pub(crate) struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {

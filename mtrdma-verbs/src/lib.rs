@@ -89,6 +89,10 @@ mod device;
 mod error;
 mod events;
 pub mod exchange;
+// The preload library's data path (the same engine over a queue pair and
+// memory a program created itself): unsafe functions that only it calls,
+// not part of the library's API.
+#[doc(hidden)]
 pub mod foreign;
 mod gid;
 mod mr;

@@ -13,7 +13,6 @@ use crate::table::AdmissionError;
 use crate::RateLimit;
 use crate::{gcra_shared, EmissionInterval};
 use crate::{TenantId, TrafficClass};
-use mtrdma_sched::gcra_rescale;
 use mtrdma_sched::piece_floor::{Permit, Shift};
 use mtrdma_sched::share::{GAIN_ONE, MAX_GAIN};
 
@@ -1033,5 +1032,44 @@ impl TenantUsage {
                 || self.wrs_posted < before.wrs_posted
                 || self.throttled_ns < before.throttled_ns,
         }
+    }
+}
+/// A TAT charged at `from` units per second, carried over to a rate of
+/// `to`: what is owed past `now` stays the same number of units, and so
+/// takes `from / to` as long at the new rate (rounded up). A raised rate
+/// then applies at once rather than after the old rate's debt has
+/// cleared, and a lowered one is not dodged by a debt charged before. A
+/// TAT not past `now` (nothing owed), or a rate of 0 (none), is kept.
+#[inline]
+fn gcra_rescale(tat: u64, now: u64, from: u64, to: u64) -> u64 {
+    if tat <= now || from == 0 || to == 0 || from == to {
+        return tat;
+    }
+    let owed = (u128::from(tat - now) * u128::from(from)).div_ceil(u128::from(to));
+    now.saturating_add(u64::try_from(owed).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gcra_rescale;
+
+    #[test]
+    fn a_debt_keeps_its_units_when_the_rate_changes() {
+        // 100 ms owed at 1,000 units/s is 100 units: 10 ms at 10,000/s.
+        assert_eq!(
+            gcra_rescale(1_100_000_000, 1_000_000_000, 1_000, 10_000),
+            1_010_000_000
+        );
+        // And 1 s at 100/s, rounded up.
+        assert_eq!(
+            gcra_rescale(1_100_000_000, 1_000_000_000, 1_000, 100),
+            2_000_000_000
+        );
+        // Nothing owed, or no rate before or after: kept.
+        assert_eq!(gcra_rescale(500, 1_000, 1_000, 10_000), 500);
+        assert_eq!(gcra_rescale(5_000, 1_000, 0, 10_000), 5_000);
+        assert_eq!(gcra_rescale(5_000, 1_000, 1_000, 0), 5_000);
+        // A debt too large for the clock saturates.
+        assert_eq!(gcra_rescale(u64::MAX, 0, u64::MAX, 1), u64::MAX);
     }
 }

@@ -12,7 +12,7 @@ use crate::time::Nanos;
 
 mod step;
 
-pub use step::{gcra_decide, gcra_rescale, gcra_shared, EmissionInterval};
+pub use step::{gcra_decide, gcra_shared, EmissionInterval};
 
 /// The interval of a rate, or [`ConfigError::ZeroRate`].
 pub(crate) fn interval_of(per_second: u64) -> Result<EmissionInterval, ConfigError> {

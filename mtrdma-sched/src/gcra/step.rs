@@ -89,28 +89,6 @@ pub fn gcra_decide(
     Ok(tat.max(now).saturating_add(interval.increment(cost)))
 }
 
-/// A TAT charged at `from` units per second, carried over to a rate of
-/// `to`: what is owed past `now` stays the same number of units, and so
-/// takes `from / to` as long at the new rate (rounded up). A raised rate
-/// then applies at once rather than after the old rate's debt has
-/// cleared, and a lowered one is not dodged by a debt charged before. A
-/// TAT not past `now` (nothing owed), or a rate of 0 (none), is kept.
-///
-/// ```
-/// use mtrdma_sched::gcra_rescale;
-/// // 100 ms owed at 1,000 units/s is 100 units: 10 ms at 10,000/s.
-/// assert_eq!(gcra_rescale(1_100_000_000, 1_000_000_000, 1_000, 10_000), 1_010_000_000);
-/// assert_eq!(gcra_rescale(500, 1_000, 1_000, 10_000), 500);
-/// ```
-#[inline]
-pub fn gcra_rescale(tat: u64, now: u64, from: u64, to: u64) -> u64 {
-    if tat <= now || from == 0 || to == 0 || from == to {
-        return tat;
-    }
-    let owed = (u128::from(tat - now) * u128::from(from)).div_ceil(u128::from(to));
-    now.saturating_add(u64::try_from(owed).unwrap_or(u64::MAX))
-}
-
 /// [`gcra_decide`] on a TAT shared between threads or processes: one
 /// compare-and-swap per decision (retried only when another decision landed
 /// in between), so concurrent callers together never exceed the rate.
