@@ -43,7 +43,7 @@ use std::time::Instant;
 
 use criterion::{Criterion, Throughput};
 use mtrdma::core::{TenantId, TrafficClass};
-use mtrdma::verbs::bench::{self, HeapRegion, HostCompletion, NullScheduled, NullSink};
+use mtrdma::verbs::testing::{self, HeapRegion, HostCompletion, NullScheduled, NullSink};
 use mtrdma::verbs::{RemoteRegion, ScheduleConfig, SendOp};
 
 /// Bytes per WRITE (and per piece of the split one).
@@ -92,7 +92,8 @@ impl Rig {
         };
         Rig {
             sink: NullSink::new(1, DEPTH),
-            qp: bench::scheduled(NullSink::new(2, DEPTH), config).expect("a scheduler of its own"),
+            qp: testing::scheduled(NullSink::new(2, DEPTH), config)
+                .expect("a scheduler of its own"),
             regions: (0..N).map(|_| HeapRegion::new(BYTES)).collect(),
             big: Some(HeapRegion::new(BYTES * N)),
             out: Vec::with_capacity(64),

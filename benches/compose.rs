@@ -4,7 +4,7 @@
 //! instead of the fused built-in `TenantScheduler`.
 //!
 //! Both run on a queue pair with a scheduler of its own over the null sink
-//! (`mtrdma_verbs::bench`), every request through the scheduler: 64 B RDMA
+//! (`mtrdma_verbs::testing`), every request through the scheduler: 64 B RDMA
 //! WRITEs in two 32 B pieces, so none takes the fast path. Paired rounds:
 //! the two run alternately, 200,000 requests each per round, 31 rounds; the
 //! median of the per-round differences is the figure, judged against the
@@ -20,7 +20,7 @@ use std::time::Instant;
 use mtrdma::core::{TenantId, TrafficClass};
 use mtrdma::sched::compose::composed;
 use mtrdma::sched::{SchedulerConfig, TenantScheduler};
-use mtrdma::verbs::bench::{self, HeapRegion, HostCompletion, NullSink};
+use mtrdma::verbs::testing::{self, HeapRegion, HostCompletion, NullSink};
 use mtrdma::verbs::{PieceScheduler, RemoteRegion, ScheduleConfig, SendOp};
 
 const BYTES: usize = 64;
@@ -37,7 +37,7 @@ const ROUND_WRS: u32 = 200_000;
 
 /// One WRITE through `qp`, and its completion.
 fn write<Q: PieceScheduler>(
-    qp: &mut bench::NullScheduled<Q>,
+    qp: &mut testing::NullScheduled<Q>,
     region: HeapRegion,
     out: &mut Vec<HostCompletion>,
 ) -> HeapRegion {
@@ -72,10 +72,10 @@ fn main() {
         ..ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
     };
     let built_in = TenantScheduler::new(config.clone()).expect("valid configuration");
-    let mut fused = bench::scheduled_with(NullSink::new(1, DEPTH), schedule.clone(), built_in)
+    let mut fused = testing::scheduled_with(NullSink::new(1, DEPTH), schedule.clone(), built_in)
         .expect("a scheduler of its own");
     let pieces = composed(&config).expect("valid configuration");
-    let mut composed = bench::scheduled_with(NullSink::new(1, DEPTH), schedule, pieces)
+    let mut composed = testing::scheduled_with(NullSink::new(1, DEPTH), schedule, pieces)
         .expect("a scheduler of its own");
     let mut out = Vec::with_capacity(64);
     let mut region = Some(HeapRegion::new(BYTES));

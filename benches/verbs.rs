@@ -3,7 +3,7 @@
 //! `ibv_poll_cq` would return), against a null sink that takes each work
 //! request into a ring and completes it at the next poll. No RDMA device
 //! is needed: the code measured is the library's own, run against
-//! `mtrdma_verbs::bench::NullSink` through the same seam as a real queue
+//! `mtrdma_verbs::testing::NullSink` through the same seam as a real queue
 //! pair.
 //!
 //! Each iteration posts one 64 B RDMA WRITE and polls until its completion
@@ -48,7 +48,7 @@ use criterion::{criterion_main, Criterion, Throughput};
 use mtrdma::core::{
     LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId, TrafficClass,
 };
-use mtrdma::verbs::bench::{self, HeapRegion, HostCompletion, NullScheduler, NullSink};
+use mtrdma::verbs::testing::{self, HeapRegion, HostCompletion, NullScheduler, NullSink};
 use mtrdma::verbs::{RemoteRegion, ScheduleConfig, SendOp, SharedConfig};
 
 /// Bytes per WRITE.
@@ -86,7 +86,7 @@ fn direct(sink: &mut NullSink, region: HeapRegion, out: &mut Vec<HostCompletion>
 
 /// One WRITE through a scheduled queue pair, and its completion.
 fn scheduled(
-    qp: &mut bench::NullScheduled,
+    qp: &mut testing::NullScheduled,
     region: HeapRegion,
     out: &mut Vec<HostCompletion>,
 ) -> HeapRegion {
@@ -117,7 +117,7 @@ fn data_path(c: &mut Criterion) {
     });
 
     let mut qp =
-        bench::scheduled(NullSink::new(1, DEPTH), bulk0()).expect("a scheduler of its own");
+        testing::scheduled(NullSink::new(1, DEPTH), bulk0()).expect("a scheduler of its own");
     group.bench_function(CASES[1], |b| {
         b.iter(|| {
             let r = region.take().expect("region back");
@@ -155,7 +155,7 @@ fn data_path(c: &mut Criterion) {
     let table = QuotaTable::embedded(&policy).expect("an embedded quota table");
     let handle = table.attach(TenantId(1)).expect("attach the tenant");
     let sink = NullSink::new(1, DEPTH).with_tenant(handle);
-    let mut qp = bench::scheduled(sink, ScheduleConfig::default()).expect("with its tenant");
+    let mut qp = testing::scheduled(sink, ScheduleConfig::default()).expect("with its tenant");
     group.bench_function(CASES[3], |b| {
         b.iter(|| {
             let r = region.take().expect("region back");
@@ -218,7 +218,7 @@ fn paired() {
     let mut out = Vec::with_capacity(64);
     let mut sink = NullSink::new(1, DEPTH);
     let mut qp =
-        bench::scheduled(NullSink::new(1, DEPTH), bulk0()).expect("a scheduler of its own");
+        testing::scheduled(NullSink::new(1, DEPTH), bulk0()).expect("a scheduler of its own");
     let mut region = Some(HeapRegion::new(BYTES));
     let mut time = |f: &mut dyn FnMut(HeapRegion) -> HeapRegion| {
         let start = Instant::now();

@@ -26,7 +26,7 @@ use common::{delay_window, id_of, region, REMOTE};
 use libfuzzer_sys::fuzz_target;
 use mtrdma_core::{TenantId, TrafficClass};
 use mtrdma_sched::{ManualClock, Nanos};
-use mtrdma_verbs::bench::{self, HostCompletion, NullScheduled, NullScheduler, NullSink};
+use mtrdma_verbs::testing::{self, HostCompletion, NullScheduled, NullScheduler, NullSink};
 use mtrdma_verbs::{ScheduleConfig, SendOp, SharedConfig};
 
 const QPS: usize = 4;
@@ -79,7 +79,7 @@ impl Rig {
         };
         let sink = NullSink::new(q as u32, 16);
         if q < 2 {
-            bench::scheduled_with_clock(sink, config, Arc::clone(&self.clock))
+            testing::scheduled_with_clock(sink, config, Arc::clone(&self.clock))
                 .expect("a queue pair of its own")
         } else {
             self.shared.attach(sink, config).expect("attached")

@@ -41,7 +41,7 @@ use libfuzzer_sys::fuzz_target;
 use mtrdma_core::{TenantId, TrafficClass};
 use mtrdma_sched::compose::composed;
 use mtrdma_sched::{Clock, ManualClock, Nanos, RateLimit, SchedulerConfig, TenantPolicy};
-use mtrdma_verbs::bench::{
+use mtrdma_verbs::testing::{
     self, BatchRefused, HeapRegion, HostCompletion, NullScheduled, NullScheduler, NullSink, Posted,
     SinkEvent,
 };
@@ -400,12 +400,12 @@ impl Rig {
                 })
                 .expect("a valid configuration");
                 Box::new(
-                    bench::scheduled_with_on_clock(sink, config, sched, Arc::clone(&self.clock))
+                    testing::scheduled_with_on_clock(sink, config, sched, Arc::clone(&self.clock))
                         .expect("composed"),
                 )
             }
             0 | 1 => Box::new(
-                bench::scheduled_with_clock(sink, config, Arc::clone(&self.clock))
+                testing::scheduled_with_clock(sink, config, Arc::clone(&self.clock))
                     .expect("a queue pair of its own"),
             ),
             _ => Box::new(self.shared.attach(sink, config).expect("attached")),

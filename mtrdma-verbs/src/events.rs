@@ -90,7 +90,7 @@ pub(crate) enum Armed {
     Fd(RawFd),
     /// Nothing to sleep on: whatever is posted completes at the next poll
     /// (the host's null sink), so the wait ends at once.
-    #[cfg_attr(not(any(test, feature = "null-sink")), allow(dead_code))]
+    #[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
     Ready,
 }
 

@@ -82,8 +82,6 @@
 //! ```
 
 mod async_event;
-#[cfg(any(test, feature = "null-sink"))]
-pub mod bench;
 mod completion;
 mod device;
 mod error;
@@ -103,6 +101,11 @@ mod qp;
 pub mod scheduled;
 mod slab;
 pub mod srq;
+// Null sinks for mtrdma's benches, tests and fuzz targets: not part of
+// the API (`test-util` feature).
+#[cfg(any(test, feature = "test-util"))]
+#[doc(hidden)]
+pub mod testing;
 mod ud;
 
 pub use completion::{Completion, Opcode, WcStatus};

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use mtrdma_sched::{DelayWindowConfig, Nanos, WindowFactory};
-use mtrdma_verbs::bench::HeapRegion;
+use mtrdma_verbs::testing::HeapRegion;
 use mtrdma_verbs::RemoteRegion;
 
 /// Where every WRITE and READ goes.

@@ -167,7 +167,7 @@ pub(crate) struct UdDest {
 
 /// A buffer a work request may use: a [`MemoryRegion`] on a device, a
 /// plain heap buffer on the host (benches and tests, see
-/// [`crate::bench`]). It is moved into the queue pair while the NIC may
+/// [`crate::testing`]). It is moved into the queue pair while the NIC may
 /// use it and handed back in its completion.
 pub(crate) trait Region: Send + Sync + 'static {
     /// What a finished request hands back to the application.
@@ -882,7 +882,7 @@ fn opcode_of(status: WcStatus, opcode: ffi::ibv_wc_opcode::Type) -> Opcode {
 /// `v.push(x)`, always inlined: `x` (a completion, several words) is
 /// written straight into `v`'s buffer rather than built on the stack and
 /// copied by an out-of-line `push` (which reads back the narrow stores
-/// just made, a stall that cost ~5 ns per request on the null-sink bench).
+/// just made, a stall that cost ~5 ns per request on the null sink).
 #[inline(always)]
 pub(crate) fn push_in_place<T>(v: &mut Vec<T>, x: T) {
     v.reserve(1);

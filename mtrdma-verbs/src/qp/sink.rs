@@ -13,7 +13,7 @@ pub(crate) const SIGNAL_EVERY: usize = 16;
 
 /// Where a queue pair's send-side work requests go: the device's send
 /// queue ([`QueuePair`]), or a null sink on the host (benches and tests,
-/// see [`crate::bench`]). Everything up to the device's `post_send` and
+/// see [`crate::testing`]). Everything up to the device's `post_send` and
 /// after its `poll_cq` is the same code for both.
 pub(crate) trait Sink: Send + 'static {
     /// The buffers its work requests use.

@@ -4,10 +4,10 @@
 //! moves by hand, so that the whole engine (windows, pacing, the stall
 //! release, wake-ups) runs on the null sink in virtual time.
 
-#[cfg(any(test, feature = "null-sink"))]
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::Arc;
 
-#[cfg(any(test, feature = "null-sink"))]
+#[cfg(any(test, feature = "test-util"))]
 use mtrdma_sched::ManualClock;
 use mtrdma_sched::{Clock, Nanos, QuantaClock};
 
@@ -18,7 +18,7 @@ pub(crate) enum EngineClock {
     Real(QuantaClock),
     /// A clock that moves only when its owner moves it (the null sink's
     /// tests and fuzzing).
-    #[cfg(any(test, feature = "null-sink"))]
+    #[cfg(any(test, feature = "test-util"))]
     Manual(Arc<ManualClock>),
 }
 
@@ -35,7 +35,7 @@ impl EngineClock {
     pub(crate) fn shared_offset(&self) -> u64 {
         match self {
             EngineClock::Real(c) => mtrdma_core::clock::monotonic_ns().saturating_sub(c.now().0),
-            #[cfg(any(test, feature = "null-sink"))]
+            #[cfg(any(test, feature = "test-util"))]
             EngineClock::Manual(_) => 0,
         }
     }
@@ -45,7 +45,7 @@ impl EngineClock {
     pub(crate) fn now(&self) -> Nanos {
         match self {
             EngineClock::Real(c) => c.now(),
-            #[cfg(any(test, feature = "null-sink"))]
+            #[cfg(any(test, feature = "test-util"))]
             EngineClock::Manual(c) => c.now(),
         }
     }

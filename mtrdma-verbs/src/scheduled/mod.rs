@@ -67,9 +67,12 @@ pub use ledger::PieceRef;
 use ledger::{Book, Gathered, Message, Side, PARKED};
 pub(crate) use paths::Scheduled;
 use paths::*;
-#[cfg(any(test, feature = "null-sink"))]
+#[cfg(any(test, feature = "test-util"))]
 pub(crate) use paths::{Batched, Request};
 pub use ud::ScheduledUdQueuePair;
+
+#[cfg(test)]
+mod tests;
 
 /// Who a scheduled queue pair's sends are scheduled as
 /// ([`ScheduleConfig::tenant`]).
@@ -447,7 +450,7 @@ impl<Q: PieceScheduler> SharedScheduler<Q> {
 
 /// The engine behind a [`SharedScheduler`], for queue pairs whose work
 /// requests go to any [`Sink`]: the device's send queues, or a null sink
-/// on the host ([`crate::bench`]).
+/// on the host ([`crate::testing`]).
 pub(crate) struct Shared<S: Sink, Q: PieceScheduler> {
     engine: Arc<Mutex<Engine<S, Q>>>,
 }

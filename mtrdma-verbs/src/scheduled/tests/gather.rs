@@ -3,25 +3,6 @@
 //! it back.
 
 use super::*;
-use crate::RemoteRegion;
-
-const REMOTE: RemoteRegion = RemoteRegion {
-    addr: 0x7000_0000,
-    len: 1 << 20,
-    rkey: 0x42,
-};
-
-/// A 64 B region whose first bytes say `tag`.
-fn tagged(tag: u64) -> HeapRegion {
-    let mut r = HeapRegion::new(64);
-    r.as_mut_slice()[..8].copy_from_slice(&tag.to_le_bytes());
-    r
-}
-
-fn tag(r: &HeapRegion) -> u64 {
-    u64::from_le_bytes(r.as_slice()[..8].try_into().unwrap())
-}
-
 /// Regions tagged `tags`, each with `0..64`.
 fn parts(tags: &[u64]) -> Vec<(HeapRegion, Range<usize>)> {
     tags.iter().map(|&t| (tagged(t), 0..64)).collect()
