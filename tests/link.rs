@@ -87,7 +87,9 @@ fn p99_next_to_bulk(sender: &str, receiver: &str, port: u16, way: &[&str]) -> f6
             "--server", "--device", receiver, "-p", &p,
         ])));
     }
-    std::thread::sleep(Duration::from_millis(500));
+    for (i, server) in (0..).zip(children.iter_mut()) {
+        common::wait_listening(server, port + i, "a perf server");
+    }
     // A client of the server on `port`, on the sender device.
     let client = |port: u16, args: &[&str]| {
         let mut cmd = perf(&["--connect", "127.0.0.1", "--device", sender]);

@@ -235,7 +235,7 @@ fn the_monitor_puts_each_object_with_its_process_and_flags_the_raw_ones() {
     // cgroup (never registered) and its client in a cgroup of no tenant.
     let port = 20_000 + (std::process::id() % 10_000) as u16;
     let mut server = pingpong(&setup, "raw", &device, port, None);
-    std::thread::sleep(Duration::from_millis(500));
+    common::wait_listening(&mut server, port, "ibv_rc_pingpong's server");
     let mut client = pingpong(&setup, "stray", &device, port, Some("127.0.0.1"));
     let (server_pid, client_pid) = (server.id(), client.id());
     for pid in [server_pid, client_pid] {

@@ -83,6 +83,30 @@ fn text(out: &Output) -> (String, String) {
     )
 }
 
+/// Reads `out` to its end on a thread of its own: says on the channel
+/// when a line starting with `prefix` has come, and hands back all of it.
+fn lines_until(
+    out: std::process::ChildStdout,
+    prefix: &'static str,
+) -> (
+    std::sync::mpsc::Receiver<()>,
+    std::thread::JoinHandle<String>,
+) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let all = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if line.starts_with(prefix) {
+                let _ = tx.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    (rx, all)
+}
+
 /// The figure on the result block's `  NAME: value` line.
 fn figure(stdout: &str, name: &str) -> f64 {
     let prefix = format!("  {name}: ");
@@ -202,18 +226,23 @@ fn a_killed_node_loses_its_pages(cluster: u64) {
         "--cluster",
         &cluster.to_string(),
     ]));
-    let pager = client(&args)
+    let mut pager = client(&args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the pager");
-    // The fill takes a moment (slower in a debug build); kill once the
-    // timed run has surely begun.
-    std::thread::sleep(Duration::from_secs(3));
+    // Node 1 is killed once the pager has filled both nodes and begun its
+    // timed run (it says so on its "initial fill" line): the fill takes
+    // longer in a debug build and on a busy host.
+    let (began, stdout) = lines_until(pager.stdout.take().expect("piped"), "initial fill:");
+    began
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the pager filled its nodes within 120 s");
     b.child.kill().expect("SIGKILL node 1");
     let _ = b.child.wait();
     let out = pager.wait_with_output().expect("the pager's output");
-    let (stdout, stderr) = text(&out);
+    let stdout = stdout.join().expect("the pager's stdout");
+    let (_, stderr) = text(&out);
     println!("{stdout}");
     assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
     let lost: Vec<&str> = stdout.lines().filter(|l| l.starts_with("lost:")).collect();

@@ -45,13 +45,15 @@ pub(crate) fn listening(addr: &str) -> bool {
         .is_ok_and(|s| matches!((s.local_addr(), s.peer_addr()), (Ok(l), Ok(p)) if l != p))
 }
 
-/// Whether process `pid` holds a socket listening on TCP `port`: the
-/// socket's inode in `/proc/net/tcp` is one of the process's open files.
+/// Whether process `pid` holds a socket listening on TCP `port` (IPv4 or
+/// IPv6): the socket's inode in `/proc/net/tcp` or `tcp6` is one of the
+/// process's open files.
 fn listens_on(pid: u32, port: u16) -> bool {
     let want = format!(":{port:04X}");
-    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
-        return false;
-    };
+    let table: String = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .collect();
     let inodes: Vec<String> = table
         .lines()
         .skip(1)
@@ -69,6 +71,24 @@ fn listens_on(pid: u32, port: u16) -> bool {
                 .is_ok_and(|l| inodes.iter().any(|i| l.as_os_str() == i.as_str()))
         })
     })
+}
+
+/// Waits until `child` listens on TCP `port` (a server's readiness,
+/// rather than a sleep that may be too short on a busy emulated host);
+/// panics, naming `what`, if it exits first or does not listen in 30 s.
+#[allow(dead_code)] // Not every test binary that shares this module waits so.
+pub(crate) fn wait_listening(child: &mut std::process::Child, port: u16, what: &str) {
+    let start = std::time::Instant::now();
+    while !listens_on(child.id(), port) {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited ({status}) before it listened on port {port}");
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "{what} does not listen on port {port} after 30 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 /// A `memcached` of its own on 127.0.0.1, stopped when dropped. Debian's
