@@ -58,6 +58,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use mtrdma::core::{TenantId, TrafficClass};
+use mtrdma::verbs::PollCompletions;
 use mtrdma::verbs::{
     device_names, Access, Completion, Context, Error, MemoryRegion, ProtectionDomain, QueuePair,
     ScheduleConfig, ScheduledQueuePair, SendOp,

@@ -19,6 +19,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use mtrdma::sched::{Dequeue, Descriptor, FifoScheduler, Nanos, Rejected, Scheduler};
+use mtrdma::verbs::PollCompletions;
 use mtrdma::verbs::{Access, Context, PieceScheduler, ProtectionDomain, ScheduleConfig, SendOp};
 use mtrdma::{TenantId, TrafficClass};
 

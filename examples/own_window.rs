@@ -23,6 +23,7 @@
 //! with no policy.)
 
 use mtrdma::sched::{Admit, ConfigError, Nanos, Signals, Window, WindowFactory};
+use mtrdma::verbs::PollCompletions;
 use mtrdma::verbs::{Access, Context, ProtectionDomain, ScheduleConfig, SendOp};
 use mtrdma::{TenantId, TrafficClass};
 

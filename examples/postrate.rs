@@ -20,6 +20,7 @@ mod args;
 
 use std::time::Instant;
 
+use mtrdma::verbs::PollCompletions;
 use mtrdma::verbs::{
     Access, Completion, Context, MemoryRegion, ProtectionDomain, QueuePair, ScheduleConfig,
     ScheduledQueuePair, SendOp,

@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 
 use mtrdma::core::{TenantHandle, TenantId, TrafficClass};
 use mtrdma::verbs::registry::{Registry, RegistryHost};
+use mtrdma::verbs::PollCompletions;
 use mtrdma::verbs::{
     Access, AddressHandle, Context, MemoryRegion, Opcode, PostError, ProtectionDomain,
     ScheduleConfig, ScheduledUdQueuePair, SharedReceiveQueue, Tenancy, UdCompletion, UdEndpoint,

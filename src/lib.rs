@@ -12,6 +12,7 @@
 //!
 //! # Example
 //!
+#![doc(test(attr(deny(unused_imports))))]
 #![doc = include_str!("../docs/using-from-rust.md")]
 
 #[doc(inline)]
@@ -63,4 +64,9 @@ mod book {
         Lists = "results/lists.md";
         DeviceCriterion = "results/device-criterion.md";
     }
+}
+
+/// The traits whose methods a program calls: `use mtrdma::prelude::*;`.
+pub mod prelude {
+    pub use mtrdma_verbs::PollCompletions;
 }

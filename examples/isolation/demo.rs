@@ -2,6 +2,7 @@
 //! senders, the latency probe and the QP storm.
 
 use super::*;
+use mtrdma::verbs::PollCompletions;
 
 /// The demo's tenants, all in one policy and one quota table.
 pub(crate) fn policy(args: &Args) -> Policy {

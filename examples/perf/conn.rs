@@ -2,6 +2,7 @@
 //! and one side's connection.
 
 use super::*;
+use mtrdma::verbs::PollCompletions;
 
 pub(crate) enum Qp {
     Raw(QueuePair),

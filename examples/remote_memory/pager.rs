@@ -62,6 +62,7 @@ use crate::page::{encode, verify, Rng, PAGE};
 use crate::report::Results;
 use crate::tenant::{admitted_in_time, join};
 use crate::{open_device, HELLO};
+use mtrdma::verbs::PollCompletions;
 
 /// Local ACK timeout exponent: 4.096 us x 2^14, about 67 ms.
 const ACK_TIMEOUT: u8 = 14;

@@ -30,7 +30,7 @@
 //! the queue pair until its completion is polled, which hands it back.
 //!
 //! ```no_run
-//! use mtrdma_verbs::{Access, Completion, Context, QueuePair, SendOp};
+//! use mtrdma_verbs::{Access, Completion, Context, PollCompletions, QueuePair, SendOp};
 //!
 //! fn wait(qp: &mut QueuePair) -> Result<Completion, mtrdma_verbs::Error> {
 //!     let mut done = Vec::new();
@@ -80,6 +80,7 @@
 //! # Ok(())
 //! # }
 //! ```
+#![doc(test(attr(deny(unused_imports))))]
 
 mod async_event;
 mod completion;
@@ -95,6 +96,7 @@ pub mod foreign;
 mod gid;
 mod mr;
 mod pd;
+mod poll;
 mod progress;
 pub use mtrdma_core::registry;
 mod qp;
@@ -114,6 +116,7 @@ pub use error::Error;
 pub use gid::{Gid, GidEntry, GidSelection, GidType};
 pub use mr::{Access, MemoryRegion, RemoteRegion};
 pub use pd::ProtectionDomain;
+pub use poll::PollCompletions;
 pub use progress::ProgressThread;
 pub use qp::{
     BatchError, Endpoint, GatherError, PostBatch, PostError, PreparedQueuePair, QueuePair,

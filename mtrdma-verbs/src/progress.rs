@@ -40,7 +40,7 @@ impl Polled for ScheduledQueuePair {
     type Item = Completion;
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
-        ScheduledQueuePair::poll(self, out)
+        crate::PollCompletions::poll(self, out)
     }
 }
 

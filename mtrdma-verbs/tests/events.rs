@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use mtrdma_core::{
     LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantHandle, TenantId, TrafficClass,
 };
+use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{
     Access, Completion, Error, Opcode, ProtectionDomain, QueuePair, ScheduleConfig, SendOp,
     SharedConfig, SharedScheduler, UdCompletion, WcStatus,

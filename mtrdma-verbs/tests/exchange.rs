@@ -9,6 +9,7 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use mtrdma_verbs::exchange::{exchange, Handshake, HandshakeError};
+use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{Access, Context, Endpoint, Error, Opcode, RemoteRegion, SendOp};
 
 fn handshake(qpn: u32) -> Handshake {

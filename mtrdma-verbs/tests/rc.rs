@@ -10,6 +10,7 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantEntry, TenantId};
+use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{
     Access, Completion, Error, MemoryRegion, Opcode, QueuePair, RemoteRegion, SendOp, WcStatus,
 };

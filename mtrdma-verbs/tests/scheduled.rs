@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId, TrafficClass};
 use mtrdma_sched::FifoScheduler;
+use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{
     Access, Opcode, ScheduleConfig, SendOp, SharedConfig, SharedScheduler, WcStatus,
 };

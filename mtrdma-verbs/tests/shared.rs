@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use mtrdma_core::{TenantId, TrafficClass};
 use mtrdma_sched::TenantPolicy;
+use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{
     Access, Completion, MemoryRegion, ProtectionDomain, QueuePair, ScheduleConfig,
     ScheduledQueuePair, SendOp, SharedConfig, SharedScheduler, WcStatus,

@@ -9,6 +9,7 @@ use common::{device, device_name};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{
     Access, Completion, Context, Error, MemoryRegion, Opcode, QueuePair, SendOp, SharedCompletion,
     WcStatus,

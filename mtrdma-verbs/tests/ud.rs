@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantEntry, TenantId};
+use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{
     Access, Context, Error, Gid, Opcode, ProtectionDomain, UdCompletion, UdQueuePair, WcStatus,
 };

@@ -21,7 +21,7 @@ use super::*;
 /// [`cancel`](Self::cancel).
 ///
 /// ```no_run
-/// use mtrdma_verbs::{Access, Context, SendOp};
+/// use mtrdma_verbs::{Access, Context, PollCompletions, SendOp};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let ctx = Context::open_first_active()?;

@@ -430,7 +430,7 @@ impl QueuePair {
     /// with its range.
     ///
     /// ```no_run
-    /// use mtrdma_verbs::{Access, Context, SendOp};
+    /// use mtrdma_verbs::{Access, Context, PollCompletions, SendOp};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let ctx = Context::open_first_active()?;
@@ -537,54 +537,6 @@ impl QueuePair {
         }
         self.books.recvs_in_flight += 1;
         Ok(())
-    }
-
-    /// Polls up to 32 completions into `out`; returns how many.
-    pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
-        self.poll_own(out)
-    }
-
-    /// Polls; if nothing has completed, sleeps until something does or
-    /// `timeout` runs out, without spinning. Returns how many completions
-    /// it added to `out` (0: the timeout ran out). An interrupted sleep
-    /// goes on for the time that remains.
-    ///
-    /// The queue pair must be built with
-    /// [`completion_events(true)`](QueuePairBuilder::completion_events);
-    /// otherwise this returns [`Error::NoCompletionEvents`]. While one
-    /// thread sleeps here, the CPU is free for others: a machine with a
-    /// few cores can host many tenants that wait rather than spin.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use mtrdma_verbs::{Access, Context, SendOp};
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let ctx = Context::open_first_active()?;
-    /// let pd = ctx.alloc_pd()?;
-    /// let a = pd.queue_pair().completion_events(true).build()?;
-    /// let b = pd.queue_pair().build()?;
-    /// let (ea, eb) = (a.endpoint(), b.endpoint());
-    /// let (mut a, _b) = (a.connect(&eb)?, b.connect(&ea)?);
-    ///
-    /// let target = pd.allocate(4096, Access::REMOTE_READ_WRITE)?;
-    /// let src = pd.allocate(4096, Access::LOCAL)?;
-    /// a.post_send(SendOp::Write(target.remote().unwrap()), src, 0..4096, 1)?;
-    /// let mut done = Vec::new();
-    /// while done.is_empty() {
-    ///     // Sleeps until the WRITE completes (checking every second).
-    ///     a.poll_wait(&mut done, Duration::from_secs(1))?;
-    /// }
-    /// assert!(done[0].status.is_success());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn poll_wait(
-        &mut self,
-        out: &mut Vec<Completion>,
-        timeout: Duration,
-    ) -> Result<usize, Error> {
-        crate::events::poll_wait(self, out, timeout)
     }
 
     /// A failed verbs call on this queue pair's device.
@@ -824,5 +776,21 @@ impl Waitable for QueuePair {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         Sink::shutdown(self);
+    }
+}
+
+impl crate::PollCompletions for QueuePair {
+    type Completion = Completion;
+
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
+        self.poll_own(out)
+    }
+
+    fn poll_wait(
+        &mut self,
+        out: &mut Vec<Completion>,
+        timeout: std::time::Duration,
+    ) -> Result<usize, Error> {
+        crate::events::poll_wait(self, out, timeout)
     }
 }

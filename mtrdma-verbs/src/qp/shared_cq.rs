@@ -140,7 +140,7 @@ impl Member {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use mtrdma_verbs::{Access, Context, Opcode, SendOp};
+/// use mtrdma_verbs::{Access, Context, Opcode, PollCompletions, SendOp};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let ctx = Context::open("rxe0")?;
@@ -351,30 +351,6 @@ impl SharedCompletionQueue {
         self.member(qpn)?.qp().set_error()
     }
 
-    /// Polls up to 32 completions of all its queue pairs into `out`, each
-    /// with the number of its queue pair; returns how many it added.
-    pub fn poll(&mut self, out: &mut Vec<SharedCompletion>) -> Result<usize, Error> {
-        let before = out.len();
-        out.extend(self.pending.drain(..));
-        self.poll_device(out)?;
-        Ok(out.len() - before)
-    }
-
-    /// Polls; if nothing has completed, sleeps on the completion channel
-    /// (and, when a queue pair on it takes receives from a shared receive
-    /// queue, on the context's asynchronous events, whose limit event
-    /// refills that queue) until something does or `timeout` runs out.
-    /// Returns how many completions it added to `out` (0: the timeout ran
-    /// out). The queue must have been built with completion events (the
-    /// default); otherwise this returns [`Error::NoCompletionEvents`].
-    pub fn poll_wait(
-        &mut self,
-        out: &mut Vec<SharedCompletion>,
-        timeout: Duration,
-    ) -> Result<usize, Error> {
-        crate::events::poll_wait(self, out, timeout)
-    }
-
     /// Polls the device once, routing each completion to its queue pair.
     fn poll_device(&mut self, out: &mut Vec<SharedCompletion>) -> Result<usize, Error> {
         let mut wcs = [const { MaybeUninit::<ffi::ibv_wc>::uninit() }; 32];
@@ -524,7 +500,7 @@ impl crate::events::Waitable for SharedCompletionQueue {
     type Item = SharedCompletion;
 
     fn poll(&mut self, out: &mut Vec<SharedCompletion>) -> Result<usize, Error> {
-        SharedCompletionQueue::poll(self, out)
+        crate::PollCompletions::poll(self, out)
     }
 
     fn check_events(&mut self) -> Result<(), Error> {
@@ -568,5 +544,28 @@ impl Drop for SharedCompletionQueue {
             }
         }
         // The completion queue goes with the fields, after its queue pairs.
+    }
+}
+
+/// A shared completion queue polls all its queue pairs, each completion
+/// with the number of its queue pair. Its wait also sleeps, when a queue
+/// pair on it takes receives from a shared receive queue, on the context's
+/// asynchronous events, whose limit event refills that queue.
+impl crate::PollCompletions for SharedCompletionQueue {
+    type Completion = SharedCompletion;
+
+    fn poll(&mut self, out: &mut Vec<SharedCompletion>) -> Result<usize, Error> {
+        let before = out.len();
+        out.extend(self.pending.drain(..));
+        self.poll_device(out)?;
+        Ok(out.len() - before)
+    }
+
+    fn poll_wait(
+        &mut self,
+        out: &mut Vec<SharedCompletion>,
+        timeout: std::time::Duration,
+    ) -> Result<usize, Error> {
+        crate::events::poll_wait(self, out, timeout)
     }
 }

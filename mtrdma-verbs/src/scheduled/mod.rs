@@ -71,6 +71,29 @@ use paths::*;
 pub(crate) use paths::{Batched, Request};
 pub use ud::ScheduledUdQueuePair;
 
+/// A scheduled queue pair's wait also wakes when its scheduler asked to
+/// run again without a completion (a rate limit or pacing that said
+/// "later"): it then polls, which posts what is due, and sleeps on. On a
+/// [`SharedScheduler`], the other queue pairs' polls can also decide work
+/// for this one or finish its requests, which raises no event on its
+/// channel: its sleep is then cut into slices of at most 1 ms, so such
+/// work waits about 1 ms at most.
+impl<Q: PieceScheduler> crate::PollCompletions for ScheduledQueuePair<Q> {
+    type Completion = Completion;
+
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
+        self.inner.poll(out)
+    }
+
+    fn poll_wait(
+        &mut self,
+        out: &mut Vec<Completion>,
+        timeout: std::time::Duration,
+    ) -> Result<usize, Error> {
+        self.inner.poll_wait(out, timeout)
+    }
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -690,7 +713,7 @@ impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
     ///
     /// ```no_run
     /// use mtrdma_core::{TenantId, TrafficClass};
-    /// use mtrdma_verbs::{Access, Context, ScheduleConfig, SendOp};
+    /// use mtrdma_verbs::{Access, Context, PollCompletions, ScheduleConfig, SendOp};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let ctx = Context::open_first_active()?;
@@ -734,62 +757,6 @@ impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
     ) -> Result<(), PostError> {
         self.inner
             .with_sink(|qp| qp.post_recv(region, range, context))
-    }
-
-    /// Reaps completions, posts what the scheduler lets go next, and moves
-    /// finished requests (one completion each, region handed back) and
-    /// receives into `out`. Returns how many it added.
-    pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
-        self.inner.poll(out)
-    }
-
-    /// [`poll`](Self::poll), sleeping rather than spinning while there is
-    /// nothing to hand back: it returns once it has added completions to
-    /// `out` (how many), or with 0 when `timeout` runs out. The queue pair
-    /// must have been built with
-    /// [`completion_events(true)`](crate::QueuePairBuilder::completion_events);
-    /// otherwise this returns [`Error::NoCompletionEvents`].
-    ///
-    /// It wakes for a completion on the queue pair, and also when the
-    /// scheduler asked to run again without one (a rate limit or pacing
-    /// that said "later"): it then polls, which posts what is due, and
-    /// sleeps on. On a [`SharedScheduler`], the other queue pairs' polls
-    /// can also decide work for this one or finish its requests, which
-    /// raises no event on its channel: its sleep is then cut into slices of
-    /// at most 1 ms, so such work waits about 1 ms at most.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use mtrdma_core::{TenantId, TrafficClass};
-    /// use mtrdma_verbs::{Access, Context, ScheduleConfig, SendOp};
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let ctx = Context::open_first_active()?;
-    /// let pd = ctx.alloc_pd()?;
-    /// let a = pd.queue_pair().completion_events(true).build()?;
-    /// let b = pd.queue_pair().build()?;
-    /// let (ea, eb) = (a.endpoint(), b.endpoint());
-    /// // No quota table here: tenant 0 of this process's scheduler.
-    /// let config = ScheduleConfig::local(TenantId(0), TrafficClass::Bulk);
-    /// let mut a = a.connect(&eb)?.scheduled(config)?;
-    /// let _b = b.connect(&ea)?;
-    ///
-    /// let target = pd.allocate(1 << 20, Access::REMOTE_READ_WRITE)?;
-    /// let src = pd.allocate(1 << 20, Access::LOCAL)?;
-    /// a.post_send(SendOp::Write(target.remote().unwrap()), src, 0..1 << 20, 1)?;
-    /// let mut done = Vec::new();
-    /// while done.is_empty() {
-    ///     a.poll_wait(&mut done, Duration::from_millis(100))?;
-    /// }
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn poll_wait(
-        &mut self,
-        out: &mut Vec<Completion>,
-        timeout: Duration,
-    ) -> Result<usize, Error> {
-        self.inner.poll_wait(out, timeout)
     }
 }
 
@@ -861,7 +828,7 @@ impl<Q: PieceScheduler> ScheduledBatch<'_, Q> {
     ///
     /// ```no_run
     /// use mtrdma_core::{TenantId, TrafficClass};
-    /// use mtrdma_verbs::{Access, Context, ScheduleConfig, SendOp};
+    /// use mtrdma_verbs::{Access, Context, PollCompletions, ScheduleConfig, SendOp};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let ctx = Context::open_first_active()?;

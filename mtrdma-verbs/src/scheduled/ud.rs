@@ -17,7 +17,7 @@ impl UdQueuePair {
     ///
     /// ```no_run
     /// use mtrdma_core::{TenantId, TrafficClass};
-    /// use mtrdma_verbs::{Access, Context, ScheduleConfig, UdCompletion};
+    /// use mtrdma_verbs::{Access, Context, PollCompletions, ScheduleConfig, UdCompletion};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let ctx = Context::open("rxe0")?;
@@ -160,7 +160,7 @@ impl<Q: PieceScheduler> ScheduledUdQueuePair<Q> {
     ///
     /// ```no_run
     /// use mtrdma_core::{TenantId, TrafficClass};
-    /// use mtrdma_verbs::{Access, Context, ScheduleConfig, UdCompletion};
+    /// use mtrdma_verbs::{Access, Context, PollCompletions, ScheduleConfig, UdCompletion};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let ctx = Context::open("rxe0")?;
@@ -214,21 +214,20 @@ impl<Q: PieceScheduler> ScheduledUdQueuePair<Q> {
         self.inner
             .with_sink(|qp| qp.post_recv(region, range, context))
     }
+}
 
-    /// Reaps completions, posts what the scheduler lets go next, and moves
-    /// finished sends and receives into `out`. Returns how many it added.
-    pub fn poll(&mut self, out: &mut Vec<UdCompletion>) -> Result<usize, Error> {
+/// As [`ScheduledQueuePair`](crate::ScheduledQueuePair)'s.
+impl<Q: PieceScheduler> crate::PollCompletions for ScheduledUdQueuePair<Q> {
+    type Completion = UdCompletion;
+
+    fn poll(&mut self, out: &mut Vec<UdCompletion>) -> Result<usize, Error> {
         self.inner.poll(out)
     }
 
-    /// [`poll`](Self::poll), sleeping rather than spinning while there is
-    /// nothing to hand back (see [`ScheduledQueuePair::poll_wait`]). The
-    /// queue pair must be built with
-    /// [`completion_events(true)`](crate::UdQueuePairBuilder::completion_events).
-    pub fn poll_wait(
+    fn poll_wait(
         &mut self,
         out: &mut Vec<UdCompletion>,
-        timeout: Duration,
+        timeout: std::time::Duration,
     ) -> Result<usize, Error> {
         self.inner.poll_wait(out, timeout)
     }

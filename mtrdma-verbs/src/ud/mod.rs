@@ -68,7 +68,7 @@ pub use completion::{UdCompletion, UdSource};
 /// flushed, and only then frees the regions.
 ///
 /// ```no_run
-/// use mtrdma_verbs::{Access, Context, UdCompletion};
+/// use mtrdma_verbs::{Access, Context, PollCompletions, UdCompletion};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let ctx = Context::open("rxe0")?;
@@ -303,7 +303,7 @@ impl UdQueuePair {
     /// [`GatherError`], in order, each with its range.
     ///
     /// ```no_run
-    /// use mtrdma_verbs::{Access, Context, UdCompletion};
+    /// use mtrdma_verbs::{Access, Context, PollCompletions, UdCompletion};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let ctx = Context::open("rxe0")?;
@@ -425,45 +425,6 @@ impl UdQueuePair {
         Ok(())
     }
 
-    /// Polls up to 32 completions into `out`; returns how many.
-    pub fn poll(&mut self, out: &mut Vec<UdCompletion>) -> Result<usize, Error> {
-        self.poll_own(out)
-    }
-
-    /// Polls; if nothing has completed, sleeps until something does or
-    /// `timeout` runs out, without spinning. Returns how many completions
-    /// it added to `out` (0: the timeout ran out).
-    ///
-    /// The queue pair must be built with
-    /// [`completion_events(true)`](UdQueuePairBuilder::completion_events);
-    /// otherwise this returns [`Error::NoCompletionEvents`]. See
-    /// [`QueuePair::poll_wait`](crate::QueuePair::poll_wait).
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use mtrdma_verbs::{Access, Context};
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let ctx = Context::open("rxe0")?;
-    /// let pd = ctx.alloc_pd()?;
-    /// let mut server = pd.ud_queue_pair().completion_events(true).build()?;
-    /// server.post_recv(pd.allocate(server.mtu() as usize, Access::LOCAL)?, 0..64, 1)?;
-    /// let mut got = Vec::new();
-    /// // Sleeps until a datagram arrives, for 5 s at most.
-    /// if server.poll_wait(&mut got, Duration::from_secs(5))? == 0 {
-    ///     println!("nobody wrote");
-    /// }
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn poll_wait(
-        &mut self,
-        out: &mut Vec<UdCompletion>,
-        timeout: Duration,
-    ) -> Result<usize, Error> {
-        crate::events::poll_wait(self, out, timeout)
-    }
-
     /// A failed verbs call on this queue pair's device.
     fn verbs_error(&self, (call, source): (&'static str, io::Error)) -> Error {
         Error::Verbs {
@@ -562,6 +523,22 @@ impl Waitable for UdQueuePair {
 impl Drop for UdQueuePair {
     fn drop(&mut self) {
         self.teardown();
+    }
+}
+
+impl crate::PollCompletions for UdQueuePair {
+    type Completion = UdCompletion;
+
+    fn poll(&mut self, out: &mut Vec<UdCompletion>) -> Result<usize, Error> {
+        self.poll_own(out)
+    }
+
+    fn poll_wait(
+        &mut self,
+        out: &mut Vec<UdCompletion>,
+        timeout: Duration,
+    ) -> Result<usize, Error> {
+        crate::events::poll_wait(self, out, timeout)
     }
 }
 

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use mtrdma_core::TenantHandle;
+use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{
     Completion, Context, PieceScheduler, PreparedQueuePair, ProtectionDomain, QueuePair,
     ScheduledQueuePair,
