@@ -47,7 +47,9 @@ fn table(tag: &str) -> (String, QuotaTable) {
         .with_max_mr_bytes(1 << 40)
         .with_rate(RateLimit::new(u64::from(RATE), u64::from(BURST)));
     let policy = Policy::new(LinkConfig::new(12_500_000_000), vec![tenant]);
-    let table = QuotaTable::create(&name, 16, 16, &policy).expect("create a shared table");
+    let table = QuotaTable::create(&name, 16, 16, &policy)
+        .expect("create a shared table")
+        .table();
     (name, table)
 }
 

@@ -131,7 +131,9 @@ fn run() -> Result<(), String> {
         Some(c) => Some(c.alloc_pd().map_err(|e| e.to_string())?),
         None => None,
     };
-    let table = QuotaTable::embedded(&policy(&args)).map_err(|e| e.to_string())?;
+    let table = QuotaTable::embedded(&policy(&args))
+        .map_err(|e| e.to_string())?
+        .table();
     let demo = Demo {
         args: &args,
         pd,

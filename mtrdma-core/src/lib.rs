@@ -24,4 +24,4 @@ pub use mtrdma_sched::{
 pub use policy::{
     LinkConfig, MatchRule, PeerCredentials, Policy, PolicyError, TenantEntry, TenantRef,
 };
-pub use table::{AdmissionError, QuotaTable, TableError, TenantHandle};
+pub use table::{AdmissionError, QuotaTable, TableError, TableOwner, TenantHandle};

@@ -130,8 +130,8 @@ fn publishing_keeps_live_state_and_handles_see_new_limits() {
         .iter()
         .any(|u| u.tenant == TenantId(9) && u.qps.0 == 0));
 
-    // A tenant process cannot publish: its policy mapping is read-only.
-    assert!(matches!(tenant_view.publish(&p), Err(TableError::ReadOnly)));
+    // A tenant process cannot publish: `QuotaTable::open` gives a view
+    // without `publish` (`TableOwner`'s compile_fail example pins it).
     drop((held, more));
     drop(kv);
     QuotaTable::remove(&name).unwrap();

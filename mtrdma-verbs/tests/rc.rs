@@ -264,7 +264,9 @@ fn tenant_table(max_qps: u32, max_mr_bytes: u64) -> QuotaTable {
     let tenant = TenantEntry::new(TenantId(1), "t")
         .with_max_qps(max_qps)
         .with_max_mr_bytes(max_mr_bytes);
-    QuotaTable::embedded(&Policy::new(LinkConfig::new(1_000_000_000), vec![tenant])).unwrap()
+    QuotaTable::embedded(&Policy::new(LinkConfig::new(1_000_000_000), vec![tenant]))
+        .unwrap()
+        .table()
 }
 
 #[test]

@@ -315,7 +315,9 @@ fn tenant_table() -> QuotaTable {
     let tenant = TenantEntry::new(TenantId(1), "t")
         .with_max_qps(4)
         .with_max_mr_bytes(1 << 30);
-    QuotaTable::embedded(&Policy::new(LinkConfig::new(1_000_000_000), vec![tenant])).unwrap()
+    QuotaTable::embedded(&Policy::new(LinkConfig::new(1_000_000_000), vec![tenant]))
+        .unwrap()
+        .table()
 }
 
 #[test]

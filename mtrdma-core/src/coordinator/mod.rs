@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime};
 use crate::monitor::{CgroupPaths, KernelView, ProcessCounts};
 use crate::policy::{PeerCredentials, Policy, PolicyError};
 use crate::procinfo::{self, ProcessId};
-use crate::table::{QuotaTable, Reclaimed, TableError, TenantHandle, TenantUsage};
+use crate::table::{QuotaTable, Reclaimed, TableError, TableOwner, TenantHandle, TenantUsage};
 use crate::TenantId;
 
 use shares::{Reading, Shares};
@@ -155,7 +155,7 @@ pub struct LinkView {
 #[derive(Debug)]
 pub struct Coordinator {
     config: CoordinatorConfig,
-    table: QuotaTable,
+    table: TableOwner,
     policy: Policy,
     policy_mtime: Option<SystemTime>,
     listener: UnixListener,

@@ -93,6 +93,206 @@ struct Inner {
     clock: SharedClock,
 }
 
+/// The table as its owner holds it: the process that created it (or an
+/// embedded one), or a coordinator that took it over. Only the owner
+/// publishes a policy and sets what the coordinator decides (fair rates,
+/// gains, the link estimate); it reads as a [`QuotaTable`] (it
+/// dereferences to one). A process that opened the table as a tenant
+/// ([`QuotaTable::open`]) or registered with a coordinator holds a
+/// [`QuotaTable`], which cannot publish: the compiler refuses, not a
+/// check at run time.
+///
+/// ```compile_fail
+/// # use mtrdma_core::{LinkConfig, Policy, QuotaTable};
+/// # fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// let tenant_view = QuotaTable::open("some-table")?;
+/// // A tenant's view has no `publish`.
+/// tenant_view.publish(&Policy::new(LinkConfig::new(1 << 30), Vec::new()))?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct TableOwner {
+    table: QuotaTable,
+}
+
+impl std::ops::Deref for TableOwner {
+    type Target = QuotaTable;
+
+    fn deref(&self) -> &QuotaTable {
+        &self.table
+    }
+}
+
+impl TableOwner {
+    fn of(table: QuotaTable) -> TableOwner {
+        TableOwner { table }
+    }
+
+    /// The table as its tenants see it (a clone sharing the mappings).
+    pub fn table(&self) -> QuotaTable {
+        self.table.clone()
+    }
+
+    /// Publishes `policy`. Tenants already in the table keep their slot
+    /// and live state; new tenants get a free slot with fresh state.
+    pub fn publish(&self, policy: &Policy) -> Result<(), TableError> {
+        if !self.inner.policy.writable() {
+            return Err(TableError::ReadOnly);
+        }
+        policy.validate()?;
+        if policy.tenants.len() > self.inner.capacity as usize {
+            return Err(TableError::Full {
+                tenants: policy.tenants.len(),
+                capacity: self.inner.capacity,
+            });
+        }
+        // Where each tenant goes: its current slot, or a free one.
+        let mut current: HashMap<u32, u32> = HashMap::new();
+        for slot in 0..self.inner.capacity {
+            let s = self.policy_slot(slot);
+            if s.flags.load(Ordering::Relaxed) & SLOT_IN_USE != 0 {
+                current.insert(s.id.load(Ordering::Relaxed), slot);
+            }
+        }
+        let wanted: std::collections::HashSet<u32> =
+            policy.tenants.iter().map(|t| t.id.0).collect();
+        let referenced = self.referenced_slots();
+        // A new tenant gets a slot that holds no tenant being kept, that no
+        // process refers to, and whose counters are back to zero.
+        let mut free = (0..self.inner.capacity).filter(|&slot| {
+            let s = self.policy_slot(slot);
+            let keeps = s.flags.load(Ordering::Relaxed) & SLOT_IN_USE != 0
+                && wanted.contains(&s.id.load(Ordering::Relaxed));
+            !keeps && !referenced.contains(&slot) && !self.holds_resources(slot)
+        });
+        // A tenant removed by an earlier policy whose processes still hold
+        // its old slot comes back to that slot, with what they hold: a
+        // second slot would give it its quota twice.
+        let mut left: HashMap<u32, u32> = HashMap::new();
+        for slot in 0..self.inner.capacity {
+            let s = self.policy_slot(slot);
+            let held = referenced.contains(&slot) || self.holds_resources(slot);
+            if s.flags.load(Ordering::Relaxed) & SLOT_IN_USE == 0 && held {
+                left.insert(s.id.load(Ordering::Relaxed), slot);
+            }
+        }
+        let mut placement = Vec::with_capacity(policy.tenants.len());
+        for t in &policy.tenants {
+            match current.get(&t.id.0).or_else(|| left.get(&t.id.0)) {
+                Some(&slot) => placement.push((slot, t, false)),
+                None => {
+                    let slot = free.next().ok_or(TableError::Full {
+                        tenants: policy.tenants.len(),
+                        capacity: self.inner.capacity,
+                    })?;
+                    placement.push((slot, t, true));
+                }
+            }
+        }
+        drop(free);
+        // Each placed tenant's state file on a coordinated table.
+        for &(slot, _, _) in &placement {
+            self.ensure_segment(slot)?;
+        }
+
+        let h = self.policy_header();
+        let seq = h.seq.load(Ordering::Relaxed);
+        // An odd seq is a write that never finished (its writer died):
+        // start from the next even value.
+        let start = seq | 1;
+        h.seq.store(start, Ordering::Relaxed);
+        fence(Ordering::Release);
+        for slot in 0..self.inner.capacity {
+            let s = self.policy_slot(slot);
+            if s.flags.load(Ordering::Relaxed) & SLOT_IN_USE != 0
+                && !wanted.contains(&s.id.load(Ordering::Relaxed))
+            {
+                s.flags.store(0, Ordering::Relaxed);
+                s.fair_rate.store(0, Ordering::Relaxed);
+                s.window_gain.store(0, Ordering::Relaxed);
+                s.floor_permit.store(0, Ordering::Relaxed);
+            }
+        }
+        for &(slot, t, fresh) in &placement {
+            if fresh {
+                self.reset_state(slot);
+                self.policy_slot(slot).fair_rate.store(0, Ordering::Relaxed);
+                self.policy_slot(slot)
+                    .window_gain
+                    .store(0, Ordering::Relaxed);
+                self.policy_slot(slot)
+                    .floor_permit
+                    .store(0, Ordering::Relaxed);
+            }
+            write_slot(self.policy_slot(slot), t, policy);
+        }
+        h.link_capacity
+            .store(policy.link.capacity_bytes_per_sec, Ordering::Relaxed);
+        h.recompute_interval_ms
+            .store(policy.link.recompute_interval_ms, Ordering::Relaxed);
+        h.tenant_count
+            .store(policy.tenants.len() as u32, Ordering::Relaxed);
+        h.latency_bound
+            .store(policy.link.latency_bound.unwrap_or(0), Ordering::Relaxed);
+        h.seq.store(start + 1, Ordering::Release);
+        tracing::info!(
+            table = ?self.inner.name,
+            generation = start / 2 + 1,
+            tenants = policy.tenants.len(),
+            "published policy"
+        );
+        self.snapshot()?;
+        Ok(())
+    }
+
+    /// Records a coordinator heartbeat (`CLOCK_MONOTONIC` ns).
+    pub(crate) fn heartbeat(&self, now_ns: u64) {
+        self.policy_header()
+            .heartbeat_ns
+            .store(now_ns, Ordering::Release);
+    }
+
+    /// Publishes the link's measured rate in bytes per second (0: not
+    /// measured).
+    pub(crate) fn set_link_estimate(&self, bytes_per_sec: u64) {
+        self.policy_header()
+            .link_estimate
+            .store(bytes_per_sec, Ordering::Release);
+    }
+
+    /// Publishes the weights of the tenants whose windows contend for the
+    /// link, added up (0 withdraws it).
+    pub(crate) fn set_sharing_weight(&self, weights: u32) {
+        self.policy_header()
+            .sharing_weight
+            .store(u64::from(weights), Ordering::Release);
+    }
+
+    /// Publishes a tenant's fair byte rate (0 withdraws it).
+    pub(crate) fn set_fair_rate(&self, slot: u32, bytes_per_sec: u64) {
+        self.policy_slot(slot)
+            .fair_rate
+            .store(bytes_per_sec, Ordering::Release);
+    }
+
+    /// Publishes the gain on a tenant's delay windows' growth, parts per
+    /// million (0 withdraws it).
+    pub(crate) fn set_window_gain(&self, slot: u32, ppm: u32) {
+        self.policy_slot(slot)
+            .window_gain
+            .store(u64::from(ppm), Ordering::Release);
+    }
+
+    /// Publishes a tenant's permit for the one-piece floor
+    /// (`mtrdma_sched::piece_floor::Permit::to_word`).
+    pub(crate) fn set_floor_permit(&self, slot: u32, word: u64) {
+        self.policy_slot(slot)
+            .floor_permit
+            .store(word, Ordering::Release);
+    }
+}
+
 impl std::fmt::Debug for QuotaTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QuotaTable")
@@ -240,8 +440,8 @@ impl QuotaTable {
         capacity: u32,
         processes: u32,
         policy: &Policy,
-    ) -> Result<QuotaTable, TableError> {
-        Self::create_named(name, capacity, processes, policy, (0o644, 0o666), 0)
+    ) -> Result<TableOwner, TableError> {
+        Self::create_named(name, capacity, processes, policy, (0o644, 0o666), 0).map(TableOwner::of)
     }
 
     /// Creates the table `name` for a coordinator: private to this
@@ -268,7 +468,7 @@ impl QuotaTable {
         capacity: u32,
         processes: u32,
         policy: &Policy,
-    ) -> Result<QuotaTable, TableError> {
+    ) -> Result<TableOwner, TableError> {
         check_name(name)?;
         check_split_sizes(capacity, processes)?;
         policy.validate()?;
@@ -280,7 +480,7 @@ impl QuotaTable {
         if table.is_err() {
             let _ = shm::unlink(&pname);
         }
-        table
+        table.map(TableOwner::of)
     }
 
     /// Marks the policy region `pmap` (sized for `capacity`) as a
@@ -344,7 +544,7 @@ impl QuotaTable {
     /// A process-local table (no coordinator, no shared memory name) with
     /// the same API, sized for the policy's tenants (at least 64) and
     /// [`DEFAULT_PROCESSES`] process slots.
-    pub fn embedded(policy: &Policy) -> Result<QuotaTable, TableError> {
+    pub fn embedded(policy: &Policy) -> Result<TableOwner, TableError> {
         let capacity = u32::try_from(policy.tenants.len())
             .unwrap_or(MAX_TENANTS)
             .clamp(64, MAX_TENANTS);
@@ -356,14 +556,14 @@ impl QuotaTable {
         policy: &Policy,
         capacity: u32,
         processes: u32,
-    ) -> Result<QuotaTable, TableError> {
+    ) -> Result<TableOwner, TableError> {
         check_sizes(capacity, processes)?;
         policy.validate()?;
         let pmap = Mapping::anonymous(policy_len(capacity))
             .map_err(|e| io_err("mmap", "(embedded)", e))?;
         let smap = Mapping::anonymous(state_len(capacity, processes))
             .map_err(|e| io_err("mmap", "(embedded)", e))?;
-        Self::init(None, pmap, State::Whole(smap), capacity, processes, policy)
+        Self::init(None, pmap, State::Whole(smap), capacity, processes, policy).map(TableOwner::of)
     }
 
     fn init(
@@ -429,8 +629,9 @@ impl QuotaTable {
                 clock,
             }),
         };
-        table.publish(policy)?;
-        Ok(table)
+        let owner = TableOwner::of(table);
+        owner.publish(policy)?;
+        Ok(owner.table)
     }
 
     /// Opens the table `name` as a tenant process: the policy region
@@ -441,8 +642,8 @@ impl QuotaTable {
 
     /// Opens the table `name` with a writable policy region, as a restarted
     /// coordinator does to take over a table whose tenants are running.
-    pub fn open_writable(name: &str) -> Result<QuotaTable, TableError> {
-        Self::open_mode(name, true)
+    pub fn open_writable(name: &str) -> Result<TableOwner, TableError> {
+        Self::open_mode(name, true).map(TableOwner::of)
     }
 
     /// Takes over the table `name` as a restarted coordinator: like
@@ -458,7 +659,7 @@ impl QuotaTable {
     /// tenant's file that no process holds any more (its processes and the
     /// old coordinator are gone) is made anew, empty, at the next
     /// [`publish`](Self::publish): nothing in it was owed to anyone.
-    pub fn take_over(name: &str) -> Result<QuotaTable, TableError> {
+    pub fn take_over(name: &str) -> Result<TableOwner, TableError> {
         check_name(name)?;
         let (pname, _) = object_names(name);
         let me = rustix::process::geteuid().as_raw();
@@ -482,7 +683,7 @@ impl QuotaTable {
                 expected: me,
             });
         }
-        Ok(table)
+        Ok(TableOwner::of(table))
     }
 
     /// Maps a table from the objects a coordinator handed over: the policy
@@ -977,119 +1178,6 @@ impl QuotaTable {
         Err(TableError::Torn)
     }
 
-    /// Publishes `policy` (creator or [`open_writable`](Self::open_writable)
-    /// only). Tenants already in the table keep their slot and live state;
-    /// new tenants get a free slot with fresh state.
-    pub fn publish(&self, policy: &Policy) -> Result<(), TableError> {
-        if !self.inner.policy.writable() {
-            return Err(TableError::ReadOnly);
-        }
-        policy.validate()?;
-        if policy.tenants.len() > self.inner.capacity as usize {
-            return Err(TableError::Full {
-                tenants: policy.tenants.len(),
-                capacity: self.inner.capacity,
-            });
-        }
-        // Where each tenant goes: its current slot, or a free one.
-        let mut current: HashMap<u32, u32> = HashMap::new();
-        for slot in 0..self.inner.capacity {
-            let s = self.policy_slot(slot);
-            if s.flags.load(Ordering::Relaxed) & SLOT_IN_USE != 0 {
-                current.insert(s.id.load(Ordering::Relaxed), slot);
-            }
-        }
-        let wanted: std::collections::HashSet<u32> =
-            policy.tenants.iter().map(|t| t.id.0).collect();
-        let referenced = self.referenced_slots();
-        // A new tenant gets a slot that holds no tenant being kept, that no
-        // process refers to, and whose counters are back to zero.
-        let mut free = (0..self.inner.capacity).filter(|&slot| {
-            let s = self.policy_slot(slot);
-            let keeps = s.flags.load(Ordering::Relaxed) & SLOT_IN_USE != 0
-                && wanted.contains(&s.id.load(Ordering::Relaxed));
-            !keeps && !referenced.contains(&slot) && !self.holds_resources(slot)
-        });
-        // A tenant removed by an earlier policy whose processes still hold
-        // its old slot comes back to that slot, with what they hold: a
-        // second slot would give it its quota twice.
-        let mut left: HashMap<u32, u32> = HashMap::new();
-        for slot in 0..self.inner.capacity {
-            let s = self.policy_slot(slot);
-            let held = referenced.contains(&slot) || self.holds_resources(slot);
-            if s.flags.load(Ordering::Relaxed) & SLOT_IN_USE == 0 && held {
-                left.insert(s.id.load(Ordering::Relaxed), slot);
-            }
-        }
-        let mut placement = Vec::with_capacity(policy.tenants.len());
-        for t in &policy.tenants {
-            match current.get(&t.id.0).or_else(|| left.get(&t.id.0)) {
-                Some(&slot) => placement.push((slot, t, false)),
-                None => {
-                    let slot = free.next().ok_or(TableError::Full {
-                        tenants: policy.tenants.len(),
-                        capacity: self.inner.capacity,
-                    })?;
-                    placement.push((slot, t, true));
-                }
-            }
-        }
-        drop(free);
-        // Each placed tenant's state file on a coordinated table.
-        for &(slot, _, _) in &placement {
-            self.ensure_segment(slot)?;
-        }
-
-        let h = self.policy_header();
-        let seq = h.seq.load(Ordering::Relaxed);
-        // An odd seq is a write that never finished (its writer died):
-        // start from the next even value.
-        let start = seq | 1;
-        h.seq.store(start, Ordering::Relaxed);
-        fence(Ordering::Release);
-        for slot in 0..self.inner.capacity {
-            let s = self.policy_slot(slot);
-            if s.flags.load(Ordering::Relaxed) & SLOT_IN_USE != 0
-                && !wanted.contains(&s.id.load(Ordering::Relaxed))
-            {
-                s.flags.store(0, Ordering::Relaxed);
-                s.fair_rate.store(0, Ordering::Relaxed);
-                s.window_gain.store(0, Ordering::Relaxed);
-                s.floor_permit.store(0, Ordering::Relaxed);
-            }
-        }
-        for &(slot, t, fresh) in &placement {
-            if fresh {
-                self.reset_state(slot);
-                self.policy_slot(slot).fair_rate.store(0, Ordering::Relaxed);
-                self.policy_slot(slot)
-                    .window_gain
-                    .store(0, Ordering::Relaxed);
-                self.policy_slot(slot)
-                    .floor_permit
-                    .store(0, Ordering::Relaxed);
-            }
-            write_slot(self.policy_slot(slot), t, policy);
-        }
-        h.link_capacity
-            .store(policy.link.capacity_bytes_per_sec, Ordering::Relaxed);
-        h.recompute_interval_ms
-            .store(policy.link.recompute_interval_ms, Ordering::Relaxed);
-        h.tenant_count
-            .store(policy.tenants.len() as u32, Ordering::Relaxed);
-        h.latency_bound
-            .store(policy.link.latency_bound.unwrap_or(0), Ordering::Relaxed);
-        h.seq.store(start + 1, Ordering::Release);
-        tracing::info!(
-            table = ?self.inner.name,
-            generation = start / 2 + 1,
-            tenants = policy.tenants.len(),
-            "published policy"
-        );
-        self.snapshot()?;
-        Ok(())
-    }
-
     /// Whether tenant slot `slot`'s counters hold queue pairs or memory
     /// (none where this process maps no state for it).
     fn holds_resources(&self, slot: u32) -> bool {
@@ -1131,24 +1219,9 @@ impl QuotaTable {
         }
     }
 
-    /// Records a coordinator heartbeat (`CLOCK_MONOTONIC` ns).
-    pub(crate) fn heartbeat(&self, now_ns: u64) {
-        self.policy_header()
-            .heartbeat_ns
-            .store(now_ns, Ordering::Release);
-    }
-
     /// The coordinator's last heartbeat (0: never).
     pub fn last_heartbeat_ns(&self) -> u64 {
         self.policy_header().heartbeat_ns.load(Ordering::Acquire)
-    }
-
-    /// Publishes the link's measured rate in bytes per second (0: not
-    /// measured).
-    pub(crate) fn set_link_estimate(&self, bytes_per_sec: u64) {
-        self.policy_header()
-            .link_estimate
-            .store(bytes_per_sec, Ordering::Release);
     }
 
     /// The rate the tenants together moved through the link, as the
@@ -1160,14 +1233,6 @@ impl QuotaTable {
         (rate != 0).then_some(rate)
     }
 
-    /// Publishes the weights of the tenants whose windows contend for the
-    /// link, added up (0 withdraws it).
-    pub(crate) fn set_sharing_weight(&self, weights: u32) {
-        self.policy_header()
-            .sharing_weight
-            .store(u64::from(weights), Ordering::Release);
-    }
-
     /// The weights of the tenants whose delay windows contend for the
     /// link, added up, as last published (0: none), whatever its age (see
     /// `TenantHandle::sharing_weight`).
@@ -1175,34 +1240,11 @@ impl QuotaTable {
         self.policy_header().sharing_weight.load(Ordering::Acquire)
     }
 
-    /// Publishes a tenant's fair byte rate (0 withdraws it).
-    pub(crate) fn set_fair_rate(&self, slot: u32, bytes_per_sec: u64) {
-        self.policy_slot(slot)
-            .fair_rate
-            .store(bytes_per_sec, Ordering::Release);
-    }
-
-    /// Publishes the gain on a tenant's delay windows' growth, parts per
-    /// million (0 withdraws it).
-    pub(crate) fn set_window_gain(&self, slot: u32, ppm: u32) {
-        self.policy_slot(slot)
-            .window_gain
-            .store(u64::from(ppm), Ordering::Release);
-    }
-
     /// The policy's latency bound in bytes, as last published (`None`:
     /// no bound). One word read on its own, outside the seqlock.
     pub fn latency_bound(&self) -> Option<u64> {
         let bound = self.policy_header().latency_bound.load(Ordering::Acquire);
         (bound != 0).then_some(bound)
-    }
-
-    /// Publishes a tenant's permit for the one-piece floor
-    /// (`mtrdma_sched::piece_floor::Permit::to_word`).
-    pub(crate) fn set_floor_permit(&self, slot: u32, word: u64) {
-        self.policy_slot(slot)
-            .floor_permit
-            .store(word, Ordering::Release);
     }
 
     /// What a tenant's latency queue pairs last reported of the floor
@@ -2118,7 +2160,7 @@ mod tests {
         assert!(shown[5].contains("truncated"), "{shown:?}");
     }
 
-    fn one_tenant() -> QuotaTable {
+    fn one_tenant() -> TableOwner {
         let policy = Policy::new(
             LinkConfig::new(1_000_000),
             vec![TenantEntry::new(TenantId(1), "t")],

@@ -5,7 +5,7 @@ use super::*;
 
 /// A policy with a 16 KiB latency bound: tenant 1 bulk (weight 3)
 /// held to it, tenant 2 bulk and exempt by name, tenant 3 latency.
-fn bounded_table() -> QuotaTable {
+fn bounded_table() -> mtrdma_core::TableOwner {
     let policy = Policy::new(
         LinkConfig::new(1 << 40).with_latency_bound(16 << 10),
         vec![
