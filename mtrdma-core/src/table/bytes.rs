@@ -87,3 +87,295 @@ pub(super) fn dump(map: &Mapping) -> Vec<u8> {
     }
     out
 }
+
+/// A table as bytes, and every kind of corruption it can show up with:
+/// each gives its error, never a panic.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::TenantEntry;
+
+    fn policy(tenants: Vec<TenantEntry>) -> Policy {
+        Policy::new(LinkConfig::new(12_500_000_000), tenants)
+    }
+
+    fn two_tenants() -> Policy {
+        policy(vec![
+            TenantEntry::new(TenantId(1), "kv")
+                .with_class(TrafficClass::Latency)
+                .with_max_qps(4)
+                .with_max_mr_bytes(1 << 20),
+            TenantEntry::new(TenantId(2), "bulk").with_weight(3),
+        ])
+    }
+
+    // ---- corruption: every kind gives its error, never a panic ----
+
+    fn bytes() -> (Vec<u8>, Vec<u8>) {
+        QuotaTable::embedded_with_capacity(&two_tenants(), 4, 4)
+            .unwrap()
+            .to_bytes()
+    }
+
+    fn put_u32(b: &mut [u8], at: usize, v: u32) {
+        b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    }
+
+    fn put_u64(b: &mut [u8], at: usize, v: u64) {
+        b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    }
+
+    #[test]
+    fn intact_bytes_validate() {
+        let (p, s) = bytes();
+        let snap = QuotaTable::validate_bytes(&p, &s).unwrap();
+        assert_eq!(snap.policy.tenants.len(), 2);
+        assert_eq!(snap.policy.tenants[0].name, "kv");
+        assert_eq!(snap.policy.tenants[0].class, TrafficClass::Latency);
+        assert_eq!(snap.policy.tenants[1].schedule.weight, 3);
+    }
+
+    #[test]
+    fn truncated_regions() {
+        let (p, s) = bytes();
+        for cut in [0, 7, 64, 127, p.len() - 8] {
+            let err = QuotaTable::validate_bytes(&p[..cut], &s).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    TableError::Truncated {
+                        region: "policy",
+                        ..
+                    }
+                ),
+                "{cut}: {err}"
+            );
+        }
+        let err = QuotaTable::validate_bytes(&p, &s[..s.len() - 64]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TableError::Truncated {
+                    region: "state",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("truncated"));
+    }
+
+    #[test]
+    fn foreign_bytes_are_not_a_table() {
+        let (mut p, s) = bytes();
+        p[..8].copy_from_slice(b"NOTMTRDM");
+        let err = QuotaTable::validate_bytes(&p, &s).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TableError::BadMagic {
+                    region: "policy",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let (p, mut s) = bytes();
+        s[0] ^= 0xff;
+        assert!(matches!(
+            QuotaTable::validate_bytes(&p, &s),
+            Err(TableError::BadMagic {
+                region: "state",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn other_versions_are_refused() {
+        let (mut p, s) = bytes();
+        put_u32(&mut p, 8, 2);
+        let err = QuotaTable::validate_bytes(&p, &s).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TableError::UnsupportedVersion {
+                    found: 2,
+                    supported: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn other_capacities_and_layouts_are_refused() {
+        // The state region was made for another capacity than the policy region.
+        let (p, _) = bytes();
+        let (_, s8) = QuotaTable::embedded_with_capacity(&two_tenants(), 8, 4)
+            .unwrap()
+            .to_bytes();
+        let err = QuotaTable::validate_bytes(&p, &s8).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TableError::Mismatch {
+                    field: "capacity",
+                    found: 8,
+                    expected: 4,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // A capacity out of range, and a slot size of another layout.
+        let (mut p, s) = bytes();
+        put_u32(&mut p, 16, 0);
+        assert!(matches!(
+            QuotaTable::validate_bytes(&p, &s),
+            Err(TableError::OutOfRange { .. })
+        ));
+        put_u32(&mut p, 16, u32::MAX);
+        assert!(matches!(
+            QuotaTable::validate_bytes(&p, &s),
+            Err(TableError::OutOfRange { .. })
+        ));
+        let (mut p, s) = bytes();
+        put_u32(&mut p, 20, 100);
+        assert!(matches!(
+            QuotaTable::validate_bytes(&p, &s),
+            Err(TableError::Mismatch {
+                field: "slot_size",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused() {
+        const SLOT0: usize = 128;
+        let (mut p, s) = bytes();
+        put_u32(&mut p, SLOT0 + 8, 7); // class
+        let err = QuotaTable::validate_bytes(&p, &s).unwrap_err();
+        assert!(
+            err.to_string().contains("class = 7 is out of range"),
+            "{err}"
+        );
+
+        let (mut p, s) = bytes();
+        put_u32(&mut p, SLOT0 + 12, 0); // weight
+        let err = QuotaTable::validate_bytes(&p, &s).unwrap_err();
+        assert!(matches!(err, TableError::InvalidPolicy(_)), "{err}");
+
+        let (mut p, s) = bytes();
+        p[SLOT0 + 32] = 0xff; // name: not UTF-8
+        assert!(matches!(
+            QuotaTable::validate_bytes(&p, &s),
+            Err(TableError::OutOfRange { .. })
+        ));
+
+        let (mut p, s) = bytes();
+        put_u32(&mut p, 44, 3); // tenant_count disagrees with the slots in use
+        assert!(matches!(
+            QuotaTable::validate_bytes(&p, &s),
+            Err(TableError::Mismatch {
+                field: "tenant_count",
+                ..
+            })
+        ));
+
+        let (mut p, s) = bytes();
+        put_u64(&mut p, 32, 0); // link capacity 0
+        assert!(matches!(
+            QuotaTable::validate_bytes(&p, &s),
+            Err(TableError::InvalidPolicy(_))
+        ));
+    }
+
+    #[test]
+    fn a_writer_that_died_mid_update_is_reported_not_waited_on_forever() {
+        let (mut p, s) = bytes();
+        put_u64(&mut p, 24, 7); // odd seq: a write in progress that never ends
+        assert!(matches!(
+            QuotaTable::validate_bytes(&p, &s),
+            Err(TableError::Torn)
+        ));
+    }
+
+    // ---- the latency bound: published per tenant, checked when read ----
+
+    fn bounded() -> Policy {
+        Policy::new(
+            LinkConfig::new(12_500_000_000).with_latency_bound(16 << 10),
+            vec![
+                TenantEntry::new(TenantId(1), "kv").with_class(TrafficClass::Latency),
+                TenantEntry::new(TenantId(2), "bulk").with_weight(3),
+                TenantEntry::new(TenantId(3), "backup"),
+            ],
+        )
+        .with_exempt(["backup"])
+    }
+
+    /// Byte offset of tenant slot `slot`'s word at `field` in the policy
+    /// region (a 128-byte header, then 192-byte slots).
+    fn slot_word(slot: usize, field: usize) -> usize {
+        128 + slot * 192 + field
+    }
+    const PIECE_BYTES: usize = 152;
+    const QUEUE_BYTES: usize = 160;
+    const LATENCY_BOUND: usize = 120;
+
+    #[test]
+    fn a_latency_bound_holds_every_bulk_tenant_the_policy_does_not_exempt_by_name() {
+        let table = QuotaTable::embedded(&bounded()).unwrap();
+        let bulk = table.attach(TenantId(2)).unwrap();
+        let p = bulk
+            .protection()
+            .expect("a bulk tenant is held to the bound");
+        assert_eq!(
+            (p.bound_bytes, p.piece_bytes, p.queue_bytes),
+            (16 << 10, 4096, 10 << 10)
+        );
+        assert_eq!(table.attach(TenantId(1)).unwrap().protection(), None);
+        assert_eq!(table.attach(TenantId(3)).unwrap().protection(), None);
+        let snap = table.snapshot().unwrap();
+        assert_eq!(snap.policy.link.latency_bound, Some(16 << 10));
+        assert_eq!(snap.policy.exempt, ["backup"]);
+        // Published again without the bound, nobody is held.
+        table.publish(&two_tenants()).unwrap();
+        assert_eq!(bulk.protection(), None);
+        assert_eq!(table.snapshot().unwrap().policy.link.latency_bound, None);
+    }
+
+    #[test]
+    fn protection_words_that_do_not_fit_the_bound_are_refused() {
+        let (p, s) = QuotaTable::embedded_with_capacity(&bounded(), 4, 4)
+            .unwrap()
+            .to_bytes();
+        let snap = QuotaTable::validate_bytes(&p, &s).unwrap();
+        assert_eq!(snap.protection(TenantId(2)).unwrap().piece_bytes, 4096);
+        let refused = |p: &[u8]| {
+            let err = QuotaTable::validate_bytes(p, &s).unwrap_err();
+            assert!(matches!(err, TableError::OutOfRange { .. }), "{err}");
+            err.to_string()
+        };
+        // Pieces larger than the bound allows.
+        let mut big = p.clone();
+        put_u64(&mut big, slot_word(1, PIECE_BYTES), 1 << 20);
+        assert!(refused(&big).contains("latency bound"));
+        // A bulk tenant under a bound whose slot says nothing.
+        let mut none = p.clone();
+        put_u64(&mut none, slot_word(1, PIECE_BYTES), 0);
+        put_u64(&mut none, slot_word(1, QUEUE_BYTES), 0);
+        assert!(refused(&none).contains("piece size"));
+        // Settings with no bound to fit in.
+        let mut unbound = p.clone();
+        put_u64(&mut unbound, LATENCY_BOUND, 0);
+        assert!(refused(&unbound).contains("no latency bound"));
+        // A bound out of range.
+        let mut huge = p;
+        put_u64(&mut huge, LATENCY_BOUND, u64::MAX);
+        QuotaTable::validate_bytes(&huge, &s).unwrap_err();
+    }
+}

@@ -28,6 +28,9 @@
 //! assert!(kv.acquire_qp().is_ok());
 //! ```
 
+// The fuzzers' entry points: built for them (`cargo fuzz` sets
+// `cfg(fuzzing)`) and for the tests, not for applications.
+#[cfg(any(test, fuzzing))]
 mod bytes;
 mod error;
 mod handle;
