@@ -10,7 +10,7 @@ use super::*;
 /// last request and the one halfway ask for one, and at least one in 16;
 /// a completion also reports the requests posted before it, since the
 /// send queue completes in order). Each request still hands its region back in a
-/// [`Completion`] of its own from [`QueuePair::poll`].
+/// [`Completion`] of its own from [`poll`](crate::PollCompletions::poll).
 ///
 /// The ownership rules are those of [`QueuePair::post_send`]: a request's
 /// region moves into the batch when it is added, and comes back in its

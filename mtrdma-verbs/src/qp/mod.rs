@@ -336,7 +336,7 @@ impl std::error::Error for PostError {
 
 /// A connected reliable queue pair.
 ///
-/// Posting moves the region into the queue pair; [`poll`](Self::poll)
+/// Posting moves the region into the queue pair; [`poll`](crate::PollCompletions::poll)
 /// returns it in the completion. Dropping the queue pair with work in flight
 /// moves it to the error state, waits for every request to be flushed, and
 /// only then frees the regions, so the NIC never touches freed memory.

@@ -51,7 +51,7 @@ impl SharedCompletionQueueBuilder<'_> {
     }
 
     /// Gives it a completion channel, so that
-    /// [`poll_wait`](SharedCompletionQueue::poll_wait) can sleep (default
+    /// [`poll_wait`](crate::PollCompletions::poll_wait) can sleep (default
     /// on: it is one file descriptor for all its queue pairs).
     pub fn completion_events(mut self, on: bool) -> Self {
         self.events = on;
@@ -120,7 +120,7 @@ impl Member {
 /// one [`SharedReceiveQueue`]), connected by [`connect`](Self::connect),
 /// posted to by their queue pair number, and torn down by
 /// [`remove`](Self::remove) or when the shared queue is dropped. Posting
-/// moves the region in, and the completion that [`poll`](Self::poll)
+/// moves the region in, and the completion that [`poll`](crate::PollCompletions::poll)
 /// returns hands it back, as with a [`QueuePair`]. Each completion is
 /// routed by the queue pair number the device reports with it: a send's
 /// to the books of its queue pair (its region), a receive's to the shared
@@ -313,7 +313,7 @@ impl SharedCompletionQueue {
 
     /// Posts a send-side operation on queue pair `qpn` (as
     /// [`QueuePair::post_send`]); its completion comes through
-    /// [`poll`](Self::poll) with the region.
+    /// [`poll`](crate::PollCompletions::poll) with the region.
     pub fn post_send(
         &mut self,
         qpn: u32,
@@ -346,7 +346,7 @@ impl SharedCompletionQueue {
     }
 
     /// Moves queue pair `qpn` to the error state: its outstanding requests
-    /// complete with [`WcStatus::Flushed`] through [`poll`](Self::poll).
+    /// complete with [`WcStatus::Flushed`] through [`poll`](crate::PollCompletions::poll).
     pub fn set_error(&mut self, qpn: u32) -> Result<(), Error> {
         self.member(qpn)?.qp().set_error()
     }
@@ -398,7 +398,7 @@ impl SharedCompletionQueue {
     /// queue empty so that no completion of it is left behind. Returns the
     /// completions of its own requests found meanwhile (flushed ones
     /// included, their regions handed back); other queue pairs'
-    /// completions found meanwhile come at the next [`poll`](Self::poll).
+    /// completions found meanwhile come at the next [`poll`](crate::PollCompletions::poll).
     /// If the queue pair could not be drained or destroyed, its in-flight
     /// regions are leaked, never freed while the NIC may reach them.
     pub fn remove(&mut self, qpn: u32) -> Result<Vec<Completion>, Error> {

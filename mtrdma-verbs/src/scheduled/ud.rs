@@ -65,7 +65,7 @@ impl UdQueuePair {
 /// A UD queue pair whose sends are scheduled
 /// ([`UdQueuePair::scheduled`]). Sends are handed back in
 /// [`UdCompletion`]s, one per datagram, as the queue pair's own are;
-/// receives come out of the same [`poll`](Self::poll) with their source.
+/// receives come out of the same [`poll`](crate::PollCompletions::poll) with their source.
 pub struct ScheduledUdQueuePair<Q: PieceScheduler = DefaultScheduler> {
     inner: Scheduled<UdQueuePair, Q>,
     endpoint: UdEndpoint,
@@ -104,7 +104,7 @@ impl<Q: PieceScheduler> ScheduledUdQueuePair<Q> {
         self.inner.class
     }
 
-    /// Sends accepted and not yet handed back by [`poll`](Self::poll).
+    /// Sends accepted and not yet handed back by [`poll`](crate::PollCompletions::poll).
     pub fn queued(&self) -> usize {
         self.inner.queued()
     }
@@ -124,7 +124,7 @@ impl<Q: PieceScheduler> ScheduledUdQueuePair<Q> {
     /// Accepts a datagram of `range` of `region` for the queue pair
     /// `remote_qpn` (Q_Key `remote_qkey`) behind `dest`, as
     /// [`UdQueuePair::post_send`] does, and lets it go when its tenant's
-    /// scheduler does: now, or at a later [`poll`](Self::poll). Checked
+    /// scheduler does: now, or at a later [`poll`](crate::PollCompletions::poll). Checked
     /// first (range, MTU, address handle); a refused datagram hands its
     /// region back. The address handle is kept until the send completes.
     pub fn post_send(

@@ -55,7 +55,7 @@ pub use completion::{UdCompletion, UdSource};
 
 /// An unreliable-datagram queue pair, ready to send and receive.
 ///
-/// Posting moves the region into the queue pair; [`poll`](Self::poll)
+/// Posting moves the region into the queue pair; [`poll`](crate::PollCompletions::poll)
 /// returns it in the completion. Sends go to any peer through an
 /// [`AddressHandle`] (kept alive by the queue pair until the send
 /// completes); each message must fit the port's active MTU
