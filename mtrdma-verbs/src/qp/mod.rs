@@ -33,6 +33,7 @@ mod cq;
 mod shared_cq;
 mod sink;
 mod wc;
+mod wr;
 
 pub(crate) use batch::{Batch, Refusal};
 pub use batch::{BatchError, PostBatch};
@@ -42,6 +43,7 @@ pub(crate) use cq::*;
 pub use shared_cq::*;
 pub(crate) use sink::*;
 pub(crate) use wc::RawWc;
+pub(crate) use wr::*;
 
 /// What a peer needs to connect to a queue pair. Serialisable, to send it
 /// over any channel (see [`crate::exchange`]).
