@@ -474,17 +474,6 @@ fn outcomes(done: &[HostCompletion]) -> Vec<(u64, bool, Vec<u64>)> {
         .collect()
 }
 
-fn drain_scheduled(qp: &mut NullScheduled, want: usize) -> Vec<HostCompletion> {
-    let mut out = Vec::new();
-    for _ in 0..100_000 {
-        if out.len() >= want {
-            break;
-        }
-        qp.poll(&mut out).unwrap();
-    }
-    out
-}
-
 #[test]
 fn a_scheduled_gather_goes_whole_as_one_work_request_and_hands_every_region_back() {
     for (way, mut qp) in scheduled_ways(3) {
@@ -504,7 +493,7 @@ fn a_scheduled_gather_goes_whole_as_one_work_request_and_hands_every_region_back
             .unwrap();
         qp.post_send(SendOp::Write(REMOTE), big(3, 8192), 0..8192, 3)
             .unwrap();
-        let done = drain_scheduled(&mut qp, 3);
+        let done = drain(&mut qp, 3);
         let got: Vec<(u64, WcStatus, Vec<u64>, u32)> = done
             .iter()
             .map(|c| (c.context, c.status, regions(c), c.byte_len))
@@ -581,7 +570,7 @@ fn a_failed_scheduled_gather_hands_every_region_back_once() {
             .unwrap();
         qp.post_send_gather(SendOp::Write(REMOTE), parts(&[4, 5]), 1)
             .unwrap();
-        let done = drain_scheduled(&mut qp, 2);
+        let done = drain(&mut qp, 2);
         assert_eq!(
             outcomes(&done),
             [(0, false, vec![1, 2, 3]), (1, false, vec![4, 5])],
@@ -631,7 +620,7 @@ fn a_scheduled_batch_sends_its_gather_whole_in_the_batchs_list_and_hands_every_r
             [(3, false), (1, true), (1, true)],
             "{way}: one work request for the gather, reported by the next"
         );
-        let done = drain_scheduled(&mut qp, 3);
+        let done = drain(&mut qp, 3);
         assert_eq!(
             handed_back(&done),
             [(0, vec![20, 21, 22]), (1, vec![1]), (2, vec![2])],
@@ -655,7 +644,7 @@ fn a_scheduled_batch_sends_its_gather_whole_in_the_batchs_list_and_hands_every_r
         let log = qp.with_sink(NullSink::take_log);
         let lists: Vec<usize> = log.iter().map(|p| p.sg_list.len()).collect();
         assert_eq!(lists, [1, 2, 1], "{way}: in order, the gather whole");
-        let done = drain_scheduled(&mut qp, 3);
+        let done = drain(&mut qp, 3);
         assert_eq!(
             handed_back(&done),
             [(3, vec![3]), (4, vec![30, 31]), (5, vec![5])],
@@ -693,7 +682,7 @@ fn a_scheduled_batchs_gather_is_checked_when_added_and_a_refused_one_leaves_the_
         assert!(refused.is_empty(), "{way}");
         assert_eq!(batch.len(), 1, "{way}: the batch is unchanged");
         batch.submit().unwrap();
-        let done = drain_scheduled(&mut qp, 1);
+        let done = drain(&mut qp, 1);
         assert_eq!(handed_back(&done), [(1, vec![1])], "{way}");
     }
 }
@@ -750,7 +739,7 @@ fn a_gather_the_scheduler_refuses_in_a_batch_hands_every_region_back_once() {
     let (error, refused) = batch.submit().unwrap_err();
     assert!(matches!(error, Error::Rejected(_)), "{error}");
     assert_eq!(entries(&refused), [(3, 20), (3, 21), (3, 22), (4, 4)]);
-    let done = drain_scheduled(&mut qp, 3);
+    let done = drain(&mut qp, 3);
     assert_eq!(
         handed_back(&done),
         [(0, vec![0]), (1, vec![1]), (2, vec![2])]
@@ -779,7 +768,7 @@ fn a_failed_gather_in_a_scheduled_batch_hands_every_region_back_once() {
             .post_send_gather(SendOp::Write(REMOTE), parts(&[30, 31, 32]), 3)
             .unwrap();
         batch.submit().unwrap();
-        let done = drain_scheduled(&mut qp, 3);
+        let done = drain(&mut qp, 3);
         assert_eq!(
             outcomes(&done),
             [
