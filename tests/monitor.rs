@@ -6,10 +6,10 @@
 //! unattributed process elsewhere). Ignored on a plain `cargo test`;
 //! `cargo xtask test` runs it in the VM, as root.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -144,21 +144,6 @@ impl Drop for Setup {
     }
 }
 
-/// The first line of `out` that starts with `prefix`, read on a thread
-/// (which reads on to the end, so the process never writes to a closed
-/// pipe).
-fn line_starting(out: ChildStdout, prefix: &'static str) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if line.starts_with(prefix) {
-                let _ = tx.send(line);
-            }
-        }
-    });
-    rx
-}
-
 /// What the monitor counts for `pid` (every cgroup it was in).
 fn counts_of(monitor: &mut KernelMonitor, pid: u32) -> (KernelCounts, Vec<u64>) {
     let mut sum = KernelCounts::default();
@@ -226,7 +211,7 @@ fn the_monitor_puts_each_object_with_its_process_and_flags_the_raw_ones() {
             &REGION.to_string(),
         ],
     );
-    let holding = line_starting(tenant.stdout.take().unwrap(), "holding");
+    let holding = common::lines_starting(tenant.stdout.take().unwrap(), "holding").0;
     let line = setup.serve_until(&holding, "tenant holding its objects");
     let tenant_pid = tenant.id();
     assert!(line.contains(&format!("pid={tenant_pid} ")), "{line}");
@@ -358,7 +343,7 @@ fn a_storm_shows_in_the_monitors_counts_once_per_object() {
             &REGION.to_string(),
         ],
     );
-    let done = line_starting(storm.stdout.take().unwrap(), "storm");
+    let done = common::lines_starting(storm.stdout.take().unwrap(), "storm").0;
     let line = setup.serve_until(&done, "the storm's end");
     drop(storm.stdin.take());
     assert!(storm.wait().unwrap().success(), "{line}");

@@ -83,30 +83,6 @@ fn text(out: &Output) -> (String, String) {
     )
 }
 
-/// Reads `out` to its end on a thread of its own: says on the channel
-/// when a line starting with `prefix` has come, and hands back all of it.
-fn lines_until(
-    out: std::process::ChildStdout,
-    prefix: &'static str,
-) -> (
-    std::sync::mpsc::Receiver<()>,
-    std::thread::JoinHandle<String>,
-) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let all = std::thread::spawn(move || {
-        let mut all = String::new();
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if line.starts_with(prefix) {
-                let _ = tx.send(());
-            }
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    });
-    (rx, all)
-}
-
 /// The figure on the result block's `  NAME: value` line.
 fn figure(stdout: &str, name: &str) -> f64 {
     let prefix = format!("  {name}: ");
@@ -234,7 +210,8 @@ fn a_killed_node_loses_its_pages(cluster: u64) {
     // Node 1 is killed once the pager has filled both nodes and begun its
     // timed run (it says so on its "initial fill" line): the fill takes
     // longer in a debug build and on a busy host.
-    let (began, stdout) = lines_until(pager.stdout.take().expect("piped"), "initial fill:");
+    let (began, stdout) =
+        common::lines_starting(pager.stdout.take().expect("piped"), "initial fill:");
     began
         .recv_timeout(Duration::from_secs(120))
         .expect("the pager filled its nodes within 120 s");

@@ -75,20 +75,62 @@ fn listens_on(pid: u32, port: u16) -> bool {
 
 /// Waits until `child` listens on TCP `port` (a server's readiness,
 /// rather than a sleep that may be too short on a busy emulated host);
-/// panics, naming `what`, if it exits first or does not listen in 30 s.
-#[allow(dead_code)] // Not every test binary that shares this module waits so.
-pub(crate) fn wait_listening(child: &mut std::process::Child, port: u16, what: &str) {
+/// `Err` with its status if it exits first. Panics, naming `what`, if it
+/// does not listen within `secs` seconds.
+fn listening_or_exited(
+    child: &mut std::process::Child,
+    port: u16,
+    what: &str,
+    secs: u64,
+) -> Result<(), std::process::ExitStatus> {
     let start = std::time::Instant::now();
     while !listens_on(child.id(), port) {
         if let Ok(Some(status)) = child.try_wait() {
-            panic!("{what} exited ({status}) before it listened on port {port}");
+            return Err(status);
         }
         assert!(
-            start.elapsed() < std::time::Duration::from_secs(30),
-            "{what} does not listen on port {port} after 30 s"
+            start.elapsed() < std::time::Duration::from_secs(secs),
+            "{what} does not listen on port {port} after {secs} s"
         );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+    Ok(())
+}
+
+/// [`listening_or_exited`] within 30 s, for a server that must not exit:
+/// panics if it does.
+#[allow(dead_code)] // Not every test binary that shares this module waits so.
+pub(crate) fn wait_listening(child: &mut std::process::Child, port: u16, what: &str) {
+    if let Err(status) = listening_or_exited(child, port, what, 30) {
+        panic!("{what} exited ({status}) before it listened on port {port}");
+    }
+}
+
+/// Reads `out` to its end on a thread of its own (so the process never
+/// writes to a closed pipe): sends each line that starts with `prefix` on
+/// the channel, and hands back all of it when the output ends.
+#[allow(dead_code)] // Not every test binary that shares this module reads so.
+pub(crate) fn lines_starting(
+    out: std::process::ChildStdout,
+    prefix: &'static str,
+) -> (
+    std::sync::mpsc::Receiver<String>,
+    std::thread::JoinHandle<String>,
+) {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let all = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if line.starts_with(prefix) {
+                let _ = tx.send(line.clone());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    (rx, all)
 }
 
 /// A `memcached` of its own on 127.0.0.1, stopped when dropped. Debian's
@@ -124,23 +166,12 @@ impl Memcached {
                 .stderr(std::process::Stdio::null())
                 .spawn()
                 .expect("memcached is not installed: run `cargo xtask deps`");
-            let start = std::time::Instant::now();
-            loop {
-                if listens_on(child.id(), port) {
-                    return Memcached {
-                        child,
-                        addr: format!("127.0.0.1:{port}"),
-                    };
-                }
-                if let Ok(Some(_)) = child.try_wait() {
-                    // The port was taken: another one.
-                    break;
-                }
-                assert!(
-                    start.elapsed() < std::time::Duration::from_secs(20),
-                    "memcached does not listen on port {port} after 20 s"
-                );
-                std::thread::sleep(std::time::Duration::from_millis(10));
+            // An exit means the port was taken: another one.
+            if listening_or_exited(&mut child, port, "memcached", 20).is_ok() {
+                return Memcached {
+                    child,
+                    addr: format!("127.0.0.1:{port}"),
+                };
             }
         }
         panic!("memcached exited at start on eight ports in turn");
