@@ -15,11 +15,8 @@ const MDBOOK_VERSION: &str = "0.5.4";
 
 /// Whether `mdbook --version` names [`MDBOOK_VERSION`].
 fn has_mdbook() -> bool {
-    Command::new("mdbook")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(MDBOOK_VERSION))
-        .unwrap_or(false)
+    proc::output(Command::new("mdbook").arg("--version"))
+        .is_ok_and(|version| version.contains(MDBOOK_VERSION))
 }
 
 /// Builds the book; returns where its front page is.

@@ -24,19 +24,11 @@ pub(crate) const TARGETS: &[&str] = &[
 ];
 
 fn has_nightly() -> bool {
-    Command::new("cargo")
-        .args(["+nightly", "--version"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
+    proc::output(Command::new("cargo").args(["+nightly", "--version"])).is_ok()
 }
 
 fn has_cargo_fuzz() -> bool {
-    Command::new("cargo")
-        .args(["fuzz", "--version"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
+    proc::output(Command::new("cargo").args(["fuzz", "--version"])).is_ok()
 }
 
 /// Runs every target for `each`; returns a line per target with its run count.
