@@ -100,10 +100,8 @@ pub enum TableError {
         /// Slots in the table.
         capacity: u32,
     },
-    /// Only the creator of a table may write its policy.
-    #[error(
-        "this process mapped the policy read-only; only the table's creator may publish a policy"
-    )]
+    /// The table has no name to hand its policy out by (an embedded one).
+    #[error("this table has no shared policy object to hand out (an embedded table)")]
     ReadOnly,
     /// A coordinator keeps this table: processes join it by registering.
     #[error(
