@@ -211,7 +211,10 @@ impl Site<'_> {
         self.start_pager(Way::Unprotected, nodes, seconds)?.finish()
     }
 
+    /// Starts run `tag`: its progress line, and its processes' log
+    /// directory.
     fn log_dir(&mut self, tag: &str) -> Result<(), String> {
+        println!("{}", self.progress.borrow_mut().measurement(tag));
         let logs = self.args.out.join("logs").join(tag);
         std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
         self.logs = logs;

@@ -22,6 +22,8 @@ pub(crate) struct Args {
     pub(crate) cap_share: f64,
     pub(crate) out: PathBuf,
     pub(crate) seconds: f64,
+    /// How long the tenants run before a measurement begins (on the link:
+    /// the bulk senders' lead before the probe, and their tail after it).
     pub(crate) warmup: Duration,
     pub(crate) bulk: Vec<usize>,
     pub(crate) scenarios: Vec<String>,
@@ -83,7 +85,7 @@ pub(crate) const USAGE: &str = "usage: isolation [--device NAME] [--peer-device 
     [--bulk 1,4,8] [--scenarios latency,weights,cap,storm] [--msg BYTES] [--depth N]
     [--chunk BYTES] [--budget BYTES] [--cap-mbps MB/s]
 on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
-       isolation --link [--out DIR] [--seconds S (default 9)] [--bulk 1,4,8] [--msg BYTES] [--weights W1,W2,.. (default 1,2,4)] [--probe-priority realtime|normal] [--latency-bound BYTES|none (default 16384; none: the tenants opt in themselves)] [--chunk BYTES (a tenant's own pieces; default: the bound's)]
+       isolation --link [--out DIR] [--seconds S (default 9)] [--warmup-ms MS (the bulk senders' lead before the probe, and their tail after it; default 1500)] [--bulk 1,4,8] [--msg BYTES] [--weights W1,W2,.. (default 1,2,4)] [--probe-priority realtime|normal] [--latency-bound BYTES|none (default 16384; none: the tenants opt in themselves)] [--chunk BYTES (a tenant's own pieces; default: the bound's)]
     [--window-target PPM (the windows' queue allowance, see perf --help)] [--window-floor USEC] [--window-queue BYTES]
     [--no-window-gains (the coordinator leaves the windows' growth to their weights)]
     [--no-piece-floor (the coordinator gives no window a floor of one piece)]
@@ -147,6 +149,7 @@ pub(crate) fn parse() -> Result<Args, String> {
     }
     let mut it = args::Args::from_env();
     let mut seconds = None;
+    let mut warmup = None;
     let mut chunk = None;
     while let Some(token) = it.next()? {
         let flag = match token {
@@ -208,7 +211,7 @@ pub(crate) fn parse() -> Result<Args, String> {
             "--seconds" => seconds = Some(num(&flag, v)?),
             "--coordinator" => args.coordinator = Some(PathBuf::from(v)),
             "--cap-share" => args.cap_share = num(&flag, v)?,
-            "--warmup-ms" => args.warmup = Duration::from_millis(num(&flag, v)?),
+            "--warmup-ms" => warmup = Some(Duration::from_millis(num(&flag, v)?)),
             "--bulk" => {
                 args.bulk = v
                     .split(',')
@@ -258,6 +261,9 @@ pub(crate) fn parse() -> Result<Args, String> {
     // then) needs about 8 s for the 10,000 samples a p99.9 is reported
     // over.
     args.seconds = seconds.unwrap_or(if args.link { 9.0 } else { 3.0 });
+    // On the link the bulk senders reach their pace (perf's connection,
+    // the coordinator's first rates) in about a second and a half.
+    args.warmup = warmup.unwrap_or(Duration::from_millis(if args.link { 1500 } else { 500 }));
     // On the link, the bulk tenants' pieces: the policy's latency bound's
     // (a quarter of it: one MTU's worth of the link's default at the
     // default 16 KiB, see link.rs), unless `--chunk` asks for others.

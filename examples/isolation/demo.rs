@@ -98,6 +98,7 @@ pub(crate) struct Demo<'a> {
     /// The receiving side's, on `--peer-device` (else `pd`).
     pub(crate) peer: Option<ProtectionDomain>,
     pub(crate) table: QuotaTable,
+    pub(crate) progress: &'a RefCell<crate::progress::Progress>,
 }
 
 pub(crate) struct BulkLane {
@@ -171,6 +172,7 @@ impl Demo<'_> {
     }
 
     pub(crate) fn measure(&self, way: Way, cast: &Cast) -> Result<Measured, String> {
+        println!("{}", self.progress.borrow_mut().measurement(way.name()));
         let args = self.args;
         let shared = match way {
             Way::Mtrdma => Some(

@@ -23,6 +23,7 @@
 //! the processes but the coordinator's table, and no link rate is entered
 //! anywhere: the policy's link capacity is the NIC's nominal 100 Gbit/s.
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::fs::File;
 use std::os::unix::process::CommandExt as _;
@@ -31,6 +32,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::plot::{self, BarGroup, LatencySeries};
+use crate::progress::Progress;
 
 #[path = "apps.rs"]
 mod apps;
@@ -188,6 +190,8 @@ fn cap_bytes_per_sec(args: &Args, link: &LinkSpec) -> u64 {
 struct Site<'a> {
     args: &'a Args,
     link: &'a LinkSpec,
+    /// Which scenario runs, and about how long is left.
+    progress: &'a RefCell<Progress>,
     /// `target/PROFILE`, where the programs a scenario starts are found
     /// (see `programs.rs`).
     profile_dir: PathBuf,
@@ -469,8 +473,12 @@ impl Site<'_> {
     /// (tenant cgroup, way) perf senders, `hogs` ib_write_bw senders and
     /// the storm (if `storm`, with or without mtrdma).
     fn measure(&mut self, tag: &str, run: &Run) -> Result<Measured, String> {
+        println!("{}", self.progress.borrow_mut().measurement(tag));
         let secs = self.args.seconds;
-        let bulk_secs = secs + 3.0;
+        // The bulk senders run from a lead before the probe to a tail
+        // after it.
+        let lead = self.args.warmup.as_secs_f64();
+        let bulk_secs = secs + 2.0 * lead;
         let logs = self.args.out.join("logs").join(tag);
         std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
         self.logs = logs;
@@ -664,13 +672,11 @@ impl Site<'_> {
             }
         };
         // The bulk tenants reach their pace before the probe starts.
-        std::thread::sleep(Duration::from_millis(
-            if run.bulk.is_empty() && run.hogs == 0 {
-                200
-            } else {
-                1500
-            },
-        ));
+        std::thread::sleep(if run.bulk.is_empty() && run.hogs == 0 {
+            self.args.warmup.min(Duration::from_millis(200))
+        } else {
+            self.args.warmup
+        });
         let mut measured = Measured::default();
         let counted = (self.link_bytes()?, Instant::now());
         let packets_before = self.link_counter("tx_packets")?;
@@ -1661,6 +1667,28 @@ fn scenario_attack(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
     Ok(())
 }
 
+/// The measurements link scenario `scenario` makes (for its progress;
+/// see `progress.rs`): each [`Site::measure`], and each run of the
+/// applications.
+fn planned(scenario: &str, args: &Args) -> usize {
+    match scenario {
+        // Alone, then unprotected, mtrdma and (with a control depth) the
+        // plain control next to each bulk count.
+        "latency" => 1 + args.bulk.len() * (2 + usize::from(args.control_depth > 0)),
+        // Alone, 1 and 4 hogs, 4 hogs under the preload library.
+        "hogs" => 4,
+        "weights" => 2,
+        // cap: alone, unprotected, mtrdma; storm: the same.
+        "cap" | "storm" => 3,
+        // The victim alone both ways, then seven attackers both ways.
+        "attack" => 2 + 7 * 2,
+        // The pager alone, then the two applications alone, unprotected
+        // and with mtrdma.
+        "apps" => 4,
+        _ => 0,
+    }
+}
+
 /// Runs the link demo's scenarios; writes into `args.out`.
 pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), String> {
     let me = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
@@ -1763,9 +1791,19 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
             "at normal CPU priority (chrt refused)".to_string()
         }
     ));
+    let progress = RefCell::new(Progress::new(
+        args.scenarios
+            .iter()
+            .map(|s| (s.clone(), planned(s, args)))
+            .collect(),
+        // The bulk senders' lead and tail, the probe's seconds, and the
+        // tenants' start and exit.
+        Duration::from_secs_f64(args.seconds + 5.0) + 2 * args.warmup,
+    ));
     let mut site = Site {
         args,
         link,
+        progress: &progress,
         profile_dir,
         scenario: String::new(),
         socket,
@@ -1778,7 +1816,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         probe_realtime,
         pager_pages: apps::PAGER_WORKING_SET,
     };
-    let ran = crate::run_scenarios(&args.out, &args.scenarios, r, |s, r| {
+    let ran = crate::run_scenarios(&args.out, &args.scenarios, r, &progress, |s, r| {
         site.scenario = s.to_string();
         site.check_programs()?;
         match s {

@@ -61,12 +61,14 @@ mod demo;
 mod link;
 mod plot;
 mod programs;
+mod progress;
 mod report;
 mod scenarios;
 // Shared with `cargo xtask demo`, which reads what this program writes.
 #[allow(dead_code)]
 mod status;
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -134,11 +136,19 @@ fn run() -> Result<(), String> {
     let table = QuotaTable::embedded(&policy(&args))
         .map_err(|e| e.to_string())?
         .table();
+    let progress = RefCell::new(progress::Progress::new(
+        args.scenarios
+            .iter()
+            .map(|s| (s.clone(), planned(s, &args)))
+            .collect(),
+        args.warmup + Duration::from_secs_f64(args.seconds + 1.0),
+    ));
     let demo = Demo {
         args: &args,
         pd,
         peer,
         table,
+        progress: &progress,
     };
     r.say(format!(
         "mtrdma isolation demo in one process (SharedScheduler) on {}{}: {} s per measurement after {} ms warm-up; mtrdma: chunk {} B, bulk budget {} B in the NIC",
@@ -151,13 +161,19 @@ fn run() -> Result<(), String> {
         args.chunk,
         args.budget
     ));
-    let ran = run_scenarios(&args.out, &args.scenarios, &mut r, |s, r| match s {
-        "latency" => scenario_latency(&demo, r),
-        "weights" => scenario_weights(&demo, r),
-        "cap" => scenario_cap(&demo, r),
-        "storm" => scenario_storm(&demo, r),
-        _ => unreachable!("checked in parse"),
-    });
+    let ran = run_scenarios(
+        &args.out,
+        &args.scenarios,
+        &mut r,
+        &progress,
+        |s, r| match s {
+            "latency" => scenario_latency(&demo, r),
+            "weights" => scenario_weights(&demo, r),
+            "cap" => scenario_cap(&demo, r),
+            "storm" => scenario_storm(&demo, r),
+            _ => unreachable!("checked in parse"),
+        },
+    );
     write_report(&args.out, &r)?;
     ran
 }
@@ -167,15 +183,20 @@ fn run() -> Result<(), String> {
 /// in `out/scenarios.tsv` as it goes (see `status.rs`), and the report ends
 /// with the list. An error names every scenario that did not run; a
 /// target a scenario did not meet is in its table, not an error.
+/// `progress` says which scenario runs and about how long is left.
 fn run_scenarios(
     out: &Path,
     scenarios: &[String],
     r: &mut Report,
+    progress: &RefCell<progress::Progress>,
     mut each: impl FnMut(&str, &mut Report) -> Result<(), String>,
 ) -> Result<(), String> {
     let mut record = status::Record::start(out, scenarios)?;
     for s in scenarios {
-        let state = match each(s, r) {
+        println!("{}", progress.borrow_mut().begin(s));
+        let ran = each(s, r);
+        let kept = progress.borrow_mut().end(ran.is_ok());
+        let state = match ran.and(kept) {
             Ok(()) => status::State::Ran,
             Err(why) => {
                 r.say(format!("\n== scenario {s} did not run: {why}"));

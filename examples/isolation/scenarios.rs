@@ -5,6 +5,19 @@ use super::*;
 
 pub(crate) const WAYS: [Way; 3] = [Way::Alone, Way::Unprotected, Way::Mtrdma];
 
+/// The measurements scenario `scenario` of the one-process run makes (for
+/// its progress; see `progress.rs`).
+pub(crate) fn planned(scenario: &str, args: &Args) -> usize {
+    match scenario {
+        // Alone, then unprotected and mtrdma next to each bulk count.
+        "latency" => 1 + 2 * args.bulk.len(),
+        // Each weighted tenant alone, then all of them both ways.
+        "weights" => WEIGHTED.len() + 2,
+        // cap, storm: alone, unprotected, mtrdma.
+        _ => WAYS.len(),
+    }
+}
+
 pub(crate) fn scenario_latency(demo: &Demo<'_>, r: &mut Report) -> Result<(), String> {
     let args = demo.args;
     r.say(format!(

@@ -355,7 +355,9 @@ fn the_peer_destroyed_mid_transfer_gives_errors_and_buffers_back() {
         a.post_send(SendOp::Write(remote), src, 0..1 << 20, i)
             .unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // A moment for the transport's own errors (its retries take longer
+    // than that on rxe; either way every request must come back).
+    let deadline = Instant::now() + Duration::from_secs(2);
     while out.len() < n as usize && Instant::now() < deadline {
         a.poll(&mut out).unwrap();
     }

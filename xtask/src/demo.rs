@@ -1,25 +1,40 @@
 //! `cargo xtask demo`: the isolation demo on a real verbs device inside the
-//! SoftRoCE VM, next to perftest's own tools as the reference.
+//! SoftRoCE VM.
 //!
 //! First every program on the demo's list (`examples/isolation/programs.rs`)
 //! is built; the scenarios find their programs through the same list. Then
-//! one boot, with the shared link set up, runs in order: the overhead
-//! rounds on `rxe0` (perftest's `ib_write_lat` and `ib_write_bw` plain and
-//! under the preload library, mtrdma's `examples/perf` on the plain and on
-//! the scheduled path; see `overhead.rs`), the link's rate (below),
-//! `examples/isolation --link` (tenants as processes across the shaped
-//! link; arguments after `--` go to it), then the single-process
-//! `SharedScheduler` variant across the same link. Everything lands in
-//! `target/demo/`: the tools' outputs, `reference.txt` (the overhead
-//! tables), `link-rate.txt` (every probe of the link and the rate chosen),
-//! `link/` and `single-process/` (tables, CSV files, pictures and every
-//! process's output).
+//! one boot, with the shared link set up, runs the demo's [`Form`]:
+//!
+//! * the default (about five minutes): the link's rate (below), then
+//!   `examples/isolation --link` (tenants as processes across the shaped
+//!   link) with the latency tenant next to 1, 4 and 8 bulk tenants,
+//!   weights, a cap and the control-path storm, 4 s a measurement;
+//! * `--full` (about twenty minutes): first the overhead rounds on `rxe0`
+//!   (perftest's `ib_write_lat` and `ib_write_bw` plain and under the
+//!   preload library, mtrdma's `examples/perf` on the plain and on the
+//!   scheduled path; see `overhead.rs`), then the link's rate, every
+//!   scenario of `isolation --link` at its own length (the preloaded
+//!   hogs, the adversarial table and the applications too) with the
+//!   coordinator's kernel monitor, then the single-process
+//!   `SharedScheduler` variant across the same link;
+//! * `--short`: what `--full` runs, about a second a measurement, figures
+//!   printed but not judged; `cargo xtask test` runs it through [`script`]
+//!   and [`summary`] in its device tests' boot.
+//!
+//! Arguments after `--` go to `isolation --link`, after the form's own.
+//! Each step prints when it starts (minutes into the job), and
+//! `isolation` prints each scenario and measurement as it begins, with
+//! about how long is left. Everything lands in `target/demo/`
+//! (`target/demo-short/` for `--short`): the tools' outputs,
+//! `reference.txt` (the overhead tables, `--full`), `link-rate.txt` (every
+//! probe of the link and the rate chosen), `link/` and `single-process/`
+//! (tables, CSV files, pictures and every process's output).
 //!
 //! The link's rate (`--link auto`, the default) is the highest, in steps
 //! of 10 Mbit/s from 50 Mbit/s up to [`AUTO_CEILING_BPS`], at which
 //! perftest's `ib_write_bw -s 4096` alone fills at least 95% of the link
-//! in this boot: a binary search of 3-second probes (2-second ones in the
-//! short form), each printed, after what rxe carries across the link
+//! in this boot: a binary search of 3-second probes (2-second ones but in
+//! `--full`), each printed, after what rxe carries across the link
 //! unshaped is measured and printed (see [`link::Search`]). Under
 //! emulation the host's speed, not the link, sets what one sender moves,
 //! and a link the senders cannot fill is not the bottleneck the tenants
@@ -28,9 +43,7 @@
 //!
 //! The demo ends with every scenario and whether it ran, and exits
 //! non-zero only when one could not run, naming it; a target not met is
-//! in the tables. `--short` runs every scenario briefly (about a second a
-//! measurement, figures printed but not judged): `cargo xtask test` runs
-//! that form through [`script`] and [`summary`] in its device tests' boot.
+//! in the tables.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -55,12 +68,34 @@ const LINK_RATE_FILE: &str = "link-rate.txt";
 /// The single-process run's scenarios (`isolation` without `--link`).
 const SINGLE_PROCESS_ARGS: &str = "--chunk 4096 --budget 16384";
 
+/// Which demo runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// The latency tenant next to 1, 4 and 8 bulk tenants, weights, a cap
+    /// and the storm on the link, 4 s a measurement.
+    Default,
+    /// Everything: the overhead rounds, every link scenario at its own
+    /// length with the kernel monitor, and the single-process variant.
+    Full,
+    /// What `Full` runs, about a second a measurement, not judged.
+    Short,
+}
+
+/// The default form's scenarios of `isolation --link`, and its
+/// measurements' length.
+const DEFAULT_ARGS: &[&str] = &[
+    "--scenarios",
+    "latency,weights,cap,storm",
+    "--bulk",
+    "1,4,8",
+    "--seconds",
+    "4",
+];
+
 /// What a demo run does.
 #[derive(Debug)]
 pub(crate) struct Plan {
-    /// The short form: every scenario, about a second a measurement,
-    /// figures printed but not judged.
-    pub(crate) short: bool,
+    pub(crate) form: Form,
     /// The cargo profile the programs are built and run in.
     pub(crate) release: bool,
     /// Measure the link and shape it (to a fixed rate, or to the one the
@@ -85,35 +120,59 @@ impl Plan {
 
     /// How long the overhead rounds run.
     fn settings(&self) -> overhead::Settings {
-        if self.short {
-            overhead::SHORT
-        } else {
+        if self.form == Form::Full {
             overhead::FULL
+        } else {
+            overhead::SHORT
         }
+    }
+
+    /// Whether the overhead rounds and the single-process run are in.
+    fn whole_sweep(&self) -> bool {
+        self.form != Form::Default
     }
 
     /// The demo's own steps, in order, before the link run.
     fn steps(&self) -> Vec<&'static str> {
-        let mut steps = vec!["reference", "preload"];
+        let mut steps = Vec::new();
+        if self.whole_sweep() {
+            steps.extend(["reference", "preload"]);
+        }
         if self.calibrate.is_some() {
             steps.push("link rate");
         }
         steps
     }
+
+    /// The runs of `isolation` it makes after its steps: the link run, and
+    /// in the whole sweep the single-process one.
+    fn runs(&self) -> &'static [(&'static str, &'static str)] {
+        const LINK: (&str, &str) = ("link", "isolation --link");
+        const SINGLE: (&str, &str) = ("single-process", "isolation (one process)");
+        if self.whole_sweep() {
+            &[LINK, SINGLE]
+        } else {
+            &[LINK]
+        }
+    }
 }
 
-/// `cargo xtask demo [--short] [--link RATE] [-- ISOLATION-ARGS...]`.
+/// `cargo xtask demo [--full|--short] [--link RATE] [-- ISOLATION-ARGS...]`.
 pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
     let (ours, theirs) = match rest.iter().position(|a| a == "--") {
         Some(i) => (&rest[..i], &rest[i + 1..]),
         None => (rest, &[][..]),
     };
-    let mut short = false;
+    let mut form = Form::Default;
     let mut rate = "auto".to_string();
     let mut it = ours.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--short" => short = true,
+            "--full" | "--short" if form != Form::Default => {
+                anyhow::bail!("`cargo xtask demo` takes one of --full and --short")
+            }
+            "--full" => form = Form::Full,
+            "--short" => form = Form::Short,
             "--link" => {
                 rate = it
                     .next()
@@ -121,20 +180,24 @@ pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
                     .context("--link needs a RATE (such as 100mbit) or auto")?
             }
             other => anyhow::bail!(
-                "`cargo xtask demo` takes [--short] [--link RATE|auto] [-- ARGS for examples/isolation --link], not {other:?}"
+                "`cargo xtask demo` takes [--full|--short] [--link RATE|auto] [-- ARGS for examples/isolation --link], not {other:?}"
             ),
         }
     }
-    let (link, choice) = link_choice(&rate, short)?;
+    let (link, choice) = link_choice(&rate, form != Form::Full)?;
     let plan = Plan {
-        short,
+        form,
         release: true,
         calibrate: Some((link.clone(), choice)),
         isolation_args: theirs.to_vec(),
     };
     deps::ensure()?;
     build(&plan)?;
-    let out = proc::target_dir().join(if short { "demo-short" } else { "demo" });
+    let out = proc::target_dir().join(if form == Form::Short {
+        "demo-short"
+    } else {
+        "demo"
+    });
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let opts = vm::Options {
         timeout: Duration::from_secs(40 * 60),
@@ -156,7 +219,7 @@ pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
 }
 
 /// The link the VM boots with and how the job chooses its rate, for
-/// `--link RATE` (`auto`: the search, with short probes for `short`).
+/// `--link RATE` (`auto`: the search, with short probes if `short`).
 fn link_choice(rate: &str, short: bool) -> Result<(link::Link, link::RateChoice)> {
     if rate == "auto" {
         // The boot's link starts at the ceiling; the calibration at the
@@ -174,6 +237,16 @@ fn link_choice(rate: &str, short: bool) -> Result<(link::Link, link::RateChoice)
         );
     }
     Ok((link, link::RateChoice::Fixed(bps)))
+}
+
+/// The programs on the demo's list that are not built in `plan`'s
+/// profile.
+pub(crate) fn unbuilt(plan: &Plan) -> Vec<&'static str> {
+    PROGRAMS
+        .iter()
+        .filter(|p| !p.path(&plan.profile_dir()).exists())
+        .map(|p| p.name)
+        .collect()
 }
 
 /// Builds every program on the demo's list in `plan`'s profile.
@@ -203,16 +276,22 @@ pub(crate) fn script(plan: &Plan, out: &Path) -> Result<String> {
     let dir = q(out);
     let perf = q(&plan.program("perf"));
     let isolation = q(&plan.program("isolation"));
-    let xtask = q(&std::env::current_exe().context("finding this program")?);
     let settings = plan.settings();
     let steps = format!("{dir}/{}", status::FILE);
     let mut script = format!(
         "# the demo ({form})\n\
-         rm -rf {dir}/link {dir}/single-process; rm -f {steps} {dir}/{LINK_RATE_FILE}\n\
+         rm -rf {dir}/link {dir}/single-process {dir}/rounds; rm -f {steps} {dir}/{LINK_RATE_FILE} {dir}/reference.txt\n\
          for s in {names}; do printf '%s\\tpending\\n' \"$s\" >> {steps}; done\n\
          # step NAME WHY: records the step (WHY empty: it ran)\n\
-         step() {{ if [ -z \"$2\" ]; then printf '%s\\tran\\n' \"$1\"; else printf '%s\\tdid not run\\t%s\\n' \"$1\" \"$2\"; fi >> {steps}; }}\n",
-        form = if plan.short { "short form" } else { "full" },
+         step() {{ if [ -z \"$2\" ]; then printf '%s\\tran\\n' \"$1\"; else printf '%s\\tdid not run\\t%s\\n' \"$1\" \"$2\"; fi >> {steps}; }}\n\
+         # at WHAT: says that WHAT begins, minutes into the job\n\
+         demo_t0=$(date +%s)\n\
+         at() {{ e=$(( $(date +%s) - demo_t0 )); printf '== [%d:%02d] %s ==\\n' $((e / 60)) $((e % 60)) \"$*\"; }}\n",
+        form = match plan.form {
+            Form::Default => "default: latency, weights, cap and storm on the link",
+            Form::Full => "full",
+            Form::Short => "short form",
+        },
         names = plan
             .steps()
             .iter()
@@ -220,18 +299,22 @@ pub(crate) fn script(plan: &Plan, out: &Path) -> Result<String> {
             .collect::<Vec<_>>()
             .join(" "),
     );
-    script.push_str(&overhead::script(
-        &settings,
-        &format!("{dir}/rounds"),
-        &perf,
-        &q(&plan.program("mtrdma-preload")),
-        &xtask,
-    ));
-    script.push_str("step reference \"$ref_fail\"\nstep preload \"$preload_fail\"\n");
-    if let Some((link, choice)) = &plan.calibrate {
+    if plan.whole_sweep() {
+        let xtask = q(&std::env::current_exe().context("finding this program")?);
         script.push_str(
-            "echo '== the link: what rxe carries unshaped, and the rate it is shaped to =='\n",
+            "at 'the overhead rounds: perftest, perf raw and mtrdma, perftest preloaded'\n",
         );
+        script.push_str(&overhead::script(
+            &settings,
+            &format!("{dir}/rounds"),
+            &perf,
+            &q(&plan.program("mtrdma-preload")),
+            &xtask,
+        ));
+        script.push_str("step reference \"$ref_fail\"\nstep preload \"$preload_fail\"\n");
+    }
+    if let Some((link, choice)) = &plan.calibrate {
+        script.push_str("at 'the link: what rxe carries unshaped, and the rate it is shaped to'\n");
         // The calibration exits the job when it fails: the summary then
         // says the link rate and everything after it did not run.
         script.push_str(&link.calibration_script(
@@ -243,20 +326,36 @@ pub(crate) fn script(plan: &Plan, out: &Path) -> Result<String> {
     }
     let mut link_args: Vec<String> = Vec::new();
     let mut single_args: Vec<String> = Vec::new();
-    if plan.short {
-        // A second a measurement; one bulk count, and 64 KiB messages so
-        // that what unprotected senders leave queued drains in moments.
-        link_args.extend(["--seconds", "1", "--bulk", "1", "--msg", "65536"].map(String::from));
-        single_args
-            .extend(["--seconds", "1", "--warmup-ms", "200", "--bulk", "1"].map(String::from));
+    match plan.form {
+        Form::Default => link_args.extend(DEFAULT_ARGS.iter().map(|a| a.to_string())),
+        Form::Full => link_args.push("--coordinator-monitor".into()),
+        Form::Short => {
+            // A second a measurement after half a second's lead; one
+            // bulk count, and 64 KiB messages so that what unprotected
+            // senders leave queued drains in moments.
+            link_args.extend(
+                [
+                    "--seconds",
+                    "1",
+                    "--warmup-ms",
+                    "500",
+                    "--bulk",
+                    "1",
+                    "--msg",
+                    "65536",
+                    "--coordinator-monitor",
+                ]
+                .map(String::from),
+            );
+            single_args
+                .extend(["--seconds", "1", "--warmup-ms", "200", "--bulk", "1"].map(String::from));
+            script.push_str(
+                "echo '(the short form: about a second a measurement, to show that every scenario \
+                 runs; the met and NOT met in its tables are not the demo'\\''s figures)'\n",
+            );
+        }
     }
     link_args.extend(plan.isolation_args.iter().cloned());
-    if plan.short {
-        script.push_str(
-            "echo '(the short form: about a second a measurement, to show that every scenario \
-             runs; the met and NOT met in its tables are not the demo'\\''s figures)'\n",
-        );
-    }
     let words = |v: &[String]| -> String {
         v.iter()
             .map(|a| format!(" {}", proc::shell_quote(a)))
@@ -264,14 +363,20 @@ pub(crate) fn script(plan: &Plan, out: &Path) -> Result<String> {
     };
     let _ = writeln!(
         script,
-        "echo '== examples/isolation --link (tenants as processes on the shared link) =='\n\
-         {isolation} --link --out {dir}/link{}\n\
-         echo '== examples/isolation, one process (SharedScheduler), rxa -> rxb =='\n\
-         {isolation} --device \"$MTRDMA_LINK_SENDER\" --peer-device \"$MTRDMA_LINK_RECEIVER\" \
-         {SINGLE_PROCESS_ARGS} --out {dir}/single-process{}",
+        "at 'examples/isolation --link (tenants as processes on the shared link)'\n\
+         {isolation} --link --out {dir}/link{}",
         words(&link_args),
-        words(&single_args),
     );
+    if plan.whole_sweep() {
+        let _ = writeln!(
+            script,
+            "at 'examples/isolation, one process (SharedScheduler), rxa -> rxb'\n\
+             {isolation} --device \"$MTRDMA_LINK_SENDER\" --peer-device \"$MTRDMA_LINK_RECEIVER\" \
+             {SINGLE_PROCESS_ARGS} --out {dir}/single-process{}",
+            words(&single_args),
+        );
+    }
+    script.push_str("at 'the end'\n");
     Ok(script)
 }
 
@@ -286,8 +391,14 @@ pub(crate) fn summary(plan: &Plan, out: &Path, exit_code: i32) -> (String, Vec<(
         overhead::result_row(&std::fs::read_to_string(rounds_dir.join(format!("{stem}.txt"))).ok()?)
     };
     let rounds = overhead::Rounds::new(&read);
-    let reference = rounds.table(&settings);
-    let _ = std::fs::write(out.join("reference.txt"), &reference);
+    // The overhead tables, of the forms that run the rounds.
+    let reference = if plan.whole_sweep() {
+        let table = rounds.table(&settings);
+        let _ = std::fs::write(out.join("reference.txt"), &table);
+        format!("{table}\n")
+    } else {
+        String::new()
+    };
 
     let ended = if exit_code == 0 {
         "it did not finish".to_string()
@@ -316,10 +427,7 @@ pub(crate) fn summary(plan: &Plan, out: &Path, exit_code: i32) -> (String, Vec<(
         }
         rows.push((step.to_string(), state));
     }
-    for (run, what) in [
-        ("link", "isolation --link"),
-        ("single-process", "isolation (one process)"),
-    ] {
+    for &(run, what) in plan.runs() {
         match read_states(&out.join(run).join(status::FILE)) {
             Some(states) if !states.is_empty() => {
                 rows.extend(states.into_iter().map(|(s, st)| (format!("{run}/{s}"), st)))
@@ -333,7 +441,7 @@ pub(crate) fn summary(plan: &Plan, out: &Path, exit_code: i32) -> (String, Vec<(
             )),
         }
     }
-    let mut text = format!("{reference}\n==== the demo's scenarios ====\n");
+    let mut text = format!("{reference}==== the demo's scenarios ====\n");
     // The rate the link was shaped to: the report's last line.
     if plan.calibrate.is_some() {
         if let Ok(report) = std::fs::read_to_string(out.join(LINK_RATE_FILE)) {
@@ -377,9 +485,9 @@ pub(crate) fn summary(plan: &Plan, out: &Path, exit_code: i32) -> (String, Vec<(
 mod tests {
     use super::*;
 
-    fn plan(short: bool) -> Plan {
+    fn plan(form: Form) -> Plan {
         Plan {
-            short,
+            form,
             release: false,
             calibrate: None,
             isolation_args: Vec::new(),
@@ -402,7 +510,7 @@ mod tests {
         )
         .unwrap();
         // The reference step ran its commands but no round gave figures.
-        let (text, failed) = summary(&plan(true), &out, 1);
+        let (text, failed) = summary(&plan(Form::Short), &out, 1);
         let names: Vec<&str> = failed.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
             names,
@@ -434,22 +542,67 @@ mod tests {
         std::fs::write(out.join("link").join(status::FILE), "latency\tran\n").unwrap();
         std::fs::create_dir_all(out.join("single-process")).unwrap();
         std::fs::write(out.join("single-process").join(status::FILE), "cap\tran\n").unwrap();
-        let (text, failed) = summary(&plan(true), &out, 0);
+        let (text, failed) = summary(&plan(Form::Short), &out, 0);
         assert!(failed.is_empty(), "{text}");
         assert!(text.contains("every scenario ran"), "{text}");
         std::fs::remove_dir_all(&out).ok();
     }
 
     #[test]
-    fn the_short_form_runs_isolation_briefly_and_does_not_judge() {
-        let s = script(&plan(true), Path::new("/out")).unwrap();
-        assert!(s.contains("--link --out /out/link --seconds 1"), "{s}");
+    fn the_short_form_runs_the_whole_sweep_briefly_and_does_not_judge() {
+        let s = script(&plan(Form::Short), Path::new("/out")).unwrap();
+        assert!(
+            s.contains("--link --out /out/link --seconds 1 --warmup-ms 500"),
+            "{s}"
+        );
+        assert!(s.contains("--coordinator-monitor"), "{s}");
+        assert!(s.contains("perftest preloaded"), "{s}");
+        assert!(s.contains("--out /out/single-process --seconds 1"), "{s}");
         assert!(!s.contains("demo-rounds-decided"), "{s}");
-        let mut full = plan(false);
+        let mut full = plan(Form::Full);
         full.isolation_args = vec!["--bulk".into(), "2,6".into()];
         let s = script(&full, Path::new("/out")).unwrap();
-        assert!(s.contains("--link --out /out/link --bulk 2,6\n"), "{s}");
+        assert!(
+            s.contains("--link --out /out/link --coordinator-monitor --bulk 2,6\n"),
+            "{s}"
+        );
         assert!(s.contains("demo-rounds-decided"), "{s}");
+        assert!(s.contains("--out /out/single-process\n"), "{s}");
+    }
+
+    #[test]
+    fn the_default_form_runs_four_link_scenarios_and_says_when_each_step_begins() {
+        let mut p = plan(Form::Default);
+        p.calibrate = Some(link_choice("auto", true).unwrap());
+        p.isolation_args = vec!["--seconds".into(), "5".into()];
+        let s = script(&p, Path::new("/out")).unwrap();
+        assert!(
+            s.contains(
+                "--link --out /out/link --scenarios latency,weights,cap,storm --bulk 1,4,8 \
+                 --seconds 4 --seconds 5\n"
+            ),
+            "{s}"
+        );
+        // No overhead rounds and no single-process run.
+        assert!(!s.contains("ib_write_lat"), "{s}");
+        assert!(!s.contains("single-process --"), "{s}");
+        assert!(s.contains("at 'the link: what rxe carries unshaped"), "{s}");
+        assert!(s.contains("at 'the end'"), "{s}");
+        // Its summary does not ask for the steps it does not take.
+        let out = std::env::temp_dir().join(format!("xtask-demo-default-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(out.join("link")).unwrap();
+        std::fs::write(out.join(status::FILE), "link rate\tran\n").unwrap();
+        std::fs::write(
+            out.join("link").join(status::FILE),
+            "latency\tran\nweights\tran\n",
+        )
+        .unwrap();
+        let (text, failed) = summary(&p, &out, 0);
+        assert!(failed.is_empty(), "{text}");
+        assert!(!text.contains("overhead"), "{text}");
+        assert!(!out.join("reference.txt").exists());
+        std::fs::remove_dir_all(&out).ok();
     }
 
     #[test]
@@ -474,13 +627,13 @@ mod tests {
 
     #[test]
     fn the_link_rate_is_searched_before_the_link_run_and_reported() {
-        for (short, secs) in [(true, 2), (false, 3)] {
-            let mut p = plan(short);
+        for (form, short, secs) in [(Form::Short, true, 2), (Form::Full, false, 3)] {
+            let mut p = plan(form);
             p.calibrate = Some(link_choice("auto", short).unwrap());
             let s = script(&p, Path::new("/out")).unwrap();
             // A stale report from an earlier run goes first.
             assert!(
-                s.contains("rm -f /out/scenarios.tsv /out/link-rate.txt\n"),
+                s.contains("rm -f /out/scenarios.tsv /out/link-rate.txt /out/reference.txt\n"),
                 "{s}"
             );
             let search = s.find("while [ $lo -le $hi ]").expect("the search runs");
@@ -497,7 +650,7 @@ mod tests {
             let isolation = s.find("--link --out /out/link").unwrap();
             assert!(search < ran && ran < isolation, "{s}");
         }
-        let mut fixed = plan(false);
+        let mut fixed = plan(Form::Full);
         fixed.calibrate = Some(link_choice("100mbit", false).unwrap());
         let s = script(&fixed, Path::new("/out")).unwrap();
         assert!(s.contains("rate=100000000\n"), "{s}");
@@ -515,7 +668,7 @@ mod tests {
              link: the link is shaped to 160000000 bit/s (160 Mbit/s), the highest rate ...\n\n",
         )
         .unwrap();
-        let mut p = plan(true);
+        let mut p = plan(Form::Short);
         p.calibrate = Some(link_choice("auto", true).unwrap());
         let (text, _) = summary(&p, &out, 1);
         assert!(
@@ -524,7 +677,7 @@ mod tests {
         );
         assert!(!text.contains("probe at"), "{text}");
         // Without a calibration (the test command's run) no report is read.
-        let (text, _) = summary(&plan(true), &out, 1);
+        let (text, _) = summary(&plan(Form::Short), &out, 1);
         assert!(!text.contains("shaped to"), "{text}");
         std::fs::remove_dir_all(&out).ok();
     }

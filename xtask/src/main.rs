@@ -4,8 +4,8 @@
 //! cargo xtask deps                      install the Debian packages the build, VM and baselines need
 //! cargo xtask vm [OPTIONS] -- CMD...    run CMD inside a QEMU VM with SoftRoCE (rxe0; with
 //!                                       --link RATE also rxa -> rxb over a shaped link)
-//! cargo xtask test                      deps, fmt, clippy, package, the book, unit tests, Miri, fuzz, device tests in the VM
-//! cargo xtask demo                      the isolation demo and perftest reference inside the VM
+//! cargo xtask test                      deps, fmt, clippy, package, the book, unit tests, loom, Miri, fuzz, device tests in the VM
+//! cargo xtask demo                      the isolation demo inside the VM (--full: with perftest's reference)
 //! cargo xtask bench-device [-- ARGS]    the criterion bench on a device (benches/device.rs) on rxe0 in the VM
 //! ```
 
@@ -17,6 +17,7 @@ mod deps;
 mod fuzz;
 mod kernel;
 mod link;
+mod loom;
 mod miri;
 mod overhead;
 mod proc;
@@ -61,26 +62,33 @@ commands:
   test                    deps, cargo fmt --check, clippy -D warnings, cargo package
                           (every published crate packages and builds), the book
                           (mdbook build docs; its doctests and links in cargo test), cargo test, the
+                          quota table's protocols between processes under loom, the
                           work-completion reads under Miri, every
-                          fuzz target for 30 s, and the device tests (#[ignore]d on the
+                          fuzz target for 20 s, and the device tests (#[ignore]d on the
                           host) inside one VM boot, with --link 200mbit (then shaped to
                           the highest rate up to it that ib_write_bw -s 4096 fills to 95%);
                           with MTRDMA_TEST_DEVICE set, the device tests run on this host's
                           device instead of the VM
-  demo [--short] [--link RATE] [-- ARGS]
+  demo [--full|--short] [--link RATE] [-- ARGS]
                           builds every program on examples/isolation/programs.rs, then
                           inside the VM with the shared link (default, auto: the highest
                           rate, 50 to 400mbit in steps of 10mbit, at which ib_write_bw -s
                           4096 alone fills 95% of it in that boot, found by a binary search
-                          whose probes are printed and kept in link-rate.txt; or RATE):
-                          perftest's ib_write_lat/ib_write_bw plain and preloaded next
-                          to mtrdma's examples/perf, in rounds until each overhead target
-                          is decided, then examples/isolation
-                          --link ARGS (tenants as processes: alone, unprotected and with
-                          mtrdma) and its single-process variant; tables, CSV and
-                          pictures in target/demo/; ends with every scenario and whether
-                          it ran (exit status 1 if one did not). --short: every scenario
-                          for about a second a measurement, figures not judged
+                          whose probes are printed and kept in link-rate.txt; or RATE)
+                          runs examples/isolation --link ARGS (tenants as processes:
+                          alone, unprotected and with mtrdma): the latency tenant next to
+                          1, 4 and 8 bulk tenants, weights, a cap and the control-path
+                          storm, 4 s a measurement (about 5 minutes); tables, CSV and
+                          pictures in target/demo/; prints each step and measurement as it
+                          begins, with about how long is left; ends with every scenario
+                          and whether it ran (exit status 1 if one did not).
+                          --full (about 20 minutes): first perftest's ib_write_lat and
+                          ib_write_bw plain and preloaded next to mtrdma's examples/perf,
+                          in rounds until each overhead target is decided, then every
+                          link scenario (the preloaded hogs, the adversarial table, the
+                          applications too) at its own length with the coordinator's
+                          kernel monitor, then the single-process variant. --short: what
+                          --full runs, about a second a measurement, figures not judged
                           (target/demo-short/; the test command runs it too)
   bench-device [-- ARGS]  builds benches/device.rs and runs it inside the VM on rxe0
                           (MTRDMA_BENCH_DEVICE=rxe0): latency and message rate of 64 B

@@ -340,7 +340,7 @@ impl TenantHandle {
     /// thread's lane: a plain load and store on a lane only this thread
     /// writes, an atomic add on the shared lane.
     #[inline]
-    fn lane_add(&self, field: fn(&Lane) -> &AtomicU64, delta: u64) {
+    fn lane_add(&self, field: fn(&Lane) -> &super::sync::AtomicU64, delta: u64) {
         let lane = self.my_lane();
         let word = field(&self.process().lanes[lane as usize]);
         if lane == SHARED_LANE {

@@ -24,6 +24,11 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+// The words of the protocols between processes (the policy's seqlock, a
+// process slot's claim and reclamation): loom's when those are
+// model-checked (see `sync.rs`).
+use super::sync as protocol;
+
 /// `b"MTRDMAPL"` as a little-endian u64.
 pub(crate) const POLICY_MAGIC: u64 = u64::from_le_bytes(*b"MTRDMAPL");
 /// `b"MTRDMAST"` as a little-endian u64.
@@ -46,7 +51,7 @@ pub(crate) struct PolicyHeader {
     pub(crate) capacity: AtomicU32,
     pub(crate) slot_size: AtomicU32,
     /// Seqlock: odd while the creator writes the policy.
-    pub(crate) seq: AtomicU64,
+    pub(crate) seq: protocol::AtomicU64,
     pub(crate) link_capacity: AtomicU64,
     pub(crate) recompute_interval_ms: AtomicU32,
     pub(crate) tenant_count: AtomicU32,
@@ -214,7 +219,8 @@ pub(crate) const PROC_CLAIMING_BY: u32 = 1 << 31;
 /// releases resources gets a lane of its own and updates it with a plain
 /// load and store (no locked instruction); threads beyond the last
 /// single-writer lane share [`SHARED_LANE`] with atomic read-modify-writes.
-pub(crate) const LANES: usize = 16;
+/// (Two under loom, whose checks need no more and explore less.)
+pub(crate) const LANES: usize = if cfg!(mtrdma_loom) { 2 } else { 16 };
 /// The lane threads share once the others are taken.
 pub(crate) const SHARED_LANE: u32 = LANES as u32 - 1;
 
@@ -223,23 +229,23 @@ pub(crate) const SHARED_LANE: u32 = LANES as u32 - 1;
 /// that took it, so one lane can go "negative"; the lanes add up.
 #[repr(C)]
 pub(crate) struct Lane {
-    pub(crate) qps: AtomicU64,
-    pub(crate) mr_bytes: AtomicU64,
+    pub(crate) qps: protocol::AtomicU64,
+    pub(crate) mr_bytes: protocol::AtomicU64,
 }
 
 /// What one process holds, so its resources can be returned when it dies.
 #[repr(C)]
 pub(crate) struct ProcessSlot {
-    pub(crate) state: AtomicU32,
-    pub(crate) pid: AtomicU32,
-    pub(crate) tenant_slot: AtomicU32,
+    pub(crate) state: protocol::AtomicU32,
+    pub(crate) pid: protocol::AtomicU32,
+    pub(crate) tenant_slot: protocol::AtomicU32,
     /// The next lane to hand to a thread.
-    pub(crate) next_lane: AtomicU32,
-    pub(crate) start_time: AtomicU64,
+    pub(crate) next_lane: protocol::AtomicU32,
+    pub(crate) start_time: protocol::AtomicU64,
     /// 1 while a [`TenantHandle`](crate::TenantHandle) of the process
     /// holds the slot (taken by `attach`, or by `adopt` once), 0 before.
-    pub(crate) adopted: AtomicU64,
-    pub(crate) _reserved: [AtomicU64; 4],
+    pub(crate) adopted: protocol::AtomicU64,
+    pub(crate) _reserved: [protocol::AtomicU64; 4],
     pub(crate) lanes: [Lane; LANES],
 }
 
@@ -296,6 +302,8 @@ pub(crate) fn state_len(capacity: u32, processes: u32) -> usize {
     STATE_HEADER + capacity as usize * STATE_SLOT + processes as usize * PROCESS_SLOT
 }
 
+// Loom's atomics are larger: under loom no table is mapped.
+#[cfg(not(mtrdma_loom))]
 const _: () = {
     assert!(POLICY_HEADER == 128);
     assert!(POLICY_SLOT == 192);

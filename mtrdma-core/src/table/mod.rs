@@ -35,17 +35,22 @@ mod bytes;
 mod error;
 mod handle;
 mod layout;
+#[cfg(all(test, mtrdma_loom))]
+mod loom;
 mod open;
 mod policy;
 mod processes;
+mod seqlock;
 mod shm;
-#[cfg(test)]
+mod slot;
+mod sync;
+#[cfg(all(test, not(mtrdma_loom)))]
 mod tests;
 mod validate;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;

@@ -75,12 +75,7 @@ impl TableOwner {
         }
 
         let h = self.policy_header();
-        let seq = h.seq.load(Ordering::Relaxed);
-        // An odd seq is a write that never finished (its writer died):
-        // start from the next even value.
-        let start = seq | 1;
-        h.seq.store(start, Ordering::Relaxed);
-        fence(Ordering::Release);
+        let start = seqlock::begin_write(&h.seq);
         for slot in 0..self.inner.capacity {
             let s = self.policy_slot(slot);
             if s.flags.load(Ordering::Relaxed) & SLOT_IN_USE != 0
@@ -113,7 +108,7 @@ impl TableOwner {
             .store(policy.tenants.len() as u32, Ordering::Relaxed);
         h.latency_bound
             .store(policy.link.latency_bound.unwrap_or(0), Ordering::Relaxed);
-        h.seq.store(start + 1, Ordering::Release);
+        seqlock::end_write(&h.seq, start);
         tracing::info!(
             table = ?self.inner.name,
             generation = start / 2 + 1,
@@ -210,15 +205,7 @@ impl QuotaTable {
     /// Reads the policy under the seqlock and validates it.
     pub(super) fn read_snapshot(&self) -> Result<PolicySnapshot, TableError> {
         let h = self.policy_header();
-        for attempt in 0..10_000u32 {
-            let s1 = h.seq.load(Ordering::Acquire);
-            if s1 % 2 == 1 {
-                if attempt > 100 {
-                    std::thread::yield_now();
-                }
-                std::hint::spin_loop();
-                continue;
-            }
+        let (seq, (link, interval, count, bound, raw)) = seqlock::read(&h.seq, 10_000, || {
             let link = h.link_capacity.load(Ordering::Relaxed);
             let interval = h.recompute_interval_ms.load(Ordering::Relaxed);
             let count = h.tenant_count.load(Ordering::Relaxed);
@@ -230,13 +217,10 @@ impl QuotaTable {
                     raw.push(RawSlot::load(slot, s));
                 }
             }
-            fence(Ordering::Acquire);
-            if h.seq.load(Ordering::Relaxed) != s1 {
-                continue;
-            }
-            return decode(s1 / 2, link, interval, count, bound, raw);
-        }
-        Err(TableError::Torn)
+            (link, interval, count, bound, raw)
+        })
+        .ok_or(TableError::Torn)?;
+        decode(seq / 2, link, interval, count, bound, raw)
     }
 
     /// The coordinator's last heartbeat (0: never).

@@ -84,41 +84,29 @@ impl QuotaTable {
     /// may have been reclaimed by another process and claimed by a live
     /// one, whose resources must not be taken.
     pub(super) fn reclaim_slot(&self, p: u32, who: ProcessId) -> Option<Reclaimed> {
-        let slot = self.process_slot(p);
-        slot.state
-            .compare_exchange(
-                PROC_LIVE,
-                PROC_RECLAIMING,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .ok()?;
-        if slot.occupant() != who {
-            // Another process's now: give it back as it was.
-            slot.state.store(PROC_LIVE, Ordering::Release);
-            return None;
-        }
-        let tenant_slot = slot.tenant_slot.load(Ordering::Relaxed);
-        // The process is dead: nobody writes its lanes any more.
-        let (qps, mr_bytes) = slot.held();
-        slot.clear();
-        if let Some(st) = self.state_of(tenant_slot) {
-            handle::sub_saturating(&st.qps, qps);
-            handle::sub_saturating(&st.mr_bytes, mr_bytes);
-        }
-        slot.pid.store(0, Ordering::Relaxed);
-        slot.state.store(PROC_FREE, Ordering::Release);
+        let held = self.process_slot(p).reclaim(who, |held| {
+            if let Some(st) = self.state_of(held.tenant_slot) {
+                handle::sub_saturating(&st.qps, held.qps);
+                handle::sub_saturating(&st.mr_bytes, held.mr_bytes);
+            }
+        })?;
         let tenant = TenantId(
-            self.policy_slot(tenant_slot.min(self.inner.capacity - 1))
+            self.policy_slot(held.tenant_slot.min(self.inner.capacity - 1))
                 .id
                 .load(Ordering::Relaxed),
         );
-        tracing::info!(pid = who.pid, %tenant, qps, mr_bytes, "reclaimed resources of a dead process");
+        tracing::info!(
+            pid = who.pid,
+            %tenant,
+            qps = held.qps,
+            mr_bytes = held.mr_bytes,
+            "reclaimed resources of a dead process"
+        );
         Some(Reclaimed {
             process: who,
             tenant,
-            qps,
-            mr_bytes,
+            qps: held.qps,
+            mr_bytes: held.mr_bytes,
         })
     }
 
@@ -132,22 +120,13 @@ impl QuotaTable {
             // process is gone).
             return;
         }
-        let slot = self.process_slot(p);
-        if slot
-            .state
-            .compare_exchange(state, PROC_RECLAIMING, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
-            return;
+        if self.process_slot(p).free_abandoned(state) {
+            tracing::warn!(
+                slot = p,
+                claimer,
+                "freed a process slot whose claimer died before finishing the claim"
+            );
         }
-        slot.clear();
-        slot.pid.store(0, Ordering::Relaxed);
-        slot.state.store(PROC_FREE, Ordering::Release);
-        tracing::warn!(
-            slot = p,
-            claimer,
-            "freed a process slot whose claimer died before finishing the claim"
-        );
     }
 
     /// Claims a process slot for `process` as a member of `tenant`, and
@@ -176,23 +155,14 @@ impl QuotaTable {
             .ok_or(TableError::UnknownTenant(tenant))?;
         // Who is claiming, in the state word itself: a claim its claimer
         // never finishes can be told and freed (`reclaim_dead`).
-        let claiming = PROC_CLAIMING_BY | (std::process::id() & !PROC_CLAIMING_BY);
+        let claimer = std::process::id();
         let slots = self.claimable(tenant_slot);
         for round in 0..2 {
             for p in slots.clone() {
                 let Some(slot) = self.process_of(p) else {
                     break;
                 };
-                if slot
-                    .state
-                    .compare_exchange(PROC_FREE, claiming, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    slot.pid.store(process.pid, Ordering::Relaxed);
-                    slot.start_time.store(process.start_time, Ordering::Relaxed);
-                    slot.tenant_slot.store(tenant_slot, Ordering::Relaxed);
-                    slot.clear();
-                    slot.adopted.store(u64::from(adopted), Ordering::Relaxed);
+                let claimed = slot.claim(claimer, process, tenant_slot, adopted, || {
                     if let Some(seg) = self.segment(tenant_slot) {
                         // Before the slot is live: a scan that finds it
                         // live reaches it.
@@ -200,7 +170,8 @@ impl QuotaTable {
                             .claimed
                             .fetch_max(p - slots.start + 1, Ordering::AcqRel);
                     }
-                    slot.state.store(PROC_LIVE, Ordering::Release);
+                });
+                if claimed {
                     return Ok(p);
                 }
             }
