@@ -1,8 +1,8 @@
 //! `cargo xtask test`: every check and test, device tests included.
 //!
 //! Stages: deps, `cargo fmt --check`, `cargo clippy -D warnings`,
-//! `cargo package`, the book (`mdbook build docs`), `cargo test --workspace` (the examples with
-//! unit tests of their own included) on the host, the quota table's protocols
+//! `cargo package`, the book (`mdbook build docs`), `cargo test --workspace` (and `--examples`, the
+//! examples' unit tests) on the host, the quota table's protocols
 //! between processes model-checked with loom, the tests of
 //! memory a device may leave unwritten under Miri, each cargo-fuzz target
 //! for 20 s,
@@ -113,17 +113,35 @@ pub(crate) fn run() -> Result<ExitCode> {
             Ok((ok, front, None))
         });
         stage("host tests", &mut || {
-            // The examples with unit tests of their own are `test = true`
-            // in the manifest: this one build runs those too.
-            let (ok, out) = proc::tee(proc::cargo().args([
+            let (ok, mut out) = proc::tee(proc::cargo().args([
                 "test",
                 "--workspace",
                 "--no-fail-fast",
                 "--color",
                 "never",
             ]))?;
+            // The examples' own unit tests: `cargo test` builds examples
+            // as programs (the device tests run them), `--examples` as
+            // test harnesses. With `--lib` every package is in the build,
+            // as above, and so are the features of its build-time
+            // dependencies: without it `bindgen` and what depends on it
+            // build again with other features.
+            let (examples_ok, examples_out) = proc::tee(proc::cargo().args([
+                "test",
+                "--workspace",
+                "--examples",
+                "--lib",
+                "--no-fail-fast",
+                "--color",
+                "never",
+            ]))?;
+            out.push_str(&examples_out);
             let counts = TestCounts::parse(&out);
-            Ok((ok && counts.failed == 0, String::new(), Some(counts)))
+            Ok((
+                ok && examples_ok && counts.failed == 0,
+                String::new(),
+                Some(counts),
+            ))
         });
         stage("loom", &mut loom::run);
         stage("miri", &mut || {
@@ -261,20 +279,23 @@ fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
         }
         _ => {
             // The demo's short form, in the debug build the tests use:
-            // `cargo test --workspace` built every program on its list
-            // (the examples and the preload library), in the same
-            // features as the tests (a `cargo build` of a few of them
-            // would resolve other features and build them again).
+            // `cargo test` built the examples on its list and this build
+            // adds the preload library, with the features of the whole
+            // workspace (a `cargo build` of a few programs would resolve
+            // other features and build their dependencies again).
             let demo_plan = demo::Plan {
                 form: demo::Form::Short,
                 release: false,
                 calibrate: None,
                 isolation_args: Vec::new(),
             };
+            if !proc::status(proc::cargo().args(["build", "--workspace", "--all-targets"]))? {
+                anyhow::bail!("building the demo's programs failed");
+            }
             let unbuilt = demo::unbuilt(&demo_plan);
             if !unbuilt.is_empty() {
                 anyhow::bail!(
-                    "`cargo test --workspace --no-run` did not build the demo's {}",
+                    "`cargo build --workspace --all-targets` did not build the demo's {}",
                     unbuilt.join(", ")
                 );
             }
