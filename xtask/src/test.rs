@@ -135,7 +135,9 @@ pub(crate) fn run() -> Result<ExitCode> {
                 "--color",
                 "never",
             ]))?;
-            out.push_str(&examples_out);
+            // `--lib` ran the libraries' tests again: only the examples'
+            // are counted from it.
+            out.push_str(&examples_only(&examples_out));
             let counts = TestCounts::parse(&out);
             Ok((
                 ok && examples_ok && counts.failed == 0,
@@ -356,6 +358,25 @@ fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
     Ok((ok && counts.failed == 0, where_, Some(counts)))
 }
 
+/// The parts of `cargo test` output that ran an example's unit tests
+/// (from its `Running unittests examples/...` line to the next
+/// `Running`).
+fn examples_only(out: &str) -> String {
+    let mut kept = String::new();
+    let mut keep = false;
+    for line in out.lines() {
+        if line.trim_start().starts_with("Running ") || line.trim_start().starts_with("Doc-tests ")
+        {
+            keep = line.contains(" examples/");
+        }
+        if keep {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    kept
+}
+
 /// The test executables of the workspace, built on the host.
 fn test_binaries() -> Result<Vec<String>> {
     let out = proc::output(proc::cargo().args([
@@ -380,4 +401,23 @@ fn test_binaries() -> Result<Vec<String>> {
         anyhow::bail!("cargo test --no-run built no test binaries");
     }
     Ok(bins)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_the_examples_unit_tests_are_counted_from_the_second_run() {
+        let out = "     Running unittests src/lib.rs (target/debug/deps/a-1)\n\
+                   test result: ok. 40 passed; 0 failed; 0 ignored\n\
+                   \x20    Running unittests examples/rpc.rs (target/debug/examples/rpc-2)\n\
+                   test result: ok. 3 passed; 1 failed; 0 ignored\n\
+                   \x20    Running unittests src/lib.rs (target/debug/deps/b-3)\n\
+                   test result: ok. 7 passed; 0 failed; 0 ignored\n";
+        let kept = super::examples_only(out);
+        assert!(kept.contains("3 passed; 1 failed"), "{kept}");
+        assert!(
+            !kept.contains("40 passed") && !kept.contains("7 passed"),
+            "{kept}"
+        );
+    }
 }
