@@ -1536,6 +1536,9 @@ fn scenario_storm(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
     Ok(())
 }
 
+/// The adversarial table's attackers (its rows; each runs both ways).
+const ATTACKERS: usize = 7;
+
 /// The adversarial table: a victim bulk tenant next to each attacker,
 /// unprotected and with mtrdma; an attacker passes when the victim keeps
 /// at least [`VICTIM_KEEPS`] of what it moves alone (Husky's criterion),
@@ -1595,7 +1598,7 @@ fn scenario_attack(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
         ud,
         ..Run::default()
     };
-    let attacks: [(&str, &str, Option<Flood>, Run); 7] = [
+    let attacks: [(&str, &str, Option<Flood>, Run); ATTACKERS] = [
         (
             "8 B WRITE flood",
             "write_flood",
@@ -1681,7 +1684,7 @@ fn planned(scenario: &str, args: &Args) -> usize {
         // cap: alone, unprotected, mtrdma; storm: the same.
         "cap" | "storm" => 3,
         // The victim alone both ways, then seven attackers both ways.
-        "attack" => 2 + 7 * 2,
+        "attack" => 2 + ATTACKERS * 2,
         // The pager alone, then the two applications alone, unprotected
         // and with mtrdma.
         "apps" => 4,
