@@ -125,19 +125,22 @@ pub(crate) fn run() -> Result<ExitCode> {
             // test harnesses. With `--lib` every package is in the build,
             // as above, and so are the features of its build-time
             // dependencies: without it `bindgen` and what depends on it
-            // build again with other features.
-            let (examples_ok, examples_out) = proc::tee(proc::cargo().args([
-                "test",
-                "--workspace",
-                "--examples",
-                "--lib",
-                "--no-fail-fast",
-                "--color",
-                "never",
-            ]))?;
-            // `--lib` ran the libraries' tests again: only the examples'
-            // are counted from it.
-            out.push_str(&examples_only(&examples_out));
+            // build again with other features. Only the examples'
+            // harnesses run (the libraries' ran above).
+            let harnesses = test_executables(&["--examples", "--lib"], Some("example"))?;
+            if harnesses.is_empty() {
+                anyhow::bail!("cargo test --examples --no-run built no example harness");
+            }
+            let mut examples_ok = true;
+            for harness in harnesses {
+                let (ran, text) = proc::tee(
+                    std::process::Command::new(&harness)
+                        .args(["--color", "never"])
+                        .current_dir(proc::workspace_root()),
+                )?;
+                examples_ok &= ran;
+                out.push_str(&text);
+            }
             let counts = TestCounts::parse(&out);
             Ok((
                 ok && examples_ok && counts.failed == 0,
@@ -358,66 +361,80 @@ fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
     Ok((ok && counts.failed == 0, where_, Some(counts)))
 }
 
-/// The parts of `cargo test` output that ran an example's unit tests
-/// (from its `Running unittests examples/...` line to the next
-/// `Running`).
-fn examples_only(out: &str) -> String {
-    let mut kept = String::new();
-    let mut keep = false;
-    for line in out.lines() {
-        if line.trim_start().starts_with("Running ") || line.trim_start().starts_with("Doc-tests ")
-        {
-            keep = line.contains(" examples/");
-        }
-        if keep {
-            kept.push_str(line);
-            kept.push('\n');
-        }
-    }
-    kept
-}
-
 /// The test executables of the workspace, built on the host.
 fn test_binaries() -> Result<Vec<String>> {
-    let out = proc::output(proc::cargo().args([
-        "test",
-        "--workspace",
-        "--no-run",
-        "--message-format=json-render-diagnostics",
-    ]))?;
-    let mut bins = Vec::new();
-    for line in out.lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let is_test = msg["reason"] == "compiler-artifact" && msg["profile"]["test"] == true;
-        if let (true, Some(exe)) = (is_test, msg["executable"].as_str()) {
-            bins.push(exe.to_string());
-        }
-    }
-    bins.sort();
-    bins.dedup();
+    let bins = test_executables(&[], None)?;
     if bins.is_empty() {
         anyhow::bail!("cargo test --no-run built no test binaries");
     }
     Ok(bins)
 }
 
+/// Builds `cargo test --workspace --no-run` with `extra` arguments and
+/// returns the test executables it made, of targets of `kind` only when
+/// given (`"example"`, `"test"`, `"lib"`).
+fn test_executables(extra: &[&str], kind: Option<&str>) -> Result<Vec<String>> {
+    let out = proc::output(
+        proc::cargo()
+            .args(["test", "--workspace", "--no-run"])
+            .args(extra)
+            .arg("--message-format=json-render-diagnostics"),
+    )?;
+    Ok(executables(&out, kind))
+}
+
+/// The test executables in cargo's JSON messages, sorted, each once.
+fn executables(messages: &str, kind: Option<&str>) -> Vec<String> {
+    let mut bins = Vec::new();
+    for line in messages.lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let is_test = msg["reason"] == "compiler-artifact" && msg["profile"]["test"] == true;
+        let of_kind = kind.is_none_or(|k| {
+            msg["target"]["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|x| x == k))
+        });
+        if let (true, true, Some(exe)) = (is_test, of_kind, msg["executable"].as_str()) {
+            bins.push(exe.to_string());
+        }
+    }
+    bins.sort();
+    bins.dedup();
+    bins
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
-    fn only_the_examples_unit_tests_are_counted_from_the_second_run() {
-        let out = "     Running unittests src/lib.rs (target/debug/deps/a-1)\n\
-                   test result: ok. 40 passed; 0 failed; 0 ignored\n\
-                   \x20    Running unittests examples/rpc.rs (target/debug/examples/rpc-2)\n\
-                   test result: ok. 3 passed; 1 failed; 0 ignored\n\
-                   \x20    Running unittests src/lib.rs (target/debug/deps/b-3)\n\
-                   test result: ok. 7 passed; 0 failed; 0 ignored\n";
-        let kept = super::examples_only(out);
-        assert!(kept.contains("3 passed; 1 failed"), "{kept}");
-        assert!(
-            !kept.contains("40 passed") && !kept.contains("7 passed"),
-            "{kept}"
+    fn only_test_executables_of_the_kind_asked_for_are_run() {
+        let artifact = |kind: &str, exe: &str, test: bool| {
+            serde_json::json!({
+                "reason": "compiler-artifact",
+                "target": { "kind": [kind], "name": "x" },
+                "profile": { "test": test },
+                "executable": exe,
+            })
+            .to_string()
+        };
+        let messages = [
+            artifact("lib", "/t/deps/core-1", true),
+            artifact("example", "/t/examples/rpc-2", true),
+            artifact("example", "/t/examples/rpc", false),
+            artifact("test", "/t/deps/link-3", true),
+            artifact("example", "/t/examples/rpc-2", true),
+            r#"{"reason":"build-finished","success":true}"#.to_string(),
+            "not json".to_string(),
+        ]
+        .join("\n");
+        assert_eq!(
+            super::executables(&messages, Some("example")),
+            ["/t/examples/rpc-2"]
+        );
+        assert_eq!(
+            super::executables(&messages, None),
+            ["/t/deps/core-1", "/t/deps/link-3", "/t/examples/rpc-2"]
         );
     }
 }
