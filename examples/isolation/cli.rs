@@ -79,6 +79,8 @@ pub(crate) struct Args {
     /// On the link, the applications scenario: the pager starts before
     /// the RPC service in the mtrdma run (by default after it).
     pub(crate) pager_first: bool,
+    /// On the link, the soak (`--scenarios soak`): how long it churns.
+    pub(crate) soak_seconds: f64,
 }
 
 pub(crate) const USAGE: &str = "usage: isolation [--device NAME] [--peer-device NAME] [--out DIR] [--seconds S] [--warmup-ms MS]
@@ -95,6 +97,7 @@ on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
     [--control-depth N (latency: the control's plain senders of the bulk pieces' size keep N requests out each, default 1; 0: no control)]
     [--pager-first (apps: in the mtrdma run the pager starts before the RPC service, not after)]
     [--scenarios latency,hogs,weights,cap,storm,attack,apps] [--cap-share 0.25]
+    [--scenarios soak --soak-seconds S (default 60): churn that must leave nothing behind; not among the defaults]
 the link demo's storm tenant (--rnr: SENDs to a peer on --peer-device that posts no receives;
        isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET] [--rnr --peer-device NAME]
     [--mr-sweep (registrations of 1 KiB to 64 MiB in turn, each in a protection domain of its own)]
@@ -104,6 +107,8 @@ pub(crate) const SCENARIOS: [&str; 4] = ["latency", "weights", "cap", "storm"];
 pub(crate) const LINK_SCENARIOS: [&str; 7] = [
     "latency", "hogs", "weights", "cap", "storm", "attack", "apps",
 ];
+/// Link scenarios run only when named: the soak (`cargo xtask soak`).
+pub(crate) const LINK_SCENARIOS_NAMED: [&str; 1] = ["soak"];
 
 pub(crate) fn parse() -> Result<Args, String> {
     let mut args = Args {
@@ -140,6 +145,7 @@ pub(crate) fn parse() -> Result<Args, String> {
         coordinator_monitor: false,
         probe_interval_us: 500,
         control_depth: 1,
+        soak_seconds: 60.0,
     };
     pub(crate) fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String>
     where
@@ -254,6 +260,7 @@ pub(crate) fn parse() -> Result<Args, String> {
             "--window-queue" => args.window_queue = Some(num(&flag, v)?),
             "--probe-interval-us" => args.probe_interval_us = num(&flag, v)?,
             "--control-depth" => args.control_depth = num(&flag, v)?,
+            "--soak-seconds" => args.soak_seconds = num(&flag, v)?,
             other => return Err(format!("unknown flag {other}\n{USAGE}")),
         }
     }
@@ -297,10 +304,19 @@ pub(crate) fn parse() -> Result<Args, String> {
     if args.bulk.iter().any(|&n| n == 0 || n > 64) {
         return Err("--bulk counts must be between 1 and 64".into());
     }
+    let named: &[&str] = if args.link {
+        &LINK_SCENARIOS_NAMED
+    } else {
+        &[]
+    };
     for s in &args.scenarios {
-        if !known.contains(&s.as_str()) {
-            return Err(format!("unknown scenario {s} ({})", known.join(", ")));
+        if !known.contains(&s.as_str()) && !named.contains(&s.as_str()) {
+            let all: Vec<&str> = known.iter().chain(named).copied().collect();
+            return Err(format!("unknown scenario {s} ({})", all.join(", ")));
         }
+    }
+    if !(args.soak_seconds.is_finite() && args.soak_seconds > 0.0) {
+        return Err("--soak-seconds must be positive".into());
     }
     Ok(args)
 }

@@ -43,14 +43,14 @@ pub(crate) const PROGRAMS: &[Program] = &[
         build: Build::Example,
         // The link run and the single-process run are this program; the
         // storm and attack scenarios also start it as a storm tenant.
-        scenarios: &["link", "single-process", "storm", "attack"],
+        scenarios: &["link", "single-process", "storm", "attack", "soak"],
     },
     Program {
         name: "coordinator",
         build: Build::Example,
         // The link run's coordinator, whose tenants every scenario's are.
         scenarios: &[
-            "link", "latency", "hogs", "weights", "cap", "storm", "attack", "apps",
+            "link", "latency", "hogs", "weights", "cap", "storm", "attack", "apps", "soak",
         ],
     },
     Program {
@@ -65,6 +65,7 @@ pub(crate) const PROGRAMS: &[Program] = &[
             "cap",
             "storm",
             "attack",
+            "soak",
         ],
     },
     Program {

@@ -110,7 +110,7 @@ impl Plan {
         proc::target_dir().join(if self.release { "release" } else { "debug" })
     }
 
-    fn program(&self, name: &str) -> PathBuf {
+    pub(crate) fn program(&self, name: &str) -> PathBuf {
         let program = PROGRAMS
             .iter()
             .find(|p| p.name == name)
@@ -220,7 +220,7 @@ pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
 
 /// The link the VM boots with and how the job chooses its rate, for
 /// `--link RATE` (`auto`: the search, with short probes if `short`).
-fn link_choice(rate: &str, short: bool) -> Result<(link::Link, link::RateChoice)> {
+pub(crate) fn link_choice(rate: &str, short: bool) -> Result<(link::Link, link::RateChoice)> {
     if rate == "auto" {
         // The boot's link starts at the ceiling; the calibration at the
         // start of the job shapes it to the rate it finds.

@@ -6,6 +6,7 @@
 //!                                       --link RATE also rxa -> rxb over a shaped link)
 //! cargo xtask test                      deps, fmt, clippy, package, the book, unit tests, loom, Miri, fuzz, device tests in the VM
 //! cargo xtask demo                      the isolation demo inside the VM (--full: with perftest's reference)
+//! cargo xtask soak [--minutes N]        churn on the VM's link that must leave nothing behind
 //! cargo xtask bench-device [-- ARGS]    the criterion bench on a device (benches/device.rs) on rxe0 in the VM
 //! ```
 
@@ -21,6 +22,7 @@ mod loom;
 mod miri;
 mod overhead;
 mod proc;
+mod soak;
 // The demo's list of programs and its record of scenarios, shared with
 // `examples/isolation`, which uses the parts this program does not.
 #[allow(dead_code)]
@@ -90,6 +92,17 @@ commands:
                           kernel monitor, then the single-process variant. --short: what
                           --full runs, about a second a measurement, figures not judged
                           (target/demo-short/; the test command runs it too)
+  soak [--minutes N] [--link RATE]
+                          builds the demo's programs, then inside the VM with the shared
+                          link (its rate chosen as the demo's) churns for N minutes
+                          (default 10) in rounds of about 10 s: bulk tenants that come and
+                          go, one SIGKILLed every other round, the control-path storm,
+                          policy rewrites the coordinator reloads, the coordinator
+                          SIGKILLed and restarted twice; after every round every
+                          tenant's counters in the table must be back to zero, and over
+                          each coordinator's life its open descriptors must not grow and
+                          its memory stay flat; report in target/soak/ (the test command
+                          runs it for a minute)
   bench-device [-- ARGS]  builds benches/device.rs and runs it inside the VM on rxe0
                           (MTRDMA_BENCH_DEVICE=rxe0): latency and message rate of 64 B
                           WRITEs, raw against mtrdma, single posts and batches, then
@@ -129,6 +142,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
             test::run()
         }
         "demo" => demo::run(rest),
+        "soak" => soak::run(rest),
         "bench-device" => bench::run(rest),
         // Run by the demo's script in the VM, between overhead rounds.
         "demo-rounds-decided" => overhead::decided_command(rest),

@@ -96,6 +96,72 @@ pub(crate) fn tee(cmd: &mut Command) -> Result<(bool, String)> {
     Ok((child.wait()?.success(), captured))
 }
 
+/// A command running beside the stages that follow it (its stdout and
+/// stderr in a log file), joined when its result is needed: the stages
+/// after the host tests run on one core much of the time (loom's and
+/// Miri's runs, each fuzz target), and builds can use the other.
+pub(crate) struct Background {
+    what: String,
+    child: std::process::Child,
+    log: PathBuf,
+    started: std::time::Instant,
+}
+
+impl Background {
+    /// Starts `cmd`, its output into `log`.
+    pub(crate) fn start(what: &str, cmd: &mut Command, log: &Path) -> Result<Background> {
+        if let Some(dir) = log.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let file =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        eprintln!("$ {} > {} 2>&1 &", describe(cmd), log.display());
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+        Ok(Background {
+            what: what.to_string(),
+            child,
+            log: log.to_path_buf(),
+            started: std::time::Instant::now(),
+        })
+    }
+
+    /// Waits for it. Returns whether it succeeded and a line saying how
+    /// long it ran; on failure its log is printed.
+    pub(crate) fn join(mut self) -> Result<(bool, String)> {
+        let status = self.child.wait()?;
+        let took = self.started.elapsed().as_secs_f64();
+        let ok = status.success();
+        if !ok {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("{log}");
+        }
+        Ok((
+            ok,
+            format!(
+                "{} {} after {took:.0} s in the background (log: {})",
+                self.what,
+                if ok { "succeeded" } else { "FAILED" },
+                self.log.display()
+            ),
+        ))
+    }
+}
+
+/// One left unjoined (a run that stopped early) is stopped with it.
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// How a command reads on a shell line.
 pub(crate) fn describe(cmd: &Command) -> String {
     std::iter::once(cmd.get_program())

@@ -1,12 +1,13 @@
 //! `cargo xtask test`: every check and test, device tests included.
 //!
-//! Stages: deps, `cargo fmt --check`, `cargo clippy -D warnings`,
-//! `cargo package`, the book (`mdbook build docs`), `cargo test --workspace` (and `--examples`, the
+//! Stages: deps, `cargo fmt --check`, `cargo clippy -D warnings`, the
+//! book (`mdbook build docs`), `cargo test --workspace` (and the
 //! examples' unit tests) on the host, the quota table's protocols
-//! between processes model-checked with loom, the tests of
-//! memory a device may leave unwritten under Miri, each cargo-fuzz target
-//! for 20 s,
-//! then the device tests (the
+//! between processes model-checked with loom, the tests of memory a
+//! device may leave unwritten under Miri, each cargo-fuzz target for
+//! 20 s, `cargo package` (built in the background from the loom stage
+//! on, beside the release build of the preload library: those stages
+//! leave a core idle much of the time), then the device tests (the
 //! `#[ignore]`d ones) of every test binary with `--ignored` against a real
 //! verbs device: `rxe0` inside one boot of the SoftRoCE VM, or the host's
 //! device named by `MTRDMA_TEST_DEVICE` when that is set. The VM boot also
@@ -14,7 +15,8 @@
 //! devices `MTRDMA_LINK_SENDER` and `MTRDMA_LINK_RECEIVER` when those are set.
 //! Before the device tests, the same boot runs the demo in its short form
 //! (`cargo xtask demo --short`, in the debug build): a scenario of the demo
-//! that cannot run fails the stage, named.
+//! that cannot run fails the stage, named; and then a minute of the soak
+//! (`cargo xtask soak`), whose failure fails the stage too.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -23,10 +25,10 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::proc::{self, TestCounts};
-use crate::{book, demo, deps, fuzz, link, loom, miri, vm};
+use crate::{book, demo, deps, fuzz, link, loom, miri, soak, vm};
 
-/// The stages a full run goes through: deps, fmt, clippy, package, book,
-/// host tests, loom, miri, fuzz, device tests.
+/// The stages a full run goes through: deps, fmt, clippy, book, host
+/// tests, loom, miri, fuzz, package, device tests.
 const STAGES: usize = 10;
 
 /// How long each fuzz target runs.
@@ -82,32 +84,6 @@ pub(crate) fn run() -> Result<ExitCode> {
             ]))?;
             Ok((ok, String::new(), None))
         });
-        // Every published crate packages and builds from its package alone
-        // (README, licence and metadata included), in dependency order.
-        stage("package", &mut || {
-            // Verification builds each package against the others as
-            // registry crates, which cargo takes as unchanging for a name
-            // and version: stale copies and builds from earlier runs must go.
-            forget_packaged_sources()?;
-            let target = proc::workspace_root().join("target").join("package-verify");
-            if target.exists() {
-                std::fs::remove_dir_all(&target)?;
-            }
-            let ok = proc::status(
-                proc::cargo()
-                    .args([
-                        "package",
-                        "--workspace",
-                        "--exclude",
-                        "xtask",
-                        "--allow-dirty",
-                        "--quiet",
-                        "--target-dir",
-                    ])
-                    .arg(&target),
-            )?;
-            Ok((ok, String::new(), None))
-        });
         stage("book", &mut || {
             let (ok, front) = book::run()?;
             Ok((ok, front, None))
@@ -148,6 +124,16 @@ pub(crate) fn run() -> Result<ExitCode> {
                 Some(counts),
             ))
         });
+        // Two builds run beside the next stages, which use one core much
+        // of the time: every published crate packaged and built from its
+        // package alone, and the preload library optimised for the
+        // device tests.
+        let mut package = Some(start_package());
+        let mut preload = Some(proc::Background::start(
+            "the release build of the preload library",
+            proc::cargo().args(["build", "--release", "-p", "mtrdma-preload"]),
+            &proc::target_dir().join("xtask-logs/preload-release.log"),
+        ));
         stage("loom", &mut loom::run);
         stage("miri", &mut || {
             let (ok, detail) = miri::run()?;
@@ -157,7 +143,17 @@ pub(crate) fn run() -> Result<ExitCode> {
             let detail = fuzz::run(FUZZ_TIME)?;
             Ok((true, detail, None))
         });
-        stage("device tests", &mut device_tests);
+        stage("package", &mut || {
+            let (ok, detail) = package.take().expect("joined once")?.join()?;
+            Ok((ok, detail, None))
+        });
+        stage("device tests", &mut || {
+            let (ok, detail) = preload.take().expect("joined once")?.join()?;
+            if !ok {
+                anyhow::bail!("{detail}");
+            }
+            device_tests()
+        });
     }
 
     println!("\n==== summary ====");
@@ -191,6 +187,35 @@ pub(crate) fn run() -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Starts `cargo package` of every published crate, in the background:
+/// each packages and builds from its package alone (README, licence and
+/// metadata included), in dependency order.
+fn start_package() -> Result<proc::Background> {
+    // Verification builds each package against the others as registry
+    // crates, which cargo takes as unchanging for a name and version:
+    // stale copies and builds from earlier runs must go.
+    forget_packaged_sources()?;
+    let target = proc::target_dir().join("package-verify");
+    if target.exists() {
+        std::fs::remove_dir_all(&target)?;
+    }
+    proc::Background::start(
+        "cargo package (every published crate built from its package)",
+        proc::cargo()
+            .args([
+                "package",
+                "--workspace",
+                "--exclude",
+                "xtask",
+                "--allow-dirty",
+                "--quiet",
+                "--target-dir",
+            ])
+            .arg(&target),
+        &proc::target_dir().join("xtask-logs/package.log"),
+    )
 }
 
 /// Removes cargo's unpacked copies of this workspace's crates from earlier
@@ -253,11 +278,9 @@ fn forget_packaged_sources() -> Result<()> {
 /// (`MTRDMA_DEMO_SHORT`) rather than run the scenario again.
 fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
     let binaries = test_binaries()?;
-    // Programs preload the library optimised: its device tests compare
-    // them with and without it.
-    if !proc::status(proc::cargo().args(["build", "--release", "-p", "mtrdma-preload"]))? {
-        anyhow::bail!("building the preload library failed");
-    }
+    // Programs preload the library optimised (built in the background
+    // before this stage): its device tests compare them with and without
+    // it.
     let preload = proc::target_dir().join("release/libmtrdma_preload.so");
     let mut script = format!(
         "export MTRDMA_PRELOAD_LIB={}\nstatus=0\n",
@@ -271,7 +294,11 @@ fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
             bin = proc::shell_quote(bin),
         );
     }
-    script.push_str("exit $status\n");
+    // The soak (in the VM's boot, before the device tests) fails the stage
+    // too.
+    script.push_str(
+        "if [ -n \"${soak_fail:-}\" ]; then echo \"soak failed: $soak_fail\"; status=1; fi\nexit $status\n",
+    );
 
     let (ok, out, where_) = match std::env::var("MTRDMA_TEST_DEVICE") {
         Ok(device) if std::env::var_os("MTRDMA_VM").is_none() => {
@@ -322,9 +349,15 @@ fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
                  echo '==== the demo, short form (cargo xtask demo --short) ===='\n\
                  ( {} )\n\
                  export MTRDMA_DEMO_SHORT={}\n\
+                 {}\
                  echo '==== device tests ===='\n{script}",
                 demo::script(&demo_plan, &demo_out)?,
                 proc::shell_quote(&demo_out.display().to_string()),
+                soak::script(
+                    &proc::target_dir().join("debug/examples/isolation"),
+                    soak::TEST_SECONDS,
+                    &demo_out.join("soak"),
+                ),
             );
             let opts = vm::Options {
                 timeout: VM_TIMEOUT,
@@ -346,11 +379,15 @@ fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
                     Some(TestCounts::parse(&outcome.stdout)),
                 ));
             }
+            let soak = if outcome.stdout.contains("soak failed:") {
+                "; the soak FAILED"
+            } else {
+                " and a minute's soak"
+            };
             (
                 outcome.exit_code == 0,
                 outcome.stdout,
-                "rxe0 in the SoftRoCE VM, after the demo's short form (every scenario ran)"
-                    .to_string(),
+                format!("rxe0 in the SoftRoCE VM, after the demo's short form (every scenario ran){soak}"),
             )
         }
     };

@@ -1,0 +1,472 @@
+//! The soak on the shared link (`--scenarios soak`, `cargo xtask soak
+//! --minutes N`): churn for `--soak-seconds`, in rounds of about
+//! [`ROUND_SECS`], and after every round a check that nothing leaked.
+//!
+//! Each round starts three bulk tenants with mtrdma (perf processes
+//! registered with the coordinator, 64 KiB, 256 KiB and 1 MiB WRITEs; the
+//! tenants come and go with the round). Then, by round:
+//! - every other round SIGKILLs one of them part-way (its queue pairs and
+//!   regions are the kernel's to free, its process slot the
+//!   coordinator's to reclaim);
+//! - the other rounds run the control-path storm next to them;
+//! - every third round rewrites the policy file (a bulk tenant's weight
+//!   between 1 and 2), which the coordinator reloads;
+//! - a third and two thirds of the way through, the coordinator itself is
+//!   SIGKILLed part-way and started again: it takes the table over and
+//!   the tenants running carry on.
+//!
+//! What must hold, checked after every round once its tenants are gone:
+//! - every tenant's queue pairs, region bytes, outstanding requests,
+//!   backlog and processes in the table are back to zero;
+//! - every tenant that was not killed finished its run and exited
+//!   cleanly: none of its requests was lost (perf waits for every
+//!   completion, and one that never came would hold it past its
+//!   deadline);
+//! - over each coordinator's life, its open file descriptors do not grow
+//!   and its memory (resident set) stays flat;
+//! - the coordinator reloaded the policy at every rewrite.
+
+use super::*;
+
+/// About how long a round takes: the tenants' run ([`TENANT_SECS`]) and
+/// their start, exit and the check after them.
+const ROUND_SECS: f64 = 10.0;
+/// How long each round's bulk tenants send.
+const TENANT_SECS: f64 = 6.0;
+/// Message sizes of a round's bulk tenants (each a tenant of its own).
+const SIZES: [usize; 3] = [64 << 10, 256 << 10, 1 << 20];
+/// When, into a round, a tenant is killed, the policy rewritten and the
+/// coordinator killed (after the tenants registered and are sending).
+const KILL_TENANT_AT: Duration = Duration::from_millis(2_500);
+const REWRITE_AT: Duration = Duration::from_millis(3_000);
+const KILL_COORDINATOR_AT: Duration = Duration::from_millis(3_500);
+/// How long a round's tenants may take beyond their run (connection,
+/// registration, draining) before the one that has not exited counts as
+/// having lost a request.
+const EXIT_GRACE: Duration = Duration::from_secs(30);
+/// How long the coordinator has, after a round, to reclaim what the
+/// round's tenants held (its housekeeping runs every 250 ms).
+const SETTLE: Duration = Duration::from_secs(5);
+/// How much a coordinator's resident set may grow over its life: a
+/// twentieth, and 256 KiB for the allocator's own rounding.
+const RSS_SLACK: f64 = 0.05;
+const RSS_SLACK_KIB: u64 = 256;
+
+/// How many rounds a soak of `secs` runs (at least three: one for each
+/// coordinator's life).
+pub(super) fn rounds(secs: f64) -> usize {
+    ((secs / ROUND_SECS).round() as usize).max(3)
+}
+
+/// What one round left behind.
+struct Checkpoint {
+    round: usize,
+    at: Duration,
+    /// Which coordinator (0 for the first, 1 after its first restart..).
+    life: usize,
+    pid: u32,
+    fds: usize,
+    rss_kib: u64,
+    tenants: usize,
+    killed: usize,
+    storm: bool,
+    /// Counters not back to zero ("" when all are).
+    left: String,
+}
+
+pub(super) fn scenario_soak(site: &mut Site<'_>, r: &mut Report) -> Result<(), String> {
+    let secs = site.args.soak_seconds;
+    let rounds = rounds(secs);
+    let restarts = [rounds / 3, 2 * rounds / 3];
+    r.say(format!(
+        "\n== soak: {rounds} rounds of churn on the link over about {secs:.0} s: bulk tenants that come and go \
+         (64 KiB to 1 MiB WRITEs), one SIGKILLed every other round, the control-path storm in the \
+         others, the policy rewritten every third round, the coordinator SIGKILLed and restarted \
+         in rounds {} and {} =="
+    , restarts[0], restarts[1]));
+    r.say(format!(
+        "{:>5} {:>7} {:>11} {:>8} {:>5} {:>8} {:>13} {:>6}  counters after the round",
+        "round", "at s", "coordinator", "pid", "fds", "RSS KiB", "tenants/kill", "storm"
+    ));
+    let started = Instant::now();
+    let mut life = 0;
+    let mut rewrites = 0;
+    let mut problems = Vec::new();
+    let mut checkpoints: Vec<Checkpoint> = Vec::new();
+    for round in 0..rounds {
+        println!(
+            "{}",
+            site.progress
+                .borrow_mut()
+                .measurement(&format!("soak-{round}"))
+        );
+        let logs = site.args.out.join("logs").join(format!("soak-{round}"));
+        std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
+        site.logs = logs;
+        let kill_tenant = round % 2 == 0;
+        let storm = !kill_tenant;
+        let rewrite = round % 3 == 1;
+        let restart = restarts.contains(&round);
+
+        let mut servers = Vec::new();
+        for (i, _) in SIZES.iter().enumerate() {
+            servers.push(site.server(&format!("bulk{i}"))?);
+        }
+        for (_, port) in &servers {
+            wait_listening(*port)?;
+        }
+        let mut tenants = Vec::new();
+        for (i, ((_, port), size)) in servers.iter().zip(SIZES).enumerate() {
+            let a: Vec<String> = [
+                "--test",
+                "write_bw",
+                "-s",
+                &size.to_string(),
+                "-D",
+                &format!("{TENANT_SECS}"),
+                "--wait",
+                "--ack-timeout",
+                ACK_TIMEOUT,
+                "--path",
+                "mtrdma",
+                "--pool-mib",
+                &(2 * size).div_ceil(1 << 20).to_string(),
+                "--coordinator",
+                &site.socket.display().to_string(),
+            ]
+            .map(String::from)
+            .to_vec();
+            tenants.push(site.client(&format!("bulk{i}"), *port, &a)?);
+        }
+        let storm_tenant = if storm {
+            let mut cmd = Command::new(site.program("isolation")?);
+            cmd.args(["--storm-tenant", "--device", &site.link.sender, "--seconds"])
+                .arg(format!("{}", TENANT_SECS - 1.0))
+                .arg("--coordinator")
+                .arg(&site.socket);
+            Some(site.spawn("storm", Some("storm"), cmd)?)
+        } else {
+            None
+        };
+
+        // The round's faults, in their order.
+        let round_start = Instant::now();
+        let until = |at: Duration| {
+            if let Some(left) = at.checked_sub(round_start.elapsed()) {
+                std::thread::sleep(left);
+            }
+        };
+        let mut killed = None;
+        if kill_tenant {
+            until(KILL_TENANT_AT);
+            let victim = &mut tenants[round % SIZES.len()];
+            victim
+                .child
+                .kill()
+                .map_err(|e| format!("killing {}: {e}", victim.name))?;
+            killed = Some(round % SIZES.len());
+        }
+        if rewrite {
+            until(REWRITE_AT);
+            rewrites += 1;
+            site.rewrite_policy(rewrites)?;
+        }
+        if restart {
+            until(KILL_COORDINATOR_AT);
+            site.coordinator
+                .kill()
+                .map_err(|e| format!("killing the coordinator: {e}"))?;
+            let _ = site.coordinator.wait();
+            life += 1;
+            site.start_coordinator(&format!("coordinator-{life}.log"))?;
+        }
+
+        // Every tenant not killed runs to its end.
+        let deadline = round_start + Duration::from_secs_f64(TENANT_SECS) + EXIT_GRACE;
+        for (i, tenant) in tenants.into_iter().enumerate() {
+            if killed == Some(i) {
+                drop(tenant);
+                continue;
+            }
+            if let Err(e) = tenant.wait_until(deadline) {
+                problems.push(format!("round {round}: {e}"));
+            }
+        }
+        if let Some(s) = storm_tenant {
+            if let Err(e) = s.wait_until(deadline) {
+                problems.push(format!("round {round}: {e}"));
+            }
+        }
+        // The killed tenant's server lost its peer: it may fail or hang,
+        // and is stopped. The others finish with their clients.
+        for (i, (server, _)) in servers.into_iter().enumerate() {
+            if killed == Some(i) {
+                drop(server);
+            } else if let Err(e) = server.wait_until(deadline + Duration::from_secs(5)) {
+                problems.push(format!("round {round}: {e}"));
+            }
+        }
+
+        // Nothing the round's tenants held is left.
+        let left = site.settle(SETTLE);
+        if !left.is_empty() {
+            problems.push(format!(
+                "round {round}: {} after its tenants were gone: {left}",
+                SETTLE.as_secs()
+            ));
+        }
+        let pid = site.coordinator.id();
+        let c = Checkpoint {
+            round,
+            at: started.elapsed(),
+            life,
+            pid,
+            fds: open_fds(pid)?,
+            rss_kib: rss_kib(pid)?,
+            tenants: SIZES.len(),
+            killed: usize::from(killed.is_some()),
+            storm,
+            left,
+        };
+        r.say(format!(
+            "{:>5} {:>7.1} {:>11} {:>8} {:>5} {:>8} {:>13} {:>6}  {}",
+            c.round,
+            c.at.as_secs_f64(),
+            if c.life == 0 {
+                "first".to_string()
+            } else {
+                format!("restart {}", c.life)
+            },
+            c.pid,
+            c.fds,
+            c.rss_kib,
+            format!("{}/{}", c.tenants, c.killed),
+            if c.storm { "yes" } else { "no" },
+            if c.left.is_empty() {
+                "all zero"
+            } else {
+                &c.left
+            }
+        ));
+        r.figure(
+            "link_soak",
+            Way::Mtrdma,
+            &format!("round{round}"),
+            "coordinator",
+            "fds",
+            c.fds as f64,
+        );
+        r.figure(
+            "link_soak",
+            Way::Mtrdma,
+            &format!("round{round}"),
+            "coordinator",
+            "rss_kib",
+            c.rss_kib as f64,
+        );
+        checkpoints.push(c);
+    }
+
+    // Each coordinator's life: descriptors and memory from its first
+    // round's check to its last.
+    for l in 0..=life {
+        let of_life: Vec<&Checkpoint> = checkpoints.iter().filter(|c| c.life == l).collect();
+        let (Some(first), Some(last)) = (of_life.first(), of_life.last()) else {
+            continue;
+        };
+        let rss_limit = first.rss_kib + (first.rss_kib as f64 * RSS_SLACK) as u64 + RSS_SLACK_KIB;
+        let fds_ok = last.fds <= first.fds;
+        let rss_ok = last.rss_kib <= rss_limit;
+        r.say(format!(
+            "coordinator {} (rounds {} to {}): open descriptors {} -> {} ({}), resident set {} -> {} KiB \
+             (at most {rss_limit}: {})",
+            if l == 0 { "first".to_string() } else { format!("restart {l}") },
+            first.round,
+            last.round,
+            first.fds,
+            last.fds,
+            verdict(fds_ok),
+            first.rss_kib,
+            last.rss_kib,
+            verdict(rss_ok)
+        ));
+        if !fds_ok {
+            problems.push(format!(
+                "coordinator {l}: its open descriptors grew from {} to {}",
+                first.fds, last.fds
+            ));
+        }
+        if !rss_ok {
+            problems.push(format!(
+                "coordinator {l}: its resident set grew from {} to {} KiB",
+                first.rss_kib, last.rss_kib
+            ));
+        }
+    }
+    let reloads = site.coordinator_log_lines("policy reloaded")?;
+    r.say(format!(
+        "policy rewritten {rewrites} times, reloaded {reloads} times ({})",
+        verdict(reloads >= rewrites)
+    ));
+    if reloads < rewrites {
+        problems.push(format!(
+            "the policy was rewritten {rewrites} times and reloaded {reloads} times"
+        ));
+    }
+    let zero = checkpoints.iter().filter(|c| c.left.is_empty()).count();
+    r.say(format!(
+        "counters back to zero after {zero} of {rounds} rounds; {} problems",
+        problems.len()
+    ));
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+/// Open file descriptors of process `pid`.
+fn open_fds(pid: u32) -> Result<usize, String> {
+    let dir = format!("/proc/{pid}/fd");
+    Ok(std::fs::read_dir(&dir)
+        .map_err(|e| format!("{dir}: {e}"))?
+        .count())
+}
+
+/// The resident set of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> Result<u64, String> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+    vm_rss_kib(&status).ok_or_else(|| format!("{path}: no VmRSS line"))
+}
+
+/// `VmRSS:` of a `/proc/PID/status` text, in KiB.
+fn vm_rss_kib(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// What a tenant still holds in the table, as "name: counter N, ..."
+/// ("" when nothing).
+fn held(usage: &[mtrdma::core::table::TenantUsage]) -> String {
+    let mut left = Vec::new();
+    for u in usage {
+        for (what, n) in [
+            ("queue pairs", u.qps.0),
+            ("region bytes", u.mr_bytes.0),
+            ("outstanding requests", u.outstanding_wr),
+            ("backlog bytes", u.backlog_bytes),
+            ("processes", u64::from(u.processes)),
+        ] {
+            if n != 0 {
+                left.push(format!("{} {what} {n}", u.name));
+            }
+        }
+    }
+    left.join(", ")
+}
+
+impl Site<'_> {
+    /// Waits up to `limit` for every tenant's holdings in the table to be
+    /// back to zero; what is still held then ("" if nothing).
+    fn settle(&self, limit: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            let left = match mtrdma::core::QuotaTable::open(&self.table).and_then(|t| t.usage()) {
+                Ok(usage) => held(&usage),
+                Err(e) => format!("the table could not be read: {e}"),
+            };
+            if left.is_empty() || start.elapsed() >= limit {
+                return left;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Rewrites the policy file with the `n`th variation: tenant `bulk1`'s
+    /// weight 2 when `n` is odd, 1 when even. The coordinator sees the
+    /// file change and reloads it.
+    fn rewrite_policy(&self, n: usize) -> Result<(), String> {
+        let text = std::fs::read_to_string(&self.policy)
+            .map_err(|e| format!("{}: {e}", self.policy.display()))?;
+        let marker = "name = \"bulk1\"\n";
+        let weight = if n % 2 == 1 { "weight = 2\n" } else { "" };
+        let mut out = String::new();
+        let mut skip_weight = false;
+        for line in text.split_inclusive('\n') {
+            if skip_weight {
+                skip_weight = false;
+                if line.starts_with("weight = ") {
+                    continue;
+                }
+            }
+            out.push_str(line);
+            if line == marker {
+                out.push_str(weight);
+                skip_weight = true;
+            }
+        }
+        if !text.contains(marker) {
+            return Err(format!("{}: no tenant bulk1", self.policy.display()));
+        }
+        std::fs::write(&self.policy, out).map_err(|e| format!("{}: {e}", self.policy.display()))
+    }
+
+    /// Lines of every coordinator's log (the first's and each restarted
+    /// one's) that contain `text`.
+    fn coordinator_log_lines(&self, text: &str) -> Result<usize, String> {
+        let dir = self.args.out.join("logs");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+            let path = entry.map_err(|e| e.to_string())?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.starts_with("coordinator") && name.ends_with(".log") {
+                let log = std::fs::read_to_string(&path).unwrap_or_default();
+                n += log.lines().filter(|l| l.contains(text)).count();
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl Proc {
+    /// [`Proc::wait`], but a process still running at `deadline` is
+    /// killed and reported as stuck.
+    fn wait_until(mut self, deadline: Instant) -> Result<String, String> {
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) => return self.wait(),
+                Ok(None) if Instant::now() >= deadline => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return Err(format!(
+                        "{} was still running past its deadline (a request that never completed?); its output: {}",
+                        self.name,
+                        self.stdout.display()
+                    ));
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => return Err(format!("waiting for {}: {e}", self.name)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_soak_runs_at_least_a_round_for_each_coordinator_life() {
+        assert_eq!(rounds(1.0), 3);
+        assert_eq!(rounds(60.0), 6);
+        assert_eq!(rounds(3_600.0), 360);
+    }
+
+    #[test]
+    fn the_resident_set_is_read_from_proc_status() {
+        let status = "Name:\tcoordinator\nVmPeak:\t  20000 kB\nVmRSS:\t    5432 kB\nThreads:\t1\n";
+        assert_eq!(vm_rss_kib(status), Some(5432));
+        assert_eq!(vm_rss_kib("Name:\tx\n"), None);
+    }
+}
