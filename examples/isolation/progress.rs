@@ -90,6 +90,15 @@ impl Progress {
         line
     }
 
+    /// The running scenario made `n` measurements where it could not know
+    /// how many up front (one that runs for a time, not a count): its
+    /// plan becomes `n`.
+    pub(crate) fn replan(&mut self, n: usize) {
+        if let Some(i) = self.current {
+            self.plan[i].1 = n;
+        }
+    }
+
     /// Closes the running scenario. One that ran (`ran`) must have made
     /// the measurements it planned: a debug build says when it did not.
     pub(crate) fn end(&mut self, ran: bool) -> Result<(), String> {

@@ -504,6 +504,7 @@ impl TenantHandle {
             "outstanding work requests",
             "max_outstanding_wr",
         )?;
+        ProcessSlot::gauge_add(&self.process().outstanding_wr, n);
         Ok(WrPermit {
             handle: self.clone(),
             n,
@@ -729,11 +730,17 @@ impl TenantHandle {
     #[inline]
     pub fn add_backlog(&self, delta: i64) {
         let st = self.state();
+        // The process's part too: the coordinator takes it off the
+        // tenant's if the process dies (else a killed sender's backlog
+        // would stay the tenant's demand for good).
+        let mine = &self.process().backlog_bytes;
         if delta >= 0 {
             st.backlog_bytes
                 .fetch_add(delta.unsigned_abs(), Ordering::Relaxed);
+            ProcessSlot::gauge_add(mine, delta.unsigned_abs());
         } else {
             sub_saturating(&st.backlog_bytes, delta.unsigned_abs());
+            ProcessSlot::gauge_sub(mine, delta.unsigned_abs());
         }
     }
 }
@@ -748,6 +755,10 @@ impl Drop for Inner {
         let (qps, mr_bytes) = p.held();
         sub_saturating(&st.qps, qps);
         sub_saturating(&st.mr_bytes, mr_bytes);
+        // What the process's schedulers left in the backlog count.
+        let (backlog, wrs) = p.gauges();
+        sub_saturating(&st.backlog_bytes, backlog);
+        sub_saturating(&st.outstanding_wr, wrs);
         p.clear();
         p.pid.store(0, Ordering::Relaxed);
         p.state.store(PROC_FREE, Ordering::Release);

@@ -245,7 +245,12 @@ pub(crate) struct ProcessSlot {
     /// 1 while a [`TenantHandle`](crate::TenantHandle) of the process
     /// holds the slot (taken by `attach`, or by `adopt` once), 0 before.
     pub(crate) adopted: protocol::AtomicU64,
-    pub(crate) _reserved: [protocol::AtomicU64; 4],
+    /// The process's part of its tenant's `backlog_bytes` and
+    /// `outstanding_wr`, which a process that dies leaves behind: what
+    /// its slot's reclamation takes off them.
+    pub(crate) backlog_bytes: protocol::AtomicU64,
+    pub(crate) outstanding_wr: protocol::AtomicU64,
+    pub(crate) _reserved: [protocol::AtomicU64; 2],
     pub(crate) lanes: [Lane; LANES],
 }
 
@@ -256,6 +261,26 @@ impl ProcessSlot {
             pid: self.pid.load(Ordering::Relaxed),
             start_time: self.start_time.load(Ordering::Relaxed),
         }
+    }
+
+    /// Its part of the tenant's backlog and outstanding work requests.
+    pub(crate) fn gauges(&self) -> (u64, u64) {
+        (
+            self.backlog_bytes.load(Ordering::Acquire),
+            self.outstanding_wr.load(Ordering::Acquire),
+        )
+    }
+
+    /// Adds `n` to one of its gauges ([`ProcessSlot::gauges`]).
+    pub(crate) fn gauge_add(word: &protocol::AtomicU64, n: u64) {
+        word.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Takes `n` off one of its gauges, never below zero.
+    pub(crate) fn gauge_sub(word: &protocol::AtomicU64, n: u64) {
+        let _ = word.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
+            Some(v.saturating_sub(n))
+        });
     }
 
     /// What the process holds: the sums of its lanes.
@@ -273,6 +298,8 @@ impl ProcessSlot {
     pub(crate) fn clear(&self) {
         self.next_lane.store(0, Ordering::Relaxed);
         self.adopted.store(0, Ordering::Relaxed);
+        self.backlog_bytes.store(0, Ordering::Relaxed);
+        self.outstanding_wr.store(0, Ordering::Relaxed);
         for lane in &self.lanes {
             lane.qps.store(0, Ordering::Relaxed);
             lane.mr_bytes.store(0, Ordering::Relaxed);

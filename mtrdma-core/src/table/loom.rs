@@ -109,6 +109,8 @@ fn slot() -> Arc<ProcessSlot> {
         next_lane: AtomicU32::new(0),
         start_time: word(),
         adopted: word(),
+        backlog_bytes: word(),
+        outstanding_wr: word(),
         _reserved: std::array::from_fn(|_| word()),
         lanes: std::array::from_fn::<_, LANES, _>(|_| Lane {
             qps: word(),
@@ -201,6 +203,8 @@ fn a_late_reclaimer_never_takes_what_the_next_occupant_holds() {
             tenant_slot: 7,
             qps: 2,
             mr_bytes: 0,
+            backlog_bytes: 0,
+            outstanding_wr: 0,
         };
         match (mine, theirs) {
             (Some(h), None) | (None, Some(h)) => assert_eq!(h, dead),

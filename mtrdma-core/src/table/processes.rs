@@ -88,6 +88,9 @@ impl QuotaTable {
             if let Some(st) = self.state_of(held.tenant_slot) {
                 handle::sub_saturating(&st.qps, held.qps);
                 handle::sub_saturating(&st.mr_bytes, held.mr_bytes);
+                // Demand and work requests it will never take back.
+                handle::sub_saturating(&st.backlog_bytes, held.backlog_bytes);
+                handle::sub_saturating(&st.outstanding_wr, held.outstanding_wr);
             }
         })?;
         let tenant = TenantId(

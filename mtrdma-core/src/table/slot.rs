@@ -18,6 +18,9 @@ pub(crate) struct Held {
     pub(crate) tenant_slot: u32,
     pub(crate) qps: u64,
     pub(crate) mr_bytes: u64,
+    /// Its part of the tenant's backlog and outstanding work requests.
+    pub(crate) backlog_bytes: u64,
+    pub(crate) outstanding_wr: u64,
 }
 
 /// The state word of a claim in progress by process `pid`.
@@ -85,11 +88,14 @@ impl ProcessSlot {
         let tenant_slot = self.tenant_slot.load(Ordering::Relaxed);
         // The process is dead: nobody writes its lanes any more.
         let (qps, mr_bytes) = self.held();
+        let (backlog_bytes, outstanding_wr) = self.gauges();
         self.clear();
         let held = Held {
             tenant_slot,
             qps,
             mr_bytes,
+            backlog_bytes,
+            outstanding_wr,
         };
         give_back(held);
         self.free();

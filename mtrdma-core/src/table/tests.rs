@@ -282,3 +282,51 @@ fn lanes_add_up_across_threads_that_take_and_give_back() {
     assert_eq!(process.held(), (0, 0));
     assert_eq!(table.usage().unwrap()[0].mr_bytes.0, 0);
 }
+
+/// A process that dies with bytes in its schedulers' backlogs and work
+/// requests outstanding leaves neither behind: reclaiming its slot takes
+/// its part off its tenant's demand and outstanding count (a killed
+/// sender's backlog would otherwise stay the tenant's demand for good).
+#[test]
+fn a_dead_process_s_backlog_and_outstanding_requests_are_taken_back() {
+    let table = one_tenant();
+    let handle = table.attach(TenantId(1)).unwrap();
+    handle.add_backlog(1_000_000);
+    handle.add_backlog(-400_000);
+    let permit = handle.acquire_wrs(5).unwrap();
+    let usage = &table.usage().unwrap()[0];
+    assert_eq!((usage.backlog_bytes, usage.outstanding_wr), (600_000, 5));
+    let p = table
+        .mapped_processes()
+        .find(|&p| table.process_slot(p).state.load(Ordering::Acquire) == PROC_LIVE)
+        .unwrap();
+    assert_eq!(table.process_slot(p).gauges(), (600_000, 5));
+    // The process "dies": nothing of it runs again (its handle and permit
+    // are never dropped), and its slot names a process that is gone.
+    std::mem::forget(permit);
+    std::mem::forget(handle);
+    let slot = table.process_slot(p);
+    slot.start_time.store(
+        slot.start_time.load(Ordering::Relaxed).wrapping_sub(1),
+        Ordering::Relaxed,
+    );
+    assert_eq!(table.reclaim_dead().len(), 1);
+    let usage = &table.usage().unwrap()[0];
+    assert_eq!(
+        (usage.backlog_bytes, usage.outstanding_wr, usage.processes),
+        (0, 0, 0)
+    );
+    assert_eq!(slot.gauges(), (0, 0), "a reclaimed slot starts empty");
+}
+
+/// A handle dropped with backlog its schedulers never took back (and its
+/// process alive) returns it too.
+#[test]
+fn a_dropped_handle_returns_the_backlog_it_left() {
+    let table = one_tenant();
+    let handle = table.attach(TenantId(1)).unwrap();
+    handle.add_backlog(4_096);
+    assert_eq!(table.usage().unwrap()[0].backlog_bytes, 4_096);
+    drop(handle);
+    assert_eq!(table.usage().unwrap()[0].backlog_bytes, 0);
+}

@@ -133,11 +133,13 @@ impl WrPermit {
         let k = k.min(self.n);
         self.n -= k;
         sub_saturating(&self.handle.state().outstanding_wr, k);
+        ProcessSlot::gauge_sub(&self.handle.process().outstanding_wr, k);
     }
 }
 
 impl Drop for WrPermit {
     fn drop(&mut self) {
         sub_saturating(&self.handle.state().outstanding_wr, self.n);
+        ProcessSlot::gauge_sub(&self.handle.process().outstanding_wr, self.n);
     }
 }
