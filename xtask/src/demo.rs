@@ -173,12 +173,7 @@ pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
             }
             "--full" => form = Form::Full,
             "--short" => form = Form::Short,
-            "--link" => {
-                rate = it
-                    .next()
-                    .cloned()
-                    .context("--link needs a RATE (such as 100mbit) or auto")?
-            }
+            "--link" => rate = link_rate_arg(it.next())?,
             other => anyhow::bail!(
                 "`cargo xtask demo` takes [--full|--short] [--link RATE|auto] [-- ARGS for examples/isolation --link], not {other:?}"
             ),
@@ -216,6 +211,13 @@ pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The value of `--link` (`RATE` or `auto`), as `demo` and `soak` take it.
+pub(crate) fn link_rate_arg(value: Option<&String>) -> Result<String> {
+    value
+        .cloned()
+        .context("--link needs a RATE (such as 100mbit) or auto")
 }
 
 /// The link the VM boots with and how the job chooses its rate, for

@@ -49,12 +49,7 @@ pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
                     .filter(|m: &f64| m.is_finite() && *m > 0.0 && *m <= 24.0 * 60.0)
                     .with_context(|| format!("--minutes {v}: a number of minutes, above 0, at most a day"))?;
             }
-            "--link" => {
-                rate = it
-                    .next()
-                    .cloned()
-                    .context("--link needs a RATE (such as 100mbit) or auto")?
-            }
+            "--link" => rate = demo::link_rate_arg(it.next())?,
             other => anyhow::bail!(
                 "`cargo xtask soak` takes [--minutes N (default 10)] [--link RATE|auto], not {other:?}"
             ),
