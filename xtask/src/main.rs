@@ -4,7 +4,7 @@
 //! cargo xtask deps                      install the Debian packages the build, VM and baselines need
 //! cargo xtask vm [OPTIONS] -- CMD...    run CMD inside a QEMU VM with SoftRoCE (rxe0; with
 //!                                       --link RATE also rxa -> rxb over a shaped link)
-//! cargo xtask test                      deps, fmt, clippy, package, the book, unit tests, loom, Miri, fuzz, device tests in the VM
+//! cargo xtask test                      deps, fmt, clippy, the book, unit tests, loom, Miri, fuzz, package, device tests in the VM
 //! cargo xtask demo                      the isolation demo inside the VM (--full: with perftest's reference)
 //! cargo xtask soak [--minutes N]        churn on the VM's link that must leave nothing behind
 //! cargo xtask bench-device [-- ARGS]    the criterion bench on a device (benches/device.rs) on rxe0 in the VM
@@ -61,15 +61,17 @@ commands:
                           _RATE and _RATE_BPS (0 when unshaped)
       --link-mtu BYTES    the veth MTU with --link (default 4200: rxe active MTU 4096;
                           1500 gives 1024)
-  test                    deps, cargo fmt --check, clippy -D warnings, cargo package
-                          (every published crate packages and builds), the book
+  test                    deps, cargo fmt --check, clippy -D warnings, the book
                           (mdbook build docs; its doctests and links in cargo test), cargo test, the
                           quota table's protocols between processes under loom, the
-                          work-completion reads under Miri, every
-                          fuzz target for 20 s, and the device tests (#[ignore]d on the
-                          host) inside one VM boot, with --link 200mbit (then shaped to
-                          the highest rate up to it that ib_write_bw -s 4096 fills to 95%);
-                          with MTRDMA_TEST_DEVICE set, the device tests run on this host's
+                          work-completion reads under Miri, every fuzz target for 20 s,
+                          cargo package (every published crate packages and builds; in
+                          the background from loom on, with the preload library's
+                          release build), and inside one VM boot, with --link 200mbit
+                          (then shaped to the highest rate up to it that ib_write_bw -s
+                          4096 fills to 95%), the demo's short form, a minute of the soak
+                          and the device tests (#[ignore]d on the host); with
+                          MTRDMA_TEST_DEVICE set, the device tests run on this host's
                           device instead of the VM
   demo [--full|--short] [--link RATE] [-- ARGS]
                           builds every program on examples/isolation/programs.rs, then
