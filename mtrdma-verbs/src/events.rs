@@ -373,6 +373,63 @@ unsafe fn block(
     }
 }
 
+/// [`Waitable`] and [`PollCompletions`](crate::PollCompletions) for a
+/// queue pair that owns its completion queue (`QueuePair`,
+/// `UdQueuePair`): it polls with its `poll_own`, arms with its
+/// `arm_events`, takes events through its [`Sink`](crate::qp::Sink), and,
+/// when it receives from a shared receive queue, sleeps on its context's
+/// asynchronous events too.
+macro_rules! waitable_queue_pair {
+    ($qp:ty, $completion:ty) => {
+        impl $crate::events::Waitable for $qp {
+            type Item = $completion;
+
+            fn poll(&mut self, out: &mut Vec<$completion>) -> Result<usize, $crate::Error> {
+                self.poll_own(out)
+            }
+
+            fn check_events(&mut self) -> Result<(), $crate::Error> {
+                $crate::qp::Sink::check_events(self)
+            }
+
+            fn arm(&mut self) -> Result<$crate::events::Armed, $crate::Error> {
+                self.arm_events()
+            }
+
+            fn take_events(&mut self) -> Result<(), $crate::Error> {
+                $crate::qp::Sink::take_events(self)
+            }
+
+            fn side_fd(&self) -> Option<std::os::fd::RawFd> {
+                self.srq
+                    .as_ref()
+                    .map(|_| $crate::async_event::fd(self.pd.context()))
+            }
+
+            fn side_ready(&mut self) -> Result<(), $crate::Error> {
+                $crate::async_event::service(self.pd.context()).map(drop)
+            }
+        }
+
+        impl $crate::PollCompletions for $qp {
+            type Completion = $completion;
+
+            fn poll(&mut self, out: &mut Vec<$completion>) -> Result<usize, $crate::Error> {
+                self.poll_own(out)
+            }
+
+            fn poll_wait(
+                &mut self,
+                out: &mut Vec<$completion>,
+                timeout: std::time::Duration,
+            ) -> Result<usize, $crate::Error> {
+                $crate::events::poll_wait(self, out, timeout)
+            }
+        }
+    };
+}
+pub(crate) use waitable_queue_pair;
+
 #[cfg(test)]
 mod tests {
     use super::runqueue_wait;

@@ -19,7 +19,7 @@ use mtrdma_core::table::OwnedQpPermit;
 use mtrdma_core::TenantHandle;
 
 use crate::completion::{Completion, Opcode, WcStatus};
-use crate::events::{Armed, CompChannel, Waitable};
+use crate::events::{Armed, CompChannel};
 use crate::mr::{Access, RemoteRegion};
 use crate::slab::Slab;
 use crate::{
@@ -745,54 +745,10 @@ impl Sink for QueuePair {
     }
 }
 
-impl Waitable for QueuePair {
-    type Item = Completion;
-
-    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
-        self.poll_own(out)
-    }
-
-    fn check_events(&mut self) -> Result<(), Error> {
-        Sink::check_events(self)
-    }
-
-    fn arm(&mut self) -> Result<Armed, Error> {
-        self.arm_events()
-    }
-
-    fn take_events(&mut self) -> Result<(), Error> {
-        Sink::take_events(self)
-    }
-
-    fn side_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.srq
-            .as_ref()
-            .map(|_| crate::async_event::fd(self.pd.context()))
-    }
-
-    fn side_ready(&mut self) -> Result<(), Error> {
-        crate::async_event::service(self.pd.context()).map(drop)
-    }
-}
+crate::events::waitable_queue_pair!(QueuePair, Completion);
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
         Sink::shutdown(self);
-    }
-}
-
-impl crate::PollCompletions for QueuePair {
-    type Completion = Completion;
-
-    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
-        self.poll_own(out)
-    }
-
-    fn poll_wait(
-        &mut self,
-        out: &mut Vec<Completion>,
-        timeout: std::time::Duration,
-    ) -> Result<usize, Error> {
-        crate::events::poll_wait(self, out, timeout)
     }
 }

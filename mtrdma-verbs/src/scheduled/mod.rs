@@ -471,32 +471,42 @@ impl<Q: PieceScheduler> std::fmt::Debug for ScheduledQueuePair<Q> {
     }
 }
 
+/// What a scheduled queue pair (RC or UD) tells of its scheduling: its
+/// tenant, class, sends queued and window.
+macro_rules! scheduled_accessors {
+    () => {
+        /// The tenant its sends are scheduled as.
+        pub fn tenant(&self) -> TenantId {
+            self.inner.tenant
+        }
+
+        /// Its traffic class.
+        pub fn class(&self) -> TrafficClass {
+            self.inner.class
+        }
+
+        /// Sends accepted and not yet handed back by
+        /// [`poll`](crate::PollCompletions::poll).
+        pub fn queued(&self) -> usize {
+            self.inner.queued()
+        }
+
+        /// What its window (see [`ScheduleConfig::window`]) has learnt, if
+        /// it has one.
+        pub fn window(&self) -> Option<WindowState> {
+            self.inner.window()
+        }
+    };
+}
+pub(crate) use scheduled_accessors;
+
 impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
     /// The queue pair number.
     pub fn qpn(&self) -> u32 {
         self.inner.qpn
     }
 
-    /// The tenant its sends are scheduled as.
-    pub fn tenant(&self) -> TenantId {
-        self.inner.tenant
-    }
-
-    /// Its traffic class.
-    pub fn class(&self) -> TrafficClass {
-        self.inner.class
-    }
-
-    /// Send requests accepted and not yet handed back by [`poll`](crate::PollCompletions::poll).
-    pub fn queued(&self) -> usize {
-        self.inner.queued()
-    }
-
-    /// What its window (see [`ScheduleConfig::window`]) has learnt, if it
-    /// has one.
-    pub fn window(&self) -> Option<WindowState> {
-        self.inner.window()
-    }
+    scheduled_accessors!();
 
     /// Accepts a send-side request. It is posted now if the scheduler lets
     /// it go, or kept in the software backlog and posted by a later

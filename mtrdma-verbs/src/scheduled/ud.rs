@@ -94,26 +94,7 @@ impl<Q: PieceScheduler> ScheduledUdQueuePair<Q> {
         self.mtu
     }
 
-    /// The tenant its sends are scheduled as.
-    pub fn tenant(&self) -> TenantId {
-        self.inner.tenant
-    }
-
-    /// Its traffic class.
-    pub fn class(&self) -> TrafficClass {
-        self.inner.class
-    }
-
-    /// Sends accepted and not yet handed back by [`poll`](crate::PollCompletions::poll).
-    pub fn queued(&self) -> usize {
-        self.inner.queued()
-    }
-
-    /// What its window (see [`ScheduleConfig::window`]) has learnt, if it
-    /// has one.
-    pub fn window(&self) -> Option<WindowState> {
-        self.inner.window()
-    }
+    super::scheduled_accessors!();
 
     /// An address handle for sending from this queue pair's port and GID
     /// to `remote`.

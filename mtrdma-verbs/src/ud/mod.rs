@@ -17,14 +17,13 @@ use std::net::Ipv4Addr;
 use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::time::Duration;
 
 use ibverbs_sys as ffi;
 use mtrdma_core::table::OwnedQpPermit;
 use mtrdma_core::TenantHandle;
 
 use crate::completion::{Opcode, WcStatus};
-use crate::events::{Armed, Waitable};
+use crate::events::Armed;
 use crate::qp::{
     check_gather, create_qp, global_ah_attr, libc_enosys, modify_qp, post_send_list,
     qp_settings_setters, random_psn, Books, Cq, PostError, QpSettings, QpStart, RawCompletion,
@@ -490,55 +489,11 @@ impl UdQueuePair {
     }
 }
 
-impl Waitable for UdQueuePair {
-    type Item = UdCompletion;
-
-    fn poll(&mut self, out: &mut Vec<UdCompletion>) -> Result<usize, Error> {
-        self.poll_own(out)
-    }
-
-    fn check_events(&mut self) -> Result<(), Error> {
-        Sink::check_events(self)
-    }
-
-    fn arm(&mut self) -> Result<Armed, Error> {
-        self.arm_events()
-    }
-
-    fn take_events(&mut self) -> Result<(), Error> {
-        Sink::take_events(self)
-    }
-
-    fn side_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.srq
-            .as_ref()
-            .map(|_| crate::async_event::fd(self.pd.context()))
-    }
-
-    fn side_ready(&mut self) -> Result<(), Error> {
-        crate::async_event::service(self.pd.context()).map(drop)
-    }
-}
+crate::events::waitable_queue_pair!(UdQueuePair, UdCompletion);
 
 impl Drop for UdQueuePair {
     fn drop(&mut self) {
         self.teardown();
-    }
-}
-
-impl crate::PollCompletions for UdQueuePair {
-    type Completion = UdCompletion;
-
-    fn poll(&mut self, out: &mut Vec<UdCompletion>) -> Result<usize, Error> {
-        self.poll_own(out)
-    }
-
-    fn poll_wait(
-        &mut self,
-        out: &mut Vec<UdCompletion>,
-        timeout: Duration,
-    ) -> Result<usize, Error> {
-        crate::events::poll_wait(self, out, timeout)
     }
 }
 
