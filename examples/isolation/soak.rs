@@ -88,9 +88,8 @@ struct Checkpoint {
     fds: usize,
     /// Its private resident pages (`RssAnon`), and the shared ones
     /// (`RssShmem`: the table's pages it has touched), in KiB.
-    rss_kib: u64,
+    anon_kib: u64,
     shmem_kib: u64,
-    tenants: usize,
     killed: usize,
     storm: bool,
     /// Counters not back to zero ("" when all are).
@@ -252,9 +251,8 @@ pub(super) fn scenario_soak(site: &mut Site<'_>, r: &mut Report) -> Result<(), S
             life,
             pid,
             fds: open_fds(pid)?,
-            rss_kib: status_kib(pid, "RssAnon:")?,
+            anon_kib: status_kib(pid, "RssAnon:")?,
             shmem_kib: status_kib(pid, "RssShmem:")?,
-            tenants: SIZES.len(),
             killed: usize::from(killed.is_some()),
             storm,
             left,
@@ -270,9 +268,9 @@ pub(super) fn scenario_soak(site: &mut Site<'_>, r: &mut Report) -> Result<(), S
             },
             c.pid,
             c.fds,
-            c.rss_kib,
+            c.anon_kib,
             c.shmem_kib,
-            format!("{}/{}", c.tenants, c.killed),
+            format!("{}/{}", SIZES.len(), c.killed),
             if c.storm { "yes" } else { "no" },
             if c.left.is_empty() {
                 "all zero"
@@ -294,7 +292,7 @@ pub(super) fn scenario_soak(site: &mut Site<'_>, r: &mut Report) -> Result<(), S
             &format!("round{round}"),
             "coordinator",
             "anon_kib",
-            c.rss_kib as f64,
+            c.anon_kib as f64,
         );
         r.figure(
             "link_soak",
@@ -317,21 +315,22 @@ pub(super) fn scenario_soak(site: &mut Site<'_>, r: &mut Report) -> Result<(), S
         let (Some(first), Some(last)) = (of_life.first(), of_life.last()) else {
             continue;
         };
-        let rss_limit = first.rss_kib + (first.rss_kib as f64 * RSS_SLACK) as u64 + RSS_SLACK_KIB;
+        let anon_limit =
+            first.anon_kib + (first.anon_kib as f64 * RSS_SLACK) as u64 + RSS_SLACK_KIB;
         let fds_ok = last.fds <= first.fds;
-        let rss_ok = last.rss_kib <= rss_limit;
+        let anon_ok = last.anon_kib <= anon_limit;
         r.say(format!(
             "coordinator {} (rounds {} to {}): open descriptors {} -> {} ({}), private resident pages {} -> {} KiB \
-             (at most {rss_limit}: {})",
+             (at most {anon_limit}: {})",
             if l == 0 { "first".to_string() } else { format!("restart {l}") },
             first.round,
             last.round,
             first.fds,
             last.fds,
             verdict(fds_ok),
-            first.rss_kib,
-            last.rss_kib,
-            verdict(rss_ok)
+            first.anon_kib,
+            last.anon_kib,
+            verdict(anon_ok)
         ));
         if !fds_ok {
             problems.push(format!(
@@ -339,10 +338,10 @@ pub(super) fn scenario_soak(site: &mut Site<'_>, r: &mut Report) -> Result<(), S
                 first.fds, last.fds
             ));
         }
-        if !rss_ok {
+        if !anon_ok {
             problems.push(format!(
                 "coordinator {l}: its private resident pages grew from {} to {} KiB",
-                first.rss_kib, last.rss_kib
+                first.anon_kib, last.anon_kib
             ));
         }
     }
