@@ -7,6 +7,7 @@
 //! cargo xtask test                      deps, fmt, clippy, the book, unit tests, loom, Miri, fuzz, package, device tests in the VM
 //! cargo xtask demo                      the isolation demo inside the VM (--full: with perftest's reference)
 //! cargo xtask soak [--minutes N]        churn on the VM's link that must leave nothing behind
+//! cargo xtask fuzz [--seconds N]        every fuzz target for N seconds (default 20)
 //! cargo xtask bench-device [-- ARGS]    the criterion bench on a device (benches/device.rs) on rxe0 in the VM
 //! ```
 
@@ -64,15 +65,16 @@ commands:
   test                    deps, cargo fmt --check, clippy -D warnings, the book
                           (mdbook build docs; its doctests and links in cargo test), cargo test, the
                           quota table's protocols between processes under loom, the
-                          work-completion reads under Miri, every fuzz target for 20 s,
-                          cargo package (every published crate packages and builds; in
-                          the background from loom on, with the preload library's
-                          release build), and inside one VM boot, with --link 200mbit
-                          (then shaped to the highest rate up to it that ib_write_bw -s
-                          4096 fills to 95%), the demo's short form, a minute of the soak
-                          and the device tests (#[ignore]d on the host); with
-                          MTRDMA_TEST_DEVICE set, the device tests run on this host's
-                          device instead of the VM
+                          work-completion reads under Miri, every fuzz target for 20 s
+                          (as many at once as there are CPUs), inside one VM boot, with
+                          --link 200mbit (then shaped to the highest rate up to it that
+                          ib_write_bw -s 4096 fills to 95%), the demo's short form, a
+                          minute of the soak and the device tests (#[ignore]d on the
+                          host; with MTRDMA_TEST_DEVICE set, on this host's device
+                          instead of the VM), then cargo package (every published crate
+                          packages and builds). The package verification and the preload
+                          library's release build run from loom on at idle priority, on
+                          the CPU time the other stages and the VM leave
   demo [--full|--short] [--link RATE] [-- ARGS]
                           builds every program on examples/isolation/programs.rs, then
                           inside the VM with the shared link (default, auto: the highest
@@ -105,6 +107,9 @@ commands:
                           each coordinator's life its open descriptors must not grow and
                           its memory stay flat; report in target/soak/ (the test command
                           runs it for a minute)
+  fuzz [--seconds N]      builds every cargo-fuzz target, then runs each for N seconds
+                          (default 20), as many at once as there are CPUs (the test
+                          command's fuzz stage)
   bench-device [-- ARGS]  builds benches/device.rs and runs it inside the VM on rxe0
                           (MTRDMA_BENCH_DEVICE=rxe0): latency and message rate of 64 B
                           WRITEs, raw against mtrdma, single posts and batches, then
@@ -144,6 +149,17 @@ fn run(args: &[String]) -> Result<ExitCode> {
             test::run()
         }
         "demo" => demo::run(rest),
+        "fuzz" => {
+            let each = match rest {
+                [] => test::FUZZ_TIME,
+                [flag, secs] if flag == "--seconds" => {
+                    Duration::from_secs(secs.parse().context("--seconds takes whole seconds")?)
+                }
+                _ => bail!("`cargo xtask fuzz` takes [--seconds N] (got {rest:?})"),
+            };
+            println!("{}", fuzz::run(each)?);
+            Ok(ExitCode::SUCCESS)
+        }
         "soak" => soak::run(rest),
         "bench-device" => bench::run(rest),
         // Run by the demo's script in the VM, between overhead rounds.

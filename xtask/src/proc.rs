@@ -130,6 +130,28 @@ impl Background {
         })
     }
 
+    /// Starts `cmd` as [`Background::start`] does, under the idle
+    /// scheduling policy (`chrt --idle 0`, `SCHED_IDLE`): it runs only on
+    /// CPU time nothing else wants, so that it neither slows the stages in
+    /// the foreground nor the VM's emulated CPUs, and takes up what they
+    /// leave (the VM's device tests leave much of the host idle).
+    pub(crate) fn start_idle(what: &str, cmd: &Command, log: &Path) -> Result<Background> {
+        let mut idle = Command::new("chrt");
+        idle.args(["--idle", "0"])
+            .arg(cmd.get_program())
+            .args(cmd.get_args());
+        for (key, value) in cmd.get_envs() {
+            match value {
+                Some(value) => idle.env(key, value),
+                None => idle.env_remove(key),
+            };
+        }
+        if let Some(dir) = cmd.get_current_dir() {
+            idle.current_dir(dir);
+        }
+        Self::start(what, &mut idle, log)
+    }
+
     /// Waits for it. Returns whether it succeeded and a line saying how
     /// long it ran; on failure its log is printed.
     pub(crate) fn join(mut self) -> Result<(bool, String)> {

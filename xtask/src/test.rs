@@ -5,9 +5,7 @@
 //! examples' unit tests) on the host, the quota table's protocols
 //! between processes model-checked with loom, the tests of memory a
 //! device may leave unwritten under Miri, each cargo-fuzz target for
-//! 20 s, `cargo package` (built in the background from the loom stage
-//! on, beside the release build of the preload library: those stages
-//! leave a core idle much of the time), then the device tests (the
+//! 20 s (as many at once as there are CPUs), then the device tests (the
 //! `#[ignore]`d ones) of every test binary with `--ignored` against a real
 //! verbs device: `rxe0` inside one boot of the SoftRoCE VM, or the host's
 //! device named by `MTRDMA_TEST_DEVICE` when that is set. The VM boot also
@@ -16,7 +14,14 @@
 //! Before the device tests, the same boot runs the demo in its short form
 //! (`cargo xtask demo --short`, in the debug build): a scenario of the demo
 //! that cannot run fails the stage, named; and then a minute of the soak
-//! (`cargo xtask soak`), whose failure fails the stage too.
+//! (`cargo xtask soak`), whose failure fails the stage too. Last, `cargo
+//! package` (every published crate built from its package alone).
+//!
+//! Two builds run from the loom stage on under the idle scheduling policy,
+//! on CPU time the foreground and the VM leave (the VM's device tests leave
+//! much of the host idle): the package verification, joined as the last
+//! stage, and the preload library's release build, which the device tests
+//! wait for after the demo's short form and the soak.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -32,7 +37,10 @@ use crate::{book, demo, deps, fuzz, link, loom, miri, soak, vm};
 const STAGES: usize = 10;
 
 /// How long each fuzz target runs.
-const FUZZ_TIME: Duration = Duration::from_secs(20);
+pub(crate) const FUZZ_TIME: Duration = Duration::from_secs(20);
+
+/// How long the device tests wait for the preload library's release build.
+const PRELOAD_WAIT: Duration = Duration::from_secs(20 * 60);
 
 /// The device tests' budget inside the VM.
 const VM_TIMEOUT: Duration = Duration::from_secs(40 * 60);
@@ -124,12 +132,12 @@ pub(crate) fn run() -> Result<ExitCode> {
                 Some(counts),
             ))
         });
-        // Two builds run beside the next stages, which use one core much
-        // of the time: every published crate packaged and built from its
-        // package alone, and the preload library optimised for the
-        // device tests.
+        // Two builds run under the idle scheduling policy from here on,
+        // on CPU time the stages in the foreground and the VM leave: every
+        // published crate packaged and built from its package alone, and
+        // the preload library optimised for the device tests.
         let mut package = Some(start_package());
-        let mut preload = Some(proc::Background::start(
+        let mut preload = Some(proc::Background::start_idle(
             "the release build of the preload library",
             proc::cargo().args(["build", "--release", "-p", "mtrdma-preload"]),
             &proc::target_dir().join("xtask-logs/preload-release.log"),
@@ -143,16 +151,12 @@ pub(crate) fn run() -> Result<ExitCode> {
             let detail = fuzz::run(FUZZ_TIME)?;
             Ok((true, detail, None))
         });
+        stage("device tests", &mut || {
+            device_tests(preload.take().expect("started once")?)
+        });
         stage("package", &mut || {
             let (ok, detail) = package.take().expect("joined once")?.join()?;
             Ok((ok, detail, None))
-        });
-        stage("device tests", &mut || {
-            let (ok, detail) = preload.take().expect("joined once")?.join()?;
-            if !ok {
-                anyhow::bail!("{detail}");
-            }
-            device_tests()
         });
     }
 
@@ -201,9 +205,14 @@ fn start_package() -> Result<proc::Background> {
     if target.exists() {
         std::fs::remove_dir_all(&target)?;
     }
-    proc::Background::start(
+    proc::Background::start_idle(
         "cargo package (every published crate built from its package)",
         proc::cargo()
+            // The verification builds only have to compile: without
+            // debuginfo or incremental state they take less of the CPU the
+            // foreground stages share.
+            .env("CARGO_PROFILE_DEV_DEBUG", "0")
+            .env("CARGO_INCREMENTAL", "0")
             .args([
                 "package",
                 "--workspace",
@@ -276,15 +285,50 @@ fn forget_packaged_sources() -> Result<()> {
 /// renamed flag or a scenario that cannot start fails the tests, named.
 /// The link tests that check a demo scenario's table read that run
 /// (`MTRDMA_DEMO_SHORT`) rather than run the scenario again.
-fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
+fn device_tests(preload: proc::Background) -> Result<(bool, String, Option<TestCounts>)> {
     let binaries = test_binaries()?;
-    // Programs preload the library optimised (built in the background
-    // before this stage): its device tests compare them with and without
-    // it.
-    let preload = proc::target_dir().join("release/libmtrdma_preload.so");
+    // `cargo test` built the examples on the demo's list; this build adds
+    // the preload library, with the features of the whole workspace (a
+    // `cargo build` of a few programs would resolve other features and
+    // build their dependencies again).
+    if !proc::status(proc::cargo().args(["build", "--workspace", "--all-targets"]))? {
+        anyhow::bail!("building the demo's programs failed");
+    }
+    // Programs preload the library optimised in the device tests, which
+    // compare them with and without it. Its release build may still be
+    // running (on the CPU time the VM leaves) when the VM boots: it is
+    // handed over through a directory the VM shares writable, and the
+    // device tests, after the demo's short form and the soak, wait for it.
+    let handoff = proc::target_dir().join("preload-release");
+    if handoff.exists() {
+        std::fs::remove_dir_all(&handoff)?;
+    }
+    std::fs::create_dir_all(&handoff)?;
+    let library = handoff.join("libmtrdma_preload.so");
+    let waiter = std::thread::spawn({
+        let (handoff, library) = (handoff.clone(), library.clone());
+        move || -> Result<(bool, String)> {
+            let (ok, detail) = preload.join()?;
+            if ok {
+                std::fs::copy(
+                    proc::target_dir().join("release/libmtrdma_preload.so"),
+                    &library,
+                )?;
+            }
+            std::fs::write(handoff.join(if ok { "built" } else { "failed" }), &detail)?;
+            Ok((ok, detail))
+        }
+    });
     let mut script = format!(
-        "export MTRDMA_PRELOAD_LIB={}\nstatus=0\n",
-        proc::shell_quote(&preload.display().to_string())
+        "status=0\n\
+         waited=0\n\
+         while [ ! -e {dir}/built ] && [ ! -e {dir}/failed ] && [ $waited -lt {limit} ]; do sleep 1; waited=$((waited + 1)); done\n\
+         if [ -e {dir}/built ]; then echo \"the preload library's release build: ready (waited $waited s for it)\"; \
+         else echo \"the preload library's release build FAILED or did not finish: its tests fail\"; status=1; fi\n\
+         export MTRDMA_PRELOAD_LIB={library}\n",
+        dir = proc::shell_quote(&handoff.display().to_string()),
+        library = proc::shell_quote(&library.display().to_string()),
+        limit = PRELOAD_WAIT.as_secs(),
     );
     for bin in &binaries {
         let _ = writeln!(
@@ -310,20 +354,13 @@ fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
             )
         }
         _ => {
-            // The demo's short form, in the debug build the tests use:
-            // `cargo test` built the examples on its list and this build
-            // adds the preload library, with the features of the whole
-            // workspace (a `cargo build` of a few programs would resolve
-            // other features and build their dependencies again).
+            // The demo's short form, in the debug build the tests use.
             let demo_plan = demo::Plan {
                 form: demo::Form::Short,
                 release: false,
                 calibrate: None,
                 isolation_args: Vec::new(),
             };
-            if !proc::status(proc::cargo().args(["build", "--workspace", "--all-targets"]))? {
-                anyhow::bail!("building the demo's programs failed");
-            }
             let unbuilt = demo::unbuilt(&demo_plan);
             if !unbuilt.is_empty() {
                 anyhow::bail!(
@@ -362,35 +399,42 @@ fn device_tests() -> Result<(bool, String, Option<TestCounts>)> {
             let opts = vm::Options {
                 timeout: VM_TIMEOUT,
                 link: Some(link),
-                rw_shares: vec![demo_out.clone()],
+                rw_shares: vec![demo_out.clone(), handoff.clone()],
                 ..vm::Options::default()
             };
             let outcome = vm::run(&opts, &vm::Job::script(script))?;
             let (summary, failed) = demo::summary(&demo_plan, &demo_out, 0);
             println!("\n{summary}");
-            if !failed.is_empty() {
+            if failed.is_empty() {
+                let soak = if outcome.stdout.contains("soak failed:") {
+                    "; the soak FAILED"
+                } else {
+                    " and a minute's soak"
+                };
+                (
+                    outcome.exit_code == 0,
+                    outcome.stdout,
+                    format!("rxe0 in the SoftRoCE VM, after the demo's short form (every scenario ran){soak}"),
+                )
+            } else {
                 let names: Vec<String> = failed
                     .iter()
                     .map(|(name, why)| format!("{name} ({why})"))
                     .collect();
-                return Ok((
+                (
                     false,
+                    outcome.stdout,
                     format!("the demo's short form: did not run: {}", names.join("; ")),
-                    Some(TestCounts::parse(&outcome.stdout)),
-                ));
+                )
             }
-            let soak = if outcome.stdout.contains("soak failed:") {
-                "; the soak FAILED"
-            } else {
-                " and a minute's soak"
-            };
-            (
-                outcome.exit_code == 0,
-                outcome.stdout,
-                format!("rxe0 in the SoftRoCE VM, after the demo's short form (every scenario ran){soak}"),
-            )
         }
     };
+    let (built, built_detail) = waiter
+        .join()
+        .map_err(|_| anyhow::anyhow!("handing the preload library over panicked"))??;
+    if !built {
+        return Ok((false, built_detail, Some(TestCounts::parse(&out))));
+    }
     let counts = TestCounts::parse(&out);
     if counts.passed == 0 {
         return Ok((false, format!("{where_}: no device test ran"), Some(counts)));
