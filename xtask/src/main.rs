@@ -48,6 +48,9 @@ commands:
   deps                    install the Debian packages mtrdma's build, VM and baselines need
                           (apt-get when root; otherwise prints the command to run)
   vm [OPTIONS] -- CMD...  boot the SoftRoCE VM, run CMD in the current directory, exit with its code
+                          (one VM at a time on a host: a second waits for the first, and
+                          says so; MTRDMA_VM_LOCK names the lock file, default
+                          $TMPDIR/mtrdma-vm.lock)
       --timeout SECS      kill the VM after SECS seconds (default 600)
       --kvm               use KVM instead of TCG emulation (also: MTRDMA_VM_KVM=1)
       --rw DIR            share host directory DIR writable at the same path (repeatable)

@@ -93,12 +93,39 @@ pub(crate) struct Outcome {
 const QEMU: &str = "qemu-system-x86_64";
 
 /// Boots the VM, runs the job, and returns its exit code and stdout.
+/// The lock that lets one VM run on this host at a time: two would share
+/// the host's CPUs, each emulating its own, and what the tests and the demo
+/// measure inside either would be off. `MTRDMA_VM_LOCK` names the file
+/// (default `mtrdma-vm.lock` in the temporary directory); a second VM
+/// waits, and says so.
+fn host_lock() -> Result<fs::File> {
+    let path = std::env::var_os("MTRDMA_VM_LOCK")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("mtrdma-vm.lock"));
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening the VM lock {}", path.display()))?;
+    if file.try_lock().is_err() {
+        eprintln!(
+            "vm: another VM runs on this host; waiting for it (lock {})",
+            path.display()
+        );
+        file.lock()
+            .with_context(|| format!("waiting for the VM lock {}", path.display()))?;
+    }
+    Ok(file)
+}
+
 pub(crate) fn run(opts: &Options, job: &Job) -> Result<Outcome> {
     if !proc::on_path(QEMU) {
         bail!("{QEMU} not found: run `cargo xtask deps` (installs qemu-system-x86)");
     }
     let kernel = kernel::ensure()?;
     let initramfs = kernel::initramfs(&kernel)?;
+    let _one_at_a_time = host_lock()?;
 
     let jobs = proc::target_dir().join("vm").join("jobs");
     let dir = jobs.join(format!(
