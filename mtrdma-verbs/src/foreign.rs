@@ -492,13 +492,7 @@ impl Sink for ForeignSink {
         self.qpn
     }
 
-    fn books(&self) -> &Books<ForeignBuf> {
-        &self.books
-    }
-
-    fn books_mut(&mut self) -> &mut Books<ForeignBuf> {
-        &mut self.books
-    }
+    crate::qp::sink_books!();
 
     unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
         let engine_id = wr.wr_id;

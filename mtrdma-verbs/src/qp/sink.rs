@@ -11,6 +11,43 @@ pub(crate) const LIST_MAX: usize = 32;
 /// ([`Sink::post_list`]).
 pub(crate) const SIGNAL_EVERY: usize = 16;
 
+/// The methods of a [`Sink`] impl whose books are its `books` field:
+/// `books` and `books_mut`; with `quiet`, also `quiet_lists` (true: it
+/// posts lists as given); with `queue pair` (a device queue pair holding
+/// its tenant's permit in `_permit`), those and its `tenant`, and a
+/// `post_wr` that posts the request as a list of one.
+macro_rules! sink_books {
+    () => {
+        fn books(&self) -> &Books<Self::Region> {
+            &self.books
+        }
+
+        fn books_mut(&mut self) -> &mut Books<Self::Region> {
+            &mut self.books
+        }
+    };
+    (quiet) => {
+        $crate::qp::sink_books!();
+
+        fn quiet_lists(&self) -> bool {
+            true
+        }
+    };
+    (queue pair) => {
+        $crate::qp::sink_books!(quiet);
+
+        fn tenant(&self) -> Option<&TenantHandle> {
+            self._permit.as_ref().map(OwnedQpPermit::handle)
+        }
+
+        unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
+            // SAFETY: as the caller promises; `wr` alone is a list of one.
+            unsafe { self.post_wr_list(wr) }.map_err(|(_, e)| e)
+        }
+    };
+}
+pub(crate) use sink_books;
+
 /// Where a queue pair's send-side work requests go: the device's send
 /// queue ([`QueuePair`]), or a null sink on the host (benches and tests,
 /// see [`crate::testing`]). Everything up to the device's `post_send` and

@@ -607,17 +607,7 @@ impl Sink for NullSink {
         self.tenant.as_ref()
     }
 
-    fn books(&self) -> &Books<HeapRegion> {
-        &self.books
-    }
-
-    fn books_mut(&mut self) -> &mut Books<HeapRegion> {
-        &mut self.books
-    }
-
-    fn quiet_lists(&self) -> bool {
-        true
-    }
+    crate::qp::sink_books!(quiet);
 
     unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
         self.take(wr)

@@ -25,40 +25,29 @@ pub struct UdQueuePairBuilder<'a> {
 }
 
 impl UdQueuePairBuilder<'_> {
-    qp_settings_setters!();
-
-    /// Receive queue depth (default 128); the queue pair registers
-    /// `40 * n` bytes for the GRHs of its receives.
-    pub fn max_recv_wr(mut self, n: u32) -> Self {
-        self.settings.max_recv_wr = n.max(1);
-        self
-    }
-
-    /// Receives from `srq` (built with
-    /// [`datagrams(true)`](crate::SharedReceiveQueueBuilder::datagrams),
-    /// on the same protection domain) instead of a receive queue of its
-    /// own: several UD queue pairs (one per server thread, say) then share
-    /// one pool of receive buffers. Posting a receive to the queue pair is
-    /// refused ([`Error::ReceivesFromSrq`]); the receives it takes from the
-    /// shared queue come back through its polls, with their source, as
-    /// its own would.
-    pub fn srq(mut self, srq: &SharedReceiveQueue) -> Self {
-        self.srq = Some(srq.clone());
-        self
+    qp_settings_setters! {
+        /// Receive queue depth (default 128); the queue pair registers
+        /// `40 * n` bytes for the GRHs of its receives.
+        max_recv_wr;
+        /// Receives from `srq` (built with
+        /// [`datagrams(true)`](crate::SharedReceiveQueueBuilder::datagrams),
+        /// on the same protection domain) instead of a receive queue of its
+        /// own: several UD queue pairs (one per server thread, say) then share
+        /// one pool of receive buffers. Posting a receive to the queue pair is
+        /// refused ([`Error::ReceivesFromSrq`]); the receives it takes from the
+        /// shared queue come back through its polls, with their source, as
+        /// its own would.
+        srq;
+        /// The tenant the queue pair belongs to: creation is admitted against
+        /// its quota, the internal GRH buffer counts against its memory-region
+        /// bytes, and both are given back when the queue pair is dropped.
+        tenant;
     }
 
     /// The Q_Key incoming messages must carry (default [`DEFAULT_QKEY`]).
     /// Keys with the top bit set are reserved for privileged use.
     pub fn qkey(mut self, qkey: u32) -> Self {
         self.qkey = qkey;
-        self
-    }
-
-    /// The tenant the queue pair belongs to: creation is admitted against
-    /// its quota, the internal GRH buffer counts against its memory-region
-    /// bytes, and both are given back when the queue pair is dropped.
-    pub fn tenant(mut self, tenant: &TenantHandle) -> Self {
-        self.settings.tenant = Some(tenant.clone());
         self
     }
 
@@ -85,67 +74,26 @@ impl UdQueuePairBuilder<'_> {
                 max_sge: attrs.max_sge,
             });
         }
-        if let Some(srq) = &self.srq {
-            if srq.pd().raw() != self.pd.raw() {
-                return Err(Error::ForeignObject {
-                    what: "shared receive queue",
-                    with: "queue pair",
-                    scope: "protection domain",
-                });
-            }
-            if !srq.datagrams() {
-                return Err(Error::SrqTransport {
-                    srq: "RC",
-                    qp: "UD",
-                });
-            }
-        }
-        // With an SRQ the queue pair has no receive queue (and no GRH
-        // cells: the SRQ has them); its completion queue holds the
-        // receives it may take from the SRQ.
-        let (max_recv_wr, recv_cqe) = match &self.srq {
-            Some(srq) => (0, srq.max_wr()),
-            None => (max_recv_wr, max_recv_wr),
-        };
+        check_srq(self.srq.as_ref(), self.pd, true)?;
+        // With an SRQ the queue pair has no GRH cells either: the SRQ has
+        // them.
+        let (max_recv_wr, recv_cqe) = recv_depths(self.srq.as_ref(), max_recv_wr);
         let grh_len = GRH_BYTES * max_recv_wr as usize;
         let grh = match (&self.settings.tenant, grh_len) {
             (_, 0) => None,
             (Some(t), _) => Some(self.pd.register_for(t, vec![0u8; grh_len], Access::LOCAL)?),
             (None, _) => Some(self.pd.allocate(grh_len, Access::LOCAL)?),
         };
-        // The CQ holds one entry per request the queue pair lets in flight
-        // (its own limits below, not the provider's possibly larger caps).
-        let entries = u64::from(max_send_wr) + u64::from(recv_cqe);
-        let max = u64::try_from(attrs.max_cqe).unwrap_or(0);
-        if entries > max {
-            return Err(Error::QueueTooDeep {
-                device,
-                what: "the completion queue's entries",
-                asked: entries,
-                max,
-            });
-        }
-        let cq = Cq::new(ctx, entries as u32, events)?;
-        let mut init = ffi::ibv_qp_init_attr {
-            send_cq: cq.cq.as_ptr(),
-            recv_cq: cq.cq.as_ptr(),
-            srq: self
-                .srq
-                .as_ref()
-                .map_or(std::ptr::null_mut(), SharedReceiveQueue::raw),
-            qp_type: ffi::ibv_qp_type::IBV_QPT_UD,
-            // Each request asks for its completion or not
-            // (`Sink::post_list`).
-            sq_sig_all: 0,
-            cap: ffi::ibv_qp_cap {
-                max_send_wr,
-                max_recv_wr,
-                max_send_sge,
-                max_recv_sge: if self.srq.is_some() { 0 } else { 2 },
-                max_inline_data: 0,
-            },
-            ..Default::default()
+        let entries = cq_entries(&device, &attrs, max_send_wr, recv_cqe)?;
+        let cq = Cq::new(ctx, entries, events)?;
+        let cap = ffi::ibv_qp_cap {
+            max_send_wr,
+            max_recv_wr,
+            max_send_sge,
+            max_recv_sge: if self.srq.is_some() { 0 } else { 2 },
+            max_inline_data: 0,
         };
+        let mut init = qp_init_attr(&cq, self.srq.as_ref(), ffi::ibv_qp_type::IBV_QPT_UD, cap);
         let qp = create_qp(self.pd, &mut init)?;
         let recv_sges = if self.srq.is_some() {
             2

@@ -10,26 +10,7 @@ impl Sink for UdQueuePair {
         UdQueuePair::qpn(self)
     }
 
-    fn tenant(&self) -> Option<&TenantHandle> {
-        self._permit.as_ref().map(OwnedQpPermit::handle)
-    }
-
-    fn books(&self) -> &Books<UdRegion> {
-        &self.books
-    }
-
-    fn books_mut(&mut self) -> &mut Books<UdRegion> {
-        &mut self.books
-    }
-
-    fn quiet_lists(&self) -> bool {
-        true
-    }
-
-    unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
-        // SAFETY: as the caller promises; `wr` alone is a list of one.
-        unsafe { self.post_wr_list(wr) }.map_err(|(_, e)| e)
-    }
+    sink_books!(queue pair);
 
     unsafe fn post_wr_list(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), (usize, Error)> {
         // SAFETY: the QP is live while `self` is; the caller keeps the
