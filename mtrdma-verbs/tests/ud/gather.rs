@@ -38,8 +38,7 @@ fn patterns_back(regions: &[mtrdma_verbs::MemoryRegion]) -> Vec<Vec<u8>> {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_ud_gather_is_one_datagram_within_the_mtu_and_every_region_comes_back() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (ctx, pd) = device_pd();
     let mut server = pd.ud_queue_pair().build().unwrap();
     let mtu = server.mtu() as usize;
     let mut client = pd.ud_queue_pair().max_send_sge(3).build().unwrap();
@@ -171,8 +170,7 @@ fn a_ud_gather_is_one_datagram_within_the_mtu_and_every_region_comes_back() {
 fn a_scheduled_ud_gather_goes_as_one_datagram_and_hands_every_region_back() {
     use mtrdma_core::TrafficClass;
     use mtrdma_verbs::ScheduleConfig;
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let mut server = pd.ud_queue_pair().build().unwrap();
     let mtu = server.mtu() as usize;
     let mut client = pd
