@@ -40,9 +40,9 @@ use std::time::Instant;
 use ibverbs_sys as ffi;
 use mtrdma_core::TenantHandle;
 
-use crate::completion::{Opcode, WcStatus};
+use crate::completion::WcStatus;
 use crate::events::Armed;
-use crate::qp::{Books, Extra, RawCompletion, Region, Sink, UdDest, Wc};
+use crate::qp::{Books, Extra, Finished, RawCompletion, Region, Sink, UdDest, Wc};
 use crate::scheduled::{solo_parts, DefaultScheduler, EngineClock, Scheduled};
 use crate::{Error, ScheduleConfig, SendOp};
 
@@ -264,19 +264,12 @@ impl Region for ForeignBuf {
         }
     }
 
-    fn complete(
-        self,
-        context: u64,
-        status: WcStatus,
-        _opcode: Opcode,
-        byte_len: u32,
-        _imm: Option<u32>,
-    ) -> ForeignDone {
+    fn complete(self, finished: Finished) -> ForeignDone {
         ForeignDone {
-            wr_id: context,
-            status: status.to_raw(),
+            wr_id: finished.context,
+            status: finished.status.to_raw(),
             opcode: self.wc_opcode,
-            byte_len,
+            byte_len: finished.byte_len,
             signaled: self.signaled,
             inline: match self.local {
                 Local::Inline(data) => Some(data),

@@ -559,11 +559,13 @@ impl<R: Region> Books<R> {
         push_in_place(
             out,
             slot.region.complete_from(
-                slot.context,
-                wc.status,
-                opcode,
-                byte_len,
-                wc.imm.map(u32::from_be),
+                Finished {
+                    context: slot.context,
+                    status: wc.status,
+                    opcode,
+                    byte_len,
+                    imm: wc.imm.map(u32::from_be),
+                },
                 wc.source,
             ),
         );
@@ -624,11 +626,13 @@ impl<R: Region> Books<R> {
             push_in_place(
                 out,
                 piece.region.complete_from(
-                    piece.context,
-                    status,
-                    opcode_of(status, opcode),
-                    piece.len,
-                    None,
+                    Finished {
+                        context: piece.context,
+                        status,
+                        opcode: opcode_of(status, opcode),
+                        byte_len: piece.len,
+                        imm: None,
+                    },
                     None,
                 ),
             );

@@ -93,6 +93,63 @@ pub(crate) struct UdDest {
     pub(crate) qkey: u32,
 }
 
+/// What a finished work request reports besides its region: the fields
+/// every completion type opens with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Finished {
+    /// The caller's value given when posting.
+    pub(crate) context: u64,
+    /// How it ended.
+    pub(crate) status: WcStatus,
+    /// What it was.
+    pub(crate) opcode: Opcode,
+    /// Bytes received or transferred.
+    pub(crate) byte_len: u32,
+    /// Immediate data.
+    pub(crate) imm: Option<u32>,
+}
+
+/// Builds the completion type `$ty` from a [`Finished`] and the fields it
+/// has after the five every completion opens with.
+macro_rules! completion_of {
+    ($finished:expr, $ty:ident { $($field:ident $(: $value:expr)?),* $(,)? }) => {{
+        let f: $crate::qp::Finished = $finished;
+        $ty {
+            context: f.context,
+            status: f.status,
+            opcode: f.opcode,
+            byte_len: f.byte_len,
+            imm: f.imm,
+            $($field $(: $value)?),*
+        }
+    }};
+}
+pub(crate) use completion_of;
+
+/// The completion methods of a region kind whose completion `$ty` hands
+/// the regions themselves back: a request's (first) region in `region`,
+/// a gather request's others in `gathered`.
+macro_rules! own_region_completion {
+    ($ty:ident) => {
+        fn complete(self, finished: $crate::qp::Finished) -> $ty {
+            $crate::qp::completion_of!(
+                finished,
+                $ty {
+                    region: self,
+                    gathered: Vec::new()
+                }
+            )
+        }
+
+        const GATHERS: bool = true;
+
+        fn attach_rest(done: &mut $ty, rest: Vec<Self>) {
+            done.gathered = rest;
+        }
+    };
+}
+pub(crate) use own_region_completion;
+
 /// A buffer a work request may use: a [`MemoryRegion`] on a device, a
 /// plain heap buffer on the host (benches and tests, see
 /// [`crate::testing`]). It is moved into the queue pair while the NIC may
@@ -109,32 +166,21 @@ pub(crate) trait Region: Send + Sync + 'static {
     fn sge(&self, range: &Range<usize>) -> Option<ffi::ibv_sge>;
 
     /// The completion that hands the region back.
-    fn complete(
-        self,
-        context: u64,
-        status: WcStatus,
-        opcode: Opcode,
-        byte_len: u32,
-        imm: Option<u32>,
-    ) -> Self::Completion;
+    fn complete(self, finished: Finished) -> Self::Completion;
 
     /// As [`complete`](Self::complete), for a completion the device
     /// reported with the datagram's source (UD receives); the default
     /// drops the source.
     fn complete_from(
         self,
-        context: u64,
-        status: WcStatus,
-        opcode: Opcode,
-        byte_len: u32,
-        imm: Option<u32>,
+        finished: Finished,
         source: Option<crate::ud::UdSource>,
     ) -> Self::Completion
     where
         Self: Sized,
     {
         let _ = source;
-        self.complete(context, status, opcode, byte_len, imm)
+        self.complete(finished)
     }
 
     /// Where a send on this region goes as a datagram (UD queue pairs);
@@ -185,30 +231,7 @@ impl Region for MemoryRegion {
         MemoryRegion::sge(self, range)
     }
 
-    fn complete(
-        self,
-        context: u64,
-        status: WcStatus,
-        opcode: Opcode,
-        byte_len: u32,
-        imm: Option<u32>,
-    ) -> Completion {
-        Completion {
-            context,
-            status,
-            opcode,
-            byte_len,
-            imm,
-            region: self,
-            gathered: Vec::new(),
-        }
-    }
-
-    const GATHERS: bool = true;
-
-    fn attach_rest(done: &mut Completion, rest: Vec<MemoryRegion>) {
-        done.gathered = rest;
-    }
+    own_region_completion!(Completion);
 }
 
 /// `v.push(x)`, always inlined: `x` (a completion, several words) is

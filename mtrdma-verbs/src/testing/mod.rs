@@ -31,7 +31,7 @@ use mtrdma_sched::{ManualClock, TenantPolicy};
 
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
-use crate::qp::{Batch, Books, RawCompletion, Region, SendOp, Sink, Wc};
+use crate::qp::{own_region_completion, Batch, Books, RawCompletion, Region, SendOp, Sink, Wc};
 use crate::scheduled::{
     default_scheduler, solo_parts, Batched, EngineClock, Request, Scheduled, Shared,
 };
@@ -102,30 +102,7 @@ impl Region for HeapRegion {
         })
     }
 
-    fn complete(
-        self,
-        context: u64,
-        status: WcStatus,
-        opcode: Opcode,
-        byte_len: u32,
-        imm: Option<u32>,
-    ) -> HostCompletion {
-        HostCompletion {
-            context,
-            status,
-            opcode,
-            byte_len,
-            imm,
-            region: self,
-            gathered: Vec::new(),
-        }
-    }
-
-    const GATHERS: bool = true;
-
-    fn attach_rest(done: &mut HostCompletion, rest: Vec<HeapRegion>) {
-        done.gathered = rest;
-    }
+    own_region_completion!(HostCompletion);
 }
 
 /// A finished request on the host: [`Completion`](crate::Completion)

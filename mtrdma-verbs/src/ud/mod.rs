@@ -25,10 +25,10 @@ use mtrdma_core::TenantHandle;
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
 use crate::qp::{
-    check_gather, check_srq, cq_entries, create_qp, global_ah_attr, libc_enosys, modify_qp,
-    post_send_list, qp_init_attr, qp_settings_setters, random_psn, recv_depths, sink_books, Books,
-    Cq, PostError, QpSettings, QpStart, RawCompletion, RawWc, Region, SendOp, Sink, Slot, UdDest,
-    Wc,
+    check_gather, check_srq, completion_of, cq_entries, create_qp, global_ah_attr, libc_enosys,
+    modify_qp, post_send_list, qp_init_attr, qp_settings_setters, random_psn, recv_depths,
+    sink_books, Books, Cq, Finished, PostError, QpSettings, QpStart, RawCompletion, RawWc, Region,
+    SendOp, Sink, Slot, UdDest, Wc,
 };
 use crate::{
     Access, Error, GatherError, Gid, GidSelection, MemoryRegion, ProtectionDomain,
