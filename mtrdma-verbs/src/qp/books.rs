@@ -90,6 +90,17 @@ pub(crate) struct Slot<R> {
 }
 
 impl<R> Slot<R> {
+    /// A receive of `region`, completing with `context`.
+    pub(crate) fn recv(context: u64, region: R) -> Slot<R> {
+        Slot {
+            context,
+            region,
+            rest: Vec::new(),
+            send: false,
+            len: 0,
+        }
+    }
+
     /// Its regions, in order: the first, then a gather request's others.
     pub(crate) fn into_regions(self) -> impl Iterator<Item = R> {
         std::iter::once(self.region).chain(self.rest)
@@ -216,6 +227,13 @@ pub(crate) struct Wc {
 }
 
 impl<R: Region> Books<R> {
+    /// Finishes a queue pair's `Debug` output with its requests in flight.
+    pub(crate) fn debug_in_flight(&self, f: &mut fmt::DebugStruct<'_, '_>) -> fmt::Result {
+        f.field("sends_in_flight", &self.sends_in_flight)
+            .field("recvs_in_flight", &self.recvs_in_flight)
+            .finish()
+    }
+
     pub(crate) fn new(max_send_wr: u32, max_recv_wr: u32) -> Self {
         Books {
             slots: Slab::default(),

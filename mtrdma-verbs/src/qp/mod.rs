@@ -358,35 +358,67 @@ unsafe impl Send for QueuePair {}
 
 impl fmt::Debug for QueuePair {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("QueuePair")
-            .field("qpn", &self.qpn())
-            .field("sends_in_flight", &self.books.sends_in_flight)
-            .field("recvs_in_flight", &self.books.recvs_in_flight)
-            .finish()
+        let mut f = f.debug_struct("QueuePair");
+        self.books.debug_in_flight(f.field("qpn", &self.qpn()))
     }
 }
 
+/// The inherent methods of both device queue pairs ([`QueuePair`],
+/// [`UdQueuePair`](crate::UdQueuePair)) on their `qp` and `books`: the
+/// queue pair number, the requests in flight, the state changes, and the
+/// errors of its device's verbs calls.
+macro_rules! queue_pair_basics {
+    () => {
+        /// The queue pair number.
+        pub fn qpn(&self) -> u32 {
+            // SAFETY: `qp` is live while `self` is.
+            unsafe { self.qp.as_ref().qp_num }
+        }
+
+        /// Work requests posted and not yet polled (send, receive).
+        pub fn in_flight(&self) -> (u32, u32) {
+            (self.books.sends_in_flight, self.books.recvs_in_flight)
+        }
+
+        fn modify(
+            &self,
+            attr: &mut ffi::ibv_qp_attr,
+            mask: ffi::ibv_qp_attr_mask,
+            to: &'static str,
+            attrs: &'static str,
+        ) -> Result<(), Error> {
+            modify_qp(self.qp, attr, mask, to, attrs)
+        }
+
+        /// A failed verbs call on this queue pair's device.
+        fn verbs_error(&self, (call, source): (&'static str, io::Error)) -> Error {
+            Error::Verbs {
+                call,
+                device: self.pd.context().name().to_string(),
+                source,
+            }
+        }
+
+        /// Moves the queue pair to the error state: every outstanding request
+        /// completes with [`WcStatus::Flushed`](crate::WcStatus::Flushed) (or its real error).
+        pub fn set_error(&self) -> Result<(), Error> {
+            let mut attr = ffi::ibv_qp_attr {
+                qp_state: ffi::ibv_qp_state::IBV_QPS_ERR,
+                ..Default::default()
+            };
+            self.modify(
+                &mut attr,
+                ffi::ibv_qp_attr_mask::IBV_QP_STATE,
+                "ERR",
+                "state",
+            )
+        }
+    };
+}
+pub(crate) use queue_pair_basics;
+
 impl QueuePair {
-    /// The queue pair number.
-    pub fn qpn(&self) -> u32 {
-        // SAFETY: `qp` is live while `self` is.
-        unsafe { self.qp.as_ref().qp_num }
-    }
-
-    /// Work requests posted and not yet polled (send, receive).
-    pub fn in_flight(&self) -> (u32, u32) {
-        (self.books.sends_in_flight, self.books.recvs_in_flight)
-    }
-
-    fn modify(
-        &self,
-        attr: &mut ffi::ibv_qp_attr,
-        mask: ffi::ibv_qp_attr_mask,
-        to: &'static str,
-        attrs: &'static str,
-    ) -> Result<(), Error> {
-        modify_qp(self.qp, attr, mask, to, attrs)
-    }
+    queue_pair_basics!();
 
     crate::macros::posting_fn! {
         /// Posts a send-side operation on `range` of `region`. The region is
@@ -471,86 +503,82 @@ impl QueuePair {
         /// ([`Error::ReceivesFromSrq`]).
         pub fn post_recv(&mut self) posts (region, range, context) {
             let refuse = |error, region| Err(PostError::new((error, region)));
-            if self.srq.is_some() {
-                return refuse(Error::ReceivesFromSrq, region);
-            }
-            let Some(mut sge) = region.sge(&range) else {
-                let len = region.len();
-                return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
+            let mut sge = match check_recv(&self.books, self.srq.is_some(), &region, range) {
+                Ok(sge) => sge,
+                Err(error) => return refuse(error, region),
             };
-            if self.books.recvs_in_flight >= self.books.max_recv_wr {
-                return refuse(
-                    Error::RecvQueueFull {
-                        depth: self.books.max_recv_wr,
-                    },
-                    region,
-                );
-            }
-            let slot = self.books.park(Slot {
-                context,
-                region,
-                rest: Vec::new(),
-                send: false,
-                len: 0,
-            });
-            let mut wr = ffi::ibv_recv_wr {
-                wr_id: slot as u64,
-                next: std::ptr::null_mut(),
-                sg_list: &mut sge,
-                num_sge: i32::from(sge.length > 0),
-            };
-            let mut bad = std::ptr::null_mut();
+            let slot = self.books.park(Slot::recv(context, region));
+            let num_sge = i32::from(sge.length > 0);
             // SAFETY: as for `post_send`: the buffer stays parked until polled.
-            let rc = unsafe {
-                let ctx = self.qp.as_ref().context;
-                match (*ctx).ops.post_recv {
-                    Some(post) => post(self.qp.as_ptr(), &mut wr, &mut bad),
-                    None => libc_enosys(),
-                }
-            };
+            let rc = unsafe { post_recv_wr(self.qp, slot as u64, &mut sge, num_sge) };
             if rc != 0 {
                 let slot = self.books.unpark(slot).expect("just parked");
-                return refuse(
-                    Error::Verbs {
-                        call: "ibv_post_recv",
-                        device: self.pd.context().name().to_string(),
-                        source: io::Error::from_raw_os_error(rc),
-                    },
-                    slot.region,
-                );
+                let error = self.verbs_error(("ibv_post_recv", io::Error::from_raw_os_error(rc)));
+                return refuse(error, slot.region);
             }
             self.books.recvs_in_flight += 1;
             Ok(())
         }
     }
-
-    /// A failed verbs call on this queue pair's device.
-    fn verbs_error(&self, (call, source): (&'static str, io::Error)) -> Error {
-        Error::Verbs {
-            call,
-            device: self.pd.context().name().to_string(),
-            source,
-        }
-    }
-
-    /// Moves the queue pair to the error state: every outstanding request
-    /// completes with [`WcStatus::Flushed`] (or its real error).
-    pub fn set_error(&self) -> Result<(), Error> {
-        let mut attr = ffi::ibv_qp_attr {
-            qp_state: ffi::ibv_qp_state::IBV_QPS_ERR,
-            ..Default::default()
-        };
-        self.modify(
-            &mut attr,
-            ffi::ibv_qp_attr_mask::IBV_QP_STATE,
-            "ERR",
-            "state",
-        )
-    }
 }
 
 pub(crate) fn libc_enosys() -> i32 {
     38
+}
+
+/// Checks a receive into `range` of `region` for a queue pair whose books
+/// are `books` (`has_srq`: one that receives from an SRQ, and so refuses
+/// it): its range in the region, and room in the receive queue. Returns
+/// the range's scatter entry.
+pub(crate) fn check_recv<R: Region>(
+    books: &Books<R>,
+    has_srq: bool,
+    region: &MemoryRegion,
+    range: Range<usize>,
+) -> Result<ffi::ibv_sge, Error> {
+    if has_srq {
+        return Err(Error::ReceivesFromSrq);
+    }
+    let Some(sge) = region.sge(&range) else {
+        let len = region.len();
+        return Err(Error::LocalRangeOutOfBounds { range, len });
+    };
+    if books.recvs_in_flight >= books.max_recv_wr {
+        let depth = books.max_recv_wr;
+        return Err(Error::RecvQueueFull { depth });
+    }
+    Ok(sge)
+}
+
+/// `ibv_post_recv` of one receive on `qp`, numbered `wr_id`, into the
+/// `num_sge` scatter entries at `sg_list`: 0, or the errno.
+///
+/// # Safety
+/// `qp` must be live; `sg_list` must point at `num_sge` valid entries for
+/// the call, and the memory they name must stay valid and untouched by
+/// safe code until the receive completes.
+pub(crate) unsafe fn post_recv_wr(
+    qp: NonNull<ffi::ibv_qp>,
+    wr_id: u64,
+    sg_list: *mut ffi::ibv_sge,
+    num_sge: i32,
+) -> i32 {
+    let mut wr = ffi::ibv_recv_wr {
+        wr_id,
+        next: std::ptr::null_mut(),
+        sg_list,
+        num_sge,
+    };
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: `qp` is live and the scatter list valid (the caller's
+    // promise); `wr` outlives the call.
+    unsafe {
+        let ctx = qp.as_ref().context;
+        match (*ctx).ops.post_recv {
+            Some(post) => post(qp.as_ptr(), &mut wr, &mut bad),
+            None => libc_enosys(),
+        }
+    }
 }
 
 /// `ibv_post_send` of the linked list of work requests at `wr` on `qp`
@@ -629,13 +657,7 @@ pub(crate) unsafe fn post_send_list<R: Region>(
 }
 
 impl Sink for QueuePair {
-    type Region = MemoryRegion;
-
-    fn qpn(&self) -> u32 {
-        QueuePair::qpn(self)
-    }
-
-    sink_books!(queue pair);
+    sink_books!(queue pair of MemoryRegion);
 
     unsafe fn post_wr_list(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), (usize, Error)> {
         let max_inline = self.max_inline;
@@ -691,21 +713,6 @@ impl Sink for QueuePair {
             // `destroyed`), before its CQ.
             unsafe { ffi::ibv_destroy_qp(qp.qp.as_ptr()) }
         })
-    }
-
-    fn check_events(&self) -> Result<(), Error> {
-        self.cq.check_events()
-    }
-
-    fn arm_events(&mut self) -> Result<Armed, Error> {
-        self.cq.arm().map_err(|e| self.verbs_error(e))
-    }
-
-    fn take_events(&mut self) -> Result<(), Error> {
-        self.cq
-            .take_events()
-            .map(drop)
-            .map_err(|e| self.verbs_error(e))
     }
 }
 

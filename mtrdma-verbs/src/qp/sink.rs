@@ -13,9 +13,11 @@ pub(crate) const SIGNAL_EVERY: usize = 16;
 
 /// The methods of a [`Sink`] impl whose books are its `books` field:
 /// `books` and `books_mut`; with `quiet`, also `quiet_lists` (true: it
-/// posts lists as given); with `queue pair` (a device queue pair holding
-/// its tenant's permit in `_permit`), those and its `tenant`, and a
-/// `post_wr` that posts the request as a list of one.
+/// posts lists as given); with `queue pair of` its region type (a device
+/// queue pair, its number from its inherent `qpn`, holding
+/// its tenant's permit in `_permit` and completing on its `cq`), those
+/// and its `tenant`, a `post_wr` that posts the request as a list of one,
+/// and its completion events (those of its `cq`).
 macro_rules! sink_books {
     () => {
         fn books(&self) -> &Books<Self::Region> {
@@ -33,7 +35,13 @@ macro_rules! sink_books {
             true
         }
     };
-    (queue pair) => {
+    (queue pair of $region:ty) => {
+        type Region = $region;
+
+        fn qpn(&self) -> u32 {
+            Self::qpn(self)
+        }
+
         $crate::qp::sink_books!(quiet);
 
         fn tenant(&self) -> Option<&TenantHandle> {
@@ -43,6 +51,21 @@ macro_rules! sink_books {
         unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
             // SAFETY: as the caller promises; `wr` alone is a list of one.
             unsafe { self.post_wr_list(wr) }.map_err(|(_, e)| e)
+        }
+
+        fn check_events(&self) -> Result<(), Error> {
+            self.cq.check_events()
+        }
+
+        fn arm_events(&mut self) -> Result<Armed, Error> {
+            self.cq.arm().map_err(|e| self.verbs_error(e))
+        }
+
+        fn take_events(&mut self) -> Result<(), Error> {
+            self.cq
+                .take_events()
+                .map(drop)
+                .map_err(|e| self.verbs_error(e))
         }
     };
 }

@@ -25,10 +25,10 @@ use mtrdma_core::TenantHandle;
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
 use crate::qp::{
-    check_gather, check_srq, completion_of, cq_entries, create_qp, global_ah_attr, libc_enosys,
-    modify_qp, post_send_list, qp_init_attr, qp_settings_setters, random_psn, recv_depths,
-    sink_books, Books, Cq, Finished, PostError, QpSettings, QpStart, RawCompletion, RawWc, Region,
-    SendOp, Sink, Slot, UdDest, Wc,
+    check_gather, check_recv, check_srq, completion_of, cq_entries, create_qp, global_ah_attr,
+    modify_qp, post_recv_wr, post_send_list, qp_init_attr, qp_settings_setters, random_psn,
+    recv_depths, sink_books, Books, Cq, Finished, PostError, QpSettings, QpStart, RawCompletion,
+    RawWc, Region, SendOp, Sink, Slot, UdDest, Wc,
 };
 use crate::{
     Access, Error, GatherError, Gid, GidSelection, MemoryRegion, ProtectionDomain,
@@ -122,20 +122,18 @@ pub struct UdQueuePair {
 // posting and polling take `&mut self`.
 unsafe impl Send for UdQueuePair {}
 
-impl fmt::Debug for UdQueuePair {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("UdQueuePair")
-            .field("qpn", &self.qpn())
-            .field("gid", &self.gid)
-            .field("mtu", &self.mtu)
-            .field("sends_in_flight", &self.books.sends_in_flight)
-            .field("recvs_in_flight", &self.books.recvs_in_flight)
-            .finish()
-    }
-}
-
 fn refuse<T>(error: Error, region: MemoryRegion) -> Result<T, PostError> {
     Err(PostError::new((error, region)))
+}
+
+impl fmt::Debug for UdQueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut f = f.debug_struct("UdQueuePair");
+        f.field("qpn", &self.qpn())
+            .field("gid", &self.gid)
+            .field("mtu", &self.mtu);
+        self.books.debug_in_flight(&mut f)
+    }
 }
 
 /// A refused gather datagram, its regions the caller's again.
@@ -148,11 +146,7 @@ pub(crate) fn refused_parts((error, parts): (Error, Vec<(UdRegion, Range<usize>)
 }
 
 impl UdQueuePair {
-    /// The queue pair number.
-    pub fn qpn(&self) -> u32 {
-        // SAFETY: `qp` is live while `self` is.
-        unsafe { self.qp.as_ref().qp_num }
-    }
+    crate::qp::queue_pair_basics!();
 
     /// What peers need to send to this queue pair.
     pub fn endpoint(&self) -> UdEndpoint {
@@ -177,25 +171,10 @@ impl UdQueuePair {
         self.books.max_send_sge
     }
 
-    /// Work requests posted and not yet polled (send, receive).
-    pub fn in_flight(&self) -> (u32, u32) {
-        (self.books.sends_in_flight, self.books.recvs_in_flight)
-    }
-
     /// An address handle for sending from this queue pair's port and GID
     /// to `remote`.
     pub fn address_handle(&self, remote: &UdEndpoint) -> Result<AddressHandle, Error> {
         create_ah(&self.pd, remote, self.port, self.gid_index)
-    }
-
-    fn modify(
-        &self,
-        attr: &mut ffi::ibv_qp_attr,
-        mask: ffi::ibv_qp_attr_mask,
-        to: &'static str,
-        attrs: &'static str,
-    ) -> Result<(), Error> {
-        modify_qp(self.qp, attr, mask, to, attrs)
     }
 
     crate::macros::posting_fn! {
@@ -347,17 +326,10 @@ impl UdQueuePair {
         /// has no receive queue of its own and refuses
         /// ([`Error::ReceivesFromSrq`]).
         pub fn post_recv(&mut self) posts (region, range, context) {
-            if self.srq.is_some() {
-                return refuse(Error::ReceivesFromSrq, region);
-            }
-            let Some(payload) = region.sge(&range) else {
-                let len = region.len();
-                return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
+            let payload = match check_recv(&self.books, self.srq.is_some(), &region, range) {
+                Ok(sge) => sge,
+                Err(error) => return refuse(error, region),
             };
-            if self.books.recvs_in_flight >= self.books.max_recv_wr {
-                let depth = self.books.max_recv_wr;
-                return refuse(Error::RecvQueueFull { depth }, region);
-            }
             let cell = self
                 .free_cells
                 .pop()
@@ -370,55 +342,22 @@ impl UdQueuePair {
                 },
                 payload,
             ];
-            let slot = self.books.park(Slot {
-                context,
-                region: UdRegion {
-                    region,
-                    kind: UdKind::Recv { cell },
-                },
-                rest: Vec::new(),
-                send: false,
-                len: 0,
-            });
-            let mut wr = ffi::ibv_recv_wr {
-                wr_id: slot as u64,
-                next: std::ptr::null_mut(),
-                sg_list: sges.as_mut_ptr(),
-                num_sge: if payload.length > 0 { 2 } else { 1 },
-            };
-            let mut bad = std::ptr::null_mut();
-            // SAFETY: the QP is live; `wr` and `sges` outlive the call. The GRH
-            // cell is reserved for this request (off the free list until its
+            let kind = UdKind::Recv { cell };
+            let slot = self.books.park(Slot::recv(context, UdRegion { region, kind }));
+            let num_sge = if payload.length > 0 { 2 } else { 1 };
+            // SAFETY: the QP is live; `sges` outlives the call. The GRH cell
+            // is reserved for this request (off the free list until its
             // completion is polled) inside the GRH buffer the queue pair owns;
             // the payload buffer is owned by the slot just parked.
-            let rc = unsafe {
-                let ctx = self.qp.as_ref().context;
-                match (*ctx).ops.post_recv {
-                    Some(post) => post(self.qp.as_ptr(), &mut wr, &mut bad),
-                    None => libc_enosys(),
-                }
-            };
+            let rc = unsafe { post_recv_wr(self.qp, slot as u64, sges.as_mut_ptr(), num_sge) };
             if rc != 0 {
                 self.free_cells.push(cell);
                 let slot = self.books.unpark(slot).expect("just parked");
-                let error = Error::Verbs {
-                    call: "ibv_post_recv",
-                    device: self.pd.context().name().to_string(),
-                    source: io::Error::from_raw_os_error(rc),
-                };
+                let error = self.verbs_error(("ibv_post_recv", io::Error::from_raw_os_error(rc)));
                 return refuse(error, slot.region.region);
             }
             self.books.recvs_in_flight += 1;
             Ok(())
-        }
-    }
-
-    /// A failed verbs call on this queue pair's device.
-    fn verbs_error(&self, (call, source): (&'static str, io::Error)) -> Error {
-        Error::Verbs {
-            call,
-            device: self.pd.context().name().to_string(),
-            source,
         }
     }
 
@@ -438,21 +377,6 @@ impl UdQueuePair {
             );
         }
         grh
-    }
-
-    /// Moves the queue pair to the error state: every outstanding request
-    /// completes with [`WcStatus::Flushed`] (or its real error).
-    pub fn set_error(&self) -> Result<(), Error> {
-        let mut attr = ffi::ibv_qp_attr {
-            qp_state: ffi::ibv_qp_state::IBV_QPS_ERR,
-            ..Default::default()
-        };
-        self.modify(
-            &mut attr,
-            ffi::ibv_qp_attr_mask::IBV_QP_STATE,
-            "ERR",
-            "state",
-        )
     }
 
     /// Flushes every outstanding request, waits (5 s at most) for the NIC

@@ -4,13 +4,7 @@
 use super::*;
 
 impl Sink for UdQueuePair {
-    type Region = UdRegion;
-
-    fn qpn(&self) -> u32 {
-        UdQueuePair::qpn(self)
-    }
-
-    sink_books!(queue pair);
+    sink_books!(queue pair of UdRegion);
 
     unsafe fn post_wr_list(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), (usize, Error)> {
         // SAFETY: the QP is live while `self` is; the caller keeps the
@@ -68,20 +62,5 @@ impl Sink for UdQueuePair {
 
     fn shutdown(&mut self) -> bool {
         self.teardown()
-    }
-
-    fn check_events(&self) -> Result<(), Error> {
-        self.cq.check_events()
-    }
-
-    fn arm_events(&mut self) -> Result<Armed, Error> {
-        self.cq.arm().map_err(|e| self.verbs_error(e))
-    }
-
-    fn take_events(&mut self) -> Result<(), Error> {
-        self.cq
-            .take_events()
-            .map(drop)
-            .map_err(|e| self.verbs_error(e))
     }
 }
