@@ -62,7 +62,7 @@ use ibverbs_sys as ffi;
 use crate::completion::{Completion, Opcode};
 use crate::qp::{device_attrs, libc_enosys, PostError, RawWc};
 use crate::slab::Slab;
-use crate::ud::{grh_source_gid, UdCompletion, UdSource, GRH_BYTES};
+use crate::ud::{copy_grh, grh_source_gid, UdCompletion, UdSource, GRH_BYTES};
 use crate::{Access, Error, MemoryRegion, ProtectionDomain};
 
 /// `wr_id`s with this bit are a shared receive queue's receives: the rest
@@ -738,20 +738,11 @@ impl SrqInner {
     /// A copy of GRH cell `cell`, whose receive has completed.
     fn read_grh(&self, cell: usize) -> [u8; GRH_BYTES] {
         let grh = self.grh.as_ref().expect("a UD queue has GRH cells");
-        assert!((cell + 1) * GRH_BYTES <= grh.len());
-        let mut out = [0u8; GRH_BYTES];
-        // SAFETY: the cell lies inside the GRH buffer (checked above),
-        // which lives as long as `self`; its receive has completed, so the
-        // NIC is done writing it, and it is not posted again before this
-        // copy (the caller holds the lock). Only this cell is read.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (self.grh_addr as usize + cell * GRH_BYTES) as *const u8,
-                out.as_mut_ptr(),
-                GRH_BYTES,
-            );
-        }
-        out
+        // SAFETY: the GRH buffer lives as long as `self` (the cell is
+        // checked to lie inside it); the cell's receive has completed, so
+        // the NIC is done writing it, and it is not posted again before
+        // this copy (the caller holds the lock).
+        unsafe { copy_grh(self.grh_addr, grh.len() / GRH_BYTES, cell) }
     }
 }
 

@@ -683,24 +683,16 @@ impl Sink for QueuePair {
         out: &mut Vec<Completion>,
         raw: &mut Vec<RawCompletion>,
     ) -> Result<usize, Error> {
-        // Not zeroed: the provider writes the entries it returns, and a
-        // busy poll that finds nothing should cost nothing but the call.
-        let mut wcs = [const { MaybeUninit::<ffi::ibv_wc>::uninit() }; 32];
-        let n = self
-            .cq
-            .poll(&mut wcs)
-            .map_err(|source| self.verbs_error(("ibv_poll_cq", source)))?;
-        for entry in &wcs[..n] {
-            // SAFETY: `ibv_poll_cq` wrote the first `n` entries.
-            let wc = unsafe { RawWc::read(entry) };
-            if let Some(c) = self.srq.as_ref().and_then(|srq| srq.complete_rc(&wc)) {
-                out.push(c);
-                continue;
-            }
-            self.books
-                .complete_device(Wc::from_raw(&wc, None), out, raw);
-        }
-        Ok(n)
+        self.cq
+            .poll_each(|wc| {
+                if let Some(c) = self.srq.as_ref().and_then(|srq| srq.complete_rc(&wc)) {
+                    out.push(c);
+                    return;
+                }
+                self.books
+                    .complete_device(Wc::from_raw(&wc, None), out, raw);
+            })
+            .map_err(|source| self.verbs_error(("ibv_poll_cq", source)))
     }
 
     fn shutdown(&mut self) -> bool {

@@ -12,7 +12,6 @@
 
 use std::fmt;
 use std::io;
-use std::mem::MaybeUninit;
 use std::net::Ipv4Addr;
 use std::ops::Range;
 use std::ptr::NonNull;
@@ -28,7 +27,7 @@ use crate::qp::{
     check_gather, check_recv, check_srq, completion_of, cq_entries, create_qp, global_ah_attr,
     modify_qp, post_recv_wr, post_send_list, qp_init_attr, qp_settings_setters, random_psn,
     recv_depths, sink_books, Books, Cq, Finished, PostError, QpSettings, QpStart, RawCompletion,
-    RawWc, Region, SendOp, Sink, Slot, UdDest, Wc,
+    Region, SendOp, Sink, Slot, UdDest, Wc,
 };
 use crate::{
     Access, Error, GatherError, Gid, GidSelection, MemoryRegion, ProtectionDomain,
@@ -121,6 +120,29 @@ pub struct UdQueuePair {
 // regions; moving it to another thread moves all of it. It is not Sync:
 // posting and polling take `&mut self`.
 unsafe impl Send for UdQueuePair {}
+
+/// A copy of cell `cell` of the GRH buffer at `grh_addr`, which holds
+/// `cells` cells (a cell past them panics).
+///
+/// # Safety
+/// The buffer must be live; the cell's receive must have completed (so the
+/// NIC is done writing it) and the cell not be posted again before this
+/// copy.
+pub(crate) unsafe fn copy_grh(grh_addr: u64, cells: usize, cell: usize) -> [u8; GRH_BYTES] {
+    assert!(cell < cells);
+    let mut grh = [0u8; GRH_BYTES];
+    // SAFETY: the cell lies inside the buffer (checked above), which is
+    // live and done with by the NIC (the caller's promise). Only this cell
+    // is read (other cells may be written by the NIC).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (grh_addr as usize + cell * GRH_BYTES) as *const u8,
+            grh.as_mut_ptr(),
+            GRH_BYTES,
+        );
+    }
+    grh
+}
 
 fn refuse<T>(error: Error, region: MemoryRegion) -> Result<T, PostError> {
     Err(PostError::new((error, region)))
@@ -359,24 +381,6 @@ impl UdQueuePair {
             self.books.recvs_in_flight += 1;
             Ok(())
         }
-    }
-
-    /// A copy of GRH cell `cell`, whose receive has completed.
-    fn read_grh(&self, cell: usize) -> [u8; GRH_BYTES] {
-        assert!(cell < self.books.max_recv_wr as usize);
-        let mut grh = [0u8; GRH_BYTES];
-        // SAFETY: the cell lies inside the GRH buffer (checked above), which
-        // lives as long as `self`; its receive has completed, so the NIC is
-        // done writing it, and it is not reposted before this copy. Only
-        // this cell is read (other cells may be written by the NIC).
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (self.grh_addr as usize + cell * GRH_BYTES) as *const u8,
-                grh.as_mut_ptr(),
-                GRH_BYTES,
-            );
-        }
-        grh
     }
 
     /// Flushes every outstanding request, waits (5 s at most) for the NIC
