@@ -9,9 +9,38 @@
 /// [`PostError`](crate::PostError);
 /// `fn name(receiver, leading params) posts gather (parts, context) { body }`
 /// takes a gather list (regions and ranges, in order) and is refused with
-/// a [`GatherError`](crate::GatherError). The parameter names are the
-/// caller's, so the body uses them as its own.
+/// a [`GatherError`](crate::GatherError). Either followed by `for R`
+/// takes regions of type `R` and is refused with the error and what it
+/// was given, as the data path's inner layers are. The parameter names
+/// are the caller's, so the body uses them as its own.
 macro_rules! posting_fn {
+    (
+        $(#[$attr:meta])*
+        $vis:vis fn $name:ident($($head:tt)+)
+            posts ($region:ident, $range:ident, $context:ident) for $r:ty $body:block
+    ) => {
+        $(#[$attr])*
+        $vis fn $name(
+            $($head)+,
+            $region: $r,
+            $range: ::std::ops::Range<usize>,
+            $context: u64,
+        ) -> ::std::result::Result<(), ($crate::Error, $r)> $body
+    };
+    (
+        $(#[$attr:meta])*
+        $vis:vis fn $name:ident($($head:tt)+)
+            posts gather ($parts:ident, $context:ident) for $r:ty $body:block
+    ) => {
+        $(#[$attr])*
+        #[allow(clippy::type_complexity)]
+        $vis fn $name(
+            $($head)+,
+            $parts: ::std::vec::Vec<($r, ::std::ops::Range<usize>)>,
+            $context: u64,
+        ) -> ::std::result::Result<(), ($crate::Error, ::std::vec::Vec<($r, ::std::ops::Range<usize>)>)>
+            $body
+    };
     (
         $(#[$attr:meta])*
         $vis:vis fn $name:ident($($head:tt)+)

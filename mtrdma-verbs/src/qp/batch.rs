@@ -220,17 +220,14 @@ impl<'a, S: Sink> Batch<'a, S> {
         Ok(())
     }
 
-    /// Adds a request (see [`PostBatch::post_send`]).
-    pub(crate) fn push(
-        &mut self,
-        op: SendOp,
-        region: S::Region,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), (Error, S::Region)> {
-        match check_send(op, &region, &range) {
-            Ok(sge) => self.push_checked(op, region, sge, context),
-            Err(error) => Err((error, region)),
+    crate::macros::posting_fn! {
+        /// Adds a request (see [`PostBatch::post_send`]).
+        pub(crate) fn push(&mut self, op: SendOp)
+            posts (region, range, context) for S::Region {
+            match check_send(op, &region, &range) {
+                Ok(sge) => self.push_checked(op, region, sge, context),
+                Err(error) => Err((error, region)),
+            }
         }
     }
 
@@ -285,35 +282,32 @@ impl<'a, S: Sink> Batch<'a, S> {
         );
     }
 
-    /// Adds a gather request (see [`PostBatch::post_send_gather`]).
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn push_gather(
-        &mut self,
-        op: SendOp,
-        parts: Vec<(S::Region, Range<usize>)>,
-        context: u64,
-    ) -> Result<(), (Error, Vec<(S::Region, Range<usize>)>)> {
-        let gather = match check_gather(op, &parts, self.sink.books().max_send_sge) {
-            Ok(gather) => gather,
-            Err(error) => return Err((error, parts)),
-        };
-        if let Err(error) = self.check_room() {
-            return Err((error, parts));
+    crate::macros::posting_fn! {
+        /// Adds a gather request (see [`PostBatch::post_send_gather`]).
+        pub(crate) fn push_gather(&mut self, op: SendOp)
+            posts gather (parts, context) for S::Region {
+            let gather = match check_gather(op, &parts, self.sink.books().max_send_sge) {
+                Ok(gather) => gather,
+                Err(error) => return Err((error, parts)),
+            };
+            if let Err(error) = self.check_room() {
+                return Err((error, parts));
+            }
+            let mut regions = parts.into_iter().map(|(region, _)| region);
+            let Some(region) = regions.next() else {
+                return Err((Error::EmptyGather, Vec::new()));
+            };
+            let rest: Vec<S::Region> = regions.collect();
+            let mut extra = region.extra(true, true);
+            let sge = gather.first_entry(&mut extra);
+            self.add(op, region, rest, sge, extra, gather.len, context);
+            if gather.sges.len() > 1 {
+                // Moving the list keeps its entries where they are, where the
+                // work request points.
+                self.lists.push(gather.sges);
+            }
+            Ok(())
         }
-        let mut regions = parts.into_iter().map(|(region, _)| region);
-        let Some(region) = regions.next() else {
-            return Err((Error::EmptyGather, Vec::new()));
-        };
-        let rest: Vec<S::Region> = regions.collect();
-        let mut extra = region.extra(true, true);
-        let sge = gather.first_entry(&mut extra);
-        self.add(op, region, rest, sge, extra, gather.len, context);
-        if gather.sges.len() > 1 {
-            // Moving the list keeps its entries where they are, where the
-            // work request points.
-            self.lists.push(gather.sges);
-        }
-        Ok(())
     }
 
     /// Posts the batch as lists of up to [`LIST_MAX`] work requests (see

@@ -363,20 +363,17 @@ impl NullSink {
         self.books.sends_in_flight
     }
 
-    /// What [`QueuePair::post_send_gather`](crate::QueuePair::post_send_gather)
-    /// does: one work request whose scatter list names the ranges of
-    /// `parts` in order, every region parked until its completion is
-    /// polled. On refusal, the error and the parts, untouched, in order.
-    /// The sink takes as many scatter entries per request as
-    /// [`with_max_send_sge`](Self::with_max_send_sge) says (default 1).
-    #[allow(clippy::type_complexity)]
-    pub fn post_send_gather(
-        &mut self,
-        op: SendOp,
-        parts: Vec<(HeapRegion, Range<usize>)>,
-        context: u64,
-    ) -> Result<(), (Error, Vec<(HeapRegion, Range<usize>)>)> {
-        self.post_gather(op, parts, context)
+    crate::macros::posting_fn! {
+        /// What [`QueuePair::post_send_gather`](crate::QueuePair::post_send_gather)
+        /// does: one work request whose scatter list names the ranges of
+        /// `parts` in order, every region parked until its completion is
+        /// polled. On refusal, the error and the parts, untouched, in order.
+        /// The sink takes as many scatter entries per request as
+        /// [`with_max_send_sge`](Self::with_max_send_sge) says (default 1).
+        pub fn post_send_gather(&mut self, op: SendOp)
+            posts gather (parts, context) for HeapRegion {
+            self.post_gather(op, parts, context)
+        }
     }
 
     /// The same sink, taking up to `n` scatter entries per work request
@@ -387,16 +384,13 @@ impl NullSink {
         self
     }
 
-    /// The direct path: what [`QueuePair::post_send`](crate::QueuePair::post_send)
-    /// does, the region parked until its completion is polled.
-    pub fn post_send(
-        &mut self,
-        op: SendOp,
-        region: HeapRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), (Error, HeapRegion)> {
-        self.post_parked(op, region, range, context)
+    crate::macros::posting_fn! {
+        /// The direct path: what [`QueuePair::post_send`](crate::QueuePair::post_send)
+        /// does, the region parked until its completion is polled.
+        pub fn post_send(&mut self, op: SendOp)
+            posts (region, range, context) for HeapRegion {
+            self.post_parked(op, region, range, context)
+        }
     }
 
     /// What [`QueuePair::batch`](crate::QueuePair::batch) and
