@@ -293,24 +293,34 @@ impl<Q: PieceScheduler> SharedScheduler<Q> {
         })
     }
 
-    /// Sets `tenant`'s weight and caps (also while it runs: a changed cap
-    /// keeps its rate state). A tenant without one gets the weight of its
-    /// quota table policy, or 1.
-    pub fn set_policy(&self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
-        self.shared.set_policy(tenant, policy)
-    }
-
-    /// Bulk bytes posted by the scheduler's queue pairs and not yet
-    /// completed.
-    pub fn bulk_bytes_in_flight(&self) -> u64 {
-        self.shared.bulk_bytes_in_flight()
-    }
-
-    /// Queue pairs attached.
-    pub fn queue_pairs(&self) -> usize {
-        self.shared.queue_pairs()
-    }
+    shared_scheduler_methods!();
 }
+
+/// The methods a shared scheduler ([`SharedScheduler`], and the null
+/// sinks' `NullScheduler`) has over its engine (`self.shared`): tenants'
+/// policies, and what it holds.
+macro_rules! shared_scheduler_methods {
+    () => {
+        /// Sets `tenant`'s weight and caps (also while it runs: a changed cap
+        /// keeps its rate state). A tenant without one gets the weight of its
+        /// quota table policy, or 1.
+        pub fn set_policy(&self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
+            self.shared.set_policy(tenant, policy)
+        }
+
+        /// Bulk bytes posted by the scheduler's queue pairs and not yet
+        /// completed.
+        pub fn bulk_bytes_in_flight(&self) -> u64 {
+            self.shared.bulk_bytes_in_flight()
+        }
+
+        /// Queue pairs attached.
+        pub fn queue_pairs(&self) -> usize {
+            self.shared.queue_pairs()
+        }
+    };
+}
+pub(crate) use shared_scheduler_methods;
 
 /// The engine behind a [`SharedScheduler`], for queue pairs whose work
 /// requests go to any [`Sink`]: the device's send queues, or a null sink

@@ -39,20 +39,7 @@ impl NullScheduler {
         })
     }
 
-    /// See [`SharedScheduler::set_policy`](crate::SharedScheduler::set_policy).
-    pub fn set_policy(&self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
-        self.shared.set_policy(tenant, policy)
-    }
-
-    /// See [`SharedScheduler::bulk_bytes_in_flight`](crate::SharedScheduler::bulk_bytes_in_flight).
-    pub fn bulk_bytes_in_flight(&self) -> u64 {
-        self.shared.bulk_bytes_in_flight()
-    }
-
-    /// See [`SharedScheduler::queue_pairs`](crate::SharedScheduler::queue_pairs).
-    pub fn queue_pairs(&self) -> usize {
-        self.shared.queue_pairs()
-    }
+    crate::scheduled::shared_scheduler_methods!();
 
     /// See [`QueuePair::scheduled_on`](crate::QueuePair::scheduled_on).
     pub fn attach(&self, sink: NullSink, config: ScheduleConfig) -> Result<NullScheduled, Error> {

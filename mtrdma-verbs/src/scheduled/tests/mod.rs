@@ -42,6 +42,22 @@ fn tag(r: &HeapRegion) -> u64 {
     u64::from_le_bytes(r.as_slice()[..8].try_into().unwrap())
 }
 
+/// Each completion's context and its region's tag, in order.
+fn tags(done: &[HostCompletion]) -> Vec<(u64, u64)> {
+    done.iter().map(|c| (c.context, tag(&c.region))).collect()
+}
+
+/// Each refused request's context and its region's tag, in order.
+fn refused_tags(refused: &[(u64, HeapRegion)]) -> Vec<(u64, u64)> {
+    refused.iter().map(|(c, r)| (*c, tag(r))).collect()
+}
+
+/// What [`tags`] gives for the requests of `contexts` whose regions are
+/// tagged with their context.
+fn own_tags(contexts: std::ops::Range<u64>) -> Vec<(u64, u64)> {
+    contexts.map(|i| (i, i)).collect()
+}
+
 fn post(qp: &mut NullScheduled, op: SendOp, region: HeapRegion, len: usize, context: u64) {
     if let Err((e, _)) = qp.post_send(op, region, 0..len, context) {
         panic!("refused: {e}");
