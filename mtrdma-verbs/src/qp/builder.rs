@@ -478,18 +478,16 @@ impl QueuePairBuilder<'_> {
             _permit: permit,
             srq: self.srq,
         };
-        let mut attr = ffi::ibv_qp_attr {
-            qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
-            pkey_index: 0,
-            port_num,
+        let attr = ffi::ibv_qp_attr {
             qp_access_flags: self.access.qp_flags(),
             ..Default::default()
         };
-        use ffi::ibv_qp_attr_mask as m;
-        qp.modify(
-            &mut attr,
-            m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS,
-            "INIT",
+        let flags = ffi::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS;
+        modify_to_init(
+            qp.qp,
+            port_num,
+            attr,
+            flags,
             "port, P_Key index 0, access flags",
         )?;
         let endpoint = Endpoint {
@@ -664,6 +662,23 @@ pub(crate) fn create_qp(
 
 /// Moves `qp` to another state; a failure names the transition, the
 /// attributes it set, and the likely cause where one is known.
+/// Moves the new queue pair `qp` to INIT on port `port_num`, P_Key index
+/// 0, with what `attr` and `mask` add (named `attrs` in errors).
+pub(crate) fn modify_to_init(
+    qp: NonNull<ffi::ibv_qp>,
+    port_num: u8,
+    mut attr: ffi::ibv_qp_attr,
+    mask: ffi::ibv_qp_attr_mask,
+    attrs: &'static str,
+) -> Result<(), Error> {
+    use ffi::ibv_qp_attr_mask as m;
+    attr.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
+    attr.pkey_index = 0;
+    attr.port_num = port_num;
+    let mask = m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | mask;
+    modify_qp(qp, &mut attr, mask, "INIT", attrs)
+}
+
 pub(crate) fn modify_qp(
     qp: NonNull<ffi::ibv_qp>,
     attr: &mut ffi::ibv_qp_attr,

@@ -55,37 +55,28 @@ impl UdQueuePairBuilder<'_> {
     /// Q_Key), RTR and RTS (a random send PSN): a UD queue pair needs no
     /// peer to be ready.
     pub fn build(self) -> Result<UdQueuePair, Error> {
-        let QpStart {
-            permit,
-            device,
-            port_num,
-            port,
-            gid,
-            max_send_wr,
-            max_recv_wr,
-            events,
-            max_send_sge,
-            attrs,
-        } = self.settings.begin(self.pd)?;
+        let start = self.settings.begin(self.pd)?;
+        let (device, max_send_wr, max_send_sge) =
+            (start.device, start.max_send_wr, start.max_send_sge);
         let ctx = self.pd.context();
-        if attrs.max_sge < 2 {
+        if start.attrs.max_sge < 2 {
             return Err(Error::TooFewSges {
                 device,
-                max_sge: attrs.max_sge,
+                max_sge: start.attrs.max_sge,
             });
         }
         check_srq(self.srq.as_ref(), self.pd, true)?;
         // With an SRQ the queue pair has no GRH cells either: the SRQ has
         // them.
-        let (max_recv_wr, recv_cqe) = recv_depths(self.srq.as_ref(), max_recv_wr);
+        let (max_recv_wr, recv_cqe) = recv_depths(self.srq.as_ref(), start.max_recv_wr);
         let grh_len = GRH_BYTES * max_recv_wr as usize;
         let grh = match (&self.settings.tenant, grh_len) {
             (_, 0) => None,
             (Some(t), _) => Some(self.pd.register_for(t, vec![0u8; grh_len], Access::LOCAL)?),
             (None, _) => Some(self.pd.allocate(grh_len, Access::LOCAL)?),
         };
-        let entries = cq_entries(&device, &attrs, max_send_wr, recv_cqe)?;
-        let cq = Cq::new(ctx, entries, events)?;
+        let entries = cq_entries(&device, &start.attrs, max_send_wr, recv_cqe)?;
+        let cq = Cq::new(ctx, entries, start.events)?;
         let cap = ffi::ibv_qp_cap {
             max_send_wr,
             max_recv_wr,
@@ -108,15 +99,15 @@ impl UdQueuePairBuilder<'_> {
             grh,
             free_cells: (0..max_recv_wr as usize).rev().collect(),
             books: Books::new(max_send_wr, max_recv_wr).with_max_send_sge(max_send_sge),
-            port: port_num,
-            gid_index: gid.index,
-            gid: gid.gid,
-            lid: port.lid,
+            port: start.port_num,
+            gid_index: start.gid.index,
+            gid: start.gid.gid,
+            lid: start.port.lid,
             qkey: self.qkey,
-            mtu: port.active_mtu.map_or(1024, |mtu| mtu.bytes()),
+            mtu: start.port.active_mtu.map_or(1024, |mtu| mtu.bytes()),
             destroyed: false,
             pd: self.pd.clone(),
-            _permit: permit,
+            _permit: start.permit,
             srq: self.srq,
         };
         if recv_sges < 2 {
@@ -127,17 +118,15 @@ impl UdQueuePairBuilder<'_> {
             });
         }
         use ffi::ibv_qp_attr_mask as m;
-        let mut attr = ffi::ibv_qp_attr {
-            qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
-            pkey_index: 0,
-            port_num,
+        let attr = ffi::ibv_qp_attr {
             qkey: self.qkey,
             ..Default::default()
         };
-        qp.modify(
-            &mut attr,
-            m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_QKEY,
-            "INIT",
+        modify_to_init(
+            qp.qp,
+            qp.port,
+            attr,
+            m::IBV_QP_QKEY,
             "port, P_Key index 0, Q_Key",
         )?;
         let mut attr = ffi::ibv_qp_attr {

@@ -25,8 +25,8 @@ use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
 use crate::qp::{
     check_gather, check_recv, check_srq, completion_of, cq_entries, create_qp, global_ah_attr,
-    modify_qp, post_recv_wr, post_send_list, qp_init_attr, qp_settings_setters, random_psn,
-    recv_depths, sink_books, Books, Cq, Finished, PostError, QpSettings, QpStart, RawCompletion,
+    modify_qp, modify_to_init, post_recv_wr, post_send_list, qp_init_attr, qp_settings_setters,
+    random_psn, recv_depths, sink_books, Books, Cq, Finished, PostError, QpSettings, RawCompletion,
     Region, SendOp, Sink, Slot, UdDest, Wc,
 };
 use crate::{
