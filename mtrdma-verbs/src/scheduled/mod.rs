@@ -73,27 +73,41 @@ use paths::*;
 pub(crate) use paths::{Batched, Request};
 pub use ud::ScheduledUdQueuePair;
 
-/// A scheduled queue pair's wait also wakes when its scheduler asked to
-/// run again without a completion (a rate limit or pacing that said
-/// "later"): it then polls, which posts what is due, and sleeps on. On a
-/// [`SharedScheduler`], the other queue pairs' polls can also decide work
-/// for this one or finish its requests, which raises no event on its
-/// channel: its sleep is then cut into slices of at most 1 ms, so such
-/// work waits about 1 ms at most.
-impl<Q: PieceScheduler> crate::PollCompletions for ScheduledQueuePair<Q> {
-    type Completion = Completion;
+/// Writes the [`PollCompletions`](crate::PollCompletions) impl of a
+/// scheduled queue pair type `$ty` (over its `inner` engine handle),
+/// whose completions are `$completion`, with the documentation given.
+macro_rules! scheduled_poll {
+    ($(#[$doc:meta])* $ty:ident, $completion:ty) => {
+        $(#[$doc])*
+        impl<Q: PieceScheduler> crate::PollCompletions for $ty<Q> {
+            type Completion = $completion;
 
-    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
-        self.inner.poll(out)
-    }
+            fn poll(&mut self, out: &mut Vec<$completion>) -> Result<usize, Error> {
+                self.inner.poll(out)
+            }
 
-    fn poll_wait(
-        &mut self,
-        out: &mut Vec<Completion>,
-        timeout: std::time::Duration,
-    ) -> Result<usize, Error> {
-        self.inner.poll_wait(out, timeout)
-    }
+            fn poll_wait(
+                &mut self,
+                out: &mut Vec<$completion>,
+                timeout: std::time::Duration,
+            ) -> Result<usize, Error> {
+                self.inner.poll_wait(out, timeout)
+            }
+        }
+    };
+}
+use scheduled_poll;
+
+scheduled_poll! {
+    /// A scheduled queue pair's wait also wakes when its scheduler asked to
+    /// run again without a completion (a rate limit or pacing that said
+    /// "later"): it then polls, which posts what is due, and sleeps on. On a
+    /// [`SharedScheduler`], the other queue pairs' polls can also decide work
+    /// for this one or finish its requests, which raises no event on its
+    /// channel: its sleep is then cut into slices of at most 1 ms, so such
+    /// work waits about 1 ms at most.
+    ScheduledQueuePair,
+    Completion
 }
 
 #[cfg(test)]
@@ -434,23 +448,44 @@ pub(crate) fn solo_parts(
     Ok((config, sched))
 }
 
-impl QueuePair {
-    /// Routes this queue pair's sends through a scheduler of its own, the
-    /// built-in [`TenantScheduler`].
-    pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledQueuePair, Error> {
-        let (config, sched) = solo_parts(config, Sink::tenant(&self))?;
-        self.scheduled_with(config, sched)
-    }
+/// Writes a queue pair's `scheduled` (a scheduler of its own, the
+/// built-in one, with the documentation given) and `scheduled_with` (a
+/// scheduler of its own it is given), which makes the scheduled queue
+/// pair `$scheduled` with `$body` from the queue pair (`$qp`), its
+/// `$config` and its scheduler (`$sched`).
+macro_rules! solo_scheduled {
+    (
+        $(#[$doc:meta])*
+        $scheduled:ident, |$qp:ident, $config:ident, $sched:ident| $body:block
+    ) => {
+        $(#[$doc])*
+        pub fn scheduled(self, config: ScheduleConfig) -> Result<$scheduled, Error> {
+            let (config, sched) = solo_parts(config, Sink::tenant(&self))?;
+            self.scheduled_with(config, sched)
+        }
 
-    /// Routes this queue pair's sends through `sched`, a scheduler of its
-    /// own (see [`PieceScheduler`]).
-    pub fn scheduled_with<Q: PieceScheduler>(
-        self,
-        config: ScheduleConfig,
-        sched: Q,
-    ) -> Result<ScheduledQueuePair<Q>, Error> {
-        let inner = Scheduled::solo(self, config, sched, EngineClock::real())?;
-        Ok(ScheduledQueuePair { inner })
+        /// Routes this queue pair's sends through `sched`, a scheduler of its
+        /// own (see [`PieceScheduler`]).
+        pub fn scheduled_with<Q: PieceScheduler>(
+            self,
+            $config: ScheduleConfig,
+            $sched: Q,
+        ) -> Result<$scheduled<Q>, Error> {
+            let $qp = self;
+            $body
+        }
+    };
+}
+use solo_scheduled;
+
+impl QueuePair {
+    solo_scheduled! {
+        /// Routes this queue pair's sends through a scheduler of its own, the
+        /// built-in [`TenantScheduler`].
+        ScheduledQueuePair, |qp, config, sched| {
+            let inner = Scheduled::solo(qp, config, sched, EngineClock::real())?;
+            Ok(ScheduledQueuePair { inner })
+        }
     }
 
     /// Routes this queue pair's sends through `shared`, together with the

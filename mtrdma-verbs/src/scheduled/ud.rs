@@ -8,57 +8,48 @@ use crate::ud::{refused_parts, UdRegion};
 use crate::{AddressHandle, UdCompletion, UdEndpoint, UdQueuePair};
 
 impl UdQueuePair {
-    /// Routes this queue pair's sends through a scheduler of its own, the
-    /// built-in [`TenantScheduler`]: a UD service's datagrams then keep to
-    /// its tenant's policy (with [`Tenancy::OfQueuePair`], the default:
-    /// its class, its caps and the coordinator's fair rate shared with its
-    /// other processes through the quota table, and a delay window with
-    /// [`ScheduleConfig::window`]). Receives are not scheduled.
-    ///
-    /// ```no_run
-    /// use mtrdma_core::{TenantId, TrafficClass};
-    /// use mtrdma_verbs::{Access, Context, PollCompletions, ScheduleConfig, UdCompletion};
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let ctx = Context::open("rxe0")?;
-    /// let pd = ctx.alloc_pd()?;
-    /// let mut server = pd.ud_queue_pair().build()?;
-    /// let config = ScheduleConfig::local(TenantId(1), TrafficClass::Latency);
-    /// let mut client = pd.ud_queue_pair().build()?.scheduled(config)?;
-    /// server.post_recv(pd.allocate(server.mtu() as usize, Access::LOCAL)?, 0..64, 1)?;
-    /// let to_server = client.address_handle(&server.endpoint())?;
-    /// let mut msg = pd.allocate(5, Access::LOCAL)?;
-    /// msg.write_at(0, b"hello")?;
-    /// let ep = server.endpoint();
-    /// client.post_send(&to_server, ep.qpn, ep.qkey, msg, 0..5, 2)?;
-    /// let mut done: Vec<UdCompletion> = Vec::new();
-    /// while done.is_empty() {
-    ///     server.poll(&mut done)?;
-    ///     client.poll(&mut Vec::new())?;
-    /// }
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledUdQueuePair, Error> {
-        let (config, sched) = solo_parts(config, Sink::tenant(&self))?;
-        self.scheduled_with(config, sched)
-    }
-
-    /// Routes this queue pair's sends through `sched`, a scheduler of its
-    /// own (see [`PieceScheduler`]).
-    pub fn scheduled_with<Q: PieceScheduler>(
-        self,
-        config: ScheduleConfig,
-        sched: Q,
-    ) -> Result<ScheduledUdQueuePair<Q>, Error> {
-        let endpoint = self.endpoint();
-        let mtu = self.mtu();
-        let inner = Scheduled::solo(self, config, sched, EngineClock::real())?;
-        Ok(ScheduledUdQueuePair {
-            inner,
-            endpoint,
-            mtu,
-        })
+    solo_scheduled! {
+        /// Routes this queue pair's sends through a scheduler of its own, the
+        /// built-in [`TenantScheduler`]: a UD service's datagrams then keep to
+        /// its tenant's policy (with [`Tenancy::OfQueuePair`], the default:
+        /// its class, its caps and the coordinator's fair rate shared with its
+        /// other processes through the quota table, and a delay window with
+        /// [`ScheduleConfig::window`]). Receives are not scheduled.
+        ///
+        /// ```no_run
+        /// use mtrdma_core::{TenantId, TrafficClass};
+        /// use mtrdma_verbs::{Access, Context, PollCompletions, ScheduleConfig, UdCompletion};
+        ///
+        /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+        /// let ctx = Context::open("rxe0")?;
+        /// let pd = ctx.alloc_pd()?;
+        /// let mut server = pd.ud_queue_pair().build()?;
+        /// let config = ScheduleConfig::local(TenantId(1), TrafficClass::Latency);
+        /// let mut client = pd.ud_queue_pair().build()?.scheduled(config)?;
+        /// server.post_recv(pd.allocate(server.mtu() as usize, Access::LOCAL)?, 0..64, 1)?;
+        /// let to_server = client.address_handle(&server.endpoint())?;
+        /// let mut msg = pd.allocate(5, Access::LOCAL)?;
+        /// msg.write_at(0, b"hello")?;
+        /// let ep = server.endpoint();
+        /// client.post_send(&to_server, ep.qpn, ep.qkey, msg, 0..5, 2)?;
+        /// let mut done: Vec<UdCompletion> = Vec::new();
+        /// while done.is_empty() {
+        ///     server.poll(&mut done)?;
+        ///     client.poll(&mut Vec::new())?;
+        /// }
+        /// # Ok(())
+        /// # }
+        /// ```
+        ScheduledUdQueuePair, |qp, config, sched| {
+            let endpoint = qp.endpoint();
+            let mtu = qp.mtu();
+            let inner = Scheduled::solo(qp, config, sched, EngineClock::real())?;
+            Ok(ScheduledUdQueuePair {
+                inner,
+                endpoint,
+                mtu,
+            })
+        }
     }
 }
 
@@ -185,19 +176,8 @@ impl<Q: PieceScheduler> ScheduledUdQueuePair<Q> {
     }
 }
 
-/// As [`ScheduledQueuePair`](crate::ScheduledQueuePair)'s.
-impl<Q: PieceScheduler> crate::PollCompletions for ScheduledUdQueuePair<Q> {
-    type Completion = UdCompletion;
-
-    fn poll(&mut self, out: &mut Vec<UdCompletion>) -> Result<usize, Error> {
-        self.inner.poll(out)
-    }
-
-    fn poll_wait(
-        &mut self,
-        out: &mut Vec<UdCompletion>,
-        timeout: std::time::Duration,
-    ) -> Result<usize, Error> {
-        self.inner.poll_wait(out, timeout)
-    }
+scheduled_poll! {
+    /// As [`ScheduledQueuePair`](crate::ScheduledQueuePair)'s.
+    ScheduledUdQueuePair,
+    UdCompletion
 }
