@@ -448,6 +448,19 @@ impl NullSink {
         }
     }
 
+    /// Refuses `wr` as a provider's `post_send` does, with the errno
+    /// `code` (telling the watcher, if any).
+    fn refuse(&mut self, wr: &ffi::ibv_send_wr, code: i32) -> Error {
+        if self.watch.is_some() {
+            self.tell_offered(wr, false);
+        }
+        Error::Verbs {
+            call: "ibv_post_send",
+            device: "null".to_string(),
+            source: io::Error::from_raw_os_error(code),
+        }
+    }
+
     /// Takes one work request, as a provider's `post_send` takes each of
     /// a list's.
     fn take(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
@@ -463,26 +476,12 @@ impl NullSink {
             None => false,
         };
         if refuse || self.fail || self.queued == self.ring.len() {
-            if self.watch.is_some() {
-                self.tell_offered(wr, false);
-            }
-            return Err(Error::Verbs {
-                call: "ibv_post_send",
-                device: "null".to_string(),
-                source: io::Error::from_raw_os_error(12),
-            });
+            return Err(self.refuse(wr, 12));
         }
         if u32::try_from(wr.num_sge).map_or(true, |n| n > self.books.max_send_sge) {
             // A provider refuses a scatter list longer than the queue
             // pair was built for (EINVAL).
-            if self.watch.is_some() {
-                self.tell_offered(wr, false);
-            }
-            return Err(Error::Verbs {
-                call: "ibv_post_send",
-                device: "null".to_string(),
-                source: io::Error::from_raw_os_error(22),
-            });
+            return Err(self.refuse(wr, 22));
         }
         let sge = Self::first_sge(wr);
         let signaled = wr.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
