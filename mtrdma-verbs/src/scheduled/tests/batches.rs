@@ -89,6 +89,17 @@ fn a_batch_the_send_queue_cannot_hold_is_refused_whole_requests_back() {
     assert_eq!(sink.sends_in_flight(), 0);
 }
 
+/// The shared engine of the data_path fuzz target's rig: 1 KiB pieces,
+/// 8 KiB of bulk in flight, stalled senders' budget released after 20 ms.
+fn fuzz_rig_engine() -> SharedConfig {
+    SharedConfig {
+        chunk_bytes: 1024,
+        bulk_bytes_in_flight: 8 << 10,
+        stall_after: Duration::from_millis(20),
+        ..SharedConfig::default()
+    }
+}
+
 #[test]
 fn a_window_driven_under_a_piece_by_a_sleeping_sender_still_finishes_every_request() {
     // A sender on a shared engine with a delay window polls its first
@@ -98,16 +109,7 @@ fn a_window_driven_under_a_piece_by_a_sleeping_sender_still_finishes_every_reque
     // but every request completes, once (found by the data_path fuzz
     // target, whose drain was shorter than this takes).
     let clock = Arc::new(ManualClock::new(Nanos::from_millis(1)));
-    let shared = NullScheduler::with_clock(
-        SharedConfig {
-            chunk_bytes: 1024,
-            bulk_bytes_in_flight: 8 << 10,
-            stall_after: Duration::from_millis(20),
-            ..SharedConfig::default()
-        },
-        Arc::clone(&clock),
-    )
-    .unwrap();
+    let shared = NullScheduler::with_clock(fuzz_rig_engine(), Arc::clone(&clock)).unwrap();
     let window: Arc<dyn WindowFactory> = Arc::new(DelayWindowConfig {
         quiet_every: Nanos::from_millis(50),
         ..DelayWindowConfig::for_piece(1024)
