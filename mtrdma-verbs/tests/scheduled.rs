@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{device_pd, pair, pair_of, pattern, wait};
+use common::{assert_at_cap, capped_table, device_pd, pair, pair_of, pattern, wait};
 
 use std::time::{Duration, Instant};
 
@@ -12,21 +12,26 @@ use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, Tenant
 use mtrdma_sched::FifoScheduler;
 use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{
-    Access, MemoryRegion, Opcode, PieceScheduler, ScheduleConfig, ScheduledQueuePair, SendOp,
-    SharedConfig, SharedScheduler, WcStatus,
+    Access, MemoryRegion, Opcode, PieceScheduler, QueuePair, ScheduleConfig, ScheduledQueuePair,
+    SendOp, SharedConfig, SharedScheduler, WcStatus,
 };
+
+/// `qp` scheduled on its own as tenant 0's bulk traffic, in pieces of
+/// `chunk_bytes`.
+fn chunked(qp: QueuePair, chunk_bytes: u64) -> ScheduledQueuePair {
+    qp.scheduled(ScheduleConfig {
+        chunk_bytes,
+        ..ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
+    })
+    .unwrap()
+}
 
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn chunked_writes_and_reads_show_one_completion_and_move_every_byte() {
     let (_ctx, pd) = device_pd();
     let (a, mut b) = pair(&pd);
-    let mut a = a
-        .scheduled(ScheduleConfig {
-            chunk_bytes: 64 << 10,
-            ..ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
-        })
-        .unwrap();
+    let mut a = chunked(a, 64 << 10);
     for (i, &len) in [1usize, 65_535, 65_536, 65_537, (1 << 20) + 7, 8 << 20]
         .iter()
         .enumerate()
@@ -103,12 +108,7 @@ fn a_write_with_immediate_sent_whole_shows_its_length_to_the_peer() {
     const LEN: usize = 64 << 10;
     let (_ctx, pd) = device_pd();
     let (a, mut b) = pair(&pd);
-    let mut a = a
-        .scheduled(ScheduleConfig {
-            chunk_bytes: 16 << 10,
-            ..ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
-        })
-        .unwrap();
+    let mut a = chunked(a, 16 << 10);
     let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
     let remote = target.remote().unwrap();
     for (whole, want) in [(false, 16 << 10), (true, LEN as u32)] {
@@ -236,12 +236,7 @@ fn a_capped_tenant_stays_within_5_percent_of_its_cap_next_to_an_uncapped_one() {
 fn a_progress_thread_completes_work_the_application_never_polls() {
     let (_ctx, pd) = device_pd();
     let (a, _b) = pair(&pd);
-    let a = a
-        .scheduled(ScheduleConfig {
-            chunk_bytes: 16 << 10,
-            ..ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
-        })
-        .unwrap();
+    let a = chunked(a, 16 << 10);
     let driven = a.with_progress_thread(Duration::from_micros(50));
     let target = pd.allocate(256 << 10, Access::REMOTE_READ_WRITE).unwrap();
     let remote = target.remote().unwrap();
@@ -273,18 +268,14 @@ fn a_progress_thread_completes_work_the_application_never_polls() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn one_request_at_a_time_under_a_cap_keeps_moving_at_the_cap() {
+    let (_ctx, pd) = device_pd();
     // Each request is posted with nothing else queued (the fast path) and
     // is held back by the shared rate limit: the queue pair must come back
     // to it by itself when the limit allows, at the cap's pace.
     const CAP: u64 = 1_000_000;
     const LEN: usize = 4096;
     const N: u64 = 100;
-    let policy = Policy::new(
-        LinkConfig::new(1_000_000_000),
-        vec![TenantEntry::new(TenantId(1), "capped").with_rate(RateLimit::new(CAP, LEN as u64))],
-    );
-    let table = QuotaTable::embedded(&policy).unwrap();
-    let (_ctx, pd) = device_pd();
+    let table = capped_table(CAP, LEN as u64);
     let (a, _b) = pair_of(&pd, &table.attach(TenantId(1)).unwrap());
     let mut a = a.scheduled(ScheduleConfig::default()).unwrap();
     let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
@@ -300,11 +291,7 @@ fn one_request_at_a_time_under_a_cap_keeps_moving_at_the_cap() {
     }
     let rate = (N * LEN as u64) as f64 / start.elapsed().as_secs_f64();
     println!("{N} requests of {LEN} B one at a time under a {CAP} B/s cap: {rate:.0} B/s");
-    assert!(rate <= CAP as f64 * 1.05, "{rate:.0} B/s above the cap");
-    assert!(
-        rate >= CAP as f64 * 0.8,
-        "{rate:.0} B/s: held back far below the cap"
-    );
+    assert_at_cap(rate, CAP, "held back far below the cap");
 }
 
 #[test]
@@ -437,12 +424,7 @@ fn gather_pair(
     let b = pd.queue_pair().build().unwrap();
     let (ea, eb) = (a.endpoint(), b.endpoint());
     let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
-    let a = a
-        .scheduled(ScheduleConfig {
-            chunk_bytes: 4096,
-            ..ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
-        })
-        .unwrap();
+    let a = chunked(a, 4096);
     (a, b)
 }
 

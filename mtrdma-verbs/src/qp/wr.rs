@@ -231,7 +231,7 @@ impl Region for MemoryRegion {
         MemoryRegion::sge(self, range)
     }
 
-    own_region_completion!(Completion);
+    crate::qp::own_region_completion!(Completion);
 }
 
 /// `v.push(x)`, always inlined: `x` (a completion, several words) is

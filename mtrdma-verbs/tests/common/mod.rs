@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use mtrdma_core::TenantHandle;
+use mtrdma_core::{
+    LinkConfig, Policy, QuotaTable, RateLimit, TableOwner, TenantEntry, TenantHandle, TenantId,
+};
 use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{Context, PreparedQueuePair, ProtectionDomain, QueuePair};
 
@@ -46,6 +48,23 @@ pub(crate) fn device_pd() -> (Context, ProtectionDomain) {
     let ctx = device();
     let pd = ctx.alloc_pd().unwrap();
     (ctx, pd)
+}
+
+/// A quota table whose one tenant (1, "capped") is held to `cap` bytes a
+/// second with a burst of `burst` bytes, on a 1 GB/s link.
+pub(crate) fn capped_table(cap: u64, burst: u64) -> TableOwner {
+    let policy = Policy::new(
+        LinkConfig::new(1_000_000_000),
+        vec![TenantEntry::new(TenantId(1), "capped").with_rate(RateLimit::new(cap, burst))],
+    );
+    QuotaTable::embedded(&policy).unwrap()
+}
+
+/// Checks that `rate` (bytes a second) keeps to `cap`: at most 5% above
+/// it, and at least 80% of it (`why` a rate below is wrong).
+pub(crate) fn assert_at_cap(rate: f64, cap: u64, why: &str) {
+    assert!(rate <= cap as f64 * 1.05, "{rate:.0} B/s above the cap");
+    assert!(rate >= cap as f64 * 0.8, "{rate:.0} B/s: {why}");
 }
 
 /// Polls until `n` completions arrive (30 s at most).
