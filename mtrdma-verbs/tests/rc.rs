@@ -11,7 +11,7 @@ use common::{device_pd, pair, pattern, wait};
 
 use std::time::{Duration, Instant};
 
-use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantEntry, TenantId};
+use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantEntry, TenantHandle, TenantId};
 use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{
     Access, Completion, Error, MemoryRegion, Opcode, QueuePair, RemoteRegion, SendOp, WcStatus,
@@ -241,8 +241,7 @@ fn atomics_change_the_peers_word_and_return_what_it_held() {
     let local = refused.region;
 
     // Through a tenant's scheduler: one completion, the word changed once.
-    let table = tenant_table(4, 1 << 20);
-    let tenant = table.attach(TenantId(1)).unwrap();
+    let (_table, tenant) = tenant(4, 1 << 20);
     let s = pd.queue_pair().tenant(&tenant).build().unwrap();
     let t = pd.queue_pair().access(Access::REMOTE_ALL).build().unwrap();
     let (es, et) = (s.endpoint(), t.endpoint());
@@ -259,21 +258,24 @@ fn atomics_change_the_peers_word_and_return_what_it_held() {
     assert_eq!(word.read(), 12u64.to_ne_bytes());
 }
 
-fn tenant_table(max_qps: u32, max_mr_bytes: u64) -> QuotaTable {
+/// A quota table whose one tenant (1) may have `max_qps` queue pairs and
+/// `max_mr_bytes` of registered memory, and that tenant.
+fn tenant(max_qps: u32, max_mr_bytes: u64) -> (QuotaTable, TenantHandle) {
     let tenant = TenantEntry::new(TenantId(1), "t")
         .with_max_qps(max_qps)
         .with_max_mr_bytes(max_mr_bytes);
-    QuotaTable::embedded(&Policy::new(LinkConfig::new(1_000_000_000), vec![tenant]))
+    let table = QuotaTable::embedded(&Policy::new(LinkConfig::new(1_000_000_000), vec![tenant]))
         .unwrap()
-        .table()
+        .table();
+    let handle = table.attach(TenantId(1)).unwrap();
+    (table, handle)
 }
 
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_tenant_gets_exactly_its_quota_of_qps_and_mr_bytes() {
     let (_ctx, pd) = device_pd();
-    let table = tenant_table(4, 10 << 20);
-    let t = table.attach(TenantId(1)).unwrap();
+    let (table, t) = tenant(4, 10 << 20);
     let mut made = Vec::new();
     let mut refused = 0;
     for _ in 0..7 {
@@ -312,8 +314,7 @@ fn a_tenant_gets_exactly_its_quota_of_qps_and_mr_bytes() {
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn dropping_a_qp_with_100_requests_in_flight_frees_every_buffer() {
     let (_ctx, pd) = device_pd();
-    let table = tenant_table(16, 1 << 30);
-    let t = table.attach(TenantId(1)).unwrap();
+    let (table, t) = tenant(16, 1 << 30);
     let (a, mut b) = pair(&pd);
     for i in 0..100 {
         let mr: MemoryRegion = pd.register_for(&t, vec![0u8; 4096], Access::LOCAL).unwrap();
@@ -450,8 +451,7 @@ fn pieces_of_one_registration_are_posted_at_once_and_come_back() {
     const PIECES: usize = 8;
     let (_ctx, pd) = device_pd();
     // One registration of 128 KiB for the tenant, counted once.
-    let table = tenant_table(16, 1 << 30);
-    let t = table.attach(TenantId(1)).unwrap();
+    let (table, t) = tenant(16, 1 << 30);
     let (mut a, _b) = pair(&pd);
     let target = pd
         .allocate(PIECE * PIECES, Access::REMOTE_READ_WRITE)
@@ -500,8 +500,7 @@ fn pieces_of_one_registration_are_posted_at_once_and_come_back() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn queues_deeper_than_the_device_allows_are_refused_by_name() {
-    let table = tenant_table(4, 1 << 30);
-    let handle = table.attach(TenantId(1)).unwrap();
+    let (table, handle) = tenant(4, 1 << 30);
     let (_ctx, pd) = device_pd();
     // u32::MAX + 128 for the completion queue overflowed before.
     match pd

@@ -246,8 +246,7 @@ fn assert_three_back_parts(parts: Vec<(MemoryRegion, Range<usize>)>) {
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_gather_the_peer_refuses_and_those_flushed_after_it_hand_every_region_back() {
     let (_ctx, pd) = device_pd();
-    let table = tenant_table(16, 1 << 30);
-    let t = table.attach(TenantId(1)).unwrap();
+    let (table, t) = tenant(16, 1 << 30);
     let (mut a, _b) = gather_pair(&pd, 3);
     let target = pd.allocate(8192, Access::REMOTE_READ_WRITE).unwrap();
     let good = target.remote().unwrap();
@@ -299,9 +298,8 @@ fn a_gather_the_peer_refuses_and_those_flushed_after_it_hand_every_region_back()
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn dropping_a_qp_with_gathers_in_flight_frees_every_region() {
+    let (table, t) = tenant(16, 1 << 30);
     let (_ctx, pd) = device_pd();
-    let table = tenant_table(16, 1 << 30);
-    let t = table.attach(TenantId(1)).unwrap();
     let (mut a, b) = gather_pair(&pd, 4);
     // SENDs the peer has no receive for: they wait in the device until
     // the teardown flushes them.
