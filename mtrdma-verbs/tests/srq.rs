@@ -63,11 +63,12 @@ struct Client {
 }
 
 /// A shared receive queue on `pd` of `max_wr` receives, its limit at
-/// `limit`.
-fn srq_of(pd: &ProtectionDomain, max_wr: u32, limit: u32) -> SharedReceiveQueue {
+/// `limit`, for UD queue pairs if `datagrams` (else RC).
+fn srq_of(pd: &ProtectionDomain, max_wr: u32, limit: u32, datagrams: bool) -> SharedReceiveQueue {
     pd.shared_receive_queue()
         .max_wr(max_wr)
         .limit(limit)
+        .datagrams(datagrams)
         .build()
         .unwrap()
 }
@@ -79,7 +80,7 @@ fn one_thread_answers_64_rc_clients_through_one_srq_one_cq_and_one_channel() {
     // 256 receives, refilled from the reserve when fewer than 96 are
     // posted: at most 64 requests are ever in flight, so the queue never
     // runs dry between the event and the refill.
-    let srq = srq_of(&pd, 256, 96);
+    let srq = srq_of(&pd, 256, 96, false);
     for i in 0..256 {
         srq.post_recv(pd.allocate(MSG, Access::LOCAL).unwrap(), 0..MSG, i)
             .unwrap();
@@ -251,7 +252,7 @@ fn one_thread_answers_64_rc_clients_through_one_srq_one_cq_and_one_channel() {
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_queue_pair_with_its_own_cq_takes_receives_from_the_srq_and_gives_them_back_on_drop() {
     let (_ctx, pd) = device_pd();
-    let srq = srq_of(&pd, 8, 0);
+    let srq = srq_of(&pd, 8, 0, false);
     let a = pd.queue_pair().srq(&srq).build().unwrap();
     let b = pd.queue_pair().build().unwrap();
     let (ea, eb) = (a.endpoint(), b.endpoint());
@@ -304,13 +305,7 @@ fn a_queue_pair_with_its_own_cq_takes_receives_from_the_srq_and_gives_them_back_
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn ud_queue_pairs_share_one_srq_and_each_receive_names_its_source() {
     let (_ctx, pd) = device_pd();
-    let srq = pd
-        .shared_receive_queue()
-        .max_wr(16)
-        .limit(4)
-        .datagrams(true)
-        .build()
-        .unwrap();
+    let srq = srq_of(&pd, 16, 4, true);
     let mut s1 = pd
         .ud_queue_pair()
         .srq(&srq)
