@@ -264,6 +264,25 @@ pub(crate) struct Request<R> {
 }
 
 impl<R: Region> Request<R> {
+    /// A request on one region (not a gather), already checked: `sge` is
+    /// its scatter entry.
+    pub(crate) fn single(
+        op: SendOp,
+        region: R,
+        range: Range<usize>,
+        sge: ffi::ibv_sge,
+        context: u64,
+    ) -> Request<R> {
+        Request {
+            op,
+            region,
+            range,
+            sge,
+            context,
+            gather: None,
+        }
+    }
+
     /// A request whose range and remote region `check_send` accepts; on
     /// refusal the region comes back with the error.
     pub(crate) fn checked(
@@ -273,14 +292,7 @@ impl<R: Region> Request<R> {
         context: u64,
     ) -> Result<Request<R>, (Error, R)> {
         match check_send(op, &region, &range) {
-            Ok(sge) => Ok(Request {
-                op,
-                region,
-                range,
-                sge,
-                context,
-                gather: None,
-            }),
+            Ok(sge) => Ok(Request::single(op, region, range, sge, context)),
             Err(error) => Err((error, region)),
         }
     }
