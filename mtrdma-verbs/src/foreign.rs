@@ -264,12 +264,12 @@ impl Region for ForeignBuf {
         }
     }
 
-    fn complete(self, finished: Finished) -> ForeignDone {
+    fn complete(self, (context, status, _, byte_len, _): Finished) -> ForeignDone {
         ForeignDone {
-            wr_id: finished.context,
-            status: finished.status.to_raw(),
+            wr_id: context,
+            status: status.to_raw(),
             opcode: self.wc_opcode,
-            byte_len: finished.byte_len,
+            byte_len,
             signaled: self.signaled,
             inline: match self.local {
                 Local::Inline(data) => Some(data),

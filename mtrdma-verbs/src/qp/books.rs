@@ -577,13 +577,13 @@ impl<R: Region> Books<R> {
         push_in_place(
             out,
             slot.region.complete_from(
-                Finished {
-                    context: slot.context,
-                    status: wc.status,
+                (
+                    slot.context,
+                    wc.status,
                     opcode,
                     byte_len,
-                    imm: wc.imm.map(u32::from_be),
-                },
+                    wc.imm.map(u32::from_be),
+                ),
                 wc.source,
             ),
         );
@@ -644,13 +644,13 @@ impl<R: Region> Books<R> {
             push_in_place(
                 out,
                 piece.region.complete_from(
-                    Finished {
-                        context: piece.context,
+                    (
+                        piece.context,
                         status,
-                        opcode: opcode_of(status, opcode),
-                        byte_len: piece.len,
-                        imm: None,
-                    },
+                        opcode_of(status, opcode),
+                        piece.len,
+                        None,
+                    ),
                     None,
                 ),
             );

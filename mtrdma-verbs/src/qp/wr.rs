@@ -93,33 +93,23 @@ pub(crate) struct UdDest {
     pub(crate) qkey: u32,
 }
 
-/// What a finished work request reports besides its region: the fields
-/// every completion type opens with.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Finished {
-    /// The caller's value given when posting.
-    pub(crate) context: u64,
-    /// How it ended.
-    pub(crate) status: WcStatus,
-    /// What it was.
-    pub(crate) opcode: Opcode,
-    /// Bytes received or transferred.
-    pub(crate) byte_len: u32,
-    /// Immediate data.
-    pub(crate) imm: Option<u32>,
-}
+/// What a finished work request reports besides its region, the fields
+/// every completion type opens with: the caller's context, how it ended,
+/// what it was, the bytes received or transferred, and the immediate
+/// data.
+pub(crate) type Finished = (u64, WcStatus, Opcode, u32, Option<u32>);
 
 /// Builds the completion type `$ty` from a [`Finished`] and the fields it
 /// has after the five every completion opens with.
 macro_rules! completion_of {
     ($finished:expr, $ty:ident { $($field:ident $(: $value:expr)?),* $(,)? }) => {{
-        let f: $crate::qp::Finished = $finished;
+        let (context, status, opcode, byte_len, imm): $crate::qp::Finished = $finished;
         $ty {
-            context: f.context,
-            status: f.status,
-            opcode: f.opcode,
-            byte_len: f.byte_len,
-            imm: f.imm,
+            context,
+            status,
+            opcode,
+            byte_len,
+            imm,
             $($field $(: $value)?),*
         }
     }};

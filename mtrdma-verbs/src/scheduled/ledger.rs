@@ -10,7 +10,7 @@ use ibverbs_sys as ffi;
 
 use super::{lock, post_pieces, Done};
 use crate::completion::{Opcode, WcStatus};
-use crate::qp::{Extra, Finished, RawCompletion, RawSend, Region, SendOp, Sink};
+use crate::qp::{Extra, RawCompletion, RawSend, Region, SendOp, Sink};
 use crate::Error;
 
 /// The handle of a scheduled request, as a [`PieceScheduler`](crate::PieceScheduler) sees it
@@ -79,13 +79,9 @@ impl<R: Region> Message<R> {
             Opcode::Unknown
         };
         let byte_len = u32::try_from(self.len).unwrap_or(u32::MAX);
-        let mut done = self.region.complete(Finished {
-            context: self.context,
-            status: self.status,
-            opcode,
-            byte_len,
-            imm: None,
-        });
+        let mut done = self
+            .region
+            .complete((self.context, self.status, opcode, byte_len, None));
         if let Some(gather) = self.gather {
             R::attach_rest(&mut done, gather.rest);
         }
