@@ -695,7 +695,7 @@ impl<Q: PieceScheduler> ScheduledBatch<'_, Q> {
         /// the batch's: they come back in its completion
         /// ([`Completion::region`], then [`Completion::gathered`]), or, if it
         /// is not accepted, as consecutive entries of
-        /// [`BatchError::refused`] (or of [`cancel`](Self::cancel)'s answer)
+        /// [`BatchError::refused`](crate::BatchError::refused) (or of [`cancel`](Self::cancel)'s answer)
         /// that share its context.
         ///
         /// ```no_run
