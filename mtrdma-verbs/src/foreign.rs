@@ -40,9 +40,9 @@ use std::time::Instant;
 use ibverbs_sys as ffi;
 use mtrdma_core::TenantHandle;
 
-use crate::completion::{Opcode, WcStatus};
+use crate::completion::WcStatus;
 use crate::events::Armed;
-use crate::qp::{Books, Extra, RawCompletion, Region, Sink, UdDest, Wc};
+use crate::qp::{Books, Extra, Finished, RawCompletion, Region, Sink, UdDest, Wc};
 use crate::scheduled::{solo_parts, DefaultScheduler, EngineClock, Scheduled};
 use crate::{Error, ScheduleConfig, SendOp};
 
@@ -264,14 +264,7 @@ impl Region for ForeignBuf {
         }
     }
 
-    fn complete(
-        self,
-        context: u64,
-        status: WcStatus,
-        _opcode: Opcode,
-        byte_len: u32,
-        _imm: Option<u32>,
-    ) -> ForeignDone {
+    fn complete(self, (context, status, _, byte_len, _): Finished) -> ForeignDone {
         ForeignDone {
             wr_id: context,
             status: status.to_raw(),
@@ -492,13 +485,7 @@ impl Sink for ForeignSink {
         self.qpn
     }
 
-    fn books(&self) -> &Books<ForeignBuf> {
-        &self.books
-    }
-
-    fn books_mut(&mut self) -> &mut Books<ForeignBuf> {
-        &mut self.books
-    }
+    crate::qp::sink_books!();
 
     unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
         let engine_id = wr.wr_id;

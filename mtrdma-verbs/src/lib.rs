@@ -82,6 +82,8 @@
 //! ```
 #![doc(test(attr(deny(unused_imports))))]
 
+mod macros;
+
 mod async_event;
 mod completion;
 mod device;

@@ -6,7 +6,6 @@
 //! finished requests on a channel. The application posts through the
 //! returned [`ProgressThread`] and reads [`ProgressThread::completions`].
 
-use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -15,7 +14,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::{Completion, Error, MemoryRegion, PostError, ScheduledQueuePair, SendOp};
+use crate::{Completion, Error, PostError, ScheduledQueuePair, SendOp};
 
 /// A scheduled queue pair driven by its own thread (see the module docs).
 ///
@@ -196,34 +195,27 @@ fn progress<T: Polled>(
 }
 
 impl ProgressThread {
-    /// Accepts a send-side request (see [`ScheduledQueuePair::post_send`]).
-    /// Refused with [`Error::ProgressStopped`] once the thread stopped on
-    /// its own.
-    pub fn post_send(
-        &self,
-        op: SendOp,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        if let Err(e) = self.driver.running() {
-            return Err(PostError::new((e, region)));
+    crate::macros::posting_fn! {
+        /// Accepts a send-side request (see [`ScheduledQueuePair::post_send`]).
+        /// Refused with [`Error::ProgressStopped`] once the thread stopped on
+        /// its own.
+        pub fn post_send(&self, op: SendOp) posts (region, range, context) {
+            if let Err(e) = self.driver.running() {
+                return Err(PostError::new((e, region)));
+            }
+            self.driver.lock().post_send(op, region, range, context)
         }
-        self.driver.lock().post_send(op, region, range, context)
     }
 
-    /// Posts a receive. Refused with [`Error::ProgressStopped`] once the
-    /// thread stopped on its own.
-    pub fn post_recv(
-        &self,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        if let Err(e) = self.driver.running() {
-            return Err(PostError::new((e, region)));
+    crate::macros::posting_fn! {
+        /// Posts a receive. Refused with [`Error::ProgressStopped`] once the
+        /// thread stopped on its own.
+        pub fn post_recv(&self) posts (region, range, context) {
+            if let Err(e) = self.driver.running() {
+                return Err(PostError::new((e, region)));
+            }
+            self.driver.lock().post_recv(region, range, context)
         }
-        self.driver.lock().post_recv(region, range, context)
     }
 
     /// Finished requests and receives, with their regions. Disconnected

@@ -62,7 +62,7 @@ use ibverbs_sys as ffi;
 use crate::completion::{Completion, Opcode};
 use crate::qp::{device_attrs, libc_enosys, PostError, RawWc};
 use crate::slab::Slab;
-use crate::ud::{grh_source_gid, UdCompletion, UdSource, GRH_BYTES};
+use crate::ud::{copy_grh, grh_source_gid, UdCompletion, UdSource, GRH_BYTES};
 use crate::{Access, Error, MemoryRegion, ProtectionDomain};
 
 /// `wr_id`s with this bit are a shared receive queue's receives: the rest
@@ -405,65 +405,59 @@ impl SharedReceiveQueue {
         Ok(region)
     }
 
-    /// Posts a receive into `range` of `region` now (one doorbell). The
-    /// region is the queue's until the receive's completion is polled; on
-    /// refusal (range outside the region, a region of another protection
-    /// domain, the queue full) it comes back in the [`PostError`].
-    pub fn post_recv(
-        &self,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        let region = self.check(region, &range)?;
-        let mut state = self.inner.lock();
-        if state.level.room() == 0 {
-            let depth = state.level.max_wr;
-            return refuse(Error::RecvQueueFull { depth }, region);
+    crate::macros::posting_fn! {
+        /// Posts a receive into `range` of `region` now (one doorbell). The
+        /// region is the queue's until the receive's completion is polled; on
+        /// refusal (range outside the region, a region of another protection
+        /// domain, the queue full) it comes back in the [`PostError`].
+        pub fn post_recv(&self) posts (region, range, context) {
+            let region = self.check(region, &range)?;
+            let mut state = self.inner.lock();
+            if state.level.room() == 0 {
+                let depth = state.level.max_wr;
+                return refuse(Error::RecvQueueFull { depth }, region);
+            }
+            let one = Stocked {
+                region,
+                range,
+                context,
+            };
+            if let Err((error, mut back)) = self.inner.post(&mut state, vec![one]) {
+                let region = back.pop().expect("the one receive comes back").region;
+                return refuse(error, region);
+            }
+            if let Err(e) = self.inner.arm_if_due(&mut state) {
+                // The receive is posted; only its limit event is missing (the
+                // polls refill the queue when it is seen below its limit).
+                tracing::warn!(error = %e, "arming the shared receive queue's limit failed");
+            }
+            Ok(())
         }
-        let one = Stocked {
-            region,
-            range,
-            context,
-        };
-        if let Err((error, mut back)) = self.inner.post(&mut state, vec![one]) {
-            let region = back.pop().expect("the one receive comes back").region;
-            return refuse(error, region);
-        }
-        if let Err(e) = self.inner.arm_if_due(&mut state) {
-            // The receive is posted; only its limit event is missing (the
-            // polls refill the queue when it is seen below its limit).
-            tracing::warn!(error = %e, "arming the shared receive queue's limit failed");
-        }
-        Ok(())
     }
 
-    /// Gives a receive back to the queue without a doorbell: it is kept
-    /// in the reserve while the queue's limit is armed, and posted with
-    /// the rest of the reserve when the limit event comes; with no limit
-    /// armed (or none set) it is posted at once. Refused as
-    /// [`post_recv`](Self::post_recv) refuses.
-    pub fn stock(
-        &self,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        let region = self.check(region, &range)?;
-        let mut state = self.inner.lock();
-        state.reserve.push_back(Stocked {
-            region,
-            range,
-            context,
-        });
-        if state.level.keeps() {
-            return Ok(());
+    crate::macros::posting_fn! {
+        /// Gives a receive back to the queue without a doorbell: it is kept
+        /// in the reserve while the queue's limit is armed, and posted with
+        /// the rest of the reserve when the limit event comes; with no limit
+        /// armed (or none set) it is posted at once. Refused as
+        /// [`post_recv`](Self::post_recv) refuses.
+        pub fn stock(&self) posts (region, range, context) {
+            let region = self.check(region, &range)?;
+            let mut state = self.inner.lock();
+            state.reserve.push_back(Stocked {
+                region,
+                range,
+                context,
+            });
+            if state.level.keeps() {
+                return Ok(());
+            }
+            if let Err(e) = self.inner.refill(&mut state) {
+                // The receive stays in the reserve for the next refill.
+                tracing::warn!(error = %e, "posting the shared receive queue's reserve failed");
+            }
+            Ok(())
         }
-        if let Err(e) = self.inner.refill(&mut state) {
-            // The receive stays in the reserve for the next refill.
-            tracing::warn!(error = %e, "posting the shared receive queue's reserve failed");
-        }
-        Ok(())
     }
 
     /// Posts the reserve now, as much of it as fits, as one list (one
@@ -744,20 +738,11 @@ impl SrqInner {
     /// A copy of GRH cell `cell`, whose receive has completed.
     fn read_grh(&self, cell: usize) -> [u8; GRH_BYTES] {
         let grh = self.grh.as_ref().expect("a UD queue has GRH cells");
-        assert!((cell + 1) * GRH_BYTES <= grh.len());
-        let mut out = [0u8; GRH_BYTES];
-        // SAFETY: the cell lies inside the GRH buffer (checked above),
-        // which lives as long as `self`; its receive has completed, so the
-        // NIC is done writing it, and it is not posted again before this
-        // copy (the caller holds the lock). Only this cell is read.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (self.grh_addr as usize + cell * GRH_BYTES) as *const u8,
-                out.as_mut_ptr(),
-                GRH_BYTES,
-            );
-        }
-        out
+        // SAFETY: the GRH buffer lives as long as `self` (the cell is
+        // checked to lie inside it); the cell's receive has completed, so
+        // the NIC is done writing it, and it is not posted again before
+        // this copy (the caller holds the lock).
+        unsafe { copy_grh(self.grh_addr, grh.len() / GRH_BYTES, cell) }
     }
 }
 

@@ -5,18 +5,17 @@
 
 mod common;
 
-use common::{device, pattern};
+use common::{assert_at_cap, capped_table, device_pd, pattern};
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use mtrdma_core::{
-    LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantHandle, TenantId, TrafficClass,
-};
+use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
 use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{
-    Access, Completion, Error, Opcode, ProtectionDomain, QueuePair, ScheduleConfig, SendOp,
-    SharedConfig, SharedScheduler, UdCompletion, WcStatus,
+    Access, Completion, Error, MemoryRegion, Opcode, PieceScheduler, ProtectionDomain, QueuePair,
+    ScheduleConfig, ScheduledQueuePair, SendOp, SharedConfig, SharedScheduler, UdCompletion,
+    WcStatus,
 };
 use rustix::time::{clock_gettime, ClockId};
 
@@ -73,8 +72,7 @@ fn wait_all(
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn an_idle_wait_sleeps_out_its_timeout_without_burning_cpu() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let (mut a, _b) = pair_with_events(&pd, false);
     let mut out = Vec::new();
     let (wall, cpu) = (Instant::now(), thread_cpu());
@@ -96,8 +94,7 @@ fn an_idle_wait_sleeps_out_its_timeout_without_burning_cpu() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_write_completes_through_poll_wait() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let (mut a, _b) = pair_with_events(&pd, false);
     for (i, len) in [1usize, 4096, 1 << 20].into_iter().enumerate() {
         let target = pd.allocate(len, Access::REMOTE_READ_WRITE).unwrap();
@@ -124,8 +121,7 @@ fn a_write_completes_through_poll_wait() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_wait_after_a_completion_found_without_sleeping_misses_nothing() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let (mut a, _b) = pair_with_events(&pd, false);
     let target = pd.allocate(4096, Access::REMOTE_READ_WRITE).unwrap();
     let remote = target.remote().unwrap();
@@ -171,8 +167,7 @@ fn a_wait_after_a_completion_found_without_sleeping_misses_nothing() {
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_send_a_peer_thread_posts_later_wakes_the_waiting_receiver() {
     const LEN: usize = 3000;
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let (mut receiver, mut sender) = pair_with_events(&pd, false);
     receiver
         .post_recv(pd.allocate(LEN, Access::LOCAL).unwrap(), 0..LEN, 1)
@@ -214,13 +209,43 @@ fn a_send_a_peer_thread_posts_later_wakes_the_waiting_receiver() {
     let _sender = peer.join().unwrap();
 }
 
+/// Posts `n` WRITEs of `len` bytes on `a` (request `i` carries
+/// `pattern(len, i)`, context `i`) to consecutive slices of a new region,
+/// which it returns.
+fn post_writes<Q: PieceScheduler>(
+    pd: &ProtectionDomain,
+    a: &mut ScheduledQueuePair<Q>,
+    n: usize,
+    len: usize,
+) -> MemoryRegion {
+    let target = pd.allocate(n * len, Access::REMOTE_READ_WRITE).unwrap();
+    let remote = target.remote().unwrap();
+    for i in 0..n {
+        let src = pd.register(pattern(len, i as u8), Access::LOCAL).unwrap();
+        let to = remote.slice((i * len) as u64, len as u64).unwrap();
+        a.post_send(SendOp::Write(to), src, 0..len, i as u64)
+            .unwrap();
+    }
+    target
+}
+
+/// Checks that each of [`post_writes`]'s `n` WRITEs landed in `target`.
+fn check_landed(target: &MemoryRegion, n: usize, len: usize) {
+    let landed = target.read();
+    for i in 0..n {
+        assert!(
+            landed[i * len..(i + 1) * len] == pattern(len, i as u8),
+            "request {i} landed"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn scheduled_requests_queued_behind_the_piece_limit_all_complete_through_poll_wait() {
     const N: usize = 6;
     const LEN: usize = 200 << 10;
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let (a, _b) = pair_with_events(&pd, false);
     let mut a = a
         .scheduled(ScheduleConfig {
@@ -229,14 +254,7 @@ fn scheduled_requests_queued_behind_the_piece_limit_all_complete_through_poll_wa
             ..ScheduleConfig::local(TenantId(0), TrafficClass::Bulk)
         })
         .unwrap();
-    let target = pd.allocate(N * LEN, Access::REMOTE_READ_WRITE).unwrap();
-    let remote = target.remote().unwrap();
-    for i in 0..N {
-        let src = pd.register(pattern(LEN, i as u8), Access::LOCAL).unwrap();
-        let to = remote.slice((i * LEN) as u64, LEN as u64).unwrap();
-        a.post_send(SendOp::Write(to), src, 0..LEN, i as u64)
-            .unwrap();
-    }
+    let target = post_writes(&pd, &mut a, N, LEN);
     assert!(a.queued() == N, "all accepted, most of them queued");
     let (wall, cpu) = (Instant::now(), thread_cpu());
     let (done, calls) = wait_all(|out, t| a.poll_wait(out, t), N, Duration::from_secs(5));
@@ -251,13 +269,7 @@ fn scheduled_requests_queued_behind_the_piece_limit_all_complete_through_poll_wa
             (WcStatus::Success, Opcode::Write, LEN)
         );
     }
-    let landed = target.read();
-    for i in 0..N {
-        assert!(
-            landed[i * LEN..(i + 1) * LEN] == pattern(LEN, i as u8),
-            "request {i} landed"
-        );
-    }
+    check_landed(&target, N, LEN);
     assert_eq!(a.queued(), 0);
 }
 
@@ -269,13 +281,8 @@ fn requests_held_back_by_a_rate_cap_go_at_the_cap_through_poll_wait() {
     const CAP: u64 = 1_000_000;
     const LEN: usize = 4096;
     const N: u64 = 50;
-    let policy = Policy::new(
-        LinkConfig::new(1_000_000_000),
-        vec![TenantEntry::new(TenantId(1), "capped").with_rate(RateLimit::new(CAP, LEN as u64))],
-    );
-    let table = QuotaTable::embedded(&policy).unwrap();
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let table = capped_table(CAP, LEN as u64);
+    let (_ctx, pd) = device_pd();
     let handle = table.attach(TenantId(1)).unwrap();
     let (a, _b) = pair_with_events_of(&pd, false, Some(&handle));
     let mut a = a.scheduled(ScheduleConfig::default()).unwrap();
@@ -297,20 +304,15 @@ fn requests_held_back_by_a_rate_cap_go_at_the_cap_through_poll_wait() {
     println!(
         "{N} requests of {LEN} B under a {CAP} B/s cap: {rate:.0} B/s, {cpu:?} CPU in {wall:?}"
     );
-    assert!(rate <= CAP as f64 * 1.05, "{rate:.0} B/s above the cap");
-    assert!(
-        rate >= CAP as f64 * 0.8,
-        "{rate:.0} B/s: the waits overslept the rate limit's wake-ups"
-    );
+    assert_at_cap(rate, CAP, "the waits overslept the rate limit's wake-ups");
 }
 
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_queue_pair_on_a_shared_scheduler_completes_queued_work_through_poll_wait() {
+    let (_ctx, pd) = device_pd();
     const N: usize = 6;
     const LEN: usize = 128 << 10;
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
     let shared = SharedScheduler::new(SharedConfig {
         chunk_bytes: 32 << 10,
         bulk_bytes_in_flight: 64 << 10,
@@ -324,24 +326,11 @@ fn a_queue_pair_on_a_shared_scheduler_completes_queued_work_through_poll_wait() 
             ScheduleConfig::local(TenantId(1), TrafficClass::Bulk),
         )
         .unwrap();
-    let target = pd.allocate(N * LEN, Access::REMOTE_READ_WRITE).unwrap();
-    let remote = target.remote().unwrap();
-    for i in 0..N {
-        let src = pd.register(pattern(LEN, i as u8), Access::LOCAL).unwrap();
-        let to = remote.slice((i * LEN) as u64, LEN as u64).unwrap();
-        a.post_send(SendOp::Write(to), src, 0..LEN, i as u64)
-            .unwrap();
-    }
+    let target = post_writes(&pd, &mut a, N, LEN);
     let (done, calls) = wait_all(|out, t| a.poll_wait(out, t), N, Duration::from_secs(5));
     println!("{N} requests of {LEN} B on a shared scheduler through {calls} poll_wait calls");
     assert!(done.iter().all(|c| c.status.is_success()));
-    let landed = target.read();
-    for i in 0..N {
-        assert!(
-            landed[i * LEN..(i + 1) * LEN] == pattern(LEN, i as u8),
-            "request {i} landed"
-        );
-    }
+    check_landed(&target, N, LEN);
     // Idle: the wait sleeps out its timeout (in slices of at most 1 ms).
     let mut out = Vec::new();
     let wall = Instant::now();
@@ -352,8 +341,7 @@ fn a_queue_pair_on_a_shared_scheduler_completes_queued_work_through_poll_wait() 
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn poll_wait_without_completion_events_is_a_clear_error() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let (mut a, b) = common::pair(&pd);
     let mut out = Vec::new();
     let e = a
@@ -379,8 +367,7 @@ fn poll_wait_without_completion_events_is_a_clear_error() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn dropping_queue_pairs_after_events_and_timeouts_does_not_hang() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let (finished, rx) = mpsc::channel();
     let pd2 = pd.clone();
     std::thread::spawn(move || {
@@ -433,8 +420,7 @@ fn dropping_queue_pairs_after_events_and_timeouts_does_not_hang() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_ud_datagram_wakes_a_waiting_server() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let mut server = pd.ud_queue_pair().completion_events(true).build().unwrap();
     let mut client = pd.ud_queue_pair().build().unwrap();
     let mtu = server.mtu() as usize;

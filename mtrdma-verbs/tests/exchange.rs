@@ -5,7 +5,8 @@
 mod common;
 
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mtrdma_verbs::exchange::{exchange, Handshake, HandshakeError};
@@ -29,11 +30,19 @@ fn handshake(qpn: u32) -> Handshake {
     }
 }
 
-#[test]
-fn both_sides_learn_each_others_handshake() {
+/// Listens on a loopback port and runs `server` on the listener in a
+/// thread of its own: the port's address and the thread.
+fn serve<T: Send + 'static>(
+    server: impl FnOnce(TcpListener) -> T + Send + 'static,
+) -> (SocketAddr, JoinHandle<T>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = std::thread::spawn(move || {
+    (addr, std::thread::spawn(move || server(listener)))
+}
+
+#[test]
+fn both_sides_learn_each_others_handshake() {
+    let (addr, server) = serve(move |listener| {
         let (mut s, _) = listener.accept().unwrap();
         exchange(&mut s, &handshake(1)).unwrap()
     });
@@ -45,9 +54,7 @@ fn both_sides_learn_each_others_handshake() {
 
 #[test]
 fn bytes_the_peer_sends_after_its_handshake_stay_in_the_stream() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = std::thread::spawn(move || {
+    let (addr, server) = serve(move |listener| {
         let (mut s, _) = listener.accept().unwrap();
         // The handshake and the application's first message in one write.
         let mut bytes = serde_json::to_vec(&handshake(1)).unwrap();
@@ -71,9 +78,7 @@ fn exchange_rest(s: &mut TcpStream) {
 
 #[test]
 fn an_endless_handshake_is_refused() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = std::thread::spawn(move || {
+    let (addr, server) = serve(move |listener| {
         let (mut s, _) = listener.accept().unwrap();
         let _ = s.write_all(&vec![b'x'; 100 * 1024]);
     });
@@ -88,9 +93,7 @@ fn an_endless_handshake_is_refused() {
 
 #[test]
 fn a_garbled_or_missing_handshake_is_a_clear_error() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = std::thread::spawn(move || {
+    let (addr, server) = serve(move |listener| {
         let (mut s, _) = listener.accept().unwrap();
         s.write_all(b"{\"endpoint\": 12}\n").unwrap();
         let (s2, _) = listener.accept().unwrap();

@@ -7,11 +7,11 @@ mod common;
 #[path = "rc/batch.rs"]
 mod batch;
 
-use common::{device, pair, pattern, wait};
+use common::{device_pd, pair, pattern, wait};
 
 use std::time::{Duration, Instant};
 
-use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantEntry, TenantId};
+use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantEntry, TenantHandle, TenantId};
 use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{
     Access, Completion, Error, MemoryRegion, Opcode, QueuePair, RemoteRegion, SendOp, WcStatus,
@@ -32,8 +32,7 @@ const SIZES: [usize; 9] = [
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn send_write_read_move_every_byte_for_sizes_from_1_b_to_8_mib() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let (mut a, mut b) = pair(&pd);
     for (i, &len) in SIZES.iter().enumerate() {
         let seed = i as u8;
@@ -119,8 +118,7 @@ fn send_write_read_move_every_byte_for_sizes_from_1_b_to_8_mib() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_write_outside_the_remote_region_is_refused_before_posting() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let (mut a, _b) = pair(&pd);
     let target = pd.allocate(4096, Access::REMOTE_READ_WRITE).unwrap();
     let remote = target.remote().unwrap();
@@ -164,8 +162,7 @@ fn a_write_outside_the_remote_region_is_refused_before_posting() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn atomics_change_the_peers_word_and_return_what_it_held() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let a = pd.queue_pair().build().unwrap();
     let b = pd.queue_pair().access(Access::REMOTE_ALL).build().unwrap();
     let (ea, eb) = (a.endpoint(), b.endpoint());
@@ -244,8 +241,7 @@ fn atomics_change_the_peers_word_and_return_what_it_held() {
     let local = refused.region;
 
     // Through a tenant's scheduler: one completion, the word changed once.
-    let table = tenant_table(4, 1 << 20);
-    let tenant = table.attach(TenantId(1)).unwrap();
+    let (_table, tenant) = tenant(4, 1 << 20);
     let s = pd.queue_pair().tenant(&tenant).build().unwrap();
     let t = pd.queue_pair().access(Access::REMOTE_ALL).build().unwrap();
     let (es, et) = (s.endpoint(), t.endpoint());
@@ -262,22 +258,24 @@ fn atomics_change_the_peers_word_and_return_what_it_held() {
     assert_eq!(word.read(), 12u64.to_ne_bytes());
 }
 
-fn tenant_table(max_qps: u32, max_mr_bytes: u64) -> QuotaTable {
+/// A quota table whose one tenant (1) may have `max_qps` queue pairs and
+/// `max_mr_bytes` of registered memory, and that tenant.
+fn tenant(max_qps: u32, max_mr_bytes: u64) -> (QuotaTable, TenantHandle) {
     let tenant = TenantEntry::new(TenantId(1), "t")
         .with_max_qps(max_qps)
         .with_max_mr_bytes(max_mr_bytes);
-    QuotaTable::embedded(&Policy::new(LinkConfig::new(1_000_000_000), vec![tenant]))
+    let table = QuotaTable::embedded(&Policy::new(LinkConfig::new(1_000_000_000), vec![tenant]))
         .unwrap()
-        .table()
+        .table();
+    let handle = table.attach(TenantId(1)).unwrap();
+    (table, handle)
 }
 
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_tenant_gets_exactly_its_quota_of_qps_and_mr_bytes() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
-    let table = tenant_table(4, 10 << 20);
-    let t = table.attach(TenantId(1)).unwrap();
+    let (_ctx, pd) = device_pd();
+    let (table, t) = tenant(4, 10 << 20);
     let mut made = Vec::new();
     let mut refused = 0;
     for _ in 0..7 {
@@ -315,10 +313,8 @@ fn a_tenant_gets_exactly_its_quota_of_qps_and_mr_bytes() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn dropping_a_qp_with_100_requests_in_flight_frees_every_buffer() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
-    let table = tenant_table(16, 1 << 30);
-    let t = table.attach(TenantId(1)).unwrap();
+    let (_ctx, pd) = device_pd();
+    let (table, t) = tenant(16, 1 << 30);
     let (a, mut b) = pair(&pd);
     for i in 0..100 {
         let mr: MemoryRegion = pd.register_for(&t, vec![0u8; 4096], Access::LOCAL).unwrap();
@@ -336,8 +332,7 @@ fn dropping_a_qp_with_100_requests_in_flight_frees_every_buffer() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn the_peer_destroyed_mid_transfer_gives_errors_and_buffers_back() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let (mut a, b) = pair(&pd);
     let target = pd.allocate(1 << 20, Access::REMOTE_READ_WRITE).unwrap();
     let remote = target.remote().unwrap();
@@ -408,8 +403,7 @@ fn the_peer_destroyed_mid_transfer_gives_errors_and_buffers_back() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn small_sends_go_inline_and_arrive_intact() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let a = pd.queue_pair().max_inline_data(64).build().unwrap();
     let b = pd.queue_pair().max_inline_data(64).build().unwrap();
     let (ea, eb) = (a.endpoint(), b.endpoint());
@@ -455,11 +449,9 @@ fn small_sends_go_inline_and_arrive_intact() {
 fn pieces_of_one_registration_are_posted_at_once_and_come_back() {
     const PIECE: usize = 16 << 10;
     const PIECES: usize = 8;
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     // One registration of 128 KiB for the tenant, counted once.
-    let table = tenant_table(16, 1 << 30);
-    let t = table.attach(TenantId(1)).unwrap();
+    let (table, t) = tenant(16, 1 << 30);
     let (mut a, _b) = pair(&pd);
     let target = pd
         .allocate(PIECE * PIECES, Access::REMOTE_READ_WRITE)
@@ -508,10 +500,8 @@ fn pieces_of_one_registration_are_posted_at_once_and_come_back() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn queues_deeper_than_the_device_allows_are_refused_by_name() {
-    let table = tenant_table(4, 1 << 30);
-    let handle = table.attach(TenantId(1)).unwrap();
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (table, handle) = tenant(4, 1 << 30);
+    let (_ctx, pd) = device_pd();
     // u32::MAX + 128 for the completion queue overflowed before.
     match pd
         .queue_pair()
@@ -546,8 +536,7 @@ fn queues_deeper_than_the_device_allows_are_refused_by_name() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_send_to_a_peer_without_receives_fails_after_bounded_retries() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     // Default retries (6) at the peer's default wait (0.64 ms), and three
     // retries at a 20 ms wait.
     for (rnr_retry, timer, longest) in [(None, None, 2u64), (Some(3), Some(22), 3)] {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{device, pair, pattern, wait};
+use common::{device_pd, pair, pattern, wait};
 
 use std::time::{Duration, Instant};
 
@@ -73,8 +73,7 @@ fn check(done: &[Completion]) {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn two_bulk_tenants_share_by_their_weights() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let shared = scheduler(16 << 10, 32 << 10);
     shared
         .set_policy(TenantId(1), TenantPolicy::weight(1))
@@ -137,8 +136,7 @@ fn two_bulk_tenants_share_by_their_weights() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_latency_request_overtakes_queued_bulk_work() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let shared = scheduler(64 << 10, 128 << 10);
     let ((a, _pa), (b, _pb)) = (pair(&pd), pair(&pd));
     let mut bulk = attach(a, &shared, 1, TrafficClass::Bulk);
@@ -186,8 +184,7 @@ fn a_latency_request_overtakes_queued_bulk_work() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_queue_pair_that_is_not_polled_does_not_stall_the_others() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let shared = scheduler(64 << 10, 64 << 10);
     let (mut idle, mut busy, _peers) = two_bulk(&pd, &shared);
     const LEN: usize = 256 << 10;
@@ -216,8 +213,7 @@ fn a_queue_pair_that_is_not_polled_does_not_stall_the_others() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn dropping_a_queue_pair_with_queued_work_frees_its_share() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let shared = scheduler(64 << 10, 128 << 10);
     let (mut doomed, mut other, _peers) = two_bulk(&pd, &shared);
     const LEN: usize = 1 << 20;
@@ -248,8 +244,7 @@ fn dropping_a_queue_pair_with_queued_work_frees_its_share() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn threads_of_several_tenants_post_and_poll_on_one_scheduler() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let shared = scheduler(32 << 10, 96 << 10);
     std::thread::scope(|s| {
         for t in 0..4u32 {
@@ -292,8 +287,7 @@ fn threads_of_several_tenants_post_and_poll_on_one_scheduler() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_stuck_queue_pair_does_not_hold_the_others_bulk_traffic() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let shared = scheduler(16 << 10, 64 << 10);
     // The stuck pair: its peer posts no receive and asks for 655 ms
     // between retries (7 tries: about 4.6 s before the SEND fails).

@@ -4,15 +4,15 @@
 
 mod common;
 
-use common::{device, device_name};
+use common::{device_name, device_pd};
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{
-    Access, Completion, Context, Error, MemoryRegion, Opcode, QueuePair, SendOp, SharedCompletion,
-    WcStatus,
+    Access, Completion, Context, Error, MemoryRegion, Opcode, ProtectionDomain, QueuePair, SendOp,
+    SharedCompletion, SharedCompletionQueue, SharedReceiveQueue, WcStatus,
 };
 
 /// Clients of the many-clients test, and requests each sends.
@@ -62,20 +62,25 @@ struct Client {
     done: u64,
 }
 
+/// A shared receive queue on `pd` of `max_wr` receives, its limit at
+/// `limit`, for UD queue pairs if `datagrams` (else RC).
+fn srq_of(pd: &ProtectionDomain, max_wr: u32, limit: u32, datagrams: bool) -> SharedReceiveQueue {
+    pd.shared_receive_queue()
+        .max_wr(max_wr)
+        .limit(limit)
+        .datagrams(datagrams)
+        .build()
+        .unwrap()
+}
+
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn one_thread_answers_64_rc_clients_through_one_srq_one_cq_and_one_channel() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (ctx, pd) = device_pd();
     // 256 receives, refilled from the reserve when fewer than 96 are
     // posted: at most 64 requests are ever in flight, so the queue never
     // runs dry between the event and the refill.
-    let srq = pd
-        .shared_receive_queue()
-        .max_wr(256)
-        .limit(96)
-        .build()
-        .unwrap();
+    let srq = srq_of(&pd, 256, 96, false);
     for i in 0..256 {
         srq.post_recv(pd.allocate(MSG, Access::LOCAL).unwrap(), 0..MSG, i)
             .unwrap();
@@ -246,14 +251,8 @@ fn one_thread_answers_64_rc_clients_through_one_srq_one_cq_and_one_channel() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_queue_pair_with_its_own_cq_takes_receives_from_the_srq_and_gives_them_back_on_drop() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
-    let srq = pd
-        .shared_receive_queue()
-        .max_wr(8)
-        .limit(0)
-        .build()
-        .unwrap();
+    let (_ctx, pd) = device_pd();
+    let srq = srq_of(&pd, 8, 0, false);
     let a = pd.queue_pair().srq(&srq).build().unwrap();
     let b = pd.queue_pair().build().unwrap();
     let (ea, eb) = (a.endpoint(), b.endpoint());
@@ -305,15 +304,8 @@ fn a_queue_pair_with_its_own_cq_takes_receives_from_the_srq_and_gives_them_back_
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn ud_queue_pairs_share_one_srq_and_each_receive_names_its_source() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
-    let srq = pd
-        .shared_receive_queue()
-        .max_wr(16)
-        .limit(4)
-        .datagrams(true)
-        .build()
-        .unwrap();
+    let (_ctx, pd) = device_pd();
+    let srq = srq_of(&pd, 16, 4, true);
     let mut s1 = pd
         .ud_queue_pair()
         .srq(&srq)
@@ -378,11 +370,22 @@ fn ud_queue_pairs_share_one_srq_and_each_receive_names_its_source() {
     assert_eq!((srq.posted(), srq.reserved()), (16, 0));
 }
 
+/// A SEND of 8 bytes the shared completion queue refuses for `qpn`.
+fn send_refused(
+    server: &mut SharedCompletionQueue,
+    pd: &ProtectionDomain,
+    qpn: u32,
+) -> mtrdma_verbs::PostError {
+    let region = pd.allocate(8, Access::LOCAL).unwrap();
+    server
+        .post_send(qpn, SendOp::Send, region, 0..8, 0)
+        .unwrap_err()
+}
+
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn removing_a_queue_pair_hands_back_its_flushed_requests() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (ctx, pd) = device_pd();
     let mut server = ctx.shared_completion_queue().entries(64).build().unwrap();
     let me = server
         .prepare(pd.queue_pair().max_send_wr(4).max_recv_wr(4))
@@ -393,15 +396,7 @@ fn removing_a_queue_pair_hands_back_its_flushed_requests() {
             .unwrap();
     }
     assert_eq!(server.in_flight(me.qpn), Some((0, 3)));
-    let refused = server
-        .post_send(
-            me.qpn,
-            SendOp::Send,
-            pd.allocate(8, Access::LOCAL).unwrap(),
-            0..8,
-            0,
-        )
-        .unwrap_err();
+    let refused = send_refused(&mut server, &pd, me.qpn);
     assert!(
         matches!(*refused.error, Error::NotConnected { .. }),
         "{refused}"
@@ -424,23 +419,14 @@ fn removing_a_queue_pair_hands_back_its_flushed_requests() {
     assert_eq!(left.len(), 2, "the two receives still posted come back");
     assert!(left.iter().all(|c| c.status == WcStatus::Flushed));
     assert!(server.is_empty());
-    let refused = server
-        .post_send(
-            me.qpn,
-            SendOp::Send,
-            pd.allocate(8, Access::LOCAL).unwrap(),
-            0..8,
-            0,
-        )
-        .unwrap_err();
+    let refused = send_refused(&mut server, &pd, me.qpn);
     assert!(matches!(*refused.error, Error::NoSuchQueuePair { .. }));
 }
 
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn bad_input_is_a_clear_error() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (ctx, pd) = device_pd();
     // Deeper than the device allows.
     let e = pd
         .shared_receive_queue()

@@ -5,34 +5,22 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use common::{device_pd, wait_within};
+
 use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantEntry, TenantId};
 use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{
-    Access, Context, Error, Gid, Opcode, ProtectionDomain, UdCompletion, UdQueuePair, WcStatus,
+    Access, Error, Gid, Opcode, ProtectionDomain, UdCompletion, UdQueuePair, WcStatus,
 };
 
+mod common;
 // Gather lists: a file of their own.
 #[path = "ud/gather.rs"]
 mod gather;
 
-fn device() -> Context {
-    let name = std::env::var("MTRDMA_TEST_DEVICE")
-        .expect("MTRDMA_TEST_DEVICE must name the RDMA device to test (e.g. rxe0)");
-    Context::open(&name).expect("open the test device")
-}
-
-/// Polls until `n` completions arrive (10 s at most).
+/// Polls until `n` completions arrive (10 s at most), and no more.
 fn wait(qp: &mut UdQueuePair, n: usize) -> Vec<UdCompletion> {
-    let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while out.len() < n {
-        qp.poll(&mut out).expect("poll");
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {n} completions",
-            out.len()
-        );
-    }
+    let out = wait_within(qp, n, Duration::from_secs(10));
     assert_eq!(out.len(), n, "no more completions than requests");
     out
 }
@@ -87,8 +75,7 @@ fn check_received(c: &UdCompletion, offset: usize, expected: &[u8]) {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn one_server_qp_serves_four_clients_with_the_grh_hidden() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let probe = pd.ud_queue_pair().build().unwrap();
     let mtu = probe.mtu() as usize;
     drop(probe);
@@ -243,8 +230,7 @@ fn one_server_qp_serves_four_clients_with_the_grh_hidden() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn an_over_mtu_send_is_refused_before_posting_and_the_region_comes_back() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (ctx, pd) = device_pd();
     let mut qp = pd.ud_queue_pair().build().unwrap();
     let ep = qp.endpoint();
     let mtu = qp.mtu() as usize;
@@ -327,8 +313,7 @@ fn tenant_table() -> QuotaTable {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn dropping_a_ud_qp_with_receives_posted_frees_every_buffer() {
-    let ctx = device();
-    let pd: ProtectionDomain = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let table = tenant_table();
     let t = table.attach(TenantId(1)).unwrap();
     let depth = 64u64;
@@ -368,8 +353,7 @@ fn dropping_a_ud_qp_with_receives_posted_frees_every_buffer() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_datagram_longer_than_the_receive_range_fails_and_the_region_comes_back() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let mut receiver = pd.ud_queue_pair().build().unwrap();
     let mut sender = pd.ud_queue_pair().build().unwrap();
     let ep = receiver.endpoint();
@@ -417,17 +401,7 @@ fn a_datagram_longer_than_the_receive_range_fails_and_the_region_comes_back() {
 /// Polls a scheduled UD queue pair until `n` completions arrive (10 s at
 /// most).
 fn wait_scheduled(qp: &mut mtrdma_verbs::ScheduledUdQueuePair, n: usize) -> Vec<UdCompletion> {
-    let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while out.len() < n {
-        qp.poll(&mut out).expect("poll");
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {n} completions",
-            out.len()
-        );
-    }
-    out
+    wait_within(qp, n, Duration::from_secs(10))
 }
 
 #[test]
@@ -436,8 +410,7 @@ fn scheduled_ud_sends_arrive_whole_with_their_source_and_complete_once() {
     use mtrdma_verbs::ScheduleConfig;
     let table = tenant_table();
     let handle = table.attach(TenantId(1)).unwrap();
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let mut server = pd.ud_queue_pair().max_recv_wr(64).build().unwrap();
     let mtu = server.mtu() as usize;
     // The client's tenant is its queue pair's: scheduled by its policy.
@@ -511,8 +484,7 @@ fn a_scheduled_ud_tenant_keeps_to_its_cap() {
     let table =
         QuotaTable::embedded(&Policy::new(LinkConfig::new(1_000_000_000), vec![tenant])).unwrap();
     let handle = table.attach(TenantId(1)).unwrap();
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let server = pd.ud_queue_pair().build().unwrap();
     let mut client = pd
         .ud_queue_pair()

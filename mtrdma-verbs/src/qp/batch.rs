@@ -70,63 +70,29 @@ impl QueuePair {
 }
 
 impl PostBatch<'_> {
-    /// Adds a send-side operation on `range` of `region`, checked as
-    /// [`QueuePair::post_send`] checks it (the range, the remote region,
-    /// room in the send queue for the batch so far); on refusal the region
-    /// comes back in the [`PostError`] and the batch is unchanged.
-    pub fn post_send(
-        &mut self,
-        op: SendOp,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        self.inner
-            .push(op, region, range, context)
-            .map_err(PostError::new)
-    }
-
-    /// Adds a gather request (several regions, one work request), checked
-    /// as [`QueuePair::post_send_gather`] checks it (and for room in the
-    /// send queue for the batch so far); on refusal every region comes
-    /// back in the [`GatherError`], in order, and the batch is unchanged.
-    /// Once added, its regions are the batch's: they come back in its
-    /// completion ([`Completion::gathered`]), or, if it is not posted, as
-    /// consecutive entries of [`BatchError::refused`] (or of
-    /// [`cancel`](Self::cancel)'s answer) that share its context.
-    pub fn post_send_gather(
-        &mut self,
-        op: SendOp,
-        parts: Vec<(MemoryRegion, Range<usize>)>,
-        context: u64,
-    ) -> Result<(), GatherError> {
-        self.inner
-            .push_gather(op, parts, context)
-            .map_err(GatherError::new)
-    }
-
-    /// Requests in the batch.
-    pub fn len(&self) -> usize {
-        self.inner.len()
-    }
-
-    /// Whether the batch has no request.
-    pub fn is_empty(&self) -> bool {
-        self.inner.len() == 0
-    }
-
-    /// Posts the batch: one call to the device. If the device refuses a
-    /// request, those before it were posted and complete as usual; it and
-    /// those after it come back in the [`BatchError`], regions and all.
-    pub fn submit(self) -> Result<(), BatchError> {
-        self.inner.submit().map_err(BatchError::new)
-    }
-
-    /// Posts nothing and hands back the batch's requests, in order, as
-    /// (context, region); a gather request's regions as consecutive
-    /// entries with its context, in order.
-    pub fn cancel(self) -> Vec<(u64, MemoryRegion)> {
-        self.inner.cancel()
+    crate::macros::batch_methods! {
+        /// Adds a send-side operation on `range` of `region`, checked as
+        /// [`QueuePair::post_send`] checks it (the range, the remote region,
+        /// room in the send queue for the batch so far); on refusal the region
+        /// comes back in the [`PostError`] and the batch is unchanged.
+        post_send;
+        /// Adds a gather request (several regions, one work request), checked
+        /// as [`QueuePair::post_send_gather`] checks it (and for room in the
+        /// send queue for the batch so far); on refusal every region comes
+        /// back in the [`GatherError`], in order, and the batch is unchanged.
+        /// Once added, its regions are the batch's: they come back in its
+        /// completion ([`Completion::gathered`]), or, if it is not posted, as
+        /// consecutive entries of [`BatchError::refused`] (or of
+        /// [`cancel`](Self::cancel)'s answer) that share its context.
+        post_send_gather;
+        /// Posts the batch: one call to the device. If the device refuses a
+        /// request, those before it were posted and complete as usual; it and
+        /// those after it come back in the [`BatchError`], regions and all.
+        submit;
+        /// Posts nothing and hands back the batch's requests, in order, as
+        /// (context, region); a gather request's regions as consecutive
+        /// entries with its context, in order.
+        cancel;
     }
 }
 
@@ -254,17 +220,14 @@ impl<'a, S: Sink> Batch<'a, S> {
         Ok(())
     }
 
-    /// Adds a request (see [`PostBatch::post_send`]).
-    pub(crate) fn push(
-        &mut self,
-        op: SendOp,
-        region: S::Region,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), (Error, S::Region)> {
-        match check_send(op, &region, &range) {
-            Ok(sge) => self.push_checked(op, region, sge, context),
-            Err(error) => Err((error, region)),
+    crate::macros::posting_fn! {
+        /// Adds a request (see [`PostBatch::post_send`]).
+        pub(crate) fn push(&mut self, op: SendOp)
+            posts (region, range, context) for S::Region {
+            match check_send(op, &region, &range) {
+                Ok(sge) => self.push_checked(op, region, sge, context),
+                Err(error) => Err((error, region)),
+            }
         }
     }
 
@@ -319,35 +282,32 @@ impl<'a, S: Sink> Batch<'a, S> {
         );
     }
 
-    /// Adds a gather request (see [`PostBatch::post_send_gather`]).
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn push_gather(
-        &mut self,
-        op: SendOp,
-        parts: Vec<(S::Region, Range<usize>)>,
-        context: u64,
-    ) -> Result<(), (Error, Vec<(S::Region, Range<usize>)>)> {
-        let gather = match check_gather(op, &parts, self.sink.books().max_send_sge) {
-            Ok(gather) => gather,
-            Err(error) => return Err((error, parts)),
-        };
-        if let Err(error) = self.check_room() {
-            return Err((error, parts));
+    crate::macros::posting_fn! {
+        /// Adds a gather request (see [`PostBatch::post_send_gather`]).
+        pub(crate) fn push_gather(&mut self, op: SendOp)
+            posts gather (parts, context) for S::Region {
+            let gather = match check_gather(op, &parts, self.sink.books().max_send_sge) {
+                Ok(gather) => gather,
+                Err(error) => return Err((error, parts)),
+            };
+            if let Err(error) = self.check_room() {
+                return Err((error, parts));
+            }
+            let mut regions = parts.into_iter().map(|(region, _)| region);
+            let Some(region) = regions.next() else {
+                return Err((Error::EmptyGather, Vec::new()));
+            };
+            let rest: Vec<S::Region> = regions.collect();
+            let mut extra = region.extra(true, true);
+            let sge = gather.first_entry(&mut extra);
+            self.add(op, region, rest, sge, extra, gather.len, context);
+            if gather.sges.len() > 1 {
+                // Moving the list keeps its entries where they are, where the
+                // work request points.
+                self.lists.push(gather.sges);
+            }
+            Ok(())
         }
-        let mut regions = parts.into_iter().map(|(region, _)| region);
-        let Some(region) = regions.next() else {
-            return Err((Error::EmptyGather, Vec::new()));
-        };
-        let rest: Vec<S::Region> = regions.collect();
-        let mut extra = region.extra(true, true);
-        let sge = gather.first_entry(&mut extra);
-        self.add(op, region, rest, sge, extra, gather.len, context);
-        if gather.sges.len() > 1 {
-            // Moving the list keeps its entries where they are, where the
-            // work request points.
-            self.lists.push(gather.sges);
-        }
-        Ok(())
     }
 
     /// Posts the batch as lists of up to [`LIST_MAX`] work requests (see

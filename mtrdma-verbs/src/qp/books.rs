@@ -90,6 +90,17 @@ pub(crate) struct Slot<R> {
 }
 
 impl<R> Slot<R> {
+    /// A receive of `region`, completing with `context`.
+    pub(crate) fn recv(context: u64, region: R) -> Slot<R> {
+        Slot {
+            context,
+            region,
+            rest: Vec::new(),
+            send: false,
+            len: 0,
+        }
+    }
+
     /// Its regions, in order: the first, then a gather request's others.
     pub(crate) fn into_regions(self) -> impl Iterator<Item = R> {
         std::iter::once(self.region).chain(self.rest)
@@ -216,6 +227,13 @@ pub(crate) struct Wc {
 }
 
 impl<R: Region> Books<R> {
+    /// Finishes a queue pair's `Debug` output with its requests in flight.
+    pub(crate) fn debug_in_flight(&self, f: &mut fmt::DebugStruct<'_, '_>) -> fmt::Result {
+        f.field("sends_in_flight", &self.sends_in_flight)
+            .field("recvs_in_flight", &self.recvs_in_flight)
+            .finish()
+    }
+
     pub(crate) fn new(max_send_wr: u32, max_recv_wr: u32) -> Self {
         Books {
             slots: Slab::default(),
@@ -559,11 +577,13 @@ impl<R: Region> Books<R> {
         push_in_place(
             out,
             slot.region.complete_from(
-                slot.context,
-                wc.status,
-                opcode,
-                byte_len,
-                wc.imm.map(u32::from_be),
+                (
+                    slot.context,
+                    wc.status,
+                    opcode,
+                    byte_len,
+                    wc.imm.map(u32::from_be),
+                ),
                 wc.source,
             ),
         );
@@ -624,11 +644,13 @@ impl<R: Region> Books<R> {
             push_in_place(
                 out,
                 piece.region.complete_from(
-                    piece.context,
-                    status,
-                    opcode_of(status, opcode),
-                    piece.len,
-                    None,
+                    (
+                        piece.context,
+                        status,
+                        opcode_of(status, opcode),
+                        piece.len,
+                        None,
+                    ),
                     None,
                 ),
             );

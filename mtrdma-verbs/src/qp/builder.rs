@@ -150,9 +150,113 @@ impl QpSettings {
     }
 }
 
-/// The setters both queue pair builders have, on their `settings`.
+/// Checks that `srq`, if any, may serve a queue pair on `pd`: of the same
+/// protection domain, and built for its transport (`datagrams` for UD).
+pub(crate) fn check_srq(
+    srq: Option<&SharedReceiveQueue>,
+    pd: &ProtectionDomain,
+    datagrams: bool,
+) -> Result<(), Error> {
+    let Some(srq) = srq else {
+        return Ok(());
+    };
+    if srq.pd().raw() != pd.raw() {
+        return Err(Error::ForeignObject {
+            what: "shared receive queue",
+            with: "queue pair",
+            scope: "protection domain",
+        });
+    }
+    if srq.datagrams() != datagrams {
+        let (srq, qp) = if datagrams {
+            ("RC", "UD")
+        } else {
+            ("UD", "RC")
+        };
+        return Err(Error::SrqTransport { srq, qp });
+    }
+    Ok(())
+}
+
+/// A queue pair's receive queue depth and the completion queue entries
+/// its receives take: with an SRQ it has no receive queue, and its
+/// completion queue holds the receives it may take from the SRQ.
+pub(crate) fn recv_depths(srq: Option<&SharedReceiveQueue>, max_recv_wr: u32) -> (u32, u32) {
+    match srq {
+        Some(srq) => (0, srq.max_wr()),
+        None => (max_recv_wr, max_recv_wr),
+    }
+}
+
+/// The entries of a queue pair's own completion queue: one per request
+/// it lets in flight (`send` and `recv`, its own limits, not the
+/// provider's possibly larger caps); refused if the device takes fewer.
+pub(crate) fn cq_entries(
+    device: &str,
+    attrs: &ffi::ibv_device_attr,
+    send: u32,
+    recv: u32,
+) -> Result<u32, Error> {
+    let entries = u64::from(send) + u64::from(recv);
+    let max = u64::try_from(attrs.max_cqe).unwrap_or(0);
+    if entries > max {
+        return Err(Error::QueueTooDeep {
+            device: device.to_string(),
+            what: "the completion queue's entries",
+            asked: entries,
+            max,
+        });
+    }
+    Ok(entries as u32)
+}
+
+/// The creation attributes of a queue pair of `qp_type` with `cap`, both
+/// its queues completing on `cq`, receiving from `srq` if any, and each
+/// request asking for its completion or not (`Sink::post_list`).
+pub(crate) fn qp_init_attr(
+    cq: &Cq,
+    srq: Option<&SharedReceiveQueue>,
+    qp_type: ffi::ibv_qp_type::Type,
+    cap: ffi::ibv_qp_cap,
+) -> ffi::ibv_qp_init_attr {
+    ffi::ibv_qp_init_attr {
+        send_cq: cq.cq.as_ptr(),
+        recv_cq: cq.cq.as_ptr(),
+        srq: srq.map_or(std::ptr::null_mut(), SharedReceiveQueue::raw),
+        qp_type,
+        sq_sig_all: 0,
+        cap,
+        ..Default::default()
+    }
+}
+
+/// The setters both queue pair builders have, on their `settings` and
+/// `srq`; those whose meaning differs between them with the documentation
+/// given.
 macro_rules! qp_settings_setters {
-    () => {
+    (
+        $(#[$recv:meta])* max_recv_wr;
+        $(#[$srq:meta])* srq;
+        $(#[$tenant:meta])* tenant;
+    ) => {
+        $(#[$recv])*
+        pub fn max_recv_wr(mut self, n: u32) -> Self {
+            self.settings.max_recv_wr = n.max(1);
+            self
+        }
+
+        $(#[$srq])*
+        pub fn srq(mut self, srq: &SharedReceiveQueue) -> Self {
+            self.srq = Some(srq.clone());
+            self
+        }
+
+        $(#[$tenant])*
+        pub fn tenant(mut self, tenant: &TenantHandle) -> Self {
+            self.settings.tenant = Some(tenant.clone());
+            self
+        }
+
         /// Send queue depth (default 128).
         pub fn max_send_wr(mut self, n: u32) -> Self {
             self.settings.max_send_wr = n.max(1);
@@ -215,24 +319,21 @@ impl ProtectionDomain {
 }
 
 impl QueuePairBuilder<'_> {
-    qp_settings_setters!();
-
-    /// Receive queue depth (default 128; not used with
-    /// [`srq`](Self::srq)).
-    pub fn max_recv_wr(mut self, n: u32) -> Self {
-        self.settings.max_recv_wr = n.max(1);
-        self
-    }
-
-    /// Receives from `srq` instead of a receive queue of its own: posting
-    /// a receive to the queue pair is then refused
-    /// ([`Error::ReceivesFromSrq`]), and the receives it takes from the
-    /// shared queue come back through its polls (or its shared completion
-    /// queue's). The shared queue must be of the same protection domain,
-    /// and built for RC (not [`datagrams`](crate::SharedReceiveQueueBuilder::datagrams)).
-    pub fn srq(mut self, srq: &SharedReceiveQueue) -> Self {
-        self.srq = Some(srq.clone());
-        self
+    qp_settings_setters! {
+        /// Receive queue depth (default 128; not used with
+        /// [`srq`](Self::srq)).
+        max_recv_wr;
+        /// Receives from `srq` instead of a receive queue of its own: posting
+        /// a receive to the queue pair is then refused
+        /// ([`Error::ReceivesFromSrq`]), and the receives it takes from the
+        /// shared queue come back through its polls (or its shared completion
+        /// queue's). The shared queue must be of the same protection domain,
+        /// and built for RC (not [`datagrams`](crate::SharedReceiveQueueBuilder::datagrams)).
+        srq;
+        /// The tenant the queue pair belongs to: creation is admitted against
+        /// its quota (count and creation rate) and the queue pair gives its
+        /// place back when dropped.
+        tenant;
     }
 
     /// What peers may do through this queue pair (default READ and WRITE;
@@ -248,14 +349,6 @@ impl QueuePairBuilder<'_> {
     /// inline. Creation fails if the device supports less.
     pub fn max_inline_data(mut self, bytes: u32) -> Self {
         self.max_inline = bytes;
-        self
-    }
-
-    /// The tenant the queue pair belongs to: creation is admitted against
-    /// its quota (count and creation rate) and the queue pair gives its
-    /// place back when dropped.
-    pub fn tenant(mut self, tenant: &TenantHandle) -> Self {
-        self.settings.tenant = Some(tenant.clone());
         self
     }
 
@@ -337,21 +430,7 @@ impl QueuePairBuilder<'_> {
     /// [`build`](Self::build), on the completion queue `shared` (a shared
     /// completion queue's, which polls it) or on one of its own.
     pub(crate) fn build_on(self, shared: Option<&Cq>) -> Result<PreparedQueuePair, Error> {
-        if let Some(srq) = &self.srq {
-            if srq.pd().raw() != self.pd.raw() {
-                return Err(Error::ForeignObject {
-                    what: "shared receive queue",
-                    with: "queue pair",
-                    scope: "protection domain",
-                });
-            }
-            if srq.datagrams() {
-                return Err(Error::SrqTransport {
-                    srq: "UD",
-                    qp: "RC",
-                });
-            }
-        }
+        check_srq(self.srq.as_ref(), self.pd, false)?;
         let QpStart {
             permit,
             device,
@@ -365,48 +444,22 @@ impl QueuePairBuilder<'_> {
             attrs,
             ..
         } = self.settings.begin(self.pd)?;
-        // With an SRQ the queue pair has no receive queue; its own
-        // completion queue holds the receives it may take from the SRQ.
-        let (max_recv_wr, recv_cqe) = match &self.srq {
-            Some(srq) => (0, srq.max_wr()),
-            None => (max_recv_wr, max_recv_wr),
-        };
+        let (max_recv_wr, recv_cqe) = recv_depths(self.srq.as_ref(), max_recv_wr);
         let cq = match shared {
             Some(cq) => cq.member(),
             None => {
-                let entries = u64::from(max_send_wr) + u64::from(recv_cqe);
-                let max = u64::try_from(attrs.max_cqe).unwrap_or(0);
-                if entries > max {
-                    return Err(Error::QueueTooDeep {
-                        device: device.clone(),
-                        what: "the completion queue's entries",
-                        asked: entries,
-                        max,
-                    });
-                }
-                Cq::new(self.pd.context(), entries as u32, events)?
+                let entries = cq_entries(&device, &attrs, max_send_wr, recv_cqe)?;
+                Cq::new(self.pd.context(), entries, events)?
             }
         };
-        let mut init = ffi::ibv_qp_init_attr {
-            send_cq: cq.cq.as_ptr(),
-            recv_cq: cq.cq.as_ptr(),
-            srq: self
-                .srq
-                .as_ref()
-                .map_or(std::ptr::null_mut(), SharedReceiveQueue::raw),
-            qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
-            // Each request asks for its completion or not
-            // (`Sink::post_list`).
-            sq_sig_all: 0,
-            cap: ffi::ibv_qp_cap {
-                max_send_wr,
-                max_recv_wr,
-                max_send_sge,
-                max_recv_sge: u32::from(self.srq.is_none()),
-                max_inline_data: self.max_inline,
-            },
-            ..Default::default()
+        let cap = ffi::ibv_qp_cap {
+            max_send_wr,
+            max_recv_wr,
+            max_send_sge,
+            max_recv_sge: u32::from(self.srq.is_none()),
+            max_inline_data: self.max_inline,
         };
+        let mut init = qp_init_attr(&cq, self.srq.as_ref(), ffi::ibv_qp_type::IBV_QPT_RC, cap);
         let qp = create_qp(self.pd, &mut init)?;
         // The provider writes back what it granted (at least what was asked).
         let max_inline = init.cap.max_inline_data.max(self.max_inline);
@@ -425,18 +478,16 @@ impl QueuePairBuilder<'_> {
             _permit: permit,
             srq: self.srq,
         };
-        let mut attr = ffi::ibv_qp_attr {
-            qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
-            pkey_index: 0,
-            port_num,
+        let attr = ffi::ibv_qp_attr {
             qp_access_flags: self.access.qp_flags(),
             ..Default::default()
         };
-        use ffi::ibv_qp_attr_mask as m;
-        qp.modify(
-            &mut attr,
-            m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS,
-            "INIT",
+        let flags = ffi::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS;
+        modify_to_init(
+            qp.qp,
+            port_num,
+            attr,
+            flags,
             "port, P_Key index 0, access flags",
         )?;
         let endpoint = Endpoint {
@@ -478,14 +529,11 @@ impl PreparedQueuePair {
         self.endpoint
     }
 
-    /// Posts a receive before connecting (so the first SEND finds it).
-    pub fn post_recv(
-        &mut self,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        self.qp.post_recv(region, range, context)
+    crate::macros::posting_fn! {
+        /// Posts a receive before connecting (so the first SEND finds it).
+        pub fn post_recv(&mut self) posts (region, range, context) {
+            self.qp.post_recv(region, range, context)
+        }
     }
 
     /// Connects to `remote`: INIT to RTR (path MTU, remote QPN and PSN,
@@ -614,6 +662,23 @@ pub(crate) fn create_qp(
 
 /// Moves `qp` to another state; a failure names the transition, the
 /// attributes it set, and the likely cause where one is known.
+/// Moves the new queue pair `qp` to INIT on port `port_num`, P_Key index
+/// 0, with what `attr` and `mask` add (named `attrs` in errors).
+pub(crate) fn modify_to_init(
+    qp: NonNull<ffi::ibv_qp>,
+    port_num: u8,
+    mut attr: ffi::ibv_qp_attr,
+    mask: ffi::ibv_qp_attr_mask,
+    attrs: &'static str,
+) -> Result<(), Error> {
+    use ffi::ibv_qp_attr_mask as m;
+    attr.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
+    attr.pkey_index = 0;
+    attr.port_num = port_num;
+    let mask = m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | mask;
+    modify_qp(qp, &mut attr, mask, "INIT", attrs)
+}
+
 pub(crate) fn modify_qp(
     qp: NonNull<ffi::ibv_qp>,
     attr: &mut ffi::ibv_qp_attr,

@@ -63,6 +63,22 @@ impl Cq {
         }
     }
 
+    /// Polls up to 32 completions and hands each, read, to `each`, in
+    /// order; returns how many, or the provider's error (as
+    /// [`poll`](Self::poll)).
+    #[inline]
+    pub(crate) fn poll_each(&self, mut each: impl FnMut(RawWc)) -> Result<usize, io::Error> {
+        // Not zeroed: the provider writes the entries it returns, and a
+        // busy poll that finds nothing should cost nothing but the call.
+        let mut wcs = [const { MaybeUninit::<ffi::ibv_wc>::uninit() }; 32];
+        let n = self.poll(&mut wcs)?;
+        for entry in &wcs[..n] {
+            // SAFETY: `poll` returns how many entries the provider wrote.
+            each(unsafe { RawWc::read(entry) });
+        }
+        Ok(n)
+    }
+
     /// Polls up to `wcs.len()` completions into `wcs`; returns how many
     /// (the first that many entries are written), or the provider's error.
     /// A member's handle refuses: its completions belong to the shared

@@ -272,67 +272,60 @@ pub(crate) fn check_gather<R: Region>(
     Ok(Gather { sges, len: total })
 }
 
-/// A refused gather request ([`QueuePair::post_send_gather`]): the error,
-/// and every region handed back untouched, in the order given, each with
-/// its range.
-#[derive(Debug)]
-pub struct GatherError {
-    /// Why it was refused.
-    pub error: Box<Error>,
-    /// The regions and ranges, as given.
-    pub parts: Vec<(MemoryRegion, Range<usize>)>,
-}
-
-impl GatherError {
-    /// A refusal of `parts` for `error`.
-    pub(crate) fn new((error, parts): (Error, Vec<(MemoryRegion, Range<usize>)>)) -> GatherError {
-        GatherError {
-            error: Box::new(error),
-            parts,
+/// Writes a refusal: a public error type holding why a request was
+/// refused and what it named, handed back untouched (`$field`), with its
+/// constructor from the sink's `(Error, $field)` and its `Display` and
+/// `Error` impls (both those of the error).
+macro_rules! refusal {
+    ($(#[$attr:meta])* $name:ident { $(#[$field_attr:meta])* $field:ident: $ty:ty }) => {
+        $(#[$attr])*
+        #[derive(Debug)]
+        pub struct $name {
+            /// Why it was refused.
+            pub error: Box<Error>,
+            $(#[$field_attr])*
+            pub $field: $ty,
         }
-    }
-}
 
-impl fmt::Display for GatherError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.error.fmt(f)
-    }
-}
-
-impl std::error::Error for GatherError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
-    }
-}
-
-/// A refused post: the error, and the region handed back.
-#[derive(Debug)]
-pub struct PostError {
-    /// Why it was refused.
-    pub error: Box<Error>,
-    /// The region, untouched.
-    pub region: MemoryRegion,
-}
-
-impl PostError {
-    /// A refusal of `region` for `error`.
-    pub(crate) fn new((error, region): (Error, MemoryRegion)) -> PostError {
-        PostError {
-            error: Box::new(error),
-            region,
+        impl $name {
+            #[doc = concat!("A refusal of `", stringify!($field), "` for `error`.")]
+            pub(crate) fn new((error, $field): (Error, $ty)) -> $name {
+                $name {
+                    error: Box::new(error),
+                    $field,
+                }
+            }
         }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.error.fmt(f)
+            }
+        }
+
+        impl std::error::Error for $name {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.error)
+            }
+        }
+    };
+}
+
+refusal! {
+    /// A refused gather request ([`QueuePair::post_send_gather`]): the error,
+    /// and every region handed back untouched, in the order given, each with
+    /// its range.
+    GatherError {
+        /// The regions and ranges, as given.
+        parts: Vec<(MemoryRegion, Range<usize>)>
     }
 }
 
-impl fmt::Display for PostError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.error.fmt(f)
-    }
-}
-
-impl std::error::Error for PostError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
+refusal! {
+    /// A refused post: the error, and the region handed back.
+    PostError {
+        /// The region, untouched.
+        region: MemoryRegion
     }
 }
 
@@ -365,110 +358,135 @@ unsafe impl Send for QueuePair {}
 
 impl fmt::Debug for QueuePair {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("QueuePair")
-            .field("qpn", &self.qpn())
-            .field("sends_in_flight", &self.books.sends_in_flight)
-            .field("recvs_in_flight", &self.books.recvs_in_flight)
-            .finish()
+        let mut f = f.debug_struct("QueuePair");
+        self.books.debug_in_flight(f.field("qpn", &self.qpn()))
     }
 }
 
+/// The inherent methods of both device queue pairs ([`QueuePair`],
+/// [`UdQueuePair`](crate::UdQueuePair)) on their `qp` and `books`: the
+/// queue pair number, the requests in flight, the state changes, and the
+/// errors of its device's verbs calls.
+macro_rules! queue_pair_basics {
+    () => {
+        /// The queue pair number.
+        pub fn qpn(&self) -> u32 {
+            // SAFETY: `qp` is live while `self` is.
+            unsafe { self.qp.as_ref().qp_num }
+        }
+
+        /// Work requests posted and not yet polled (send, receive).
+        pub fn in_flight(&self) -> (u32, u32) {
+            (self.books.sends_in_flight, self.books.recvs_in_flight)
+        }
+
+        fn modify(
+            &self,
+            attr: &mut ffi::ibv_qp_attr,
+            mask: ffi::ibv_qp_attr_mask,
+            to: &'static str,
+            attrs: &'static str,
+        ) -> Result<(), Error> {
+            modify_qp(self.qp, attr, mask, to, attrs)
+        }
+
+        /// A failed verbs call on this queue pair's device.
+        fn verbs_error(&self, (call, source): (&'static str, io::Error)) -> Error {
+            Error::Verbs {
+                call,
+                device: self.pd.context().name().to_string(),
+                source,
+            }
+        }
+
+        /// Moves the queue pair to the error state: every outstanding request
+        /// completes with [`WcStatus::Flushed`](crate::WcStatus::Flushed) (or its real error).
+        pub fn set_error(&self) -> Result<(), Error> {
+            let mut attr = ffi::ibv_qp_attr {
+                qp_state: ffi::ibv_qp_state::IBV_QPS_ERR,
+                ..Default::default()
+            };
+            self.modify(
+                &mut attr,
+                ffi::ibv_qp_attr_mask::IBV_QP_STATE,
+                "ERR",
+                "state",
+            )
+        }
+    };
+}
+pub(crate) use queue_pair_basics;
+
 impl QueuePair {
-    /// The queue pair number.
-    pub fn qpn(&self) -> u32 {
-        // SAFETY: `qp` is live while `self` is.
-        unsafe { self.qp.as_ref().qp_num }
+    queue_pair_basics!();
+
+    crate::macros::posting_fn! {
+        /// Posts a send-side operation on `range` of `region`. The region is
+        /// the queue pair's until its completion is polled; on refusal it comes
+        /// back in the [`PostError`].
+        pub fn post_send(&mut self, op: SendOp) posts (region, range, context) {
+            self.post_parked(op, region, range, context)
+                .map_err(PostError::new)
+        }
     }
 
-    /// Work requests posted and not yet polled (send, receive).
-    pub fn in_flight(&self) -> (u32, u32) {
-        (self.books.sends_in_flight, self.books.recvs_in_flight)
-    }
-
-    fn modify(
-        &self,
-        attr: &mut ffi::ibv_qp_attr,
-        mask: ffi::ibv_qp_attr_mask,
-        to: &'static str,
-        attrs: &'static str,
-    ) -> Result<(), Error> {
-        modify_qp(self.qp, attr, mask, to, attrs)
-    }
-
-    /// Posts a send-side operation on `range` of `region`. The region is
-    /// the queue pair's until its completion is polled; on refusal it comes
-    /// back in the [`PostError`].
-    pub fn post_send(
-        &mut self,
-        op: SendOp,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        self.post_parked(op, region, range, context)
-            .map_err(PostError::new)
-    }
-
-    /// Posts one send-side operation on several regions (a gather list):
-    /// the ranges of `parts`, in order, go out as one message, as if they
-    /// were one contiguous range, in one work request whose scatter list
-    /// names each of them. A SEND sends their concatenation, a WRITE
-    /// writes it to the remote region, a READ fills them in order from it.
-    ///
-    /// It names at least one region and at most the queue pair's
-    /// [`max_send_sge`](Self::max_send_sge) (set with
-    /// [`QueuePairBuilder::max_send_sge`]); each range must lie in its
-    /// region and the bytes of all of them must fit a WRITE's or READ's
-    /// remote region, as for [`post_send`](Self::post_send). An atomic
-    /// operation takes exactly one region. Empty ranges are allowed: their
-    /// regions take no part in the transfer.
-    ///
-    /// Every region is the queue pair's until the request's completion is
-    /// polled: the [`Completion`] hands them all back, the first in
-    /// [`region`](Completion::region) and the others in
-    /// [`gathered`](Completion::gathered), in order, whether the request
-    /// succeeded, failed or was flushed. On refusal nothing is posted and
-    /// every region comes back untouched in the [`GatherError`], in order,
-    /// with its range.
-    ///
-    /// ```no_run
-    /// use mtrdma_verbs::{Access, Context, PollCompletions, SendOp};
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let ctx = Context::open_first_active()?;
-    /// let pd = ctx.alloc_pd()?;
-    /// let a = pd.queue_pair().max_send_sge(3).build()?;
-    /// let b = pd.queue_pair().build()?;
-    /// let (ea, eb) = (a.endpoint(), b.endpoint());
-    /// let (mut a, _b) = (a.connect(&eb)?, b.connect(&ea)?);
-    /// let target = pd.allocate(96, Access::REMOTE_READ_WRITE)?;
-    ///
-    /// // A header, a body and a trailer, written back to back.
-    /// let header = pd.allocate(16, Access::LOCAL)?;
-    /// let body = pd.allocate(4096, Access::LOCAL)?;
-    /// let trailer = pd.allocate(16, Access::LOCAL)?;
-    /// let parts = vec![(header, 0..16), (body, 0..64), (trailer, 0..16)];
-    /// a.post_send_gather(SendOp::Write(target.remote().unwrap()), parts, 7)?;
-    ///
-    /// let mut done = Vec::new();
-    /// while done.is_empty() {
-    ///     a.poll(&mut done)?;
-    /// }
-    /// let c = done.pop().unwrap();
-    /// assert!(c.status.is_success() && c.byte_len == 96);
-    /// let [header, body, trailer]: [_; 3] = c.into_regions().try_into().unwrap();
-    /// # let _ = (header, body, trailer);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn post_send_gather(
-        &mut self,
-        op: SendOp,
-        parts: Vec<(MemoryRegion, Range<usize>)>,
-        context: u64,
-    ) -> Result<(), GatherError> {
-        self.post_gather(op, parts, context)
-            .map_err(GatherError::new)
+    crate::macros::posting_fn! {
+        /// Posts one send-side operation on several regions (a gather list):
+        /// the ranges of `parts`, in order, go out as one message, as if they
+        /// were one contiguous range, in one work request whose scatter list
+        /// names each of them. A SEND sends their concatenation, a WRITE
+        /// writes it to the remote region, a READ fills them in order from it.
+        ///
+        /// It names at least one region and at most the queue pair's
+        /// [`max_send_sge`](Self::max_send_sge) (set with
+        /// [`QueuePairBuilder::max_send_sge`]); each range must lie in its
+        /// region and the bytes of all of them must fit a WRITE's or READ's
+        /// remote region, as for [`post_send`](Self::post_send). An atomic
+        /// operation takes exactly one region. Empty ranges are allowed: their
+        /// regions take no part in the transfer.
+        ///
+        /// Every region is the queue pair's until the request's completion is
+        /// polled: the [`Completion`] hands them all back, the first in
+        /// [`region`](Completion::region) and the others in
+        /// [`gathered`](Completion::gathered), in order, whether the request
+        /// succeeded, failed or was flushed. On refusal nothing is posted and
+        /// every region comes back untouched in the [`GatherError`], in order,
+        /// with its range.
+        ///
+        /// ```no_run
+        /// use mtrdma_verbs::{Access, Context, PollCompletions, SendOp};
+        ///
+        /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+        /// let ctx = Context::open_first_active()?;
+        /// let pd = ctx.alloc_pd()?;
+        /// let a = pd.queue_pair().max_send_sge(3).build()?;
+        /// let b = pd.queue_pair().build()?;
+        /// let (ea, eb) = (a.endpoint(), b.endpoint());
+        /// let (mut a, _b) = (a.connect(&eb)?, b.connect(&ea)?);
+        /// let target = pd.allocate(96, Access::REMOTE_READ_WRITE)?;
+        ///
+        /// // A header, a body and a trailer, written back to back.
+        /// let header = pd.allocate(16, Access::LOCAL)?;
+        /// let body = pd.allocate(4096, Access::LOCAL)?;
+        /// let trailer = pd.allocate(16, Access::LOCAL)?;
+        /// let parts = vec![(header, 0..16), (body, 0..64), (trailer, 0..16)];
+        /// a.post_send_gather(SendOp::Write(target.remote().unwrap()), parts, 7)?;
+        ///
+        /// let mut done = Vec::new();
+        /// while done.is_empty() {
+        ///     a.poll(&mut done)?;
+        /// }
+        /// let c = done.pop().unwrap();
+        /// assert!(c.status.is_success() && c.byte_len == 96);
+        /// let [header, body, trailer]: [_; 3] = c.into_regions().try_into().unwrap();
+        /// # let _ = (header, body, trailer);
+        /// # Ok(())
+        /// # }
+        /// ```
+        pub fn post_send_gather(&mut self, op: SendOp) posts gather (parts, context) {
+            self.post_gather(op, parts, context)
+                .map_err(GatherError::new)
+        }
     }
 
     /// The most regions one gather request may name
@@ -479,95 +497,88 @@ impl QueuePair {
         self.books.max_send_sge
     }
 
-    /// Posts a receive into `range` of `region`. A queue pair built with
-    /// an SRQ has no receive queue of its own and refuses
-    /// ([`Error::ReceivesFromSrq`]).
-    pub fn post_recv(
-        &mut self,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        let refuse = |error, region| Err(PostError::new((error, region)));
-        if self.srq.is_some() {
-            return refuse(Error::ReceivesFromSrq, region);
-        }
-        let Some(mut sge) = region.sge(&range) else {
-            let len = region.len();
-            return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
-        };
-        if self.books.recvs_in_flight >= self.books.max_recv_wr {
-            return refuse(
-                Error::RecvQueueFull {
-                    depth: self.books.max_recv_wr,
-                },
-                region,
-            );
-        }
-        let slot = self.books.park(Slot {
-            context,
-            region,
-            rest: Vec::new(),
-            send: false,
-            len: 0,
-        });
-        let mut wr = ffi::ibv_recv_wr {
-            wr_id: slot as u64,
-            next: std::ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: i32::from(sge.length > 0),
-        };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: as for `post_send`: the buffer stays parked until polled.
-        let rc = unsafe {
-            let ctx = self.qp.as_ref().context;
-            match (*ctx).ops.post_recv {
-                Some(post) => post(self.qp.as_ptr(), &mut wr, &mut bad),
-                None => libc_enosys(),
+    crate::macros::posting_fn! {
+        /// Posts a receive into `range` of `region`. A queue pair built with
+        /// an SRQ has no receive queue of its own and refuses
+        /// ([`Error::ReceivesFromSrq`]).
+        pub fn post_recv(&mut self) posts (region, range, context) {
+            let refuse = |error, region| Err(PostError::new((error, region)));
+            let mut sge = match check_recv(&self.books, self.srq.is_some(), &region, range) {
+                Ok(sge) => sge,
+                Err(error) => return refuse(error, region),
+            };
+            let slot = self.books.park(Slot::recv(context, region));
+            let num_sge = i32::from(sge.length > 0);
+            // SAFETY: as for `post_send`: the buffer stays parked until polled.
+            let rc = unsafe { post_recv_wr(self.qp, slot as u64, &mut sge, num_sge) };
+            if rc != 0 {
+                let slot = self.books.unpark(slot).expect("just parked");
+                let error = self.verbs_error(("ibv_post_recv", io::Error::from_raw_os_error(rc)));
+                return refuse(error, slot.region);
             }
-        };
-        if rc != 0 {
-            let slot = self.books.unpark(slot).expect("just parked");
-            return refuse(
-                Error::Verbs {
-                    call: "ibv_post_recv",
-                    device: self.pd.context().name().to_string(),
-                    source: io::Error::from_raw_os_error(rc),
-                },
-                slot.region,
-            );
+            self.books.recvs_in_flight += 1;
+            Ok(())
         }
-        self.books.recvs_in_flight += 1;
-        Ok(())
-    }
-
-    /// A failed verbs call on this queue pair's device.
-    fn verbs_error(&self, (call, source): (&'static str, io::Error)) -> Error {
-        Error::Verbs {
-            call,
-            device: self.pd.context().name().to_string(),
-            source,
-        }
-    }
-
-    /// Moves the queue pair to the error state: every outstanding request
-    /// completes with [`WcStatus::Flushed`] (or its real error).
-    pub fn set_error(&self) -> Result<(), Error> {
-        let mut attr = ffi::ibv_qp_attr {
-            qp_state: ffi::ibv_qp_state::IBV_QPS_ERR,
-            ..Default::default()
-        };
-        self.modify(
-            &mut attr,
-            ffi::ibv_qp_attr_mask::IBV_QP_STATE,
-            "ERR",
-            "state",
-        )
     }
 }
 
 pub(crate) fn libc_enosys() -> i32 {
     38
+}
+
+/// Checks a receive into `range` of `region` for a queue pair whose books
+/// are `books` (`has_srq`: one that receives from an SRQ, and so refuses
+/// it): its range in the region, and room in the receive queue. Returns
+/// the range's scatter entry.
+pub(crate) fn check_recv<R: Region>(
+    books: &Books<R>,
+    has_srq: bool,
+    region: &MemoryRegion,
+    range: Range<usize>,
+) -> Result<ffi::ibv_sge, Error> {
+    if has_srq {
+        return Err(Error::ReceivesFromSrq);
+    }
+    let Some(sge) = region.sge(&range) else {
+        let len = region.len();
+        return Err(Error::LocalRangeOutOfBounds { range, len });
+    };
+    if books.recvs_in_flight >= books.max_recv_wr {
+        let depth = books.max_recv_wr;
+        return Err(Error::RecvQueueFull { depth });
+    }
+    Ok(sge)
+}
+
+/// `ibv_post_recv` of one receive on `qp`, numbered `wr_id`, into the
+/// `num_sge` scatter entries at `sg_list`: 0, or the errno.
+///
+/// # Safety
+/// `qp` must be live; `sg_list` must point at `num_sge` valid entries for
+/// the call, and the memory they name must stay valid and untouched by
+/// safe code until the receive completes.
+pub(crate) unsafe fn post_recv_wr(
+    qp: NonNull<ffi::ibv_qp>,
+    wr_id: u64,
+    sg_list: *mut ffi::ibv_sge,
+    num_sge: i32,
+) -> i32 {
+    let mut wr = ffi::ibv_recv_wr {
+        wr_id,
+        next: std::ptr::null_mut(),
+        sg_list,
+        num_sge,
+    };
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: `qp` is live and the scatter list valid (the caller's
+    // promise); `wr` outlives the call.
+    unsafe {
+        let ctx = qp.as_ref().context;
+        match (*ctx).ops.post_recv {
+            Some(post) => post(qp.as_ptr(), &mut wr, &mut bad),
+            None => libc_enosys(),
+        }
+    }
 }
 
 /// `ibv_post_send` of the linked list of work requests at `wr` on `qp`
@@ -646,32 +657,7 @@ pub(crate) unsafe fn post_send_list<R: Region>(
 }
 
 impl Sink for QueuePair {
-    type Region = MemoryRegion;
-
-    fn qpn(&self) -> u32 {
-        QueuePair::qpn(self)
-    }
-
-    fn tenant(&self) -> Option<&TenantHandle> {
-        self._permit.as_ref().map(OwnedQpPermit::handle)
-    }
-
-    fn books(&self) -> &Books<MemoryRegion> {
-        &self.books
-    }
-
-    fn books_mut(&mut self) -> &mut Books<MemoryRegion> {
-        &mut self.books
-    }
-
-    fn quiet_lists(&self) -> bool {
-        true
-    }
-
-    unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
-        // SAFETY: as the caller promises; `wr` alone is a list of one.
-        unsafe { self.post_wr_list(wr) }.map_err(|(_, e)| e)
-    }
+    sink_books!(queue pair of MemoryRegion);
 
     unsafe fn post_wr_list(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), (usize, Error)> {
         let max_inline = self.max_inline;
@@ -697,24 +683,16 @@ impl Sink for QueuePair {
         out: &mut Vec<Completion>,
         raw: &mut Vec<RawCompletion>,
     ) -> Result<usize, Error> {
-        // Not zeroed: the provider writes the entries it returns, and a
-        // busy poll that finds nothing should cost nothing but the call.
-        let mut wcs = [const { MaybeUninit::<ffi::ibv_wc>::uninit() }; 32];
-        let n = self
-            .cq
-            .poll(&mut wcs)
-            .map_err(|source| self.verbs_error(("ibv_poll_cq", source)))?;
-        for entry in &wcs[..n] {
-            // SAFETY: `ibv_poll_cq` wrote the first `n` entries.
-            let wc = unsafe { RawWc::read(entry) };
-            if let Some(c) = self.srq.as_ref().and_then(|srq| srq.complete_rc(&wc)) {
-                out.push(c);
-                continue;
-            }
-            self.books
-                .complete_device(Wc::from_raw(&wc, None), out, raw);
-        }
-        Ok(n)
+        self.cq
+            .poll_each(|wc| {
+                if let Some(c) = self.srq.as_ref().and_then(|srq| srq.complete_rc(&wc)) {
+                    out.push(c);
+                    return;
+                }
+                self.books
+                    .complete_device(Wc::from_raw(&wc, None), out, raw);
+            })
+            .map_err(|source| self.verbs_error(("ibv_poll_cq", source)))
     }
 
     fn shutdown(&mut self) -> bool {
@@ -727,21 +705,6 @@ impl Sink for QueuePair {
             // `destroyed`), before its CQ.
             unsafe { ffi::ibv_destroy_qp(qp.qp.as_ptr()) }
         })
-    }
-
-    fn check_events(&self) -> Result<(), Error> {
-        self.cq.check_events()
-    }
-
-    fn arm_events(&mut self) -> Result<Armed, Error> {
-        self.cq.arm().map_err(|e| self.verbs_error(e))
-    }
-
-    fn take_events(&mut self) -> Result<(), Error> {
-        self.cq
-            .take_events()
-            .map(drop)
-            .map_err(|e| self.verbs_error(e))
     }
 }
 

@@ -311,37 +311,28 @@ impl SharedCompletionQueue {
         Ok(())
     }
 
-    /// Posts a send-side operation on queue pair `qpn` (as
-    /// [`QueuePair::post_send`]); its completion comes through
-    /// [`poll`](crate::PollCompletions::poll) with the region.
-    pub fn post_send(
-        &mut self,
-        qpn: u32,
-        op: SendOp,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        match self.members.get_mut(&qpn) {
-            Some(Member::Connected(qp)) => qp.post_send(op, region, range, context),
-            Some(Member::Prepared(_)) => Err(PostError::new((Error::NotConnected { qpn }, region))),
-            None => Err(PostError::new((Error::NoSuchQueuePair { qpn }, region))),
+    crate::macros::posting_fn! {
+        /// Posts a send-side operation on queue pair `qpn` (as
+        /// [`QueuePair::post_send`]); its completion comes through
+        /// [`poll`](crate::PollCompletions::poll) with the region.
+        pub fn post_send(&mut self, qpn: u32, op: SendOp) posts (region, range, context) {
+            match self.members.get_mut(&qpn) {
+                Some(Member::Connected(qp)) => qp.post_send(op, region, range, context),
+                Some(Member::Prepared(_)) => Err(PostError::new((Error::NotConnected { qpn }, region))),
+                None => Err(PostError::new((Error::NoSuchQueuePair { qpn }, region))),
+            }
         }
     }
 
-    /// Posts a receive on queue pair `qpn`'s own receive queue (as
-    /// [`QueuePair::post_recv`]; refused for one that takes receives from
-    /// a shared receive queue: post to that instead).
-    pub fn post_recv(
-        &mut self,
-        qpn: u32,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        match self.member(qpn) {
-            Ok(m) => m.qp().post_recv(region, range, context),
-            Err(e) => Err(PostError::new((e, region))),
+    crate::macros::posting_fn! {
+        /// Posts a receive on queue pair `qpn`'s own receive queue (as
+        /// [`QueuePair::post_recv`]; refused for one that takes receives from
+        /// a shared receive queue: post to that instead).
+        pub fn post_recv(&mut self, qpn: u32) posts (region, range, context) {
+            match self.member(qpn) {
+                Ok(m) => m.qp().post_recv(region, range, context),
+                Err(e) => Err(PostError::new((e, region))),
+            }
         }
     }
 

@@ -11,6 +11,66 @@ pub(crate) const LIST_MAX: usize = 32;
 /// ([`Sink::post_list`]).
 pub(crate) const SIGNAL_EVERY: usize = 16;
 
+/// The methods of a [`Sink`] impl whose books are its `books` field:
+/// `books` and `books_mut`; with `quiet`, also `quiet_lists` (true: it
+/// posts lists as given); with `queue pair of` its region type (a device
+/// queue pair, its number from its inherent `qpn`, holding
+/// its tenant's permit in `_permit` and completing on its `cq`), those
+/// and its `tenant`, a `post_wr` that posts the request as a list of one,
+/// and its completion events (those of its `cq`).
+macro_rules! sink_books {
+    () => {
+        fn books(&self) -> &Books<Self::Region> {
+            &self.books
+        }
+
+        fn books_mut(&mut self) -> &mut Books<Self::Region> {
+            &mut self.books
+        }
+    };
+    (quiet) => {
+        $crate::qp::sink_books!();
+
+        fn quiet_lists(&self) -> bool {
+            true
+        }
+    };
+    (queue pair of $region:ty) => {
+        type Region = $region;
+
+        fn qpn(&self) -> u32 {
+            Self::qpn(self)
+        }
+
+        $crate::qp::sink_books!(quiet);
+
+        fn tenant(&self) -> Option<&TenantHandle> {
+            self._permit.as_ref().map(OwnedQpPermit::handle)
+        }
+
+        unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
+            // SAFETY: as the caller promises; `wr` alone is a list of one.
+            unsafe { self.post_wr_list(wr) }.map_err(|(_, e)| e)
+        }
+
+        fn check_events(&self) -> Result<(), Error> {
+            self.cq.check_events()
+        }
+
+        fn arm_events(&mut self) -> Result<Armed, Error> {
+            self.cq.arm().map_err(|e| self.verbs_error(e))
+        }
+
+        fn take_events(&mut self) -> Result<(), Error> {
+            self.cq
+                .take_events()
+                .map(drop)
+                .map_err(|e| self.verbs_error(e))
+        }
+    };
+}
+pub(crate) use sink_books;
+
 /// Where a queue pair's send-side work requests go: the device's send
 /// queue ([`QueuePair`]), or a null sink on the host (benches and tests,
 /// see [`crate::testing`]). Everything up to the device's `post_send` and

@@ -93,6 +93,53 @@ pub(crate) struct UdDest {
     pub(crate) qkey: u32,
 }
 
+/// What a finished work request reports besides its region, the fields
+/// every completion type opens with: the caller's context, how it ended,
+/// what it was, the bytes received or transferred, and the immediate
+/// data.
+pub(crate) type Finished = (u64, WcStatus, Opcode, u32, Option<u32>);
+
+/// Builds the completion type `$ty` from a [`Finished`] and the fields it
+/// has after the five every completion opens with.
+macro_rules! completion_of {
+    ($finished:expr, $ty:ident { $($field:ident $(: $value:expr)?),* $(,)? }) => {{
+        let (context, status, opcode, byte_len, imm): $crate::qp::Finished = $finished;
+        $ty {
+            context,
+            status,
+            opcode,
+            byte_len,
+            imm,
+            $($field $(: $value)?),*
+        }
+    }};
+}
+pub(crate) use completion_of;
+
+/// The completion methods of a region kind whose completion `$ty` hands
+/// the regions themselves back: a request's (first) region in `region`,
+/// a gather request's others in `gathered`.
+macro_rules! own_region_completion {
+    ($ty:ident) => {
+        fn complete(self, finished: $crate::qp::Finished) -> $ty {
+            $crate::qp::completion_of!(
+                finished,
+                $ty {
+                    region: self,
+                    gathered: Vec::new()
+                }
+            )
+        }
+
+        const GATHERS: bool = true;
+
+        fn attach_rest(done: &mut $ty, rest: Vec<Self>) {
+            done.gathered = rest;
+        }
+    };
+}
+pub(crate) use own_region_completion;
+
 /// A buffer a work request may use: a [`MemoryRegion`] on a device, a
 /// plain heap buffer on the host (benches and tests, see
 /// [`crate::testing`]). It is moved into the queue pair while the NIC may
@@ -109,32 +156,21 @@ pub(crate) trait Region: Send + Sync + 'static {
     fn sge(&self, range: &Range<usize>) -> Option<ffi::ibv_sge>;
 
     /// The completion that hands the region back.
-    fn complete(
-        self,
-        context: u64,
-        status: WcStatus,
-        opcode: Opcode,
-        byte_len: u32,
-        imm: Option<u32>,
-    ) -> Self::Completion;
+    fn complete(self, finished: Finished) -> Self::Completion;
 
     /// As [`complete`](Self::complete), for a completion the device
     /// reported with the datagram's source (UD receives); the default
     /// drops the source.
     fn complete_from(
         self,
-        context: u64,
-        status: WcStatus,
-        opcode: Opcode,
-        byte_len: u32,
-        imm: Option<u32>,
+        finished: Finished,
         source: Option<crate::ud::UdSource>,
     ) -> Self::Completion
     where
         Self: Sized,
     {
         let _ = source;
-        self.complete(context, status, opcode, byte_len, imm)
+        self.complete(finished)
     }
 
     /// Where a send on this region goes as a datagram (UD queue pairs);
@@ -185,30 +221,7 @@ impl Region for MemoryRegion {
         MemoryRegion::sge(self, range)
     }
 
-    fn complete(
-        self,
-        context: u64,
-        status: WcStatus,
-        opcode: Opcode,
-        byte_len: u32,
-        imm: Option<u32>,
-    ) -> Completion {
-        Completion {
-            context,
-            status,
-            opcode,
-            byte_len,
-            imm,
-            region: self,
-            gathered: Vec::new(),
-        }
-    }
-
-    const GATHERS: bool = true;
-
-    fn attach_rest(done: &mut Completion, rest: Vec<MemoryRegion>) {
-        done.gathered = rest;
-    }
+    crate::qp::own_region_completion!(Completion);
 }
 
 /// `v.push(x)`, always inlined: `x` (a completion, several words) is

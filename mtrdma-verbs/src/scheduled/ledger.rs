@@ -81,7 +81,7 @@ impl<R: Region> Message<R> {
         let byte_len = u32::try_from(self.len).unwrap_or(u32::MAX);
         let mut done = self
             .region
-            .complete(self.context, self.status, opcode, byte_len, None);
+            .complete((self.context, self.status, opcode, byte_len, None));
         if let Some(gather) = self.gather {
             R::attach_rest(&mut done, gather.rest);
         }

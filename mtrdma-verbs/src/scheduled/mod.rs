@@ -50,8 +50,8 @@ use mtrdma_sched::{Nanos, Protection, Scheduler, TenantPolicy, TenantScheduler, 
 use crate::completion::{Completion, WcStatus};
 use crate::events::{Armed, Waitable};
 use crate::qp::{
-    check_gather, check_send, push_in_place, Batch, BatchError, Gather, GatherError, PostError,
-    QueuePair, RawCompletion, RawSend, Refusal, Region, SendOp, Sink, SCHED_WR,
+    check_gather, check_send, push_in_place, Batch, Gather, GatherError, PostError, QueuePair,
+    RawCompletion, RawSend, Refusal, Region, SendOp, Sink, SCHED_WR,
 };
 
 mod clock;
@@ -60,7 +60,7 @@ mod engine;
 mod ledger;
 mod paths;
 mod ud;
-use crate::{Error, MemoryRegion};
+use crate::Error;
 pub(crate) use clock::EngineClock;
 pub use config::{ScheduleConfig, SharedConfig, Tenancy};
 pub(crate) use engine::default_scheduler;
@@ -73,27 +73,41 @@ use paths::*;
 pub(crate) use paths::{Batched, Request};
 pub use ud::ScheduledUdQueuePair;
 
-/// A scheduled queue pair's wait also wakes when its scheduler asked to
-/// run again without a completion (a rate limit or pacing that said
-/// "later"): it then polls, which posts what is due, and sleeps on. On a
-/// [`SharedScheduler`], the other queue pairs' polls can also decide work
-/// for this one or finish its requests, which raises no event on its
-/// channel: its sleep is then cut into slices of at most 1 ms, so such
-/// work waits about 1 ms at most.
-impl<Q: PieceScheduler> crate::PollCompletions for ScheduledQueuePair<Q> {
-    type Completion = Completion;
+/// Writes the [`PollCompletions`](crate::PollCompletions) impl of a
+/// scheduled queue pair type `$ty` (over its `inner` engine handle),
+/// whose completions are `$completion`, with the documentation given.
+macro_rules! scheduled_poll {
+    ($(#[$doc:meta])* $ty:ident, $completion:ty) => {
+        $(#[$doc])*
+        impl<Q: PieceScheduler> crate::PollCompletions for $ty<Q> {
+            type Completion = $completion;
 
-    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
-        self.inner.poll(out)
-    }
+            fn poll(&mut self, out: &mut Vec<$completion>) -> Result<usize, Error> {
+                self.inner.poll(out)
+            }
 
-    fn poll_wait(
-        &mut self,
-        out: &mut Vec<Completion>,
-        timeout: std::time::Duration,
-    ) -> Result<usize, Error> {
-        self.inner.poll_wait(out, timeout)
-    }
+            fn poll_wait(
+                &mut self,
+                out: &mut Vec<$completion>,
+                timeout: std::time::Duration,
+            ) -> Result<usize, Error> {
+                self.inner.poll_wait(out, timeout)
+            }
+        }
+    };
+}
+use scheduled_poll;
+
+scheduled_poll! {
+    /// A scheduled queue pair's wait also wakes when its scheduler asked to
+    /// run again without a completion (a rate limit or pacing that said
+    /// "later"): it then polls, which posts what is due, and sleeps on. On a
+    /// [`SharedScheduler`], the other queue pairs' polls can also decide work
+    /// for this one or finish its requests, which raises no event on its
+    /// channel: its sleep is then cut into slices of at most 1 ms, so such
+    /// work waits about 1 ms at most.
+    ScheduledQueuePair,
+    Completion
 }
 
 #[cfg(test)]
@@ -293,24 +307,34 @@ impl<Q: PieceScheduler> SharedScheduler<Q> {
         })
     }
 
-    /// Sets `tenant`'s weight and caps (also while it runs: a changed cap
-    /// keeps its rate state). A tenant without one gets the weight of its
-    /// quota table policy, or 1.
-    pub fn set_policy(&self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
-        self.shared.set_policy(tenant, policy)
-    }
-
-    /// Bulk bytes posted by the scheduler's queue pairs and not yet
-    /// completed.
-    pub fn bulk_bytes_in_flight(&self) -> u64 {
-        self.shared.bulk_bytes_in_flight()
-    }
-
-    /// Queue pairs attached.
-    pub fn queue_pairs(&self) -> usize {
-        self.shared.queue_pairs()
-    }
+    shared_scheduler_methods!();
 }
+
+/// The methods a shared scheduler ([`SharedScheduler`], and the null
+/// sinks' `NullScheduler`) has over its engine (`self.shared`): tenants'
+/// policies, and what it holds.
+macro_rules! shared_scheduler_methods {
+    () => {
+        /// Sets `tenant`'s weight and caps (also while it runs: a changed cap
+        /// keeps its rate state). A tenant without one gets the weight of its
+        /// quota table policy, or 1.
+        pub fn set_policy(&self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
+            self.shared.set_policy(tenant, policy)
+        }
+
+        /// Bulk bytes posted by the scheduler's queue pairs and not yet
+        /// completed.
+        pub fn bulk_bytes_in_flight(&self) -> u64 {
+            self.shared.bulk_bytes_in_flight()
+        }
+
+        /// Queue pairs attached.
+        pub fn queue_pairs(&self) -> usize {
+            self.shared.queue_pairs()
+        }
+    };
+}
+pub(crate) use shared_scheduler_methods;
 
 /// The engine behind a [`SharedScheduler`], for queue pairs whose work
 /// requests go to any [`Sink`]: the device's send queues, or a null sink
@@ -424,23 +448,44 @@ pub(crate) fn solo_parts(
     Ok((config, sched))
 }
 
-impl QueuePair {
-    /// Routes this queue pair's sends through a scheduler of its own, the
-    /// built-in [`TenantScheduler`].
-    pub fn scheduled(self, config: ScheduleConfig) -> Result<ScheduledQueuePair, Error> {
-        let (config, sched) = solo_parts(config, Sink::tenant(&self))?;
-        self.scheduled_with(config, sched)
-    }
+/// Writes a queue pair's `scheduled` (a scheduler of its own, the
+/// built-in one, with the documentation given) and `scheduled_with` (a
+/// scheduler of its own it is given), which makes the scheduled queue
+/// pair `$scheduled` with `$body` from the queue pair (`$qp`), its
+/// `$config` and its scheduler (`$sched`).
+macro_rules! solo_scheduled {
+    (
+        $(#[$doc:meta])*
+        $scheduled:ident, |$qp:ident, $config:ident, $sched:ident| $body:block
+    ) => {
+        $(#[$doc])*
+        pub fn scheduled(self, config: ScheduleConfig) -> Result<$scheduled, Error> {
+            let (config, sched) = solo_parts(config, Sink::tenant(&self))?;
+            self.scheduled_with(config, sched)
+        }
 
-    /// Routes this queue pair's sends through `sched`, a scheduler of its
-    /// own (see [`PieceScheduler`]).
-    pub fn scheduled_with<Q: PieceScheduler>(
-        self,
-        config: ScheduleConfig,
-        sched: Q,
-    ) -> Result<ScheduledQueuePair<Q>, Error> {
-        let inner = Scheduled::solo(self, config, sched, EngineClock::real())?;
-        Ok(ScheduledQueuePair { inner })
+        /// Routes this queue pair's sends through `sched`, a scheduler of its
+        /// own (see [`PieceScheduler`]).
+        pub fn scheduled_with<Q: PieceScheduler>(
+            self,
+            $config: ScheduleConfig,
+            $sched: Q,
+        ) -> Result<$scheduled<Q>, Error> {
+            let $qp = self;
+            $body
+        }
+    };
+}
+use solo_scheduled;
+
+impl QueuePair {
+    solo_scheduled! {
+        /// Routes this queue pair's sends through a scheduler of its own, the
+        /// built-in [`TenantScheduler`].
+        ScheduledQueuePair, |qp, config, sched| {
+            let inner = Scheduled::solo(qp, config, sched, EngineClock::real())?;
+            Ok(ScheduledQueuePair { inner })
+        }
     }
 
     /// Routes this queue pair's sends through `shared`, together with the
@@ -508,106 +553,92 @@ impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
 
     scheduled_accessors!();
 
-    /// Accepts a send-side request. It is posted now if the scheduler lets
-    /// it go, or kept in the software backlog and posted by a later
-    /// [`poll`](crate::PollCompletions::poll) (of this or another queue pair of the same
-    /// scheduler). Bounds are checked first; a refused request hands its
-    /// region back.
-    ///
-    /// A WRITE or READ longer than the chunk size goes as pieces, and the
-    /// request completes once, after its last. The peer sees a split
-    /// [`SendOp::WriteWithImm`] as plain WRITEs and a last WRITE with the
-    /// immediate, so its receive completion reports only the last piece's
-    /// bytes (16 KiB for a 64 KiB write in 16 KiB pieces): a peer that
-    /// sizes the message from its completion must be sent it with
-    /// [`post_send_whole`](Self::post_send_whole).
-    pub fn post_send(
-        &mut self,
-        op: SendOp,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        self.inner
-            .post_send(op, region, range, context, false)
-            .map_err(PostError::new)
+    crate::macros::posting_fn! {
+        /// Accepts a send-side request. It is posted now if the scheduler lets
+        /// it go, or kept in the software backlog and posted by a later
+        /// [`poll`](crate::PollCompletions::poll) (of this or another queue pair of the same
+        /// scheduler). Bounds are checked first; a refused request hands its
+        /// region back.
+        ///
+        /// A WRITE or READ longer than the chunk size goes as pieces, and the
+        /// request completes once, after its last. The peer sees a split
+        /// [`SendOp::WriteWithImm`] as plain WRITEs and a last WRITE with the
+        /// immediate, so its receive completion reports only the last piece's
+        /// bytes (16 KiB for a 64 KiB write in 16 KiB pieces): a peer that
+        /// sizes the message from its completion must be sent it with
+        /// [`post_send_whole`](Self::post_send_whole).
+        pub fn post_send(&mut self, op: SendOp) posts (region, range, context) {
+            self.inner
+                .post_send(op, region, range, context, false)
+                .map_err(PostError::new)
+        }
     }
 
-    /// [`post_send`](Self::post_send), but the request goes to the NIC as
-    /// one work request however long it is: scheduled and charged to its
-    /// tenant as one piece, so it holds the NIC (and what waits behind it)
-    /// for as long as it takes. For a [`SendOp::WriteWithImm`] whose peer
-    /// reads the message's length from its receive completion.
-    pub fn post_send_whole(
-        &mut self,
-        op: SendOp,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        self.inner
-            .post_send(op, region, range, context, true)
-            .map_err(PostError::new)
+    crate::macros::posting_fn! {
+        /// [`post_send`](Self::post_send), but the request goes to the NIC as
+        /// one work request however long it is: scheduled and charged to its
+        /// tenant as one piece, so it holds the NIC (and what waits behind it)
+        /// for as long as it takes. For a [`SendOp::WriteWithImm`] whose peer
+        /// reads the message's length from its receive completion.
+        pub fn post_send_whole(&mut self, op: SendOp) posts (region, range, context) {
+            self.inner
+                .post_send(op, region, range, context, true)
+                .map_err(PostError::new)
+        }
     }
 
-    /// Posts one send-side operation on several regions (a gather list),
-    /// as [`QueuePair::post_send_gather`] does and checked as it checks
-    /// (against the `max_send_sge` the queue pair was built with). The
-    /// request is scheduled and charged to its tenant as one piece and
-    /// goes to the NIC whole, as one work request, as
-    /// [`post_send_whole`](Self::post_send_whole) sends a request: a
-    /// scatter list is never split. Its completion hands every region
-    /// back in order ([`Completion::region`], then
-    /// [`Completion::gathered`]); on refusal (by the checks, or by the
-    /// scheduler) every region comes back untouched in the
-    /// [`GatherError`], in order, with its range.
-    ///
-    /// ```no_run
-    /// use mtrdma_core::{TenantId, TrafficClass};
-    /// use mtrdma_verbs::{Access, Context, PollCompletions, ScheduleConfig, SendOp};
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let ctx = Context::open_first_active()?;
-    /// let pd = ctx.alloc_pd()?;
-    /// let a = pd.queue_pair().max_send_sge(2).build()?;
-    /// let b = pd.queue_pair().build()?;
-    /// let (ea, eb) = (a.endpoint(), b.endpoint());
-    /// let (a, _b) = (a.connect(&eb)?, b.connect(&ea)?);
-    /// let mut a = a.scheduled(ScheduleConfig::local(TenantId(1), TrafficClass::Bulk))?;
-    /// let target = pd.allocate(8192, Access::REMOTE_READ_WRITE)?;
-    ///
-    /// let header = pd.allocate(64, Access::LOCAL)?;
-    /// let body = pd.allocate(4096, Access::LOCAL)?;
-    /// let parts = vec![(header, 0..64), (body, 0..4096)];
-    /// a.post_send_gather(SendOp::Write(target.remote().unwrap()), parts, 1)?;
-    /// let mut done = Vec::new();
-    /// while done.is_empty() {
-    ///     a.poll(&mut done)?;
-    /// }
-    /// assert_eq!(done[0].gathered.len(), 1);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn post_send_gather(
-        &mut self,
-        op: SendOp,
-        parts: Vec<(MemoryRegion, Range<usize>)>,
-        context: u64,
-    ) -> Result<(), GatherError> {
-        self.inner
-            .post_gather(op, parts, context)
-            .map_err(GatherError::new)
+    crate::macros::posting_fn! {
+        /// Posts one send-side operation on several regions (a gather list),
+        /// as [`QueuePair::post_send_gather`] does and checked as it checks
+        /// (against the `max_send_sge` the queue pair was built with). The
+        /// request is scheduled and charged to its tenant as one piece and
+        /// goes to the NIC whole, as one work request, as
+        /// [`post_send_whole`](Self::post_send_whole) sends a request: a
+        /// scatter list is never split. Its completion hands every region
+        /// back in order ([`Completion::region`], then
+        /// [`Completion::gathered`]); on refusal (by the checks, or by the
+        /// scheduler) every region comes back untouched in the
+        /// [`GatherError`], in order, with its range.
+        ///
+        /// ```no_run
+        /// use mtrdma_core::{TenantId, TrafficClass};
+        /// use mtrdma_verbs::{Access, Context, PollCompletions, ScheduleConfig, SendOp};
+        ///
+        /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+        /// let ctx = Context::open_first_active()?;
+        /// let pd = ctx.alloc_pd()?;
+        /// let a = pd.queue_pair().max_send_sge(2).build()?;
+        /// let b = pd.queue_pair().build()?;
+        /// let (ea, eb) = (a.endpoint(), b.endpoint());
+        /// let (a, _b) = (a.connect(&eb)?, b.connect(&ea)?);
+        /// let mut a = a.scheduled(ScheduleConfig::local(TenantId(1), TrafficClass::Bulk))?;
+        /// let target = pd.allocate(8192, Access::REMOTE_READ_WRITE)?;
+        ///
+        /// let header = pd.allocate(64, Access::LOCAL)?;
+        /// let body = pd.allocate(4096, Access::LOCAL)?;
+        /// let parts = vec![(header, 0..64), (body, 0..4096)];
+        /// a.post_send_gather(SendOp::Write(target.remote().unwrap()), parts, 1)?;
+        /// let mut done = Vec::new();
+        /// while done.is_empty() {
+        ///     a.poll(&mut done)?;
+        /// }
+        /// assert_eq!(done[0].gathered.len(), 1);
+        /// # Ok(())
+        /// # }
+        /// ```
+        pub fn post_send_gather(&mut self, op: SendOp) posts gather (parts, context) {
+            self.inner
+                .post_gather(op, parts, context)
+                .map_err(GatherError::new)
+        }
     }
 
-    /// Posts a receive (receives are not scheduled).
-    pub fn post_recv(
-        &mut self,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        self.inner
-            .with_sink(|qp| qp.post_recv(region, range, context))
+    crate::macros::posting_fn! {
+        /// Posts a receive (receives are not scheduled).
+        pub fn post_recv(&mut self) posts (region, range, context) {
+            self.inner
+                .with_sink(|qp| qp.post_recv(region, range, context))
+        }
     }
 }
 
@@ -632,7 +663,7 @@ impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
 ///
 /// The ownership rules are those of `post_send`: a region moves into the
 /// batch when its request is added and comes back in its completion (or
-/// in the [`BatchError`]). Dropping a batch without submitting it posts
+/// in the [`BatchError`](crate::BatchError)). Dropping a batch without submitting it posts
 /// nothing and frees its regions; take them back with
 /// [`cancel`](Self::cancel).
 #[must_use = "a batch posts nothing until it is submitted"]
@@ -649,101 +680,67 @@ impl<Q: PieceScheduler> std::fmt::Debug for ScheduledBatch<'_, Q> {
 }
 
 impl<Q: PieceScheduler> ScheduledBatch<'_, Q> {
-    /// Adds a send-side request; its range and remote region are checked
-    /// now, and on refusal the region comes back in the [`PostError`].
-    pub fn post_send(
-        &mut self,
-        op: SendOp,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        self.inner
-            .push(op, region, range, context)
-            .map_err(PostError::new)
-    }
-
-    /// Adds a gather request (several regions, one work request), checked
-    /// now as [`ScheduledQueuePair::post_send_gather`] checks it (against
-    /// the queue pair's `max_send_sge`); on refusal every region comes
-    /// back in the [`GatherError`], in order, and the batch is unchanged.
-    /// Once submitted it is scheduled and charged as one piece and goes
-    /// to the NIC whole, as that single post sends it; when the scheduler
-    /// lets it go at once it reaches the NIC in the same list as the
-    /// batch's other requests let go with it. Once added, its regions are
-    /// the batch's: they come back in its completion
-    /// ([`Completion::region`], then [`Completion::gathered`]), or, if it
-    /// is not accepted, as consecutive entries of
-    /// [`BatchError::refused`] (or of [`cancel`](Self::cancel)'s answer)
-    /// that share its context.
-    ///
-    /// ```no_run
-    /// use mtrdma_core::{TenantId, TrafficClass};
-    /// use mtrdma_verbs::{Access, Context, PollCompletions, ScheduleConfig, SendOp};
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let ctx = Context::open_first_active()?;
-    /// let pd = ctx.alloc_pd()?;
-    /// let a = pd.queue_pair().max_send_sge(2).build()?;
-    /// let b = pd.queue_pair().build()?;
-    /// let (ea, eb) = (a.endpoint(), b.endpoint());
-    /// let (a, _b) = (a.connect(&eb)?, b.connect(&ea)?);
-    /// let mut a = a.scheduled(ScheduleConfig::local(TenantId(1), TrafficClass::Bulk))?;
-    /// let target = pd.allocate(8192, Access::REMOTE_READ_WRITE)?;
-    /// let remote = target.remote().unwrap();
-    ///
-    /// let mut batch = a.batch();
-    /// let header = pd.allocate(64, Access::LOCAL)?;
-    /// let body = pd.allocate(4096, Access::LOCAL)?;
-    /// let parts = vec![(header, 0..64), (body, 0..4096)];
-    /// batch.post_send_gather(SendOp::Write(remote.slice(0, 4160).unwrap()), parts, 1)?;
-    /// let tail = pd.allocate(1024, Access::LOCAL)?;
-    /// batch.post_send(SendOp::Write(remote.slice(4160, 1024).unwrap()), tail, 0..1024, 2)?;
-    /// batch.submit()?;
-    /// let mut done = Vec::new();
-    /// while done.len() < 2 {
-    ///     a.poll(&mut done)?;
-    /// }
-    /// assert_eq!(done[0].gathered.len(), 1);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn post_send_gather(
-        &mut self,
-        op: SendOp,
-        parts: Vec<(MemoryRegion, Range<usize>)>,
-        context: u64,
-    ) -> Result<(), GatherError> {
-        self.inner
-            .push_gather(op, parts, context)
-            .map_err(GatherError::new)
-    }
-
-    /// Requests in the batch.
-    pub fn len(&self) -> usize {
-        self.inner.len()
-    }
-
-    /// Whether the batch has no request.
-    pub fn is_empty(&self) -> bool {
-        self.inner.len() == 0
-    }
-
-    /// Hands the requests to the scheduler, in order. If it refuses one
-    /// (a cap of this scheduler's, say), those before it were accepted;
-    /// it and those after it come back in the [`BatchError`] (a gather
-    /// request's regions as consecutive entries with its context). A
-    /// piece the NIC refuses fails its request at the next poll, as with
-    /// `post_send`.
-    pub fn submit(self) -> Result<(), BatchError> {
-        self.inner.submit().map_err(BatchError::new)
-    }
-
-    /// Hands nothing to the scheduler and the requests back, in order, as
-    /// (context, region); a gather request's regions as consecutive
-    /// entries with its context, in order.
-    pub fn cancel(self) -> Vec<(u64, MemoryRegion)> {
-        self.inner.cancel()
+    crate::macros::batch_methods! {
+        /// Adds a send-side request; its range and remote region are checked
+        /// now, and on refusal the region comes back in the [`PostError`].
+        post_send;
+        /// Adds a gather request (several regions, one work request), checked
+        /// now as [`ScheduledQueuePair::post_send_gather`] checks it (against
+        /// the queue pair's `max_send_sge`); on refusal every region comes
+        /// back in the [`GatherError`], in order, and the batch is unchanged.
+        /// Once submitted it is scheduled and charged as one piece and goes
+        /// to the NIC whole, as that single post sends it; when the scheduler
+        /// lets it go at once it reaches the NIC in the same list as the
+        /// batch's other requests let go with it. Once added, its regions are
+        /// the batch's: they come back in its completion
+        /// ([`Completion::region`], then [`Completion::gathered`]), or, if it
+        /// is not accepted, as consecutive entries of
+        /// [`BatchError::refused`](crate::BatchError::refused) (or of [`cancel`](Self::cancel)'s answer)
+        /// that share its context.
+        ///
+        /// ```no_run
+        /// use mtrdma_core::{TenantId, TrafficClass};
+        /// use mtrdma_verbs::{Access, Context, PollCompletions, ScheduleConfig, SendOp};
+        ///
+        /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+        /// let ctx = Context::open_first_active()?;
+        /// let pd = ctx.alloc_pd()?;
+        /// let a = pd.queue_pair().max_send_sge(2).build()?;
+        /// let b = pd.queue_pair().build()?;
+        /// let (ea, eb) = (a.endpoint(), b.endpoint());
+        /// let (a, _b) = (a.connect(&eb)?, b.connect(&ea)?);
+        /// let mut a = a.scheduled(ScheduleConfig::local(TenantId(1), TrafficClass::Bulk))?;
+        /// let target = pd.allocate(8192, Access::REMOTE_READ_WRITE)?;
+        /// let remote = target.remote().unwrap();
+        ///
+        /// let mut batch = a.batch();
+        /// let header = pd.allocate(64, Access::LOCAL)?;
+        /// let body = pd.allocate(4096, Access::LOCAL)?;
+        /// let parts = vec![(header, 0..64), (body, 0..4096)];
+        /// batch.post_send_gather(SendOp::Write(remote.slice(0, 4160).unwrap()), parts, 1)?;
+        /// let tail = pd.allocate(1024, Access::LOCAL)?;
+        /// batch.post_send(SendOp::Write(remote.slice(4160, 1024).unwrap()), tail, 0..1024, 2)?;
+        /// batch.submit()?;
+        /// let mut done = Vec::new();
+        /// while done.len() < 2 {
+        ///     a.poll(&mut done)?;
+        /// }
+        /// assert_eq!(done[0].gathered.len(), 1);
+        /// # Ok(())
+        /// # }
+        /// ```
+        post_send_gather;
+        /// Hands the requests to the scheduler, in order. If it refuses one
+        /// (a cap of this scheduler's, say), those before it were accepted;
+        /// it and those after it come back in the [`BatchError`](crate::BatchError) (a gather
+        /// request's regions as consecutive entries with its context). A
+        /// piece the NIC refuses fails its request at the next poll, as with
+        /// `post_send`.
+        submit;
+        /// Hands nothing to the scheduler and the requests back, in order, as
+        /// (context, region); a gather request's regions as consecutive
+        /// entries with its context, in order.
+        cancel;
     }
 }
 

@@ -147,27 +147,24 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         }
     }
 
-    /// See [`ScheduledQueuePair::post_send_gather`].
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn post_gather(
-        &mut self,
-        op: SendOp,
-        parts: Vec<(S::Region, Range<usize>)>,
-        context: u64,
-    ) -> Result<(), (Error, Vec<(S::Region, Range<usize>)>)> {
-        let (request, ranges) = self.gather_request(op, parts, context)?;
-        let result = match &mut self.way {
-            Way::Solo(solo) => solo.post_request(request),
-            Way::Attached(a) => {
-                let member = a.member;
-                a.with_engine(|e| {
-                    let piece = request.accept(e, member)?;
-                    e.own_pieces_mut().extend(piece);
-                    Ok(())
-                })
-            }
-        };
-        result.map_err(|(error, regions)| (error, regions.into_iter().zip(ranges).collect()))
+    crate::macros::posting_fn! {
+        /// See [`ScheduledQueuePair::post_send_gather`].
+        pub(crate) fn post_gather(&mut self, op: SendOp)
+            posts gather (parts, context) for S::Region {
+            let (request, ranges) = self.gather_request(op, parts, context)?;
+            let result = match &mut self.way {
+                Way::Solo(solo) => solo.post_request(request),
+                Way::Attached(a) => {
+                    let member = a.member;
+                    a.with_engine(|e| {
+                        let piece = request.accept(e, member)?;
+                        e.own_pieces_mut().extend(piece);
+                        Ok(())
+                    })
+                }
+            };
+            result.map_err(|(error, regions)| (error, regions.into_iter().zip(ranges).collect()))
+        }
     }
 
     /// A gather request of `parts` checked against this queue pair's
@@ -267,6 +264,25 @@ pub(crate) struct Request<R> {
 }
 
 impl<R: Region> Request<R> {
+    /// A request on one region (not a gather), already checked: `sge` is
+    /// its scatter entry.
+    pub(crate) fn single(
+        op: SendOp,
+        region: R,
+        range: Range<usize>,
+        sge: ffi::ibv_sge,
+        context: u64,
+    ) -> Request<R> {
+        Request {
+            op,
+            region,
+            range,
+            sge,
+            context,
+            gather: None,
+        }
+    }
+
     /// A request whose range and remote region `check_send` accepts; on
     /// refusal the region comes back with the error.
     pub(crate) fn checked(
@@ -276,14 +292,7 @@ impl<R: Region> Request<R> {
         context: u64,
     ) -> Result<Request<R>, (Error, R)> {
         match check_send(op, &region, &range) {
-            Ok(sge) => Ok(Request {
-                op,
-                region,
-                range,
-                sge,
-                context,
-                gather: None,
-            }),
+            Ok(sge) => Ok(Request::single(op, region, range, sge, context)),
             Err(error) => Err((error, region)),
         }
     }
@@ -351,30 +360,24 @@ impl<'a, S: Sink, Q: PieceScheduler> Batched<'a, S, Q> {
         self.requests.len()
     }
 
-    /// See [`ScheduledBatch::post_send`].
-    pub(crate) fn push(
-        &mut self,
-        op: SendOp,
-        region: S::Region,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), (Error, S::Region)> {
-        self.requests
-            .push(Request::checked(op, region, range, context)?);
-        Ok(())
+    crate::macros::posting_fn! {
+        /// See [`ScheduledBatch::post_send`].
+        pub(crate) fn push(&mut self, op: SendOp)
+            posts (region, range, context) for S::Region {
+            self.requests
+                .push(Request::checked(op, region, range, context)?);
+            Ok(())
+        }
     }
 
-    /// See [`ScheduledBatch::post_send_gather`].
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn push_gather(
-        &mut self,
-        op: SendOp,
-        parts: Vec<(S::Region, Range<usize>)>,
-        context: u64,
-    ) -> Result<(), (Error, Vec<(S::Region, Range<usize>)>)> {
-        let (request, _) = self.qp.gather_request(op, parts, context)?;
-        self.requests.push(request);
-        Ok(())
+    crate::macros::posting_fn! {
+        /// See [`ScheduledBatch::post_send_gather`].
+        pub(crate) fn push_gather(&mut self, op: SendOp)
+            posts gather (parts, context) for S::Region {
+            let (request, _) = self.qp.gather_request(op, parts, context)?;
+            self.requests.push(request);
+            Ok(())
+        }
     }
 
     /// See [`ScheduledBatch::submit`].

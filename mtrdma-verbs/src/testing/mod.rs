@@ -31,7 +31,7 @@ use mtrdma_sched::{ManualClock, TenantPolicy};
 
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
-use crate::qp::{Batch, Books, RawCompletion, Region, SendOp, Sink, Wc};
+use crate::qp::{own_region_completion, Batch, Books, RawCompletion, Region, SendOp, Sink, Wc};
 use crate::scheduled::{
     default_scheduler, solo_parts, Batched, EngineClock, Request, Scheduled, Shared,
 };
@@ -102,30 +102,7 @@ impl Region for HeapRegion {
         })
     }
 
-    fn complete(
-        self,
-        context: u64,
-        status: WcStatus,
-        opcode: Opcode,
-        byte_len: u32,
-        imm: Option<u32>,
-    ) -> HostCompletion {
-        HostCompletion {
-            context,
-            status,
-            opcode,
-            byte_len,
-            imm,
-            region: self,
-            gathered: Vec::new(),
-        }
-    }
-
-    const GATHERS: bool = true;
-
-    fn attach_rest(done: &mut HostCompletion, rest: Vec<HeapRegion>) {
-        done.gathered = rest;
-    }
+    own_region_completion!(HostCompletion);
 }
 
 /// A finished request on the host: [`Completion`](crate::Completion)
@@ -386,20 +363,17 @@ impl NullSink {
         self.books.sends_in_flight
     }
 
-    /// What [`QueuePair::post_send_gather`](crate::QueuePair::post_send_gather)
-    /// does: one work request whose scatter list names the ranges of
-    /// `parts` in order, every region parked until its completion is
-    /// polled. On refusal, the error and the parts, untouched, in order.
-    /// The sink takes as many scatter entries per request as
-    /// [`with_max_send_sge`](Self::with_max_send_sge) says (default 1).
-    #[allow(clippy::type_complexity)]
-    pub fn post_send_gather(
-        &mut self,
-        op: SendOp,
-        parts: Vec<(HeapRegion, Range<usize>)>,
-        context: u64,
-    ) -> Result<(), (Error, Vec<(HeapRegion, Range<usize>)>)> {
-        self.post_gather(op, parts, context)
+    crate::macros::posting_fn! {
+        /// What [`QueuePair::post_send_gather`](crate::QueuePair::post_send_gather)
+        /// does: one work request whose scatter list names the ranges of
+        /// `parts` in order, every region parked until its completion is
+        /// polled. On refusal, the error and the parts, untouched, in order.
+        /// The sink takes as many scatter entries per request as
+        /// [`with_max_send_sge`](Self::with_max_send_sge) says (default 1).
+        pub fn post_send_gather(&mut self, op: SendOp)
+            posts gather (parts, context) for HeapRegion {
+            self.post_gather(op, parts, context)
+        }
     }
 
     /// The same sink, taking up to `n` scatter entries per work request
@@ -410,16 +384,13 @@ impl NullSink {
         self
     }
 
-    /// The direct path: what [`QueuePair::post_send`](crate::QueuePair::post_send)
-    /// does, the region parked until its completion is polled.
-    pub fn post_send(
-        &mut self,
-        op: SendOp,
-        region: HeapRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), (Error, HeapRegion)> {
-        self.post_parked(op, region, range, context)
+    crate::macros::posting_fn! {
+        /// The direct path: what [`QueuePair::post_send`](crate::QueuePair::post_send)
+        /// does, the region parked until its completion is polled.
+        pub fn post_send(&mut self, op: SendOp)
+            posts (region, range, context) for HeapRegion {
+            self.post_parked(op, region, range, context)
+        }
     }
 
     /// What [`QueuePair::batch`](crate::QueuePair::batch) and
@@ -477,6 +448,19 @@ impl NullSink {
         }
     }
 
+    /// Refuses `wr` as a provider's `post_send` does, with the errno
+    /// `code` (telling the watcher, if any).
+    fn refuse(&mut self, wr: &ffi::ibv_send_wr, code: i32) -> Error {
+        if self.watch.is_some() {
+            self.tell_offered(wr, false);
+        }
+        Error::Verbs {
+            call: "ibv_post_send",
+            device: "null".to_string(),
+            source: io::Error::from_raw_os_error(code),
+        }
+    }
+
     /// Takes one work request, as a provider's `post_send` takes each of
     /// a list's.
     fn take(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
@@ -492,26 +476,12 @@ impl NullSink {
             None => false,
         };
         if refuse || self.fail || self.queued == self.ring.len() {
-            if self.watch.is_some() {
-                self.tell_offered(wr, false);
-            }
-            return Err(Error::Verbs {
-                call: "ibv_post_send",
-                device: "null".to_string(),
-                source: io::Error::from_raw_os_error(12),
-            });
+            return Err(self.refuse(wr, 12));
         }
         if u32::try_from(wr.num_sge).map_or(true, |n| n > self.books.max_send_sge) {
             // A provider refuses a scatter list longer than the queue
             // pair was built for (EINVAL).
-            if self.watch.is_some() {
-                self.tell_offered(wr, false);
-            }
-            return Err(Error::Verbs {
-                call: "ibv_post_send",
-                device: "null".to_string(),
-                source: io::Error::from_raw_os_error(22),
-            });
+            return Err(self.refuse(wr, 22));
         }
         let sge = Self::first_sge(wr);
         let signaled = wr.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
@@ -607,17 +577,7 @@ impl Sink for NullSink {
         self.tenant.as_ref()
     }
 
-    fn books(&self) -> &Books<HeapRegion> {
-        &self.books
-    }
-
-    fn books_mut(&mut self) -> &mut Books<HeapRegion> {
-        &mut self.books
-    }
-
-    fn quiet_lists(&self) -> bool {
-        true
-    }
+    crate::qp::sink_books!(quiet);
 
     unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
         self.take(wr)

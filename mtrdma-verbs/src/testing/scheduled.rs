@@ -39,20 +39,7 @@ impl NullScheduler {
         })
     }
 
-    /// See [`SharedScheduler::set_policy`](crate::SharedScheduler::set_policy).
-    pub fn set_policy(&self, tenant: TenantId, policy: TenantPolicy) -> Result<(), Error> {
-        self.shared.set_policy(tenant, policy)
-    }
-
-    /// See [`SharedScheduler::bulk_bytes_in_flight`](crate::SharedScheduler::bulk_bytes_in_flight).
-    pub fn bulk_bytes_in_flight(&self) -> u64 {
-        self.shared.bulk_bytes_in_flight()
-    }
-
-    /// See [`SharedScheduler::queue_pairs`](crate::SharedScheduler::queue_pairs).
-    pub fn queue_pairs(&self) -> usize {
-        self.shared.queue_pairs()
-    }
+    crate::scheduled::shared_scheduler_methods!();
 
     /// See [`QueuePair::scheduled_on`](crate::QueuePair::scheduled_on).
     pub fn attach(&self, sink: NullSink, config: ScheduleConfig) -> Result<NullScheduled, Error> {
@@ -120,38 +107,29 @@ impl<Q: PieceScheduler> std::fmt::Debug for NullScheduled<Q> {
 }
 
 impl<Q: PieceScheduler> NullScheduled<Q> {
-    /// See [`ScheduledQueuePair::post_send`](crate::ScheduledQueuePair::post_send).
-    pub fn post_send(
-        &mut self,
-        op: SendOp,
-        region: HeapRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), (Error, HeapRegion)> {
-        self.inner.post_send(op, region, range, context, false)
+    crate::macros::posting_fn! {
+        /// See [`ScheduledQueuePair::post_send`](crate::ScheduledQueuePair::post_send).
+        pub fn post_send(&mut self, op: SendOp)
+            posts (region, range, context) for HeapRegion {
+            self.inner.post_send(op, region, range, context, false)
+        }
     }
 
-    /// See [`ScheduledQueuePair::post_send_gather`](crate::ScheduledQueuePair::post_send_gather):
-    /// on refusal, the error and the parts, untouched, in order.
-    #[allow(clippy::type_complexity)]
-    pub fn post_send_gather(
-        &mut self,
-        op: SendOp,
-        parts: Vec<(HeapRegion, Range<usize>)>,
-        context: u64,
-    ) -> Result<(), (Error, Vec<(HeapRegion, Range<usize>)>)> {
-        self.inner.post_gather(op, parts, context)
+    crate::macros::posting_fn! {
+        /// See [`ScheduledQueuePair::post_send_gather`](crate::ScheduledQueuePair::post_send_gather):
+        /// on refusal, the error and the parts, untouched, in order.
+        pub fn post_send_gather(&mut self, op: SendOp)
+            posts gather (parts, context) for HeapRegion {
+            self.inner.post_gather(op, parts, context)
+        }
     }
 
-    /// See [`ScheduledQueuePair::post_send_whole`](crate::ScheduledQueuePair::post_send_whole).
-    pub fn post_send_whole(
-        &mut self,
-        op: SendOp,
-        region: HeapRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), (Error, HeapRegion)> {
-        self.inner.post_send(op, region, range, context, true)
+    crate::macros::posting_fn! {
+        /// See [`ScheduledQueuePair::post_send_whole`](crate::ScheduledQueuePair::post_send_whole).
+        pub fn post_send_whole(&mut self, op: SendOp)
+            posts (region, range, context) for HeapRegion {
+            self.inner.post_send(op, region, range, context, true)
+        }
     }
 
     /// See [`ScheduledQueuePair::batch`](crate::ScheduledQueuePair::batch)
@@ -247,27 +225,21 @@ impl<Q: PieceScheduler> std::fmt::Debug for NullBatch<'_, Q> {
 }
 
 impl<Q: PieceScheduler> NullBatch<'_, Q> {
-    /// See [`ScheduledBatch::post_send`](crate::ScheduledBatch::post_send).
-    pub fn post_send(
-        &mut self,
-        op: SendOp,
-        region: HeapRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), (Error, HeapRegion)> {
-        self.inner.push(op, region, range, context)
+    crate::macros::posting_fn! {
+        /// See [`ScheduledBatch::post_send`](crate::ScheduledBatch::post_send).
+        pub fn post_send(&mut self, op: SendOp)
+            posts (region, range, context) for HeapRegion {
+            self.inner.push(op, region, range, context)
+        }
     }
 
-    /// See [`ScheduledBatch::post_send_gather`](crate::ScheduledBatch::post_send_gather):
-    /// on refusal, the error and the parts, untouched, in order.
-    #[allow(clippy::type_complexity)]
-    pub fn post_send_gather(
-        &mut self,
-        op: SendOp,
-        parts: Vec<(HeapRegion, Range<usize>)>,
-        context: u64,
-    ) -> Result<(), (Error, Vec<(HeapRegion, Range<usize>)>)> {
-        self.inner.push_gather(op, parts, context)
+    crate::macros::posting_fn! {
+        /// See [`ScheduledBatch::post_send_gather`](crate::ScheduledBatch::post_send_gather):
+        /// on refusal, the error and the parts, untouched, in order.
+        pub fn post_send_gather(&mut self, op: SendOp)
+            posts gather (parts, context) for HeapRegion {
+            self.inner.push_gather(op, parts, context)
+        }
     }
 
     /// Requests in the batch.

@@ -25,26 +25,23 @@ pub struct UdQueuePairBuilder<'a> {
 }
 
 impl UdQueuePairBuilder<'_> {
-    qp_settings_setters!();
-
-    /// Receive queue depth (default 128); the queue pair registers
-    /// `40 * n` bytes for the GRHs of its receives.
-    pub fn max_recv_wr(mut self, n: u32) -> Self {
-        self.settings.max_recv_wr = n.max(1);
-        self
-    }
-
-    /// Receives from `srq` (built with
-    /// [`datagrams(true)`](crate::SharedReceiveQueueBuilder::datagrams),
-    /// on the same protection domain) instead of a receive queue of its
-    /// own: several UD queue pairs (one per server thread, say) then share
-    /// one pool of receive buffers. Posting a receive to the queue pair is
-    /// refused ([`Error::ReceivesFromSrq`]); the receives it takes from the
-    /// shared queue come back through its polls, with their source, as
-    /// its own would.
-    pub fn srq(mut self, srq: &SharedReceiveQueue) -> Self {
-        self.srq = Some(srq.clone());
-        self
+    qp_settings_setters! {
+        /// Receive queue depth (default 128); the queue pair registers
+        /// `40 * n` bytes for the GRHs of its receives.
+        max_recv_wr;
+        /// Receives from `srq` (built with
+        /// [`datagrams(true)`](crate::SharedReceiveQueueBuilder::datagrams),
+        /// on the same protection domain) instead of a receive queue of its
+        /// own: several UD queue pairs (one per server thread, say) then share
+        /// one pool of receive buffers. Posting a receive to the queue pair is
+        /// refused ([`Error::ReceivesFromSrq`]); the receives it takes from the
+        /// shared queue come back through its polls, with their source, as
+        /// its own would.
+        srq;
+        /// The tenant the queue pair belongs to: creation is admitted against
+        /// its quota, the internal GRH buffer counts against its memory-region
+        /// bytes, and both are given back when the queue pair is dropped.
+        tenant;
     }
 
     /// The Q_Key incoming messages must carry (default [`DEFAULT_QKEY`]).
@@ -54,98 +51,40 @@ impl UdQueuePairBuilder<'_> {
         self
     }
 
-    /// The tenant the queue pair belongs to: creation is admitted against
-    /// its quota, the internal GRH buffer counts against its memory-region
-    /// bytes, and both are given back when the queue pair is dropped.
-    pub fn tenant(mut self, tenant: &TenantHandle) -> Self {
-        self.settings.tenant = Some(tenant.clone());
-        self
-    }
-
     /// Creates the queue pair and moves it to INIT (P_Key index 0, port,
     /// Q_Key), RTR and RTS (a random send PSN): a UD queue pair needs no
     /// peer to be ready.
     pub fn build(self) -> Result<UdQueuePair, Error> {
-        let QpStart {
-            permit,
-            device,
-            port_num,
-            port,
-            gid,
-            max_send_wr,
-            max_recv_wr,
-            events,
-            max_send_sge,
-            attrs,
-        } = self.settings.begin(self.pd)?;
+        let start = self.settings.begin(self.pd)?;
+        let (device, max_send_wr, max_send_sge) =
+            (start.device, start.max_send_wr, start.max_send_sge);
         let ctx = self.pd.context();
-        if attrs.max_sge < 2 {
+        if start.attrs.max_sge < 2 {
             return Err(Error::TooFewSges {
                 device,
-                max_sge: attrs.max_sge,
+                max_sge: start.attrs.max_sge,
             });
         }
-        if let Some(srq) = &self.srq {
-            if srq.pd().raw() != self.pd.raw() {
-                return Err(Error::ForeignObject {
-                    what: "shared receive queue",
-                    with: "queue pair",
-                    scope: "protection domain",
-                });
-            }
-            if !srq.datagrams() {
-                return Err(Error::SrqTransport {
-                    srq: "RC",
-                    qp: "UD",
-                });
-            }
-        }
-        // With an SRQ the queue pair has no receive queue (and no GRH
-        // cells: the SRQ has them); its completion queue holds the
-        // receives it may take from the SRQ.
-        let (max_recv_wr, recv_cqe) = match &self.srq {
-            Some(srq) => (0, srq.max_wr()),
-            None => (max_recv_wr, max_recv_wr),
-        };
+        check_srq(self.srq.as_ref(), self.pd, true)?;
+        // With an SRQ the queue pair has no GRH cells either: the SRQ has
+        // them.
+        let (max_recv_wr, recv_cqe) = recv_depths(self.srq.as_ref(), start.max_recv_wr);
         let grh_len = GRH_BYTES * max_recv_wr as usize;
         let grh = match (&self.settings.tenant, grh_len) {
             (_, 0) => None,
             (Some(t), _) => Some(self.pd.register_for(t, vec![0u8; grh_len], Access::LOCAL)?),
             (None, _) => Some(self.pd.allocate(grh_len, Access::LOCAL)?),
         };
-        // The CQ holds one entry per request the queue pair lets in flight
-        // (its own limits below, not the provider's possibly larger caps).
-        let entries = u64::from(max_send_wr) + u64::from(recv_cqe);
-        let max = u64::try_from(attrs.max_cqe).unwrap_or(0);
-        if entries > max {
-            return Err(Error::QueueTooDeep {
-                device,
-                what: "the completion queue's entries",
-                asked: entries,
-                max,
-            });
-        }
-        let cq = Cq::new(ctx, entries as u32, events)?;
-        let mut init = ffi::ibv_qp_init_attr {
-            send_cq: cq.cq.as_ptr(),
-            recv_cq: cq.cq.as_ptr(),
-            srq: self
-                .srq
-                .as_ref()
-                .map_or(std::ptr::null_mut(), SharedReceiveQueue::raw),
-            qp_type: ffi::ibv_qp_type::IBV_QPT_UD,
-            // Each request asks for its completion or not
-            // (`Sink::post_list`).
-            sq_sig_all: 0,
-            cap: ffi::ibv_qp_cap {
-                max_send_wr,
-                max_recv_wr,
-                max_send_sge,
-                max_recv_sge: if self.srq.is_some() { 0 } else { 2 },
-                max_inline_data: 0,
-            },
-            ..Default::default()
+        let entries = cq_entries(&device, &start.attrs, max_send_wr, recv_cqe)?;
+        let cq = Cq::new(ctx, entries, start.events)?;
+        let cap = ffi::ibv_qp_cap {
+            max_send_wr,
+            max_recv_wr,
+            max_send_sge,
+            max_recv_sge: if self.srq.is_some() { 0 } else { 2 },
+            max_inline_data: 0,
         };
+        let mut init = qp_init_attr(&cq, self.srq.as_ref(), ffi::ibv_qp_type::IBV_QPT_UD, cap);
         let qp = create_qp(self.pd, &mut init)?;
         let recv_sges = if self.srq.is_some() {
             2
@@ -160,15 +99,15 @@ impl UdQueuePairBuilder<'_> {
             grh,
             free_cells: (0..max_recv_wr as usize).rev().collect(),
             books: Books::new(max_send_wr, max_recv_wr).with_max_send_sge(max_send_sge),
-            port: port_num,
-            gid_index: gid.index,
-            gid: gid.gid,
-            lid: port.lid,
+            port: start.port_num,
+            gid_index: start.gid.index,
+            gid: start.gid.gid,
+            lid: start.port.lid,
             qkey: self.qkey,
-            mtu: port.active_mtu.map_or(1024, |mtu| mtu.bytes()),
+            mtu: start.port.active_mtu.map_or(1024, |mtu| mtu.bytes()),
             destroyed: false,
             pd: self.pd.clone(),
-            _permit: permit,
+            _permit: start.permit,
             srq: self.srq,
         };
         if recv_sges < 2 {
@@ -179,17 +118,15 @@ impl UdQueuePairBuilder<'_> {
             });
         }
         use ffi::ibv_qp_attr_mask as m;
-        let mut attr = ffi::ibv_qp_attr {
-            qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
-            pkey_index: 0,
-            port_num,
+        let attr = ffi::ibv_qp_attr {
             qkey: self.qkey,
             ..Default::default()
         };
-        qp.modify(
-            &mut attr,
-            m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_QKEY,
-            "INIT",
+        modify_to_init(
+            qp.qp,
+            qp.port,
+            attr,
+            m::IBV_QP_QKEY,
             "port, P_Key index 0, Q_Key",
         )?;
         let mut attr = ffi::ibv_qp_attr {

@@ -135,36 +135,19 @@ impl Region for UdRegion {
         self.region.sge(range)
     }
 
-    fn complete(
-        self,
-        context: u64,
-        status: WcStatus,
-        opcode: Opcode,
-        byte_len: u32,
-        imm: Option<u32>,
-    ) -> UdCompletion {
-        self.complete_from(context, status, opcode, byte_len, imm, None)
+    fn complete(self, finished: Finished) -> UdCompletion {
+        self.complete_from(finished, None)
     }
 
-    fn complete_from(
-        self,
-        context: u64,
-        status: WcStatus,
-        opcode: Opcode,
-        byte_len: u32,
-        imm: Option<u32>,
-        source: Option<UdSource>,
-    ) -> UdCompletion {
-        UdCompletion {
-            context,
-            status,
-            opcode,
-            byte_len,
-            imm,
-            source,
-            region: self.region,
-            gathered: Vec::new(),
-        }
+    fn complete_from(self, finished: Finished, source: Option<UdSource>) -> UdCompletion {
+        completion_of!(
+            finished,
+            UdCompletion {
+                source,
+                region: self.region,
+                gathered: Vec::new(),
+            }
+        )
     }
 
     const GATHERS: bool = true;

@@ -12,7 +12,6 @@
 
 use std::fmt;
 use std::io;
-use std::mem::MaybeUninit;
 use std::net::Ipv4Addr;
 use std::ops::Range;
 use std::ptr::NonNull;
@@ -25,9 +24,10 @@ use mtrdma_core::TenantHandle;
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
 use crate::qp::{
-    check_gather, create_qp, global_ah_attr, libc_enosys, modify_qp, post_send_list,
-    qp_settings_setters, random_psn, Books, Cq, PostError, QpSettings, QpStart, RawCompletion,
-    RawWc, Region, SendOp, Sink, Slot, UdDest, Wc,
+    check_gather, check_recv, check_srq, completion_of, cq_entries, create_qp, global_ah_attr,
+    modify_qp, modify_to_init, post_recv_wr, post_send_list, qp_init_attr, qp_settings_setters,
+    random_psn, recv_depths, sink_books, Books, Cq, Finished, PostError, QpSettings, RawCompletion,
+    Region, SendOp, Sink, Slot, UdDest, Wc,
 };
 use crate::{
     Access, Error, GatherError, Gid, GidSelection, MemoryRegion, ProtectionDomain,
@@ -121,20 +121,41 @@ pub struct UdQueuePair {
 // posting and polling take `&mut self`.
 unsafe impl Send for UdQueuePair {}
 
-impl fmt::Debug for UdQueuePair {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("UdQueuePair")
-            .field("qpn", &self.qpn())
-            .field("gid", &self.gid)
-            .field("mtu", &self.mtu)
-            .field("sends_in_flight", &self.books.sends_in_flight)
-            .field("recvs_in_flight", &self.books.recvs_in_flight)
-            .finish()
+/// A copy of cell `cell` of the GRH buffer at `grh_addr`, which holds
+/// `cells` cells (a cell past them panics).
+///
+/// # Safety
+/// The buffer must be live; the cell's receive must have completed (so the
+/// NIC is done writing it) and the cell not be posted again before this
+/// copy.
+pub(crate) unsafe fn copy_grh(grh_addr: u64, cells: usize, cell: usize) -> [u8; GRH_BYTES] {
+    assert!(cell < cells);
+    let mut grh = [0u8; GRH_BYTES];
+    // SAFETY: the cell lies inside the buffer (checked above), which is
+    // live and done with by the NIC (the caller's promise). Only this cell
+    // is read (other cells may be written by the NIC).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (grh_addr as usize + cell * GRH_BYTES) as *const u8,
+            grh.as_mut_ptr(),
+            GRH_BYTES,
+        );
     }
+    grh
 }
 
 fn refuse<T>(error: Error, region: MemoryRegion) -> Result<T, PostError> {
     Err(PostError::new((error, region)))
+}
+
+impl fmt::Debug for UdQueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut f = f.debug_struct("UdQueuePair");
+        f.field("qpn", &self.qpn())
+            .field("gid", &self.gid)
+            .field("mtu", &self.mtu);
+        self.books.debug_in_flight(&mut f)
+    }
 }
 
 /// A refused gather datagram, its regions the caller's again.
@@ -147,11 +168,7 @@ pub(crate) fn refused_parts((error, parts): (Error, Vec<(UdRegion, Range<usize>)
 }
 
 impl UdQueuePair {
-    /// The queue pair number.
-    pub fn qpn(&self) -> u32 {
-        // SAFETY: `qp` is live while `self` is.
-        unsafe { self.qp.as_ref().qp_num }
-    }
+    crate::qp::queue_pair_basics!();
 
     /// What peers need to send to this queue pair.
     pub fn endpoint(&self) -> UdEndpoint {
@@ -176,45 +193,25 @@ impl UdQueuePair {
         self.books.max_send_sge
     }
 
-    /// Work requests posted and not yet polled (send, receive).
-    pub fn in_flight(&self) -> (u32, u32) {
-        (self.books.sends_in_flight, self.books.recvs_in_flight)
-    }
-
     /// An address handle for sending from this queue pair's port and GID
     /// to `remote`.
     pub fn address_handle(&self, remote: &UdEndpoint) -> Result<AddressHandle, Error> {
         create_ah(&self.pd, remote, self.port, self.gid_index)
     }
 
-    fn modify(
-        &self,
-        attr: &mut ffi::ibv_qp_attr,
-        mask: ffi::ibv_qp_attr_mask,
-        to: &'static str,
-        attrs: &'static str,
-    ) -> Result<(), Error> {
-        modify_qp(self.qp, attr, mask, to, attrs)
-    }
-
-    /// Sends `range` of `region` as one datagram to the queue pair
-    /// `remote_qpn` (with Q_Key `remote_qkey`) behind `dest`. The region is
-    /// the queue pair's until the completion is polled; on refusal (range
-    /// outside the region, message above the MTU, address handle of another
-    /// protection domain, full send queue) it comes back in the
-    /// [`PostError`] and nothing is posted.
-    pub fn post_send(
-        &mut self,
-        dest: &AddressHandle,
-        remote_qpn: u32,
-        remote_qkey: u32,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        let (region, sge) = self.datagram(dest, remote_qpn, remote_qkey, region, &range)?;
-        self.park_and_post(SendOp::Send, region, sge, context, 0)
-            .map_err(|(error, region)| PostError::new((error, region.region)))
+    crate::macros::posting_fn! {
+        /// Sends `range` of `region` as one datagram to the queue pair
+        /// `remote_qpn` (with Q_Key `remote_qkey`) behind `dest`. The region is
+        /// the queue pair's until the completion is polled; on refusal (range
+        /// outside the region, message above the MTU, address handle of another
+        /// protection domain, full send queue) it comes back in the
+        /// [`PostError`] and nothing is posted.
+        pub fn post_send(&mut self, dest: &AddressHandle, remote_qpn: u32, remote_qkey: u32)
+            posts (region, range, context) {
+            let (region, sge) = self.datagram(dest, remote_qpn, remote_qkey, region, &range)?;
+            self.park_and_post(SendOp::Send, region, sge, context, 0)
+                .map_err(|(error, region)| PostError::new((error, region.region)))
+        }
     }
 
     /// Checks a datagram of `range` of `region` to `dest` (in the region,
@@ -289,181 +286,101 @@ impl UdQueuePair {
         }))
     }
 
-    /// Sends the ranges of several regions, in order, as one datagram (a
-    /// gather list: one work request whose scatter list names them all)
-    /// to the queue pair `remote_qpn` (with Q_Key `remote_qkey`) behind
-    /// `dest`. It may name up to the `max_send_sge` the queue pair was
-    /// built with ([`UdQueuePairBuilder::max_send_sge`]), and its bytes
-    /// together must fit the MTU ([`mtu`](Self::mtu)). Every region is
-    /// the queue pair's until the completion is polled, which hands them
-    /// all back in order ([`UdCompletion::region`], then
-    /// [`UdCompletion::gathered`]); on refusal (checked before anything is
-    /// posted, or refused by the device) they come back untouched in the
-    /// [`GatherError`], in order, each with its range.
-    ///
-    /// ```no_run
-    /// use mtrdma_verbs::{Access, Context, PollCompletions, UdCompletion};
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let ctx = Context::open("rxe0")?;
-    /// let pd = ctx.alloc_pd()?;
-    /// let mut server = pd.ud_queue_pair().build()?;
-    /// let mut client = pd.ud_queue_pair().max_send_sge(2).build()?;
-    /// server.post_recv(pd.allocate(server.mtu() as usize, Access::LOCAL)?, 0..64, 1)?;
-    /// let to_server = client.address_handle(&server.endpoint())?;
-    /// let mut header = pd.allocate(8, Access::LOCAL)?;
-    /// header.write_at(0, b"header: ")?;
-    /// let mut body = pd.allocate(5, Access::LOCAL)?;
-    /// body.write_at(0, b"hello")?;
-    /// let ep = server.endpoint();
-    /// let parts = vec![(header, 0..8), (body, 0..5)];
-    /// client.post_send_gather(&to_server, ep.qpn, ep.qkey, parts, 2)?;
-    /// let mut done: Vec<UdCompletion> = Vec::new();
-    /// while done.is_empty() {
-    ///     server.poll(&mut done)?;
-    /// }
-    /// let c = &done[0];
-    /// assert_eq!(&c.region.read()[..c.byte_len as usize], b"header: hello");
-    /// let mut sent: Vec<UdCompletion> = Vec::new();
-    /// while sent.is_empty() {
-    ///     client.poll(&mut sent)?;
-    /// }
-    /// assert_eq!(sent[0].gathered.len(), 1);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn post_send_gather(
-        &mut self,
-        dest: &AddressHandle,
-        remote_qpn: u32,
-        remote_qkey: u32,
-        parts: Vec<(MemoryRegion, Range<usize>)>,
-        context: u64,
-    ) -> Result<(), GatherError> {
-        let parts = self.datagram_gather(dest, remote_qpn, remote_qkey, parts)?;
-        Sink::post_gather(self, SendOp::Send, parts, context).map_err(refused_parts)
+    crate::macros::posting_fn! {
+        /// Sends the ranges of several regions, in order, as one datagram (a
+        /// gather list: one work request whose scatter list names them all)
+        /// to the queue pair `remote_qpn` (with Q_Key `remote_qkey`) behind
+        /// `dest`. It may name up to the `max_send_sge` the queue pair was
+        /// built with ([`UdQueuePairBuilder::max_send_sge`]), and its bytes
+        /// together must fit the MTU ([`mtu`](Self::mtu)). Every region is
+        /// the queue pair's until the completion is polled, which hands them
+        /// all back in order ([`UdCompletion::region`], then
+        /// [`UdCompletion::gathered`]); on refusal (checked before anything is
+        /// posted, or refused by the device) they come back untouched in the
+        /// [`GatherError`], in order, each with its range.
+        ///
+        /// ```no_run
+        /// use mtrdma_verbs::{Access, Context, PollCompletions, UdCompletion};
+        ///
+        /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+        /// let ctx = Context::open("rxe0")?;
+        /// let pd = ctx.alloc_pd()?;
+        /// let mut server = pd.ud_queue_pair().build()?;
+        /// let mut client = pd.ud_queue_pair().max_send_sge(2).build()?;
+        /// server.post_recv(pd.allocate(server.mtu() as usize, Access::LOCAL)?, 0..64, 1)?;
+        /// let to_server = client.address_handle(&server.endpoint())?;
+        /// let mut header = pd.allocate(8, Access::LOCAL)?;
+        /// header.write_at(0, b"header: ")?;
+        /// let mut body = pd.allocate(5, Access::LOCAL)?;
+        /// body.write_at(0, b"hello")?;
+        /// let ep = server.endpoint();
+        /// let parts = vec![(header, 0..8), (body, 0..5)];
+        /// client.post_send_gather(&to_server, ep.qpn, ep.qkey, parts, 2)?;
+        /// let mut done: Vec<UdCompletion> = Vec::new();
+        /// while done.is_empty() {
+        ///     server.poll(&mut done)?;
+        /// }
+        /// let c = &done[0];
+        /// assert_eq!(&c.region.read()[..c.byte_len as usize], b"header: hello");
+        /// let mut sent: Vec<UdCompletion> = Vec::new();
+        /// while sent.is_empty() {
+        ///     client.poll(&mut sent)?;
+        /// }
+        /// assert_eq!(sent[0].gathered.len(), 1);
+        /// # Ok(())
+        /// # }
+        /// ```
+        pub fn post_send_gather(&mut self, dest: &AddressHandle, remote_qpn: u32, remote_qkey: u32)
+            posts gather (parts, context) {
+            let parts = self.datagram_gather(dest, remote_qpn, remote_qkey, parts)?;
+            Sink::post_gather(self, SendOp::Send, parts, context).map_err(refused_parts)
+        }
     }
 
-    /// Posts a receive into `range` of `region`: the payload of the next
-    /// datagram lands at `range.start` (the GRH goes to an internal
-    /// buffer). A datagram longer than the range completes this receive
-    /// with an error status ([`WcStatus::LocalLength`], or
-    /// [`WcStatus::LocalQpOperation`] on rxe, which also moves the queue
-    /// pair to the error state), so post ranges of [`mtu`](Self::mtu)
-    /// bytes unless every sender is known. A queue pair built with an SRQ
-    /// has no receive queue of its own and refuses
-    /// ([`Error::ReceivesFromSrq`]).
-    pub fn post_recv(
-        &mut self,
-        region: MemoryRegion,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<(), PostError> {
-        if self.srq.is_some() {
-            return refuse(Error::ReceivesFromSrq, region);
-        }
-        let Some(payload) = region.sge(&range) else {
-            let len = region.len();
-            return refuse(Error::LocalRangeOutOfBounds { range, len }, region);
-        };
-        if self.books.recvs_in_flight >= self.books.max_recv_wr {
-            let depth = self.books.max_recv_wr;
-            return refuse(Error::RecvQueueFull { depth }, region);
-        }
-        let cell = self
-            .free_cells
-            .pop()
-            .expect("one GRH cell per receive slot, and a slot is free");
-        let mut sges = [
-            ffi::ibv_sge {
-                addr: self.grh_addr + (cell * GRH_BYTES) as u64,
-                length: GRH_BYTES as u32,
-                lkey: self.grh_lkey,
-            },
-            payload,
-        ];
-        let slot = self.books.park(Slot {
-            context,
-            region: UdRegion {
-                region,
-                kind: UdKind::Recv { cell },
-            },
-            rest: Vec::new(),
-            send: false,
-            len: 0,
-        });
-        let mut wr = ffi::ibv_recv_wr {
-            wr_id: slot as u64,
-            next: std::ptr::null_mut(),
-            sg_list: sges.as_mut_ptr(),
-            num_sge: if payload.length > 0 { 2 } else { 1 },
-        };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: the QP is live; `wr` and `sges` outlive the call. The GRH
-        // cell is reserved for this request (off the free list until its
-        // completion is polled) inside the GRH buffer the queue pair owns;
-        // the payload buffer is owned by the slot just parked.
-        let rc = unsafe {
-            let ctx = self.qp.as_ref().context;
-            match (*ctx).ops.post_recv {
-                Some(post) => post(self.qp.as_ptr(), &mut wr, &mut bad),
-                None => libc_enosys(),
-            }
-        };
-        if rc != 0 {
-            self.free_cells.push(cell);
-            let slot = self.books.unpark(slot).expect("just parked");
-            let error = Error::Verbs {
-                call: "ibv_post_recv",
-                device: self.pd.context().name().to_string(),
-                source: io::Error::from_raw_os_error(rc),
+    crate::macros::posting_fn! {
+        /// Posts a receive into `range` of `region`: the payload of the next
+        /// datagram lands at `range.start` (the GRH goes to an internal
+        /// buffer). A datagram longer than the range completes this receive
+        /// with an error status ([`WcStatus::LocalLength`], or
+        /// [`WcStatus::LocalQpOperation`] on rxe, which also moves the queue
+        /// pair to the error state), so post ranges of [`mtu`](Self::mtu)
+        /// bytes unless every sender is known. A queue pair built with an SRQ
+        /// has no receive queue of its own and refuses
+        /// ([`Error::ReceivesFromSrq`]).
+        pub fn post_recv(&mut self) posts (region, range, context) {
+            let payload = match check_recv(&self.books, self.srq.is_some(), &region, range) {
+                Ok(sge) => sge,
+                Err(error) => return refuse(error, region),
             };
-            return refuse(error, slot.region.region);
+            let cell = self
+                .free_cells
+                .pop()
+                .expect("one GRH cell per receive slot, and a slot is free");
+            let mut sges = [
+                ffi::ibv_sge {
+                    addr: self.grh_addr + (cell * GRH_BYTES) as u64,
+                    length: GRH_BYTES as u32,
+                    lkey: self.grh_lkey,
+                },
+                payload,
+            ];
+            let kind = UdKind::Recv { cell };
+            let slot = self.books.park(Slot::recv(context, UdRegion { region, kind }));
+            let num_sge = if payload.length > 0 { 2 } else { 1 };
+            // SAFETY: the QP is live; `sges` outlives the call. The GRH cell
+            // is reserved for this request (off the free list until its
+            // completion is polled) inside the GRH buffer the queue pair owns;
+            // the payload buffer is owned by the slot just parked.
+            let rc = unsafe { post_recv_wr(self.qp, slot as u64, sges.as_mut_ptr(), num_sge) };
+            if rc != 0 {
+                self.free_cells.push(cell);
+                let slot = self.books.unpark(slot).expect("just parked");
+                let error = self.verbs_error(("ibv_post_recv", io::Error::from_raw_os_error(rc)));
+                return refuse(error, slot.region.region);
+            }
+            self.books.recvs_in_flight += 1;
+            Ok(())
         }
-        self.books.recvs_in_flight += 1;
-        Ok(())
-    }
-
-    /// A failed verbs call on this queue pair's device.
-    fn verbs_error(&self, (call, source): (&'static str, io::Error)) -> Error {
-        Error::Verbs {
-            call,
-            device: self.pd.context().name().to_string(),
-            source,
-        }
-    }
-
-    /// A copy of GRH cell `cell`, whose receive has completed.
-    fn read_grh(&self, cell: usize) -> [u8; GRH_BYTES] {
-        assert!(cell < self.books.max_recv_wr as usize);
-        let mut grh = [0u8; GRH_BYTES];
-        // SAFETY: the cell lies inside the GRH buffer (checked above), which
-        // lives as long as `self`; its receive has completed, so the NIC is
-        // done writing it, and it is not reposted before this copy. Only
-        // this cell is read (other cells may be written by the NIC).
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (self.grh_addr as usize + cell * GRH_BYTES) as *const u8,
-                grh.as_mut_ptr(),
-                GRH_BYTES,
-            );
-        }
-        grh
-    }
-
-    /// Moves the queue pair to the error state: every outstanding request
-    /// completes with [`WcStatus::Flushed`] (or its real error).
-    pub fn set_error(&self) -> Result<(), Error> {
-        let mut attr = ffi::ibv_qp_attr {
-            qp_state: ffi::ibv_qp_state::IBV_QPS_ERR,
-            ..Default::default()
-        };
-        self.modify(
-            &mut attr,
-            ffi::ibv_qp_attr_mask::IBV_QP_STATE,
-            "ERR",
-            "state",
-        )
     }
 
     /// Flushes every outstanding request, waits (5 s at most) for the NIC

@@ -4,32 +4,7 @@
 use super::*;
 
 impl Sink for UdQueuePair {
-    type Region = UdRegion;
-
-    fn qpn(&self) -> u32 {
-        UdQueuePair::qpn(self)
-    }
-
-    fn tenant(&self) -> Option<&TenantHandle> {
-        self._permit.as_ref().map(OwnedQpPermit::handle)
-    }
-
-    fn books(&self) -> &Books<UdRegion> {
-        &self.books
-    }
-
-    fn books_mut(&mut self) -> &mut Books<UdRegion> {
-        &mut self.books
-    }
-
-    fn quiet_lists(&self) -> bool {
-        true
-    }
-
-    unsafe fn post_wr(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), Error> {
-        // SAFETY: as the caller promises; `wr` alone is a list of one.
-        unsafe { self.post_wr_list(wr) }.map_err(|(_, e)| e)
-    }
+    sink_books!(queue pair of UdRegion);
 
     unsafe fn post_wr_list(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), (usize, Error)> {
         // SAFETY: the QP is live while `self` is; the caller keeps the
@@ -43,64 +18,44 @@ impl Sink for UdQueuePair {
         out: &mut Vec<UdCompletion>,
         raw: &mut Vec<RawCompletion>,
     ) -> Result<usize, Error> {
-        // Not zeroed: the provider writes the entries it returns.
-        let mut wcs = [const { MaybeUninit::<ffi::ibv_wc>::uninit() }; 32];
-        let n = self.cq.poll(&mut wcs).map_err(|source| Error::Verbs {
-            call: "ibv_poll_cq",
-            device: self.pd.context().name().to_string(),
-            source,
-        })?;
-        for entry in &wcs[..n] {
-            // SAFETY: `Cq::poll` returns how many entries the provider wrote.
-            let wc = unsafe { RawWc::read(entry) };
-            if let Some(c) = self.srq.as_ref().and_then(|srq| srq.complete_ud(&wc)) {
-                out.push(c);
-                continue;
-            }
-            // A receive's GRH cell: its source is read, and the cell freed.
-            let cell = match self.books.parked(wc.wr_id) {
-                Some(UdRegion {
-                    kind: UdKind::Recv { cell },
-                    ..
-                }) => Some(*cell),
-                _ => None,
-            };
-            let source = cell.and_then(|cell| {
-                self.free_cells.push(cell);
-                wc.src_qp.map(|qpn| UdSource {
-                    qpn,
-                    gid: wc
-                        .grh
-                        .then(|| grh_source_gid(&self.read_grh(cell)))
-                        .flatten(),
-                })
-            });
-            let mut entry = Wc::from_raw(&wc, source);
-            if cell.is_some() {
-                // The payload only: the GRH is not the caller's.
-                entry.byte_len = entry.byte_len.saturating_sub(GRH_BYTES as u32);
-            }
-            self.books.complete_device(entry, out, raw);
-        }
-        Ok(n)
+        let grh_addr = self.grh_addr;
+        self.cq
+            .poll_each(|wc| {
+                if let Some(c) = self.srq.as_ref().and_then(|srq| srq.complete_ud(&wc)) {
+                    out.push(c);
+                    return;
+                }
+                // A receive's GRH cell: its source is read, and the cell freed.
+                let cell = match self.books.parked(wc.wr_id) {
+                    Some(UdRegion {
+                        kind: UdKind::Recv { cell },
+                        ..
+                    }) => Some(*cell),
+                    _ => None,
+                };
+                let cells = self.books.max_recv_wr as usize;
+                let source = cell.and_then(|cell| {
+                    self.free_cells.push(cell);
+                    // SAFETY: the GRH buffer lives as long as `self`; the
+                    // cell's receive has completed, so the NIC is done
+                    // writing it, and it is not reposted before this copy.
+                    let grh = || unsafe { copy_grh(grh_addr, cells, cell) };
+                    wc.src_qp.map(|qpn| UdSource {
+                        qpn,
+                        gid: wc.grh.then(|| grh_source_gid(&grh())).flatten(),
+                    })
+                });
+                let mut entry = Wc::from_raw(&wc, source);
+                if cell.is_some() {
+                    // The payload only: the GRH is not the caller's.
+                    entry.byte_len = entry.byte_len.saturating_sub(GRH_BYTES as u32);
+                }
+                self.books.complete_device(entry, out, raw);
+            })
+            .map_err(|source| self.verbs_error(("ibv_poll_cq", source)))
     }
 
     fn shutdown(&mut self) -> bool {
         self.teardown()
-    }
-
-    fn check_events(&self) -> Result<(), Error> {
-        self.cq.check_events()
-    }
-
-    fn arm_events(&mut self) -> Result<Armed, Error> {
-        self.cq.arm().map_err(|e| self.verbs_error(e))
-    }
-
-    fn take_events(&mut self) -> Result<(), Error> {
-        self.cq
-            .take_events()
-            .map(drop)
-            .map_err(|e| self.verbs_error(e))
     }
 }

@@ -4,12 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use mtrdma_core::TenantHandle;
-use mtrdma_verbs::PollCompletions;
-use mtrdma_verbs::{
-    Completion, Context, PieceScheduler, PreparedQueuePair, ProtectionDomain, QueuePair,
-    ScheduledQueuePair,
+use mtrdma_core::{
+    LinkConfig, Policy, QuotaTable, RateLimit, TableOwner, TenantEntry, TenantHandle, TenantId,
 };
+use mtrdma_verbs::PollCompletions;
+use mtrdma_verbs::{Context, PreparedQueuePair, ProtectionDomain, QueuePair};
 
 /// The device the tests run on: the one MTRDMA_TEST_DEVICE names. Running
 /// device tests without naming one is a mistake worth failing on.
@@ -44,30 +43,45 @@ fn pair_with(pd: &ProtectionDomain, a: PreparedQueuePair) -> (QueuePair, QueuePa
     )
 }
 
-/// Something completions can be polled from.
-pub(crate) trait Poll {
-    /// Adds completions to `out`.
-    fn poll_into(&mut self, out: &mut Vec<Completion>);
+/// The test device and a protection domain on it.
+pub(crate) fn device_pd() -> (Context, ProtectionDomain) {
+    let ctx = device();
+    let pd = ctx.alloc_pd().unwrap();
+    (ctx, pd)
 }
 
-impl Poll for QueuePair {
-    fn poll_into(&mut self, out: &mut Vec<Completion>) {
-        self.poll(out).expect("poll");
-    }
+/// A quota table whose one tenant (1, "capped") is held to `cap` bytes a
+/// second with a burst of `burst` bytes, on a 1 GB/s link.
+pub(crate) fn capped_table(cap: u64, burst: u64) -> TableOwner {
+    let policy = Policy::new(
+        LinkConfig::new(1_000_000_000),
+        vec![TenantEntry::new(TenantId(1), "capped").with_rate(RateLimit::new(cap, burst))],
+    );
+    QuotaTable::embedded(&policy).unwrap()
 }
 
-impl<Q: PieceScheduler> Poll for ScheduledQueuePair<Q> {
-    fn poll_into(&mut self, out: &mut Vec<Completion>) {
-        self.poll(out).expect("poll");
-    }
+/// Checks that `rate` (bytes a second) keeps to `cap`: at most 5% above
+/// it, and at least 80% of it (`why` a rate below is wrong).
+pub(crate) fn assert_at_cap(rate: f64, cap: u64, why: &str) {
+    assert!(rate <= cap as f64 * 1.05, "{rate:.0} B/s above the cap");
+    assert!(rate >= cap as f64 * 0.8, "{rate:.0} B/s: {why}");
 }
 
 /// Polls until `n` completions arrive (30 s at most).
-pub(crate) fn wait(qp: &mut impl Poll, n: usize) -> Vec<Completion> {
+pub(crate) fn wait<P: PollCompletions>(qp: &mut P, n: usize) -> Vec<P::Completion> {
+    wait_within(qp, n, Duration::from_secs(30))
+}
+
+/// Polls until `n` completions arrive (`limit` at most).
+pub(crate) fn wait_within<P: PollCompletions>(
+    qp: &mut P,
+    n: usize,
+    limit: Duration,
+) -> Vec<P::Completion> {
     let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + limit;
     while out.len() < n {
-        qp.poll_into(&mut out);
+        qp.poll(&mut out).expect("poll");
         assert!(
             Instant::now() < deadline,
             "only {} of {n} completions",

@@ -8,8 +8,7 @@ use super::*;
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_batch_goes_in_one_call_and_every_request_comes_back_once() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let (mut a, mut b) = pair(&pd);
     let piece = 4096usize;
     let n = 40u64;
@@ -131,8 +130,7 @@ fn assert_three_back(done: Completion) {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_gather_writes_and_sends_three_regions_back_to_back_and_hands_them_all_back() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let (mut a, mut b) = gather_pair(&pd, 3);
     assert_eq!(a.max_send_sge(), 3);
     let (parts, want) = three_parts(&pd);
@@ -210,8 +208,7 @@ fn a_gather_writes_and_sends_three_regions_back_to_back_and_hands_them_all_back(
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn gathers_the_device_or_the_queue_pair_cannot_take_are_refused_regions_back() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (ctx, pd) = device_pd();
     // More entries than the device has.
     let max = ctx.max_sge().unwrap();
     let too_many = pd.queue_pair().max_send_sge(max + 1).build().unwrap_err();
@@ -248,10 +245,8 @@ fn assert_three_back_parts(parts: Vec<(MemoryRegion, Range<usize>)>) {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_gather_the_peer_refuses_and_those_flushed_after_it_hand_every_region_back() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
-    let table = tenant_table(16, 1 << 30);
-    let t = table.attach(TenantId(1)).unwrap();
+    let (_ctx, pd) = device_pd();
+    let (table, t) = tenant(16, 1 << 30);
     let (mut a, _b) = gather_pair(&pd, 3);
     let target = pd.allocate(8192, Access::REMOTE_READ_WRITE).unwrap();
     let good = target.remote().unwrap();
@@ -303,10 +298,8 @@ fn a_gather_the_peer_refuses_and_those_flushed_after_it_hand_every_region_back()
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn dropping_a_qp_with_gathers_in_flight_frees_every_region() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
-    let table = tenant_table(16, 1 << 30);
-    let t = table.attach(TenantId(1)).unwrap();
+    let (table, t) = tenant(16, 1 << 30);
+    let (_ctx, pd) = device_pd();
     let (mut a, b) = gather_pair(&pd, 4);
     // SENDs the peer has no receive for: they wait in the device until
     // the teardown flushes them.
@@ -333,8 +326,7 @@ fn dropping_a_qp_with_gathers_in_flight_frees_every_region() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_batch_carries_gathers_and_single_requests_in_one_call() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
+    let (_ctx, pd) = device_pd();
     let (mut a, _b) = gather_pair(&pd, 3);
     let target = pd.allocate(8 * 8192, Access::REMOTE_READ_WRITE).unwrap();
     let remote = target.remote().unwrap();

@@ -30,6 +30,26 @@ fn gathered_bytes(lens: &[usize], skip: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// A gather of `parts` from `qp` to `ep` behind `ah`, with `context`,
+/// which must be refused: the refusal.
+fn gather_refused(
+    qp: &mut UdQueuePair,
+    ah: &mtrdma_verbs::AddressHandle,
+    ep: &mtrdma_verbs::UdEndpoint,
+    parts: Vec<(mtrdma_verbs::MemoryRegion, std::ops::Range<usize>)>,
+    context: u64,
+) -> mtrdma_verbs::GatherError {
+    qp.post_send_gather(ah, ep.qpn, ep.qkey, parts, context)
+        .unwrap_err()
+}
+
+/// A UD queue pair on `pd` to receive the gathers, and its MTU in bytes.
+fn server_and_mtu(pd: &ProtectionDomain) -> (UdQueuePair, usize) {
+    let server = pd.ud_queue_pair().build().unwrap();
+    let mtu = server.mtu() as usize;
+    (server, mtu)
+}
+
 /// The patterns of the regions a refusal or completion hands back, in order.
 fn patterns_back(regions: &[mtrdma_verbs::MemoryRegion]) -> Vec<Vec<u8>> {
     regions.iter().map(|r| r.read().to_vec()).collect()
@@ -38,10 +58,8 @@ fn patterns_back(regions: &[mtrdma_verbs::MemoryRegion]) -> Vec<Vec<u8>> {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_ud_gather_is_one_datagram_within_the_mtu_and_every_region_comes_back() {
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
-    let mut server = pd.ud_queue_pair().build().unwrap();
-    let mtu = server.mtu() as usize;
+    let (ctx, pd) = device_pd();
+    let (mut server, mtu) = server_and_mtu(&pd);
     let mut client = pd.ud_queue_pair().max_send_sge(3).build().unwrap();
     assert_eq!((client.max_send_sge(), server.max_send_sge()), (3, 1));
     let ep = server.endpoint();
@@ -106,9 +124,7 @@ fn a_ud_gather_is_one_datagram_within_the_mtu_and_every_region_comes_back() {
 
     // More regions than the queue pair was built for.
     let four = gather_parts(&pd, &[8, 8, 8, 8], 0, 30);
-    let refused = client
-        .post_send_gather(&to_server, ep.qpn, ep.qkey, four, 4)
-        .unwrap_err();
+    let refused = gather_refused(&mut client, &to_server, &ep, four, 4);
     assert!(
         matches!(*refused.error, Error::TooManyParts { parts: 4, max: 3 }),
         "{}",
@@ -121,38 +137,21 @@ fn a_ud_gather_is_one_datagram_within_the_mtu_and_every_region_comes_back() {
     let foreign = other_pd
         .address_handle(&ep, 1, mtrdma_verbs::GidSelection::Auto)
         .unwrap();
-    let refused = client
-        .post_send_gather(
-            &foreign,
-            ep.qpn,
-            ep.qkey,
-            gather_parts(&pd, &[8, 8], 0, 40),
-            5,
-        )
-        .unwrap_err();
-    assert!(
-        matches!(*refused.error, Error::ForeignAddressHandle),
-        "{}",
-        refused.error
-    );
+    let two = gather_parts(&pd, &[8, 8], 0, 40);
+    let refused = gather_refused(&mut client, &foreign, &ep, two, 5);
+    let error = &refused.error;
+    assert!(matches!(**error, Error::ForeignAddressHandle), "{error}");
     assert_eq!(refused.parts.len(), 2);
     assert_eq!(client.in_flight(), (0, 0), "nothing refused was posted");
 
     // A queue pair built with the default takes one region a request.
     let mut single = pd.ud_queue_pair().build().unwrap();
-    let refused = single
-        .post_send_gather(
-            &to_server,
-            ep.qpn,
-            ep.qkey,
-            gather_parts(&pd, &[8, 8], 0, 50),
-            6,
-        )
-        .unwrap_err();
+    let two = gather_parts(&pd, &[8, 8], 0, 50);
+    let refused = gather_refused(&mut single, &to_server, &ep, two, 6);
+    let error = refused.error;
     assert!(
-        matches!(*refused.error, Error::TooManyParts { parts: 2, max: 1 }),
-        "{}",
-        refused.error
+        matches!(*error, Error::TooManyParts { parts: 2, max: 1 }),
+        "{error}"
     );
     // And a device that allows fewer entries refuses the queue pair.
     let err = pd
@@ -171,10 +170,8 @@ fn a_ud_gather_is_one_datagram_within_the_mtu_and_every_region_comes_back() {
 fn a_scheduled_ud_gather_goes_as_one_datagram_and_hands_every_region_back() {
     use mtrdma_core::TrafficClass;
     use mtrdma_verbs::ScheduleConfig;
-    let ctx = device();
-    let pd = ctx.alloc_pd().unwrap();
-    let mut server = pd.ud_queue_pair().build().unwrap();
-    let mtu = server.mtu() as usize;
+    let (_ctx, pd) = device_pd();
+    let (mut server, mtu) = server_and_mtu(&pd);
     let mut client = pd
         .ud_queue_pair()
         .max_send_sge(2)

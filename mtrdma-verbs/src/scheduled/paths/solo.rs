@@ -110,29 +110,15 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
                 next = Some(r);
                 break;
             }
-            let Request {
-                op,
-                region,
-                range,
-                sge,
-                context,
-                gather: _,
-            } = r;
-            match batch.push_checked(op, region, sge, context) {
+            let (op, sge, context) = (r.op, r.sge, r.context);
+            match batch.push_checked(op, r.region, sge, context) {
                 Ok(()) => {
                     self.engine.parked(self.member, len);
-                    push_in_place(&mut asked, (op, range, sge));
+                    push_in_place(&mut asked, (op, r.range, sge));
                 }
                 Err((_, region)) => {
                     // No room in the send queue: through the engine.
-                    next = Some(Request {
-                        op,
-                        region,
-                        range,
-                        sge,
-                        context,
-                        gather: None,
-                    });
+                    next = Some(Request::single(op, region, r.range, sge, context));
                     break;
                 }
             }
@@ -146,14 +132,7 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
             posted = taken;
             for (piece, (op, range, sge)) in unposted.into_iter().zip(asked.drain(taken..)) {
                 self.engine.parked_done(self.member);
-                back.push(Request {
-                    op,
-                    region: piece.region,
-                    range,
-                    sge,
-                    context: piece.context,
-                    gather: None,
-                });
+                back.push(Request::single(op, piece.region, range, sge, piece.context));
             }
         }
         asked.clear();

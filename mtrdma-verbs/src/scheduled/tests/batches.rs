@@ -55,10 +55,8 @@ fn a_batch_goes_as_one_list_and_asks_for_two_completions() {
     let reported = sink.poll(&mut out).unwrap();
     assert_eq!(reported, 2, "two completions from the device");
     assert_eq!(
-        out.iter()
-            .map(|c| (c.context, tag(&c.region)))
-            .collect::<Vec<_>>(),
-        (0..20).map(|i| (i, i)).collect::<Vec<_>>(),
+        tags(&out),
+        own_tags(0..20),
         "every request hands its own region back, in order"
     );
     assert!(out
@@ -72,13 +70,7 @@ fn a_batch_the_send_queue_cannot_hold_is_refused_whole_requests_back() {
     let mut sink = NullSink::new(1, 8);
     let (e, refused) = sink.post_batch(writes(10)).unwrap_err();
     assert!(matches!(e, Error::SendQueueFull { depth: 8 }), "{e}");
-    assert_eq!(
-        refused
-            .iter()
-            .map(|(c, r)| (*c, tag(r)))
-            .collect::<Vec<_>>(),
-        (0..10).map(|i| (i, i)).collect::<Vec<_>>()
-    );
+    assert_eq!(refused_tags(&refused), own_tags(0..10));
     assert_eq!(sink.sends_in_flight(), 0);
     // The device refusing one part way: those before it are posted.
     sink.refuse_after(3);
@@ -97,6 +89,17 @@ fn a_batch_the_send_queue_cannot_hold_is_refused_whole_requests_back() {
     assert_eq!(sink.sends_in_flight(), 0);
 }
 
+/// The shared engine of the data_path fuzz target's rig: 1 KiB pieces,
+/// 8 KiB of bulk in flight, stalled senders' budget released after 20 ms.
+fn fuzz_rig_engine() -> SharedConfig {
+    SharedConfig {
+        chunk_bytes: 1024,
+        bulk_bytes_in_flight: 8 << 10,
+        stall_after: Duration::from_millis(20),
+        ..SharedConfig::default()
+    }
+}
+
 #[test]
 fn a_window_driven_under_a_piece_by_a_sleeping_sender_still_finishes_every_request() {
     // A sender on a shared engine with a delay window polls its first
@@ -106,16 +109,7 @@ fn a_window_driven_under_a_piece_by_a_sleeping_sender_still_finishes_every_reque
     // but every request completes, once (found by the data_path fuzz
     // target, whose drain was shorter than this takes).
     let clock = Arc::new(ManualClock::new(Nanos::from_millis(1)));
-    let shared = NullScheduler::with_clock(
-        SharedConfig {
-            chunk_bytes: 1024,
-            bulk_bytes_in_flight: 8 << 10,
-            stall_after: Duration::from_millis(20),
-            ..SharedConfig::default()
-        },
-        Arc::clone(&clock),
-    )
-    .unwrap();
+    let shared = NullScheduler::with_clock(fuzz_rig_engine(), Arc::clone(&clock)).unwrap();
     let window: Arc<dyn WindowFactory> = Arc::new(DelayWindowConfig {
         quiet_every: Nanos::from_millis(50),
         ..DelayWindowConfig::for_piece(1024)
@@ -154,7 +148,7 @@ fn a_window_driven_under_a_piece_by_a_sleeping_sender_still_finishes_every_reque
     }
     let mut got: Vec<(u64, u64)> = done.iter().map(|c| (c.context, tag(&c.region))).collect();
     got.sort_unstable();
-    assert_eq!(got, (0..8).map(|i| (i, i)).collect::<Vec<_>>());
+    assert_eq!(got, own_tags(0..8));
     assert!(done.iter().all(|c| c.status == WcStatus::Success));
     assert_eq!((qp.queued(), qp.with_sink(|s| s.sends_in_flight())), (0, 0));
 }
@@ -191,7 +185,7 @@ fn batches_between_single_posts_complete_in_order_and_a_failure_among_them_loses
         sink.poll(&mut out).unwrap();
     }
     let got: Vec<(u64, u64)> = out.iter().map(|c| (c.context, tag(&c.region))).collect();
-    assert_eq!(got, (0..48).map(|i| (i, i)).collect::<Vec<_>>());
+    assert_eq!(got, own_tags(0..48));
     assert!(out.iter().all(|c| c.status == WcStatus::Success));
 
     // The same with the 30th request failing (unsignaled, in the long
@@ -230,13 +224,7 @@ fn a_batch_refused_in_its_second_list_hands_back_what_was_not_posted() {
     sink.refuse_after(35);
     let (e, refused) = sink.post_batch(writes(40)).unwrap_err();
     assert!(matches!(e, Error::Verbs { .. }), "{e}");
-    assert_eq!(
-        refused
-            .iter()
-            .map(|(c, r)| (*c, tag(r)))
-            .collect::<Vec<_>>(),
-        (35..40).map(|i| (i, i)).collect::<Vec<_>>()
-    );
+    assert_eq!(refused_tags(&refused), own_tags(35..40));
     let posted = sink.take_log();
     assert_eq!(posted.len(), 36, "35 requests and the zero-length WRITE");
     assert_eq!((posted[35].length, posted[35].signaled), (0, true));
@@ -279,6 +267,17 @@ fn a_failed_request_in_a_batch_reports_every_request_once() {
     assert_eq!(got, want);
 }
 
+/// Posts a WRITE of 64 KiB on `qp` with `context`.
+fn write_64k(qp: &mut NullScheduled, context: u64) {
+    post(
+        qp,
+        SendOp::Write(REMOTE),
+        HeapRegion::new(65536),
+        65536,
+        context,
+    );
+}
+
 #[test]
 fn a_split_request_goes_as_one_list_and_a_failed_piece_fails_it_once() {
     for (way, mut qp) in [
@@ -312,13 +311,7 @@ fn a_split_request_goes_as_one_list_and_a_failed_piece_fails_it_once() {
             .unwrap(),
         ),
     ] {
-        post(
-            &mut qp,
-            SendOp::Write(REMOTE),
-            HeapRegion::new(65536),
-            65536,
-            7,
-        );
+        write_64k(&mut qp, 7);
         let done = drain(&mut qp, 1);
         let posted = qp.with_sink(|s| s.take_log());
         assert_eq!(posted.len(), 16, "{way}");
@@ -336,13 +329,7 @@ fn a_split_request_goes_as_one_list_and_a_failed_piece_fails_it_once() {
         // The 4th piece of the next one fails: the request fails once,
         // its region back, and nothing is left in flight.
         qp.with_sink(|s| s.fail_completion_after(3));
-        post(
-            &mut qp,
-            SendOp::Write(REMOTE),
-            HeapRegion::new(65536),
-            65536,
-            8,
-        );
+        write_64k(&mut qp, 8);
         let done = drain(&mut qp, 1);
         assert_eq!(done.len(), 1, "{way}");
         assert_eq!(
@@ -381,13 +368,7 @@ fn a_scheduled_batch_is_accepted_together_and_completes_request_by_request() {
             "{way}: two completions for the batch"
         );
         let done = drain(&mut qp, 16);
-        assert_eq!(
-            done.iter()
-                .map(|c| (c.context, tag(&c.region)))
-                .collect::<Vec<_>>(),
-            (0..16).map(|i| (i, i)).collect::<Vec<_>>(),
-            "{way}"
-        );
+        assert_eq!(tags(&done), own_tags(0..16), "{way}");
         assert_eq!(qp.queued(), 0, "{way}");
         // A request out of bounds refuses it and those after it, the
         // ones before accepted.
@@ -442,10 +423,8 @@ fn a_scheduled_batch_past_what_may_go_at_once_or_cut_by_the_device_loses_nothing
     let mut done = drain(&mut qp, 4);
     done.sort_by_key(|c| c.context);
     assert_eq!(
-        done.iter()
-            .map(|c| (c.context, tag(&c.region)))
-            .collect::<Vec<_>>(),
-        (0..4).map(|i| (i, i)).collect::<Vec<_>>(),
+        tags(&done),
+        own_tags(0..4),
         "a refused request comes back once, failed"
     );
     assert!(done.iter().all(|c| c.status != WcStatus::Success));

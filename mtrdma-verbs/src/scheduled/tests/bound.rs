@@ -173,11 +173,7 @@ impl mtrdma_sched::WindowFactory for Recorder {
 
 #[test]
 fn a_window_of_ones_own_bounds_the_queue_pair_and_hears_the_coordinator() {
-    let policy = Policy::new(
-        LinkConfig::new(1 << 40),
-        vec![mtrdma_core::TenantEntry::new(TenantId(1), "t").with_weight(2)],
-    );
-    let table = QuotaTable::embedded(&policy).unwrap();
+    let table = QuotaTable::embedded(&weighted(2)).unwrap();
     let recorder = std::sync::Arc::new(Recorder::default());
     let config = ScheduleConfig {
         chunk_bytes: 4096,
@@ -250,26 +246,15 @@ fn the_exempt_and_the_latency_class_keep_their_own_settings_under_a_bound() {
 
 #[test]
 fn a_policy_reload_reaches_a_running_queue_pair() {
-    let policy = |weight| {
-        Policy::new(
-            LinkConfig::new(1 << 40),
-            vec![mtrdma_core::TenantEntry::new(TenantId(1), "t").with_weight(weight)],
-        )
-    };
-    let table = QuotaTable::embedded(&policy(1)).unwrap();
-    let sink = NullSink::new(1, 16).with_tenant(table.attach(TenantId(1)).unwrap());
-    let config = ScheduleConfig {
-        chunk_bytes: 4096,
-        window: Some(std::sync::Arc::new(DelayWindowConfig::for_piece(4096))),
-        ..ScheduleConfig::default()
-    };
+    let table = QuotaTable::embedded(&weighted(1)).unwrap();
+    let (sink, config) = windowed_tenant(&table);
     let mut qp = scheduled(sink, config).unwrap();
     assert_eq!(qp.window().unwrap().weight, 1);
     post(&mut qp, SendOp::Write(REMOTE), tagged(0), 64, 0);
     drain(&mut qp, 1);
     // The coordinator (here the table's creator) publishes weight 4:
     // the next request runs under it.
-    table.publish(&policy(4)).unwrap();
+    table.publish(&weighted(4)).unwrap();
     post(&mut qp, SendOp::Write(REMOTE), tagged(1), 64, 1);
     drain(&mut qp, 1);
     assert_eq!(qp.window().unwrap().weight, 4);

@@ -40,6 +40,17 @@ fn direct_path_parks_the_region_and_hands_it_back() {
     assert_eq!(sink.sends_in_flight(), 0);
 }
 
+/// Polls `qp` until `n` requests completed, checking after each poll
+/// that at most `bound` work requests are in the NIC (`why` it must).
+fn poll_within(qp: &mut NullScheduled, n: usize, bound: u32, why: &str) -> Vec<HostCompletion> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        qp.poll(&mut out).unwrap();
+        assert!(qp.with_sink(|s| s.sends_in_flight()) <= bound, "{why}");
+    }
+    out
+}
+
 #[test]
 fn every_request_completes_once_with_its_region_in_order() {
     let config = ScheduleConfig {
@@ -52,14 +63,7 @@ fn every_request_completes_once_with_its_region_in_order() {
         assert!(qp.with_sink(|s| s.sends_in_flight()) <= 4);
     }
     assert_eq!(qp.queued(), 100);
-    let mut out = Vec::new();
-    while out.len() < 100 {
-        qp.poll(&mut out).unwrap();
-        assert!(
-            qp.with_sink(|s| s.sends_in_flight()) <= 4,
-            "at most max_pieces_in_flight in the NIC"
-        );
-    }
+    let out = poll_within(&mut qp, 100, 4, "at most max_pieces_in_flight in the NIC");
     assert_eq!(out.len(), 100);
     for (i, c) in out.iter().enumerate() {
         assert_eq!(c.context, i as u64, "one queue pair completes in order");
@@ -291,14 +295,7 @@ fn a_window_bounds_the_bytes_in_the_nic_and_every_request_completes_in_order() {
         }
         assert!(qp.with_sink(|s| s.sends_in_flight()) <= 3);
     }
-    let mut out = Vec::new();
-    while out.len() < 20 {
-        qp.poll(&mut out).unwrap();
-        assert!(
-            qp.with_sink(|s| s.sends_in_flight()) <= 3,
-            "never more than the window in the NIC"
-        );
-    }
+    let out = poll_within(&mut qp, 20, 3, "never more than the window in the NIC");
     for (i, c) in out.iter().enumerate() {
         assert_eq!((c.context, tag(&c.region)), (i as u64, i as u64));
         assert_eq!((c.status, c.byte_len), (WcStatus::Success, 16_384));

@@ -42,6 +42,42 @@ fn tag(r: &HeapRegion) -> u64 {
     u64::from_le_bytes(r.as_slice()[..8].try_into().unwrap())
 }
 
+/// A policy whose one tenant (1) has `weight`, on a link of 2^40 B/s.
+fn weighted(weight: u32) -> Policy {
+    Policy::new(
+        LinkConfig::new(1 << 40),
+        vec![mtrdma_core::TenantEntry::new(TenantId(1), "t").with_weight(weight)],
+    )
+}
+
+/// A null sink of tenant 1 of `table`, and the configuration of a queue
+/// pair with a delay window in 4 KiB pieces.
+fn windowed_tenant(table: &mtrdma_core::TableOwner) -> (NullSink, ScheduleConfig) {
+    let sink = NullSink::new(1, 16).with_tenant(table.attach(TenantId(1)).unwrap());
+    let config = ScheduleConfig {
+        chunk_bytes: 4096,
+        window: Some(Arc::new(DelayWindowConfig::for_piece(4096))),
+        ..ScheduleConfig::default()
+    };
+    (sink, config)
+}
+
+/// Each completion's context and its region's tag, in order.
+fn tags(done: &[HostCompletion]) -> Vec<(u64, u64)> {
+    done.iter().map(|c| (c.context, tag(&c.region))).collect()
+}
+
+/// Each refused request's context and its region's tag, in order.
+fn refused_tags(refused: &[(u64, HeapRegion)]) -> Vec<(u64, u64)> {
+    refused.iter().map(|(c, r)| (*c, tag(r))).collect()
+}
+
+/// What [`tags`] gives for the requests of `contexts` whose regions are
+/// tagged with their context.
+fn own_tags(contexts: std::ops::Range<u64>) -> Vec<(u64, u64)> {
+    contexts.map(|i| (i, i)).collect()
+}
+
 fn post(qp: &mut NullScheduled, op: SendOp, region: HeapRegion, len: usize, context: u64) {
     if let Err((e, _)) = qp.post_send(op, region, 0..len, context) {
         panic!("refused: {e}");

@@ -458,17 +458,8 @@ fn a_queue_pair_created_without_a_tenant_is_not_scheduled_as_tenant_0_by_acciden
 
 #[test]
 fn a_window_takes_its_tenants_weight_under_a_scheduler_that_keeps_no_policies() {
-    let policy = Policy::new(
-        LinkConfig::new(1 << 40),
-        vec![mtrdma_core::TenantEntry::new(TenantId(1), "t").with_weight(4)],
-    );
-    let table = QuotaTable::embedded(&policy).unwrap();
-    let sink = NullSink::new(1, 16).with_tenant(table.attach(TenantId(1)).unwrap());
-    let config = ScheduleConfig {
-        chunk_bytes: 4096,
-        window: Some(std::sync::Arc::new(DelayWindowConfig::for_piece(4096))),
-        ..ScheduleConfig::default()
-    };
+    let table = QuotaTable::embedded(&weighted(4)).unwrap();
+    let (sink, config) = windowed_tenant(&table);
     let qp = scheduled_with(sink, config, mtrdma_sched::FifoScheduler::new()).unwrap();
     assert_eq!(qp.window().unwrap().weight, 4);
 }
