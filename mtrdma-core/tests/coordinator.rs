@@ -7,6 +7,18 @@ use mtrdma_core::coordinator::{self, Coordinator, CoordinatorConfig, Coordinator
 use mtrdma_core::table::FAIR_RATE_TOLERANCE_NS;
 use mtrdma_core::{QuotaTable, TenantHandle, TenantId};
 
+/// A policy file: the `[link]` of every test here (1 GB/s, shares
+/// recomputed every millisecond), then `$rest` (more of the link's
+/// settings, and the tenants).
+macro_rules! policy_file {
+    ($($rest:literal),+) => {
+        concat!(
+            "\n[link]\ncapacity = 1000000000\nrecompute_interval_ms = 1\n",
+            $($rest),+
+        )
+    };
+}
+
 // The delay windows' side: a file of their own.
 #[path = "coordinator/windows.rs"]
 mod windows;
@@ -56,11 +68,8 @@ impl Drop for Setup {
     }
 }
 
-const TWO: &str = r#"
-[link]
-capacity = 1000000000
-recompute_interval_ms = 1
-
+const TWO: &str = policy_file!(
+    r#"
 [[tenant]]
 id = 1
 name = "light"
@@ -71,7 +80,8 @@ max_qps = 2
 id = 2
 name = "heavy"
 weight = 3
-"#;
+"#
+);
 
 /// Ticks (as the daemon does, every few milliseconds) until a tick tried a
 /// reload, for at most two seconds: the file is looked at every
@@ -116,11 +126,17 @@ fn reloads_a_changed_policy_and_keeps_the_old_one_when_the_new_is_bad() {
 }
 
 /// A coordinator of `TWO`, and a handle of each of its tenants.
-fn two_tenants(s: &Setup) -> (Coordinator, QuotaTable, TenantHandle, TenantHandle) {
+/// A coordinator started on `s`, and its table: the coordinator's own
+/// view (on a coordinated table only it may attach a process as a tenant
+/// of its choice).
+fn started(s: &Setup) -> (Coordinator, QuotaTable) {
     let c = Coordinator::start(s.config.clone()).unwrap();
-    // The coordinator's own view: on a coordinated table only it may
-    // attach a process as a tenant of its choice.
     let table = c.table().clone();
+    (c, table)
+}
+
+fn two_tenants(s: &Setup) -> (Coordinator, QuotaTable, TenantHandle, TenantHandle) {
+    let (c, table) = started(s);
     let light = table.attach(TenantId(1)).unwrap();
     let heavy = table.attach(TenantId(2)).unwrap();
     (c, table, light, heavy)

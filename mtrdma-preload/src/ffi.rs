@@ -44,78 +44,8 @@ macro_rules! size {
     };
 }
 
-at!(ibv_context, ops.poll_cq, c::IBV_CONTEXT__OPS_POLL_CQ);
-at!(
-    ibv_context,
-    ops.req_notify_cq,
-    c::IBV_CONTEXT__OPS_REQ_NOTIFY_CQ
-);
-at!(ibv_context, ops.post_send, c::IBV_CONTEXT__OPS_POST_SEND);
-at!(ibv_context, ops.post_recv, c::IBV_CONTEXT__OPS_POST_RECV);
-at!(ibv_context, abi_compat, c::IBV_CONTEXT__ABI_COMPAT);
-size!(ibv_context, c::SIZEOF_IBV_CONTEXT);
-at!(ibv_pd, context, c::IBV_PD__CONTEXT);
-at!(ibv_mr, context, c::IBV_MR__CONTEXT);
-at!(ibv_mr, addr, c::IBV_MR__ADDR);
-at!(ibv_mr, length, c::IBV_MR__LENGTH);
-at!(ibv_cq, context, c::IBV_CQ__CONTEXT);
-at!(ibv_cq, channel, c::IBV_CQ__CHANNEL);
-at!(ibv_cq, cq_context, c::IBV_CQ__CQ_CONTEXT);
-at!(ibv_cq, cqe, c::IBV_CQ__CQE);
-at!(ibv_qp, context, c::IBV_QP__CONTEXT);
-at!(ibv_qp, send_cq, c::IBV_QP__SEND_CQ);
-at!(ibv_qp, qp_num, c::IBV_QP__QP_NUM);
-at!(ibv_qp, qp_type, c::IBV_QP__QP_TYPE);
-size!(ibv_qp, c::SIZEOF_IBV_QP);
-at!(ibv_qp_init_attr, send_cq, c::IBV_QP_INIT_ATTR__SEND_CQ);
-at!(ibv_qp_init_attr, cap, c::IBV_QP_INIT_ATTR__CAP);
-at!(ibv_qp_init_attr, qp_type, c::IBV_QP_INIT_ATTR__QP_TYPE);
-at!(
-    ibv_qp_init_attr,
-    sq_sig_all,
-    c::IBV_QP_INIT_ATTR__SQ_SIG_ALL
-);
-size!(sys::ibv_qp_cap, c::SIZEOF_IBV_QP_CAP);
-at!(
-    sys::ibv_qp_init_attr_ex,
-    send_cq,
-    c::IBV_QP_INIT_ATTR_EX__SEND_CQ
-);
-at!(sys::ibv_qp_init_attr_ex, cap, c::IBV_QP_INIT_ATTR_EX__CAP);
-at!(
-    sys::ibv_qp_init_attr_ex,
-    qp_type,
-    c::IBV_QP_INIT_ATTR_EX__QP_TYPE
-);
-at!(
-    sys::ibv_qp_init_attr_ex,
-    sq_sig_all,
-    c::IBV_QP_INIT_ATTR_EX__SQ_SIG_ALL
-);
-at!(
-    sys::ibv_qp_init_attr_ex,
-    comp_mask,
-    c::IBV_QP_INIT_ATTR_EX__COMP_MASK
-);
-at!(sys::ibv_qp_init_attr_ex, pd, c::IBV_QP_INIT_ATTR_EX__PD);
-at!(
-    sys::ibv_qp_init_attr_ex,
-    send_ops_flags,
-    c::IBV_QP_INIT_ATTR_EX__SEND_OPS_FLAGS
-);
-size!(ibv_sge, c::SIZEOF_IBV_SGE);
-size!(ibv_send_wr, c::SIZEOF_IBV_SEND_WR);
-at!(ibv_send_wr, wr_id, c::IBV_SEND_WR__WR_ID);
-at!(ibv_send_wr, next, c::IBV_SEND_WR__NEXT);
-at!(ibv_send_wr, sg_list, c::IBV_SEND_WR__SG_LIST);
-at!(ibv_send_wr, num_sge, c::IBV_SEND_WR__NUM_SGE);
-at!(ibv_send_wr, opcode, c::IBV_SEND_WR__OPCODE);
-at!(ibv_send_wr, send_flags, c::IBV_SEND_WR__SEND_FLAGS);
-at!(ibv_send_wr, __bindgen_anon_1, c::IBV_SEND_WR__IMM_DATA);
-at!(ibv_send_wr, wr, c::IBV_SEND_WR__WR);
-at!(ibv_send_wr, qp_type, c::IBV_SEND_WR__QP_TYPE);
-size!(sys::ibv_recv_wr, c::SIZEOF_IBV_RECV_WR);
-at!(sys::ibv_comp_channel, fd, c::IBV_COMP_CHANNEL__FD);
+// The checks of every structure build.rs lists, by the two macros above.
+include!(concat!(env!("OUT_DIR"), "/layout_checks.rs"));
 
 /// `struct ibv_wc` (the bindings keep its fields private; the library
 /// writes completions into the application's array).
@@ -136,14 +66,6 @@ pub(crate) struct Wc {
     pub(crate) sl: u8,
     pub(crate) dlid_path_bits: u8,
 }
-size!(Wc, c::SIZEOF_IBV_WC);
-at!(Wc, wr_id, c::IBV_WC__WR_ID);
-at!(Wc, status, c::IBV_WC__STATUS);
-at!(Wc, opcode, c::IBV_WC__OPCODE);
-at!(Wc, byte_len, c::IBV_WC__BYTE_LEN);
-at!(Wc, imm_data, c::IBV_WC__IMM_DATA);
-at!(Wc, qp_num, c::IBV_WC__QP_NUM);
-at!(Wc, wc_flags, c::IBV_WC__WC_FLAGS);
 
 /// `struct ibv_qp_ex` as the installed headers lay it out (the bindings'
 /// copy comes from a newer rdma-core with more fields: writing those would
@@ -178,36 +100,6 @@ pub(crate) struct QpEx {
     pub(crate) wr_abort: Option<unsafe extern "C" fn(*mut QpEx)>,
     pub(crate) wr_atomic_write: Option<unsafe extern "C" fn(*mut QpEx, u32, u64, *const c_void)>,
 }
-size!(QpEx, c::SIZEOF_IBV_QP_EX);
-at!(QpEx, qp_base, c::IBV_QP_EX__QP_BASE);
-at!(QpEx, comp_mask, c::IBV_QP_EX__COMP_MASK);
-at!(QpEx, wr_id, c::IBV_QP_EX__WR_ID);
-at!(QpEx, wr_flags, c::IBV_QP_EX__WR_FLAGS);
-at!(QpEx, wr_atomic_cmp_swp, c::IBV_QP_EX__WR_ATOMIC_CMP_SWP);
-at!(QpEx, wr_atomic_fetch_add, c::IBV_QP_EX__WR_ATOMIC_FETCH_ADD);
-at!(QpEx, wr_bind_mw, c::IBV_QP_EX__WR_BIND_MW);
-at!(QpEx, wr_local_inv, c::IBV_QP_EX__WR_LOCAL_INV);
-at!(QpEx, wr_rdma_read, c::IBV_QP_EX__WR_RDMA_READ);
-at!(QpEx, wr_rdma_write, c::IBV_QP_EX__WR_RDMA_WRITE);
-at!(QpEx, wr_rdma_write_imm, c::IBV_QP_EX__WR_RDMA_WRITE_IMM);
-at!(QpEx, wr_send, c::IBV_QP_EX__WR_SEND);
-at!(QpEx, wr_send_imm, c::IBV_QP_EX__WR_SEND_IMM);
-at!(QpEx, wr_send_inv, c::IBV_QP_EX__WR_SEND_INV);
-at!(QpEx, wr_send_tso, c::IBV_QP_EX__WR_SEND_TSO);
-at!(QpEx, wr_set_ud_addr, c::IBV_QP_EX__WR_SET_UD_ADDR);
-at!(QpEx, wr_set_xrc_srqn, c::IBV_QP_EX__WR_SET_XRC_SRQN);
-at!(QpEx, wr_set_inline_data, c::IBV_QP_EX__WR_SET_INLINE_DATA);
-at!(
-    QpEx,
-    wr_set_inline_data_list,
-    c::IBV_QP_EX__WR_SET_INLINE_DATA_LIST
-);
-at!(QpEx, wr_set_sge, c::IBV_QP_EX__WR_SET_SGE);
-at!(QpEx, wr_set_sge_list, c::IBV_QP_EX__WR_SET_SGE_LIST);
-at!(QpEx, wr_start, c::IBV_QP_EX__WR_START);
-at!(QpEx, wr_complete, c::IBV_QP_EX__WR_COMPLETE);
-at!(QpEx, wr_abort, c::IBV_QP_EX__WR_ABORT);
-at!(QpEx, wr_atomic_write, c::IBV_QP_EX__WR_ATOMIC_WRITE);
 
 /// `ibv_context_ops.post_send`.
 pub(crate) type PostSendFn =

@@ -213,37 +213,16 @@ impl<H: Clone> Scheduler<H> for Drr<H> {
                 self.chunks.next_len(head.op, remaining)
             };
             slot.deficit -= cost(len);
-            let offset = slot.head_sent;
-            let grant = if len == remaining {
-                let (d, next) = self.nodes.release(slot.head);
-                let Some(d) = d else {
-                    return Dequeue::Empty;
-                };
-                slot.head = next;
-                slot.head_sent = 0;
+            let Some(grant) = self
+                .nodes
+                .grant_piece(&mut slot.head, &mut slot.head_sent, len)
+            else {
+                return Dequeue::Empty;
+            };
+            if grant.is_last {
                 slot.queued -= 1;
                 self.len -= 1;
-                Grant {
-                    tenant: d.tenant,
-                    class: d.class,
-                    op: d.op,
-                    handle: d.handle,
-                    offset,
-                    len,
-                    is_last: true,
-                }
-            } else {
-                slot.head_sent += len;
-                Grant {
-                    tenant: head.tenant,
-                    class: head.class,
-                    op: head.op,
-                    handle: head.handle.clone(),
-                    offset,
-                    len,
-                    is_last: false,
-                }
-            };
+            }
             if slot.head == NIL {
                 // Unspent credit is not banked; debt is.
                 slot.deficit = slot.deficit.min(0);

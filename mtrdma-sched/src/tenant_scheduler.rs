@@ -505,35 +505,13 @@ impl<H: Clone> TenantScheduler<H> {
                 }
             }
             lane.deficit -= cost(len);
-            let offset = lane.head_sent;
-            let grant = if len == remaining {
-                let (d, next) = self.nodes.release(n);
-                let d = d?;
-                lane.head = next;
-                lane.head_sent = 0;
+            let grant = self
+                .nodes
+                .grant_piece(&mut lane.head, &mut lane.head_sent, len)?;
+            if grant.is_last {
                 hot.queued -= 1;
                 self.len -= 1;
-                Grant {
-                    tenant: d.tenant,
-                    class: d.class,
-                    op: d.op,
-                    handle: d.handle,
-                    offset,
-                    len,
-                    is_last: true,
-                }
-            } else {
-                lane.head_sent += len;
-                Grant {
-                    tenant: head.tenant,
-                    class: head.class,
-                    op: head.op,
-                    handle: head.handle.clone(),
-                    offset,
-                    len,
-                    is_last: false,
-                }
-            };
+            }
             if lane.head == NIL {
                 // Idle: leave the ring; unspent credit is not banked, debt is.
                 lane.deficit = lane.deficit.min(0);

@@ -7,8 +7,7 @@ use super::*;
 #[test]
 fn the_link_estimate_follows_what_the_tenants_move_together() {
     let s = Setup::new("estimate", TWO);
-    let mut c = Coordinator::start(s.config.clone()).unwrap();
-    let table = c.table().clone();
+    let (mut c, table) = started(&s);
     let a = table.attach(TenantId(1)).unwrap();
     let b = table.attach(TenantId(2)).unwrap();
     let t0 = table.now_ns();
@@ -105,11 +104,8 @@ fn a_tenant_that_starts_sending_may_take_its_share_at_once() {
 #[test]
 fn a_tenant_held_by_its_work_request_cap_does_not_contend() {
     use mtrdma_sched::share::GAIN_ONE;
-    const FLOOD: &str = r#"
-[link]
-capacity = 1000000000
-recompute_interval_ms = 1
-
+    const FLOOD: &str = policy_file!(
+        r#"
 [[tenant]]
 id = 1
 name = "victim"
@@ -118,10 +114,10 @@ name = "victim"
 id = 2
 name = "flood"
 wr_rate = { rate = 1000, burst = 64 }
-"#;
+"#
+    );
     let s = Setup::new("wrcap", FLOOD);
-    let mut c = Coordinator::start(s.config.clone()).unwrap();
-    let table = c.table().clone();
+    let (mut c, table) = started(&s);
     let (victim, flood) = (
         table.attach(TenantId(1)).unwrap(),
         table.attach(TenantId(2)).unwrap(),
@@ -267,12 +263,9 @@ fn the_one_piece_floor_is_given_by_the_latency_tenant_s_delays() {
     use mtrdma_sched::piece_floor::DelayShift;
     use mtrdma_sched::Nanos;
 
-    const FLOOR: &str = r#"
-[link]
-capacity = 1000000000
-recompute_interval_ms = 1
-latency_bound = 16384
-
+    const FLOOR: &str = policy_file!(
+        "latency_bound = 16384\n",
+        r#"
 [[tenant]]
 id = 1
 name = "latency"
@@ -285,10 +278,10 @@ name = "bulk-a"
 [[tenant]]
 id = 3
 name = "bulk-b"
-"#;
+"#
+    );
     let s = Setup::new("floor", FLOOR);
-    let mut c = Coordinator::start(s.config.clone()).unwrap();
-    let table = c.table().clone();
+    let (mut c, table) = started(&s);
     let latency = table.attach(TenantId(1)).unwrap();
     let bulk = [
         table.attach(TenantId(2)).unwrap(),

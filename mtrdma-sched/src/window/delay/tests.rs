@@ -16,7 +16,12 @@ fn config() -> DelayWindowConfig {
 }
 
 fn window() -> DelayWindow {
-    DelayWindow::new(config()).unwrap()
+    window_with(config())
+}
+
+/// A window of `config`, which must be valid.
+fn window_with(config: DelayWindowConfig) -> DelayWindow {
+    DelayWindow::new(config).unwrap()
 }
 
 /// Sends one piece at a time, each taking `delay`, `n` times.
@@ -80,12 +85,11 @@ fn waits_a_time_of_its_own_after_a_completion_only_where_pieces_are_long_on_the_
         (None, 3, 1, false),
     ] {
         let at = format!("{rate:?}, sharing {sharing}, {still_out} still out");
-        let mut w = DelayWindow::new(DelayWindowConfig {
+        let mut w = window_with(DelayWindowConfig {
             initial_window: 4 * PIECE,
             additive_increase: 1,
             ..config()
-        })
-        .unwrap();
+        });
         w.set_link_rate(rate);
         w.set_sharing_weight(sharing);
         let mut now = Nanos::from_secs(10);
@@ -130,11 +134,10 @@ fn a_faster_link_keeps_the_same_bytes_queued() {
     // `queue` long: the window shrinks once the queue passes the
     // allowance, which is shorter on the faster link.
     let shrinks = |rate: u64, queue_us: u64| {
-        let mut w = DelayWindow::new(DelayWindowConfig {
+        let mut w = window_with(DelayWindowConfig {
             quiet_every: Nanos::ZERO,
             ..DelayWindowConfig::for_piece(PIECE)
-        })
-        .unwrap();
+        });
         w.set_link_rate(Some(rate));
         let mut now = Nanos::ZERO;
         run(&mut w, &mut now, Nanos::from_micros(100), 20);
@@ -150,7 +153,7 @@ fn a_faster_link_keeps_the_same_bytes_queued() {
 
 #[test]
 fn a_new_weight_applies_from_the_next_completion_and_a_bad_one_is_refused() {
-    let mut w = DelayWindow::new(config()).unwrap();
+    let mut w = window();
     w.set_weight(4).unwrap();
     w.on_sent(PIECE, Nanos::ZERO);
     w.on_completed(PIECE, Nanos::ZERO, Nanos::from_micros(100));
@@ -164,7 +167,7 @@ fn a_new_weight_applies_from_the_next_completion_and_a_bad_one_is_refused() {
 #[test]
 fn grows_by_the_increase_times_the_weight_per_window_of_bytes() {
     for weight in [1u32, 4] {
-        let mut w = DelayWindow::new(DelayWindowConfig { weight, ..config() }).unwrap();
+        let mut w = window_with(DelayWindowConfig { weight, ..config() });
         let mut now = Nanos::ZERO;
         // One piece completed, as large as the window: a whole round
         // trip's worth of bytes under the target.
@@ -175,11 +178,10 @@ fn grows_by_the_increase_times_the_weight_per_window_of_bytes() {
     }
     // A window of four pieces grows by about an eighth of a piece per
     // four pieces completed, not per piece.
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         initial_window: 4 * PIECE,
         ..config()
-    })
-    .unwrap();
+    });
     let mut now = Nanos::ZERO;
     run(&mut w, &mut now, Nanos::from_micros(100), 4);
     let grown = w.window() - 4 * PIECE;
@@ -188,11 +190,10 @@ fn grows_by_the_increase_times_the_weight_per_window_of_bytes() {
 
 #[test]
 fn shrinks_in_proportion_to_the_excess_and_at_most_by_half_per_window() {
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         filter: 2,
         ..config()
-    })
-    .unwrap();
+    });
     let mut now = Nanos::ZERO;
     run(&mut w, &mut now, Nanos::from_micros(100), 1);
     let before = w.window();
@@ -215,11 +216,10 @@ fn shrinks_in_proportion_to_the_excess_and_at_most_by_half_per_window() {
     // 16% of a window per window of bytes: 16% of a piece per piece.
     assert_eq!(w.window(), before - PIECE * 16 / 100);
     // A huge excess takes at most half a window per window of bytes.
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         filter: 1,
         ..config()
-    })
-    .unwrap();
+    });
     let mut now = Nanos::ZERO;
     run(&mut w, &mut now, Nanos::from_micros(100), 1);
     let before = w.window();
@@ -229,11 +229,10 @@ fn shrinks_in_proportion_to_the_excess_and_at_most_by_half_per_window() {
 
 #[test]
 fn judges_each_piece_on_the_lowest_of_the_last_few() {
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         filter: 2,
         ..config()
-    })
-    .unwrap();
+    });
     let mut now = Nanos::ZERO;
     run(&mut w, &mut now, Nanos::from_micros(100), 50);
     // One slow piece (a descheduled thread) after a fast one: the
@@ -261,11 +260,10 @@ fn many_small_pieces_and_few_large_ones_count_the_same() {
     // pieces and one in quarter pieces: their windows move alike, so a
     // sender that completes more pieces per round trip (a free one next
     // to a capped one) is not favoured.
-    let mut whole = DelayWindow::new(DelayWindowConfig {
+    let mut whole = window_with(DelayWindowConfig {
         initial_window: 8 * PIECE,
         ..config()
-    })
-    .unwrap();
+    });
     let mut quarters = whole.clone();
     let (mut a, mut b) = (Nanos::ZERO, Nanos::ZERO);
     for round in 0..200 {
@@ -284,11 +282,10 @@ fn windows_settle_in_proportion_to_their_weights() {
     // Two senders on one queue: the delay is over the target whenever
     // their windows add up to more than the port holds at the target.
     let mut light = window();
-    let mut heavy = DelayWindow::new(DelayWindowConfig {
+    let mut heavy = window_with(DelayWindowConfig {
         weight: 3,
         ..config()
-    })
-    .unwrap();
+    });
     let (mut a, mut b) = (Nanos::ZERO, Nanos::ZERO);
     let capacity = 24 * PIECE;
     let mut ratios = Vec::new();
@@ -380,7 +377,7 @@ fn a_gain_scales_the_growth_and_lowers_the_floor_as_a_weight_does() {
 fn the_weights_sharing_the_port_divide_the_growth() {
     // Growth: increase (512 B) x weight / sharing.
     for (sharing, weight, growth) in [(0, 1, 512), (1, 1, 512), (4, 2, 256), (8, 1, 64)] {
-        let mut w = DelayWindow::new(DelayWindowConfig { weight, ..config() }).unwrap();
+        let mut w = window_with(DelayWindowConfig { weight, ..config() });
         w.set_sharing_weight(sharing);
         assert_eq!(w.sharing_weight(), sharing.max(1));
         let mut now = Nanos::ZERO;
@@ -403,7 +400,7 @@ fn the_weights_sharing_the_port_divide_the_growth() {
 
 #[test]
 fn the_piece_floor_holds_one_piece_whatever_the_delay_and_the_gain() {
-    let mut w = DelayWindow::new(config()).unwrap();
+    let mut w = window();
     w.set_gain(250_000);
     let mut now = Nanos::ZERO;
     // A standing queue: every piece takes ten times the path's delay.
@@ -448,12 +445,11 @@ fn the_piece_floor_holds_one_piece_whatever_the_delay_and_the_gain() {
 
 #[test]
 fn admits_while_the_window_has_room() {
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         initial_window: 4 * PIECE,
         additive_increase: 1,
         ..config()
-    })
-    .unwrap();
+    });
     let mut now = Nanos::ZERO;
     run(&mut w, &mut now, Nanos::from_micros(100), 1);
     let win = w.window();

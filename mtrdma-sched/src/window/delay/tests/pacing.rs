@@ -6,13 +6,12 @@ use super::*;
 #[test]
 fn keeps_at_least_the_minimum_and_sends_its_fraction_of_a_piece() {
     for (weight, floor) in [(1u32, PIECE / 64), (4, PIECE / 16)] {
-        let mut w = DelayWindow::new(DelayWindowConfig {
+        let mut w = window_with(DelayWindowConfig {
             min_window: PIECE / 64,
             weight,
             base_period: Nanos::from_secs(1_000),
             ..config()
-        })
-        .unwrap();
+        });
         let mut now = Nanos::ZERO;
         run(&mut w, &mut now, Nanos::from_micros(100), 1);
         for _ in 0..100 {
@@ -55,14 +54,13 @@ fn keeps_at_least_the_minimum_and_sends_its_fraction_of_a_piece() {
 #[test]
 fn a_window_under_a_piece_moves_its_share_when_round_trips_vary() {
     // Held at 0.6 pieces: it may grow no further.
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         initial_window: 6 * PIECE / 10,
         min_window: 1,
         max_window: 6 * PIECE / 10,
         target_ratio_ppm: 10_000_000,
         ..config()
-    })
-    .unwrap();
+    });
     let mut now = Nanos::ZERO;
     let rtt = Nanos::from_millis(1);
     let per_rtt = pieces_per_round_trip_spread(&mut w, &mut now, rtt, 2000, 200);
@@ -83,7 +81,7 @@ fn a_window_that_ends_inside_a_piece_moves_that_fraction_per_round_trip() {
         (PIECE / 3, 1.0 / 3.0),
         (21 * PIECE / 4, 5.25),
     ] {
-        let mut w = DelayWindow::new(DelayWindowConfig {
+        let mut w = window_with(DelayWindowConfig {
             initial_window: window,
             min_window: 1,
             additive_increase: 1,
@@ -91,8 +89,7 @@ fn a_window_that_ends_inside_a_piece_moves_that_fraction_per_round_trip() {
             // shrink, and grows by a byte per piece.
             target_ratio_ppm: 10_000_000,
             ..config()
-        })
-        .unwrap();
+        });
         let mut now = Nanos::ZERO;
         let per_rtt = pieces_per_round_trip(&mut w, &mut now, Nanos::from_millis(1), 400);
         // The window grew by a byte or a few per piece on the way.
@@ -106,11 +103,10 @@ fn a_window_that_ends_inside_a_piece_moves_that_fraction_per_round_trip() {
 
 #[test]
 fn posts_nothing_for_twice_the_target_at_the_start_of_every_period() {
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         target_floor: Nanos::ZERO,
         ..DelayWindowConfig::for_piece(PIECE)
-    })
-    .unwrap();
+    });
     let mut now = Nanos::ZERO;
     run(&mut w, &mut now, Nanos::from_micros(100), 24);
     // Target 200 us: quiet for the first 400 us of every 500 ms, on
@@ -186,11 +182,10 @@ fn a_sender_that_learnt_a_long_delay_still_posts_in_every_period() {
     // Its first pieces waited 300 ms behind a queue that drained: its
     // target (600 ms) and its round trip are longer than the quiet
     // times' period (500 ms), and its window is at its floor.
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         target_floor: Nanos::ZERO,
         ..DelayWindowConfig::for_piece(PIECE)
-    })
-    .unwrap();
+    });
     let mut now = Nanos::ZERO;
     run(&mut w, &mut now, Nanos::from_millis(300), 8);
     assert!(w.target_delay().unwrap() > Nanos::from_millis(500));
@@ -212,12 +207,11 @@ fn a_sender_that_learnt_a_long_delay_still_posts_in_every_period() {
 
 #[test]
 fn by_default_keeps_a_quarter_piece_and_a_target_of_at_least_the_floor() {
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         quiet_every: Nanos::ZERO,
         base_period: Nanos::from_secs(1_000),
         ..DelayWindowConfig::for_piece(PIECE)
-    })
-    .unwrap();
+    });
     let mut now = Nanos::ZERO;
     run(&mut w, &mut now, Nanos::from_micros(100), 1);
     // 100 us of path: the target's queue is the floor, not 100 us.
@@ -270,13 +264,12 @@ fn a_piece_larger_than_the_window_goes_alone_whenever_the_sender_polls() {
     // 4.5 pieces: with nothing in flight it goes at once, at any time
     // (not only in the round trips that round the window up, which a
     // late sender would miss); beside a piece in flight it waits.
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         initial_window: 4 * PIECE,
         additive_increase: 1,
         quiet_every: Nanos::ZERO,
         ..config()
-    })
-    .unwrap();
+    });
     let mut now = Nanos::ZERO;
     run(&mut w, &mut now, Nanos::from_micros(100), 1);
     let big = 4 * PIECE + PIECE / 2;
