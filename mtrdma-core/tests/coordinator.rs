@@ -135,11 +135,14 @@ fn started(s: &Setup) -> (Coordinator, QuotaTable) {
     (c, table)
 }
 
-fn two_tenants(s: &Setup) -> (Coordinator, QuotaTable, TenantHandle, TenantHandle) {
-    let (c, table) = started(s);
+/// A coordinator started on the policy [`TWO`] (its files named for
+/// `tag`), its table, and the handles of its two tenants.
+fn two_tenants(tag: &str) -> (Setup, Coordinator, QuotaTable, TenantHandle, TenantHandle) {
+    let s = Setup::new(tag, TWO);
+    let (c, table) = started(&s);
     let light = table.attach(TenantId(1)).unwrap();
     let heavy = table.attach(TenantId(2)).unwrap();
-    (c, table, light, heavy)
+    (s, c, table, light, heavy)
 }
 
 /// Recomputes with nothing waiting at the table's now, then 1 ms later
@@ -169,8 +172,7 @@ fn sent_in_10ms(tenant: &TenantHandle, start: u64) -> u64 {
 
 #[test]
 fn fair_rates_follow_demand_and_weights() {
-    let s = Setup::new("fair", TWO);
-    let (mut c, table, light, heavy) = two_tenants(&s);
+    let (_s, mut c, table, light, heavy) = two_tenants("fair");
     // Both backlogged: 1:3.
     let (t0, rates) = both_backlogged(&mut c, &table, &light, &heavy);
     assert_eq!(
@@ -205,8 +207,7 @@ fn fair_rates_follow_demand_and_weights() {
 /// it back for the old rate's time (seconds, at low rates).
 #[test]
 fn a_raised_fair_rate_applies_at_once_to_what_is_owed() {
-    let s = Setup::new("raise", TWO);
-    let (mut c, table, light, heavy) = two_tenants(&s);
+    let (_s, mut c, table, light, heavy) = two_tenants("raise");
     let (t0, rates) = both_backlogged(&mut c, &table, &light, &heavy);
     assert_eq!(rates[0], (TenantId(1), 250_000_000));
     // 25 MB at 250 MB/s: 100 ms owed.

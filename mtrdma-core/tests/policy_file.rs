@@ -664,31 +664,34 @@ fn peer(uid: u32, gid: u32, cgroup: Option<&str>) -> PeerCredentials {
 #[test]
 fn peers_are_assigned_to_the_first_matching_tenant() {
     let policy = Policy::from_file(&example_path()).unwrap();
-    let name = |p: &PeerCredentials| policy.tenant_for_peer(p).map(|t| t.name.as_str());
+    let name = |uid, gid, cgroup| {
+        let p = peer(uid, gid, cgroup);
+        policy.tenant_for_peer(&p).map(|t| t.name.as_str())
+    };
 
-    assert_eq!(name(&peer(1000, 1, None)), Some("kv-latency"));
+    assert_eq!(name(1000, 1, None), Some("kv-latency"));
     // The second rule needs both the gid and the cgroup.
     assert_eq!(
-        name(&peer(1, 2000, Some("/kubepods.slice/kv"))),
+        name(1, 2000, Some("/kubepods.slice/kv")),
         Some("kv-latency")
     );
     assert_eq!(
-        name(&peer(1, 2000, Some("/kubepods.slice/kv/pod3"))),
+        name(1, 2000, Some("/kubepods.slice/kv/pod3")),
         Some("kv-latency")
     );
-    assert_eq!(name(&peer(1, 2000, Some("/kubepods.slice/kv2"))), None);
-    assert_eq!(name(&peer(1, 2000, None)), None);
-    assert_eq!(name(&peer(1, 1, Some("/kubepods.slice/kv"))), None);
+    assert_eq!(name(1, 2000, Some("/kubepods.slice/kv2")), None);
+    assert_eq!(name(1, 2000, None), None);
+    assert_eq!(name(1, 1, Some("/kubepods.slice/kv")), None);
     assert_eq!(
-        name(&peer(1, 1, Some("/system.slice/backup.service"))),
+        name(1, 1, Some("/system.slice/backup.service")),
         Some("backup")
     );
     // Matches two tenants: the first in file order wins.
     assert_eq!(
-        name(&peer(1000, 1, Some("/system.slice/backup.service"))),
+        name(1000, 1, Some("/system.slice/backup.service")),
         Some("kv-latency")
     );
-    assert_eq!(name(&peer(0, 0, Some("/"))), None);
+    assert_eq!(name(0, 0, Some("/")), None);
 
     assert_eq!(
         policy.tenant(TenantId(3)).map(|t| t.name.as_str()),

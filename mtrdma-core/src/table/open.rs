@@ -459,23 +459,20 @@ impl QuotaTable {
 }
 
 pub(super) fn check_sizes(capacity: u32, processes: u32) -> Result<(), TableError> {
-    if !(1..=MAX_TENANTS).contains(&capacity) {
-        return Err(TableError::OutOfRange {
-            region: "policy",
-            field: "capacity".into(),
-            value: capacity.into(),
-            range: "1..=65536",
-        });
-    }
-    if !(1..=MAX_PROCESSES).contains(&processes) {
-        return Err(TableError::OutOfRange {
-            region: "state",
-            field: "process_slots".into(),
-            value: processes.into(),
-            range: "1..=65536",
-        });
-    }
-    Ok(())
+    let in_range = |region, field: &str, value: u32, max| {
+        if (1..=max).contains(&value) {
+            Ok(())
+        } else {
+            Err(TableError::OutOfRange {
+                region,
+                field: field.into(),
+                value: value.into(),
+                range: "1..=65536",
+            })
+        }
+    };
+    in_range("policy", "capacity", capacity, MAX_TENANTS)?;
+    in_range("state", "process_slots", processes, MAX_PROCESSES)
 }
 
 /// A coordinated table's sizes: `capacity` tenant files of `per_tenant`
