@@ -43,10 +43,7 @@ fn the_link_estimate_follows_what_the_tenants_move_together() {
 #[test]
 fn the_windows_verdicts_show_in_the_link_view_and_rates_divide_the_policys_capacity() {
     let (_s, mut c, table, light, heavy) = two_tenants("verdicts");
-    light.add_backlog(1 << 20);
-    heavy.add_backlog(1 << 20);
-    let mut now = table.now_ns();
-    c.recompute(now);
+    let mut now = both_waiting(&mut c, &table, (&light, &heavy));
     assert_eq!(c.link_view().over_target, 0.0);
     // 20 ms intervals: the two move 12.5 MB/s together and their windows
     // find 40% of their bytes over target.
@@ -146,6 +143,20 @@ wr_rate = { rate = 1000, burst = 64 }
     flood_for_a_second(7);
 }
 
+/// Both tenants backlogged, then a first recomputation (with nothing
+/// measured yet) at the table's now, which it returns.
+fn both_waiting(
+    c: &mut Coordinator,
+    table: &QuotaTable,
+    (light, heavy): (&TenantHandle, &TenantHandle),
+) -> u64 {
+    light.add_backlog(1 << 20);
+    heavy.add_backlog(1 << 20);
+    let now = table.now_ns();
+    c.recompute(now);
+    now
+}
+
 /// `n` intervals of 20 ms in which `light` moves 100 KB and `heavy`
 /// 500 KB through their windows, none of it over target, each followed
 /// by a recomputation.
@@ -171,10 +182,7 @@ fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
     use mtrdma_sched::share::GAIN_ONE;
 
     let (_s, mut c, table, light, heavy) = two_tenants("gains");
-    light.add_backlog(1 << 20);
-    heavy.add_backlog(1 << 20);
-    let mut now = table.now_ns();
-    c.recompute(now);
+    let mut now = both_waiting(&mut c, &table, (&light, &heavy));
     assert_eq!(light.window_gain(now), GAIN_ONE, "nothing measured yet");
     both_move(&mut c, (&light, &heavy), &mut now, 50);
     let (l, h) = (light.window_gain(now), heavy.window_gain(now));
