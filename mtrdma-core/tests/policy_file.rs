@@ -232,20 +232,21 @@ fn an_unknown_tenant_field_is_named() {
     );
 }
 
-/// The error of a field `field` in `[link]`, which has no such setting.
-fn not_a_link_setting(field: &str) -> String {
-    format!(
-        "field link.{field}: \"{field}\" is not a setting in [link]; the settings are capacity, \
-         recompute_interval_ms, latency_bound, exempt"
-    )
+/// Asserts that `field = value` in `[link]`, which has no such setting,
+/// is refused with the settings it has.
+fn not_a_link_setting(field: &str, value: &str) {
+    assert_eq!(
+        error(&format!("{LINK}{field} = {value}\n")),
+        format!(
+            "field link.{field}: \"{field}\" is not a setting in [link]; the settings are \
+             capacity, recompute_interval_ms, latency_bound, exempt"
+        )
+    );
 }
 
 #[test]
 fn unknown_fields_elsewhere_are_named() {
-    assert_eq!(
-        error(&format!("{LINK}speed = 1\n")),
-        not_a_link_setting("speed")
-    );
+    not_a_link_setting("speed", "1");
     assert_eq!(
         error(&format!("tenants = []\n{LINK}")),
         "field tenants: \"tenants\" is not a setting at the top level; the settings are link, tenant"
@@ -410,10 +411,7 @@ fn a_mistyped_value_names_its_field() {
         "tenant \"kv\": field rate: invalid type: integer `5`, expected an inline table such as \
          { rate = 1000, burst = 10 }"
     );
-    assert_eq!(
-        error(&format!("{LINK}tenant = [1]\n")),
-        not_a_link_setting("tenant")
-    );
+    not_a_link_setting("tenant", "[1]");
     assert_eq!(
         error(&format!("tenant = [1]\n{LINK}")),
         "field tenant[1]: invalid type: integer `1`, expected a [[tenant]] table"

@@ -114,6 +114,16 @@ mod tests {
         }};
     }
 
+    /// [`refused!`] for the table's bytes with the policy region's `u32`
+    /// at `at` set to `v`.
+    macro_rules! refused_with {
+        ($at:expr, $v:expr, $err:pat) => {{
+            let (mut p, s) = bytes();
+            put_u32(&mut p, $at, $v);
+            refused!(&p, &s, $err)
+        }};
+    }
+
     fn put_u32(b: &mut [u8], at: usize, v: u32) {
         b[at..at + 4].copy_from_slice(&v.to_le_bytes());
     }
@@ -185,11 +195,9 @@ mod tests {
 
     #[test]
     fn other_versions_are_refused() {
-        let (mut p, s) = bytes();
-        put_u32(&mut p, 8, 2);
-        refused!(
-            &p,
-            &s,
+        refused_with!(
+            8,
+            2,
             TableError::UnsupportedVersion {
                 found: 2,
                 supported: 1,
@@ -216,16 +224,11 @@ mod tests {
             }
         );
         // A capacity out of range, and a slot size of another layout.
-        let (mut p, s) = bytes();
-        put_u32(&mut p, 16, 0);
-        refused!(&p, &s, TableError::OutOfRange { .. });
-        put_u32(&mut p, 16, u32::MAX);
-        refused!(&p, &s, TableError::OutOfRange { .. });
-        let (mut p, s) = bytes();
-        put_u32(&mut p, 20, 100);
-        refused!(
-            &p,
-            &s,
+        refused_with!(16, 0, TableError::OutOfRange { .. });
+        refused_with!(16, u32::MAX, TableError::OutOfRange { .. });
+        refused_with!(
+            20,
+            100,
             TableError::Mismatch {
                 field: "slot_size",
                 ..
@@ -244,19 +247,17 @@ mod tests {
             "{err}"
         );
 
-        let (mut p, s) = bytes();
-        put_u32(&mut p, SLOT0 + 12, 0); // weight
-        refused!(&p, &s, TableError::InvalidPolicy(_));
+        // weight
+        refused_with!(SLOT0 + 12, 0, TableError::InvalidPolicy(_));
 
         let (mut p, s) = bytes();
         p[SLOT0 + 32] = 0xff; // name: not UTF-8
         refused!(&p, &s, TableError::OutOfRange { .. });
 
-        let (mut p, s) = bytes();
-        put_u32(&mut p, 44, 3); // tenant_count disagrees with the slots in use
-        refused!(
-            &p,
-            &s,
+        // tenant_count disagrees with the slots in use
+        refused_with!(
+            44,
+            3,
             TableError::Mismatch {
                 field: "tenant_count",
                 ..

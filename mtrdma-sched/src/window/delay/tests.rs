@@ -33,6 +33,14 @@ fn run(w: &mut DelayWindow, now: &mut Nanos, delay: Nanos, n: usize) {
     }
 }
 
+/// Sends `n` pieces one at a time from time 0, each taking 100 us (the
+/// path's own delay); returns the time after the last.
+fn from_zero(w: &mut DelayWindow, n: usize) -> Nanos {
+    let mut now = Nanos::ZERO;
+    run(w, &mut now, Nanos::from_micros(100), n);
+    now
+}
+
 /// Completes pieces of `bytes` adding up to `total`, each `delay` long.
 fn complete(w: &mut DelayWindow, now: &mut Nanos, bytes: u64, total: u64, delay: Nanos) {
     for _ in 0..total / bytes {
@@ -45,8 +53,7 @@ fn complete(w: &mut DelayWindow, now: &mut Nanos, bytes: u64, total: u64, delay:
 #[test]
 fn a_known_link_rate_sets_the_queue_allowance_in_bytes() {
     let mut w = DelayWindow::new(DelayWindowConfig::for_piece(PIECE)).unwrap();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 1);
+    from_zero(&mut w, 1);
     // No rate known: the floor (800 us) over the path's 100 us.
     assert_eq!(w.target_delay(), Some(Nanos::from_micros(900)));
     // 10 KiB at 25 MB/s take 409.6 us; at 6.25 MB/s 1638.4 us.
@@ -139,8 +146,7 @@ fn a_faster_link_keeps_the_same_bytes_queued() {
             ..DelayWindowConfig::for_piece(PIECE)
         });
         w.set_link_rate(Some(rate));
-        let mut now = Nanos::ZERO;
-        run(&mut w, &mut now, Nanos::from_micros(100), 20);
+        let mut now = from_zero(&mut w, 20);
         let before = w.window();
         run(&mut w, &mut now, Nanos::from_micros(100 + queue_us), 20);
         w.window() < before
@@ -182,8 +188,7 @@ fn grows_by_the_increase_times_the_weight_per_window_of_bytes() {
         initial_window: 4 * PIECE,
         ..config()
     });
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 4);
+    from_zero(&mut w, 4);
     let grown = w.window() - 4 * PIECE;
     assert!((PIECE / 8 - 8..=PIECE / 8).contains(&grown), "grew {grown}");
 }
@@ -194,8 +199,7 @@ fn shrinks_in_proportion_to_the_excess_and_at_most_by_half_per_window() {
         filter: 2,
         ..config()
     });
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 1);
+    let mut now = from_zero(&mut w, 1);
     let before = w.window();
     // 250 us against a 200 us target, the filter's two samples both
     // late: a whole window's cut is 0.8 x 50/250 = 16%; a piece of
@@ -220,8 +224,7 @@ fn shrinks_in_proportion_to_the_excess_and_at_most_by_half_per_window() {
         filter: 1,
         ..config()
     });
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 1);
+    let mut now = from_zero(&mut w, 1);
     let before = w.window();
     complete(&mut w, &mut now, before, before, Nanos::from_millis(50));
     assert_eq!(w.window(), before / 2);
@@ -233,8 +236,7 @@ fn judges_each_piece_on_the_lowest_of_the_last_few() {
         filter: 2,
         ..config()
     });
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 50);
+    let mut now = from_zero(&mut w, 50);
     // One slow piece (a descheduled thread) after a fast one: the
     // lowest of the last two is under the target, the window grows.
     let before = w.window();
@@ -247,8 +249,7 @@ fn judges_each_piece_on_the_lowest_of_the_last_few() {
     // With a filter of one (the default), the first late piece is
     // enough.
     let mut w = window();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 50);
+    let mut now = from_zero(&mut w, 50);
     let before = w.window();
     run(&mut w, &mut now, Nanos::from_micros(900), 1);
     assert!(w.window() < before);
@@ -380,8 +381,7 @@ fn the_weights_sharing_the_port_divide_the_growth() {
         let mut w = window_with(DelayWindowConfig { weight, ..config() });
         w.set_sharing_weight(sharing);
         assert_eq!(w.sharing_weight(), sharing.max(1));
-        let mut now = Nanos::ZERO;
-        run(&mut w, &mut now, Nanos::from_micros(100), 1);
+        let mut now = from_zero(&mut w, 1);
         assert_eq!(
             w.window(),
             PIECE + growth,
@@ -450,8 +450,7 @@ fn admits_while_the_window_has_room() {
         additive_increase: 1,
         ..config()
     });
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 1);
+    let now = from_zero(&mut w, 1);
     let win = w.window();
     assert!(win > 4 * PIECE && win < 4 * PIECE + 8);
     assert_eq!(w.admit(0, PIECE, now), Admit::Now);

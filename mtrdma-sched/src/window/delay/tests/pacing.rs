@@ -12,8 +12,7 @@ fn keeps_at_least_the_minimum_and_sends_its_fraction_of_a_piece() {
             base_period: Nanos::from_secs(1_000),
             ..config()
         });
-        let mut now = Nanos::ZERO;
-        run(&mut w, &mut now, Nanos::from_micros(100), 1);
+        let mut now = from_zero(&mut w, 1);
         for _ in 0..100 {
             run(&mut w, &mut now, Nanos::from_millis(10), 1);
         }
@@ -107,8 +106,7 @@ fn posts_nothing_for_twice_the_target_at_the_start_of_every_period() {
         target_floor: Nanos::ZERO,
         ..DelayWindowConfig::for_piece(PIECE)
     });
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 24);
+    from_zero(&mut w, 24);
     // Target 200 us: quiet for the first 400 us of every 500 ms, on
     // the clock every sender shares, whatever is in flight; then each
     // sender starts again at a point of its own within one round trip
@@ -141,8 +139,7 @@ fn posts_nothing_for_twice_the_target_at_the_start_of_every_period() {
 #[test]
 fn a_completion_found_late_by_the_host_is_judged_on_the_nics_time() {
     let mut w = window();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 24);
+    let mut now = from_zero(&mut w, 24);
     assert_eq!(w.target_delay(), Some(Nanos::from_micros(200)));
     // Every piece is found 1 ms after it was posted, 900 us of which
     // its thread waited for a CPU: 100 us at the NIC, the window grows.
@@ -212,8 +209,7 @@ fn by_default_keeps_a_quarter_piece_and_a_target_of_at_least_the_floor() {
         base_period: Nanos::from_secs(1_000),
         ..DelayWindowConfig::for_piece(PIECE)
     });
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 1);
+    let mut now = from_zero(&mut w, 1);
     // 100 us of path: the target's queue is the floor, not 100 us.
     assert_eq!(w.target_delay(), Some(Nanos::from_micros(900)));
     // 850 us is under the target: the window grows.
@@ -239,8 +235,7 @@ fn one_large_piece_does_not_make_the_window_deaf_to_the_usual_ones() {
     // again once the large piece is out of memory, and the window
     // shrinks.
     let mut w = window();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 20);
+    let mut now = from_zero(&mut w, 20);
     let before = w.window();
     w.on_sent(4 * PIECE, now);
     w.on_completed(4 * PIECE, now, now + Nanos::from_micros(100));
@@ -270,8 +265,7 @@ fn a_piece_larger_than_the_window_goes_alone_whenever_the_sender_polls() {
         quiet_every: Nanos::ZERO,
         ..config()
     });
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 1);
+    let now = from_zero(&mut w, 1);
     let big = 4 * PIECE + PIECE / 2;
     assert!(w.window() > 4 * PIECE && w.window() < big);
     for late in 0..50 {
