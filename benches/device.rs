@@ -226,12 +226,14 @@ impl Rig {
             out,
             ..
         } = self;
+        let start = Instant::now();
         match case {
             Case::Latency(Path::Raw) => latency(raw, *op, pool, out, requests),
             Case::Latency(Path::Mtrdma) => latency(mtrdma, *op, pool, out, requests),
             Case::Rate(Path::Raw, how) => rate(raw, *op, how, pool, out, requests),
             Case::Rate(Path::Mtrdma, how) => rate(mtrdma, *op, how, pool, out, requests),
         }
+        start.elapsed()
     }
 }
 
@@ -255,8 +257,7 @@ fn latency(
     pool: &mut Vec<MemoryRegion>,
     out: &mut Vec<Completion>,
     requests: u64,
-) -> Duration {
-    let start = Instant::now();
+) {
     for _ in 0..requests {
         let region = pool.pop().expect("every region is back between requests");
         qp.post(op, region);
@@ -265,7 +266,6 @@ fn latency(
         }
         take_back(out, pool);
     }
-    start.elapsed()
 }
 
 /// `requests` WRITEs with up to `WINDOW` outstanding, refilled one at a
@@ -277,8 +277,7 @@ fn rate(
     pool: &mut Vec<MemoryRegion>,
     out: &mut Vec<Completion>,
     requests: u64,
-) -> Duration {
-    let start = Instant::now();
+) {
     let (mut posted, mut done) = (0u64, 0u64);
     while done < requests {
         match posting {
@@ -302,7 +301,6 @@ fn rate(
         qp.reap(out);
         done += take_back(out, pool);
     }
-    start.elapsed()
 }
 
 /// How long the paired rounds run.

@@ -19,6 +19,12 @@ fn window() -> DelayWindow {
     window_with(config())
 }
 
+/// The window of [`config`] that judges each piece on the lowest delay
+/// of the last `filter`.
+fn filtered(filter: u32) -> DelayWindow {
+    window_with(DelayWindowConfig { filter, ..config() })
+}
+
 /// A window of `config`, which must be valid.
 fn window_with(config: DelayWindowConfig) -> DelayWindow {
     DelayWindow::new(config).unwrap()
@@ -195,10 +201,7 @@ fn grows_by_the_increase_times_the_weight_per_window_of_bytes() {
 
 #[test]
 fn shrinks_in_proportion_to_the_excess_and_at_most_by_half_per_window() {
-    let mut w = window_with(DelayWindowConfig {
-        filter: 2,
-        ..config()
-    });
+    let mut w = filtered(2);
     let mut now = from_zero(&mut w, 1);
     let before = w.window();
     // 250 us against a 200 us target, the filter's two samples both
@@ -220,10 +223,7 @@ fn shrinks_in_proportion_to_the_excess_and_at_most_by_half_per_window() {
     // 16% of a window per window of bytes: 16% of a piece per piece.
     assert_eq!(w.window(), before - PIECE * 16 / 100);
     // A huge excess takes at most half a window per window of bytes.
-    let mut w = window_with(DelayWindowConfig {
-        filter: 1,
-        ..config()
-    });
+    let mut w = filtered(1);
     let mut now = from_zero(&mut w, 1);
     let before = w.window();
     complete(&mut w, &mut now, before, before, Nanos::from_millis(50));
@@ -232,10 +232,7 @@ fn shrinks_in_proportion_to_the_excess_and_at_most_by_half_per_window() {
 
 #[test]
 fn judges_each_piece_on_the_lowest_of_the_last_few() {
-    let mut w = window_with(DelayWindowConfig {
-        filter: 2,
-        ..config()
-    });
+    let mut w = filtered(2);
     let mut now = from_zero(&mut w, 50);
     // One slow piece (a descheduled thread) after a fast one: the
     // lowest of the last two is under the target, the window grows.
@@ -436,11 +433,8 @@ fn the_piece_floor_holds_one_piece_whatever_the_delay_and_the_gain() {
         ..Signals::default()
     });
     run(&mut w, &mut now, 200);
-    assert!(
-        w.window() < PIECE / 4,
-        "taken back, it shrinks: {}",
-        w.window()
-    );
+    let after = w.window();
+    assert!(after < PIECE / 4, "taken back, it shrinks: {after}");
 }
 
 #[test]

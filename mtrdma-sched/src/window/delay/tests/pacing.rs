@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// Asserts that `per_rtt` pieces per round trip are within `tolerance`
+/// (a share) of `want`, for the case `what`.
+fn assert_per_rtt(per_rtt: f64, want: f64, tolerance: f64, what: &str) {
+    assert!(
+        (per_rtt / want - 1.0).abs() < tolerance,
+        "{what}: {per_rtt} pieces per round trip, want {want}"
+    );
+}
+
 #[test]
 fn keeps_at_least_the_minimum_and_sends_its_fraction_of_a_piece() {
     for (weight, floor) in [(1u32, PIECE / 64), (4, PIECE / 16)] {
@@ -38,10 +47,7 @@ fn keeps_at_least_the_minimum_and_sends_its_fraction_of_a_piece() {
         let srtt = w.smoothed_delay().unwrap();
         let per_rtt = pieces_per_round_trip(&mut w, &mut now, srtt, 4096);
         let want = floor as f64 / PIECE as f64;
-        assert!(
-            (per_rtt / want - 1.0).abs() < 0.1,
-            "weight {weight}: {per_rtt} pieces per round trip, want {want}"
-        );
+        assert_per_rtt(per_rtt, want, 0.1, &format!("weight {weight}"));
     }
 }
 
@@ -65,10 +71,7 @@ fn a_window_under_a_piece_moves_its_share_when_round_trips_vary() {
     let per_rtt = pieces_per_round_trip_spread(&mut w, &mut now, rtt, 2000, 200);
     // Pieces take 2 round trips on average: 0.6 / 2 pieces per `rtt`.
     let want = 0.6 / 2.0;
-    assert!(
-        (per_rtt / want - 1.0).abs() < 0.05,
-        "{per_rtt} pieces per round trip, want {want}"
-    );
+    assert_per_rtt(per_rtt, want, 0.05, "round trips that vary");
 }
 
 #[test]
@@ -93,10 +96,7 @@ fn a_window_that_ends_inside_a_piece_moves_that_fraction_per_round_trip() {
         let per_rtt = pieces_per_round_trip(&mut w, &mut now, Nanos::from_millis(1), 400);
         // The window grew by a byte or a few per piece on the way.
         let want = want * (window + w.window()) as f64 / (2 * window) as f64;
-        assert!(
-            (per_rtt / want - 1.0).abs() < 0.05,
-            "window {window}: {per_rtt} pieces per round trip, want {want}"
-        );
+        assert_per_rtt(per_rtt, want, 0.05, &format!("window {window}"));
     }
 }
 
@@ -136,6 +136,13 @@ fn posts_nothing_for_twice_the_target_at_the_start_of_every_period() {
     assert_eq!(window().admit(0, PIECE, period), Admit::Now);
 }
 
+/// A piece sent at `now` whose completion is found `after` it, `host` of
+/// that spent waiting for a CPU.
+fn found_late(w: &mut DelayWindow, now: Nanos, after: Nanos, host: Nanos) {
+    w.on_sent(PIECE, now);
+    w.on_completed_late(PIECE, now, now + after, host);
+}
+
 #[test]
 fn a_completion_found_late_by_the_host_is_judged_on_the_nics_time() {
     let mut w = window();
@@ -146,11 +153,10 @@ fn a_completion_found_late_by_the_host_is_judged_on_the_nics_time() {
     let mut late = w.clone();
     let before = w.window();
     for _ in 0..16 {
-        late.on_sent(PIECE, now);
-        late.on_completed_late(
-            PIECE,
+        found_late(
+            &mut late,
             now,
-            now + Nanos::from_millis(1),
+            Nanos::from_millis(1),
             Nanos::from_micros(900),
         );
         w.on_sent(PIECE, now);
@@ -164,11 +170,10 @@ fn a_completion_found_late_by_the_host_is_judged_on_the_nics_time() {
     );
     // More taken off than the whole sample: judged at the path's own
     // delay, which the host's delay never lowers.
-    late.on_sent(PIECE, now);
-    late.on_completed_late(
-        PIECE,
+    found_late(
+        &mut late,
         now,
-        now + Nanos::from_micros(150),
+        Nanos::from_micros(150),
         Nanos::from_millis(5),
     );
     assert_eq!(late.base_delay(), Some(Nanos::from_micros(100)));
