@@ -207,11 +207,37 @@ fn next(name: &CStr, version: &CStr) -> Option<*mut c_void> {
     (!p.is_null()).then_some(p)
 }
 
+/// `s`, which ends in its only NUL, as a C string.
+fn c_str(s: &'static str) -> &'static CStr {
+    CStr::from_bytes_with_nul(s.as_bytes()).expect("one NUL, at the end")
+}
+
+/// The [`Real`] of the functions `ibv_<field>` its fields name: those of
+/// `IBVERBS_<version>`, which every libibverbs the library runs with has
+/// (the table is `None` without one of them), and those of later
+/// versions, each `None` where missing.
+macro_rules! reals {
+    (
+        $version:literal: $($field:ident),*;
+        later: $($later:ident $since:literal),*;
+    ) => {
+        Real {
+            $($field: real!($field, $version)?,)*
+            $($later: real!($later, $since),)*
+        }
+    };
+}
+
+/// The real function `ibv_<name>` of `IBVERBS_<version>`, if loaded.
 macro_rules! real {
-    ($name:literal, $version:literal) => {
+    ($name:ident, $version:literal) => {
+        next(
+            c_str(concat!("ibv_", stringify!($name), "\0")),
+            c_str(concat!("IBVERBS_", $version, "\0")),
+        )
         // SAFETY: the symbol is libibverbs' function of that name and
         // version, whose C signature the field's type spells out.
-        next($name, $version).map(|p| unsafe { std::mem::transmute::<*mut c_void, _>(p) })
+        .map(|p| unsafe { std::mem::transmute::<*mut c_void, _>(p) })
     };
 }
 
@@ -220,21 +246,10 @@ macro_rules! real {
 pub(crate) fn real() -> Option<&'static Real> {
     static REAL: OnceLock<Option<Real>> = OnceLock::new();
     REAL.get_or_init(|| {
-        Some(Real {
-            open_device: real!(c"ibv_open_device", c"IBVERBS_1.1")?,
-            close_device: real!(c"ibv_close_device", c"IBVERBS_1.1")?,
-            create_qp: real!(c"ibv_create_qp", c"IBVERBS_1.1")?,
-            destroy_qp: real!(c"ibv_destroy_qp", c"IBVERBS_1.1")?,
-            reg_mr: real!(c"ibv_reg_mr", c"IBVERBS_1.1")?,
-            reg_mr_iova: real!(c"ibv_reg_mr_iova", c"IBVERBS_1.7"),
-            reg_mr_iova2: real!(c"ibv_reg_mr_iova2", c"IBVERBS_1.8"),
-            reg_dmabuf_mr: real!(c"ibv_reg_dmabuf_mr", c"IBVERBS_1.12"),
-            rereg_mr: real!(c"ibv_rereg_mr", c"IBVERBS_1.1")?,
-            dereg_mr: real!(c"ibv_dereg_mr", c"IBVERBS_1.1")?,
-            destroy_cq: real!(c"ibv_destroy_cq", c"IBVERBS_1.1")?,
-            get_cq_event: real!(c"ibv_get_cq_event", c"IBVERBS_1.1")?,
-            ack_cq_events: real!(c"ibv_ack_cq_events", c"IBVERBS_1.1")?,
-            qp_to_qp_ex: real!(c"ibv_qp_to_qp_ex", c"IBVERBS_1.6"),
+        Some(reals! {
+            "1.1": open_device, close_device, create_qp, destroy_qp, reg_mr, rereg_mr, dereg_mr,
+                destroy_cq, get_cq_event, ack_cq_events;
+            later: reg_mr_iova "1.7", reg_mr_iova2 "1.8", reg_dmabuf_mr "1.12", qp_to_qp_ex "1.6";
         })
     })
     .as_ref()
