@@ -8,21 +8,21 @@ use mtrdma::verbs::testing::{HeapRegion, HostCompletion, NullScheduled};
 use mtrdma::verbs::{PieceScheduler, RemoteRegion, SendOp};
 
 /// Bytes per WRITE (and per piece of a split one).
-pub const BYTES: usize = 64;
+pub(crate) const BYTES: usize = 64;
 /// Send queue depth of every null sink.
-pub const DEPTH: u32 = 128;
+pub(crate) const DEPTH: u32 = 128;
 /// Where the WRITEs go (nothing is written: the sink is null).
-pub const REMOTE: RemoteRegion = RemoteRegion {
+pub(crate) const REMOTE: RemoteRegion = RemoteRegion {
     addr: 0x7000_0000,
     len: 1 << 20,
     rkey: 0x42,
 };
 /// Paired rounds (after one of warm-up).
-pub const ROUNDS: usize = 31;
+pub(crate) const ROUNDS: usize = 31;
 
 /// One WRITE of `region` through the scheduled queue pair `qp`, and its
 /// completion: the region back.
-pub fn scheduled<Q: PieceScheduler>(
+pub(crate) fn scheduled<Q: PieceScheduler>(
     qp: &mut NullScheduled<Q>,
     region: HeapRegion,
     out: &mut Vec<HostCompletion>,
@@ -43,13 +43,18 @@ pub fn scheduled<Q: PieceScheduler>(
 
 /// A WRITE (or whatever a path does with one region), handed the region
 /// the one before gave back.
-pub type Path<'a> = &'a mut dyn FnMut(HeapRegion, &mut Vec<HostCompletion>) -> HeapRegion;
+pub(crate) type Path<'a> = &'a mut dyn FnMut(HeapRegion, &mut Vec<HostCompletion>) -> HeapRegion;
 
 /// The ns per call of `a` and of `b` in each of [`ROUNDS`] paired rounds
 /// of `iters` calls each, and what `b` adds to `a` round by round. With
 /// `alternate`, `b` goes first in every other round, so that neither always
 /// finds the caches as the other left them.
-pub fn paired_rounds(iters: u32, alternate: bool, a: Path, b: Path) -> [Vec<f64>; 3] {
+pub(crate) fn paired_rounds(
+    iters: u32,
+    alternate: bool,
+    a: Path<'_>,
+    b: Path<'_>,
+) -> [Vec<f64>; 3] {
     let mut out = Vec::with_capacity(64);
     let mut region = Some(HeapRegion::new(BYTES));
     let mut time = |f: &mut dyn FnMut(HeapRegion, &mut Vec<HostCompletion>) -> HeapRegion| {
@@ -80,13 +85,13 @@ pub fn paired_rounds(iters: u32, alternate: bool, a: Path, b: Path) -> [Vec<f64>
 }
 
 /// The `p` quantile of `v` (0: the least, 1: the most), sorting it.
-pub fn quantile(v: &mut [f64], p: f64) -> f64 {
+pub(crate) fn quantile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 /// "met" or "NOT met": whether `value` is within `target`.
-pub fn verdict(value: f64, target: f64) -> &'static str {
+pub(crate) fn verdict(value: f64, target: f64) -> &'static str {
     if value <= target {
         "met"
     } else {
