@@ -23,7 +23,7 @@ use mtrdma::sched::{SchedulerConfig, TenantScheduler};
 use mtrdma::verbs::testing::{self, NullSink};
 use mtrdma::verbs::ScheduleConfig;
 
-use common::{paired_rounds, quantile as q, scheduled as write, verdict, DEPTH, ROUNDS};
+use common::{scheduled as write, Report, DEPTH};
 
 const PIECE: u64 = 32;
 const TARGET_NS: f64 = 5.0;
@@ -51,26 +51,18 @@ fn main() {
     let pieces = composed(&config).expect("valid configuration");
     let mut composed = testing::scheduled_with(NullSink::new(1, DEPTH), schedule, pieces)
         .expect("a scheduler of its own");
+    let report = Report {
+        title: ["paired rounds, every request through the scheduler ", ""],
+        names: ["built-in", "composed of pieces", "composed"],
+        range: false,
+        target: TARGET_NS,
+    };
     // Which goes first alternates, so that neither always finds the
     // caches as the other left them.
-    let [mut f, mut c, mut added] = paired_rounds(
+    report.run(
         ROUND_WRS,
         true,
         &mut |r, out| write(&mut fused, r, out),
         &mut |r, out| write(&mut composed, r, out),
     );
-    let median = q(&mut added, 0.5);
-    println!(
-        "paired rounds, every request through the scheduler ({ROUNDS} x {ROUND_WRS}): \
-         built-in {:.1} ns, composed of pieces {:.1} ns (medians)",
-        q(&mut f, 0.5),
-        q(&mut c, 0.5)
-    );
-    println!(
-        "  composed adds {median:.1} ns (median; quartiles {:.1} to {:.1})",
-        q(&mut added, 0.25),
-        q(&mut added, 0.75)
-    );
-    let verdict = verdict(median, TARGET_NS);
-    println!("  target: composed adds at most {TARGET_NS} ns: {verdict} ({median:.1} ns)");
 }

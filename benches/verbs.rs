@@ -54,7 +54,7 @@ use mtrdma::core::{
 use mtrdma::verbs::testing::{self, HeapRegion, HostCompletion, NullScheduler, NullSink};
 use mtrdma::verbs::{ScheduleConfig, SendOp, SharedConfig};
 
-use common::{paired_rounds, quantile as q, scheduled, verdict, BYTES, DEPTH, REMOTE, ROUNDS};
+use common::{scheduled, Report, BYTES, DEPTH, REMOTE};
 
 /// The case names, in the order of the summary.
 const CASES: [&str; 4] = ["direct", "scheduled", "shared8", "scheduled_quota"];
@@ -191,32 +191,21 @@ fn summary(dir: &Path, since: SystemTime) {
 /// Runs `direct` and `scheduled` alternately and prints what `scheduled`
 /// adds: the median, quartiles and extremes of the per-round differences.
 fn paired() {
+    let report = Report {
+        title: ["\npaired rounds ", " work requests per path"],
+        names: ["direct", "scheduled", "scheduled"],
+        range: true,
+        target: TARGET_NS,
+    };
     let mut sink = NullSink::new(1, DEPTH);
     let mut qp =
         testing::scheduled(NullSink::new(1, DEPTH), bulk0()).expect("a scheduler of its own");
-    let [mut d, mut s, mut added] = paired_rounds(
+    report.run(
         ROUND_WRS,
         false,
         &mut |r, out| direct(&mut sink, r, out),
         &mut |r, out| scheduled(&mut qp, r, out),
     );
-    let median_added = q(&mut added, 0.5);
-    println!(
-        "\npaired rounds ({ROUNDS} x {ROUND_WRS} work requests per path): direct {:.1} ns, \
-         scheduled {:.1} ns (medians)",
-        q(&mut d, 0.5),
-        q(&mut s, 0.5)
-    );
-    println!(
-        "  scheduled adds {median_added:.1} ns (median; quartiles {:.1} to {:.1}, \
-         range {:.1} to {:.1})",
-        q(&mut added, 0.25),
-        q(&mut added, 0.75),
-        q(&mut added, 0.0),
-        q(&mut added, 1.0)
-    );
-    let verdict = verdict(median_added, TARGET_NS);
-    println!("  target: scheduled adds at most {TARGET_NS} ns: {verdict} ({median_added:.1} ns)");
 }
 
 /// Runs the group, then the summary (written out rather than with

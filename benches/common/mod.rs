@@ -90,6 +90,54 @@ pub(crate) fn quantile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
+/// How to report what paired rounds of two paths measured: a line of the
+/// two medians, then what the second adds, and whether that is within
+/// its target.
+pub(crate) struct Report {
+    /// The first line's start, and what each call is: the rounds and the
+    /// calls in each stand between them, in brackets.
+    pub(crate) title: [&'static str; 2],
+    /// The two paths' names, and the second's where it adds to the first.
+    pub(crate) names: [&'static str; 3],
+    /// Whether the extremes of what it adds are given too.
+    pub(crate) range: bool,
+    /// The most it may add, ns a call.
+    pub(crate) target: f64,
+}
+
+impl Report {
+    /// Runs [`paired_rounds`] of `iters` calls of `a` and `b` and prints
+    /// what they measured.
+    pub(crate) fn run(&self, iters: u32, alternate: bool, a: Path<'_>, b: Path<'_>) {
+        let [mut a, mut b, mut added] = paired_rounds(iters, alternate, a, b);
+        let q = quantile;
+        let [a_name, b_name, adds] = self.names;
+        let [lead, per] = self.title;
+        let median = q(&mut added, 0.5);
+        println!(
+            "{lead}({ROUNDS} x {iters}{per}): {a_name} {:.1} ns, {b_name} {:.1} ns (medians)",
+            q(&mut a, 0.5),
+            q(&mut b, 0.5)
+        );
+        let range = if self.range {
+            format!(
+                ", range {:.1} to {:.1}",
+                q(&mut added, 0.0),
+                q(&mut added, 1.0)
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "  {adds} adds {median:.1} ns (median; quartiles {:.1} to {:.1}{range})",
+            q(&mut added, 0.25),
+            q(&mut added, 0.75)
+        );
+        let (target, verdict) = (self.target, verdict(median, self.target));
+        println!("  target: {adds} adds at most {target} ns: {verdict} ({median:.1} ns)");
+    }
+}
+
 /// "met" or "NOT met": whether `value` is within `target`.
 pub(crate) fn verdict(value: f64, target: f64) -> &'static str {
     if value <= target {
