@@ -38,28 +38,22 @@
 //! [`ScheduledQueuePair::post_send`]: mtrdma::verbs::ScheduledQueuePair::post_send
 //! [`ScheduledQueuePair::batch`]: mtrdma::verbs::ScheduledQueuePair::batch
 
+#[allow(dead_code)]
+mod common;
+
 use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{Criterion, Throughput};
 use mtrdma::core::{TenantId, TrafficClass};
 use mtrdma::verbs::testing::{self, HeapRegion, HostCompletion, NullScheduled, NullSink};
-use mtrdma::verbs::{RemoteRegion, ScheduleConfig, SendOp};
+use mtrdma::verbs::{ScheduleConfig, SendOp};
 
-/// Bytes per WRITE (and per piece of the split one).
-const BYTES: usize = 64;
+use common::{verdict, BYTES, DEPTH, REMOTE, ROUNDS};
+
 /// Requests (or pieces) per iteration, and in a batch.
 const N: usize = 16;
-/// Send queue depth of every null sink.
-const DEPTH: u32 = 128;
-/// Where the WRITEs go (nothing is written: the sink is null).
-const REMOTE: RemoteRegion = RemoteRegion {
-    addr: 0x7000_0000,
-    len: 1 << 20,
-    rkey: 0x42,
-};
-/// Paired rounds, and iterations per path per round.
-const ROUNDS: usize = 31;
+/// Iterations per path per round of the paired rounds.
 const ROUND_ITERS: u32 = 20_000;
 /// What a piece in a batch may cost, as a share of one posted alone.
 const TARGET: f64 = 0.5;
@@ -72,6 +66,41 @@ const PATHS: [&str; 5] = [
     "scheduled_batch16",
     "scheduled_split16",
 ];
+
+/// `N` WRITEs posted one at a time on `$rig.$q`, and their completions.
+macro_rules! one_per_post {
+    ($rig:ident, $q:ident, $refused:literal) => {{
+        let write = SendOp::Write(REMOTE);
+        for (i, r) in $rig.regions.drain(..).enumerate() {
+            if $rig.$q.post_send(write, r, 0..BYTES, i as u64).is_err() {
+                panic!($refused);
+            }
+        }
+        while $rig.out.len() < N {
+            $rig.$q.poll(&mut $rig.out).expect("null poll");
+        }
+        $rig.take_back(N);
+    }};
+}
+
+/// `N` WRITEs posted as one batch on `$rig.$q`, and their completions.
+macro_rules! one_batch {
+    ($rig:ident, $q:ident, $refused:literal) => {{
+        let write = SendOp::Write(REMOTE);
+        let batch = $rig
+            .regions
+            .drain(..)
+            .enumerate()
+            .map(|(i, r)| (write, r, 0..BYTES, i as u64));
+        if $rig.$q.post_batch(batch).is_err() {
+            panic!($refused);
+        }
+        while $rig.out.len() < N {
+            $rig.$q.poll(&mut $rig.out).expect("null poll");
+        }
+        $rig.take_back(N);
+    }};
+}
 
 /// Everything a path needs between iterations.
 struct Rig {
@@ -116,56 +145,10 @@ impl Rig {
     fn run(&mut self, path: &str) {
         let write = SendOp::Write(REMOTE);
         match path {
-            "direct_single" => {
-                for (i, r) in self.regions.drain(..).enumerate() {
-                    if self.sink.post_send(write, r, 0..BYTES, i as u64).is_err() {
-                        panic!("the null sink takes every post");
-                    }
-                }
-                while self.out.len() < N {
-                    self.sink.poll(&mut self.out).expect("null poll");
-                }
-                self.take_back(N);
-            }
-            "direct_batch16" => {
-                let batch = self
-                    .regions
-                    .drain(..)
-                    .enumerate()
-                    .map(|(i, r)| (write, r, 0..BYTES, i as u64));
-                if self.sink.post_batch(batch).is_err() {
-                    panic!("the null sink takes every batch");
-                }
-                while self.out.len() < N {
-                    self.sink.poll(&mut self.out).expect("null poll");
-                }
-                self.take_back(N);
-            }
-            "scheduled_single" => {
-                for (i, r) in self.regions.drain(..).enumerate() {
-                    if self.qp.post_send(write, r, 0..BYTES, i as u64).is_err() {
-                        panic!("the scheduler accepts every post");
-                    }
-                }
-                while self.out.len() < N {
-                    self.qp.poll(&mut self.out).expect("null poll");
-                }
-                self.take_back(N);
-            }
-            "scheduled_batch16" => {
-                let batch = self
-                    .regions
-                    .drain(..)
-                    .enumerate()
-                    .map(|(i, r)| (write, r, 0..BYTES, i as u64));
-                if self.qp.post_batch(batch).is_err() {
-                    panic!("the scheduler accepts every batch");
-                }
-                while self.out.len() < N {
-                    self.qp.poll(&mut self.out).expect("null poll");
-                }
-                self.take_back(N);
-            }
+            "direct_single" => one_per_post!(self, sink, "the null sink takes every post"),
+            "direct_batch16" => one_batch!(self, sink, "the null sink takes every batch"),
+            "scheduled_single" => one_per_post!(self, qp, "the scheduler accepts every post"),
+            "scheduled_batch16" => one_batch!(self, qp, "the scheduler accepts every batch"),
             "scheduled_split16" => {
                 let r = self.big.take().expect("region back");
                 if self.qp.post_send(write, r, 0..BYTES * N, 0).is_err() {
@@ -236,8 +219,10 @@ fn paired(rig: &mut Rig) {
         ("scheduled: one request in 16 pieces / one per post", 4, 2),
     ] {
         let r = ratio(batch, single);
-        let verdict = if r <= TARGET { "met" } else { "NOT met" };
-        println!("  {name}: {r:.2} (target at most {TARGET}: {verdict})");
+        println!(
+            "  {name}: {r:.2} (target at most {TARGET}: {})",
+            verdict(r, TARGET)
+        );
     }
 }
 

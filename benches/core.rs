@@ -32,10 +32,13 @@
 use std::hint::black_box;
 use std::num::NonZeroU32;
 
-use criterion::{criterion_main, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{criterion_main, BenchmarkGroup, Criterion, Throughput};
 use governor::{Quota, RateLimiter};
 use mtrdma::core::clock::monotonic_ns;
-use mtrdma::core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId};
+use mtrdma::core::{
+    LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantHandle, TenantId,
+};
 
 const RATE: u32 = 1_000_000_000;
 const BURST: u32 = 1_000;
@@ -53,58 +56,65 @@ fn table(tag: &str) -> (String, QuotaTable) {
     (name, table)
 }
 
-fn admission(c: &mut Criterion) {
-    let (name, table) = table("admission");
+/// Runs `benches` in the group `group` (one element an iteration) with
+/// the tenant of a shared table of its own, then removes the table.
+fn with_tenant(
+    c: &mut Criterion,
+    tag: &str,
+    group: &str,
+    benches: impl FnOnce(&mut BenchmarkGroup<'_, WallTime>, &TenantHandle),
+) {
+    let (name, table) = table(tag);
     let tenant = table.attach(TenantId(1)).expect("attach");
-    let mut group = c.benchmark_group("admission");
+    let mut group = c.benchmark_group(group);
     group.throughput(Throughput::Elements(1));
-    group.bench_function("qp_acquire_release", |b| {
-        b.iter(|| drop(black_box(tenant.acquire_qp().expect("within quota"))))
-    });
-    group.bench_function("mr_acquire_release", |b| {
-        b.iter(|| drop(black_box(tenant.acquire_mr(4096).expect("within quota"))))
-    });
-    // The floor: the two atomic read-modify-writes any exact shared
-    // counter needs (one to take, one to give back), and nothing else.
-    let word = std::sync::atomic::AtomicU64::new(0);
-    group.bench_function("floor_cas_plus_fetch_sub", |b| {
-        b.iter(|| {
-            use std::sync::atomic::Ordering::{AcqRel, Relaxed};
-            let v = word.load(Relaxed);
-            let _ = black_box(word.compare_exchange(v, v + 1, AcqRel, Relaxed));
-            black_box(word.fetch_sub(1, AcqRel))
-        })
-    });
+    benches(&mut group, &tenant);
     group.finish();
     drop(tenant);
     drop(table);
     let _ = QuotaTable::remove(&name);
 }
 
+fn admission(c: &mut Criterion) {
+    with_tenant(c, "admission", "admission", |group, tenant| {
+        group.bench_function("qp_acquire_release", |b| {
+            b.iter(|| drop(black_box(tenant.acquire_qp().expect("within quota"))))
+        });
+        group.bench_function("mr_acquire_release", |b| {
+            b.iter(|| drop(black_box(tenant.acquire_mr(4096).expect("within quota"))))
+        });
+        // The floor: the two atomic read-modify-writes any exact shared
+        // counter needs (one to take, one to give back), and nothing else.
+        let word = std::sync::atomic::AtomicU64::new(0);
+        group.bench_function("floor_cas_plus_fetch_sub", |b| {
+            b.iter(|| {
+                use std::sync::atomic::Ordering::{AcqRel, Relaxed};
+                let v = word.load(Relaxed);
+                let _ = black_box(word.compare_exchange(v, v + 1, AcqRel, Relaxed));
+                black_box(word.fetch_sub(1, AcqRel))
+            })
+        });
+    });
+}
+
 fn shared_rate(c: &mut Criterion) {
-    let (name, table) = table("rate");
-    let tenant = table.attach(TenantId(1)).expect("attach");
-    let mut group = c.benchmark_group("shared_rate");
-    group.throughput(Throughput::Elements(1));
-    group.bench_function("table_check_rate", |b| {
-        b.iter(|| black_box(tenant.check_rate(tenant.now_ns(), 1, 0).is_ok()))
+    with_tenant(c, "rate", "shared_rate", |group, tenant| {
+        group.bench_function("table_check_rate", |b| {
+            b.iter(|| black_box(tenant.check_rate(tenant.now_ns(), 1, 0).is_ok()))
+        });
+        let quota = Quota::per_second(NonZeroU32::new(RATE).expect("non-zero"))
+            .allow_burst(NonZeroU32::new(BURST).expect("non-zero"));
+        let limiter = RateLimiter::direct(quota);
+        group.bench_function("governor", |b| {
+            b.iter(|| black_box(limiter.check().is_ok()))
+        });
+        group.bench_function("clock_monotonic_ns", |b| {
+            b.iter(|| black_box(monotonic_ns()))
+        });
+        group.bench_function("clock_table_now_ns", |b| {
+            b.iter(|| black_box(tenant.now_ns()))
+        });
     });
-    let quota = Quota::per_second(NonZeroU32::new(RATE).expect("non-zero"))
-        .allow_burst(NonZeroU32::new(BURST).expect("non-zero"));
-    let limiter = RateLimiter::direct(quota);
-    group.bench_function("governor", |b| {
-        b.iter(|| black_box(limiter.check().is_ok()))
-    });
-    group.bench_function("clock_monotonic_ns", |b| {
-        b.iter(|| black_box(monotonic_ns()))
-    });
-    group.bench_function("clock_table_now_ns", |b| {
-        b.iter(|| black_box(tenant.now_ns()))
-    });
-    group.finish();
-    drop(tenant);
-    drop(table);
-    let _ = QuotaTable::remove(&name);
 }
 
 fn coordinator_view(c: &mut Criterion) {

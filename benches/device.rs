@@ -134,57 +134,39 @@ trait Poster {
     fn reap(&mut self, out: &mut Vec<Completion>);
 }
 
-impl Poster for QueuePair {
-    fn post(&mut self, op: SendOp, region: MemoryRegion) {
-        if let Err(e) = self.post_send(op, region, 0..BYTES, 0) {
-            panic!("raw post_send refused: {e}");
-        }
-    }
+/// [`Poster`] for `$qp`, whose failures it names `$path`.
+macro_rules! poster {
+    ($qp:ty, $path:literal, $not_posted:literal) => {
+        impl Poster for $qp {
+            fn post(&mut self, op: SendOp, region: MemoryRegion) {
+                if let Err(e) = self.post_send(op, region, 0..BYTES, 0) {
+                    panic!(concat!($path, " post_send refused: {}"), e);
+                }
+            }
 
-    fn post_batch(&mut self, op: SendOp, regions: &mut Vec<MemoryRegion>, n: usize) {
-        let mut batch = self.batch();
-        for region in regions.drain(regions.len() - n..) {
-            if let Err(e) = batch.post_send(op, region, 0..BYTES, 0) {
-                panic!("raw batch refused a request: {e}");
+            fn post_batch(&mut self, op: SendOp, regions: &mut Vec<MemoryRegion>, n: usize) {
+                let mut batch = self.batch();
+                for region in regions.drain(regions.len() - n..) {
+                    if let Err(e) = batch.post_send(op, region, 0..BYTES, 0) {
+                        panic!(concat!($path, " batch refused a request: {}"), e);
+                    }
+                }
+                if let Err(e) = batch.submit() {
+                    panic!(concat!($path, " batch not ", $not_posted, ": {}"), e);
+                }
+            }
+
+            fn reap(&mut self, out: &mut Vec<Completion>) {
+                if let Err(e) = self.poll(out) {
+                    panic!(concat!($path, " poll failed: {}"), e);
+                }
             }
         }
-        if let Err(e) = batch.submit() {
-            panic!("raw batch not posted: {e}");
-        }
-    }
-
-    fn reap(&mut self, out: &mut Vec<Completion>) {
-        if let Err(e) = self.poll(out) {
-            panic!("raw poll failed: {e}");
-        }
-    }
+    };
 }
 
-impl Poster for ScheduledQueuePair {
-    fn post(&mut self, op: SendOp, region: MemoryRegion) {
-        if let Err(e) = self.post_send(op, region, 0..BYTES, 0) {
-            panic!("mtrdma post_send refused: {e}");
-        }
-    }
-
-    fn post_batch(&mut self, op: SendOp, regions: &mut Vec<MemoryRegion>, n: usize) {
-        let mut batch = self.batch();
-        for region in regions.drain(regions.len() - n..) {
-            if let Err(e) = batch.post_send(op, region, 0..BYTES, 0) {
-                panic!("mtrdma batch refused a request: {e}");
-            }
-        }
-        if let Err(e) = batch.submit() {
-            panic!("mtrdma batch not accepted: {e}");
-        }
-    }
-
-    fn reap(&mut self, out: &mut Vec<Completion>) {
-        if let Err(e) = self.poll(out) {
-            panic!("mtrdma poll failed: {e}");
-        }
-    }
-}
+poster!(QueuePair, "raw", "posted");
+poster!(ScheduledQueuePair, "mtrdma", "accepted");
 
 /// The device's queue pairs and regions.
 struct Rig {
@@ -244,12 +226,14 @@ impl Rig {
             out,
             ..
         } = self;
+        let start = Instant::now();
         match case {
             Case::Latency(Path::Raw) => latency(raw, *op, pool, out, requests),
             Case::Latency(Path::Mtrdma) => latency(mtrdma, *op, pool, out, requests),
             Case::Rate(Path::Raw, how) => rate(raw, *op, how, pool, out, requests),
             Case::Rate(Path::Mtrdma, how) => rate(mtrdma, *op, how, pool, out, requests),
         }
+        start.elapsed()
     }
 }
 
@@ -273,8 +257,7 @@ fn latency(
     pool: &mut Vec<MemoryRegion>,
     out: &mut Vec<Completion>,
     requests: u64,
-) -> Duration {
-    let start = Instant::now();
+) {
     for _ in 0..requests {
         let region = pool.pop().expect("every region is back between requests");
         qp.post(op, region);
@@ -283,7 +266,6 @@ fn latency(
         }
         take_back(out, pool);
     }
-    start.elapsed()
 }
 
 /// `requests` WRITEs with up to `WINDOW` outstanding, refilled one at a
@@ -295,8 +277,7 @@ fn rate(
     pool: &mut Vec<MemoryRegion>,
     out: &mut Vec<Completion>,
     requests: u64,
-) -> Duration {
-    let start = Instant::now();
+) {
     let (mut posted, mut done) = (0u64, 0u64);
     while done < requests {
         match posting {
@@ -320,7 +301,6 @@ fn rate(
         qp.reap(out);
         done += take_back(out, pool);
     }
-    start.elapsed()
 }
 
 /// How long the paired rounds run.

@@ -40,33 +40,27 @@
 //! [`ScheduledQueuePair`]: mtrdma::verbs::ScheduledQueuePair
 //! [`SharedScheduler`]: mtrdma::verbs::SharedScheduler
 
+#[allow(dead_code)]
+mod common;
+
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
 use criterion::{criterion_main, Criterion, Throughput};
 use mtrdma::core::{
     LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId, TrafficClass,
 };
 use mtrdma::verbs::testing::{self, HeapRegion, HostCompletion, NullScheduler, NullSink};
-use mtrdma::verbs::{RemoteRegion, ScheduleConfig, SendOp, SharedConfig};
+use mtrdma::verbs::{ScheduleConfig, SendOp, SharedConfig};
 
-/// Bytes per WRITE.
-const BYTES: usize = 64;
-/// Send queue depth of every null sink.
-const DEPTH: u32 = 128;
-/// Where the WRITEs go (nothing is written: the sink is null).
-const REMOTE: RemoteRegion = RemoteRegion {
-    addr: 0x7000_0000,
-    len: 1 << 20,
-    rkey: 0x42,
-};
+use common::{scheduled, Report, BYTES, DEPTH, REMOTE};
+
 /// The case names, in the order of the summary.
 const CASES: [&str; 4] = ["direct", "scheduled", "shared8", "scheduled_quota"];
 /// What the scheduled path may add to the direct one, per work request.
 const TARGET_NS: f64 = 50.0;
-/// Paired rounds, and work requests per path per round.
-const ROUNDS: usize = 31;
+/// Work requests per path per round of the paired rounds.
 const ROUND_WRS: u32 = 200_000;
 
 /// One WRITE through the direct path, and its completion.
@@ -82,24 +76,6 @@ fn direct(sink: &mut NullSink, region: HeapRegion, out: &mut Vec<HostCompletion>
     }
     sink.poll(out).expect("null poll");
     out.pop().expect("completed at the first poll").region
-}
-
-/// One WRITE through a scheduled queue pair, and its completion.
-fn scheduled(
-    qp: &mut testing::NullScheduled,
-    region: HeapRegion,
-    out: &mut Vec<HostCompletion>,
-) -> HeapRegion {
-    let write = SendOp::Write(REMOTE);
-    if qp.post_send(write, region, 0..BYTES, 1).is_err() {
-        panic!("the scheduler accepts every post");
-    }
-    loop {
-        qp.poll(out).expect("null poll");
-        if let Some(c) = out.pop() {
-            return c.region;
-        }
-    }
 }
 
 fn data_path(c: &mut Criterion) {
@@ -215,55 +191,21 @@ fn summary(dir: &Path, since: SystemTime) {
 /// Runs `direct` and `scheduled` alternately and prints what `scheduled`
 /// adds: the median, quartiles and extremes of the per-round differences.
 fn paired() {
-    let mut out = Vec::with_capacity(64);
+    let report = Report {
+        title: ["\npaired rounds ", " work requests per path"],
+        names: ["direct", "scheduled", "scheduled"],
+        range: true,
+        target: TARGET_NS,
+    };
     let mut sink = NullSink::new(1, DEPTH);
     let mut qp =
         testing::scheduled(NullSink::new(1, DEPTH), bulk0()).expect("a scheduler of its own");
-    let mut region = Some(HeapRegion::new(BYTES));
-    let mut time = |f: &mut dyn FnMut(HeapRegion) -> HeapRegion| {
-        let start = Instant::now();
-        for _ in 0..ROUND_WRS {
-            let r = region.take().expect("region back");
-            region = Some(black_box(f(r)));
-        }
-        start.elapsed().as_nanos() as f64 / f64::from(ROUND_WRS)
-    };
-    let (mut d, mut s, mut added) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..=ROUNDS {
-        let direct_ns = time(&mut |r| direct(&mut sink, r, &mut out));
-        let scheduled_ns = time(&mut |r| scheduled(&mut qp, r, &mut out));
-        if round == 0 {
-            continue; // warm-up
-        }
-        d.push(direct_ns);
-        s.push(scheduled_ns);
-        added.push(scheduled_ns - direct_ns);
-    }
-    let q = |v: &mut Vec<f64>, p: f64| {
-        v.sort_by(f64::total_cmp);
-        v[((v.len() - 1) as f64 * p).round() as usize]
-    };
-    let median_added = q(&mut added, 0.5);
-    println!(
-        "\npaired rounds ({ROUNDS} x {ROUND_WRS} work requests per path): direct {:.1} ns, \
-         scheduled {:.1} ns (medians)",
-        q(&mut d, 0.5),
-        q(&mut s, 0.5)
+    report.run(
+        ROUND_WRS,
+        false,
+        &mut |r, out| direct(&mut sink, r, out),
+        &mut |r, out| scheduled(&mut qp, r, out),
     );
-    println!(
-        "  scheduled adds {median_added:.1} ns (median; quartiles {:.1} to {:.1}, \
-         range {:.1} to {:.1})",
-        q(&mut added, 0.25),
-        q(&mut added, 0.75),
-        q(&mut added, 0.0),
-        q(&mut added, 1.0)
-    );
-    let verdict = if median_added <= TARGET_NS {
-        "met"
-    } else {
-        "NOT met"
-    };
-    println!("  target: scheduled adds at most {TARGET_NS} ns: {verdict} ({median_added:.1} ns)");
 }
 
 /// Runs the group, then the summary (written out rather than with

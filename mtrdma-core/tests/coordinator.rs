@@ -7,6 +7,18 @@ use mtrdma_core::coordinator::{self, Coordinator, CoordinatorConfig, Coordinator
 use mtrdma_core::table::FAIR_RATE_TOLERANCE_NS;
 use mtrdma_core::{QuotaTable, TenantHandle, TenantId};
 
+/// A policy file: the `[link]` of every test here (1 GB/s, shares
+/// recomputed every millisecond), then `$rest` (more of the link's
+/// settings, and the tenants).
+macro_rules! policy_file {
+    ($($rest:literal),+) => {
+        concat!(
+            "\n[link]\ncapacity = 1000000000\nrecompute_interval_ms = 1\n",
+            $($rest),+
+        )
+    };
+}
+
 // The delay windows' side: a file of their own.
 #[path = "coordinator/windows.rs"]
 mod windows;
@@ -56,11 +68,8 @@ impl Drop for Setup {
     }
 }
 
-const TWO: &str = r#"
-[link]
-capacity = 1000000000
-recompute_interval_ms = 1
-
+const TWO: &str = policy_file!(
+    r#"
 [[tenant]]
 id = 1
 name = "light"
@@ -71,7 +80,8 @@ max_qps = 2
 id = 2
 name = "heavy"
 weight = 3
-"#;
+"#
+);
 
 /// Ticks (as the daemon does, every few milliseconds) until a tick tried a
 /// reload, for at most two seconds: the file is looked at every
@@ -116,14 +126,23 @@ fn reloads_a_changed_policy_and_keeps_the_old_one_when_the_new_is_bad() {
 }
 
 /// A coordinator of `TWO`, and a handle of each of its tenants.
-fn two_tenants(s: &Setup) -> (Coordinator, QuotaTable, TenantHandle, TenantHandle) {
+/// A coordinator started on `s`, and its table: the coordinator's own
+/// view (on a coordinated table only it may attach a process as a tenant
+/// of its choice).
+fn started(s: &Setup) -> (Coordinator, QuotaTable) {
     let c = Coordinator::start(s.config.clone()).unwrap();
-    // The coordinator's own view: on a coordinated table only it may
-    // attach a process as a tenant of its choice.
     let table = c.table().clone();
+    (c, table)
+}
+
+/// A coordinator started on the policy [`TWO`] (its files named for
+/// `tag`), its table, and the handles of its two tenants.
+fn two_tenants(tag: &str) -> (Setup, Coordinator, QuotaTable, TenantHandle, TenantHandle) {
+    let s = Setup::new(tag, TWO);
+    let (c, table) = started(&s);
     let light = table.attach(TenantId(1)).unwrap();
     let heavy = table.attach(TenantId(2)).unwrap();
-    (c, table, light, heavy)
+    (s, c, table, light, heavy)
 }
 
 /// Recomputes with nothing waiting at the table's now, then 1 ms later
@@ -153,8 +172,7 @@ fn sent_in_10ms(tenant: &TenantHandle, start: u64) -> u64 {
 
 #[test]
 fn fair_rates_follow_demand_and_weights() {
-    let s = Setup::new("fair", TWO);
-    let (mut c, table, light, heavy) = two_tenants(&s);
+    let (_s, mut c, table, light, heavy) = two_tenants("fair");
     // Both backlogged: 1:3.
     let (t0, rates) = both_backlogged(&mut c, &table, &light, &heavy);
     assert_eq!(
@@ -189,8 +207,7 @@ fn fair_rates_follow_demand_and_weights() {
 /// it back for the old rate's time (seconds, at low rates).
 #[test]
 fn a_raised_fair_rate_applies_at_once_to_what_is_owed() {
-    let s = Setup::new("raise", TWO);
-    let (mut c, table, light, heavy) = two_tenants(&s);
+    let (_s, mut c, table, light, heavy) = two_tenants("raise");
     let (t0, rates) = both_backlogged(&mut c, &table, &light, &heavy);
     assert_eq!(rates[0], (TenantId(1), 250_000_000));
     // 25 MB at 250 MB/s: 100 ms owed.

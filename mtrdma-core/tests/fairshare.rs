@@ -31,123 +31,31 @@ fn capped(weight: u32, demand: u64, cap: u64) -> Demand {
 
 #[test]
 fn textbook_allocations() {
+    // One case a line: what it shows, the capacity, the demands and the
+    // fair rates they get.
+    #[rustfmt::skip]
     let cases: Vec<(&str, u64, Vec<Demand>, Vec<u64>)> = vec![
-        (
-            "equal weights, all backlogged: equal shares",
-            300,
-            vec![busy(1), busy(1), busy(1)],
-            vec![100, 100, 100],
-        ),
-        (
-            "weights 1:2:4, all backlogged: 1/7, 2/7, 4/7",
-            7_000,
-            vec![busy(1), busy(2), busy(4)],
-            vec![1_000, 2_000, 4_000],
-        ),
-        (
-            "weights 1:2:4 on 100 bytes: the rounding byte goes where the next byte stands lowest (ties: largest remainder)",
-            100,
-            vec![busy(1), busy(2), busy(4)],
-            vec![14, 29, 57],
-        ),
-        (
-            "a small demand is met, the rest split evenly",
-            100,
-            vec![wants(1, 10), busy(1), busy(1)],
-            vec![10, 45, 45],
-        ),
-        (
-            "Bertsekas & Gallager: demands 2, 2.6, 4, 5 on a link of 10",
-            100,
-            vec![wants(1, 20), wants(1, 26), wants(1, 40), wants(1, 50)],
-            vec![20, 26, 27, 27],
-        ),
-        (
-            "a satisfied tenant's leftover is shared by weight",
-            100,
-            vec![wants(1, 10), busy(1), busy(2)],
-            vec![10, 30, 60],
-        ),
-        (
-            "a heavy tenant wanting little leaves its share to the others",
-            1_000,
-            vec![wants(1_000, 100), busy(1), busy(1)],
-            vec![100, 450, 450],
-        ),
-        (
-            "a tenant's cap is respected and the rest goes to the others",
-            100,
-            vec![capped(1, u64::MAX, 20), busy(1)],
-            vec![20, 80],
-        ),
-        (
-            "a cap above the demand does not raise it",
-            100,
-            vec![capped(1, 10, 50), busy(1)],
-            vec![10, 90],
-        ),
-        (
-            "a cap of zero gets nothing",
-            100,
-            vec![capped(5, 1_000, 0), busy(1)],
-            vec![0, 100],
-        ),
-        (
-            "an idle tenant's share goes to the others",
-            100,
-            vec![busy(1), wants(1_000_000, 0), busy(1)],
-            vec![50, 0, 50],
-        ),
-        (
-            "everyone satisfied: everyone gets their demand",
-            100,
-            vec![wants(1, 10), wants(3, 20), wants(2, 30)],
-            vec![10, 20, 30],
-        ),
-        (
-            "demands adding up to exactly the capacity",
-            60,
-            vec![wants(1, 10), wants(1, 20), wants(1, 30)],
-            vec![10, 20, 30],
-        ),
-        (
-            "zero capacity: nothing for anyone",
-            0,
-            vec![busy(1), wants(2, 5)],
-            vec![0, 0],
-        ),
-        (
-            "a single tenant gets the link",
-            12_500_000_000,
-            vec![busy(3)],
-            vec![12_500_000_000],
-        ),
-        (
-            "a weight of zero counts as one",
-            100,
-            vec![busy(0), busy(1)],
-            vec![50, 50],
-        ),
-        (
-            "huge values: the whole u64 range, exactly",
-            u64::MAX,
-            vec![busy(1), busy(1), busy(1)],
-            vec![u64::MAX / 3; 3],
-        ),
-        (
-            "huge values with extreme weights",
-            u64::MAX,
-            vec![busy(u32::MAX), busy(1)],
-            // floor(MAX * w / (w + 1)) for w = 2^32 - 1; the rounding byte goes
-            // to the tenant with the larger remainder.
-            vec![18_446_744_069_414_584_319, 4_294_967_296],
-        ),
-        (
-            "huge demands on a small link",
-            10,
-            vec![wants(1, u64::MAX), capped(1, u64::MAX, u64::MAX - 1)],
-            vec![5, 5],
-        ),
+        ("equal weights, all backlogged: equal shares", 300, vec![busy(1), busy(1), busy(1)], vec![100, 100, 100]),
+        ("weights 1:2:4, all backlogged: 1/7, 2/7, 4/7", 7_000, vec![busy(1), busy(2), busy(4)], vec![1_000, 2_000, 4_000]),
+        ("weights 1:2:4 on 100 bytes: the rounding byte goes where the next byte stands lowest (ties: largest remainder)", 100, vec![busy(1), busy(2), busy(4)], vec![14, 29, 57]),
+        ("a small demand is met, the rest split evenly", 100, vec![wants(1, 10), busy(1), busy(1)], vec![10, 45, 45]),
+        ("Bertsekas & Gallager: demands 2, 2.6, 4, 5 on a link of 10", 100, vec![wants(1, 20), wants(1, 26), wants(1, 40), wants(1, 50)], vec![20, 26, 27, 27]),
+        ("a satisfied tenant's leftover is shared by weight", 100, vec![wants(1, 10), busy(1), busy(2)], vec![10, 30, 60]),
+        ("a heavy tenant wanting little leaves its share to the others", 1_000, vec![wants(1_000, 100), busy(1), busy(1)], vec![100, 450, 450]),
+        ("a tenant's cap is respected and the rest goes to the others", 100, vec![capped(1, u64::MAX, 20), busy(1)], vec![20, 80]),
+        ("a cap above the demand does not raise it", 100, vec![capped(1, 10, 50), busy(1)], vec![10, 90]),
+        ("a cap of zero gets nothing", 100, vec![capped(5, 1_000, 0), busy(1)], vec![0, 100]),
+        ("an idle tenant's share goes to the others", 100, vec![busy(1), wants(1_000_000, 0), busy(1)], vec![50, 0, 50]),
+        ("everyone satisfied: everyone gets their demand", 100, vec![wants(1, 10), wants(3, 20), wants(2, 30)], vec![10, 20, 30]),
+        ("demands adding up to exactly the capacity", 60, vec![wants(1, 10), wants(1, 20), wants(1, 30)], vec![10, 20, 30]),
+        ("zero capacity: nothing for anyone", 0, vec![busy(1), wants(2, 5)], vec![0, 0]),
+        ("a single tenant gets the link", 12_500_000_000, vec![busy(3)], vec![12_500_000_000]),
+        ("a weight of zero counts as one", 100, vec![busy(0), busy(1)], vec![50, 50]),
+        ("huge values: the whole u64 range, exactly", u64::MAX, vec![busy(1), busy(1), busy(1)], vec![u64::MAX / 3; 3]),
+        // floor(MAX * w / (w + 1)) for w = 2^32 - 1; the rounding byte goes
+        // to the tenant with the larger remainder.
+        ("huge values with extreme weights", u64::MAX, vec![busy(u32::MAX), busy(1)], vec![18_446_744_069_414_584_319, 4_294_967_296]),
+        ("huge demands on a small link", 10, vec![wants(1, u64::MAX), capped(1, u64::MAX, u64::MAX - 1)], vec![5, 5]),
     ];
     for (what, capacity, demands, expected) in cases {
         assert_eq!(weighted_max_min(capacity, &demands), expected, "{what}");
@@ -324,24 +232,25 @@ fn near_ties() -> impl Strategy<Value = (u64, Vec<Demand>)> {
         })
 }
 
+/// The rates `weighted_max_min` gives `demands` on `capacity`, checked
+/// against the invariants of weighted max-min fairness.
+fn fair(capacity: u64, demands: &[Demand]) -> Result<(), TestCaseError> {
+    let alloc = weighted_max_min(capacity, demands);
+    check_invariants(capacity, demands, &alloc).map_err(TestCaseError::fail)
+}
+
 proptest! {
     #[test]
     fn allocations_are_weighted_max_min_fair(
         capacity in prop_oneof![0u64..=10_000, any::<u64>()],
         demands in prop::collection::vec(demand_strategy(20_000), 0..12),
     ) {
-        let alloc = weighted_max_min(capacity, &demands);
-        if let Err(why) = check_invariants(capacity, &demands, &alloc) {
-            return Err(TestCaseError::fail(why));
-        }
+        fair(capacity, &demands)?;
     }
 
     #[test]
     fn near_ties_on_a_link_a_few_bytes_short_are_fair((capacity, demands) in near_ties()) {
-        let alloc = weighted_max_min(capacity, &demands);
-        if let Err(why) = check_invariants(capacity, &demands, &alloc) {
-            return Err(TestCaseError::fail(why));
-        }
+        fair(capacity, &demands)?;
     }
 
     #[test]
@@ -349,10 +258,7 @@ proptest! {
         capacity in any::<u64>(),
         demands in prop::collection::vec(demand_strategy(u64::MAX), 0..12),
     ) {
-        let alloc = weighted_max_min(capacity, &demands);
-        if let Err(why) = check_invariants(capacity, &demands, &alloc) {
-            return Err(TestCaseError::fail(why));
-        }
+        fair(capacity, &demands)?;
     }
 
     #[test]

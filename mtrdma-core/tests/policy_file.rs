@@ -232,13 +232,21 @@ fn an_unknown_tenant_field_is_named() {
     );
 }
 
+/// Asserts that `field = value` in `[link]`, which has no such setting,
+/// is refused with the settings it has.
+fn not_a_link_setting(field: &str, value: &str) {
+    assert_eq!(
+        error(&format!("{LINK}{field} = {value}\n")),
+        format!(
+            "field link.{field}: \"{field}\" is not a setting in [link]; the settings are \
+             capacity, recompute_interval_ms, latency_bound, exempt"
+        )
+    );
+}
+
 #[test]
 fn unknown_fields_elsewhere_are_named() {
-    assert_eq!(
-        error(&format!("{LINK}speed = 1\n")),
-        "field link.speed: \"speed\" is not a setting in [link]; the settings are capacity, \
-         recompute_interval_ms, latency_bound, exempt"
-    );
+    not_a_link_setting("speed", "1");
     assert_eq!(
         error(&format!("tenants = []\n{LINK}")),
         "field tenants: \"tenants\" is not a setting at the top level; the settings are link, tenant"
@@ -403,11 +411,7 @@ fn a_mistyped_value_names_its_field() {
         "tenant \"kv\": field rate: invalid type: integer `5`, expected an inline table such as \
          { rate = 1000, burst = 10 }"
     );
-    assert_eq!(
-        error(&format!("{LINK}tenant = [1]\n")).as_str(),
-        "field link.tenant: \"tenant\" is not a setting in [link]; the settings are capacity, \
-         recompute_interval_ms, latency_bound, exempt"
-    );
+    not_a_link_setting("tenant", "[1]");
     assert_eq!(
         error(&format!("tenant = [1]\n{LINK}")),
         "field tenant[1]: invalid type: integer `1`, expected a [[tenant]] table"
@@ -664,31 +668,28 @@ fn peer(uid: u32, gid: u32, cgroup: Option<&str>) -> PeerCredentials {
 #[test]
 fn peers_are_assigned_to_the_first_matching_tenant() {
     let policy = Policy::from_file(&example_path()).unwrap();
-    let name = |p: &PeerCredentials| policy.tenant_for_peer(p).map(|t| t.name.as_str());
-
-    assert_eq!(name(&peer(1000, 1, None)), Some("kv-latency"));
-    // The second rule needs both the gid and the cgroup.
-    assert_eq!(
-        name(&peer(1, 2000, Some("/kubepods.slice/kv"))),
-        Some("kv-latency")
-    );
-    assert_eq!(
-        name(&peer(1, 2000, Some("/kubepods.slice/kv/pod3"))),
-        Some("kv-latency")
-    );
-    assert_eq!(name(&peer(1, 2000, Some("/kubepods.slice/kv2"))), None);
-    assert_eq!(name(&peer(1, 2000, None)), None);
-    assert_eq!(name(&peer(1, 1, Some("/kubepods.slice/kv"))), None);
-    assert_eq!(
-        name(&peer(1, 1, Some("/system.slice/backup.service"))),
-        Some("backup")
-    );
-    // Matches two tenants: the first in file order wins.
-    assert_eq!(
-        name(&peer(1000, 1, Some("/system.slice/backup.service"))),
-        Some("kv-latency")
-    );
-    assert_eq!(name(&peer(0, 0, Some("/"))), None);
+    for (uid, gid, cgroup, tenant) in [
+        (1000, 1, None, Some("kv-latency")),
+        // The second rule needs both the gid and the cgroup.
+        (1, 2000, Some("/kubepods.slice/kv"), Some("kv-latency")),
+        (1, 2000, Some("/kubepods.slice/kv/pod3"), Some("kv-latency")),
+        (1, 2000, Some("/kubepods.slice/kv2"), None),
+        (1, 2000, None, None),
+        (1, 1, Some("/kubepods.slice/kv"), None),
+        (1, 1, Some("/system.slice/backup.service"), Some("backup")),
+        // Matches two tenants: the first in file order wins.
+        (
+            1000,
+            1,
+            Some("/system.slice/backup.service"),
+            Some("kv-latency"),
+        ),
+        (0, 0, Some("/"), None),
+    ] {
+        let p = peer(uid, gid, cgroup);
+        let found = policy.tenant_for_peer(&p).map(|t| t.name.as_str());
+        assert_eq!(found, tenant, "{p:?}");
+    }
 
     assert_eq!(
         policy.tenant(TenantId(3)).map(|t| t.name.as_str()),

@@ -305,11 +305,7 @@ fn eight_processes_race_for_mr_bytes() -> Outcome {
 
 fn killed_process_is_reclaimed_within_one_second() -> Outcome {
     let mut c = Coord::start("coord");
-    let mut kid = Kid::spawn(
-        "register-and-hold",
-        &c.name,
-        &[("MTRDMA_SOCKET", c.socket.display().to_string())],
-    );
+    let mut kid = c.spawn_registering();
     // Serve the registration while the child waits for its answer.
     let registered = c.serve();
     assert_eq!(registered.len(), 1, "the child registered");
@@ -389,6 +385,16 @@ struct Coord {
 }
 
 impl Coord {
+    /// A child that registers with this coordinator over its socket and
+    /// holds what it is given.
+    fn spawn_registering(&self) -> Kid {
+        Kid::spawn(
+            "register-and-hold",
+            &self.name,
+            &[("MTRDMA_SOCKET", self.socket.display().to_string())],
+        )
+    }
+
     fn config(&self) -> CoordinatorConfig {
         CoordinatorConfig {
             table: self.name.clone(),
@@ -537,11 +543,7 @@ fn a_tenant_in_its_own_pid_and_mount_namespaces_registers_and_is_reclaimed() -> 
 /// reclaims it when they die.
 fn a_restarted_coordinator_finds_the_state_through_a_registered_process() -> Outcome {
     let mut c = Coord::start("restart");
-    let mut kid = Kid::spawn(
-        "register-and-hold",
-        &c.name,
-        &[("MTRDMA_SOCKET", c.socket.display().to_string())],
-    );
+    let mut kid = c.spawn_registering();
     assert_eq!(c.serve().len(), 1);
     assert_eq!(kid.hear(), "ready 3");
     let mut c = c.restart();

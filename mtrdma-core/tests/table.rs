@@ -6,19 +6,11 @@ use mtrdma_core::{
     AdmissionError, LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, TenantId, TrafficClass,
 };
 
-fn policy(tenants: Vec<TenantEntry>) -> Policy {
-    Policy::new(LinkConfig::new(12_500_000_000), tenants)
-}
+#[path = "../src/table/fixtures.rs"]
+#[allow(dead_code)]
+mod fixtures;
 
-fn two_tenants() -> Policy {
-    policy(vec![
-        TenantEntry::new(TenantId(1), "kv")
-            .with_class(TrafficClass::Latency)
-            .with_max_qps(4)
-            .with_max_mr_bytes(1 << 20),
-        TenantEntry::new(TenantId(2), "bulk").with_weight(3),
-    ])
-}
+use fixtures::{policy, two_tenants};
 
 /// A unique shared-memory table name for this test process.
 fn unique(tag: &str) -> String {
@@ -206,19 +198,30 @@ fn tear_policy(name: &str) {
     shm.write_all_at(&7u64.to_le_bytes(), 24).unwrap();
 }
 
+/// A policy of one tenant, `t` as `with` makes it, on a 1 GB/s link.
+fn one_tenant(with: impl FnOnce(TenantEntry) -> TenantEntry) -> Policy {
+    Policy::new(
+        LinkConfig::new(1_000_000_000),
+        vec![with(TenantEntry::new(TenantId(1), "t"))],
+    )
+}
+
+/// Creates the table `name` of `policy` and opens it as a tenant, which
+/// `opened` may use, then leaves the policy half-written, as a creator
+/// that died publishing would; returns what `opened` did.
+fn torn<T>(name: &str, policy: &Policy, opened: impl FnOnce(QuotaTable) -> T) -> T {
+    let first = QuotaTable::create(name, 4, 4, policy).unwrap();
+    let opened = opened(QuotaTable::open(name).unwrap());
+    tear_policy(name);
+    drop(first);
+    opened
+}
+
 #[test]
 fn a_writer_that_takes_over_a_half_written_policy_recovers_it() {
     let name = format!("torn-{}", std::process::id());
-    let policy = |weight| {
-        Policy::new(
-            LinkConfig::new(1_000_000_000),
-            vec![TenantEntry::new(TenantId(1), "t").with_weight(weight)],
-        )
-    };
-    let first = QuotaTable::create(&name, 4, 4, &policy(1)).unwrap();
-    let tenant = QuotaTable::open(&name).unwrap();
-    tear_policy(&name);
-    drop(first);
+    let policy = |weight| one_tenant(|t| t.with_weight(weight));
+    let tenant = torn(&name, &policy(1), |table| table);
     // A restarted coordinator takes the table over (it could not before:
     // opening failed on the half-written policy) and publishes a whole one.
     let taken = QuotaTable::open_writable(&name).expect("take over a half-written policy");
@@ -261,17 +264,11 @@ fn a_tenant_keeps_its_last_policy_while_the_table_is_half_written() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     let name = format!("torn-tenant-{}", std::process::id());
-    let policy = |max_qps| {
-        Policy::new(
-            LinkConfig::new(1_000_000_000),
-            vec![TenantEntry::new(TenantId(1), "t").with_max_qps(max_qps)],
-        )
-    };
-    let first = QuotaTable::create(&name, 4, 4, &policy(2)).unwrap();
-    let table = QuotaTable::open(&name).unwrap();
-    let tenant = table.attach(TenantId(1)).unwrap();
-    tear_policy(&name);
-    drop(first);
+    let policy = |max_qps| one_tenant(|t| t.with_max_qps(max_qps));
+    let (table, tenant) = torn(&name, &policy(2), |table| {
+        let tenant = table.attach(TenantId(1)).unwrap();
+        (table, tenant)
+    });
 
     let warnings = Arc::new(AtomicUsize::new(0));
     let subscriber = Warnings(Arc::clone(&warnings));

@@ -177,6 +177,18 @@ mod tests {
             .unwrap()
     }
 
+    /// Asserts that `e`, refusing `call`, gives `errno` and that its
+    /// message names `limit`, how to raise it, and `errno_name`.
+    fn assert_refusal(e: &AdmissionError, call: &str, limit: &str, errno: c_int, errno_name: &str) {
+        assert_eq!(errno_of(e), errno);
+        let (key, msg) = refusal(call, e);
+        assert_eq!(key, format!("{call}:{limit}"));
+        assert!(
+            msg.contains(&format!("raise {limit}")) && msg.contains(errno_name),
+            "{msg}"
+        );
+    }
+
     #[test]
     fn a_refusal_names_its_limit_how_to_raise_it_and_the_errno_verbs_would_give() {
         let h = handle(
@@ -187,29 +199,12 @@ mod tests {
         );
         let _qp = h.acquire_qp().unwrap();
         let e = h.acquire_qp().unwrap_err();
-        assert_eq!(errno_of(&e), libc::EAGAIN);
-        let (key, msg) = refusal("ibv_create_qp", &e);
-        assert_eq!(key, "ibv_create_qp:max_qps");
-        assert!(
-            msg.contains("raise max_qps") && msg.contains("EAGAIN"),
-            "{msg}"
-        );
-
+        assert_refusal(&e, "ibv_create_qp", "max_qps", libc::EAGAIN, "EAGAIN");
         let e = h.acquire_mr(8192).unwrap_err();
-        assert_eq!(errno_of(&e), libc::ENOMEM);
-        let (key, msg) = refusal("ibv_reg_mr", &e);
-        assert_eq!(key, "ibv_reg_mr:max_mr_bytes");
-        assert!(
-            msg.contains("raise max_mr_bytes") && msg.contains("ENOMEM"),
-            "{msg}"
-        );
-
+        assert_refusal(&e, "ibv_reg_mr", "max_mr_bytes", libc::ENOMEM, "ENOMEM");
         let _mr = h.acquire_mr(1).unwrap();
         let e = h.acquire_mr(1).unwrap_err();
-        assert_eq!(errno_of(&e), libc::EAGAIN);
-        let (key, msg) = refusal("ibv_reg_mr", &e);
-        assert_eq!(key, "ibv_reg_mr:mr_reg_rate");
-        assert!(msg.contains("raise mr_reg_rate"), "{msg}");
+        assert_refusal(&e, "ibv_reg_mr", "mr_reg_rate", libc::EAGAIN, "");
     }
 
     #[test]

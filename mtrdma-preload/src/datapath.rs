@@ -197,30 +197,7 @@ struct CqInner {
 
 /// A map keyed by addresses.
 /// (looked up at every post and poll: one multiplication, not SipHash.)
-type ByAddr<T> = HashMap<usize, T, std::hash::BuildHasherDefault<AddrHasher>>;
-
-/// Fibonacci hashing of an address the provider allocated (not a key an
-/// adversary picks): one multiplication.
-#[derive(Default)]
-struct AddrHasher(u64);
-
-impl std::hash::Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only addresses are hashed (`write_usize`); any other key is
-        // hashed a byte at a time.
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (self.0 ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
+type ByAddr<T> = HashMap<usize, T, std::hash::BuildHasherDefault<mtrdma_sched::IdHasher>>;
 
 static QPS: RwLock<Option<ByAddr<Arc<Qp>>>> = RwLock::new(None);
 static CQS: RwLock<Option<ByAddr<Arc<Cq>>>> = RwLock::new(None);

@@ -8,7 +8,7 @@ use std::ptr::null_mut;
 
 use crate::control::{self, admitted};
 use crate::ffi::{self, real, sys, Real};
-use crate::guard::{entry, entry_rc, Inside};
+use crate::guard::{entry, Inside};
 use crate::tenant::{tenancy, Tenancy};
 use crate::{context, datapath};
 
@@ -24,6 +24,16 @@ fn real_or_enosys() -> Option<&'static Real> {
         ffi::set_errno(libc::ENOSYS);
     }
     r
+}
+
+/// [`entry`] for the C function `name` with the real functions: without
+/// them `errno` is `ENOSYS` and the call returns `missing` (a panic
+/// returns `failed`).
+fn with_real<T>(name: &str, failed: T, missing: T, f: impl FnOnce(&'static Real) -> T) -> T {
+    entry(name, failed, || match real_or_enosys() {
+        Some(real) => f(real),
+        None => missing,
+    })
 }
 
 /// `name`, a registration of `length` bytes through the real function
@@ -61,10 +71,7 @@ fn released<T>(object: *mut T, destroy: impl FnOnce() -> c_int) -> c_int {
 /// As libibverbs' `ibv_open_device`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_device(device: *mut sys::ibv_device) -> *mut sys::ibv_context {
-    entry("ibv_open_device", null_mut(), || {
-        let Some(real) = real_or_enosys() else {
-            return null_mut();
-        };
+    with_real("ibv_open_device", null_mut(), null_mut(), |real| {
         // SAFETY: the program's argument, to the real function.
         let ctx = unsafe { (real.open_device)(device) };
         if !ctx.is_null() && !matches!(tenancy(), Tenancy::Off) {
@@ -81,10 +88,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut sys::ibv_device) -> *mut s
 /// As libibverbs' `ibv_close_device`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_close_device(ctx: *mut sys::ibv_context) -> c_int {
-    entry_rc("ibv_close_device", || {
-        let Some(real) = real_or_enosys() else {
-            return -1;
-        };
+    with_real("ibv_close_device", libc::EIO, -1, |real| {
         context::closing(ctx);
         // SAFETY: the program's argument, to the real function.
         unsafe { (real.close_device)(ctx) }
@@ -101,10 +105,7 @@ pub unsafe extern "C" fn ibv_create_qp(
     pd: *mut sys::ibv_pd,
     attr: *mut sys::ibv_qp_init_attr,
 ) -> *mut sys::ibv_qp {
-    entry("ibv_create_qp", null_mut(), || {
-        let Some(real) = real_or_enosys() else {
-            return null_mut();
-        };
+    with_real("ibv_create_qp", null_mut(), null_mut(), |real| {
         let qp = admitted(
             || control::admit_qp("ibv_create_qp"),
             // SAFETY: the program's arguments, to the real function.
@@ -130,10 +131,7 @@ pub unsafe extern "C" fn ibv_create_qp(
 /// As libibverbs' `ibv_destroy_qp`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
-    entry_rc("ibv_destroy_qp", || {
-        let Some(real) = real_or_enosys() else {
-            return libc::ENOSYS;
-        };
+    with_real("ibv_destroy_qp", libc::EIO, libc::ENOSYS, |real| {
         datapath::destroying(qp);
         // SAFETY: the program's argument, to the real function.
         released(qp, || unsafe { (real.destroy_qp)(qp) })
@@ -146,10 +144,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
 /// As libibverbs' `ibv_destroy_cq`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut sys::ibv_cq) -> c_int {
-    entry_rc("ibv_destroy_cq", || {
-        let Some(real) = real_or_enosys() else {
-            return libc::ENOSYS;
-        };
+    with_real("ibv_destroy_cq", libc::EIO, libc::ENOSYS, |real| {
         // SAFETY: the program's argument, to the real function.
         let rc = unsafe { (real.destroy_cq)(cq) };
         if rc == 0 {
@@ -170,10 +165,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     cq: *mut *mut sys::ibv_cq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
-    entry_rc("ibv_get_cq_event", || {
-        let Some(real) = real_or_enosys() else {
-            return -1;
-        };
+    with_real("ibv_get_cq_event", libc::EIO, -1, |real| {
         if let Some((made, context)) = datapath::made_event(channel) {
             // SAFETY: the program's out-pointers.
             unsafe {
@@ -199,10 +191,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 /// As libibverbs' `ibv_ack_cq_events`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut sys::ibv_cq, nevents: c_uint) {
-    entry("ibv_ack_cq_events", (), || {
-        let Some(real) = real_or_enosys() else {
-            return;
-        };
+    with_real("ibv_ack_cq_events", (), (), |real| {
         let device = datapath::device_events(cq, nevents);
         if device > 0 {
             // SAFETY: the program's argument, to the real function.
@@ -211,90 +200,59 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut sys::ibv_cq, nevents: c_uint
     })
 }
 
-/// `ibv_reg_mr` (what the `ibv_reg_mr` macro calls when the access flags
-/// are constant), admitted against `max_mr_bytes` and `mr_reg_rate`.
-///
-/// # Safety
-/// As libibverbs' `ibv_reg_mr`.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr(
-    pd: *mut sys::ibv_pd,
-    addr: *mut c_void,
-    length: usize,
-    access: c_int,
-) -> *mut sys::ibv_mr {
-    registered(
-        "ibv_reg_mr",
-        length,
-        |r| Some(r.reg_mr),
-        // SAFETY: the program's arguments, to the real function.
-        |f| unsafe { f(pd, addr, length, access) },
-    )
+/// Exported registration functions, each admitted against
+/// `max_mr_bytes` and `mr_reg_rate` for its argument `$length` (see
+/// [`registered`])
+/// before the real one, picked from the table by `$real`, is called with
+/// the program's arguments.
+macro_rules! registrations {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident($($arg:ident: $ty:ty),*) admits $length:ident => $real:expr;
+    )*) => {
+        $(
+            $(#[$doc])*
+            #[no_mangle]
+            pub unsafe extern "C" fn $name(pd: *mut sys::ibv_pd, $($arg: $ty),*) -> *mut sys::ibv_mr {
+                registered(
+                    stringify!($name),
+                    $length,
+                    $real,
+                    // SAFETY: the program's arguments, to the real function.
+                    |f| unsafe { f(pd, $($arg),*) },
+                )
+            }
+        )*
+    };
 }
 
-/// `ibv_reg_mr_iova`, admitted as [`ibv_reg_mr`].
-///
-/// # Safety
-/// As libibverbs' `ibv_reg_mr_iova`.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr_iova(
-    pd: *mut sys::ibv_pd,
-    addr: *mut c_void,
-    length: usize,
-    iova: u64,
-    access: c_int,
-) -> *mut sys::ibv_mr {
-    registered(
-        "ibv_reg_mr_iova",
-        length,
-        |r| r.reg_mr_iova,
-        // SAFETY: the program's arguments, to the real function.
-        |f| unsafe { f(pd, addr, length, iova, access) },
-    )
-}
-
-/// `ibv_reg_mr_iova2` (what the `ibv_reg_mr` macro calls otherwise),
-/// admitted as [`ibv_reg_mr`].
-///
-/// # Safety
-/// As libibverbs' `ibv_reg_mr_iova2`.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr_iova2(
-    pd: *mut sys::ibv_pd,
-    addr: *mut c_void,
-    length: usize,
-    iova: u64,
-    access: c_uint,
-) -> *mut sys::ibv_mr {
-    registered(
-        "ibv_reg_mr_iova2",
-        length,
-        |r| r.reg_mr_iova2,
-        // SAFETY: the program's arguments, to the real function.
-        |f| unsafe { f(pd, addr, length, iova, access) },
-    )
-}
-
-/// `ibv_reg_dmabuf_mr`, admitted as [`ibv_reg_mr`].
-///
-/// # Safety
-/// As libibverbs' `ibv_reg_dmabuf_mr`.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
-    pd: *mut sys::ibv_pd,
-    offset: u64,
-    length: usize,
-    iova: u64,
-    fd: c_int,
-    access: c_int,
-) -> *mut sys::ibv_mr {
-    registered(
-        "ibv_reg_dmabuf_mr",
-        length,
-        |r| r.reg_dmabuf_mr,
-        // SAFETY: the program's arguments, to the real function.
-        |f| unsafe { f(pd, offset, length, iova, fd, access) },
-    )
+registrations! {
+    /// `ibv_reg_mr` (what the `ibv_reg_mr` macro calls when the access flags
+    /// are constant), admitted against `max_mr_bytes` and `mr_reg_rate`.
+    ///
+    /// # Safety
+    /// As libibverbs' `ibv_reg_mr`.
+    ibv_reg_mr(addr: *mut c_void, length: usize, access: c_int)
+        admits length => |r| Some(r.reg_mr);
+    /// `ibv_reg_mr_iova`, admitted as [`ibv_reg_mr`].
+    ///
+    /// # Safety
+    /// As libibverbs' `ibv_reg_mr_iova`.
+    ibv_reg_mr_iova(addr: *mut c_void, length: usize, iova: u64, access: c_int)
+        admits length => |r| r.reg_mr_iova;
+    /// `ibv_reg_mr_iova2` (what the `ibv_reg_mr` macro calls otherwise),
+    /// admitted as [`ibv_reg_mr`].
+    ///
+    /// # Safety
+    /// As libibverbs' `ibv_reg_mr_iova2`.
+    ibv_reg_mr_iova2(addr: *mut c_void, length: usize, iova: u64, access: c_uint)
+        admits length => |r| r.reg_mr_iova2;
+    /// `ibv_reg_dmabuf_mr`, admitted as [`ibv_reg_mr`].
+    ///
+    /// # Safety
+    /// As libibverbs' `ibv_reg_dmabuf_mr`.
+    ibv_reg_dmabuf_mr(offset: u64, length: usize, iova: u64, fd: c_int, access: c_int)
+        admits length => |r| r.reg_dmabuf_mr;
 }
 
 /// `ibv_rereg_mr`: a new length is admitted before the region changes, and
@@ -311,10 +269,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     length: usize,
     access: c_int,
 ) -> c_int {
-    entry_rc("ibv_rereg_mr", || {
-        let Some(real) = real_or_enosys() else {
-            return REREG_MR_ERR_CMD;
-        };
+    with_real("ibv_rereg_mr", libc::EIO, REREG_MR_ERR_CMD, |real| {
         let call = || {
             // SAFETY: the program's arguments, to the real function.
             unsafe { (real.rereg_mr)(mr, flags, pd, addr, length, access) }
@@ -348,10 +303,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
 /// As libibverbs' `ibv_dereg_mr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut sys::ibv_mr) -> c_int {
-    entry_rc("ibv_dereg_mr", || {
-        let Some(real) = real_or_enosys() else {
-            return libc::ENOSYS;
-        };
+    with_real("ibv_dereg_mr", libc::EIO, libc::ENOSYS, |real| {
         // SAFETY: the program's argument, to the real function.
         released(mr, || unsafe { (real.dereg_mr)(mr) })
     })

@@ -44,78 +44,8 @@ macro_rules! size {
     };
 }
 
-at!(ibv_context, ops.poll_cq, c::IBV_CONTEXT__OPS_POLL_CQ);
-at!(
-    ibv_context,
-    ops.req_notify_cq,
-    c::IBV_CONTEXT__OPS_REQ_NOTIFY_CQ
-);
-at!(ibv_context, ops.post_send, c::IBV_CONTEXT__OPS_POST_SEND);
-at!(ibv_context, ops.post_recv, c::IBV_CONTEXT__OPS_POST_RECV);
-at!(ibv_context, abi_compat, c::IBV_CONTEXT__ABI_COMPAT);
-size!(ibv_context, c::SIZEOF_IBV_CONTEXT);
-at!(ibv_pd, context, c::IBV_PD__CONTEXT);
-at!(ibv_mr, context, c::IBV_MR__CONTEXT);
-at!(ibv_mr, addr, c::IBV_MR__ADDR);
-at!(ibv_mr, length, c::IBV_MR__LENGTH);
-at!(ibv_cq, context, c::IBV_CQ__CONTEXT);
-at!(ibv_cq, channel, c::IBV_CQ__CHANNEL);
-at!(ibv_cq, cq_context, c::IBV_CQ__CQ_CONTEXT);
-at!(ibv_cq, cqe, c::IBV_CQ__CQE);
-at!(ibv_qp, context, c::IBV_QP__CONTEXT);
-at!(ibv_qp, send_cq, c::IBV_QP__SEND_CQ);
-at!(ibv_qp, qp_num, c::IBV_QP__QP_NUM);
-at!(ibv_qp, qp_type, c::IBV_QP__QP_TYPE);
-size!(ibv_qp, c::SIZEOF_IBV_QP);
-at!(ibv_qp_init_attr, send_cq, c::IBV_QP_INIT_ATTR__SEND_CQ);
-at!(ibv_qp_init_attr, cap, c::IBV_QP_INIT_ATTR__CAP);
-at!(ibv_qp_init_attr, qp_type, c::IBV_QP_INIT_ATTR__QP_TYPE);
-at!(
-    ibv_qp_init_attr,
-    sq_sig_all,
-    c::IBV_QP_INIT_ATTR__SQ_SIG_ALL
-);
-size!(sys::ibv_qp_cap, c::SIZEOF_IBV_QP_CAP);
-at!(
-    sys::ibv_qp_init_attr_ex,
-    send_cq,
-    c::IBV_QP_INIT_ATTR_EX__SEND_CQ
-);
-at!(sys::ibv_qp_init_attr_ex, cap, c::IBV_QP_INIT_ATTR_EX__CAP);
-at!(
-    sys::ibv_qp_init_attr_ex,
-    qp_type,
-    c::IBV_QP_INIT_ATTR_EX__QP_TYPE
-);
-at!(
-    sys::ibv_qp_init_attr_ex,
-    sq_sig_all,
-    c::IBV_QP_INIT_ATTR_EX__SQ_SIG_ALL
-);
-at!(
-    sys::ibv_qp_init_attr_ex,
-    comp_mask,
-    c::IBV_QP_INIT_ATTR_EX__COMP_MASK
-);
-at!(sys::ibv_qp_init_attr_ex, pd, c::IBV_QP_INIT_ATTR_EX__PD);
-at!(
-    sys::ibv_qp_init_attr_ex,
-    send_ops_flags,
-    c::IBV_QP_INIT_ATTR_EX__SEND_OPS_FLAGS
-);
-size!(ibv_sge, c::SIZEOF_IBV_SGE);
-size!(ibv_send_wr, c::SIZEOF_IBV_SEND_WR);
-at!(ibv_send_wr, wr_id, c::IBV_SEND_WR__WR_ID);
-at!(ibv_send_wr, next, c::IBV_SEND_WR__NEXT);
-at!(ibv_send_wr, sg_list, c::IBV_SEND_WR__SG_LIST);
-at!(ibv_send_wr, num_sge, c::IBV_SEND_WR__NUM_SGE);
-at!(ibv_send_wr, opcode, c::IBV_SEND_WR__OPCODE);
-at!(ibv_send_wr, send_flags, c::IBV_SEND_WR__SEND_FLAGS);
-at!(ibv_send_wr, __bindgen_anon_1, c::IBV_SEND_WR__IMM_DATA);
-at!(ibv_send_wr, wr, c::IBV_SEND_WR__WR);
-at!(ibv_send_wr, qp_type, c::IBV_SEND_WR__QP_TYPE);
-size!(sys::ibv_recv_wr, c::SIZEOF_IBV_RECV_WR);
-at!(sys::ibv_comp_channel, fd, c::IBV_COMP_CHANNEL__FD);
+// The checks of every structure build.rs lists, by the two macros above.
+include!(concat!(env!("OUT_DIR"), "/layout_checks.rs"));
 
 /// `struct ibv_wc` (the bindings keep its fields private; the library
 /// writes completions into the application's array).
@@ -136,14 +66,6 @@ pub(crate) struct Wc {
     pub(crate) sl: u8,
     pub(crate) dlid_path_bits: u8,
 }
-size!(Wc, c::SIZEOF_IBV_WC);
-at!(Wc, wr_id, c::IBV_WC__WR_ID);
-at!(Wc, status, c::IBV_WC__STATUS);
-at!(Wc, opcode, c::IBV_WC__OPCODE);
-at!(Wc, byte_len, c::IBV_WC__BYTE_LEN);
-at!(Wc, imm_data, c::IBV_WC__IMM_DATA);
-at!(Wc, qp_num, c::IBV_WC__QP_NUM);
-at!(Wc, wc_flags, c::IBV_WC__WC_FLAGS);
 
 /// `struct ibv_qp_ex` as the installed headers lay it out (the bindings'
 /// copy comes from a newer rdma-core with more fields: writing those would
@@ -178,36 +100,6 @@ pub(crate) struct QpEx {
     pub(crate) wr_abort: Option<unsafe extern "C" fn(*mut QpEx)>,
     pub(crate) wr_atomic_write: Option<unsafe extern "C" fn(*mut QpEx, u32, u64, *const c_void)>,
 }
-size!(QpEx, c::SIZEOF_IBV_QP_EX);
-at!(QpEx, qp_base, c::IBV_QP_EX__QP_BASE);
-at!(QpEx, comp_mask, c::IBV_QP_EX__COMP_MASK);
-at!(QpEx, wr_id, c::IBV_QP_EX__WR_ID);
-at!(QpEx, wr_flags, c::IBV_QP_EX__WR_FLAGS);
-at!(QpEx, wr_atomic_cmp_swp, c::IBV_QP_EX__WR_ATOMIC_CMP_SWP);
-at!(QpEx, wr_atomic_fetch_add, c::IBV_QP_EX__WR_ATOMIC_FETCH_ADD);
-at!(QpEx, wr_bind_mw, c::IBV_QP_EX__WR_BIND_MW);
-at!(QpEx, wr_local_inv, c::IBV_QP_EX__WR_LOCAL_INV);
-at!(QpEx, wr_rdma_read, c::IBV_QP_EX__WR_RDMA_READ);
-at!(QpEx, wr_rdma_write, c::IBV_QP_EX__WR_RDMA_WRITE);
-at!(QpEx, wr_rdma_write_imm, c::IBV_QP_EX__WR_RDMA_WRITE_IMM);
-at!(QpEx, wr_send, c::IBV_QP_EX__WR_SEND);
-at!(QpEx, wr_send_imm, c::IBV_QP_EX__WR_SEND_IMM);
-at!(QpEx, wr_send_inv, c::IBV_QP_EX__WR_SEND_INV);
-at!(QpEx, wr_send_tso, c::IBV_QP_EX__WR_SEND_TSO);
-at!(QpEx, wr_set_ud_addr, c::IBV_QP_EX__WR_SET_UD_ADDR);
-at!(QpEx, wr_set_xrc_srqn, c::IBV_QP_EX__WR_SET_XRC_SRQN);
-at!(QpEx, wr_set_inline_data, c::IBV_QP_EX__WR_SET_INLINE_DATA);
-at!(
-    QpEx,
-    wr_set_inline_data_list,
-    c::IBV_QP_EX__WR_SET_INLINE_DATA_LIST
-);
-at!(QpEx, wr_set_sge, c::IBV_QP_EX__WR_SET_SGE);
-at!(QpEx, wr_set_sge_list, c::IBV_QP_EX__WR_SET_SGE_LIST);
-at!(QpEx, wr_start, c::IBV_QP_EX__WR_START);
-at!(QpEx, wr_complete, c::IBV_QP_EX__WR_COMPLETE);
-at!(QpEx, wr_abort, c::IBV_QP_EX__WR_ABORT);
-at!(QpEx, wr_atomic_write, c::IBV_QP_EX__WR_ATOMIC_WRITE);
 
 /// `ibv_context_ops.post_send`.
 pub(crate) type PostSendFn =
@@ -315,11 +207,37 @@ fn next(name: &CStr, version: &CStr) -> Option<*mut c_void> {
     (!p.is_null()).then_some(p)
 }
 
+/// `s`, which ends in its only NUL, as a C string.
+fn c_str(s: &'static str) -> &'static CStr {
+    CStr::from_bytes_with_nul(s.as_bytes()).expect("one NUL, at the end")
+}
+
+/// The [`Real`] of the functions `ibv_<field>` its fields name: those of
+/// `IBVERBS_<version>`, which every libibverbs the library runs with has
+/// (the table is `None` without one of them), and those of later
+/// versions, each `None` where missing.
+macro_rules! reals {
+    (
+        $version:literal: $($field:ident),*;
+        later: $($later:ident $since:literal),*;
+    ) => {
+        Real {
+            $($field: real!($field, $version)?,)*
+            $($later: real!($later, $since),)*
+        }
+    };
+}
+
+/// The real function `ibv_<name>` of `IBVERBS_<version>`, if loaded.
 macro_rules! real {
-    ($name:literal, $version:literal) => {
+    ($name:ident, $version:literal) => {
+        next(
+            c_str(concat!("ibv_", stringify!($name), "\0")),
+            c_str(concat!("IBVERBS_", $version, "\0")),
+        )
         // SAFETY: the symbol is libibverbs' function of that name and
         // version, whose C signature the field's type spells out.
-        next($name, $version).map(|p| unsafe { std::mem::transmute::<*mut c_void, _>(p) })
+        .map(|p| unsafe { std::mem::transmute::<*mut c_void, _>(p) })
     };
 }
 
@@ -328,21 +246,10 @@ macro_rules! real {
 pub(crate) fn real() -> Option<&'static Real> {
     static REAL: OnceLock<Option<Real>> = OnceLock::new();
     REAL.get_or_init(|| {
-        Some(Real {
-            open_device: real!(c"ibv_open_device", c"IBVERBS_1.1")?,
-            close_device: real!(c"ibv_close_device", c"IBVERBS_1.1")?,
-            create_qp: real!(c"ibv_create_qp", c"IBVERBS_1.1")?,
-            destroy_qp: real!(c"ibv_destroy_qp", c"IBVERBS_1.1")?,
-            reg_mr: real!(c"ibv_reg_mr", c"IBVERBS_1.1")?,
-            reg_mr_iova: real!(c"ibv_reg_mr_iova", c"IBVERBS_1.7"),
-            reg_mr_iova2: real!(c"ibv_reg_mr_iova2", c"IBVERBS_1.8"),
-            reg_dmabuf_mr: real!(c"ibv_reg_dmabuf_mr", c"IBVERBS_1.12"),
-            rereg_mr: real!(c"ibv_rereg_mr", c"IBVERBS_1.1")?,
-            dereg_mr: real!(c"ibv_dereg_mr", c"IBVERBS_1.1")?,
-            destroy_cq: real!(c"ibv_destroy_cq", c"IBVERBS_1.1")?,
-            get_cq_event: real!(c"ibv_get_cq_event", c"IBVERBS_1.1")?,
-            ack_cq_events: real!(c"ibv_ack_cq_events", c"IBVERBS_1.1")?,
-            qp_to_qp_ex: real!(c"ibv_qp_to_qp_ex", c"IBVERBS_1.6"),
+        Some(reals! {
+            "1.1": open_device, close_device, create_qp, destroy_qp, reg_mr, rereg_mr, dereg_mr,
+                destroy_cq, get_cq_event, ack_cq_events;
+            later: reg_mr_iova "1.7", reg_mr_iova2 "1.8", reg_dmabuf_mr "1.12", qp_to_qp_ex "1.6";
         })
     })
     .as_ref()

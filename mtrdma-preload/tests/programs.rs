@@ -185,6 +185,40 @@ fn row(out: &Output) -> Vec<f64> {
 /// IPv4-mapped RoCE v2 entry at 1).
 const GID: &str = "1";
 
+/// A device test's set-up: the device, a scratch directory `name`
+/// holding a policy of one tenant with `extra` lines (removed when the
+/// set-up is dropped), and the way to run a program preloaded under it
+/// with the environment `env`.
+struct Rig {
+    dev: String,
+    dir: PathBuf,
+    preloaded: Way,
+}
+
+impl Rig {
+    fn on(dev: String, name: &str, extra: &str, env: &[(&str, &str)]) -> Rig {
+        let dir = scratch(name);
+        let preloaded = Way::preloaded(&policy(&dir, extra), env);
+        Rig {
+            dev,
+            dir,
+            preloaded,
+        }
+    }
+
+    /// Runs `program` with `args` as a server and client pair, both
+    /// sides `way`; returns (server, client) output.
+    fn pair(&self, program: &str, args: &[&str], way: &Way) -> (Output, Output) {
+        pair(program, args, &self.dev, GID, way)
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[test]
 fn the_library_never_calls_libibverbs_through_its_own_link() {
     let out = Command::new("nm")
@@ -222,13 +256,11 @@ fn the_library_never_calls_libibverbs_through_its_own_link() {
 #[test]
 #[ignore = "needs an RDMA device (MTRDMA_TEST_DEVICE)"]
 fn perftest_reports_under_the_library_what_it_reports_without() {
-    let Some(dev) = device() else { return };
-    let dir = scratch("perftest");
-    let policy = policy(&dir, "");
     // 64 KiB messages in 16 KiB pieces: every request is split, and
     // perftest's own count of completions (one per 100 requests, the rest
     // unsignaled) must still come out right.
-    let preloaded = Way::preloaded(&policy, &[("MTRDMA_CHUNK", "16384")]);
+    let Some(dev) = device() else { return };
+    let rig = Rig::on(dev, "perftest", "", &[("MTRDMA_CHUNK", "16384")]);
     let cases: [(&str, &[&str], usize); 5] = [
         ("ib_write_bw", &["-s", "65536", "-n", "2000"], 3),
         ("ib_read_bw", &["-s", "65536", "-n", "2000"], 3),
@@ -237,9 +269,9 @@ fn perftest_reports_under_the_library_what_it_reports_without() {
         ("ib_send_lat", &["-s", "16", "-n", "2000"], 4),
     ];
     for (program, args, col) in cases {
-        let (ps, pc) = pair(program, args, &dev, GID, &Way::Plain);
+        let (ps, pc) = rig.pair(program, args, &Way::Plain);
         assert!(pc.status.success() && ps.status.success(), "{}", text(&pc));
-        let (ls, lc) = pair(program, args, &dev, GID, &preloaded);
+        let (ls, lc) = rig.pair(program, args, &rig.preloaded);
         assert!(
             lc.status.success() && ls.status.success(),
             "{program} under the library: {}\nserver: {}",
@@ -262,19 +294,16 @@ fn perftest_reports_under_the_library_what_it_reports_without() {
             ours[col]
         );
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 #[ignore = "needs an RDMA device (MTRDMA_TEST_DEVICE)"]
 fn pingpong_runs_under_the_library_polling_and_sleeping_on_events() {
     let Some(dev) = device() else { return };
-    let dir = scratch("pingpong");
-    let policy = policy(&dir, "");
-    let preloaded = Way::preloaded(&policy, &[]);
+    let rig = Rig::on(dev, "pingpong", "", &[]);
     for args in [&["-n", "500"][..], &["-n", "500", "-e"][..]] {
-        for way in [&Way::Plain, &preloaded] {
-            let (s, c) = pair("ibv_rc_pingpong", args, &dev, GID, way);
+        for way in [&Way::Plain, &rig.preloaded] {
+            let (s, c) = rig.pair("ibv_rc_pingpong", args, way);
             assert!(
                 s.status.success() && c.status.success(),
                 "ibv_rc_pingpong {args:?}: {}\nserver: {}",
@@ -285,23 +314,14 @@ fn pingpong_runs_under_the_library_polling_and_sleeping_on_events() {
             assert!(out.contains("500 iters in"), "{}", text(&c));
         }
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 #[ignore = "needs an RDMA device (MTRDMA_TEST_DEVICE)"]
 fn a_second_queue_pair_over_max_qps_fails_with_the_limit_named() {
     let Some(dev) = device() else { return };
-    let dir = scratch("maxqps");
-    let policy = policy(&dir, "max_qps = 1");
-    let preloaded = Way::preloaded(&policy, &[]);
-    let (s, c) = pair(
-        "ib_write_bw",
-        &["-q", "2", "-n", "100"],
-        &dev,
-        GID,
-        &preloaded,
-    );
+    let rig = Rig::on(dev, "maxqps", "max_qps = 1", &[]);
+    let (s, c) = rig.pair("ib_write_bw", &["-q", "2", "-n", "100"], &rig.preloaded);
     assert!(
         !c.status.success(),
         "two QPs under max_qps = 1: {}",
@@ -319,52 +339,34 @@ fn a_second_queue_pair_over_max_qps_fails_with_the_limit_named() {
         "said once: {err}"
     );
     drop(s);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 #[ignore = "needs an RDMA device (MTRDMA_TEST_DEVICE)"]
 fn a_byte_rate_cap_holds_ib_write_bw_within_two_percent() {
-    let Some(dev) = device() else { return };
-    let dir = scratch("cap");
     // 4 MiB/s (perftest's MB/sec are MiB/s), a burst of one message.
-    let policy = policy(&dir, "rate = { rate = \"4MiB/s\", burst = \"64KiB\" }");
-    let preloaded = Way::preloaded(&policy, &[]);
-    let (s, c) = pair(
-        "ib_write_bw",
-        &["-s", "65536", "-D", "10"],
-        &dev,
-        GID,
-        &preloaded,
-    );
+    let cap = "rate = { rate = \"4MiB/s\", burst = \"64KiB\" }";
+    let Some(dev) = device() else { return };
+    let rig = Rig::on(dev, "cap", cap, &[]);
+    let (s, c) = rig.pair("ib_write_bw", &["-s", "65536", "-D", "10"], &rig.preloaded);
     assert!(c.status.success() && s.status.success(), "{}", text(&c));
     let avg = row(&c)[3];
     assert!(
         (avg / 4.0 - 1.0).abs() <= 0.02,
         "ib_write_bw -D 10 under a 4 MiB/s cap: {avg} MB/sec"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 #[ignore = "needs an RDMA device (MTRDMA_TEST_DEVICE)"]
 fn the_extended_posting_api_is_scheduled_and_completes_as_posted() {
+    let env = [("MTRDMA_CHUNK", "16384"), ("MTRDMA_REPORT", "1")];
     let Some(dev) = device() else { return };
-    let dir = scratch("wrapi");
-    let policy = policy(&dir, "");
+    let rig = Rig::on(dev, "wrapi", "", &env);
     let program = concat!(env!("OUT_DIR"), "/wr_api");
-    for (way, chunk) in [
-        (Way::Plain, "65536"),
-        (
-            Way::preloaded(
-                &policy,
-                &[("MTRDMA_CHUNK", "16384"), ("MTRDMA_REPORT", "1")],
-            ),
-            "16384",
-        ),
-    ] {
+    for (way, chunk) in [(&Way::Plain, "65536"), (&rig.preloaded, "16384")] {
         let mut cmd = way.command(program);
-        cmd.args([&dev, "1048576", "64", "8"]);
+        cmd.args([&rig.dev, "1048576", "64", "8"]);
         let out = finish(cmd.spawn().unwrap(), Duration::from_secs(120), "wr_api");
         assert!(out.status.success(), "chunk {chunk}: {}", text(&out));
         let mut stdout = String::new();
@@ -379,5 +381,4 @@ fn the_extended_posting_api_is_scheduled_and_completes_as_posted() {
             );
         }
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -37,7 +37,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use crate::chunk::ChunkPolicy;
 use crate::descriptor::{Dequeue, Descriptor, Grant};
 use crate::error::{ConfigError, RejectReason, Rejected};
-use crate::gcra::{Gcra, RateLimit};
+use crate::gcra::{update_cap, Gcra};
 use crate::guard::StarvationGuard;
 use crate::id_hash::{IdMap, TenantIndex};
 use crate::nodes::{Nodes, NIL};
@@ -213,37 +213,16 @@ impl<H: Clone> Scheduler<H> for Drr<H> {
                 self.chunks.next_len(head.op, remaining)
             };
             slot.deficit -= cost(len);
-            let offset = slot.head_sent;
-            let grant = if len == remaining {
-                let (d, next) = self.nodes.release(slot.head);
-                let Some(d) = d else {
-                    return Dequeue::Empty;
-                };
-                slot.head = next;
-                slot.head_sent = 0;
+            let Some(grant) = self
+                .nodes
+                .grant_piece(&mut slot.head, &mut slot.head_sent, len)
+            else {
+                return Dequeue::Empty;
+            };
+            if grant.is_last {
                 slot.queued -= 1;
                 self.len -= 1;
-                Grant {
-                    tenant: d.tenant,
-                    class: d.class,
-                    op: d.op,
-                    handle: d.handle,
-                    offset,
-                    len,
-                    is_last: true,
-                }
-            } else {
-                slot.head_sent += len;
-                Grant {
-                    tenant: head.tenant,
-                    class: head.class,
-                    op: head.op,
-                    handle: head.handle.clone(),
-                    offset,
-                    len,
-                    is_last: false,
-                }
-            };
+            }
             if slot.head == NIL {
                 // Unspent credit is not banked; debt is.
                 slot.deficit = slot.deficit.min(0);
@@ -450,32 +429,7 @@ impl<H> ShapeSlot<H> {
     /// Charges both caps for a piece of `len` bytes if both allow it now;
     /// otherwise says when they would.
     fn admit(&mut self, now: Nanos, len: u64) -> Result<(), Nanos> {
-        let bytes = self.bytes.as_ref().map(|g| g.peek(now, len));
-        let wrs = self.wrs.as_ref().map(|g| g.peek(now, 1));
-        match (bytes, wrs) {
-            (Some(Err(a)), Some(Err(b))) => Err(a.max(b)),
-            (Some(Err(a)), _) | (_, Some(Err(a))) => Err(a),
-            _ => {
-                if let Some(g) = self.bytes.as_mut() {
-                    g.charge(now, len);
-                }
-                if let Some(g) = self.wrs.as_mut() {
-                    g.charge(now, 1);
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
-fn update_cap(old: Option<Gcra>, new: Option<RateLimit>) -> Result<Option<Gcra>, ConfigError> {
-    match (old, new) {
-        (_, None) => Ok(None),
-        (None, Some(limit)) => Gcra::new(limit).map(Some),
-        (Some(mut g), Some(limit)) => {
-            g.set_limit(limit)?;
-            Ok(Some(g))
-        }
+        crate::gcra::admit_both(&mut self.bytes, &mut self.wrs, now, len)
     }
 }
 

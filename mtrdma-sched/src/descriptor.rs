@@ -87,14 +87,21 @@ impl<H> Descriptor<H> {
     /// The one grant of all its bytes: what a scheduler that does not
     /// split hands out.
     pub fn grant_whole(self) -> Grant<H> {
+        let len = self.bytes;
+        self.piece(0, len, true)
+    }
+
+    /// The grant of its `len` bytes at `offset`, the last one if `is_last`.
+    #[inline(always)]
+    pub(crate) fn piece(self, offset: u64, len: u64, is_last: bool) -> Grant<H> {
         Grant {
             tenant: self.tenant,
             class: self.class,
             op: self.op,
             handle: self.handle,
-            offset: 0,
-            len: self.bytes,
-            is_last: true,
+            offset,
+            len,
+            is_last,
         }
     }
 }

@@ -10,9 +10,10 @@ use crate::TenantId;
 /// Fibonacci hashing of an integer key: one multiplication. For maps
 /// keyed by tenant ids or by the addresses of objects a provider
 /// allocated, looked up on every request, where SipHash's resistance to
-/// chosen keys buys nothing.
+/// chosen keys buys nothing (as `mtrdma-preload`'s maps keyed by the
+/// addresses of a provider's queue pairs and completion queues).
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct IdHasher(u64);
+pub struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {

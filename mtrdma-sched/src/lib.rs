@@ -111,6 +111,7 @@ pub use descriptor::{Dequeue, Descriptor, Grant, Opcode};
 pub use error::{ConfigError, RejectReason, Rejected};
 pub use fifo::FifoScheduler;
 pub use gcra::{gcra_decide, gcra_shared, EmissionInterval, Gcra, RateLimit};
+pub use id_hash::IdHasher;
 pub use policy::{SchedulerConfig, TenantPolicy, MAX_QUANTUM, MAX_WEIGHT};
 pub use protection::Protection;
 pub use tenant::{TenantId, TrafficClass};

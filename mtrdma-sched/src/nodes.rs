@@ -1,6 +1,6 @@
 //! The node arena the DRR schedulers keep their tenants' queues in.
 
-use crate::descriptor::Descriptor;
+use crate::descriptor::{Descriptor, Grant};
 
 /// No node: the end of a list, or an empty queue.
 pub(crate) const NIL: u32 = u32::MAX;
@@ -80,5 +80,30 @@ impl<H> Nodes<H> {
         let next = std::mem::replace(&mut node.next, self.free);
         self.free = n;
         (node.descriptor.take(), next)
+    }
+
+    /// Grants the next `len` bytes of the descriptor at the head `*head` of
+    /// a queue, of which `*sent` bytes were granted before. Its last piece
+    /// frees the node and moves `*head` on to the one that followed it.
+    #[inline(always)]
+    pub(crate) fn grant_piece(
+        &mut self,
+        head: &mut u32,
+        sent: &mut u64,
+        len: u64,
+    ) -> Option<Grant<H>>
+    where
+        H: Clone,
+    {
+        let offset = *sent;
+        let d = self.get(*head)?;
+        if offset + len != d.bytes {
+            *sent += len;
+            return Some(d.clone().piece(offset, len, false));
+        }
+        let (d, next) = self.release(*head);
+        *head = next;
+        *sent = 0;
+        Some(d?.piece(offset, len, true))
     }
 }

@@ -399,6 +399,14 @@ mod tests {
         assert!((product - 1.0).abs() < 0.01, "product of gains {product}");
     }
 
+    /// `n` updates of `gains` 20 ms apart from `now` on, with `rates`.
+    fn every_20_ms(gains: &mut ShareGains, now: &mut Nanos, n: usize, rates: &[TenantRate]) {
+        for _ in 0..n {
+            *now = *now + Nanos::from_millis(20);
+            gains.update(*now, rates);
+        }
+    }
+
     /// A tenant with nothing more to send, or held by its cap, does not
     /// contend: its gain is 1, and the tenants that do contend share
     /// what it leaves by their weights.
@@ -406,26 +414,21 @@ mod tests {
     fn only_tenants_that_want_more_contend() {
         let mut gains = ShareGains::default();
         let mut now = Nanos::ZERO;
-        for _ in 0..50 {
-            now = now + Nanos::from_millis(20);
-            gains.update(
-                now,
-                &[
-                    // Idle: it sends what it has.
-                    TenantRate {
-                        wants_more: false,
-                        ..busy(1, 8, 1_000)
-                    },
-                    // Held at its cap.
-                    TenantRate {
-                        cap: Some(5_000_000),
-                        ..busy(2, 8, 4_900_000)
-                    },
-                    busy(3, 1, 2_000_000),
-                    busy(4, 1, 6_000_000),
-                ],
-            );
-        }
+        let rates = [
+            // Idle: it sends what it has.
+            TenantRate {
+                wants_more: false,
+                ..busy(1, 8, 1_000)
+            },
+            // Held at its cap.
+            TenantRate {
+                cap: Some(5_000_000),
+                ..busy(2, 8, 4_900_000)
+            },
+            busy(3, 1, 2_000_000),
+            busy(4, 1, 6_000_000),
+        ];
+        every_20_ms(&mut gains, &mut now, 50, &rates);
         assert_eq!(gains.gain(TenantId(1)), GAIN_ONE);
         assert_eq!(gains.gain(TenantId(2)), GAIN_ONE);
         // Only the contending tenants' windows share the growth: weights
@@ -438,10 +441,7 @@ mod tests {
         assert!(ratio(&gains, 4) < 0.7, "the one over it slower");
         // One contending tenant alone has nothing to share with: its gain
         // goes back to 1 within a few seconds.
-        for _ in 0..150 {
-            now = now + Nanos::from_millis(20);
-            gains.update(now, &[busy(3, 1, 2_000_000)]);
-        }
+        every_20_ms(&mut gains, &mut now, 150, &[busy(3, 1, 2_000_000)]);
         assert!(
             (ratio(&gains, 3) - 1.0).abs() < 0.01,
             "{}",
@@ -459,11 +459,9 @@ mod tests {
     #[test]
     fn gains_stay_within_their_bounds() {
         let mut gains = ShareGains::default();
+        let rates = [busy(1, 1, 1), busy(2, 1_000_000, 1 << 40)];
         let mut now = Nanos::ZERO;
-        for _ in 0..500 {
-            now = now + Nanos::from_millis(20);
-            gains.update(now, &[busy(1, 1, 1), busy(2, 1_000_000, 1 << 40)]);
-        }
+        every_20_ms(&mut gains, &mut now, 500, &rates);
         let max = (MAX_GAIN * f64::from(GAIN_ONE)) as u32;
         let min = (f64::from(GAIN_ONE) / MAX_GAIN) as u32;
         for id in [1, 2] {

@@ -10,7 +10,7 @@ use crate::{TenantId, TrafficClass};
 use crate::chunk::ChunkPolicy;
 use crate::descriptor::{Dequeue, Descriptor, Grant};
 use crate::error::{ConfigError, RejectReason, Rejected};
-use crate::gcra::Gcra;
+use crate::gcra::{update_cap, Gcra};
 use crate::guard::StarvationGuard;
 use crate::id_hash::TenantIndex;
 use crate::nodes::{Nodes, NIL};
@@ -145,21 +145,7 @@ impl Caps {
     /// `Ok` only if both conform, else returns when both would.
     #[inline]
     fn admit(&mut self, now: Nanos, len: u64) -> Result<(), Nanos> {
-        let bytes = self.bytes.as_ref().map(|g| g.peek(now, len));
-        let wrs = self.wrs.as_ref().map(|g| g.peek(now, 1));
-        match (bytes, wrs) {
-            (Some(Err(a)), Some(Err(b))) => Err(a.max(b)),
-            (Some(Err(a)), _) | (_, Some(Err(a))) => Err(a),
-            _ => {
-                if let Some(g) = self.bytes.as_mut() {
-                    g.charge(now, len);
-                }
-                if let Some(g) = self.wrs.as_mut() {
-                    g.charge(now, 1);
-                }
-                Ok(())
-            }
-        }
+        crate::gcra::admit_both(&mut self.bytes, &mut self.wrs, now, len)
     }
 }
 
@@ -505,35 +491,13 @@ impl<H: Clone> TenantScheduler<H> {
                 }
             }
             lane.deficit -= cost(len);
-            let offset = lane.head_sent;
-            let grant = if len == remaining {
-                let (d, next) = self.nodes.release(n);
-                let d = d?;
-                lane.head = next;
-                lane.head_sent = 0;
+            let grant = self
+                .nodes
+                .grant_piece(&mut lane.head, &mut lane.head_sent, len)?;
+            if grant.is_last {
                 hot.queued -= 1;
                 self.len -= 1;
-                Grant {
-                    tenant: d.tenant,
-                    class: d.class,
-                    op: d.op,
-                    handle: d.handle,
-                    offset,
-                    len,
-                    is_last: true,
-                }
-            } else {
-                lane.head_sent += len;
-                Grant {
-                    tenant: head.tenant,
-                    class: head.class,
-                    op: head.op,
-                    handle: head.handle.clone(),
-                    offset,
-                    len,
-                    is_last: false,
-                }
-            };
+            }
             if lane.head == NIL {
                 // Idle: leave the ring; unspent credit is not banked, debt is.
                 lane.deficit = lane.deficit.min(0);
@@ -608,20 +572,6 @@ impl<H: Clone> TenantScheduler<H> {
 #[inline(never)]
 fn reject<H>(reason: RejectReason, descriptor: Descriptor<H>) -> Rejected<H> {
     Rejected { reason, descriptor }
-}
-
-fn update_cap(
-    old: Option<Gcra>,
-    new: Option<crate::gcra::RateLimit>,
-) -> Result<Option<Gcra>, ConfigError> {
-    match (old, new) {
-        (_, None) => Ok(None),
-        (None, Some(limit)) => Gcra::new(limit).map(Some),
-        (Some(mut g), Some(limit)) => {
-            g.set_limit(limit)?;
-            Ok(Some(g))
-        }
-    }
 }
 
 impl<H: Clone> Scheduler<H> for TenantScheduler<H> {

@@ -72,6 +72,17 @@ fn drive(
     log
 }
 
+/// [`drive`] with nothing arriving but what `sent(piece, s)` enqueues.
+fn drive_refilled(
+    s: &mut TenantScheduler<u64>,
+    bps: u64,
+    from: u64,
+    until: u64,
+    sent: impl FnMut(&Sent, &mut TenantScheduler<u64>),
+) -> Vec<Sent> {
+    drive(s, bps, from, until, |_, _| None, sent)
+}
+
 fn bulk(tenant: u32, bytes: u64, handle: u64) -> Descriptor<u64> {
     Descriptor::new(
         TenantId(tenant),
@@ -137,7 +148,7 @@ fn weights_1_2_4_share_a_100g_link_for_one_second() {
         }
     }
     let second = 1_000_000_000;
-    let log = drive(&mut s, 100 * GBPS, 0, second, |_, _| None, refill_bulk);
+    let log = drive_refilled(&mut s, 100 * GBPS, 0, second, refill_bulk);
     let total: u64 = (1..=3).map(|t| bytes_of(&log, t, 0, second)).sum();
     // The link never idles.
     assert_within(total as f64, 12.5e9, 0.001, "link bytes in 1 s");
@@ -169,7 +180,7 @@ fn capped_run(rate_bits: u64, with_competitor: bool) -> (u64, u64) {
         }
     }
     let second = 1_000_000_000;
-    let log = drive(&mut s, 4 * rate_bits, 0, second, |_, _| None, refill_bulk);
+    let log = drive_refilled(&mut s, 4 * rate_bits, 0, second, refill_bulk);
     (bytes_of(&log, 1, 0, second), bytes_of(&log, 2, 0, second))
 }
 
@@ -215,14 +226,9 @@ fn a_work_request_cap_holds_for_small_messages() {
         s.enqueue(d(h), Nanos(0)).unwrap();
     }
     let second = 1_000_000_000;
-    let log = drive(
-        &mut s,
-        100 * GBPS,
-        0,
-        second,
-        |_, _| None,
-        |p, s| s.enqueue(d(p.handle + 4), Nanos(p.end)).unwrap(),
-    );
+    let log = drive_refilled(&mut s, 100 * GBPS, 0, second, |p, s| {
+        s.enqueue(d(p.handle + 4), Nanos(p.end)).unwrap()
+    });
     let wrs = log.iter().filter(|p| p.start < second).count();
     assert_within(wrs as f64, 100_000.0, 0.005, "work requests in 1 s");
 }
@@ -306,20 +312,13 @@ fn bulk_keeps_its_guaranteed_share_under_saturated_latency_traffic() {
             s.enqueue(rpc(h), Nanos(0)).unwrap();
         }
         let until = 50_000_000;
-        let log = drive(
-            &mut s,
-            100 * GBPS,
-            0,
-            until,
-            |_, _| None,
-            |p, s| {
-                if p.class == TrafficClass::Latency {
-                    s.enqueue(rpc(p.handle + 4), Nanos(p.end)).unwrap();
-                } else {
-                    refill_bulk(p, s);
-                }
-            },
-        );
+        let log = drive_refilled(&mut s, 100 * GBPS, 0, until, |p, s| {
+            if p.class == TrafficClass::Latency {
+                s.enqueue(rpc(p.handle + 4), Nanos(p.end)).unwrap();
+            } else {
+                refill_bulk(p, s);
+            }
+        });
         let bulk_bytes = bytes_of(&log, 1, 0, until) as f64;
         let latency_bytes = bytes_of(&log, 2, 0, until) as f64;
         let share = bulk_bytes / (bulk_bytes + latency_bytes);
@@ -346,18 +345,11 @@ fn without_the_guard_saturated_latency_starves_bulk() {
     let rpc = |h| Descriptor::new(TenantId(1), TrafficClass::Latency, Opcode::Send, 4096, h);
     s.enqueue(bulk(1, 1 << 20, 0), Nanos(0)).unwrap();
     s.enqueue(rpc(0), Nanos(0)).unwrap();
-    let log = drive(
-        &mut s,
-        100 * GBPS,
-        0,
-        1_000_000,
-        |_, _| None,
-        |p, s| {
-            if p.class == TrafficClass::Latency {
-                s.enqueue(rpc(p.handle + 1), Nanos(p.end)).unwrap();
-            }
-        },
-    );
+    let log = drive_refilled(&mut s, 100 * GBPS, 0, 1_000_000, |p, s| {
+        if p.class == TrafficClass::Latency {
+            s.enqueue(rpc(p.handle + 1), Nanos(p.end)).unwrap();
+        }
+    });
     assert!(log.iter().all(|p| p.class == TrafficClass::Latency));
 }
 
@@ -375,19 +367,12 @@ fn an_idle_tenants_share_goes_to_the_others_within_one_round() {
     }
     let stop = 10_000_000;
     let until = 20_000_000;
-    let log = drive(
-        &mut s,
-        link,
-        0,
-        until,
-        |_, _| None,
-        |p, s| {
-            // Tenant 1 stops refilling at 10 ms and goes idle.
-            if p.tenant.0 != 1 || p.end < stop {
-                refill_bulk(p, s);
-            }
-        },
-    );
+    let log = drive_refilled(&mut s, link, 0, until, |p, s| {
+        // Tenant 1 stops refilling at 10 ms and goes idle.
+        if p.tenant.0 != 1 || p.end < stop {
+            refill_bulk(p, s);
+        }
+    });
     let idle_at = log
         .iter()
         .filter(|p| p.tenant.0 == 1)
@@ -441,13 +426,13 @@ fn runtime_policy_changes_apply_to_weights_and_caps() {
     let rate_in = |log: &[Sent], t: u32, from: u64| {
         bytes_of(log, t, from, from + phase) as f64 * 8.0 / (phase as f64 / 1e9)
     };
-    let log = drive(&mut s, link, 0, phase, |_, _| None, refill_bulk);
+    let log = drive_refilled(&mut s, link, 0, phase, refill_bulk);
     let equal = rate_in(&log, 1, 0) / rate_in(&log, 2, 0);
     assert_within(equal, 1.0, 0.01, "1:1 before the change");
     // Tenant 1 gets weight 3: from now on 3:1.
     s.set_policy(TenantId(1), TenantPolicy::weight(3)).unwrap();
     let t1 = log.last().unwrap().end;
-    let log = drive(&mut s, link, t1, t1 + phase, |_, _| None, refill_bulk);
+    let log = drive_refilled(&mut s, link, t1, t1 + phase, refill_bulk);
     let ratio = rate_in(&log, 1, t1) / rate_in(&log, 2, t1);
     assert_within(ratio, 3.0, 0.01, "3:1 after the change");
     // Tenant 1 is now capped at 10 Gb/s; tenant 2 takes the rest.
@@ -455,19 +440,19 @@ fn runtime_policy_changes_apply_to_weights_and_caps() {
     s.set_policy(TenantId(1), TenantPolicy::weight(3).with_byte_cap(cap(10)))
         .unwrap();
     let t2 = log.last().unwrap().end;
-    let log = drive(&mut s, link, t2, t2 + phase, |_, _| None, refill_bulk);
+    let log = drive_refilled(&mut s, link, t2, t2 + phase, refill_bulk);
     assert_within(rate_in(&log, 1, t2), 10e9, 0.01, "capped rate");
     assert_within(rate_in(&log, 2, t2), 90e9, 0.01, "uncapped neighbour");
     // Raising the cap applies at once.
     s.set_policy(TenantId(1), TenantPolicy::weight(3).with_byte_cap(cap(20)))
         .unwrap();
     let t3 = log.last().unwrap().end;
-    let log = drive(&mut s, link, t3, t3 + phase, |_, _| None, refill_bulk);
+    let log = drive_refilled(&mut s, link, t3, t3 + phase, refill_bulk);
     assert_within(rate_in(&log, 1, t3), 20e9, 0.01, "raised cap");
     // Removing the cap: back to 3:1 of the whole link.
     s.set_policy(TenantId(1), TenantPolicy::weight(3)).unwrap();
     let t4 = log.last().unwrap().end;
-    let log = drive(&mut s, link, t4, t4 + phase, |_, _| None, refill_bulk);
+    let log = drive_refilled(&mut s, link, t4, t4 + phase, refill_bulk);
     assert_within(rate_in(&log, 1, t4), 75e9, 0.01, "cap removed");
 }
 
@@ -592,17 +577,10 @@ fn sends_larger_than_the_quantum_are_not_split_and_still_shared_fairly() {
         }
     }
     let until = 50_000_000;
-    let log = drive(
-        &mut s,
-        100 * GBPS,
-        0,
-        until,
-        |_, _| None,
-        |p, s| {
-            s.enqueue(send(p.tenant.0, p.handle + 2), Nanos(p.end))
-                .unwrap()
-        },
-    );
+    let log = drive_refilled(&mut s, 100 * GBPS, 0, until, |p, s| {
+        s.enqueue(send(p.tenant.0, p.handle + 2), Nanos(p.end))
+            .unwrap()
+    });
     assert!(log.iter().all(|p| p.len == 1 << 20 && p.is_last));
     let ratio = bytes_of(&log, 2, 0, until) as f64 / bytes_of(&log, 1, 0, until) as f64;
     assert_within(ratio, 2.0, 0.02, "weighted share of whole SENDs");

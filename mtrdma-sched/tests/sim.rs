@@ -4,6 +4,15 @@
 use mtrdma_sched::sim::{run, Mode, Report, SimConfig, SimError, TenantSpec, Workload};
 use mtrdma_sched::{Nanos, TenantId, TenantPolicy, TrafficClass};
 
+/// The scheduler's defaults with chunks and quanta of `piece` bytes.
+fn in_pieces(piece: u64) -> mtrdma_sched::SchedulerConfig {
+    mtrdma_sched::SchedulerConfig {
+        chunk_bytes: piece,
+        quantum_bytes: piece,
+        ..mtrdma_sched::SchedulerConfig::default()
+    }
+}
+
 // Delay windows: a file of their own.
 #[path = "sim/windows.rs"]
 mod windows;
@@ -230,11 +239,7 @@ fn windows_protect_a_latency_tenant_in_another_process_without_knowing_the_link_
     // Pieces of 2 KiB: each bulk tenant may have one in the NIC, and 8 of
     // them fit the 16 KiB a latency request may find ahead of it.
     let piece = 2048;
-    let sched = mtrdma_sched::SchedulerConfig {
-        chunk_bytes: piece,
-        quantum_bytes: piece,
-        ..mtrdma_sched::SchedulerConfig::default()
-    };
+    let sched = in_pieces(piece);
     // The model has no host noise (no sender wakes late), so the target
     // needs no floor: the queue's share of the path's delay is enough.
     let window = mtrdma_sched::DelayWindowConfig {

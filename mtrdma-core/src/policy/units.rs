@@ -137,93 +137,54 @@ fn unit_factor(unit: &str, kind: Kind) -> Option<(u128, u128)> {
 mod tests {
     use super::*;
 
+    fn size(text: &str) -> Result<u64, UnitError> {
+        parse_quantity(text, Kind::Size)
+    }
+
+    fn rate(text: &str) -> Result<u64, UnitError> {
+        parse_quantity(text, Kind::ByteRate)
+    }
+
     #[test]
     fn sizes() {
-        assert_eq!(parse_quantity("4096", Kind::Size), Ok(4096));
-        assert_eq!(parse_quantity("64KiB", Kind::Size), Ok(65_536));
-        assert_eq!(parse_quantity("64 KiB", Kind::Size), Ok(65_536));
-        assert_eq!(parse_quantity("1MB", Kind::Size), Ok(1_000_000));
-        assert_eq!(parse_quantity("1.5GiB", Kind::Size), Ok(1_610_612_736));
-        assert_eq!(parse_quantity("0.5B", Kind::Size), Ok(1));
-        assert_eq!(parse_quantity("0.4B", Kind::Size), Ok(0));
-        assert_eq!(
-            parse_quantity("64XB", Kind::Size),
-            Err(UnitError::Malformed)
-        );
-        assert_eq!(
-            parse_quantity("1Gbit", Kind::Size),
-            Err(UnitError::Malformed)
-        );
-        assert_eq!(
-            parse_quantity("1MB/s", Kind::Size),
-            Err(UnitError::Malformed)
-        );
-        assert_eq!(parse_quantity("", Kind::Size), Err(UnitError::Malformed));
-        assert_eq!(
-            parse_quantity(".5KB", Kind::Size),
-            Err(UnitError::Malformed)
-        );
-        assert_eq!(
-            parse_quantity("5.KB", Kind::Size),
-            Err(UnitError::Malformed)
-        );
-        assert_eq!(
-            parse_quantity("1.2.3KB", Kind::Size),
-            Err(UnitError::Malformed)
-        );
-        assert_eq!(
-            parse_quantity("-1KB", Kind::Size),
-            Err(UnitError::Malformed)
-        );
-        assert_eq!(
-            parse_quantity("1.0000000001KB", Kind::Size),
-            Err(UnitError::TooPrecise)
-        );
+        for (text, bytes) in [
+            ("4096", 4096),
+            ("64KiB", 65_536),
+            ("64 KiB", 65_536),
+            ("1MB", 1_000_000),
+            ("1.5GiB", 1_610_612_736),
+            ("0.5B", 1),
+            ("0.4B", 0),
+        ] {
+            assert_eq!(size(text), Ok(bytes), "{text:?}");
+        }
+        for text in [
+            "64XB", "1Gbit", "1MB/s", "", ".5KB", "5.KB", "1.2.3KB", "-1KB",
+        ] {
+            assert_eq!(size(text), Err(UnitError::Malformed), "{text:?}");
+        }
+        assert_eq!(size("1.0000000001KB"), Err(UnitError::TooPrecise));
     }
 
     #[test]
     fn rates() {
-        assert_eq!(
-            parse_quantity("100Gbit", Kind::ByteRate),
-            Ok(12_500_000_000)
-        );
-        assert_eq!(parse_quantity("10Gbps", Kind::ByteRate), Ok(1_250_000_000));
-        assert_eq!(
-            parse_quantity("10Gbit/s", Kind::ByteRate),
-            Ok(1_250_000_000)
-        );
-        assert_eq!(
-            parse_quantity("1.25GB/s", Kind::ByteRate),
-            Ok(1_250_000_000)
-        );
-        assert_eq!(parse_quantity("500MiB/s", Kind::ByteRate), Ok(524_288_000));
-        assert_eq!(parse_quantity("8bit", Kind::ByteRate), Ok(1));
-        assert_eq!(parse_quantity("1000", Kind::ByteRate), Ok(1000));
-        assert_eq!(
-            parse_quantity("1GB", Kind::ByteRate),
-            Err(UnitError::Malformed)
-        );
-        assert_eq!(
-            parse_quantity("1gbit", Kind::ByteRate),
-            Err(UnitError::Malformed)
-        );
+        assert_eq!(rate("100Gbit"), Ok(12_500_000_000));
+        assert_eq!(rate("10Gbps"), Ok(1_250_000_000));
+        assert_eq!(rate("10Gbit/s"), Ok(1_250_000_000));
+        assert_eq!(rate("1.25GB/s"), Ok(1_250_000_000));
+        assert_eq!(rate("500MiB/s"), Ok(524_288_000));
+        assert_eq!(rate("8bit"), Ok(1));
+        assert_eq!(rate("1000"), Ok(1000));
+        assert_eq!(rate("1GB"), Err(UnitError::Malformed));
+        assert_eq!(rate("1gbit"), Err(UnitError::Malformed));
     }
 
     #[test]
     fn limits() {
-        assert_eq!(
-            parse_quantity("18446744073709551615B", Kind::Size),
-            Ok(u64::MAX)
-        );
-        assert_eq!(
-            parse_quantity("18446744073709551616B", Kind::Size),
-            Err(UnitError::TooLarge)
-        );
-        assert_eq!(
-            parse_quantity("20000000TiB", Kind::Size),
-            Err(UnitError::TooLarge)
-        );
+        assert_eq!(size("18446744073709551615B"), Ok(u64::MAX));
+        assert_eq!(size("18446744073709551616B"), Err(UnitError::TooLarge));
+        assert_eq!(size("20000000TiB"), Err(UnitError::TooLarge));
         let long = "9".repeat(60);
-        assert_eq!(parse_quantity(&long, Kind::Size), Err(UnitError::TooLarge));
+        assert_eq!(size(&long), Err(UnitError::TooLarge));
     }
 }

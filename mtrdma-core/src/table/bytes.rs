@@ -94,20 +94,7 @@ pub(super) fn dump(map: &Mapping) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::policy::TenantEntry;
-
-    fn policy(tenants: Vec<TenantEntry>) -> Policy {
-        Policy::new(LinkConfig::new(12_500_000_000), tenants)
-    }
-
-    fn two_tenants() -> Policy {
-        policy(vec![
-            TenantEntry::new(TenantId(1), "kv")
-                .with_class(TrafficClass::Latency)
-                .with_max_qps(4)
-                .with_max_mr_bytes(1 << 20),
-            TenantEntry::new(TenantId(2), "bulk").with_weight(3),
-        ])
-    }
+    use crate::table::fixtures::two_tenants;
 
     // ---- corruption: every kind gives its error, never a panic ----
 
@@ -115,6 +102,26 @@ mod tests {
         QuotaTable::embedded_with_capacity(&two_tenants(), 4, 4)
             .unwrap()
             .to_bytes()
+    }
+
+    /// The error `validate_bytes` gives the regions `$p` and `$s`,
+    /// asserted to match `$err`.
+    macro_rules! refused {
+        ($p:expr, $s:expr, $err:pat) => {{
+            let err = QuotaTable::validate_bytes($p, $s).unwrap_err();
+            assert!(matches!(err, $err), "{err}");
+            err
+        }};
+    }
+
+    /// [`refused!`] for the table's bytes with the policy region's `u32`
+    /// at `at` set to `v`.
+    macro_rules! refused_with {
+        ($at:expr, $v:expr, $err:pat) => {{
+            let (mut p, s) = bytes();
+            put_u32(&mut p, $at, $v);
+            refused!(&p, &s, $err)
+        }};
     }
 
     fn put_u32(b: &mut [u8], at: usize, v: u32) {
@@ -151,16 +158,13 @@ mod tests {
                 "{cut}: {err}"
             );
         }
-        let err = QuotaTable::validate_bytes(&p, &s[..s.len() - 64]).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                TableError::Truncated {
-                    region: "state",
-                    ..
-                }
-            ),
-            "{err}"
+        let err = refused!(
+            &p,
+            &s[..s.len() - 64],
+            TableError::Truncated {
+                region: "state",
+                ..
+            }
         );
         assert!(err.to_string().contains("truncated"));
     }
@@ -169,43 +173,36 @@ mod tests {
     fn foreign_bytes_are_not_a_table() {
         let (mut p, s) = bytes();
         p[..8].copy_from_slice(b"NOTMTRDM");
-        let err = QuotaTable::validate_bytes(&p, &s).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                TableError::BadMagic {
-                    region: "policy",
-                    ..
-                }
-            ),
-            "{err}"
+        refused!(
+            &p,
+            &s,
+            TableError::BadMagic {
+                region: "policy",
+                ..
+            }
         );
         let (p, mut s) = bytes();
         s[0] ^= 0xff;
-        assert!(matches!(
-            QuotaTable::validate_bytes(&p, &s),
-            Err(TableError::BadMagic {
+        refused!(
+            &p,
+            &s,
+            TableError::BadMagic {
                 region: "state",
                 ..
-            })
-        ));
+            }
+        );
     }
 
     #[test]
     fn other_versions_are_refused() {
-        let (mut p, s) = bytes();
-        put_u32(&mut p, 8, 2);
-        let err = QuotaTable::validate_bytes(&p, &s).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                TableError::UnsupportedVersion {
-                    found: 2,
-                    supported: 1,
-                    ..
-                }
-            ),
-            "{err}"
+        refused_with!(
+            8,
+            2,
+            TableError::UnsupportedVersion {
+                found: 2,
+                supported: 1,
+                ..
+            }
         );
     }
 
@@ -216,40 +213,27 @@ mod tests {
         let (_, s8) = QuotaTable::embedded_with_capacity(&two_tenants(), 8, 4)
             .unwrap()
             .to_bytes();
-        let err = QuotaTable::validate_bytes(&p, &s8).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                TableError::Mismatch {
-                    field: "capacity",
-                    found: 8,
-                    expected: 4,
-                    ..
-                }
-            ),
-            "{err}"
+        refused!(
+            &p,
+            &s8,
+            TableError::Mismatch {
+                field: "capacity",
+                found: 8,
+                expected: 4,
+                ..
+            }
         );
         // A capacity out of range, and a slot size of another layout.
-        let (mut p, s) = bytes();
-        put_u32(&mut p, 16, 0);
-        assert!(matches!(
-            QuotaTable::validate_bytes(&p, &s),
-            Err(TableError::OutOfRange { .. })
-        ));
-        put_u32(&mut p, 16, u32::MAX);
-        assert!(matches!(
-            QuotaTable::validate_bytes(&p, &s),
-            Err(TableError::OutOfRange { .. })
-        ));
-        let (mut p, s) = bytes();
-        put_u32(&mut p, 20, 100);
-        assert!(matches!(
-            QuotaTable::validate_bytes(&p, &s),
-            Err(TableError::Mismatch {
+        refused_with!(16, 0, TableError::OutOfRange { .. });
+        refused_with!(16, u32::MAX, TableError::OutOfRange { .. });
+        refused_with!(
+            20,
+            100,
+            TableError::Mismatch {
                 field: "slot_size",
                 ..
-            })
-        ));
+            }
+        );
     }
 
     #[test]
@@ -263,44 +247,33 @@ mod tests {
             "{err}"
         );
 
-        let (mut p, s) = bytes();
-        put_u32(&mut p, SLOT0 + 12, 0); // weight
-        let err = QuotaTable::validate_bytes(&p, &s).unwrap_err();
-        assert!(matches!(err, TableError::InvalidPolicy(_)), "{err}");
+        // weight
+        refused_with!(SLOT0 + 12, 0, TableError::InvalidPolicy(_));
 
         let (mut p, s) = bytes();
         p[SLOT0 + 32] = 0xff; // name: not UTF-8
-        assert!(matches!(
-            QuotaTable::validate_bytes(&p, &s),
-            Err(TableError::OutOfRange { .. })
-        ));
+        refused!(&p, &s, TableError::OutOfRange { .. });
 
-        let (mut p, s) = bytes();
-        put_u32(&mut p, 44, 3); // tenant_count disagrees with the slots in use
-        assert!(matches!(
-            QuotaTable::validate_bytes(&p, &s),
-            Err(TableError::Mismatch {
+        // tenant_count disagrees with the slots in use
+        refused_with!(
+            44,
+            3,
+            TableError::Mismatch {
                 field: "tenant_count",
                 ..
-            })
-        ));
+            }
+        );
 
         let (mut p, s) = bytes();
         put_u64(&mut p, 32, 0); // link capacity 0
-        assert!(matches!(
-            QuotaTable::validate_bytes(&p, &s),
-            Err(TableError::InvalidPolicy(_))
-        ));
+        refused!(&p, &s, TableError::InvalidPolicy(_));
     }
 
     #[test]
     fn a_writer_that_died_mid_update_is_reported_not_waited_on_forever() {
         let (mut p, s) = bytes();
         put_u64(&mut p, 24, 7); // odd seq: a write in progress that never ends
-        assert!(matches!(
-            QuotaTable::validate_bytes(&p, &s),
-            Err(TableError::Torn)
-        ));
+        refused!(&p, &s, TableError::Torn);
     }
 
     // ---- the latency bound: published per tenant, checked when read ----
@@ -356,8 +329,7 @@ mod tests {
         let snap = QuotaTable::validate_bytes(&p, &s).unwrap();
         assert_eq!(snap.protection(TenantId(2)).unwrap().piece_bytes, 4096);
         let refused = |p: &[u8]| {
-            let err = QuotaTable::validate_bytes(p, &s).unwrap_err();
-            assert!(matches!(err, TableError::OutOfRange { .. }), "{err}");
+            let err = refused!(p, &s, TableError::OutOfRange { .. });
             err.to_string()
         };
         // Pieces larger than the bound allows.

@@ -90,6 +90,20 @@ struct Words {
     process: NonNull<ProcessSlot>,
 }
 
+/// The accessors of the handle's [`Words`]: `$name` borrows the word
+/// `$field` points at for as long as the handle.
+macro_rules! words {
+    ($($name:ident: $ty:ty = $field:ident,)*) => {
+        $(
+            #[inline]
+            fn $name(&self) -> &$ty {
+                // SAFETY: see `Words`: valid while `self.inner.table` lives.
+                unsafe { self.inner.words.$field.as_ref() }
+            }
+        )*
+    };
+}
+
 // SAFETY: the pointers address atomics in shared mappings that live as long
 // as the `Inner` that holds them (it owns a `QuotaTable`); atomics may be
 // used from any thread.
@@ -273,28 +287,11 @@ impl TenantHandle {
         Ok(())
     }
 
-    #[inline]
-    fn header(&self) -> &PolicyHeader {
-        // SAFETY: see `Words`: valid while `self.inner.table` lives.
-        unsafe { self.inner.words.header.as_ref() }
-    }
-
-    #[inline]
-    fn policy_slot(&self) -> &PolicySlot {
-        // SAFETY: see `Words`.
-        unsafe { self.inner.words.policy.as_ref() }
-    }
-
-    #[inline]
-    fn state(&self) -> &TenantState {
-        // SAFETY: see `Words`.
-        unsafe { self.inner.words.state.as_ref() }
-    }
-
-    #[inline]
-    fn process(&self) -> &ProcessSlot {
-        // SAFETY: see `Words`.
-        unsafe { self.inner.words.process.as_ref() }
+    words! {
+        header: PolicyHeader = header,
+        policy_slot: PolicySlot = policy,
+        state: TenantState = state,
+        process: ProcessSlot = process,
     }
 
     /// This thread's lane of the process slot (taken on first use).

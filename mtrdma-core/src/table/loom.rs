@@ -119,6 +119,15 @@ fn slot() -> Arc<ProcessSlot> {
     })
 }
 
+/// Runs `f` on a thread of the model with a clone of `s`.
+fn on_thread<T: Send + 'static>(
+    s: &Arc<ProcessSlot>,
+    f: impl FnOnce(Arc<ProcessSlot>) -> T + Send + 'static,
+) -> thread::JoinHandle<T> {
+    let s = Arc::clone(s);
+    thread::spawn(move || f(s))
+}
+
 fn process(pid: u32) -> ProcessId {
     ProcessId {
         pid,
@@ -130,10 +139,7 @@ fn process(pid: u32) -> ProcessId {
 fn of_two_processes_claiming_one_free_slot_one_gets_it() {
     model(|| {
         let s = slot();
-        let other = {
-            let s = s.clone();
-            thread::spawn(move || s.claim(2, process(2), 7, false, || {}))
-        };
+        let other = on_thread(&s, move |s| s.claim(2, process(2), 7, false, || {}));
         let mine = s.claim(1, process(1), 7, true, || {});
         let theirs = other.join().unwrap();
         assert!(mine != theirs, "claimed by both or by neither");
@@ -148,10 +154,7 @@ fn of_two_processes_claiming_one_free_slot_one_gets_it() {
 fn a_slot_seen_live_shows_all_of_its_claim() {
     model(|| {
         let s = slot();
-        let claimer = {
-            let s = s.clone();
-            thread::spawn(move || assert!(s.claim(1, process(1), 7, true, || {})))
-        };
+        let claimer = on_thread(&s, move |s| assert!(s.claim(1, process(1), 7, true, || {})));
         // A reclaimer's or a scan's look, as `reclaim_dead` takes it.
         if s.state.load(std::sync::atomic::Ordering::Acquire) == PROC_LIVE {
             assert_eq!(s.occupant(), process(1));
@@ -231,13 +234,10 @@ fn a_claim_whose_claimer_died_is_freed_once() {
         let abandoned = claiming(9);
         s.state.store(abandoned, Relaxed);
         s.pid.store(9, Relaxed);
-        let other = {
-            let s = s.clone();
-            thread::spawn(move || {
-                let freed = s.free_abandoned(abandoned);
-                (freed, s.claim(3, process(3), 7, false, || {}))
-            })
-        };
+        let other = on_thread(&s, move |s| {
+            let freed = s.free_abandoned(abandoned);
+            (freed, s.claim(3, process(3), 7, false, || {}))
+        });
         let mine = s.free_abandoned(abandoned);
         let (theirs, claimed) = other.join().unwrap();
         assert!(mine != theirs, "freed by both or by neither");

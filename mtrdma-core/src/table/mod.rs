@@ -33,6 +33,8 @@
 #[cfg(any(test, fuzzing))]
 mod bytes;
 mod error;
+#[cfg(test)]
+mod fixtures;
 mod handle;
 mod layout;
 #[cfg(all(test, mtrdma_loom))]

@@ -186,22 +186,7 @@ impl QuotaTable {
         ph.magic.store(POLICY_MAGIC, Ordering::Release);
         let clock = SharedClock::from_params(raw0, ns0, mult)
             .map_err(|problem| TableError::Clock { problem })?;
-        let table = QuotaTable {
-            inner: Arc::new(Inner {
-                name,
-                policy: pmap,
-                state,
-                capacity,
-                processes,
-                cache: ArcSwap::from_pointee(PolicySnapshot {
-                    generation: 0,
-                    policy: Policy::new(LinkConfig::new(1), Vec::new()),
-                    slots: HashMap::new(),
-                    protections: HashMap::new(),
-                }),
-                clock,
-            }),
-        };
+        let table = QuotaTable::on(name, pmap, state, capacity, processes, clock, 0);
         let owner = TableOwner::of(table);
         owner.publish(policy)?;
         Ok(owner.table)
@@ -396,6 +381,35 @@ impl QuotaTable {
         Self::from_mappings(Some(name.to_string()), pmap, state)
     }
 
+    /// A table on these regions, its cached policy an empty one of
+    /// `generation` (0: the one to publish next; `u64::MAX`: none read yet).
+    fn on(
+        name: Option<String>,
+        pmap: Mapping,
+        state: State,
+        capacity: u32,
+        processes: u32,
+        clock: SharedClock,
+        generation: u64,
+    ) -> QuotaTable {
+        QuotaTable {
+            inner: Arc::new(Inner {
+                name,
+                policy: pmap,
+                state,
+                capacity,
+                processes,
+                cache: ArcSwap::from_pointee(PolicySnapshot {
+                    generation,
+                    policy: Policy::new(LinkConfig::new(1), Vec::new()),
+                    slots: HashMap::new(),
+                    protections: HashMap::new(),
+                }),
+                clock,
+            }),
+        }
+    }
+
     /// Validates two mapped regions and builds a table on them.
     pub(super) fn from_mappings(
         name: Option<String>,
@@ -410,22 +424,7 @@ impl QuotaTable {
                 capacity * per_tenant
             }
         };
-        let table = QuotaTable {
-            inner: Arc::new(Inner {
-                name,
-                policy: pmap,
-                state,
-                capacity,
-                processes,
-                cache: ArcSwap::from_pointee(PolicySnapshot {
-                    generation: u64::MAX,
-                    policy: Policy::new(LinkConfig::new(1), Vec::new()),
-                    slots: HashMap::new(),
-                    protections: HashMap::new(),
-                }),
-                clock,
-            }),
-        };
+        let table = QuotaTable::on(name, pmap, state, capacity, processes, clock, u64::MAX);
         match table.snapshot() {
             Ok(_) => {}
             // A writer that died in the middle of publishing left the
@@ -460,23 +459,20 @@ impl QuotaTable {
 }
 
 pub(super) fn check_sizes(capacity: u32, processes: u32) -> Result<(), TableError> {
-    if !(1..=MAX_TENANTS).contains(&capacity) {
-        return Err(TableError::OutOfRange {
-            region: "policy",
-            field: "capacity".into(),
-            value: capacity.into(),
-            range: "1..=65536",
-        });
-    }
-    if !(1..=MAX_PROCESSES).contains(&processes) {
-        return Err(TableError::OutOfRange {
-            region: "state",
-            field: "process_slots".into(),
-            value: processes.into(),
-            range: "1..=65536",
-        });
-    }
-    Ok(())
+    let in_range = |region, field: &str, value: u32, max| {
+        if (1..=max).contains(&value) {
+            Ok(())
+        } else {
+            Err(TableError::OutOfRange {
+                region,
+                field: field.into(),
+                value: value.into(),
+                range: "1..=65536",
+            })
+        }
+    };
+    in_range("policy", "capacity", capacity, MAX_TENANTS)?;
+    in_range("state", "process_slots", processes, MAX_PROCESSES)
 }
 
 /// A coordinated table's sizes: `capacity` tenant files of `per_tenant`

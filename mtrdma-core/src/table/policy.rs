@@ -119,50 +119,50 @@ impl TableOwner {
         Ok(())
     }
 
+    /// Publishes `value` in the policy header's word `word`, on its own
+    /// (outside the seqlock).
+    fn publish_header_word(&self, word: fn(&PolicyHeader) -> &AtomicU64, value: u64) {
+        word(self.policy_header()).store(value, Ordering::Release);
+    }
+
+    /// Publishes `value` in the word `word` of tenant slot `slot`, on its
+    /// own (outside the seqlock).
+    fn publish_slot_word(&self, slot: u32, word: fn(&PolicySlot) -> &AtomicU64, value: u64) {
+        word(self.policy_slot(slot)).store(value, Ordering::Release);
+    }
+
     /// Records a coordinator heartbeat (`CLOCK_MONOTONIC` ns).
     pub(crate) fn heartbeat(&self, now_ns: u64) {
-        self.policy_header()
-            .heartbeat_ns
-            .store(now_ns, Ordering::Release);
+        self.publish_header_word(|h| &h.heartbeat_ns, now_ns);
     }
 
     /// Publishes the link's measured rate in bytes per second (0: not
     /// measured).
     pub(crate) fn set_link_estimate(&self, bytes_per_sec: u64) {
-        self.policy_header()
-            .link_estimate
-            .store(bytes_per_sec, Ordering::Release);
+        self.publish_header_word(|h| &h.link_estimate, bytes_per_sec);
     }
 
     /// Publishes the weights of the tenants whose windows contend for the
     /// link, added up (0 withdraws it).
     pub(crate) fn set_sharing_weight(&self, weights: u32) {
-        self.policy_header()
-            .sharing_weight
-            .store(u64::from(weights), Ordering::Release);
+        self.publish_header_word(|h| &h.sharing_weight, u64::from(weights));
     }
 
     /// Publishes a tenant's fair byte rate (0 withdraws it).
     pub(crate) fn set_fair_rate(&self, slot: u32, bytes_per_sec: u64) {
-        self.policy_slot(slot)
-            .fair_rate
-            .store(bytes_per_sec, Ordering::Release);
+        self.publish_slot_word(slot, |p| &p.fair_rate, bytes_per_sec);
     }
 
     /// Publishes the gain on a tenant's delay windows' growth, parts per
     /// million (0 withdraws it).
     pub(crate) fn set_window_gain(&self, slot: u32, ppm: u32) {
-        self.policy_slot(slot)
-            .window_gain
-            .store(u64::from(ppm), Ordering::Release);
+        self.publish_slot_word(slot, |p| &p.window_gain, u64::from(ppm));
     }
 
     /// Publishes a tenant's permit for the one-piece floor
     /// (`mtrdma_sched::piece_floor::Permit::to_word`).
     pub(crate) fn set_floor_permit(&self, slot: u32, word: u64) {
-        self.policy_slot(slot)
-            .floor_permit
-            .store(word, Ordering::Release);
+        self.publish_slot_word(slot, |p| &p.floor_permit, word);
     }
 }
 

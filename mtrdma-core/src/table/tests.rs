@@ -1,14 +1,12 @@
 //! The table's unit tests.
 
+use super::fixtures::small_link;
 use super::*;
 use crate::policy::TenantEntry;
 
 #[test]
 fn a_new_process_with_a_dead_ones_pid_is_not_confused_with_it() {
-    let policy = Policy::new(
-        LinkConfig::new(1_000_000),
-        vec![TenantEntry::new(TenantId(1), "t")],
-    );
+    let policy = small_link(vec![TenantEntry::new(TenantId(1), "t")]);
     let table = QuotaTable::embedded(&policy).unwrap();
     let me = ProcessId::current().unwrap();
     // A slot left by an earlier process that had our pid: same pid,
@@ -56,13 +54,10 @@ fn a_new_process_with_a_dead_ones_pid_is_not_confused_with_it() {
 /// not a coordinated table's.
 #[test]
 fn a_tenant_state_file_is_validated_against_its_policy() {
-    let policy = Policy::new(
-        LinkConfig::new(1_000_000),
-        vec![
-            TenantEntry::new(TenantId(7), "seven").with_max_qps(3),
-            TenantEntry::new(TenantId(8), "eight"),
-        ],
-    );
+    let policy = small_link(vec![
+        TenantEntry::new(TenantId(7), "seven").with_max_qps(3),
+        TenantEntry::new(TenantId(8), "eight"),
+    ]);
     let (p, seg) = QuotaTable::sample_tenant_bytes(&policy, 4, 8).unwrap();
     assert_eq!(seg.len(), segment_len(8));
     let usage = QuotaTable::validate_tenant_bytes(&p, &seg).unwrap();
@@ -98,10 +93,7 @@ fn a_tenant_state_file_is_validated_against_its_policy() {
 }
 
 fn one_tenant() -> TableOwner {
-    let policy = Policy::new(
-        LinkConfig::new(1_000_000),
-        vec![TenantEntry::new(TenantId(1), "t")],
-    );
+    let policy = small_link(vec![TenantEntry::new(TenantId(1), "t")]);
     QuotaTable::embedded(&policy).unwrap()
 }
 
@@ -135,8 +127,7 @@ fn a_slot_claimed_again_between_the_look_and_the_reclaim_is_left_alone() {
 /// The view counts each tenant's live processes (in one pass).
 #[test]
 fn usage_counts_each_tenants_processes() {
-    let policy = Policy::new(
-        LinkConfig::new(1_000_000),
+    let policy = small_link(
         (1..=3)
             .map(|i| TenantEntry::new(TenantId(i), format!("t{i}")))
             .collect(),
@@ -189,14 +180,8 @@ fn a_claimed_slot_is_adopted_once() {
 fn a_tenant_removed_and_added_back_keeps_its_slot_and_what_it_holds() {
     let mut limited = TenantEntry::new(TenantId(2), "limited");
     limited.max_qps = 1;
-    let both = Policy::new(
-        LinkConfig::new(1_000_000),
-        vec![TenantEntry::new(TenantId(1), "t"), limited],
-    );
-    let only_first = Policy::new(
-        LinkConfig::new(1_000_000),
-        vec![TenantEntry::new(TenantId(1), "t")],
-    );
+    let both = small_link(vec![TenantEntry::new(TenantId(1), "t"), limited]);
+    let only_first = small_link(vec![TenantEntry::new(TenantId(1), "t")]);
     let table = QuotaTable::embedded(&both).unwrap();
     let before = table.snapshot().unwrap().slot_of(TenantId(2));
     let holder = table.attach(TenantId(2)).unwrap();
@@ -217,10 +202,7 @@ fn a_tenant_removed_and_added_back_keeps_its_slot_and_what_it_holds() {
 /// live left the slot claiming: it is freed, not lost for good.
 #[test]
 fn a_claim_whose_claimer_died_is_freed() {
-    let policy = Policy::new(
-        LinkConfig::new(1_000_000),
-        vec![TenantEntry::new(TenantId(1), "t")],
-    );
+    let policy = small_link(vec![TenantEntry::new(TenantId(1), "t")]);
     let table = QuotaTable::embedded_with_capacity(&policy, 1, 1).unwrap();
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let gone = child.id();
@@ -245,10 +227,9 @@ fn a_claim_whose_claimer_died_is_freed() {
 
 #[test]
 fn lanes_add_up_across_threads_that_take_and_give_back() {
-    let policy = Policy::new(
-        LinkConfig::new(1_000_000),
-        vec![TenantEntry::new(TenantId(1), "t").with_max_mr_bytes(1 << 30)],
-    );
+    let policy = small_link(vec![
+        TenantEntry::new(TenantId(1), "t").with_max_mr_bytes(1 << 30)
+    ]);
     let table = QuotaTable::embedded(&policy).unwrap();
     let handle = table.attach(TenantId(1)).unwrap();
     // More threads than single-writer lanes: the last ones share a lane.

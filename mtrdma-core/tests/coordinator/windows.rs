@@ -7,8 +7,7 @@ use super::*;
 #[test]
 fn the_link_estimate_follows_what_the_tenants_move_together() {
     let s = Setup::new("estimate", TWO);
-    let mut c = Coordinator::start(s.config.clone()).unwrap();
-    let table = c.table().clone();
+    let (mut c, table) = started(&s);
     let a = table.attach(TenantId(1)).unwrap();
     let b = table.attach(TenantId(2)).unwrap();
     let t0 = table.now_ns();
@@ -43,12 +42,8 @@ fn the_link_estimate_follows_what_the_tenants_move_together() {
 
 #[test]
 fn the_windows_verdicts_show_in_the_link_view_and_rates_divide_the_policys_capacity() {
-    let s = Setup::new("verdicts", TWO);
-    let (mut c, table, light, heavy) = two_tenants(&s);
-    light.add_backlog(1 << 20);
-    heavy.add_backlog(1 << 20);
-    let mut now = table.now_ns();
-    c.recompute(now);
+    let (_s, mut c, table, light, heavy) = two_tenants("verdicts");
+    let mut now = both_waiting(&mut c, &table, (&light, &heavy));
     assert_eq!(c.link_view().over_target, 0.0);
     // 20 ms intervals: the two move 12.5 MB/s together and their windows
     // find 40% of their bytes over target.
@@ -76,8 +71,7 @@ fn the_windows_verdicts_show_in_the_link_view_and_rates_divide_the_policys_capac
 
 #[test]
 fn a_tenant_that_starts_sending_may_take_its_share_at_once() {
-    let s = Setup::new("share", TWO);
-    let (mut c, table, light, heavy) = two_tenants(&s);
+    let (_s, mut c, table, light, heavy) = two_tenants("share");
     heavy.add_backlog(1 << 20);
     let mut now = table.now_ns();
     c.recompute(now);
@@ -105,11 +99,8 @@ fn a_tenant_that_starts_sending_may_take_its_share_at_once() {
 #[test]
 fn a_tenant_held_by_its_work_request_cap_does_not_contend() {
     use mtrdma_sched::share::GAIN_ONE;
-    const FLOOD: &str = r#"
-[link]
-capacity = 1000000000
-recompute_interval_ms = 1
-
+    const FLOOD: &str = policy_file!(
+        r#"
 [[tenant]]
 id = 1
 name = "victim"
@@ -118,10 +109,10 @@ name = "victim"
 id = 2
 name = "flood"
 wr_rate = { rate = 1000, burst = 64 }
-"#;
+"#
+    );
     let s = Setup::new("wrcap", FLOOD);
-    let mut c = Coordinator::start(s.config.clone()).unwrap();
-    let table = c.table().clone();
+    let (mut c, table) = started(&s);
     let (victim, flood) = (
         table.attach(TenantId(1)).unwrap(),
         table.attach(TenantId(2)).unwrap(),
@@ -152,27 +143,48 @@ wr_rate = { rate = 1000, burst = 64 }
     flood_for_a_second(7);
 }
 
+/// Both tenants backlogged, then a first recomputation (with nothing
+/// measured yet) at the table's now, which it returns.
+fn both_waiting(
+    c: &mut Coordinator,
+    table: &QuotaTable,
+    (light, heavy): (&TenantHandle, &TenantHandle),
+) -> u64 {
+    light.add_backlog(1 << 20);
+    heavy.add_backlog(1 << 20);
+    let now = table.now_ns();
+    c.recompute(now);
+    now
+}
+
+/// `n` intervals of 20 ms in which `light` moves 100 KB and `heavy`
+/// 500 KB through their windows, none of it over target, each followed
+/// by a recomputation.
+fn both_move(
+    c: &mut Coordinator,
+    (light, heavy): (&TenantHandle, &TenantHandle),
+    now: &mut u64,
+    n: u32,
+) {
+    for _ in 0..n {
+        light.record_posted(100_000, 25);
+        heavy.record_posted(500_000, 125);
+        light.record_verdicts(100_000, 0);
+        heavy.record_verdicts(500_000, 0);
+        *now += 20_000_000;
+        c.recompute(*now);
+    }
+}
+
 #[test]
 fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
     use mtrdma_core::table::HEARTBEAT_STALE_NS;
     use mtrdma_sched::share::GAIN_ONE;
 
-    let s = Setup::new("gains", TWO);
-    let (mut c, table, light, heavy) = two_tenants(&s);
-    light.add_backlog(1 << 20);
-    heavy.add_backlog(1 << 20);
-    let interval = 20_000_000u64;
-    let mut now = table.now_ns();
-    c.recompute(now);
+    let (_s, mut c, table, light, heavy) = two_tenants("gains");
+    let mut now = both_waiting(&mut c, &table, (&light, &heavy));
     assert_eq!(light.window_gain(now), GAIN_ONE, "nothing measured yet");
-    for _ in 0..50 {
-        light.record_posted(100_000, 25);
-        heavy.record_posted(500_000, 125);
-        light.record_verdicts(100_000, 0);
-        heavy.record_verdicts(500_000, 0);
-        now += interval;
-        c.recompute(now);
-    }
+    both_move(&mut c, (&light, &heavy), &mut now, 50);
     let (l, h) = (light.window_gain(now), heavy.window_gain(now));
     assert!(l > GAIN_ONE * 3 / 2, "light tenant's gain {l}");
     assert!(h < GAIN_ONE * 2 / 3, "heavy tenant's gain {h}");
@@ -194,19 +206,9 @@ fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
     // moment of it keeps its gain; a second of it gives it 1 again, and the
     // heavy tenant, with nobody to share with, goes back to 1 too.
     light.add_backlog(-(1 << 20));
-    let mut pause = |now: &mut u64, n: u32| {
-        for _ in 0..n {
-            light.record_posted(100_000, 25);
-            heavy.record_posted(500_000, 125);
-            light.record_verdicts(100_000, 0);
-            heavy.record_verdicts(500_000, 0);
-            *now += interval;
-            c.recompute(*now);
-        }
-    };
-    pause(&mut now, 2);
+    both_move(&mut c, (&light, &heavy), &mut now, 2);
     assert_eq!(light.window_gain(now), l, "a moment without work keeps it");
-    pause(&mut now, 100);
+    both_move(&mut c, (&light, &heavy), &mut now, 100);
     assert_eq!(light.window_gain(now), GAIN_ONE);
     let h = f64::from(heavy.window_gain(now)) / f64::from(GAIN_ONE);
     assert!((h - 1.0).abs() < 0.001, "the heavy tenant alone: gain {h}");
@@ -215,14 +217,7 @@ fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
     // Turned off: 1 for every tenant, whatever they move.
     light.add_backlog(1 << 20);
     c.set_window_gains(false);
-    for _ in 0..10 {
-        light.record_posted(100_000, 25);
-        heavy.record_posted(500_000, 125);
-        light.record_verdicts(100_000, 0);
-        heavy.record_verdicts(500_000, 0);
-        now += interval;
-        c.recompute(now);
-    }
+    both_move(&mut c, (&light, &heavy), &mut now, 10);
     assert_eq!(light.window_gain(now), GAIN_ONE);
     assert_eq!(heavy.window_gain(now), GAIN_ONE);
     assert_eq!(heavy.sharing_weight(now), 1);
@@ -236,8 +231,7 @@ fn window_gains_follow_the_shares_and_lapse_with_the_coordinator() {
 fn fair_rates_lapse_when_the_coordinator_stops() {
     use mtrdma_core::table::HEARTBEAT_STALE_NS;
 
-    let s = Setup::new("lapse", TWO);
-    let (mut c, table, light, heavy) = two_tenants(&s);
+    let (_s, mut c, table, light, heavy) = two_tenants("lapse");
     let (t0, rates) = both_backlogged(&mut c, &table, &light, &heavy);
     assert_eq!(rates[1], (TenantId(2), 750_000_000));
     let held = sent_in_10ms(&heavy, t0 + 2_000_000);
@@ -267,12 +261,9 @@ fn the_one_piece_floor_is_given_by_the_latency_tenant_s_delays() {
     use mtrdma_sched::piece_floor::DelayShift;
     use mtrdma_sched::Nanos;
 
-    const FLOOR: &str = r#"
-[link]
-capacity = 1000000000
-recompute_interval_ms = 1
-latency_bound = 16384
-
+    const FLOOR: &str = policy_file!(
+        "latency_bound = 16384\n",
+        r#"
 [[tenant]]
 id = 1
 name = "latency"
@@ -285,10 +276,10 @@ name = "bulk-a"
 [[tenant]]
 id = 3
 name = "bulk-b"
-"#;
+"#
+    );
     let s = Setup::new("floor", FLOOR);
-    let mut c = Coordinator::start(s.config.clone()).unwrap();
-    let table = c.table().clone();
+    let (mut c, table) = started(&s);
     let latency = table.attach(TenantId(1)).unwrap();
     let bulk = [
         table.attach(TenantId(2)).unwrap(),
@@ -365,8 +356,7 @@ name = "bulk-b"
 /// 100 MB/s here).
 #[test]
 fn a_tenant_removed_and_brought_back_by_reloads_is_measured_afresh() {
-    let s = Setup::new("readd", TWO);
-    let (mut c, table, light, heavy) = two_tenants(&s);
+    let (s, mut c, table, light, heavy) = two_tenants("readd");
     let t0 = table.now_ns();
     c.recompute(t0);
     heavy.record_posted(1 << 20, 16);

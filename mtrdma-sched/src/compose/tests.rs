@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::descriptor::Opcode;
+use crate::RateLimit;
 use crate::TenantScheduler;
 
 /// A deterministic mix: three tenants, both classes, all opcodes, sizes

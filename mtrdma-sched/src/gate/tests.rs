@@ -173,11 +173,7 @@ struct Strict(u64);
 
 impl crate::Window for Strict {
     fn admit(&self, in_flight: u64, bytes: u64, _now: Nanos) -> Admit {
-        if in_flight + bytes <= self.0 {
-            Admit::Now
-        } else {
-            Admit::AfterCompletion
-        }
+        Admit::now_if(in_flight + bytes <= self.0)
     }
     fn on_sent(&mut self, _bytes: u64, _now: Nanos) {}
     fn on_completed(&mut self, _bytes: u64, _sent_at: Nanos, _now: Nanos) {}

@@ -168,6 +168,48 @@ impl Gcra {
     }
 }
 
+/// Charges a tenant's byte cap `bytes` for a piece of `len` bytes and its
+/// work-request cap `wrs` for one if both allow it now; otherwise says
+/// when both would (and charges neither).
+#[inline]
+pub(crate) fn admit_both(
+    bytes: &mut Option<Gcra>,
+    wrs: &mut Option<Gcra>,
+    now: Nanos,
+    len: u64,
+) -> Result<(), Nanos> {
+    let by_bytes = bytes.as_ref().map(|g| g.peek(now, len));
+    let by_wrs = wrs.as_ref().map(|g| g.peek(now, 1));
+    match (by_bytes, by_wrs) {
+        (Some(Err(a)), Some(Err(b))) => Err(a.max(b)),
+        (Some(Err(a)), _) | (_, Some(Err(a))) => Err(a),
+        _ => {
+            if let Some(g) = bytes.as_mut() {
+                g.charge(now, len);
+            }
+            if let Some(g) = wrs.as_mut() {
+                g.charge(now, 1);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A cap `old` set to the limit `new`, keeping its state (`None`: no cap).
+pub(crate) fn update_cap(
+    old: Option<Gcra>,
+    new: Option<RateLimit>,
+) -> Result<Option<Gcra>, ConfigError> {
+    match (old, new) {
+        (_, None) => Ok(None),
+        (None, Some(limit)) => Gcra::new(limit).map(Some),
+        (Some(mut g), Some(limit)) => {
+            g.set_limit(limit)?;
+            Ok(Some(g))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -82,6 +82,21 @@ fn drive_from(
     drive_with(control, probe, from_ms, for_ms, senders, delay)
 }
 
+/// A floor control that granted nothing yet, and a probe that measured
+/// nothing yet.
+fn fresh() -> (FloorControl, (DelayShift, Shift)) {
+    (
+        FloorControl::default(),
+        (DelayShift::new(), Shift::default()),
+    )
+}
+
+/// The probe's delay in ns beside `n` senders with the floor: 20 us
+/// times n squared over 500 us (two cost 80 us, four 320 us).
+fn two_hold_four_do_not(n: usize) -> u64 {
+    500_000 + 20_000 * (n * n) as u64
+}
+
 /// As `drive_from`, the probe's delay `delay(senders with the floor)`.
 fn drive_with(
     control: &mut FloorControl,
@@ -121,8 +136,7 @@ fn a_floor_that_costs_nothing_is_given_to_every_sender_and_holds() {
 
 #[test]
 fn senders_are_given_it_twice_as_many_at_a_time_while_the_median_moves_little() {
-    let mut c = FloorControl::default();
-    let mut probe = (DelayShift::new(), Shift::default());
+    let (mut c, mut probe) = fresh();
     // 10 us a sender, a twentieth of the 200 us allowed: 1, 2, 4, 8.
     let mut given_at = Vec::new();
     for t in 0..3_000 {
@@ -144,13 +158,12 @@ fn senders_are_given_it_twice_as_many_at_a_time_while_the_median_moves_little() 
 
 #[test]
 fn a_doubling_that_moves_the_median_too_far_goes_back_to_the_senders_that_held() {
-    let mut c = FloorControl::default();
-    let mut probe = (DelayShift::new(), Shift::default());
+    let (mut c, mut probe) = fresh();
     // Two senders cost 80 us (under half the 200 us allowed), four
     // cost 320 us: the step from two to four is taken back to two,
     // not to three, and is not doubled again before the next
     // reference.
-    let delay = |n: usize| 500_000 + 20_000 * (n * n) as u64;
+    let delay = two_hold_four_do_not;
     let (most, _) = drive_with(&mut c, &mut probe, 0, 1_500, 8, delay);
     assert_eq!(most, 4);
     assert_eq!(c.withdrawals(), 1);
@@ -165,11 +178,9 @@ fn a_doubling_that_moves_the_median_too_far_goes_back_to_the_senders_that_held()
 
 #[test]
 fn a_latency_tenant_that_comes_after_one_left_is_given_the_doubling_ramp_again() {
-    let mut c = FloorControl::default();
-    let mut probe = (DelayShift::new(), Shift::default());
+    let (mut c, mut probe) = fresh();
     // As above: a doubling from two to four is taken back.
-    let delay = |n: usize| 500_000 + 20_000 * (n * n) as u64;
-    drive_with(&mut c, &mut probe, 0, 1_500, 8, delay);
+    drive_with(&mut c, &mut probe, 0, 1_500, 8, two_hold_four_do_not);
     assert_eq!((c.granted(), c.withdrawals()), (2, 1));
     // The latency tenant leaves: patience runs out and the floor ends.
     let mut now = 1_500 * MS;
@@ -229,8 +240,7 @@ fn no_latency_sender_no_floor() {
 
 #[test]
 fn senders_that_come_are_given_it_by_the_next_steps_and_a_silent_latency_sender_ends_it() {
-    let mut c = FloorControl::default();
-    let mut probe = (DelayShift::new(), Shift::default());
+    let (mut c, mut probe) = fresh();
     drive_from(&mut c, &mut probe, 0, 5_000, 500_000, 0, 2);
     assert_eq!(c.granted(), 2);
     let now = Nanos(5_000 * MS);

@@ -505,11 +505,7 @@ impl Window for DelayWindow {
         }
         if self.srtt == 0 || self.largest == 0 {
             // Nothing learnt yet: a first piece goes.
-            return if in_flight == 0 {
-                Admit::Now
-            } else {
-                Admit::AfterCompletion
-            };
+            return Admit::now_if(in_flight == 0);
         }
         // The window ends inside a piece: every `piece / fraction` round
         // trips, one round trip keeps a piece more than the whole pieces,

@@ -50,6 +50,19 @@ pub enum Admit {
     AfterCompletion,
 }
 
+impl Admit {
+    /// [`Now`](Admit::Now) if `fits`, else
+    /// [`AfterCompletion`](Admit::AfterCompletion).
+    #[inline]
+    pub(crate) fn now_if(fits: bool) -> Admit {
+        if fits {
+            Admit::Now
+        } else {
+            Admit::AfterCompletion
+        }
+    }
+}
+
 /// A bound on the bytes one sender keeps in the NIC, told what happens to
 /// its pieces.
 ///
@@ -269,11 +282,7 @@ impl FixedWindow {
 
 impl Window for FixedWindow {
     fn admit(&self, in_flight: u64, bytes: u64, _now: Nanos) -> Admit {
-        if in_flight == 0 || in_flight.saturating_add(bytes) <= self.bytes {
-            Admit::Now
-        } else {
-            Admit::AfterCompletion
-        }
+        Admit::now_if(in_flight == 0 || in_flight.saturating_add(bytes) <= self.bytes)
     }
 
     fn on_sent(&mut self, _bytes: u64, _now: Nanos) {}

@@ -6,11 +6,7 @@ use super::*;
 fn windowed_mode() -> Mode {
     let piece = 2048;
     Mode::Windowed(
-        mtrdma_sched::SchedulerConfig {
-            chunk_bytes: piece,
-            quantum_bytes: piece,
-            ..mtrdma_sched::SchedulerConfig::default()
-        },
+        in_pieces(piece),
         mtrdma_sched::DelayWindowConfig {
             target_ratio_ppm: 500_000,
             target_floor: Nanos::ZERO,
@@ -186,11 +182,7 @@ fn the_composed_pieces_run_the_port_as_the_built_in_scheduler_does() {
 #[test]
 fn windows_that_share_their_growth_keep_the_queue_of_eight_tenants_short() {
     let piece = 4096;
-    let sched = mtrdma_sched::SchedulerConfig {
-        chunk_bytes: piece,
-        quantum_bytes: piece,
-        ..mtrdma_sched::SchedulerConfig::default()
-    };
+    let sched = in_pieces(piece);
     for mbit in [50u64, 200] {
         // The allowance the coordinator's link estimate gives: 10 KiB at
         // the link's rate (the simulator publishes no estimate).
@@ -238,11 +230,7 @@ fn held_by_a_16_kib_bound(spread_everywhere: bool) -> (Mode, u32) {
     let chunk = 64 << 10;
     let piece = bound.piece_for(chunk);
     let mode = Mode::Windowed(
-        mtrdma_sched::SchedulerConfig {
-            chunk_bytes: piece,
-            quantum_bytes: piece,
-            ..mtrdma_sched::SchedulerConfig::default()
-        },
+        in_pieces(piece),
         mtrdma_sched::DelayWindowConfig {
             spread_from: if spread_everywhere {
                 Nanos::ZERO

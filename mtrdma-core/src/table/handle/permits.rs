@@ -34,13 +34,6 @@ impl QpPermit<'_> {
     }
 }
 
-impl Drop for QpPermit<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        self.handle.release_qp();
-    }
-}
-
 /// A [`QpPermit`] that owns a clone of its handle.
 #[derive(Debug)]
 #[must_use = "dropping the permit releases the queue pair quota at once"]
@@ -57,13 +50,6 @@ impl OwnedQpPermit {
     /// The handle of the tenant it was admitted for.
     pub fn handle(&self) -> &TenantHandle {
         &self.handle
-    }
-}
-
-impl Drop for OwnedQpPermit {
-    #[inline]
-    fn drop(&mut self) {
-        self.handle.release_qp();
     }
 }
 
@@ -90,13 +76,6 @@ impl MrPermit<'_> {
     }
 }
 
-impl Drop for MrPermit<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        self.handle.release_mr(self.bytes);
-    }
-}
-
 /// An [`MrPermit`] that owns a clone of its handle.
 #[derive(Debug)]
 #[must_use = "dropping the permit releases the memory-region quota at once"]
@@ -112,11 +91,27 @@ impl OwnedMrPermit {
     }
 }
 
-impl Drop for OwnedMrPermit {
-    #[inline]
-    fn drop(&mut self) {
-        self.handle.release_mr(self.bytes);
-    }
+/// `Drop` for the permits that give back what they hold at once: `$p`
+/// the permit, `$release` how.
+macro_rules! release_on_drop {
+    ($($permit:ty => |$p:ident| $release:expr;)*) => {
+        $(
+            impl Drop for $permit {
+                #[inline]
+                fn drop(&mut self) {
+                    let $p = self;
+                    $release
+                }
+            }
+        )*
+    };
+}
+
+release_on_drop! {
+    QpPermit<'_> => |p| p.handle.release_qp();
+    OwnedQpPermit => |p| p.handle.release_qp();
+    MrPermit<'_> => |p| p.handle.release_mr(p.bytes);
+    OwnedMrPermit => |p| p.handle.release_mr(p.bytes);
 }
 
 /// Admitted outstanding work requests; returned when dropped.

@@ -16,7 +16,18 @@ fn config() -> DelayWindowConfig {
 }
 
 fn window() -> DelayWindow {
-    DelayWindow::new(config()).unwrap()
+    window_with(config())
+}
+
+/// The window of [`config`] that judges each piece on the lowest delay
+/// of the last `filter`.
+fn filtered(filter: u32) -> DelayWindow {
+    window_with(DelayWindowConfig { filter, ..config() })
+}
+
+/// A window of `config`, which must be valid.
+fn window_with(config: DelayWindowConfig) -> DelayWindow {
+    DelayWindow::new(config).unwrap()
 }
 
 /// Sends one piece at a time, each taking `delay`, `n` times.
@@ -26,6 +37,14 @@ fn run(w: &mut DelayWindow, now: &mut Nanos, delay: Nanos, n: usize) {
         w.on_completed(PIECE, *now, *now + delay);
         *now = *now + delay;
     }
+}
+
+/// Sends `n` pieces one at a time from time 0, each taking 100 us (the
+/// path's own delay); returns the time after the last.
+fn from_zero(w: &mut DelayWindow, n: usize) -> Nanos {
+    let mut now = Nanos::ZERO;
+    run(w, &mut now, Nanos::from_micros(100), n);
+    now
 }
 
 /// Completes pieces of `bytes` adding up to `total`, each `delay` long.
@@ -40,8 +59,7 @@ fn complete(w: &mut DelayWindow, now: &mut Nanos, bytes: u64, total: u64, delay:
 #[test]
 fn a_known_link_rate_sets_the_queue_allowance_in_bytes() {
     let mut w = DelayWindow::new(DelayWindowConfig::for_piece(PIECE)).unwrap();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 1);
+    from_zero(&mut w, 1);
     // No rate known: the floor (800 us) over the path's 100 us.
     assert_eq!(w.target_delay(), Some(Nanos::from_micros(900)));
     // 10 KiB at 25 MB/s take 409.6 us; at 6.25 MB/s 1638.4 us.
@@ -80,12 +98,11 @@ fn waits_a_time_of_its_own_after_a_completion_only_where_pieces_are_long_on_the_
         (None, 3, 1, false),
     ] {
         let at = format!("{rate:?}, sharing {sharing}, {still_out} still out");
-        let mut w = DelayWindow::new(DelayWindowConfig {
+        let mut w = window_with(DelayWindowConfig {
             initial_window: 4 * PIECE,
             additive_increase: 1,
             ..config()
-        })
-        .unwrap();
+        });
         w.set_link_rate(rate);
         w.set_sharing_weight(sharing);
         let mut now = Nanos::from_secs(10);
@@ -130,14 +147,12 @@ fn a_faster_link_keeps_the_same_bytes_queued() {
     // `queue` long: the window shrinks once the queue passes the
     // allowance, which is shorter on the faster link.
     let shrinks = |rate: u64, queue_us: u64| {
-        let mut w = DelayWindow::new(DelayWindowConfig {
+        let mut w = window_with(DelayWindowConfig {
             quiet_every: Nanos::ZERO,
             ..DelayWindowConfig::for_piece(PIECE)
-        })
-        .unwrap();
+        });
         w.set_link_rate(Some(rate));
-        let mut now = Nanos::ZERO;
-        run(&mut w, &mut now, Nanos::from_micros(100), 20);
+        let mut now = from_zero(&mut w, 20);
         let before = w.window();
         run(&mut w, &mut now, Nanos::from_micros(100 + queue_us), 20);
         w.window() < before
@@ -150,7 +165,7 @@ fn a_faster_link_keeps_the_same_bytes_queued() {
 
 #[test]
 fn a_new_weight_applies_from_the_next_completion_and_a_bad_one_is_refused() {
-    let mut w = DelayWindow::new(config()).unwrap();
+    let mut w = window();
     w.set_weight(4).unwrap();
     w.on_sent(PIECE, Nanos::ZERO);
     w.on_completed(PIECE, Nanos::ZERO, Nanos::from_micros(100));
@@ -164,7 +179,7 @@ fn a_new_weight_applies_from_the_next_completion_and_a_bad_one_is_refused() {
 #[test]
 fn grows_by_the_increase_times_the_weight_per_window_of_bytes() {
     for weight in [1u32, 4] {
-        let mut w = DelayWindow::new(DelayWindowConfig { weight, ..config() }).unwrap();
+        let mut w = window_with(DelayWindowConfig { weight, ..config() });
         let mut now = Nanos::ZERO;
         // One piece completed, as large as the window: a whole round
         // trip's worth of bytes under the target.
@@ -175,26 +190,19 @@ fn grows_by_the_increase_times_the_weight_per_window_of_bytes() {
     }
     // A window of four pieces grows by about an eighth of a piece per
     // four pieces completed, not per piece.
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         initial_window: 4 * PIECE,
         ..config()
-    })
-    .unwrap();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 4);
+    });
+    from_zero(&mut w, 4);
     let grown = w.window() - 4 * PIECE;
     assert!((PIECE / 8 - 8..=PIECE / 8).contains(&grown), "grew {grown}");
 }
 
 #[test]
 fn shrinks_in_proportion_to_the_excess_and_at_most_by_half_per_window() {
-    let mut w = DelayWindow::new(DelayWindowConfig {
-        filter: 2,
-        ..config()
-    })
-    .unwrap();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 1);
+    let mut w = filtered(2);
+    let mut now = from_zero(&mut w, 1);
     let before = w.window();
     // 250 us against a 200 us target, the filter's two samples both
     // late: a whole window's cut is 0.8 x 50/250 = 16%; a piece of
@@ -215,13 +223,8 @@ fn shrinks_in_proportion_to_the_excess_and_at_most_by_half_per_window() {
     // 16% of a window per window of bytes: 16% of a piece per piece.
     assert_eq!(w.window(), before - PIECE * 16 / 100);
     // A huge excess takes at most half a window per window of bytes.
-    let mut w = DelayWindow::new(DelayWindowConfig {
-        filter: 1,
-        ..config()
-    })
-    .unwrap();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 1);
+    let mut w = filtered(1);
+    let mut now = from_zero(&mut w, 1);
     let before = w.window();
     complete(&mut w, &mut now, before, before, Nanos::from_millis(50));
     assert_eq!(w.window(), before / 2);
@@ -229,13 +232,8 @@ fn shrinks_in_proportion_to_the_excess_and_at_most_by_half_per_window() {
 
 #[test]
 fn judges_each_piece_on_the_lowest_of_the_last_few() {
-    let mut w = DelayWindow::new(DelayWindowConfig {
-        filter: 2,
-        ..config()
-    })
-    .unwrap();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 50);
+    let mut w = filtered(2);
+    let mut now = from_zero(&mut w, 50);
     // One slow piece (a descheduled thread) after a fast one: the
     // lowest of the last two is under the target, the window grows.
     let before = w.window();
@@ -248,8 +246,7 @@ fn judges_each_piece_on_the_lowest_of_the_last_few() {
     // With a filter of one (the default), the first late piece is
     // enough.
     let mut w = window();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 50);
+    let mut now = from_zero(&mut w, 50);
     let before = w.window();
     run(&mut w, &mut now, Nanos::from_micros(900), 1);
     assert!(w.window() < before);
@@ -261,11 +258,10 @@ fn many_small_pieces_and_few_large_ones_count_the_same() {
     // pieces and one in quarter pieces: their windows move alike, so a
     // sender that completes more pieces per round trip (a free one next
     // to a capped one) is not favoured.
-    let mut whole = DelayWindow::new(DelayWindowConfig {
+    let mut whole = window_with(DelayWindowConfig {
         initial_window: 8 * PIECE,
         ..config()
-    })
-    .unwrap();
+    });
     let mut quarters = whole.clone();
     let (mut a, mut b) = (Nanos::ZERO, Nanos::ZERO);
     for round in 0..200 {
@@ -284,11 +280,10 @@ fn windows_settle_in_proportion_to_their_weights() {
     // Two senders on one queue: the delay is over the target whenever
     // their windows add up to more than the port holds at the target.
     let mut light = window();
-    let mut heavy = DelayWindow::new(DelayWindowConfig {
+    let mut heavy = window_with(DelayWindowConfig {
         weight: 3,
         ..config()
-    })
-    .unwrap();
+    });
     let (mut a, mut b) = (Nanos::ZERO, Nanos::ZERO);
     let capacity = 24 * PIECE;
     let mut ratios = Vec::new();
@@ -380,11 +375,10 @@ fn a_gain_scales_the_growth_and_lowers_the_floor_as_a_weight_does() {
 fn the_weights_sharing_the_port_divide_the_growth() {
     // Growth: increase (512 B) x weight / sharing.
     for (sharing, weight, growth) in [(0, 1, 512), (1, 1, 512), (4, 2, 256), (8, 1, 64)] {
-        let mut w = DelayWindow::new(DelayWindowConfig { weight, ..config() }).unwrap();
+        let mut w = window_with(DelayWindowConfig { weight, ..config() });
         w.set_sharing_weight(sharing);
         assert_eq!(w.sharing_weight(), sharing.max(1));
-        let mut now = Nanos::ZERO;
-        run(&mut w, &mut now, Nanos::from_micros(100), 1);
+        let mut now = from_zero(&mut w, 1);
         assert_eq!(
             w.window(),
             PIECE + growth,
@@ -403,7 +397,7 @@ fn the_weights_sharing_the_port_divide_the_growth() {
 
 #[test]
 fn the_piece_floor_holds_one_piece_whatever_the_delay_and_the_gain() {
-    let mut w = DelayWindow::new(config()).unwrap();
+    let mut w = window();
     w.set_gain(250_000);
     let mut now = Nanos::ZERO;
     // A standing queue: every piece takes ten times the path's delay.
@@ -439,23 +433,18 @@ fn the_piece_floor_holds_one_piece_whatever_the_delay_and_the_gain() {
         ..Signals::default()
     });
     run(&mut w, &mut now, 200);
-    assert!(
-        w.window() < PIECE / 4,
-        "taken back, it shrinks: {}",
-        w.window()
-    );
+    let after = w.window();
+    assert!(after < PIECE / 4, "taken back, it shrinks: {after}");
 }
 
 #[test]
 fn admits_while_the_window_has_room() {
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         initial_window: 4 * PIECE,
         additive_increase: 1,
         ..config()
-    })
-    .unwrap();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 1);
+    });
+    let now = from_zero(&mut w, 1);
     let win = w.window();
     assert!(win > 4 * PIECE && win < 4 * PIECE + 8);
     assert_eq!(w.admit(0, PIECE, now), Admit::Now);

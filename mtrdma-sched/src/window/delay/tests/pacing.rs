@@ -3,18 +3,25 @@
 
 use super::*;
 
+/// Asserts that `per_rtt` pieces per round trip are within `tolerance`
+/// (a share) of `want`, for the case `what`.
+fn assert_per_rtt(per_rtt: f64, want: f64, tolerance: f64, what: &str) {
+    assert!(
+        (per_rtt / want - 1.0).abs() < tolerance,
+        "{what}: {per_rtt} pieces per round trip, want {want}"
+    );
+}
+
 #[test]
 fn keeps_at_least_the_minimum_and_sends_its_fraction_of_a_piece() {
     for (weight, floor) in [(1u32, PIECE / 64), (4, PIECE / 16)] {
-        let mut w = DelayWindow::new(DelayWindowConfig {
+        let mut w = window_with(DelayWindowConfig {
             min_window: PIECE / 64,
             weight,
             base_period: Nanos::from_secs(1_000),
             ..config()
-        })
-        .unwrap();
-        let mut now = Nanos::ZERO;
-        run(&mut w, &mut now, Nanos::from_micros(100), 1);
+        });
+        let mut now = from_zero(&mut w, 1);
         for _ in 0..100 {
             run(&mut w, &mut now, Nanos::from_millis(10), 1);
         }
@@ -40,10 +47,7 @@ fn keeps_at_least_the_minimum_and_sends_its_fraction_of_a_piece() {
         let srtt = w.smoothed_delay().unwrap();
         let per_rtt = pieces_per_round_trip(&mut w, &mut now, srtt, 4096);
         let want = floor as f64 / PIECE as f64;
-        assert!(
-            (per_rtt / want - 1.0).abs() < 0.1,
-            "weight {weight}: {per_rtt} pieces per round trip, want {want}"
-        );
+        assert_per_rtt(per_rtt, want, 0.1, &format!("weight {weight}"));
     }
 }
 
@@ -55,23 +59,19 @@ fn keeps_at_least_the_minimum_and_sends_its_fraction_of_a_piece() {
 #[test]
 fn a_window_under_a_piece_moves_its_share_when_round_trips_vary() {
     // Held at 0.6 pieces: it may grow no further.
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         initial_window: 6 * PIECE / 10,
         min_window: 1,
         max_window: 6 * PIECE / 10,
         target_ratio_ppm: 10_000_000,
         ..config()
-    })
-    .unwrap();
+    });
     let mut now = Nanos::ZERO;
     let rtt = Nanos::from_millis(1);
     let per_rtt = pieces_per_round_trip_spread(&mut w, &mut now, rtt, 2000, 200);
     // Pieces take 2 round trips on average: 0.6 / 2 pieces per `rtt`.
     let want = 0.6 / 2.0;
-    assert!(
-        (per_rtt / want - 1.0).abs() < 0.05,
-        "{per_rtt} pieces per round trip, want {want}"
-    );
+    assert_per_rtt(per_rtt, want, 0.05, "round trips that vary");
 }
 
 #[test]
@@ -83,7 +83,7 @@ fn a_window_that_ends_inside_a_piece_moves_that_fraction_per_round_trip() {
         (PIECE / 3, 1.0 / 3.0),
         (21 * PIECE / 4, 5.25),
     ] {
-        let mut w = DelayWindow::new(DelayWindowConfig {
+        let mut w = window_with(DelayWindowConfig {
             initial_window: window,
             min_window: 1,
             additive_increase: 1,
@@ -91,28 +91,22 @@ fn a_window_that_ends_inside_a_piece_moves_that_fraction_per_round_trip() {
             // shrink, and grows by a byte per piece.
             target_ratio_ppm: 10_000_000,
             ..config()
-        })
-        .unwrap();
+        });
         let mut now = Nanos::ZERO;
         let per_rtt = pieces_per_round_trip(&mut w, &mut now, Nanos::from_millis(1), 400);
         // The window grew by a byte or a few per piece on the way.
         let want = want * (window + w.window()) as f64 / (2 * window) as f64;
-        assert!(
-            (per_rtt / want - 1.0).abs() < 0.05,
-            "window {window}: {per_rtt} pieces per round trip, want {want}"
-        );
+        assert_per_rtt(per_rtt, want, 0.05, &format!("window {window}"));
     }
 }
 
 #[test]
 fn posts_nothing_for_twice_the_target_at_the_start_of_every_period() {
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         target_floor: Nanos::ZERO,
         ..DelayWindowConfig::for_piece(PIECE)
-    })
-    .unwrap();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 24);
+    });
+    from_zero(&mut w, 24);
     // Target 200 us: quiet for the first 400 us of every 500 ms, on
     // the clock every sender shares, whatever is in flight; then each
     // sender starts again at a point of its own within one round trip
@@ -142,22 +136,27 @@ fn posts_nothing_for_twice_the_target_at_the_start_of_every_period() {
     assert_eq!(window().admit(0, PIECE, period), Admit::Now);
 }
 
+/// A piece sent at `now` whose completion is found `after` it, `host` of
+/// that spent waiting for a CPU.
+fn found_late(w: &mut DelayWindow, now: Nanos, after: Nanos, host: Nanos) {
+    w.on_sent(PIECE, now);
+    w.on_completed_late(PIECE, now, now + after, host);
+}
+
 #[test]
 fn a_completion_found_late_by_the_host_is_judged_on_the_nics_time() {
     let mut w = window();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 24);
+    let mut now = from_zero(&mut w, 24);
     assert_eq!(w.target_delay(), Some(Nanos::from_micros(200)));
     // Every piece is found 1 ms after it was posted, 900 us of which
     // its thread waited for a CPU: 100 us at the NIC, the window grows.
     let mut late = w.clone();
     let before = w.window();
     for _ in 0..16 {
-        late.on_sent(PIECE, now);
-        late.on_completed_late(
-            PIECE,
+        found_late(
+            &mut late,
             now,
-            now + Nanos::from_millis(1),
+            Nanos::from_millis(1),
             Nanos::from_micros(900),
         );
         w.on_sent(PIECE, now);
@@ -171,11 +170,10 @@ fn a_completion_found_late_by_the_host_is_judged_on_the_nics_time() {
     );
     // More taken off than the whole sample: judged at the path's own
     // delay, which the host's delay never lowers.
-    late.on_sent(PIECE, now);
-    late.on_completed_late(
-        PIECE,
+    found_late(
+        &mut late,
         now,
-        now + Nanos::from_micros(150),
+        Nanos::from_micros(150),
         Nanos::from_millis(5),
     );
     assert_eq!(late.base_delay(), Some(Nanos::from_micros(100)));
@@ -186,11 +184,10 @@ fn a_sender_that_learnt_a_long_delay_still_posts_in_every_period() {
     // Its first pieces waited 300 ms behind a queue that drained: its
     // target (600 ms) and its round trip are longer than the quiet
     // times' period (500 ms), and its window is at its floor.
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         target_floor: Nanos::ZERO,
         ..DelayWindowConfig::for_piece(PIECE)
-    })
-    .unwrap();
+    });
     let mut now = Nanos::ZERO;
     run(&mut w, &mut now, Nanos::from_millis(300), 8);
     assert!(w.target_delay().unwrap() > Nanos::from_millis(500));
@@ -212,14 +209,12 @@ fn a_sender_that_learnt_a_long_delay_still_posts_in_every_period() {
 
 #[test]
 fn by_default_keeps_a_quarter_piece_and_a_target_of_at_least_the_floor() {
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         quiet_every: Nanos::ZERO,
         base_period: Nanos::from_secs(1_000),
         ..DelayWindowConfig::for_piece(PIECE)
-    })
-    .unwrap();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 1);
+    });
+    let mut now = from_zero(&mut w, 1);
     // 100 us of path: the target's queue is the floor, not 100 us.
     assert_eq!(w.target_delay(), Some(Nanos::from_micros(900)));
     // 850 us is under the target: the window grows.
@@ -245,8 +240,7 @@ fn one_large_piece_does_not_make_the_window_deaf_to_the_usual_ones() {
     // again once the large piece is out of memory, and the window
     // shrinks.
     let mut w = window();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 20);
+    let mut now = from_zero(&mut w, 20);
     let before = w.window();
     w.on_sent(4 * PIECE, now);
     w.on_completed(4 * PIECE, now, now + Nanos::from_micros(100));
@@ -270,15 +264,13 @@ fn a_piece_larger_than_the_window_goes_alone_whenever_the_sender_polls() {
     // 4.5 pieces: with nothing in flight it goes at once, at any time
     // (not only in the round trips that round the window up, which a
     // late sender would miss); beside a piece in flight it waits.
-    let mut w = DelayWindow::new(DelayWindowConfig {
+    let mut w = window_with(DelayWindowConfig {
         initial_window: 4 * PIECE,
         additive_increase: 1,
         quiet_every: Nanos::ZERO,
         ..config()
-    })
-    .unwrap();
-    let mut now = Nanos::ZERO;
-    run(&mut w, &mut now, Nanos::from_micros(100), 1);
+    });
+    let now = from_zero(&mut w, 1);
     let big = 4 * PIECE + PIECE / 2;
     assert!(w.window() > 4 * PIECE && w.window() < big);
     for late in 0..50 {
