@@ -5,7 +5,7 @@
 //! servers on the receiver device, so every byte crosses the one shaped
 //! queue (the NIC port) between them.
 //!
-//! The tenants are `examples/perf` processes (the latency tenant: 16 B
+//! The tenants are `perf` processes (the latency tenant: 16 B
 //! WRITEs, an open-loop probe of one request every 500 us; bulk tenants:
 //! `write_bw`), unmodified perftest `ib_write_bw` hogs, and this binary
 //! itself as a control-path storm (`--storm-tenant`). "Unprotected" bulk
@@ -34,9 +34,7 @@ use std::time::{Duration, Instant};
 use crate::plot::{self, BarGroup, LatencySeries};
 use crate::progress::Progress;
 
-#[path = "apps.rs"]
 mod apps;
-#[path = "soak.rs"]
 mod soak;
 use crate::{lat, Args, Lat, Report, Way};
 use mtrdma::sched::stats::jain_index;
@@ -1780,11 +1778,10 @@ impl Site<'_> {
 /// Runs the link demo's scenarios; writes into `args.out`.
 pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), String> {
     let me = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
-    // target/PROFILE/examples/isolation -> target/PROFILE
+    // target/PROFILE/isolation -> target/PROFILE
     let profile_dir = me
         .parent()
-        .and_then(Path::parent)
-        .ok_or("this binary is not in a target/PROFILE/examples directory")?
+        .ok_or("this binary is not in a target/PROFILE directory")?
         .to_path_buf();
     let coordinator = crate::programs::find(&profile_dir, "link", "coordinator")?;
     let policy = args.out.join("link-policy.toml");

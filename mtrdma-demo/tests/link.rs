@@ -1,5 +1,5 @@
 //! Protection across processes on the VM's shared link (`cargo xtask vm
-//! --link RATE`): a latency tenant and bulk tenants, each an `examples/perf`
+//! --link RATE`): a latency tenant and bulk tenants, each an `perf`
 //! process of its own, senders on the link's sender device and servers on
 //! its receiver. Unprotected, the bulk tenants' WRITEs fill the link's
 //! queue; with delay windows the latency tenant's p99 is several times
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 // Not every test file uses all of what the tests share.
 mod common;
-use common::{example, result_row};
+use common::{result_row, ISOLATION, PERF};
 
 /// The link's sender and receiver devices, or `None` outside the VM when
 /// no link is set up (a real host has no such pair).
@@ -32,7 +32,7 @@ fn link() -> Option<(String, String)> {
 }
 
 fn perf(args: &[&str]) -> Command {
-    let mut cmd = Command::new(example("perf"));
+    let mut cmd = Command::new(PERF);
     cmd.args(args);
     cmd
 }
@@ -41,7 +41,7 @@ fn spawn(cmd: &mut Command) -> Child {
     cmd.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start examples/perf")
+        .expect("start perf")
 }
 
 /// Packets `device` has sent (SoftRoCE's `sent_pkts` counter), if the
@@ -196,7 +196,7 @@ fn delay_windows_keep_the_latency_tenant_s_p99_far_below_unprotected() {
 /// defaults (what the README's example runs: a queue pair of the tenant,
 /// `scheduled(ScheduleConfig::default())`), and bulk tenants whose code
 /// asks for no window and 1 MiB pieces, are held to the policy's
-/// `latency_bound` all the same. Each bulk tenant is an `examples/perf`
+/// `latency_bound` all the same. Each bulk tenant is an `perf`
 /// process on an embedded quota table of a policy with a 16 KiB bound,
 /// sending 1 MiB WRITEs; nothing on its command line asks for protection.
 #[test]
@@ -247,7 +247,7 @@ fn a_latency_bound_in_the_policy_protects_tenants_that_did_not_ask_for_it() {
 /// run wrote its files in. In `cargo xtask test`'s boot the demo's short
 /// form has run every scenario already (`MTRDMA_DEMO_SHORT` names its
 /// output directory), and that run is what is checked; elsewhere
-/// `examples/isolation --link --scenarios SCENARIO --seconds 2` runs here.
+/// `isolation --link --scenarios SCENARIO --seconds 2` runs here.
 /// Fails the test if the scenario did not run.
 fn isolation(scenario: &str, header: &str) -> (String, std::path::PathBuf) {
     let (text, out_dir) = match std::env::var_os("MTRDMA_DEMO_SHORT") {
@@ -271,11 +271,11 @@ fn isolation(scenario: &str, header: &str) -> (String, std::path::PathBuf) {
         None => {
             let out_dir =
                 std::env::temp_dir().join(format!("mtrdma-{scenario}-{}", std::process::id()));
-            let out = Command::new(example("isolation"))
+            let out = Command::new(ISOLATION)
                 .args(["--link", "--scenarios", scenario, "--seconds", "2", "--out"])
                 .arg(&out_dir)
                 .output()
-                .expect("start examples/isolation");
+                .expect("start isolation");
             let text = String::from_utf8_lossy(&out.stdout).into_owned();
             assert!(
                 out.status.success(),
@@ -296,7 +296,7 @@ fn isolation(scenario: &str, header: &str) -> (String, std::path::PathBuf) {
     (section.join("\n"), out_dir)
 }
 
-/// The adversarial table, in short (`examples/isolation --link --scenarios
+/// The adversarial table, in short (`isolation --link --scenarios
 /// attack`): a victim tenant next to each attacker, unprotected and with
 /// mtrdma. Every attacker gets a verdict both ways; with mtrdma the
 /// flooding attacker is held to its policy's 1,000 work requests/s, where
@@ -373,7 +373,7 @@ fn the_adversarial_table_holds_each_attacker_to_its_policy() {
     }
 }
 
-/// The applications scenario, in short (`examples/isolation --link
+/// The applications scenario, in short (`isolation --link
 /// --scenarios apps`): the RPC service alone, next to the pager
 /// unprotected and with mtrdma. Every run answers the RPC service's
 /// requests, the pager moves pages in both runs, and no page comes back

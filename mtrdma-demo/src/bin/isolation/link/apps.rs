@@ -1,7 +1,7 @@
 //! The applications scenario on the shared link (`--scenarios apps`): a
 //! latency-sensitive RPC service (`examples/rpc`: eight clients on one UD
 //! server queue pair, finding each other through a memcached started
-//! here) next to a swap-like pager (`examples/remote_memory`: 4 KiB
+//! here) next to a swap-like pager (`remote_memory`: 4 KiB
 //! pages to two memory nodes over RC, every page checked). The clients
 //! and the pager run on the sender device, the RPC server and the memory
 //! nodes on the receiver device, so requests and page-outs cross the link
