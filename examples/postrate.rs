@@ -44,11 +44,7 @@ fn parse() -> Result<Args, String> {
         rounds: 3,
     };
     let mut it = args::Args::from_env();
-    while let Some(token) = it.next()? {
-        let flag = match token {
-            args::Token::Flag(flag) => flag,
-            args::Token::Value(v) => return Err(format!("unexpected argument {v}")),
-        };
+    while let Some(flag) = it.next_flag(|v| format!("unexpected argument {v}"))? {
         match flag.as_str() {
             "--device" => args.device = Some(it.value(&flag)?),
             "--size" => args.size = it.parse(&flag)?,

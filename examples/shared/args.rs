@@ -50,6 +50,18 @@ impl Args {
         })
     }
 
+    /// The next flag, if any; a plain value is an error, `unexpected(value)`.
+    pub fn next_flag(
+        &mut self,
+        unexpected: impl FnOnce(String) -> String,
+    ) -> Result<Option<String>, String> {
+        match self.next()? {
+            Some(Token::Flag(flag)) => Ok(Some(flag)),
+            Some(Token::Value(v)) => Err(unexpected(v)),
+            None => Ok(None),
+        }
+    }
+
     /// The value given to `flag`.
     pub fn value(&mut self, flag: &str) -> Result<String, String> {
         let v = self

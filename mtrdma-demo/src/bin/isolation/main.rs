@@ -253,11 +253,17 @@ fn storm_tenant(args: &Args) -> Result<(), String> {
     let length = Duration::from_secs_f64(args.seconds);
     let start = Instant::now();
     let window = (Duration::ZERO, length);
+    let run = StormRun {
+        handle: handle.as_ref(),
+        start,
+        window,
+        stop: &stop,
+    };
     let (ok, refused) = std::thread::scope(|s| {
         let t = s.spawn(|| match &peer {
-            Some(peer) if args.ud => ud_flood(&pd, peer, handle.as_ref(), start, window, &stop),
-            Some(peer) => rnr_storm(&pd, peer, handle.as_ref(), start, window, &stop),
-            None => storm(&pd, handle.as_ref(), start, window, &stop, args.mr_sweep),
+            Some(peer) if args.ud => ud_flood(&pd, peer, run),
+            Some(peer) => rnr_storm(&pd, peer, run),
+            None => storm(&pd, run, args.mr_sweep),
         });
         std::thread::sleep(length);
         stop.store(true, Ordering::Release);
