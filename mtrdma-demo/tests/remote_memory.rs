@@ -94,6 +94,23 @@ fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
 
+/// A client's arguments for a working set of 1024 pages, 256 cached, on
+/// the test device, lent by nodes `a` and `b`.
+fn two_nodes(a: &Node, b: &Node) -> Vec<String> {
+    strings(&[
+        "--device",
+        &device(),
+        "--node",
+        &a.addr(),
+        "--node",
+        &b.addr(),
+        "--working-set",
+        "1024",
+        "--cache",
+        "256",
+    ])
+}
+
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn the_pager_pages_in_and_out_and_verifies_every_page_on_both_paths() {
@@ -116,14 +133,7 @@ fn pages_in_and_out_on_both_paths(cluster: u64) {
             "mtrdma-remote-memory-{}-{path}-{cluster}.csv",
             std::process::id()
         ));
-        let mut args = strings(&["--device", &device(), "--node", &a.addr(), "--node"]);
-        args.extend(strings(&[
-            &b.addr(),
-            "--working-set",
-            "1024",
-            "--cache",
-            "256",
-        ]));
+        let mut args = two_nodes(&a, &b);
         args.extend(strings(&["--seconds", "3", "--path", path, "--csv"]));
         args.push(csv.display().to_string());
         args.extend(strings(&["--cluster", &cluster.to_string()]));
@@ -183,14 +193,7 @@ fn a_killed_node_loses_its_clusters_and_the_pager_goes_on_with_the_other() {
 fn a_killed_node_loses_its_pages(cluster: u64) {
     let a = Node::start(512, false);
     let mut b = Node::start(512, false);
-    let mut args = strings(&["--device", &device(), "--node", &a.addr(), "--node"]);
-    args.extend(strings(&[
-        &b.addr(),
-        "--working-set",
-        "1024",
-        "--cache",
-        "256",
-    ]));
+    let mut args = two_nodes(&a, &b);
     args.extend(strings(&[
         "--seconds",
         "6",

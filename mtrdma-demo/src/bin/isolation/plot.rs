@@ -152,6 +152,20 @@ fn with_suffix(stem: &Path, ext: &str) -> PathBuf {
 }
 
 /// Turns a plotters error into text.
+/// Draws a chart's mesh (`chart.configure_mesh()` and the chart's own
+/// settings) in the pictures' grid and label style.
+macro_rules! draw_mesh {
+    ($mesh:expr) => {
+        $mesh
+            .bold_line_style(GRID_BOLD)
+            .light_line_style(GRID_LIGHT)
+            .axis_desc_style(axis_desc_style())
+            .label_style(tick_style())
+            .draw()
+            .map_err(err)
+    };
+}
+
 fn err<E: Display>(e: E) -> String {
     e.to_string()
 }
@@ -449,20 +463,14 @@ impl<'a> Cdf<'a> {
                 0.0..1.0_f64,
             )
             .map_err(err)?;
-        chart
+        draw_mesh!(chart
             .configure_mesh()
             .x_desc("latency (µs, log scale)")
             .y_desc("fraction of operations ≤ latency")
             .x_label_formatter(&|v| fmt_num(*v))
             .y_label_formatter(&|v| format!("{v:.1}"))
             .y_labels(11)
-            .y_max_light_lines(1)
-            .bold_line_style(GRID_BOLD)
-            .light_line_style(GRID_LIGHT)
-            .axis_desc_style(axis_desc_style())
-            .label_style(tick_style())
-            .draw()
-            .map_err(err)?;
+            .y_max_light_lines(1))?;
 
         // Percentile levels: faint lines with a small name at the left.
         let level_line = NOTE.mix(0.55).stroke_width(1);
@@ -632,19 +640,13 @@ impl<'a> Rates<'a> {
         let mut chart = chart_builder(root, self.title, 75)
             .build_cartesian_2d(x_lo..x_hi, y_lo..y_hi)
             .map_err(err)?;
-        chart
+        draw_mesh!(chart
             .configure_mesh()
             .x_desc("time since start (s)")
             .y_desc(self.y_label)
             .x_label_formatter(&|v| fmt_tick(*v))
             .y_label_formatter(&|v| fmt_tick(*v))
-            .max_light_lines(1)
-            .bold_line_style(GRID_BOLD)
-            .light_line_style(GRID_LIGHT)
-            .axis_desc_style(axis_desc_style())
-            .label_style(tick_style())
-            .draw()
-            .map_err(err)?;
+            .max_light_lines(1))?;
 
         for l in &self.lines {
             let col = colour(l.index);
