@@ -7,7 +7,7 @@
 use std::process::Command;
 
 mod common;
-use common::{device, example, result_row, run, ISOLATION, PERF};
+use common::{demo_run, device, example, result_row, run, ISOLATION, PERF};
 
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
@@ -215,17 +215,12 @@ fn perf_joins_a_running_coordinator_and_windows_its_bulk_pieces() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn the_isolation_demo_runs_every_scenario_and_writes_tables_csv_and_pictures() {
-    let (stdout, out_dir) = match std::env::var_os("MTRDMA_DEMO_SHORT") {
-        Some(demo) => {
-            let out_dir = std::path::Path::new(&demo).join("single-process");
-            let text = std::fs::read_to_string(out_dir.join("results.txt"))
-                .expect("the demo's short form wrote the one-process run's report");
-            (text, out_dir)
-        }
-        None => {
-            let out_dir =
-                std::env::temp_dir().join(format!("mtrdma-demo-test-{}", std::process::id()));
-            let stdout = run(Command::new(ISOLATION).args([
+    let (stdout, out_dir) = demo_run(
+        "single-process",
+        |_| {},
+        format!("mtrdma-demo-test-{}", std::process::id()),
+        |out_dir| {
+            run(Command::new(ISOLATION).args([
                 "--device",
                 &device(),
                 "--out",
@@ -236,10 +231,9 @@ fn the_isolation_demo_runs_every_scenario_and_writes_tables_csv_and_pictures() {
                 "100",
                 "--bulk",
                 "1,2",
-            ]));
-            (stdout, out_dir)
-        }
-    };
+            ]))
+        },
+    );
     for heading in ["== 1.", "== 2.", "== 3.", "== 4."] {
         assert!(
             stdout.contains(heading),

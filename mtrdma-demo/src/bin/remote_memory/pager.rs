@@ -512,27 +512,24 @@ impl Pager {
     }
 
     fn reads_alive(&self) -> usize {
-        self.nodes
-            .iter()
-            .filter(|n| n.lost.is_none())
-            .map(|n| n.reads)
-            .sum()
+        self.alive_sum(|n| n.reads)
     }
 
     fn writes_alive(&self) -> usize {
-        self.nodes
-            .iter()
-            .filter(|n| n.lost.is_none())
-            .map(|n| n.writes)
-            .sum()
+        self.alive_sum(|n| n.writes)
     }
 
     /// Requests out on nodes not lost: what the end of the run waits for.
     fn in_flight_alive(&self) -> usize {
+        self.alive_sum(Node::in_flight)
+    }
+
+    /// The sum of `count` over the nodes not lost.
+    fn alive_sum(&self, count: impl Fn(&Node) -> usize) -> usize {
         self.nodes
             .iter()
             .filter(|n| n.lost.is_none())
-            .map(Node::in_flight)
+            .map(count)
             .sum()
     }
 
