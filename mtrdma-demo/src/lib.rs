@@ -8,5 +8,7 @@
 // (each of them includes the file as a module of its own).
 #[path = "../../examples/shared/args.rs"]
 pub mod args;
+#[path = "../../examples/shared/lane.rs"]
+pub mod lane;
 #[path = "../../examples/shared/tenant.rs"]
 pub mod tenant;

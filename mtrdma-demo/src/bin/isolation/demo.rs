@@ -3,6 +3,7 @@
 
 use super::*;
 use mtrdma::verbs::PollCompletions;
+pub(crate) use mtrdma_demo::lane::Lane;
 
 /// The demo's tenants, all in one policy and one quota table.
 pub(crate) fn policy(args: &Args) -> Policy {
@@ -44,29 +45,6 @@ impl Way {
         }
     }
 }
-
-/// Either way of posting, driven the same way.
-pub(crate) trait Lane: Send {
-    fn post(&mut self, op: SendOp, region: MemoryRegion, len: usize) -> Result<(), String>;
-    fn reap(&mut self, out: &mut Vec<Completion>) -> Result<(), String>;
-}
-
-/// [`Lane`] for queue pairs whose `post_send` and `poll` read the same
-/// (the plain and the scheduled one).
-macro_rules! lane {
-    ($($qp:ty),*) => {$(
-        impl Lane for $qp {
-            fn post(&mut self, op: SendOp, region: MemoryRegion, len: usize) -> Result<(), String> {
-                self.post_send(op, region, 0..len, 0)
-                    .map_err(|e| e.to_string())
-            }
-            fn reap(&mut self, out: &mut Vec<Completion>) -> Result<(), String> {
-                self.poll(out).map(|_| ()).map_err(|e| e.to_string())
-            }
-        }
-    )*};
-}
-lane!(QueuePair, ScheduledQueuePair);
 
 /// Who runs in one measurement.
 #[derive(Default)]

@@ -79,8 +79,8 @@ use mtrdma::core::{
 use mtrdma::sched::stats::{jain_index, percentile};
 use mtrdma::verbs::{
     Access, AddressHandle, Completion, Context, Error, MemoryRegion, PostError, ProtectionDomain,
-    QueuePair, RemoteRegion, ScheduleConfig, ScheduledQueuePair, ScheduledUdQueuePair, SendOp,
-    SharedConfig, SharedScheduler, UdCompletion, UdEndpoint, UdQueuePair,
+    QueuePair, RemoteRegion, ScheduleConfig, ScheduledUdQueuePair, SendOp, SharedConfig,
+    SharedScheduler, UdCompletion, UdEndpoint, UdQueuePair,
 };
 use mtrdma_demo::args;
 use plot::{BarGroup, LatencySeries, RateSeries};
