@@ -490,6 +490,13 @@ pub(crate) fn summary(plan: &Plan, out: &Path, exit_code: i32) -> (String, Vec<(
 mod tests {
     use super::*;
 
+    /// Asserts that `text` contains every one of `parts`.
+    fn contains_all(text: &str, parts: &[&str]) {
+        for part in parts {
+            assert!(text.contains(part), "{part:?} missing from:\n{text}");
+        }
+    }
+
     fn plan(form: Form) -> Plan {
         Plan {
             form,
@@ -532,9 +539,10 @@ mod tests {
             text.contains("no round of 0 rounds gave a figure"),
             "{text}"
         );
-        assert!(text.contains("link/latency"), "{text}");
-        assert!(text.contains("starts remote_memory"), "{text}");
-        assert!(text.contains("exit status 1"), "{text}");
+        contains_all(
+            &text,
+            &["link/latency", "starts remote_memory", "exit status 1"],
+        );
 
         // Everything recorded as ran, with figures: nothing failed.
         std::fs::create_dir_all(out.join("rounds")).unwrap();
@@ -560,9 +568,14 @@ mod tests {
             s.contains("--link --out /out/link --seconds 1 --warmup-ms 500"),
             "{s}"
         );
-        assert!(s.contains("--coordinator-monitor"), "{s}");
-        assert!(s.contains("perftest preloaded"), "{s}");
-        assert!(s.contains("--out /out/single-process --seconds 1"), "{s}");
+        contains_all(
+            &s,
+            &[
+                "--coordinator-monitor",
+                "perftest preloaded",
+                "--out /out/single-process --seconds 1",
+            ],
+        );
         assert!(!s.contains("demo-rounds-decided"), "{s}");
         let mut full = plan(Form::Full);
         full.isolation_args = vec!["--bulk".into(), "2,6".into()];
@@ -571,8 +584,7 @@ mod tests {
             s.contains("--link --out /out/link --coordinator-monitor --bulk 2,6\n"),
             "{s}"
         );
-        assert!(s.contains("demo-rounds-decided"), "{s}");
-        assert!(s.contains("--out /out/single-process\n"), "{s}");
+        contains_all(&s, &["demo-rounds-decided", "--out /out/single-process\n"]);
     }
 
     #[test]
@@ -591,8 +603,10 @@ mod tests {
         // No overhead rounds and no single-process run.
         assert!(!s.contains("ib_write_lat"), "{s}");
         assert!(!s.contains("single-process --"), "{s}");
-        assert!(s.contains("at 'the link: what rxe carries unshaped"), "{s}");
-        assert!(s.contains("at 'the end'"), "{s}");
+        contains_all(
+            &s,
+            &["at 'the link: what rxe carries unshaped", "at 'the end'"],
+        );
         // Its summary does not ask for the steps it does not take.
         let out = std::env::temp_dir().join(format!("xtask-demo-default-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&out);
@@ -648,9 +662,14 @@ mod tests {
                 )),
                 "{s}"
             );
-            assert!(s.contains("lo=5; hi=40\n"), "{s}");
-            assert!(s.contains(": > /out/link-rate.txt\n"), "{s}");
-            assert!(s.contains("| tee -a /out/link-rate.txt"), "{s}");
+            contains_all(
+                &s,
+                &[
+                    "lo=5; hi=40\n",
+                    ": > /out/link-rate.txt\n",
+                    "| tee -a /out/link-rate.txt",
+                ],
+            );
             let ran = s.find("step 'link rate' ''").unwrap();
             let isolation = s.find("--link --out /out/link").unwrap();
             assert!(search < ran && ran < isolation, "{s}");
