@@ -920,18 +920,24 @@ fn read_samples(path: &Path) -> Result<Vec<f64>, String> {
 
 /// `bw_avg_MBps` of the last line of a perf CSV file.
 fn bw_avg(path: &Path) -> Result<f64, String> {
+    csv_field(path, "bw_avg_MBps")
+}
+
+/// Column `name` of the last data row of a CSV file (perf appends a row
+/// a run; the pager and the RPC service write one).
+fn csv_field(path: &Path, name: &str) -> Result<f64, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
     let col = header
         .iter()
-        .position(|h| *h == "bw_avg_MBps")
-        .ok_or_else(|| format!("{}: no bw_avg_MBps column", path.display()))?;
+        .position(|h| *h == name)
+        .ok_or_else(|| format!("{}: no {name} column", path.display()))?;
     lines
         .last()
         .and_then(|l| l.split(',').nth(col))
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| format!("{}: no result line", path.display()))
+        .ok_or_else(|| format!("{}: no {name} value", path.display()))
 }
 
 /// BW average (MB/s) from ib_write_bw's result row.

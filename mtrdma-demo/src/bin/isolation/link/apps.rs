@@ -86,22 +86,6 @@ struct AppRun {
     pager_posted: Option<f64>,
 }
 
-/// Column `name` of the one data row of a CSV file.
-fn csv_field(path: &Path, name: &str) -> Result<f64, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
-    let col = header
-        .iter()
-        .position(|h| *h == name)
-        .ok_or_else(|| format!("{}: no {name} column", path.display()))?;
-    lines
-        .next()
-        .and_then(|l| l.split(',').nth(col))
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| format!("{}: no {name} value", path.display()))
-}
-
 /// Waits until `path` holds `text` (a process's progress line), or the
 /// process ends.
 fn wait_for_line(p: &mut Proc, path: &Path, text: &str) -> Result<(), String> {
