@@ -205,17 +205,15 @@ impl Site<'_> {
         Ok(())
     }
 
-    /// One run: the RPC service (`rpc` way), with the pager next to it
-    /// (`pager` way) if any, started after the service or, with
+    /// One run (`apps-WAY`): the RPC service `rpc` way, alone or with the
+    /// pager next to it the same way, started after the service or, with
     /// `pager_first`, before it.
-    fn run_apps(
-        &mut self,
-        tag: &str,
-        registry: &str,
-        rpc: Way,
-        pager: Option<Way>,
-        pager_first: bool,
-    ) -> Result<AppRun, String> {
+    fn run_apps(&mut self, registry: &str, rpc: Way, pager_first: bool) -> Result<AppRun, String> {
+        let pager = match rpc {
+            Way::Alone => None,
+            way => Some(way),
+        };
+        let tag = &format!("apps-{}", rpc.name());
         let secs = self.args.seconds;
         self.log_dir(tag)?;
         let name = format!("{tag}-{}", std::process::id());
@@ -446,22 +444,10 @@ pub(super) fn scenario_apps(site: &mut Site<'_>, r: &mut Report) -> Result<(), S
         "link_bps",
         chosen as f64,
     );
-    let alone = site.run_apps("apps-alone", &registry, Way::Alone, None, false)?;
-    let unprot = site.run_apps(
-        "apps-unprotected",
-        &registry,
-        Way::Unprotected,
-        Some(Way::Unprotected),
-        false,
-    )?;
+    let alone = site.run_apps(&registry, Way::Alone, false)?;
+    let unprot = site.run_apps(&registry, Way::Unprotected, false)?;
     let pager_first = site.args.pager_first;
-    let ours = site.run_apps(
-        "apps-mtrdma",
-        &registry,
-        Way::Mtrdma,
-        Some(Way::Mtrdma),
-        pager_first,
-    )?;
+    let ours = site.run_apps(&registry, Way::Mtrdma, pager_first)?;
     r.say(format!(
         "{:<12} {:>9} {:>9} {:>10} {:>9} {:>6} {:>11} {:>12} {:>8} {:>8}",
         "way",
