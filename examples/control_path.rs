@@ -82,11 +82,7 @@ fn parse() -> Result<Args, String> {
         ops: 300,
         rounds: 10,
     };
-    while let Some(token) = it.next()? {
-        let flag = match token {
-            args::Token::Flag(flag) => flag,
-            args::Token::Value(v) => return Err(format!("unexpected argument {v}\n{USAGE}")),
-        };
+    while let Some(flag) = it.next_flag(|v| format!("unexpected argument {v}\n{USAGE}"))? {
         match flag.as_str() {
             "--device" => a.device = Some(it.value(&flag)?),
             "--coordinator" => a.coordinator = Some(PathBuf::from(it.value(&flag)?)),

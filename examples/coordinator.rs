@@ -82,11 +82,7 @@ fn parse() -> Result<Args, String> {
     let mut piece_floor = true;
     let mut monitor = false;
     let mut it = args::Args::from_env();
-    while let Some(token) = it.next()? {
-        let flag = match token {
-            args::Token::Flag(flag) => flag,
-            args::Token::Value(v) => return Err(format!("unexpected argument {v}")),
-        };
+    while let Some(flag) = it.next_flag(|v| format!("unexpected argument {v}"))? {
         match flag.as_str() {
             "--policy" => policy = Some(PathBuf::from(it.value(&flag)?)),
             "--table" => table = it.value(&flag)?,

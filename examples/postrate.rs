@@ -17,13 +17,14 @@
 
 #[path = "shared/args.rs"]
 mod args;
+#[path = "shared/lane.rs"]
+mod lane;
 
 use std::time::Instant;
 
-use mtrdma::verbs::PollCompletions;
+use lane::Lane;
 use mtrdma::verbs::{
-    Access, Completion, Context, MemoryRegion, ProtectionDomain, QueuePair, ScheduleConfig,
-    ScheduledQueuePair, SendOp,
+    Access, Context, MemoryRegion, ProtectionDomain, QueuePair, ScheduleConfig, SendOp,
 };
 use mtrdma::{TenantId, TrafficClass};
 
@@ -44,11 +45,7 @@ fn parse() -> Result<Args, String> {
         rounds: 3,
     };
     let mut it = args::Args::from_env();
-    while let Some(token) = it.next()? {
-        let flag = match token {
-            args::Token::Flag(flag) => flag,
-            args::Token::Value(v) => return Err(format!("unexpected argument {v}")),
-        };
+    while let Some(flag) = it.next_flag(|v| format!("unexpected argument {v}"))? {
         match flag.as_str() {
             "--device" => args.device = Some(it.value(&flag)?),
             "--size" => args.size = it.parse(&flag)?,
@@ -71,35 +68,9 @@ fn pair(pd: &ProtectionDomain, depth: u32) -> Result<(QueuePair, QueuePair), mtr
     Ok((a.connect(&eb)?, b.connect(&ea)?))
 }
 
-/// Either way of posting, driven the same way.
-trait Poster {
-    fn post(&mut self, op: SendOp, region: MemoryRegion, len: usize) -> Result<(), String>;
-    fn reap(&mut self, out: &mut Vec<Completion>) -> Result<(), String>;
-}
-
-impl Poster for QueuePair {
-    fn post(&mut self, op: SendOp, region: MemoryRegion, len: usize) -> Result<(), String> {
-        self.post_send(op, region, 0..len, 0)
-            .map_err(|e| e.to_string())
-    }
-    fn reap(&mut self, out: &mut Vec<Completion>) -> Result<(), String> {
-        self.poll(out).map(|_| ()).map_err(|e| e.to_string())
-    }
-}
-
-impl Poster for ScheduledQueuePair {
-    fn post(&mut self, op: SendOp, region: MemoryRegion, len: usize) -> Result<(), String> {
-        self.post_send(op, region, 0..len, 0)
-            .map_err(|e| e.to_string())
-    }
-    fn reap(&mut self, out: &mut Vec<Completion>) -> Result<(), String> {
-        self.poll(out).map(|_| ()).map_err(|e| e.to_string())
-    }
-}
-
 /// Posts `iters` WRITEs keeping `pool.len()` outstanding; returns seconds.
 fn run(
-    qp: &mut dyn Poster,
+    qp: &mut dyn Lane,
     op: SendOp,
     pool: &mut Vec<MemoryRegion>,
     size: usize,

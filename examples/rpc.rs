@@ -915,58 +915,26 @@ mod tests {
     fn command_lines_are_checked() {
         assert!(opts(&["server", "--device", "d", "--host-registry", "127.0.0.1:0"]).is_ok());
         assert!(opts(&["client", "--device", "d", "--registry", "h:1"]).is_ok());
-        let bad: &[&[&str]] = &[
-            &[],
-            &["serve"],
-            &["server", "--device", "d"],
-            &["client", "--device", "d"],
-            &["client", "--registry", "h:1"],
-            &[
-                "client",
-                "--device",
-                "d",
-                "--registry",
-                "h:1",
-                "--size",
-                "8",
-            ],
-            &[
-                "client",
-                "--device",
-                "d",
-                "--registry",
-                "h:1",
-                "--clients",
-                "0",
-            ],
-            &[
-                "client",
-                "--device",
-                "d",
-                "--registry",
-                "h:1",
-                "--seconds",
-                "0",
-            ],
-            &[
-                "client",
-                "--device",
-                "d",
-                "--registry",
-                "h:1",
-                "--path",
-                "x",
-            ],
-            &[
-                "client",
-                "--device",
-                "d",
-                "--registry",
-                "h:1",
-                "--name",
-                "a b",
-            ],
-            &[
+        // A client's required flags, then `extra`.
+        let client = |extra: &[&'static str]| -> Vec<&'static str> {
+            ["client", "--device", "d", "--registry", "h:1"]
+                .iter()
+                .chain(extra)
+                .copied()
+                .collect()
+        };
+        let bad: Vec<Vec<&str>> = vec![
+            vec![],
+            vec!["serve"],
+            vec!["server", "--device", "d"],
+            vec!["client", "--device", "d"],
+            vec!["client", "--registry", "h:1"],
+            client(&["--size", "8"]),
+            client(&["--clients", "0"]),
+            client(&["--seconds", "0"]),
+            client(&["--path", "x"]),
+            client(&["--name", "a b"]),
+            vec![
                 "server",
                 "--device",
                 "d",
@@ -976,7 +944,7 @@ mod tests {
                 "h:2",
             ],
         ];
-        for words in bad {
+        for words in &bad {
             assert!(opts(words).is_err(), "{words:?} was accepted");
         }
     }

@@ -138,11 +138,7 @@ fn parse() -> Result<Args, String> {
         rows: 40,
     };
     let mut it = args::Args::from_env();
-    while let Some(token) = it.next()? {
-        let flag = match token {
-            args::Token::Flag(flag) => flag,
-            args::Token::Value(v) => return Err(format!("unexpected argument {v}")),
-        };
+    while let Some(flag) = it.next_flag(|v| format!("unexpected argument {v}"))? {
         if flag == "--help" || flag == "-h" {
             return Err(String::new());
         }

@@ -15,19 +15,24 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The lines of `text` outside fenced code blocks (the fences' own lines
+/// left out too).
+fn unfenced(text: &str) -> impl Iterator<Item = &str> {
+    let mut fenced = false;
+    text.lines().filter(move |line| {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            return false;
+        }
+        !fenced
+    })
+}
+
 /// The text outside fenced code blocks and inline code spans: links
 /// inside code are not links.
 fn prose(text: &str) -> String {
     let mut out = String::new();
-    let mut fenced = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            continue;
-        }
+    for line in unfenced(text) {
         let mut in_code = false;
         for c in line.chars() {
             if c == '`' {
@@ -61,18 +66,10 @@ fn links(text: &str) -> Vec<String> {
 /// a repeated heading gets `-1`, `-2`, ...
 fn anchors(text: &str) -> BTreeSet<String> {
     let mut seen = BTreeSet::new();
-    let mut fenced = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
+    for line in unfenced(text) {
         let Some(title) = line.strip_prefix('#') else {
             continue;
         };
-        if fenced {
-            continue;
-        }
         let title = title.trim_start_matches('#').trim();
         let base: String = title
             .chars()

@@ -106,6 +106,15 @@ impl Setup {
             .expect("start a process in a cgroup")
     }
 
+    /// `examples/control_path MODE --device DEVICE` as a tenant of this
+    /// setup's coordinator, in cgroup `good`, with `extra` arguments.
+    fn control_path(&self, mode: &str, device: &str, extra: &[&str]) -> Child {
+        let socket = self.socket.display().to_string();
+        let mut args = vec![mode, "--device", device, "--coordinator", &socket];
+        args.extend_from_slice(extra);
+        self.spawn_in("good", &example("control_path"), &args)
+    }
+
     fn cgroup_id(&self, c: &str) -> u64 {
         std::fs::metadata(format!("{CGROUP_ROOT}{}/{c}", self.base))
             .unwrap()
@@ -185,24 +194,27 @@ fn pingpong(setup: &Setup, c: &str, device: &str, port: u16, server: Option<&str
     setup.spawn_in(c, Path::new("ibv_rc_pingpong"), &args)
 }
 
+/// The test device, a setup named `name` and the kernel monitor,
+/// started; `None` where the monitor's tests cannot run (see [`device`]).
+fn monitored(name: &str) -> Option<(String, Setup, KernelMonitor)> {
+    let device = device()?;
+    let setup = Setup::new(name);
+    let monitor = KernelMonitor::start().expect("the kernel monitor starts in the VM");
+    Some((device, setup, monitor))
+}
+
 #[test]
 #[ignore = "needs a verbs device and root: cargo xtask test runs it in the SoftRoCE VM"]
 fn the_monitor_puts_each_object_with_its_process_and_flags_the_raw_ones() {
-    let Some(device) = device() else { return };
-    let mut setup = Setup::new("attr");
-    let mut monitor = KernelMonitor::start().expect("the kernel monitor starts in the VM");
+    let Some((device, mut setup, mut monitor)) = monitored("attr") else {
+        return;
+    };
 
     // The tenant using mtrdma: registered, its objects admitted.
-    let socket = setup.socket.display().to_string();
-    let mut tenant = setup.spawn_in(
-        "good",
-        &example("control_path"),
+    let mut tenant = setup.control_path(
+        "hold",
+        &device,
         &[
-            "hold",
-            "--device",
-            &device,
-            "--coordinator",
-            &socket,
             "--qps",
             "3",
             "--mrs",
@@ -322,21 +334,15 @@ fn the_monitor_puts_each_object_with_its_process_and_flags_the_raw_ones() {
 #[test]
 #[ignore = "needs a verbs device and root: cargo xtask test runs it in the SoftRoCE VM"]
 fn a_storm_shows_in_the_monitors_counts_once_per_object() {
-    let Some(device) = device() else { return };
-    let mut setup = Setup::new("storm");
-    let mut monitor = KernelMonitor::start().expect("the kernel monitor starts in the VM");
+    let Some((device, mut setup, mut monitor)) = monitored("storm") else {
+        return;
+    };
     let before: Vec<ProcessCounts> = monitor.processes().unwrap();
     let count = 150u64;
-    let socket = setup.socket.display().to_string();
-    let mut storm = setup.spawn_in(
-        "good",
-        &example("control_path"),
+    let mut storm = setup.control_path(
+        "storm",
+        &device,
         &[
-            "storm",
-            "--device",
-            &device,
-            "--coordinator",
-            &socket,
             "--count",
             &count.to_string(),
             "--mr-bytes",

@@ -6,11 +6,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{example, Memcached};
-
-fn device() -> String {
-    std::env::var("MTRDMA_TEST_DEVICE").expect("MTRDMA_TEST_DEVICE names the RDMA device")
-}
+use common::{device, example, Memcached};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

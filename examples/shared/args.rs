@@ -2,14 +2,16 @@
 //! `-s4096`, `--size 4096` or `--size=4096`, and plain values. Each example
 //! matches the flags as written (`-s`, `--size`) and keeps its own checks.
 
-// Each example uses a part of it.
-#![allow(dead_code)]
+// Each example uses a part of it. Its items are `pub` for mtrdma-demo's
+// library, which includes it too; in an example they are the crate's own.
+#![allow(dead_code, unreachable_pub)]
 
 use std::fmt::Display;
 use std::str::FromStr;
 
 /// One item of the command line.
-pub(crate) enum Token {
+#[derive(Debug)]
+pub enum Token {
     /// A flag as written: `-s` or `--size`.
     Flag(String),
     /// A plain value (not a flag's).
@@ -17,21 +19,25 @@ pub(crate) enum Token {
 }
 
 /// The command line, item by item.
-pub(crate) struct Args(lexopt::Parser);
+#[derive(Debug)]
+pub struct Args(lexopt::Parser);
 
 impl Args {
     /// This process's arguments.
-    pub(crate) fn from_env() -> Args {
+    pub fn from_env() -> Args {
         Args(lexopt::Parser::from_env())
     }
 
     /// `args`, without the program's name.
-    pub(crate) fn from_args(args: impl IntoIterator<Item = String>) -> Args {
+    pub fn from_args(args: impl IntoIterator<Item = String>) -> Args {
         Args(lexopt::Parser::from_args(args))
     }
 
     /// The next flag or plain value, if any.
-    pub(crate) fn next(&mut self) -> Result<Option<Token>, String> {
+    // Not an iterator: reading an item can fail, and values are read
+    // between items.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> Result<Option<Token>, String> {
         Ok(match self.0.next().map_err(|e| e.to_string())? {
             None => None,
             Some(lexopt::Arg::Short(c)) => Some(Token::Flag(format!("-{c}"))),
@@ -44,8 +50,20 @@ impl Args {
         })
     }
 
+    /// The next flag, if any; a plain value is an error, `unexpected(value)`.
+    pub fn next_flag(
+        &mut self,
+        unexpected: impl FnOnce(String) -> String,
+    ) -> Result<Option<String>, String> {
+        match self.next()? {
+            Some(Token::Flag(flag)) => Ok(Some(flag)),
+            Some(Token::Value(v)) => Err(unexpected(v)),
+            None => Ok(None),
+        }
+    }
+
     /// The value given to `flag`.
-    pub(crate) fn value(&mut self, flag: &str) -> Result<String, String> {
+    pub fn value(&mut self, flag: &str) -> Result<String, String> {
         let v = self
             .0
             .value()
@@ -55,7 +73,7 @@ impl Args {
     }
 
     /// The value given to `flag`, parsed.
-    pub(crate) fn parse<T: FromStr>(&mut self, flag: &str) -> Result<T, String>
+    pub fn parse<T: FromStr>(&mut self, flag: &str) -> Result<T, String>
     where
         T::Err: Display,
     {

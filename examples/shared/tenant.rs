@@ -1,9 +1,10 @@
 //! Joining a running coordinator as this process's tenant, and waiting
-//! out a tenant's control-path rate limit: what the examples that run as
-//! tenants (perf, rpc, remote_memory) share.
+//! out a tenant's control-path rate limit: what the programs that run as
+//! tenants (`examples/rpc`, mtrdma-demo's `perf` and `remote_memory`) share.
 
-// Each example uses a part of it.
-#![allow(dead_code)]
+// Each example uses a part of it. Its items are `pub` for mtrdma-demo's
+// library, which includes it too; in an example they are the crate's own.
+#![allow(dead_code, unreachable_pub)]
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -13,7 +14,7 @@ use mtrdma::core::{AdmissionError, TenantHandle};
 
 /// The tenant a running coordinator at `socket` decides for this process
 /// (none without a socket), or why it could not register.
-pub(crate) fn join(socket: Option<&Path>) -> Result<Option<TenantHandle>, String> {
+pub fn join(socket: Option<&Path>) -> Result<Option<TenantHandle>, String> {
     socket
         .map(|socket| {
             register(socket).map_err(|e| {
@@ -28,7 +29,7 @@ pub(crate) fn join(socket: Option<&Path>) -> Result<Option<TenantHandle>, String
 
 /// What `create` gives, waiting out the tenant's control-path rate limit
 /// for up to `patience`, as an application would, rather than failing.
-pub(crate) fn admitted_in_time<T>(
+pub fn admitted_in_time<T>(
     patience: Duration,
     mut create: impl FnMut() -> Result<T, mtrdma::Error>,
 ) -> Result<T, mtrdma::Error> {

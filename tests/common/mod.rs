@@ -1,11 +1,32 @@
-//! What the root package's device tests share: finding the examples that
-//! `cargo test` builds, reading perftest-style result rows, and a
-//! memcached of a test's own.
+//! What the device tests share (the root package's, and mtrdma-demo's,
+//! which include this file): the test device, finding the examples that
+//! `cargo test` builds, running a program, reading perftest-style result
+//! rows, and a memcached of a test's own.
 
 // Each test binary uses a part of it.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
+
+/// The RDMA device the device tests run on.
+pub(crate) fn device() -> String {
+    std::env::var("MTRDMA_TEST_DEVICE")
+        .expect("MTRDMA_TEST_DEVICE must name the RDMA device to test (e.g. rxe0)")
+}
+
+/// Runs `cmd` to its end; its output, or a panic with all it printed if
+/// it failed.
+pub(crate) fn run(cmd: &mut std::process::Command) -> String {
+    let out = cmd.output().expect("start the program");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
 
 /// `target/<profile>/examples/<name>`, next to `target/<profile>/deps/`.
 pub(crate) fn example(name: &str) -> PathBuf {

@@ -1,17 +1,17 @@
 //! `cargo xtask demo`: the isolation demo on a real verbs device inside the
 //! SoftRoCE VM.
 //!
-//! First every program on the demo's list (`examples/isolation/programs.rs`)
-//! is built; the scenarios find their programs through the same list. Then
+//! First every program on the demo's list
+//! (`mtrdma-demo/src/bin/isolation/programs.rs`) is built; the scenarios find their programs through the same list. Then
 //! one boot, with the shared link set up, runs the demo's [`Form`]:
 //!
 //! * the default (about five minutes): the link's rate (below), then
-//!   `examples/isolation --link` (tenants as processes across the shaped
+//!   mtrdma-demo's `isolation --link` (tenants as processes across the shaped
 //!   link) with the latency tenant next to 1, 4 and 8 bulk tenants,
 //!   weights, a cap and the control-path storm, 4 s a measurement;
 //! * `--full` (about twenty minutes): first the overhead rounds on `rxe0`
 //!   (perftest's `ib_write_lat` and `ib_write_bw` plain and under the
-//!   preload library, mtrdma's `examples/perf` on the plain and on the
+//!   preload library, mtrdma-demo's `perf` on the plain and on the
 //!   scheduled path; see `overhead.rs`), then the link's rate, every
 //!   scenario of `isolation --link` at its own length (the preloaded
 //!   hogs, the adversarial table and the applications too) with the
@@ -101,7 +101,7 @@ pub(crate) struct Plan {
     /// Measure the link and shape it (to a fixed rate, or to the one the
     /// search finds), or take the link as the boot set it up (`None`).
     pub(crate) calibrate: Option<(link::Link, link::RateChoice)>,
-    /// Arguments for `examples/isolation --link`.
+    /// Arguments for mtrdma-demo's `isolation --link`.
     pub(crate) isolation_args: Vec<String>,
 }
 
@@ -175,7 +175,7 @@ pub(crate) fn run(rest: &[String]) -> Result<ExitCode> {
             "--short" => form = Form::Short,
             "--link" => rate = link_rate_arg(it.next())?,
             other => anyhow::bail!(
-                "`cargo xtask demo` takes [--full|--short] [--link RATE|auto] [-- ARGS for examples/isolation --link], not {other:?}"
+                "`cargo xtask demo` takes [--full|--short] [--link RATE|auto] [-- ARGS for isolation --link], not {other:?}"
             ),
         }
     }
@@ -251,10 +251,12 @@ pub(crate) fn unbuilt(plan: &Plan) -> Vec<&'static str> {
         .collect()
 }
 
-/// Builds every program on the demo's list in `plan`'s profile.
+/// Builds every program on the demo's list in `plan`'s profile: the root
+/// package's examples and mtrdma-demo's binaries in one build (one
+/// resolution of features), the preload library in another.
 pub(crate) fn build(plan: &Plan) -> Result<()> {
     let mut examples = proc::cargo();
-    examples.arg("build");
+    examples.args(["build", "-p", "mtrdma", "-p", "mtrdma-demo"]);
     let mut preload = proc::cargo();
     preload.arg("build");
     if plan.release {
@@ -264,6 +266,7 @@ pub(crate) fn build(plan: &Plan) -> Result<()> {
     for p in PROGRAMS {
         match p.build {
             Build::Example => examples.args(["--example", p.name]),
+            Build::Demo => examples.args(["--bin", p.name]),
             Build::PreloadLibrary => preload.args(["-p", p.name]),
         };
     }
@@ -365,14 +368,14 @@ pub(crate) fn script(plan: &Plan, out: &Path) -> Result<String> {
     };
     let _ = writeln!(
         script,
-        "at 'examples/isolation --link (tenants as processes on the shared link)'\n\
+        "at 'isolation --link (tenants as processes on the shared link)'\n\
          {isolation} --link --out {dir}/link{}",
         words(&link_args),
     );
     if plan.whole_sweep() {
         let _ = writeln!(
             script,
-            "at 'examples/isolation, one process (SharedScheduler), rxa -> rxb'\n\
+            "at 'isolation, one process (SharedScheduler), rxa -> rxb'\n\
              {isolation} --device \"$MTRDMA_LINK_SENDER\" --peer-device \"$MTRDMA_LINK_RECEIVER\" \
              {SINGLE_PROCESS_ARGS} --out {dir}/single-process{}",
             words(&single_args),
@@ -487,6 +490,13 @@ pub(crate) fn summary(plan: &Plan, out: &Path, exit_code: i32) -> (String, Vec<(
 mod tests {
     use super::*;
 
+    /// Asserts that `text` contains every one of `parts`.
+    fn contains_all(text: &str, parts: &[&str]) {
+        for part in parts {
+            assert!(text.contains(part), "{part:?} missing from:\n{text}");
+        }
+    }
+
     fn plan(form: Form) -> Plan {
         Plan {
             form,
@@ -529,9 +539,10 @@ mod tests {
             text.contains("no round of 0 rounds gave a figure"),
             "{text}"
         );
-        assert!(text.contains("link/latency"), "{text}");
-        assert!(text.contains("starts remote_memory"), "{text}");
-        assert!(text.contains("exit status 1"), "{text}");
+        contains_all(
+            &text,
+            &["link/latency", "starts remote_memory", "exit status 1"],
+        );
 
         // Everything recorded as ran, with figures: nothing failed.
         std::fs::create_dir_all(out.join("rounds")).unwrap();
@@ -557,9 +568,14 @@ mod tests {
             s.contains("--link --out /out/link --seconds 1 --warmup-ms 500"),
             "{s}"
         );
-        assert!(s.contains("--coordinator-monitor"), "{s}");
-        assert!(s.contains("perftest preloaded"), "{s}");
-        assert!(s.contains("--out /out/single-process --seconds 1"), "{s}");
+        contains_all(
+            &s,
+            &[
+                "--coordinator-monitor",
+                "perftest preloaded",
+                "--out /out/single-process --seconds 1",
+            ],
+        );
         assert!(!s.contains("demo-rounds-decided"), "{s}");
         let mut full = plan(Form::Full);
         full.isolation_args = vec!["--bulk".into(), "2,6".into()];
@@ -568,8 +584,7 @@ mod tests {
             s.contains("--link --out /out/link --coordinator-monitor --bulk 2,6\n"),
             "{s}"
         );
-        assert!(s.contains("demo-rounds-decided"), "{s}");
-        assert!(s.contains("--out /out/single-process\n"), "{s}");
+        contains_all(&s, &["demo-rounds-decided", "--out /out/single-process\n"]);
     }
 
     #[test]
@@ -588,8 +603,10 @@ mod tests {
         // No overhead rounds and no single-process run.
         assert!(!s.contains("ib_write_lat"), "{s}");
         assert!(!s.contains("single-process --"), "{s}");
-        assert!(s.contains("at 'the link: what rxe carries unshaped"), "{s}");
-        assert!(s.contains("at 'the end'"), "{s}");
+        contains_all(
+            &s,
+            &["at 'the link: what rxe carries unshaped", "at 'the end'"],
+        );
         // Its summary does not ask for the steps it does not take.
         let out = std::env::temp_dir().join(format!("xtask-demo-default-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&out);
@@ -645,9 +662,14 @@ mod tests {
                 )),
                 "{s}"
             );
-            assert!(s.contains("lo=5; hi=40\n"), "{s}");
-            assert!(s.contains(": > /out/link-rate.txt\n"), "{s}");
-            assert!(s.contains("| tee -a /out/link-rate.txt"), "{s}");
+            contains_all(
+                &s,
+                &[
+                    "lo=5; hi=40\n",
+                    ": > /out/link-rate.txt\n",
+                    "| tee -a /out/link-rate.txt",
+                ],
+            );
             let ran = s.find("step 'link rate' ''").unwrap();
             let isolation = s.find("--link --out /out/link").unwrap();
             assert!(search < ran && ran < isolation, "{s}");

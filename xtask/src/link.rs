@@ -721,6 +721,15 @@ mod tests {
         /// Runs the choice of rate from a measured `mbs` (MB/s unshaped)
         /// and returns the exit status, the exported rate (the last line
         /// of stdout), stdout and stderr.
+        /// [`Guest::choose`] by a search up to 400 Mbit/s on a link of
+        /// 400 Mbit/s, which must succeed: what it printed and warned.
+        fn searched(&self, mbs: &str) -> (String, String) {
+            let link = Link::new("400mbit").unwrap();
+            let (status, out, err) = self.choose(&link, mbs, search(400_000_000));
+            assert_eq!(status, 0, "{out}{err}");
+            (out, err)
+        }
+
         fn choose(&self, link: &Link, mbs: &str, choice: RateChoice) -> (i32, String, String) {
             let report = self.dir.join("report");
             let probe = match choice {
@@ -766,9 +775,7 @@ mod tests {
         // A sender that moves at most 160 Mbit/s fills 95% of links up to
         // 168 Mbit/s: on the 10 Mbit/s grid, 160.
         let guest = Guest::new("search", 160_000_000);
-        let link = Link::new("400mbit").unwrap();
-        let (status, out, err) = guest.choose(&link, "74.82", search(400_000_000));
-        assert_eq!(status, 0, "{out}{err}");
+        let (out, _) = guest.searched("74.82");
         assert_eq!(exported(&out), "160000000 160000000bit", "{out}");
         // A binary search from 50 to 400 Mbit/s, the first probe in the
         // middle, each printed with what ib_write_bw moved and its share.
@@ -844,14 +851,13 @@ mod tests {
         // perf's 10 MB/s unshaped (83.9 Mbit/s) does not stop the search:
         // ib_write_bw fills the ceiling.
         let guest = Guest::new("uncapped", 1_000_000_000);
-        let link = Link::new("400mbit").unwrap();
-        let (status, out, err) = guest.choose(&link, "10", search(400_000_000));
-        assert_eq!(status, 0, "{out}{err}");
+        let (out, _) = guest.searched("10");
         assert!(out.contains("searching 50 to 400 Mbit/s"), "{out}");
         assert_eq!(exported(&out), "400000000 400000000bit", "{out}");
         // The test command's ceiling is its rate, and short probes.
         let guest = Guest::new("short", 1_000_000_000);
         let choice = RateChoice::Search(Search::new(200_000_000, true));
+        let link = Link::new("400mbit").unwrap();
         let (status, out, err) = guest.choose(&link, "74.82", choice);
         assert_eq!(status, 0, "{out}{err}");
         assert!(out.contains("searching 50 to 200 Mbit/s"), "{out}");
@@ -864,9 +870,7 @@ mod tests {
     fn a_link_never_filled_is_shaped_to_the_rate_filled_most_with_a_warning() {
         // A sender too slow for every rate: the floor is filled the most.
         let guest = Guest::new("slow", 30_000_000);
-        let link = Link::new("400mbit").unwrap();
-        let (status, out, err) = guest.choose(&link, "74.82", search(400_000_000));
-        assert_eq!(status, 0, "{out}{err}");
+        let (out, err) = guest.searched("74.82");
         assert_eq!(exported(&out), "50000000 50000000bit", "{out}");
         assert!(
             out.contains("link: probe at 50 Mbit/s: ib_write_bw moved 3.58 MB/s, 60.1%"),
@@ -885,8 +889,7 @@ mod tests {
         // perftest's default): the probe that came closest is kept.
         let guest = Guest::new("timeouts", 70_000_000);
         std::fs::write(guest.dir.join("slow_below"), "80000000").unwrap();
-        let (status, out, err) = guest.choose(&link, "74.82", search(400_000_000));
-        assert_eq!(status, 0, "{out}{err}");
+        let (out, err) = guest.searched("74.82");
         assert_eq!(exported(&out), "80000000 80000000bit", "{out}{err}");
         assert!(out.contains("probe at 60 Mbit/s"), "{out}");
         assert!(out.contains("probe at 50 Mbit/s"), "{out}");
@@ -898,9 +901,7 @@ mod tests {
         // One failure: the probe runs again and the search goes on.
         let guest = Guest::new("flaky", 160_000_000);
         std::fs::write(guest.dir.join("fail"), "1").unwrap();
-        let link = Link::new("400mbit").unwrap();
-        let (status, out, err) = guest.choose(&link, "74.82", search(400_000_000));
-        assert_eq!(status, 0, "{out}{err}");
+        let (out, err) = guest.searched("74.82");
         assert_eq!(exported(&out), "160000000 160000000bit", "{out}");
         assert!(
             err.contains("gave no result (exit status 1, try 1 of 2)"),
@@ -910,6 +911,7 @@ mod tests {
         // Two in a row: the job ends with 125 and says why.
         let guest = Guest::new("broken", 160_000_000);
         std::fs::write(guest.dir.join("fail"), "2").unwrap();
+        let link = Link::new("400mbit").unwrap();
         let (status, out, err) = guest.choose(&link, "74.82", search(400_000_000));
         assert_eq!(status, 125, "{out}{err}");
         assert!(

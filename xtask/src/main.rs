@@ -25,12 +25,12 @@ mod overhead;
 mod proc;
 mod soak;
 // The demo's list of programs and its record of scenarios, shared with
-// `examples/isolation`, which uses the parts this program does not.
+// mtrdma-demo's `isolation`, which uses the parts this program does not.
 #[allow(dead_code)]
-#[path = "../../examples/isolation/programs.rs"]
+#[path = "../../mtrdma-demo/src/bin/isolation/programs.rs"]
 mod programs;
 #[allow(dead_code)]
-#[path = "../../examples/isolation/status.rs"]
+#[path = "../../mtrdma-demo/src/bin/isolation/status.rs"]
 mod status;
 mod test;
 mod vm;
@@ -79,12 +79,13 @@ commands:
                           library's release build run from loom on at idle priority, on
                           the CPU time the other stages and the VM leave
   demo [--full|--short] [--link RATE] [-- ARGS]
-                          builds every program on examples/isolation/programs.rs, then
+                          builds every program on the demo's list (mtrdma-demo's
+                          src/bin/isolation/programs.rs), then
                           inside the VM with the shared link (default, auto: the highest
                           rate, 50 to 400mbit in steps of 10mbit, at which ib_write_bw -s
                           4096 alone fills 95% of it in that boot, found by a binary search
                           whose probes are printed and kept in link-rate.txt; or RATE)
-                          runs examples/isolation --link ARGS (tenants as processes:
+                          runs isolation --link ARGS (tenants as processes:
                           alone, unprotected and with mtrdma): the latency tenant next to
                           1, 4 and 8 bulk tenants, weights, a cap and the control-path
                           storm, 4 s a measurement (about 5 minutes); tables, CSV and
@@ -92,7 +93,7 @@ commands:
                           begins, with about how long is left; ends with every scenario
                           and whether it ran (exit status 1 if one did not).
                           --full (about 20 minutes): first perftest's ib_write_lat and
-                          ib_write_bw plain and preloaded next to mtrdma's examples/perf,
+                          ib_write_bw plain and preloaded next to mtrdma-demo's perf,
                           in rounds until each overhead target is decided, then every
                           link scenario (the preloaded hogs, the adversarial table, the
                           applications too) at its own length with the coordinator's

@@ -1,5 +1,5 @@
-//! The demo's overhead figures, one tenant alone on `rxe0`: mtrdma's
-//! `examples/perf` against perftest's `ib_write_lat`/`ib_write_bw`, and
+//! The demo's overhead figures, one tenant alone on `rxe0`: the
+//! demo's `perf` (mtrdma-demo) against perftest's `ib_write_lat`/`ib_write_bw`, and
 //! the same perftest programs under the preload library against plain.
 //!
 //! Under emulation one run moves by a third from the next, more than the
@@ -59,7 +59,7 @@ const JUDGED: [(&str, &str, &str, usize, f64, bool); 4] = [
 ];
 
 /// The rounds, as a shell script for the VM: files in `rounds` (a quoted
-/// directory), `perf` and `preload` the quoted paths of `examples/perf`
+/// directory), `perf` and `preload` the quoted paths of mtrdma-demo's `perf`
 /// and the preload library, `xtask` the quoted path of this program (it
 /// judges whether more rounds are needed). Sets `ref_fail` and
 /// `preload_fail` to what failed, if anything.
@@ -86,7 +86,7 @@ pub(crate) fn script(s: &Settings, rounds: &str, perf: &str, preload: &str, xtas
          grep -q \"Can't produce a report\" {rounds}/$file.txt && return 0\n\
          return $rc\n\
          }}\n\
-         # ours FILE ARGS...: examples/perf in loopback on rxe0\n\
+         # ours FILE ARGS...: perf in loopback on rxe0\n\
          ours() {{ file=$1; shift; {perf} --loopback --device rxe0 \"$@\" > {rounds}/$file.txt 2>&1; }}\n\
          round() {{\n\
          k=$1\n\

@@ -1,5 +1,5 @@
 //! `cargo xtask soak [--minutes N] [--link RATE]`: churn on the VM's
-//! shared link that must leave nothing behind (`examples/isolation --link
+//! shared link that must leave nothing behind (mtrdma-demo's `isolation --link
 //! --scenarios soak`): tenants that come and go, SIGKILLed tenants, the
 //! coordinator SIGKILLed and restarted, policy reloads, storms; after
 //! every round, every tenant's counters are back to zero, and over each
@@ -24,10 +24,10 @@ pub(crate) const TEST_SECONDS: u64 = 60;
 pub(crate) fn script(isolation: &Path, seconds: u64, out: &Path) -> String {
     let q = |p: &Path| proc::shell_quote(&p.display().to_string());
     format!(
-        "echo '==== the soak: {seconds} s of churn on the link (examples/isolation --link --scenarios soak) ===='\n\
+        "echo '==== the soak: {seconds} s of churn on the link (isolation --link --scenarios soak) ===='\n\
          soak_fail=''\n\
          {isolation} --link --scenarios soak --soak-seconds {seconds} --out {out} || \
-         soak_fail=\"examples/isolation --scenarios soak exited $? (its report: {out_text}/results.txt)\"\n",
+         soak_fail=\"isolation --scenarios soak exited $? (its report: {out_text}/results.txt)\"\n",
         isolation = q(isolation),
         out = q(out),
         out_text = out.display(),
@@ -99,12 +99,12 @@ mod tests {
     #[test]
     fn the_soak_script_names_its_failure() {
         let s = super::script(
-            std::path::Path::new("/t/release/examples/isolation"),
+            std::path::Path::new("/t/release/isolation"),
             60,
             std::path::Path::new("/t/soak"),
         );
         assert!(
-            s.contains("/t/release/examples/isolation --link --scenarios soak --soak-seconds 60 --out /t/soak || soak_fail="),
+            s.contains("/t/release/isolation --link --scenarios soak --soak-seconds 60 --out /t/soak || soak_fail="),
             "{s}"
         );
         assert!(s.contains("soak_fail=''\n"), "{s}");

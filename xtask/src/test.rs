@@ -374,7 +374,7 @@ fn device_tests(preload: proc::Background) -> Result<(bool, String, Option<TestC
             // this boot, at most the test rate (the demo's search, with its
             // short probes), so that on a slow host it is still the link,
             // not the tenants' CPU, that queues.
-            let perf = proc::target_dir().join("debug/examples/perf");
+            let perf = proc::target_dir().join("debug/perf");
             let link = link::Link::new(link::TEST_RATE)?;
             let calibration = link.calibration_script(
                 &proc::shell_quote(&perf.display().to_string()),
@@ -391,7 +391,7 @@ fn device_tests(preload: proc::Background) -> Result<(bool, String, Option<TestC
                 demo::script(&demo_plan, &demo_out)?,
                 proc::shell_quote(&demo_out.display().to_string()),
                 soak::script(
-                    &proc::target_dir().join("debug/examples/isolation"),
+                    &proc::target_dir().join("debug/isolation"),
                     soak::TEST_SECONDS,
                     &demo_out.join("soak"),
                 ),

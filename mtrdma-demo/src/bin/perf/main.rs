@@ -27,8 +27,8 @@
 //! perf --loopback --test write_bw -s 65536 --cap-mbps 10
 //!
 //! # in the SoftRoCE VM
-//! cargo build --release --example perf
-//! cargo xtask vm -- target/release/examples/perf --loopback --test write_lat -s 16
+//! cargo build --release -p mtrdma-demo --bin perf
+//! cargo xtask vm -- target/release/perf --loopback --test write_lat -s 16
 //! ```
 //!
 //! Units are perftest's: BW in MB/sec with MB = 2^20 bytes (perftest's
@@ -51,16 +51,12 @@
 //! message size (a fresh queue pair for every size, so receives posted for
 //! one size never meet the next).
 
-#[path = "../shared/args.rs"]
-mod args;
 mod cli;
 mod conn;
 mod ctrl;
 mod measure;
 mod params;
 mod report;
-#[path = "../shared/tenant.rs"]
-mod shared_tenant;
 mod tenant;
 
 use std::fmt::Write as _;
@@ -79,7 +75,8 @@ use mtrdma::verbs::{
     Access, Completion, Context, Endpoint, Gid, GidSelection, MemoryRegion, PreparedQueuePair,
     ProtectionDomain, QueuePair, RemoteRegion, ScheduleConfig, ScheduledQueuePair, SendOp, Tenancy,
 };
-use shared_tenant::{admitted_in_time, join};
+use mtrdma_demo::args;
+use mtrdma_demo::tenant::{admitted_in_time, join};
 
 use cli::*;
 use conn::*;

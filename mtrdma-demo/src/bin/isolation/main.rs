@@ -4,12 +4,12 @@
 //!
 //! ```text
 //! # tenants as processes on the VM's shared link (cargo xtask vm --link RATE)
-//! cargo run --release --example isolation -- --link [--out target/demo/link]
+//! cargo run --release -p mtrdma-demo --bin isolation -- --link [--out target/demo/link]
 //!     [--seconds 9] [--bulk 1,4,8] [--msg 1048576] [--cap-share 0.25]
 //!     [--scenarios latency,hogs,weights,cap,storm,attack,apps]
 //!
 //! # one process, one SharedScheduler, in loopback or across two devices
-//! cargo run --release --example isolation -- [--device rxe0] [--peer-device NAME]
+//! cargo run --release -p mtrdma-demo --bin isolation -- [--device rxe0] [--peer-device NAME]
 //!     [--out target/demo] [--seconds 3] [--warmup-ms 500] [--bulk 1,4,8]
 //!     [--scenarios latency,weights,cap,storm] [--msg 1048576] [--depth 4]
 //!     [--chunk 65536] [--budget 131072] [--cap-mbps 4]
@@ -54,8 +54,6 @@
 //! process's output). A scenario that cannot run is reported and the next
 //! one runs; the exit status is 1 when any did not run.
 
-#[path = "../shared/args.rs"]
-mod args;
 mod cli;
 mod demo;
 mod link;
@@ -81,9 +79,10 @@ use mtrdma::core::{
 use mtrdma::sched::stats::{jain_index, percentile};
 use mtrdma::verbs::{
     Access, AddressHandle, Completion, Context, Error, MemoryRegion, PostError, ProtectionDomain,
-    QueuePair, RemoteRegion, ScheduleConfig, ScheduledQueuePair, ScheduledUdQueuePair, SendOp,
-    SharedConfig, SharedScheduler, UdCompletion, UdEndpoint, UdQueuePair,
+    QueuePair, RemoteRegion, ScheduleConfig, ScheduledUdQueuePair, SendOp, SharedConfig,
+    SharedScheduler, UdCompletion, UdEndpoint, UdQueuePair,
 };
+use mtrdma_demo::args;
 use plot::{BarGroup, LatencySeries, RateSeries};
 
 use cli::*;
@@ -254,11 +253,17 @@ fn storm_tenant(args: &Args) -> Result<(), String> {
     let length = Duration::from_secs_f64(args.seconds);
     let start = Instant::now();
     let window = (Duration::ZERO, length);
+    let run = StormRun {
+        handle: handle.as_ref(),
+        start,
+        window,
+        stop: &stop,
+    };
     let (ok, refused) = std::thread::scope(|s| {
         let t = s.spawn(|| match &peer {
-            Some(peer) if args.ud => ud_flood(&pd, peer, handle.as_ref(), start, window, &stop),
-            Some(peer) => rnr_storm(&pd, peer, handle.as_ref(), start, window, &stop),
-            None => storm(&pd, handle.as_ref(), start, window, &stop, args.mr_sweep),
+            Some(peer) if args.ud => ud_flood(&pd, peer, run),
+            Some(peer) => rnr_storm(&pd, peer, run),
+            None => storm(&pd, run, args.mr_sweep),
         });
         std::thread::sleep(length);
         stop.store(true, Ordering::Release);

@@ -180,11 +180,7 @@ pub(crate) fn parse(raw: impl IntoIterator<Item = String>) -> Result<Command, St
 
 fn parse_node_args(it: &mut args::Args) -> Result<Command, String> {
     let (mut device, mut port, mut pages_n, mut forever) = (None, None, None, false);
-    while let Some(token) = it.next()? {
-        let flag = match token {
-            args::Token::Flag(f) => f,
-            args::Token::Value(v) => return Err(format!("node: unexpected argument {v:?}")),
-        };
+    while let Some(flag) = it.next_flag(|v| format!("node: unexpected argument {v:?}"))? {
         match flag.as_str() {
             "-h" | "--help" => return Ok(Command::Help),
             "--device" => device = Some(it.value(&flag)?),
@@ -209,11 +205,7 @@ fn parse_client_args(it: &mut args::Args) -> Result<Command, String> {
     let (mut depth, mut write_share, mut path) = (8u32, 0.5f64, PathKind::Raw);
     let (mut coordinator, mut chunk, mut pieces) = (None, 4096u64, None);
     let (mut seed, mut spin, mut csv) = (1u64, false, None);
-    while let Some(token) = it.next()? {
-        let flag = match token {
-            args::Token::Flag(f) => f,
-            args::Token::Value(v) => return Err(format!("client: unexpected argument {v:?}")),
-        };
+    while let Some(flag) = it.next_flag(|v| format!("client: unexpected argument {v:?}"))? {
         match flag.as_str() {
             "-h" | "--help" => return Ok(Command::Help),
             "--device" => device = Some(it.value(&flag)?),
@@ -367,63 +359,46 @@ mod tests {
             panic!("parses");
         };
         assert_eq!(a.cluster, 8);
-        for (args, says) in [
+        refused(&[
+            ("--working-set 64 --cache 16 --cluster 3", "power of two"),
+            ("--working-set 64 --cache 16 --cluster 0", "power of two"),
             (
-                &["--working-set", "64", "--cache", "16", "--cluster", "3"][..],
+                "--working-set 256 --cache 128 --cluster 128",
                 "power of two",
             ),
             (
-                &["--working-set", "64", "--cache", "16", "--cluster", "0"],
-                "power of two",
-            ),
-            (
-                &["--working-set", "256", "--cache", "128", "--cluster", "128"],
-                "power of two",
-            ),
-            (
-                &["--working-set", "60", "--cache", "16", "--cluster", "8"],
+                "--working-set 60 --cache 16 --cluster 8",
                 "multiple of the cluster",
             ),
             (
-                &["--working-set", "64", "--cache", "12", "--cluster", "8"],
+                "--working-set 64 --cache 12 --cluster 8",
                 "multiple of the cluster",
             ),
             (
-                &["--working-set", "64", "--cache", "8", "--cluster", "8"],
+                "--working-set 64 --cache 8 --cluster 8",
                 "at least 2 clusters",
             ),
-        ] {
-            let e = client(args).unwrap_err();
+        ]);
+    }
+
+    /// Each client command line (`args`, split at spaces) is refused, the
+    /// reason naming `says`.
+    fn refused(cases: &[(&str, &str)]) {
+        for (args, says) in cases {
+            let args: Vec<&str> = args.split(' ').collect();
+            let e = client(&args).unwrap_err();
             assert!(e.contains(says), "{args:?}: {e}");
         }
     }
 
     #[test]
     fn bad_values_are_refused_with_the_flag() {
-        for (args, says) in [
-            (
-                &["--working-set", "0", "--cache", "1"][..],
-                "--working-set 0",
-            ),
-            (
-                &["--working-set", "8", "--cache", "2", "--depth", "0"],
-                "--depth",
-            ),
-            (
-                &["--working-set", "8", "--cache", "2", "--write-share", "2"],
-                "--write-share",
-            ),
-            (
-                &["--working-set", "8", "--cache", "2", "--path", "x"],
-                "--path",
-            ),
-            (
-                &["--working-set", "8", "--cache", "2", "--node", "nohost"],
-                "HOST:PORT",
-            ),
-        ] {
-            let e = client(args).unwrap_err();
-            assert!(e.contains(says), "{args:?}: {e}");
-        }
+        refused(&[
+            ("--working-set 0 --cache 1", "--working-set 0"),
+            ("--working-set 8 --cache 2 --depth 0", "--depth"),
+            ("--working-set 8 --cache 2 --write-share 2", "--write-share"),
+            ("--working-set 8 --cache 2 --path x", "--path"),
+            ("--working-set 8 --cache 2 --node nohost", "HOST:PORT"),
+        ]);
     }
 }

@@ -3,6 +3,7 @@
 
 use super::*;
 use mtrdma::verbs::PollCompletions;
+pub(crate) use mtrdma_demo::lane::Lane;
 
 /// The demo's tenants, all in one policy and one quota table.
 pub(crate) fn policy(args: &Args) -> Policy {
@@ -42,32 +43,6 @@ impl Way {
             Way::Unprotected => "unprotected",
             Way::Mtrdma => "mtrdma",
         }
-    }
-}
-
-/// Either way of posting, driven the same way.
-pub(crate) trait Lane: Send {
-    fn post(&mut self, op: SendOp, region: MemoryRegion, len: usize) -> Result<(), String>;
-    fn reap(&mut self, out: &mut Vec<Completion>) -> Result<(), String>;
-}
-
-impl Lane for QueuePair {
-    fn post(&mut self, op: SendOp, region: MemoryRegion, len: usize) -> Result<(), String> {
-        self.post_send(op, region, 0..len, 0)
-            .map_err(|e| e.to_string())
-    }
-    fn reap(&mut self, out: &mut Vec<Completion>) -> Result<(), String> {
-        self.poll(out).map(|_| ()).map_err(|e| e.to_string())
-    }
-}
-
-impl Lane for ScheduledQueuePair {
-    fn post(&mut self, op: SendOp, region: MemoryRegion, len: usize) -> Result<(), String> {
-        self.post_send(op, region, 0..len, 0)
-            .map_err(|e| e.to_string())
-    }
-    fn reap(&mut self, out: &mut Vec<Completion>) -> Result<(), String> {
-        self.poll(out).map(|_| ()).map_err(|e| e.to_string())
     }
 }
 
@@ -236,8 +211,14 @@ impl Demo<'_> {
             let bulk_thread = (!bulk.is_empty())
                 .then(|| s.spawn(move || drive_bulk(bulk, msg, start, window, stop)));
             let storm = cast.storm.then(|| {
-                let (pd, handle) = (&self.pd, storm_handle.as_ref());
-                s.spawn(move || storm(pd, handle, start, window, stop, false))
+                let pd = &self.pd;
+                let run = StormRun {
+                    handle: storm_handle.as_ref(),
+                    start,
+                    window,
+                    stop,
+                };
+                s.spawn(move || storm(pd, run, false))
             });
             let probe_thread = probe.map(|(lane, target, local)| {
                 s.spawn(move || run_probe(lane, &target, local, start, window, stop))
@@ -348,28 +329,49 @@ const SWEEP_SIZES: [usize; 9] = [
     64 << 20,
 ];
 
+/// How a storm runs: as whose tenant (`handle`: admitted, and rate
+/// limited, against its quota; none: no limits), the window it counts in
+/// (from `start`), and the flag that ends it.
+#[derive(Clone, Copy)]
+pub(crate) struct StormRun<'a> {
+    pub(crate) handle: Option<&'a TenantHandle>,
+    pub(crate) start: Instant,
+    pub(crate) window: (Duration, Duration),
+    pub(crate) stop: &'a AtomicBool,
+}
+
+impl StormRun<'_> {
+    /// Whether now is inside the window counted.
+    fn inside(&self) -> bool {
+        (self.window.0..self.window.1).contains(&self.start.elapsed())
+    }
+
+    /// Whether the storm is to end.
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+}
+
 /// Creates and destroys queue pairs and registers and drops regions as
 /// fast as it may: 64 KiB ones, or with `sweep` 1 KiB to 64 MiB in turn,
 /// each in a protection domain of its own. Returns the operations done
 /// and refused in the window.
 pub(crate) fn storm(
     pd: &ProtectionDomain,
-    handle: Option<&TenantHandle>,
-    start: Instant,
-    window: (Duration, Duration),
-    stop: &AtomicBool,
+    run: StormRun<'_>,
     sweep: bool,
 ) -> Result<(u64, u64), String> {
+    let handle = run.handle;
     let mut sizes = SWEEP_SIZES.iter().cycle();
     let (mut ok, mut refused) = (0u64, 0u64);
     let mut count = |result: Result<(), Error>| -> Result<(), String> {
-        let inside = (window.0..window.1).contains(&start.elapsed());
+        let inside = run.inside();
         if admitted(result, inside, &mut refused, "storm")?.is_some() {
             ok += u64::from(inside);
         }
         Ok(())
     };
-    while !stop.load(Ordering::Acquire) {
+    while !run.stopped() {
         let qp = match handle {
             Some(h) => pd.queue_pair().tenant(h).build(),
             None => pd.queue_pair().build(),
@@ -415,28 +417,24 @@ fn admitted<T>(
 /// An RNR storm: SENDs to a peer that never posts a receive. Each is
 /// answered with RNR NAKs at the shortest wait (10 us) until its retries
 /// run out, which fails the queue pair; then a new pair, as fast as it
-/// may. The sending queue pairs are the tenant's (`handle`: admitted, and
-/// rate limited, against its quota). Returns the SENDs failed so and the
-/// creations refused, in the window.
+/// may. The sending queue pairs are the tenant's (`run.handle`).
+/// Returns the SENDs failed so and the creations refused, in the window.
 pub(crate) fn rnr_storm(
     pd: &ProtectionDomain,
     peer: &ProtectionDomain,
-    handle: Option<&TenantHandle>,
-    start: Instant,
-    window: (Duration, Duration),
-    stop: &AtomicBool,
+    run: StormRun<'_>,
 ) -> Result<(u64, u64), String> {
     let (mut ok, mut refused) = (0u64, 0u64);
     let mut region = Some(pd.allocate(8, Access::LOCAL).map_err(|e| e.to_string())?);
     let mut out = Vec::new();
-    while !stop.load(Ordering::Acquire) {
-        let inside = (window.0..window.1).contains(&start.elapsed());
+    while !run.stopped() {
+        let inside = run.inside();
         let mut a = pd
             .queue_pair()
             .completion_events(true)
             .min_rnr_timer(1)
             .rnr_retry(mtrdma::verbs::MAX_RNR_RETRY);
-        if let Some(h) = handle {
+        if let Some(h) = run.handle {
             a = a.tenant(h);
         }
         let Some(a) = admitted(a.build(), inside, &mut refused, "rnr storm")? else {
@@ -476,17 +474,15 @@ pub(crate) fn rnr_storm(
 /// A UD flood: datagrams of one MTU to a peer's queue pair that posts no
 /// receives (each crosses the link and is dropped at the receiver: UD has
 /// no RNR, no retries and no congestion control), 64 outstanding, as fast
-/// as it may. With `handle` the queue pair is the tenant's and its sends
-/// go through the tenant's scheduler, so its work-request rate applies.
-/// Returns the datagrams sent (and 0 refused) in the window.
+/// as it may. With `run.handle` the queue pair is the tenant's and its
+/// sends go through the tenant's scheduler, so its work-request rate
+/// applies. Returns the datagrams sent (and 0 refused) in the window.
 pub(crate) fn ud_flood(
     pd: &ProtectionDomain,
     peer: &ProtectionDomain,
-    handle: Option<&TenantHandle>,
-    start: Instant,
-    window: (Duration, Duration),
-    stop: &AtomicBool,
+    run: StormRun<'_>,
 ) -> Result<(u64, u64), String> {
+    let handle = run.handle;
     const DEPTH: u32 = 64;
     let e = |e: Error| format!("ud flood: {e}");
     let sink = peer.ud_queue_pair().build().map_err(e)?;
@@ -517,14 +513,14 @@ pub(crate) fn ud_flood(
     };
     let ah = qp.address_handle(&to).map_err(e)?;
     let (mut sent, mut out) = (0u64, Vec::new());
-    while !stop.load(Ordering::Acquire) {
+    while !run.stopped() {
         while let Some(r) = free.pop() {
             qp.post(&ah, to.qpn, to.qkey, r, mtu)
                 .map_err(|p| format!("ud flood: {p}"))?;
         }
         out.clear();
         qp.poll_wait(&mut out).map_err(e)?;
-        let inside = (window.0..window.1).contains(&start.elapsed());
+        let inside = run.inside();
         for c in out.drain(..) {
             if !c.status.is_success() {
                 return Err(format!("ud flood: a datagram failed: {}", c.status));

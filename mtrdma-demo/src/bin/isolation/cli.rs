@@ -157,11 +157,7 @@ pub(crate) fn parse() -> Result<Args, String> {
     let mut seconds = None;
     let mut warmup = None;
     let mut chunk = None;
-    while let Some(token) = it.next()? {
-        let flag = match token {
-            args::Token::Flag(flag) => flag,
-            args::Token::Value(v) => return Err(format!("unexpected argument {v}\n{USAGE}")),
-        };
+    while let Some(flag) = it.next_flag(|v| format!("unexpected argument {v}\n{USAGE}"))? {
         match flag.as_str() {
             "--help" | "-h" => {
                 println!("{USAGE}");

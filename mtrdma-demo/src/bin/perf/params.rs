@@ -172,26 +172,27 @@ impl Params {
             _ => None,
         };
         check("length", my_run, client_run);
-        check(
-            "tx depth",
-            server.tx_depth.map(|t| t.to_string()),
-            client.tx_depth.to_string(),
-        );
-        check(
-            "chunk",
-            server.chunk.map(|c| c.to_string()),
-            client.chunk.to_string(),
-        );
-        check(
-            "pieces",
-            server.pieces.map(|c| c.to_string()),
-            client.pieces.to_string(),
-        );
-        check(
-            "inline size",
-            server.inline.map(|c| c.to_string()),
-            client.inline.to_string(),
-        );
+        let numbers = [
+            (
+                "tx depth",
+                server.tx_depth.map(u64::from),
+                u64::from(client.tx_depth),
+            ),
+            ("chunk", server.chunk, client.chunk),
+            (
+                "pieces",
+                server.pieces.map(u64::from),
+                u64::from(client.pieces),
+            ),
+            (
+                "inline size",
+                server.inline.map(u64::from),
+                u64::from(client.inline),
+            ),
+        ];
+        for (what, mine, theirs) in numbers {
+            check(what, mine.map(|n| n.to_string()), theirs.to_string());
+        }
         if diffs.is_empty() {
             Ok(client)
         } else {

@@ -1,4 +1,4 @@
-//! `examples/remote_memory`: two memory nodes and a pager on one device
+//! `remote_memory`: two memory nodes and a pager on one device
 //! (the one MTRDMA_TEST_DEVICE names), on both paths, and with a node
 //! killed in the middle of the run (ignored on a plain `cargo test`; run
 //! them in the SoftRoCE VM). The argument checks run on the host, with no
@@ -9,14 +9,9 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-// Only `example` of what the tests share is used here.
+// Not every test file uses all of what the tests share.
 mod common;
-use common::example;
-
-fn device() -> String {
-    std::env::var("MTRDMA_TEST_DEVICE")
-        .expect("MTRDMA_TEST_DEVICE must name the RDMA device to test (e.g. rxe0)")
-}
+use common::{device, REMOTE_MEMORY};
 
 /// A memory node on a free port, killed when dropped.
 struct Node {
@@ -28,7 +23,7 @@ impl Node {
     /// Starts a node of `pages` pages (serving one pager after another
     /// if `forever`) and waits for its ready line.
     fn start(pages: u64, forever: bool) -> Node {
-        let mut child = Command::new(example("remote_memory"))
+        let mut child = Command::new(REMOTE_MEMORY)
             .args(["node", "--device", &device(), "-p", "0", "--pages"])
             .arg(pages.to_string())
             .args(forever.then_some("--forever"))
@@ -71,7 +66,7 @@ impl Drop for Node {
 }
 
 fn client(args: &[String]) -> Command {
-    let mut cmd = Command::new(example("remote_memory"));
+    let mut cmd = Command::new(REMOTE_MEMORY);
     cmd.arg("client").args(args);
     cmd
 }
@@ -99,6 +94,23 @@ fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
 
+/// A client's arguments for a working set of 1024 pages, 256 cached, on
+/// the test device, lent by nodes `a` and `b`.
+fn two_nodes(a: &Node, b: &Node) -> Vec<String> {
+    strings(&[
+        "--device",
+        &device(),
+        "--node",
+        &a.addr(),
+        "--node",
+        &b.addr(),
+        "--working-set",
+        "1024",
+        "--cache",
+        "256",
+    ])
+}
+
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn the_pager_pages_in_and_out_and_verifies_every_page_on_both_paths() {
@@ -121,14 +133,7 @@ fn pages_in_and_out_on_both_paths(cluster: u64) {
             "mtrdma-remote-memory-{}-{path}-{cluster}.csv",
             std::process::id()
         ));
-        let mut args = strings(&["--device", &device(), "--node", &a.addr(), "--node"]);
-        args.extend(strings(&[
-            &b.addr(),
-            "--working-set",
-            "1024",
-            "--cache",
-            "256",
-        ]));
+        let mut args = two_nodes(&a, &b);
         args.extend(strings(&["--seconds", "3", "--path", path, "--csv"]));
         args.push(csv.display().to_string());
         args.extend(strings(&["--cluster", &cluster.to_string()]));
@@ -188,14 +193,7 @@ fn a_killed_node_loses_its_clusters_and_the_pager_goes_on_with_the_other() {
 fn a_killed_node_loses_its_pages(cluster: u64) {
     let a = Node::start(512, false);
     let mut b = Node::start(512, false);
-    let mut args = strings(&["--device", &device(), "--node", &a.addr(), "--node"]);
-    args.extend(strings(&[
-        &b.addr(),
-        "--working-set",
-        "1024",
-        "--cache",
-        "256",
-    ]));
+    let mut args = two_nodes(&a, &b);
     args.extend(strings(&[
         "--seconds",
         "6",

@@ -1,5 +1,5 @@
 //! The programs the isolation demo starts, and which of its scenarios
-//! start each: one list, read by `examples/isolation` (a scenario finds a
+//! start each: one list, read by `isolation` (a scenario finds a
 //! program's path only through it) and by `cargo xtask demo` (which builds
 //! every program on it before the VM boots, in the profile it runs). A
 //! scenario that starts a program missing from the list for it fails,
@@ -7,7 +7,7 @@
 //!
 //! Scenario names are those of `isolation --link --scenarios` and the
 //! demo's own steps around it: `reference` (perftest's tools next to
-//! `examples/perf`), `preload` (perftest under the preload library), `link
+//! mtrdma-demo's `perf`), `preload` (perftest under the preload library), `link
 //! rate` (what rxe carries unshaped, measured with `perf`, then the search
 //! for the rate `ib_write_bw` fills), `link` (the link run itself) and
 //! `single-process` (isolation's one-process run). Programs installed with
@@ -21,6 +21,8 @@ use std::path::{Path, PathBuf};
 pub(crate) enum Build {
     /// `cargo build --example NAME`: `target/PROFILE/examples/NAME`.
     Example,
+    /// `cargo build -p mtrdma-demo --bin NAME`: `target/PROFILE/NAME`.
+    Demo,
     /// `cargo build -p mtrdma-preload`: the library unmodified verbs
     /// programs run under, `target/PROFILE/libmtrdma_preload.so`.
     PreloadLibrary,
@@ -29,7 +31,8 @@ pub(crate) enum Build {
 /// A program the demo starts.
 #[derive(Debug)]
 pub(crate) struct Program {
-    /// The example's name (or, for the preload library, its package's).
+    /// The example's or binary's name (or, for the preload library, its
+    /// package's).
     pub(crate) name: &'static str,
     pub(crate) build: Build,
     /// The scenarios and steps that start it.
@@ -40,7 +43,7 @@ pub(crate) struct Program {
 pub(crate) const PROGRAMS: &[Program] = &[
     Program {
         name: "isolation",
-        build: Build::Example,
+        build: Build::Demo,
         // The link run and the single-process run are this program; the
         // storm and attack scenarios also start it as a storm tenant.
         scenarios: &["link", "single-process", "storm", "attack", "soak"],
@@ -55,7 +58,7 @@ pub(crate) const PROGRAMS: &[Program] = &[
     },
     Program {
         name: "perf",
-        build: Build::Example,
+        build: Build::Demo,
         scenarios: &[
             "reference",
             "link rate",
@@ -75,7 +78,7 @@ pub(crate) const PROGRAMS: &[Program] = &[
     },
     Program {
         name: "remote_memory",
-        build: Build::Example,
+        build: Build::Demo,
         scenarios: &["apps"],
     },
     Program {
@@ -90,6 +93,7 @@ impl Program {
     pub(crate) fn path(&self, profile_dir: &Path) -> PathBuf {
         match self.build {
             Build::Example => profile_dir.join("examples").join(self.name),
+            Build::Demo => profile_dir.join(self.name),
             Build::PreloadLibrary => profile_dir.join("libmtrdma_preload.so"),
         }
     }
@@ -104,7 +108,7 @@ pub(crate) fn find(profile_dir: &Path, scenario: &str, name: &str) -> Result<Pat
     else {
         return Err(format!(
             "scenario {scenario} starts {name}, which the demo's list of programs \
-             (examples/isolation/programs.rs) does not name for it, so `cargo xtask demo` \
+             (mtrdma-demo/src/bin/isolation/programs.rs) does not name for it, so `cargo xtask demo` \
              need not have built it"
         ));
     };
@@ -112,7 +116,7 @@ pub(crate) fn find(profile_dir: &Path, scenario: &str, name: &str) -> Result<Pat
     if !path.exists() {
         return Err(format!(
             "scenario {scenario} starts {name}, and {} is missing: `cargo xtask demo` builds \
-             every program on examples/isolation/programs.rs (by hand: {})",
+             every program on mtrdma-demo/src/bin/isolation/programs.rs (by hand: {})",
             path.display(),
             {
                 let release = if profile_dir.ends_with("release") {
@@ -122,6 +126,7 @@ pub(crate) fn find(profile_dir: &Path, scenario: &str, name: &str) -> Result<Pat
                 };
                 match program.build {
                     Build::Example => format!("cargo build{release} --example {name}"),
+                    Build::Demo => format!("cargo build{release} -p mtrdma-demo --bin {name}"),
                     Build::PreloadLibrary => format!("cargo build{release} -p {name}"),
                 }
             }

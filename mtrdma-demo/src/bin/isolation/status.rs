@@ -1,6 +1,6 @@
 //! Which of the demo's scenarios ran: `scenarios.tsv` in the output
 //! directory, one line a scenario (`NAME<TAB>ran`, `NAME<TAB>pending`, or
-//! `NAME<TAB>did not run<TAB>WHY`). `examples/isolation` writes it as it
+//! `NAME<TAB>did not run<TAB>WHY`). `isolation` writes it as it
 //! goes, every scenario `pending` first, so a run cut short still says
 //! which scenarios it never reached; `cargo xtask demo` reads it for the
 //! summary it ends with, and the demo's own steps write lines of the same

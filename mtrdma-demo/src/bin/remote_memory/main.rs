@@ -35,19 +35,16 @@
 //!
 //! [`ScheduledQueuePair`]: mtrdma::verbs::ScheduledQueuePair
 
-#[path = "../shared/args.rs"]
-mod args;
 mod cli;
 mod node;
 mod page;
 mod pager;
 mod report;
-#[path = "../shared/tenant.rs"]
-mod tenant;
 
 use std::process::ExitCode;
 
 use mtrdma::verbs::Context;
+use mtrdma_demo::{args, tenant};
 
 /// The first words of a node's greeting, then `pages N`.
 pub(crate) const HELLO: &str = "mtrdma-remote-memory/1";

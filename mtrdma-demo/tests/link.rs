@@ -1,5 +1,5 @@
 //! Protection across processes on the VM's shared link (`cargo xtask vm
-//! --link RATE`): a latency tenant and bulk tenants, each an `examples/perf`
+//! --link RATE`): a latency tenant and bulk tenants, each an `perf`
 //! process of its own, senders on the link's sender device and servers on
 //! its receiver. Unprotected, the bulk tenants' WRITEs fill the link's
 //! queue; with delay windows the latency tenant's p99 is several times
@@ -11,10 +11,10 @@ use std::time::Duration;
 
 // Not every test file uses all of what the tests share.
 mod common;
-use common::{example, result_row};
+use common::{demo_run, result_row, ISOLATION, PERF};
 
-/// The link's sender and receiver devices, or `None` outside the VM when
-/// no link is set up (a real host has no such pair).
+/// The link's sender and receiver devices, or `None` (said on stderr)
+/// outside the VM when no link is set up (a real host has no such pair).
 fn link() -> Option<(String, String)> {
     match (
         std::env::var("MTRDMA_LINK_SENDER"),
@@ -26,13 +26,16 @@ fn link() -> Option<(String, String)> {
                 std::env::var_os("MTRDMA_VM").is_none(),
                 "inside the VM the device tests run with `--link`: MTRDMA_LINK_SENDER/RECEIVER are missing"
             );
+            eprintln!(
+                "no shared link (MTRDMA_LINK_SENDER/RECEIVER): nothing to measure on this host"
+            );
             None
         }
     }
 }
 
 fn perf(args: &[&str]) -> Command {
-    let mut cmd = Command::new(example("perf"));
+    let mut cmd = Command::new(PERF);
     cmd.args(args);
     cmd
 }
@@ -41,7 +44,7 @@ fn spawn(cmd: &mut Command) -> Child {
     cmd.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start examples/perf")
+        .expect("start perf")
 }
 
 /// Packets `device` has sent (SoftRoCE's `sent_pkts` counter), if the
@@ -160,7 +163,6 @@ fn p99_next_to_bulk(sender: &str, receiver: &str, port: u16, way: &[&str]) -> f6
 #[ignore = "needs the VM's shared link (cargo xtask vm --link RATE)"]
 fn delay_windows_keep_the_latency_tenant_s_p99_far_below_unprotected() {
     let Some((sender, receiver)) = link() else {
-        eprintln!("no shared link (MTRDMA_LINK_SENDER/RECEIVER): nothing to measure on this host");
         return;
     };
     let base = 20_000 + (std::process::id() % 1_000) as u16 * 8;
@@ -196,14 +198,13 @@ fn delay_windows_keep_the_latency_tenant_s_p99_far_below_unprotected() {
 /// defaults (what the README's example runs: a queue pair of the tenant,
 /// `scheduled(ScheduleConfig::default())`), and bulk tenants whose code
 /// asks for no window and 1 MiB pieces, are held to the policy's
-/// `latency_bound` all the same. Each bulk tenant is an `examples/perf`
+/// `latency_bound` all the same. Each bulk tenant is an `perf`
 /// process on an embedded quota table of a policy with a 16 KiB bound,
 /// sending 1 MiB WRITEs; nothing on its command line asks for protection.
 #[test]
 #[ignore = "needs the VM's shared link (cargo xtask vm --link RATE)"]
 fn a_latency_bound_in_the_policy_protects_tenants_that_did_not_ask_for_it() {
     let Some((sender, receiver)) = link() else {
-        eprintln!("no shared link (MTRDMA_LINK_SENDER/RECEIVER): nothing to measure on this host");
         return;
     };
     let dir = std::env::temp_dir().join(format!("mtrdma-bound-{}", std::process::id()));
@@ -247,12 +248,12 @@ fn a_latency_bound_in_the_policy_protects_tenants_that_did_not_ask_for_it() {
 /// run wrote its files in. In `cargo xtask test`'s boot the demo's short
 /// form has run every scenario already (`MTRDMA_DEMO_SHORT` names its
 /// output directory), and that run is what is checked; elsewhere
-/// `examples/isolation --link --scenarios SCENARIO --seconds 2` runs here.
+/// `isolation --link --scenarios SCENARIO --seconds 2` runs here.
 /// Fails the test if the scenario did not run.
 fn isolation(scenario: &str, header: &str) -> (String, std::path::PathBuf) {
-    let (text, out_dir) = match std::env::var_os("MTRDMA_DEMO_SHORT") {
-        Some(demo) => {
-            let out_dir = std::path::Path::new(&demo).join("link");
+    let (text, out_dir) = demo_run(
+        "link",
+        |out_dir| {
             let record = std::fs::read_to_string(out_dir.join("scenarios.tsv"))
                 .expect("the demo's short form recorded its scenarios");
             let line = record
@@ -264,27 +265,23 @@ fn isolation(scenario: &str, header: &str) -> (String, std::path::PathBuf) {
                 format!("{scenario}\tran"),
                 "the demo's short form ran {scenario}"
             );
-            let text = std::fs::read_to_string(out_dir.join("results.txt"))
-                .expect("the demo's short form wrote its report");
-            (text, out_dir)
-        }
-        None => {
-            let out_dir =
-                std::env::temp_dir().join(format!("mtrdma-{scenario}-{}", std::process::id()));
-            let out = Command::new(example("isolation"))
+        },
+        format!("mtrdma-{scenario}-{}", std::process::id()),
+        |out_dir| {
+            let out = Command::new(ISOLATION)
                 .args(["--link", "--scenarios", scenario, "--seconds", "2", "--out"])
-                .arg(&out_dir)
+                .arg(out_dir)
                 .output()
-                .expect("start examples/isolation");
+                .expect("start isolation");
             let text = String::from_utf8_lossy(&out.stdout).into_owned();
             assert!(
                 out.status.success(),
                 "isolation failed:\n{text}\n{}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            (text, out_dir)
-        }
-    };
+            text
+        },
+    );
     let section: Vec<&str> = text
         .lines()
         .skip_while(|l| !l.starts_with(header))
@@ -296,7 +293,14 @@ fn isolation(scenario: &str, header: &str) -> (String, std::path::PathBuf) {
     (section.join("\n"), out_dir)
 }
 
-/// The adversarial table, in short (`examples/isolation --link --scenarios
+/// [`isolation`]'s `scenario` on the VM's shared link, or `None` on a
+/// host without one.
+fn isolation_on_link(scenario: &str, header: &str) -> Option<(String, std::path::PathBuf)> {
+    link()?;
+    Some(isolation(scenario, header))
+}
+
+/// The adversarial table, in short (`isolation --link --scenarios
 /// attack`): a victim tenant next to each attacker, unprotected and with
 /// mtrdma. Every attacker gets a verdict both ways; with mtrdma the
 /// flooding attacker is held to its policy's 1,000 work requests/s, where
@@ -304,11 +308,9 @@ fn isolation(scenario: &str, header: &str) -> (String, std::path::PathBuf) {
 #[test]
 #[ignore = "needs the VM's shared link (cargo xtask vm --link RATE)"]
 fn the_adversarial_table_holds_each_attacker_to_its_policy() {
-    let Some(_) = link() else {
-        eprintln!("no shared link (MTRDMA_LINK_SENDER/RECEIVER): nothing to measure on this host");
+    let Some((text, out_dir)) = isolation_on_link("attack", "== adversarial") else {
         return;
     };
-    let (text, out_dir) = isolation("attack", "== adversarial");
     // (way, attacker op/s, verdict) of an attacker's rows.
     let rows = |label: &str| -> Vec<(String, f64, String)> {
         text.lines()
@@ -373,7 +375,7 @@ fn the_adversarial_table_holds_each_attacker_to_its_policy() {
     }
 }
 
-/// The applications scenario, in short (`examples/isolation --link
+/// The applications scenario, in short (`isolation --link
 /// --scenarios apps`): the RPC service alone, next to the pager
 /// unprotected and with mtrdma. Every run answers the RPC service's
 /// requests, the pager moves pages in both runs, and no page comes back
@@ -381,11 +383,9 @@ fn the_adversarial_table_holds_each_attacker_to_its_policy() {
 #[test]
 #[ignore = "needs the VM's shared link (cargo xtask vm --link RATE)"]
 fn the_applications_scenario_serves_the_rpc_and_pages_without_corruption() {
-    let Some(_) = link() else {
-        eprintln!("no shared link (MTRDMA_LINK_SENDER/RECEIVER): nothing to measure on this host");
+    let Some((text, out_dir)) = isolation_on_link("apps", "== applications") else {
         return;
     };
-    let (text, out_dir) = isolation("apps", "== applications");
     // way p50 p99 p99.9 req/s lost pager-MB/s page-in-p99 of-link corrupt
     let row = |way: &str| -> Vec<String> {
         text.lines()
@@ -421,11 +421,9 @@ fn the_applications_scenario_serves_the_rpc_and_pages_without_corruption() {
 #[test]
 #[ignore = "needs the VM's shared link (cargo xtask vm --link RATE)"]
 fn the_latency_tenant_s_delays_give_the_bulk_tenants_the_one_piece_floor() {
-    let Some(_) = link() else {
-        eprintln!("no shared link (MTRDMA_LINK_SENDER/RECEIVER): nothing to measure on this host");
+    let Some((text, out_dir)) = isolation_on_link("latency", "== latency tenant") else {
         return;
     };
-    let (text, out_dir) = isolation("latency", "== latency tenant");
     assert!(
         text.contains("mtrdma"),
         "the latency scenario ran no tenants with mtrdma:\n{text}"

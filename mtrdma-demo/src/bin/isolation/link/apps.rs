@@ -1,7 +1,7 @@
 //! The applications scenario on the shared link (`--scenarios apps`): a
 //! latency-sensitive RPC service (`examples/rpc`: eight clients on one UD
 //! server queue pair, finding each other through a memcached started
-//! here) next to a swap-like pager (`examples/remote_memory`: 4 KiB
+//! here) next to a swap-like pager (`remote_memory`: 4 KiB
 //! pages to two memory nodes over RC, every page checked). The clients
 //! and the pager run on the sender device, the RPC server and the memory
 //! nodes on the receiver device, so requests and page-outs cross the link
@@ -84,22 +84,6 @@ struct AppRun {
     /// With mtrdma: the bytes per second the pager posted while the
     /// service was measured, from the quota table's counters.
     pager_posted: Option<f64>,
-}
-
-/// Column `name` of the one data row of a CSV file.
-fn csv_field(path: &Path, name: &str) -> Result<f64, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
-    let col = header
-        .iter()
-        .position(|h| *h == name)
-        .ok_or_else(|| format!("{}: no {name} column", path.display()))?;
-    lines
-        .next()
-        .and_then(|l| l.split(',').nth(col))
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| format!("{}: no {name} value", path.display()))
 }
 
 /// Waits until `path` holds `text` (a process's progress line), or the
@@ -221,17 +205,15 @@ impl Site<'_> {
         Ok(())
     }
 
-    /// One run: the RPC service (`rpc` way), with the pager next to it
-    /// (`pager` way) if any, started after the service or, with
+    /// One run (`apps-WAY`): the RPC service `rpc` way, alone or with the
+    /// pager next to it the same way, started after the service or, with
     /// `pager_first`, before it.
-    fn run_apps(
-        &mut self,
-        tag: &str,
-        registry: &str,
-        rpc: Way,
-        pager: Option<Way>,
-        pager_first: bool,
-    ) -> Result<AppRun, String> {
+    fn run_apps(&mut self, registry: &str, rpc: Way, pager_first: bool) -> Result<AppRun, String> {
+        let pager = match rpc {
+            Way::Alone => None,
+            way => Some(way),
+        };
+        let tag = &format!("apps-{}", rpc.name());
         let secs = self.args.seconds;
         self.log_dir(tag)?;
         let name = format!("{tag}-{}", std::process::id());
@@ -462,22 +444,10 @@ pub(super) fn scenario_apps(site: &mut Site<'_>, r: &mut Report) -> Result<(), S
         "link_bps",
         chosen as f64,
     );
-    let alone = site.run_apps("apps-alone", &registry, Way::Alone, None, false)?;
-    let unprot = site.run_apps(
-        "apps-unprotected",
-        &registry,
-        Way::Unprotected,
-        Some(Way::Unprotected),
-        false,
-    )?;
+    let alone = site.run_apps(&registry, Way::Alone, false)?;
+    let unprot = site.run_apps(&registry, Way::Unprotected, false)?;
     let pager_first = site.args.pager_first;
-    let ours = site.run_apps(
-        "apps-mtrdma",
-        &registry,
-        Way::Mtrdma,
-        Some(Way::Mtrdma),
-        pager_first,
-    )?;
+    let ours = site.run_apps(&registry, Way::Mtrdma, pager_first)?;
     r.say(format!(
         "{:<12} {:>9} {:>9} {:>10} {:>9} {:>6} {:>11} {:>12} {:>8} {:>8}",
         "way",

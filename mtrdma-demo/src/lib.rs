@@ -1,0 +1,14 @@
+//! What mtrdma's demo and measurement harnesses share: the `isolation`
+//! demo, `perf` (perftest's measurements, through mtrdma or straight on
+//! the verbs) and `remote_memory` (a pager on remote memory nodes), the
+//! binaries of this package. Not published: these programs measure and
+//! show mtrdma; `examples/` shows how to use it.
+
+// Shared with the examples that read a command line or run as tenants
+// (each of them includes the file as a module of its own).
+#[path = "../../examples/shared/args.rs"]
+pub mod args;
+#[path = "../../examples/shared/lane.rs"]
+pub mod lane;
+#[path = "../../examples/shared/tenant.rs"]
+pub mod tenant;
