@@ -72,13 +72,7 @@ fn run_one(nightly: bool, target: &str, each: Duration) -> Result<String> {
             lines[lines.len().saturating_sub(60)..].join("\n")
         );
     }
-    let runs = out
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("Done ")
-                .and_then(|r| r.split_whitespace().next())
-        })
-        .unwrap_or("?");
+    let runs = proc::word_after(&out, "Done ");
     Ok(format!("{target} {runs} runs"))
 }
 

@@ -84,13 +84,7 @@ pub(crate) fn run() -> Result<(bool, String)> {
         if !ok {
             return Ok((false, format!("{package} {filter}: failed under Miri")));
         }
-        let passed = out
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("test result: ok. ")
-                    .and_then(|r| r.split_whitespace().next())
-            })
-            .unwrap_or("?");
+        let passed = proc::word_after(&out, "test result: ok. ");
         ran.push(format!("{package} {filter}: {passed} passed"));
     }
     Ok((true, ran.join(", ")))

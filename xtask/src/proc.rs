@@ -184,6 +184,15 @@ impl Drop for Background {
     }
 }
 
+/// The first word after `prefix` on the first line of `output` that starts
+/// with it (a count a tool reports), or `?`.
+pub(crate) fn word_after<'a>(output: &'a str, prefix: &str) -> &'a str {
+    output
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix)?.split_whitespace().next())
+        .unwrap_or("?")
+}
+
 /// How a command reads on a shell line.
 pub(crate) fn describe(cmd: &Command) -> String {
     std::iter::once(cmd.get_program())
