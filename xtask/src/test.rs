@@ -218,6 +218,9 @@ fn start_package() -> Result<proc::Background> {
                 "--workspace",
                 "--exclude",
                 "xtask",
+                // The demo's programs are not published.
+                "--exclude",
+                "mtrdma-demo",
                 "--allow-dirty",
                 "--quiet",
                 "--target-dir",
