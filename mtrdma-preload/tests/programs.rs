@@ -213,9 +213,15 @@ impl Rig {
     }
 }
 
+/// The scratch directory goes with the rig: its removal must succeed
+/// after a test that passed (as each test asserted before the rig), and is
+/// only tried after one that failed (a second panic would abort).
 impl Drop for Rig {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        let removed = std::fs::remove_dir_all(&self.dir);
+        if !std::thread::panicking() {
+            removed.unwrap();
+        }
     }
 }
 
