@@ -325,6 +325,14 @@ impl Coordinator {
     /// the next call, until [`REGISTRATION_DEADLINE_NS`] after it came.
     pub fn serve_registrations(&mut self, report: &mut TickReport) {
         let now = self.table.now_ns();
+        self.serve_registrations_at(now, report);
+    }
+
+    /// [`serve_registrations`](Self::serve_registrations) at `now` (the
+    /// table's clock, as [`tick`](Self::tick) is given it): deadlines are
+    /// judged against the time the caller names, so that a test can run
+    /// them in virtual time.
+    fn serve_registrations_at(&mut self, now: u64, report: &mut TickReport) {
         loop {
             let stream = match self.listener.accept() {
                 Ok((stream, _)) => stream,
@@ -614,7 +622,9 @@ impl Coordinator {
     /// change, serve registrations, reclaim dead processes, and recompute
     /// fair rates when the policy's interval has passed. The file and the
     /// processes are looked at on the first tick and then at most every
-    /// [`HOUSEKEEPING_INTERVAL_NS`].
+    /// [`HOUSEKEEPING_INTERVAL_NS`]. `now_ns` is the table's clock
+    /// ([`QuotaTable::now_ns`]); registrations' deadlines and the
+    /// intervals are judged against it.
     pub fn tick(&mut self, now_ns: u64) -> TickReport {
         let mut report = TickReport::default();
         let housekeeping = self.last_housekeeping_ns == 0
@@ -633,7 +643,7 @@ impl Coordinator {
             }
         }
         if self.registration_waiting.take() != Some(false) || !self.pending.is_empty() {
-            self.serve_registrations(&mut report);
+            self.serve_registrations_at(now_ns, &mut report);
         }
         if housekeeping {
             report.reclaimed = self.reclaim();
