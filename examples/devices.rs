@@ -10,7 +10,7 @@ use mtrdma::verbs::{device_names, Context, GidSelection, PortState};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let names = device_names()?;
     if names.is_empty() {
-        return Err(mtrdma::Error::NoDevice.into());
+        return Err(mtrdma::verbs::Error::NoDevice.into());
     }
     for name in names {
         let ctx = Context::open(&name)?;

@@ -61,7 +61,7 @@ fn parse() -> Result<Args, String> {
     Ok(args)
 }
 
-fn pair(pd: &ProtectionDomain, depth: u32) -> Result<(QueuePair, QueuePair), mtrdma::Error> {
+fn pair(pd: &ProtectionDomain, depth: u32) -> Result<(QueuePair, QueuePair), mtrdma::verbs::Error> {
     let a = pd.queue_pair().max_send_wr(depth).build()?;
     let b = pd.queue_pair().max_send_wr(depth).build()?;
     let (ea, eb) = (a.endpoint(), b.endpoint());

@@ -30,7 +30,10 @@
 //! With `--path mtrdma` every queue pair posts through
 //! `ScheduledUdQueuePair`, scheduled as its tenant (`--coordinator SOCKET`:
 //! the tenant a running `examples/coordinator` decides for this process,
-//! whose queue pairs and buffers are admitted against its quota).
+//! whose queue pairs and buffers are admitted against its quota; without
+//! it, the tenant the environment names, as for the preload library:
+//! `MTRDMA_COORDINATOR`, or `MTRDMA_POLICY` and `MTRDMA_TENANT`). It joins
+//! through [`mtrdma::Tenant::join`].
 //!
 //! ```text
 //! rpc server --device rxe0 --host-registry 127.0.0.1:7700 --clients 8
@@ -44,7 +47,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use mtrdma::core::{TenantHandle, TenantId, TrafficClass};
+use mtrdma::core::{TenantId, TrafficClass};
 use mtrdma::verbs::registry::{Registry, RegistryHost};
 use mtrdma::verbs::PollCompletions;
 use mtrdma::verbs::{
@@ -52,11 +55,10 @@ use mtrdma::verbs::{
     ScheduleConfig, ScheduledUdQueuePair, SharedReceiveQueue, Tenancy, UdCompletion, UdEndpoint,
     UdQueuePair, DEFAULT_QKEY,
 };
+use mtrdma::{Tenant, TenantSource};
 
 #[path = "shared/args.rs"]
 mod args;
-#[path = "shared/tenant.rs"]
-mod tenant;
 use args::Token;
 
 /// Bytes of a message's header: kind (1), 3 unused, client (4), sequence (8).
@@ -121,6 +123,7 @@ options:
   --size B               request and answer bytes, 16 to the MTU (default 32)
   --path raw|mtrdma      post straight, or through mtrdma's scheduler (default raw)
   --coordinator SOCKET   register with a running coordinator as this process's tenant
+                         (without it: the tenant MTRDMA_COORDINATOR or MTRDMA_POLICY names)
   --wait S               how long to wait for names in the registry, and a
                          client for its first answer (default 60)
   --samples FILE         client: every latency in us, one per line
@@ -292,13 +295,20 @@ impl Ud {
 /// What every thread of the process shares: the device, the tenant.
 struct Site {
     pd: ProtectionDomain,
-    tenant: Option<TenantHandle>,
+    tenant: Option<Tenant>,
     path: PathKind,
 }
 
 impl Site {
     fn open(o: &Opts) -> Result<Site, String> {
-        let tenant = tenant::join(o.coordinator.as_deref())?;
+        let source = match &o.coordinator {
+            Some(socket) => Some(TenantSource::coordinator(socket)),
+            None => TenantSource::from_env(),
+        };
+        let tenant = source
+            .map(|source| Tenant::join(&source))
+            .transpose()
+            .map_err(|e| e.to_string())?;
         let ctx = Context::open(&o.device).map_err(|e| format!("opening {}: {e}", o.device))?;
         let pd = ctx
             .alloc_pd()
@@ -312,12 +322,7 @@ impl Site {
 
     fn describe(&self) -> String {
         match &self.tenant {
-            Some(t) => format!(
-                "tenant {} (id {}, {:?} class)",
-                t.name(),
-                t.tenant().0,
-                t.class()
-            ),
+            Some(t) => t.to_string(),
             None => "no tenant".into(),
         }
     }

@@ -22,8 +22,12 @@ pub use mtrdma_sched as sched;
 #[doc(inline)]
 pub use mtrdma_verbs as verbs;
 
+mod error;
+
+pub use error::Error;
+pub use mtrdma_core::tenant::{admitted_within, JoinError, RateLimited, Tenant, TenantSource};
 pub use mtrdma_sched::{TenantId, TrafficClass};
-pub use mtrdma_verbs::{Context, Error};
+pub use mtrdma_verbs::Context;
 
 /// The book's pages (`docs/`, an mdBook), so that their Rust snippets are
 /// compiled (and, unless marked `no_run`, run) as this crate's doctests.

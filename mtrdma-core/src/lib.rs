@@ -15,6 +15,7 @@ pub mod policy;
 pub mod procinfo;
 pub mod registry;
 pub mod table;
+pub mod tenant;
 
 pub use fairshare::{weighted_max_min, Demand};
 pub use mtrdma_sched::{
@@ -22,6 +23,7 @@ pub use mtrdma_sched::{
     MAX_WEIGHT,
 };
 pub use policy::{
-    LinkConfig, MatchRule, PeerCredentials, Policy, PolicyError, TenantEntry, TenantRef,
+    LinkConfig, MatchRule, PeerCredentials, Policy, PolicyError, TenantChoiceError, TenantEntry,
+    TenantRef,
 };
 pub use table::{AdmissionError, QuotaTable, TableError, TableOwner, TenantHandle};

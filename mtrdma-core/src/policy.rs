@@ -68,7 +68,7 @@ use std::path::Path;
 
 use crate::{RateLimit, TenantId, TenantPolicy, TrafficClass};
 
-pub use error::{PolicyError, TenantRef};
+pub use error::{PolicyError, TenantChoiceError, TenantRef};
 
 /// A whole policy: the link the tenants share and every tenant's limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -528,27 +528,19 @@ impl Policy {
     /// `MTRDMA_TENANT`), or the only one if it named none.
     ///
     /// # Errors
-    /// A message listing the tenants there are when the name is unknown, or
-    /// when none was named and the policy has several.
-    pub fn tenant_named(&self, name: Option<&str>) -> Result<&TenantEntry, String> {
-        let names = || {
-            self.tenants
-                .iter()
-                .map(|t| t.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+    /// [`TenantChoiceError`], listing the tenants there are, when the name
+    /// is unknown, or when none was named and the policy has several.
+    pub fn tenant_named(&self, name: Option<&str>) -> Result<&TenantEntry, TenantChoiceError> {
+        let names = || self.tenants.iter().map(|t| t.name.clone()).collect();
         match name {
-            Some(name) => {
-                self.tenants.iter().find(|t| t.name == name).ok_or_else(|| {
-                    format!("the policy has no tenant {name:?}; it has: {}", names())
-                })
-            }
+            Some(name) => self.tenants.iter().find(|t| t.name == name).ok_or_else(|| {
+                TenantChoiceError::NoSuchTenant {
+                    name: name.to_string(),
+                    tenants: names(),
+                }
+            }),
             None if self.tenants.len() == 1 => Ok(&self.tenants[0]),
-            None => Err(format!(
-                "the policy has several tenants ({}); choose one by name",
-                names()
-            )),
+            None => Err(TenantChoiceError::NotChosen { tenants: names() }),
         }
     }
 

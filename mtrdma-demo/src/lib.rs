@@ -4,11 +4,9 @@
 //! binaries of this package. Not published: these programs measure and
 //! show mtrdma; `examples/` shows how to use it.
 
-// Shared with the examples that read a command line or run as tenants
-// (each of them includes the file as a module of its own).
+// Shared with the examples that read a command line (each of them
+// includes the file as a module of its own).
 #[path = "../../examples/shared/args.rs"]
 pub mod args;
 #[path = "../../examples/shared/lane.rs"]
 pub mod lane;
-#[path = "../../examples/shared/tenant.rs"]
-pub mod tenant;

@@ -15,18 +15,11 @@
 //! said once on stderr.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
-use mtrdma_core::coordinator::register;
-use mtrdma_core::{Policy, QuotaTable, TenantHandle};
-
-/// The environment variable naming a coordinator's registration socket.
-pub const ENV_COORDINATOR: &str = "MTRDMA_COORDINATOR";
-/// The environment variable naming a policy file for an embedded table.
-pub const ENV_POLICY: &str = "MTRDMA_POLICY";
-/// The environment variable naming the tenant in `MTRDMA_POLICY`.
-pub const ENV_TENANT: &str = "MTRDMA_TENANT";
+use mtrdma_core::tenant::{Tenant, TenantSource};
+pub use mtrdma_core::tenant::{ENV_COORDINATOR, ENV_POLICY, ENV_TENANT};
+use mtrdma_core::TenantHandle;
 
 /// What the environment asked for, and what came of it.
 #[derive(Debug)]
@@ -39,59 +32,23 @@ pub(crate) enum Tenancy {
     Failed(String),
 }
 
-/// Where the tenant comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Source {
-    /// `MTRDMA_COORDINATOR`.
-    Coordinator(PathBuf),
-    /// `MTRDMA_POLICY` and `MTRDMA_TENANT`.
-    Policy {
-        file: PathBuf,
-        tenant: Option<String>,
-    },
-}
-
-/// The source the environment names, if any (`MTRDMA_COORDINATOR` first).
-pub(crate) fn source_from(get: impl Fn(&str) -> Option<String>) -> Option<Source> {
-    let set = |name: &str| get(name).filter(|v| !v.is_empty());
-    if let Some(socket) = set(ENV_COORDINATOR) {
-        return Some(Source::Coordinator(PathBuf::from(socket)));
-    }
-    set(ENV_POLICY).map(|file| Source::Policy {
-        file: PathBuf::from(file),
-        tenant: set(ENV_TENANT),
-    })
-}
-
-/// Joins the tenant `source` names.
-pub(crate) fn join(source: &Source) -> Result<TenantHandle, String> {
-    match source {
-        Source::Coordinator(socket) => register(socket).map_err(|e| {
-            format!(
-                "registering with the coordinator at {} ({ENV_COORDINATOR}): {e}",
-                socket.display()
-            )
-        }),
-        Source::Policy { file, tenant } => {
-            let policy = Policy::from_file(file).map_err(|e| format!("{ENV_POLICY}: {e}"))?;
-            let id = policy
-                .tenant_named(tenant.as_deref())
-                .map_err(|e| format!("{ENV_POLICY} {}: {e} (set {ENV_TENANT})", file.display()))?
-                .id;
-            let table = QuotaTable::embedded(&policy)
-                .map_err(|e| format!("the quota table of {}: {e}", file.display()))?;
-            table
-                .attach(id)
-                .map_err(|e| format!("attaching as tenant {}: {e}", id.0))
-        }
-    }
+/// Joins the tenant `source` names, through the same front door as a
+/// program written against the crate ([`Tenant::join`]); the reason it
+/// could not names the variable that asked for it.
+pub(crate) fn join(source: &TenantSource) -> Result<TenantHandle, String> {
+    Tenant::join(source)
+        .map(Tenant::into_handle)
+        .map_err(|e| match source {
+            TenantSource::Coordinator(_) => format!("{e} (from {ENV_COORDINATOR})"),
+            _ => format!("{e} (from {ENV_POLICY})"),
+        })
 }
 
 /// The process's tenancy, found at the first call.
 pub(crate) fn tenancy() -> &'static Tenancy {
     static TENANCY: OnceLock<Tenancy> = OnceLock::new();
     TENANCY.get_or_init(|| {
-        let Some(source) = source_from(|name| std::env::var(name).ok()) else {
+        let Some(source) = TenantSource::from_env() else {
             say_once(
                 "off",
                 &format!(
@@ -131,31 +88,6 @@ pub(crate) fn say_once(key: &str, message: &str) {
 mod tests {
     use super::*;
 
-    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |name| {
-            vars.iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| v.to_string())
-        }
-    }
-
-    #[test]
-    fn the_coordinator_comes_before_a_policy_file_and_empty_means_unset() {
-        assert_eq!(source_from(env(&[])), None);
-        assert_eq!(source_from(env(&[(ENV_POLICY, "")])), None);
-        assert_eq!(
-            source_from(env(&[(ENV_POLICY, "/p.toml"), (ENV_COORDINATOR, "/s")])),
-            Some(Source::Coordinator(PathBuf::from("/s")))
-        );
-        assert_eq!(
-            source_from(env(&[(ENV_POLICY, "/p.toml"), (ENV_TENANT, "bulk")])),
-            Some(Source::Policy {
-                file: PathBuf::from("/p.toml"),
-                tenant: Some("bulk".into())
-            })
-        );
-    }
-
     #[test]
     fn a_policy_file_names_its_tenant_or_says_which_there_are() {
         let dir = std::env::temp_dir().join(format!("mtrdma-preload-{}", std::process::id()));
@@ -167,28 +99,16 @@ mod tests {
              class = \"latency\"\n\n[[tenant]]\nid = 2\nname = \"bulk\"\nmax_qps = 1\n",
         )
         .unwrap();
-        let handle = join(&Source::Policy {
-            file: file.clone(),
-            tenant: Some("bulk".into()),
-        })
-        .unwrap();
+        let handle = join(&TenantSource::policy_file(&file, Some("bulk"))).unwrap();
         assert_eq!(handle.name(), "bulk");
-        let err = join(&Source::Policy {
-            file: file.clone(),
-            tenant: None,
-        })
-        .unwrap_err();
+        let err = join(&TenantSource::policy_file(&file, None)).unwrap_err();
         assert!(
-            err.contains("lat, bulk") && err.contains(ENV_TENANT),
+            err.contains("lat, bulk") && err.contains(ENV_TENANT) && err.contains(ENV_POLICY),
             "{err}"
         );
-        let err = join(&Source::Policy {
-            file: file.clone(),
-            tenant: Some("nope".into()),
-        })
-        .unwrap_err();
+        let err = join(&TenantSource::policy_file(&file, Some("nope"))).unwrap_err();
         assert!(err.contains("no tenant \"nope\""), "{err}");
-        let err = join(&Source::Coordinator(dir.join("no-socket"))).unwrap_err();
+        let err = join(&TenantSource::coordinator(dir.join("no-socket"))).unwrap_err();
         assert!(err.contains(ENV_COORDINATOR), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -373,3 +373,15 @@ pub enum Error {
         source: io::Error,
     },
 }
+
+impl mtrdma_core::tenant::RateLimited for Error {
+    /// A queue pair or memory region refused by the tenant's control-path
+    /// rate limit ([`Error::Admission`]) may be created after the wait it
+    /// names.
+    fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Error::Admission(e) => e.retry_after(),
+            _ => None,
+        }
+    }
+}

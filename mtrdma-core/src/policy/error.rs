@@ -28,6 +28,27 @@ impl fmt::Display for TenantRef {
     }
 }
 
+/// Why no tenant of a policy could be chosen by name
+/// ([`Policy::tenant_named`](crate::Policy::tenant_named)).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TenantChoiceError {
+    /// No tenant has that name.
+    #[error("the policy has no tenant {name:?}; it has: {}", .tenants.join(", "))]
+    NoSuchTenant {
+        /// The name asked for.
+        name: String,
+        /// The names the policy has, in file order.
+        tenants: Vec<String>,
+    },
+    /// No name was given, and the policy has more than one tenant.
+    #[error("the policy has several tenants ({}); choose one by name", .tenants.join(", "))]
+    NotChosen {
+        /// The names the policy has, in file order.
+        tenants: Vec<String>,
+    },
+}
+
 /// Why a policy could not be read or was refused.
 ///
 /// Every message is a sentence naming what is wrong and where: the tenant,

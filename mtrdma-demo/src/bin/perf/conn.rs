@@ -275,7 +275,7 @@ impl Side {
         rq: u32,
         inline: u32,
     ) -> Result<PreparedQueuePair, String> {
-        admitted_in_time(Duration::from_secs(10), || {
+        admitted_within(Duration::from_secs(10), || {
             let mut b = self
                 .pd
                 .queue_pair()
@@ -299,7 +299,7 @@ impl Side {
     /// its quota, waiting for its registration rate as for queue pairs),
     /// or plain without one.
     pub(crate) fn allocate(&self, size: usize, access: Access) -> Result<MemoryRegion, String> {
-        admitted_in_time(Duration::from_secs(30), || match &self.tenant {
+        admitted_within(Duration::from_secs(30), || match &self.tenant {
             Some((t, _)) => self.pd.register_for(t, vec![0u8; size], access),
             None => self.pd.allocate(size, access),
         })

@@ -75,8 +75,8 @@ use mtrdma::verbs::{
     Access, Completion, Context, Endpoint, Gid, GidSelection, MemoryRegion, PreparedQueuePair,
     ProtectionDomain, QueuePair, RemoteRegion, ScheduleConfig, ScheduledQueuePair, SendOp, Tenancy,
 };
+use mtrdma::{admitted_within, Tenant, TenantSource};
 use mtrdma_demo::args;
-use mtrdma_demo::tenant::{admitted_in_time, join};
 
 use cli::*;
 use conn::*;

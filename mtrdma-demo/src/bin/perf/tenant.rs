@@ -9,7 +9,9 @@ pub(crate) fn tenant_handle(
     chunk: u64,
 ) -> Result<Option<(TenantHandle, String)>, String> {
     if let Some(socket) = &a.coordinator {
-        let handle = join(Some(socket))?.expect("a socket was given");
+        let handle = Tenant::join(&TenantSource::coordinator(socket))
+            .map_err(|e| e.to_string())?
+            .into_handle();
         let desc = format!(
             "{} (id {}, {:?} class, decided by the coordinator at {})",
             handle.name(),

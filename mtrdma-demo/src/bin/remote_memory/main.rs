@@ -44,7 +44,7 @@ mod report;
 use std::process::ExitCode;
 
 use mtrdma::verbs::Context;
-use mtrdma_demo::{args, tenant};
+use mtrdma_demo::args;
 
 /// The first words of a node's greeting, then `pages N`.
 pub(crate) const HELLO: &str = "mtrdma-remote-memory/1";

@@ -60,9 +60,9 @@ use mtrdma::verbs::{
 use crate::cli::{ClientArgs, NodeAddr, PathKind};
 use crate::page::{encode, verify, Rng, PAGE};
 use crate::report::Results;
-use crate::tenant::{admitted_in_time, join};
 use crate::{open_device, HELLO};
 use mtrdma::verbs::PollCompletions;
+use mtrdma::{admitted_within, Tenant, TenantSource};
 
 /// Local ACK timeout exponent: 4.096 us x 2^14, about 67 ms.
 const ACK_TIMEOUT: u8 = 14;
@@ -105,7 +105,7 @@ impl Qp {
         }
     }
 
-    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, mtrdma::Error> {
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, mtrdma::verbs::Error> {
         match self {
             Qp::Raw(q) => q.poll(out),
             Qp::Sched(q) => q.poll(out),
@@ -116,7 +116,7 @@ impl Qp {
         &mut self,
         out: &mut Vec<Completion>,
         timeout: Duration,
-    ) -> Result<usize, mtrdma::Error> {
+    ) -> Result<usize, mtrdma::verbs::Error> {
         match self {
             Qp::Raw(q) => q.poll_wait(out, timeout),
             Qp::Sched(q) => q.poll_wait(out, timeout),
@@ -312,7 +312,12 @@ pub(crate) fn run(a: &ClientArgs) -> Result<Results, String> {
     let pd = ctx
         .alloc_pd()
         .map_err(|e| format!("allocating a protection domain on {}: {e}", ctx.name()))?;
-    let tenant = join(a.coordinator.as_deref())?;
+    let tenant = a
+        .coordinator
+        .as_deref()
+        .map(|socket| Tenant::join(&TenantSource::coordinator(socket)).map(Tenant::into_handle))
+        .transpose()
+        .map_err(|e| e.to_string())?;
     let depth = a.depth as usize;
     let k = a.cluster;
     let n_frames = a.cache / k;
@@ -360,7 +365,7 @@ pub(crate) fn run(a: &ClientArgs) -> Result<Results, String> {
 
     let mut nodes = Vec::new();
     for (addr, mut stream, capacity) in greeted {
-        let prepared = admitted_in_time(Duration::from_secs(10), || {
+        let prepared = admitted_within(Duration::from_secs(10), || {
             let mut b = pd
                 .queue_pair()
                 .max_send_wr(sq)
@@ -471,7 +476,7 @@ fn allocate(
     let total = count
         .checked_mul(size)
         .ok_or_else(|| format!("{count} cluster buffers do not fit in memory"))?;
-    let region = admitted_in_time(Duration::from_secs(30), || match tenant {
+    let region = admitted_within(Duration::from_secs(30), || match tenant {
         Some(t) => pd.register_for(t, vec![0u8; total], Access::LOCAL),
         None => pd.allocate(total, Access::LOCAL),
     })
