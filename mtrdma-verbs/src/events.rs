@@ -83,8 +83,11 @@ impl Drop for CompChannel {
 }
 
 /// What a waiter sleeps on once its completion queue is armed.
+// `pub` in a private module: named by the sealed `AsyncQueue` trait's
+// hidden methods (feature `tokio`), reachable from nowhere outside.
+#[allow(unreachable_pub)]
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Armed {
+pub enum Armed {
     /// Sleep in poll(2) on this descriptor (a completion channel's, which
     /// becomes readable at the next completion).
     Fd(RawFd),
@@ -176,8 +179,11 @@ impl Cq {
 }
 
 /// Something whose completions can be waited for: a queue pair, direct
-/// or scheduled. [`poll_wait`] drives it.
-pub(crate) trait Waitable {
+/// or scheduled. [`poll_wait`] drives it, and so do the futures of
+/// `asynchronous` (feature `tokio`).
+// `pub` in a private module, as `Armed`.
+#[allow(unreachable_pub)]
+pub trait Waitable {
     /// What a completion is handed back as.
     type Item;
 

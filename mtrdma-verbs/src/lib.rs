@@ -85,6 +85,8 @@
 mod macros;
 
 mod async_event;
+#[cfg(feature = "tokio")]
+pub mod asynchronous;
 mod completion;
 mod device;
 mod error;

@@ -710,6 +710,14 @@ impl Sink for QueuePair {
 
 crate::events::waitable_queue_pair!(QueuePair, Completion);
 
+impl QueuePair {
+    /// It, as something whose completions can be waited for.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn waitable(&mut self) -> &mut dyn crate::events::Waitable<Item = Completion> {
+        self
+    }
+}
+
 impl Drop for QueuePair {
     fn drop(&mut self) {
         Sink::shutdown(self);

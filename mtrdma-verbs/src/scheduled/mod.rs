@@ -546,6 +546,14 @@ macro_rules! scheduled_accessors {
 pub(crate) use scheduled_accessors;
 
 impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
+    /// It, as something whose completions can be waited for.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn waitable(&mut self) -> &mut dyn Waitable<Item = Completion> {
+        self.inner.waitable()
+    }
+}
+
+impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
     /// The queue pair number.
     pub fn qpn(&self) -> u32 {
         self.inner.qpn

@@ -241,9 +241,16 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         out: &mut Vec<Done<S>>,
         timeout: Duration,
     ) -> Result<usize, Error> {
+        crate::events::poll_wait(self.waitable(), out, timeout)
+    }
+
+    /// Its way to the engine, as something whose completions can be
+    /// waited for (blocking in [`poll_wait`](Self::poll_wait), or by a
+    /// future).
+    pub(crate) fn waitable(&mut self) -> &mut dyn Waitable<Item = Done<S>> {
         match &mut self.way {
-            Way::Solo(solo) => crate::events::poll_wait(&mut **solo, out, timeout),
-            Way::Attached(a) => crate::events::poll_wait(a, out, timeout),
+            Way::Solo(solo) => &mut **solo,
+            Way::Attached(a) => a,
         }
     }
 }

@@ -107,6 +107,14 @@ impl<Q: PieceScheduler> std::fmt::Debug for NullScheduled<Q> {
 }
 
 impl<Q: PieceScheduler> NullScheduled<Q> {
+    /// It, as something whose completions can be waited for.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn waitable(&mut self) -> &mut dyn crate::events::Waitable<Item = HostCompletion> {
+        self.inner.waitable()
+    }
+}
+
+impl<Q: PieceScheduler> NullScheduled<Q> {
     crate::macros::posting_fn! {
         /// See [`ScheduledQueuePair::post_send`](crate::ScheduledQueuePair::post_send).
         pub fn post_send(&mut self, op: SendOp)

@@ -1,0 +1,560 @@
+//! Completions that can be awaited, on tokio (feature `tokio`).
+//!
+//! [`AsyncQueuePair`] wraps a queue pair built with completion events
+//! (direct or scheduled, RC). Posting is what it is on the queue pair
+//! itself: checked and handed to the device (or to the tenant's scheduler)
+//! at the call, in call order, and a refusal hands the region back at
+//! once. What a post returns is a [`Pending`] request: a future that
+//! resolves to the request's completion, with its region handed back.
+//!
+//! The queue pair's completion channel is registered once with tokio's
+//! reactor ([`AsyncFd`]); a task waiting for a completion sleeps there
+//! (and on a timer while the scheduler paces), never in a system call of
+//! its own, so one thread serves many queue pairs. Whichever request's
+//! future polls the completion queue hands every completion it finds to
+//! the future it belongs to and wakes that future's task.
+//!
+//! **Dropping a future never frees a buffer the NIC holds.** A request's
+//! region stays in the queue pair's books until its completion is polled,
+//! whether or not anything still waits for it; a completion nobody waits
+//! for any more is dropped then, region and all, once the NIC is done with
+//! it. So a `select!` or a timeout may drop a [`Pending`] at any point.
+//!
+//! ```no_run
+//! use mtrdma_verbs::asynchronous::AsyncQueuePair;
+//! use mtrdma_verbs::{Access, Context, SendOp};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let ctx = Context::open_first_active()?;
+//! let pd = ctx.alloc_pd()?;
+//! let (a, b) = (
+//!     pd.queue_pair().completion_events(true).build()?,
+//!     pd.queue_pair().completion_events(true).build()?,
+//! );
+//! let (ea, eb) = (a.endpoint(), b.endpoint());
+//! let (a, b) = (
+//!     AsyncQueuePair::new(a.connect(&eb)?)?,
+//!     AsyncQueuePair::new(b.connect(&ea)?)?,
+//! );
+//! let received = b.post_recv(pd.allocate(4096, Access::LOCAL)?, 0..4096)?;
+//! let sent = a.post_send(SendOp::Send, pd.register(vec![7u8; 4096], Access::LOCAL)?, 0..4096)?;
+//! let (sent, received) = (sent.await?, received.await?);
+//! assert!(sent.status.is_success());
+//! assert_eq!(received.region.as_slice().map(|b| b[0]), Some(7));
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::ops::Range;
+use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use mtrdma_core::tenant::RateLimited;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use crate::events::{Armed, Waitable};
+use crate::{Error, SendOp};
+
+mod sealed {
+    /// Only this crate's queue pairs are [`AsyncQueue`](super::AsyncQueue)s.
+    #[allow(unreachable_pub)]
+    pub trait Sealed {}
+}
+
+/// A queue pair an [`AsyncQueuePair`] can drive: [`QueuePair`](crate::QueuePair),
+/// [`ScheduledQueuePair`](crate::ScheduledQueuePair) and, behind
+/// `test-util`, the null sink's `NullScheduled`. Sealed: its methods are
+/// the crate's own.
+pub trait AsyncQueue: sealed::Sealed + Send + 'static {
+    /// The memory a request names.
+    type Region: Send + 'static;
+    /// What a request's completion hands back.
+    type Completion: Send + 'static;
+    /// What a refused post hands back (the region within).
+    type Refused;
+
+    #[doc(hidden)]
+    fn post_send_as(
+        &mut self,
+        op: SendOp,
+        region: Self::Region,
+        range: Range<usize>,
+        id: u64,
+    ) -> Result<(), Self::Refused>;
+
+    #[doc(hidden)]
+    fn id_of(completion: &Self::Completion) -> u64;
+
+    #[doc(hidden)]
+    fn waitable(&mut self) -> &mut dyn Waitable<Item = Self::Completion>;
+}
+
+/// An [`AsyncQueue`] that also takes receives.
+pub trait AsyncRecv: AsyncQueue {
+    #[doc(hidden)]
+    fn post_recv_as(
+        &mut self,
+        region: Self::Region,
+        range: Range<usize>,
+        id: u64,
+    ) -> Result<(), Self::Refused>;
+}
+
+/// Writes the [`AsyncQueue`] impl of a queue pair type whose completions
+/// carry their `context`, and with `recv` its [`AsyncRecv`] impl.
+macro_rules! async_queue {
+    ($(#[$attr:meta])* [$($gen:tt)*] $ty:ty, $region:ty, $completion:ty, $refused:ty) => {
+        $(#[$attr])*
+        impl<$($gen)*> sealed::Sealed for $ty {}
+
+        $(#[$attr])*
+        impl<$($gen)*> AsyncQueue for $ty {
+            type Region = $region;
+            type Completion = $completion;
+            type Refused = $refused;
+
+            fn post_send_as(
+                &mut self,
+                op: SendOp,
+                region: $region,
+                range: Range<usize>,
+                id: u64,
+            ) -> Result<(), $refused> {
+                self.post_send(op, region, range, id)
+            }
+
+            fn id_of(completion: &$completion) -> u64 {
+                completion.context
+            }
+
+            fn waitable(&mut self) -> &mut dyn Waitable<Item = $completion> {
+                self.waitable()
+            }
+        }
+    };
+    (recv [$($gen:tt)*] $ty:ty) => {
+        async_queue!([$($gen)*] $ty, crate::MemoryRegion, crate::Completion, crate::PostError);
+
+        impl<$($gen)*> AsyncRecv for $ty {
+            fn post_recv_as(
+                &mut self,
+                region: crate::MemoryRegion,
+                range: Range<usize>,
+                id: u64,
+            ) -> Result<(), crate::PostError> {
+                self.post_recv(region, range, id)
+            }
+        }
+    };
+}
+
+async_queue!(recv [] crate::QueuePair);
+async_queue!(recv [Q: crate::scheduled::PieceScheduler] crate::ScheduledQueuePair<Q>);
+async_queue!(
+    #[cfg(any(test, feature = "test-util"))]
+    [Q: crate::scheduled::PieceScheduler]
+    crate::testing::NullScheduled<Q>,
+    crate::testing::HeapRegion,
+    crate::testing::HostCompletion,
+    (Error, crate::testing::HeapRegion)
+);
+
+/// A completion channel's descriptor, registered with the reactor; the
+/// queue pair owns it (and outlives the registration).
+struct ChannelFd(RawFd);
+
+impl AsRawFd for ChannelFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// A queue pair whose requests' completions are awaited (see the
+/// [module docs](self)). Cheap to clone: clones drive the same queue pair.
+pub struct AsyncQueuePair<Q: AsyncQueue> {
+    shared: Arc<Shared<Q>>,
+}
+
+impl<Q: AsyncQueue> Clone for AsyncQueuePair<Q> {
+    fn clone(&self) -> Self {
+        AsyncQueuePair {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<Q: AsyncQueue> fmt::Debug for AsyncQueuePair<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.shared.lock();
+        f.debug_struct("AsyncQueuePair")
+            .field("waiting", &st.waiting.len())
+            .field("done", &st.done.len())
+            .field("registered", &self.shared.fd.is_some())
+            .finish()
+    }
+}
+
+/// What the queue pair's handles and futures share.
+struct Shared<Q: AsyncQueue> {
+    /// The completion channel's registration (none on the null sink,
+    /// where everything posted is complete at the next poll). Declared
+    /// before `state`: it is deregistered before the queue pair, which
+    /// owns the descriptor, is dropped.
+    fd: Option<AsyncFd<ChannelFd>>,
+    state: Mutex<State<Q>>,
+}
+
+impl<Q: AsyncQueue> Shared<Q> {
+    fn lock(&self) -> MutexGuard<'_, State<Q>> {
+        // A panic while polling leaves the books as they were before the
+        // call that panicked: go on with them.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+struct State<Q: AsyncQueue> {
+    qp: Q,
+    /// The id the next request is posted with (its completion's context).
+    next_id: u64,
+    /// The requests whose futures still wait, and the task to wake when
+    /// their completion is found.
+    waiting: HashMap<u64, Option<Waker>>,
+    /// Completions found for futures that have not taken them yet.
+    done: HashMap<u64, Q::Completion>,
+    scratch: Vec<Q::Completion>,
+    /// The scheduler's next wake-up, while it paces.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<Q: AsyncQueue> State<Q> {
+    /// Polls the queue pair: each completion goes to the future that waits
+    /// for it (whose task is added to `wake`); one nobody waits for any
+    /// more is dropped, its region with it (the NIC is done with it).
+    fn collect(&mut self, wake: &mut Vec<Waker>) -> Result<(), Error> {
+        let result = self.qp.waitable().poll(&mut self.scratch);
+        for c in self.scratch.drain(..) {
+            let id = Q::id_of(&c);
+            if let Some(waker) = self.waiting.get_mut(&id) {
+                wake.extend(waker.take());
+                self.done.insert(id, c);
+            }
+        }
+        result.map(drop)
+    }
+
+    /// Every waiting task: one of them takes over watching the channel
+    /// and the timer (whose registrations keep only the last task).
+    fn wake_all(&mut self, wake: &mut Vec<Waker>) {
+        wake.extend(self.waiting.values_mut().filter_map(Option::take));
+    }
+}
+
+impl<Q: AsyncQueue> AsyncQueuePair<Q> {
+    /// Drives `qp`, which must have been built with completion events
+    /// (`completion_events(true)`), from within a tokio runtime whose I/O
+    /// and time drivers are enabled (`#[tokio::main]`, or a builder's
+    /// `enable_all()`): the channel is registered with its reactor, and a
+    /// scheduled queue pair's pacing waits on its timer.
+    ///
+    /// # Errors
+    /// [`Error::NoCompletionEvents`] without completion events;
+    /// [`Error::CompletionWait`] when the channel cannot be registered
+    /// (no runtime, or one without I/O).
+    pub fn new(mut qp: Q) -> Result<Self, Error> {
+        let w = qp.waitable();
+        w.check_events()?;
+        let fd = match w.arm()? {
+            Armed::Fd(fd) => {
+                if let Err(e) = tokio::runtime::Handle::try_current() {
+                    return Err(Error::CompletionWait {
+                        source: std::io::Error::other(e),
+                    });
+                }
+                // SAFETY: `fd` is the completion channel of `qp`'s
+                // completion queue, open until the queue pair is dropped.
+                // The queue pair goes into the same `Shared` as the
+                // registration, whose `fd` field is dropped (deregistered)
+                // before its `state`, which holds the queue pair; and
+                // `ChannelFd` always names that one descriptor.
+                let fd =
+                    unsafe { AsyncFd::register_with_interest(ChannelFd(fd), Interest::READABLE) }
+                        .map_err(|e| Error::CompletionWait {
+                        source: e.into_parts().1,
+                    })?;
+                Some(fd)
+            }
+            Armed::Ready => None,
+        };
+        Ok(AsyncQueuePair {
+            shared: Arc::new(Shared {
+                fd,
+                state: Mutex::new(State {
+                    qp,
+                    next_id: 0,
+                    waiting: HashMap::new(),
+                    done: HashMap::new(),
+                    scratch: Vec::new(),
+                    timer: None,
+                }),
+            }),
+        })
+    }
+
+    /// Posts a send-side request, as the queue pair's own `post_send`
+    /// does, at once; the future resolves to its completion, region
+    /// handed back.
+    ///
+    /// # Errors
+    /// The queue pair's refusal, region handed back.
+    pub fn post_send(
+        &self,
+        op: SendOp,
+        region: Q::Region,
+        range: Range<usize>,
+    ) -> Result<Pending<Q>, Q::Refused> {
+        self.post(|qp, id| qp.post_send_as(op, region, range, id))
+    }
+
+    fn post(
+        &self,
+        f: impl FnOnce(&mut Q, u64) -> Result<(), Q::Refused>,
+    ) -> Result<Pending<Q>, Q::Refused> {
+        let mut st = self.shared.lock();
+        let id = st.next_id;
+        st.next_id = id.wrapping_add(1);
+        f(&mut st.qp, id)?;
+        st.waiting.insert(id, None);
+        Ok(Pending {
+            shared: Arc::clone(&self.shared),
+            id,
+            finished: false,
+        })
+    }
+
+    /// Runs `f` on the queue pair (its endpoint, counters, or a post of
+    /// its own kind), under the lock its futures take.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Q) -> R) -> R {
+        f(&mut self.shared.lock().qp)
+    }
+
+    /// Requests whose futures still wait for their completion.
+    pub fn waiting(&self) -> usize {
+        self.shared.lock().waiting.len()
+    }
+}
+
+impl<Q: AsyncRecv> AsyncQueuePair<Q> {
+    /// Posts a receive into `range` of `region`, at once; the future
+    /// resolves to its completion, region handed back.
+    ///
+    /// # Errors
+    /// The queue pair's refusal, region handed back.
+    pub fn post_recv(
+        &self,
+        region: Q::Region,
+        range: Range<usize>,
+    ) -> Result<Pending<Q>, Q::Refused> {
+        self.post(|qp, id| qp.post_recv_as(region, range, id))
+    }
+}
+
+/// A posted request: a future that resolves to its completion (see the
+/// [module docs](self); dropping it is safe at any point).
+#[must_use = "a request's completion is only known by awaiting it"]
+pub struct Pending<Q: AsyncQueue> {
+    shared: Arc<Shared<Q>>,
+    id: u64,
+    /// Its completion was handed out (or an error was).
+    finished: bool,
+}
+
+impl<Q: AsyncQueue> fmt::Debug for Pending<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pending")
+            .field("id", &self.id)
+            .field("finished", &self.finished)
+            .finish()
+    }
+}
+
+/// Polls of the queue pair in one wake-up while its scheduler takes
+/// pieces' completions and posts more in their place, before the task
+/// yields to others.
+const POLLS_PER_WAKE: usize = 64;
+
+impl<Q: AsyncQueue> Future for Pending<Q> {
+    type Output = Result<Q::Completion, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if this.finished {
+            panic!("a request's future was polled after it resolved");
+        }
+        let mut wake = Vec::new();
+        let result = this.step(cx, &mut wake);
+        if result.is_ready() {
+            this.finished = true;
+        }
+        for w in wake {
+            w.wake();
+        }
+        result
+    }
+}
+
+impl<Q: AsyncQueue> Pending<Q> {
+    /// One poll of the future; the tasks to wake once the lock is let go
+    /// go to `wake`.
+    fn step(
+        &mut self,
+        cx: &mut Context<'_>,
+        wake: &mut Vec<Waker>,
+    ) -> Poll<Result<Q::Completion, Error>> {
+        let shared = &*self.shared;
+        let mut st = shared.lock();
+        let id = self.id;
+        let ready = |st: &mut State<Q>, wake: &mut Vec<Waker>| {
+            let c = st.done.remove(&id)?;
+            st.waiting.remove(&id);
+            // Someone else must watch the channel now.
+            st.wake_all(wake);
+            Some(c)
+        };
+        let failed = |st: &mut State<Q>, wake: &mut Vec<Waker>, e| {
+            st.waiting.remove(&id);
+            st.wake_all(wake);
+            Poll::Ready(Err(e))
+        };
+        for _ in 0..POLLS_PER_WAKE {
+            if let Some(c) = ready(&mut st, wake) {
+                return Poll::Ready(Ok(c));
+            }
+            if let Err(e) = st.collect(wake) {
+                return failed(&mut st, wake, e);
+            }
+            if let Some(c) = ready(&mut st, wake) {
+                return Poll::Ready(Ok(c));
+            }
+            if !st.qp.waitable().took() {
+                break;
+            }
+        }
+        // Nothing for it yet. Arm, then poll once more: a completion that
+        // came before the arm raises no event.
+        match st.qp.waitable().arm() {
+            Ok(Armed::Fd(_)) => {}
+            Ok(Armed::Ready) => {
+                // Nothing to sleep on: what is posted completes at the
+                // next poll.
+                st.waiting.insert(id, Some(cx.waker().clone()));
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Err(e) => return failed(&mut st, wake, e),
+        }
+        if let Err(e) = st.collect(wake) {
+            return failed(&mut st, wake, e);
+        }
+        if let Some(c) = ready(&mut st, wake) {
+            return Poll::Ready(Ok(c));
+        }
+        st.waiting.insert(id, Some(cx.waker().clone()));
+        if st.qp.waitable().took() {
+            // The scheduler posted more in the pieces' place: poll again
+            // soon, after the other tasks.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        if let Some(fd) = &shared.fd {
+            match fd.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut guard)) => {
+                    if let Err(e) = st.qp.waitable().take_events() {
+                        return failed(&mut st, wake, e);
+                    }
+                    guard.clear_ready();
+                    cx.waker().wake_by_ref();
+                }
+                Poll::Ready(Err(source)) => {
+                    return failed(&mut st, wake, Error::CompletionWait { source });
+                }
+                Poll::Pending => {}
+            }
+        }
+        if let Some(at) = st.qp.waitable().poll_by() {
+            // The scheduler paces: poll again when it is due.
+            let due = tokio::time::Instant::from_std(at);
+            let timer = st
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+            if timer.deadline() != due {
+                timer.as_mut().reset(due);
+            }
+            if timer.as_mut().poll(cx).is_ready() {
+                cx.waker().wake_by_ref();
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl<Q: AsyncQueue> Drop for Pending<Q> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let mut wake = Vec::new();
+        let dropped = {
+            let mut st = self.shared.lock();
+            st.waiting.remove(&self.id);
+            // The request may still be in the NIC: its region stays in
+            // the books until its completion is polled, and is dropped
+            // then. One already found is dropped here, after the lock.
+            let found = st.done.remove(&self.id);
+            // It may have been the task watching the channel.
+            st.wake_all(&mut wake);
+            found
+        };
+        drop(dropped);
+        for w in wake {
+            w.wake();
+        }
+    }
+}
+
+/// What `create` gives, waiting out a control-path rate limit without
+/// blocking the thread ([`mtrdma_core::tenant::admitted_within`], on
+/// tokio's timer): tried again after each wait the refusal names (at least
+/// 1 ms, at most 1 s) until admitted or `patience` runs out.
+///
+/// # Errors
+/// Any other error at once; a rate limit once `patience` has run out.
+pub async fn admitted_within<T, E: RateLimited>(
+    patience: Duration,
+    mut create: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let deadline = Instant::now() + patience;
+    loop {
+        match create() {
+            Err(e) => match e.retry_after() {
+                Some(wait) if Instant::now() < deadline => {
+                    tokio::time::sleep(
+                        wait.clamp(Duration::from_millis(1), Duration::from_secs(1)),
+                    )
+                    .await;
+                }
+                _ => return Err(e),
+            },
+            ok => return ok,
+        }
+    }
+}
+
+#[cfg(all(test, feature = "test-util"))]
+mod tests;
