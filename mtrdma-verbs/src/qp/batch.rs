@@ -336,7 +336,12 @@ impl<'a, S: Sink> Batch<'a, S> {
         let key = self.sink.books_mut().park_group(pieces, self.sched);
         let quiet_ok = !self.all_signaled && self.sink.quiet_lists();
         let signaled = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        // The links and scatter pointers all come from one pointer to
+        // each vector: a reference taken to the vector after a pointer
+        // into it was stored would invalidate that pointer (Stacked
+        // Borrows).
         let wrs = self.scratch.wrs.as_mut_ptr();
+        let sges = self.scratch.sges.as_mut_ptr();
         let mut done = 0;
         while done < n {
             let len = (n - done).min(LIST_MAX);
@@ -348,7 +353,9 @@ impl<'a, S: Sink> Batch<'a, S> {
                 let wr = unsafe { &mut *wrs.add(at) };
                 wr.wr_id = group_wr_id(key, at);
                 if wr.num_sge <= 1 {
-                    wr.sg_list = &mut self.scratch.sges[at];
+                    // SAFETY: `sges` has an entry for every request (`at <
+                    // n`), and does not change while the list is used.
+                    wr.sg_list = unsafe { sges.add(at) };
                 }
                 if !quiet_ok || i + 1 == len || (i + 1) % every == 0 {
                     wr.send_flags |= signaled;

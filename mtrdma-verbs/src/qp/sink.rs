@@ -283,16 +283,21 @@ pub(crate) trait Sink: Send + 'static {
                 let quiet = lists_quiet && piece.quiet_ok && i + 1 < n && (i + 1) % every != 0;
                 wrs[i].write(send_wr(piece, sge, quiet));
             }
+            // Every link comes from one pointer to the whole array: a
+            // reference taken to one entry after a link to it was made
+            // would invalidate that link (Stacked Borrows; Miri checks
+            // this path).
+            let base = wrs.as_mut_ptr().cast::<ffi::ibv_send_wr>();
             for i in 1..n {
-                let next = wrs[i].as_mut_ptr();
-                // SAFETY: entries `..n` were written just above.
-                unsafe { (*wrs[i - 1].as_mut_ptr()).next = next };
+                // SAFETY: entries `..n` were written just above, and `i < n
+                // <= LIST_MAX`, the array's length.
+                unsafe { (*base.add(i - 1)).next = base.add(i) };
             }
             // SAFETY: the first `n` entries are written and linked (the
             // last one's `next` is null, as `send_wr` built it); their
             // scatter entries live in `sges` until the call returns (the
             // device copies them); the caller keeps the buffers alive.
-            let result = unsafe { self.post_wr_list(&mut *wrs[0].as_mut_ptr()) };
+            let result = unsafe { self.post_wr_list(&mut *base) };
             let taken = match &result {
                 Ok(()) => n,
                 Err((taken, _)) => *taken,
