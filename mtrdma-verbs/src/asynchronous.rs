@@ -1,7 +1,7 @@
 //! Completions that can be awaited, on tokio (feature `tokio`).
 //!
 //! [`AsyncQueuePair`] wraps a queue pair built with completion events
-//! (direct or scheduled, RC). Posting is what it is on the queue pair
+//! (RC or UD, direct or scheduled). Posting is what it is on the queue pair
 //! itself: checked and handed to the device (or to the tenant's scheduler)
 //! at the call, in call order, and a refusal hands the region back at
 //! once. What a post returns is a [`Pending`] request: a future that
@@ -69,14 +69,27 @@ mod sealed {
 }
 
 /// A queue pair an [`AsyncQueuePair`] can drive: [`QueuePair`](crate::QueuePair),
-/// [`ScheduledQueuePair`](crate::ScheduledQueuePair) and, behind
+/// [`ScheduledQueuePair`](crate::ScheduledQueuePair),
+/// [`UdQueuePair`](crate::UdQueuePair),
+/// [`ScheduledUdQueuePair`](crate::ScheduledUdQueuePair) and, behind
 /// `test-util`, the null sink's `NullScheduled`. Sealed: its methods are
 /// the crate's own.
 pub trait AsyncQueue: sealed::Sealed + Send + 'static {
-    /// The memory a request names.
-    type Region: Send + 'static;
     /// What a request's completion hands back.
     type Completion: Send + 'static;
+
+    #[doc(hidden)]
+    fn id_of(completion: &Self::Completion) -> u64;
+
+    #[doc(hidden)]
+    fn waitable(&mut self) -> &mut dyn Waitable<Item = Self::Completion>;
+}
+
+/// An [`AsyncQueue`] that posts send-side operations ([`SendOp`]) on a
+/// connection: the RC queue pairs.
+pub trait AsyncSend: AsyncQueue {
+    /// The memory a request names.
+    type Region: Send + 'static;
     /// What a refused post hands back (the region within).
     type Refused;
 
@@ -88,36 +101,44 @@ pub trait AsyncQueue: sealed::Sealed + Send + 'static {
         range: Range<usize>,
         id: u64,
     ) -> Result<(), Self::Refused>;
-
-    #[doc(hidden)]
-    fn id_of(completion: &Self::Completion) -> u64;
-
-    #[doc(hidden)]
-    fn waitable(&mut self) -> &mut dyn Waitable<Item = Self::Completion>;
 }
 
-/// An [`AsyncQueue`] that also takes receives.
+/// An [`AsyncQueue`] that takes receives (RC and UD).
 pub trait AsyncRecv: AsyncQueue {
     #[doc(hidden)]
     fn post_recv_as(
         &mut self,
-        region: Self::Region,
+        region: crate::MemoryRegion,
         range: Range<usize>,
         id: u64,
-    ) -> Result<(), Self::Refused>;
+    ) -> Result<(), crate::PostError>;
 }
 
 /// Writes the [`AsyncQueue`] impl of a queue pair type whose completions
-/// carry their `context`, and with `recv` its [`AsyncRecv`] impl.
+/// carry their `context` (with `recv`, its [`AsyncRecv`] impl too; with
+/// `send`, its [`AsyncSend`] impl for the region and refusal given).
 macro_rules! async_queue {
-    ($(#[$attr:meta])* [$($gen:tt)*] $ty:ty, $region:ty, $completion:ty, $refused:ty) => {
+    ($(#[$attr:meta])* [$($gen:tt)*] $ty:ty, $completion:ty) => {
         $(#[$attr])*
         impl<$($gen)*> sealed::Sealed for $ty {}
 
         $(#[$attr])*
         impl<$($gen)*> AsyncQueue for $ty {
-            type Region = $region;
             type Completion = $completion;
+
+            fn id_of(completion: &$completion) -> u64 {
+                completion.context
+            }
+
+            fn waitable(&mut self) -> &mut dyn Waitable<Item = $completion> {
+                self.waitable()
+            }
+        }
+    };
+    (send $(#[$attr:meta])* [$($gen:tt)*] $ty:ty, $region:ty, $refused:ty) => {
+        $(#[$attr])*
+        impl<$($gen)*> AsyncSend for $ty {
+            type Region = $region;
             type Refused = $refused;
 
             fn post_send_as(
@@ -129,19 +150,9 @@ macro_rules! async_queue {
             ) -> Result<(), $refused> {
                 self.post_send(op, region, range, id)
             }
-
-            fn id_of(completion: &$completion) -> u64 {
-                completion.context
-            }
-
-            fn waitable(&mut self) -> &mut dyn Waitable<Item = $completion> {
-                self.waitable()
-            }
         }
     };
     (recv [$($gen:tt)*] $ty:ty) => {
-        async_queue!([$($gen)*] $ty, crate::MemoryRegion, crate::Completion, crate::PostError);
-
         impl<$($gen)*> AsyncRecv for $ty {
             fn post_recv_as(
                 &mut self,
@@ -155,14 +166,28 @@ macro_rules! async_queue {
     };
 }
 
+async_queue!([] crate::QueuePair, crate::Completion);
+async_queue!(send [] crate::QueuePair, crate::MemoryRegion, crate::PostError);
 async_queue!(recv [] crate::QueuePair);
+async_queue!([Q: crate::scheduled::PieceScheduler] crate::ScheduledQueuePair<Q>, crate::Completion);
+async_queue!(send [Q: crate::scheduled::PieceScheduler] crate::ScheduledQueuePair<Q>, crate::MemoryRegion, crate::PostError);
 async_queue!(recv [Q: crate::scheduled::PieceScheduler] crate::ScheduledQueuePair<Q>);
+async_queue!([] crate::UdQueuePair, crate::UdCompletion);
+async_queue!(recv [] crate::UdQueuePair);
+async_queue!([Q: crate::scheduled::PieceScheduler] crate::ScheduledUdQueuePair<Q>, crate::UdCompletion);
+async_queue!(recv [Q: crate::scheduled::PieceScheduler] crate::ScheduledUdQueuePair<Q>);
 async_queue!(
     #[cfg(any(test, feature = "test-util"))]
     [Q: crate::scheduled::PieceScheduler]
     crate::testing::NullScheduled<Q>,
+    crate::testing::HostCompletion
+);
+async_queue!(
+    send
+    #[cfg(any(test, feature = "test-util"))]
+    [Q: crate::scheduled::PieceScheduler]
+    crate::testing::NullScheduled<Q>,
     crate::testing::HeapRegion,
-    crate::testing::HostCompletion,
     (Error, crate::testing::HeapRegion)
 );
 
@@ -307,25 +332,30 @@ impl<Q: AsyncQueue> AsyncQueuePair<Q> {
         })
     }
 
-    /// Posts a send-side request, as the queue pair's own `post_send`
-    /// does, at once; the future resolves to its completion, region
-    /// handed back.
+    /// Posts with the queue pair's own method, `f`, at once: `f` is given
+    /// the queue pair and the context to post with (a UD send to an
+    /// address, a gather request, a WRITE with immediate data: whatever the
+    /// queue pair posts); the future resolves to that request's
+    /// completion. What `f` refuses comes back as it is.
+    ///
+    /// ```no_run
+    /// # use mtrdma_verbs::asynchronous::AsyncQueuePair;
+    /// # use mtrdma_verbs::{AddressHandle, MemoryRegion, UdQueuePair, DEFAULT_QKEY};
+    /// # async fn run(qp: &AsyncQueuePair<UdQueuePair>, to: &AddressHandle, qpn: u32, msg: MemoryRegion)
+    /// # -> Result<(), Box<dyn std::error::Error>> {
+    /// let sent = qp
+    ///     .post_with(|qp, id| qp.post_send(to, qpn, DEFAULT_QKEY, msg, 0..64, id))?
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
-    /// The queue pair's refusal, region handed back.
-    pub fn post_send(
+    /// What `f` returns.
+    pub fn post_with<E>(
         &self,
-        op: SendOp,
-        region: Q::Region,
-        range: Range<usize>,
-    ) -> Result<Pending<Q>, Q::Refused> {
-        self.post(|qp, id| qp.post_send_as(op, region, range, id))
-    }
-
-    fn post(
-        &self,
-        f: impl FnOnce(&mut Q, u64) -> Result<(), Q::Refused>,
-    ) -> Result<Pending<Q>, Q::Refused> {
+        f: impl FnOnce(&mut Q, u64) -> Result<(), E>,
+    ) -> Result<Pending<Q>, E> {
         let mut st = self.shared.lock();
         let id = st.next_id;
         st.next_id = id.wrapping_add(1);
@@ -350,6 +380,23 @@ impl<Q: AsyncQueue> AsyncQueuePair<Q> {
     }
 }
 
+impl<Q: AsyncSend> AsyncQueuePair<Q> {
+    /// Posts a send-side request, as the queue pair's own `post_send`
+    /// does, at once; the future resolves to its completion, region
+    /// handed back.
+    ///
+    /// # Errors
+    /// The queue pair's refusal, region handed back.
+    pub fn post_send(
+        &self,
+        op: SendOp,
+        region: Q::Region,
+        range: Range<usize>,
+    ) -> Result<Pending<Q>, Q::Refused> {
+        self.post_with(|qp, id| qp.post_send_as(op, region, range, id))
+    }
+}
+
 impl<Q: AsyncRecv> AsyncQueuePair<Q> {
     /// Posts a receive into `range` of `region`, at once; the future
     /// resolves to its completion, region handed back.
@@ -358,10 +405,10 @@ impl<Q: AsyncRecv> AsyncQueuePair<Q> {
     /// The queue pair's refusal, region handed back.
     pub fn post_recv(
         &self,
-        region: Q::Region,
+        region: crate::MemoryRegion,
         range: Range<usize>,
-    ) -> Result<Pending<Q>, Q::Refused> {
-        self.post(|qp, id| qp.post_recv_as(region, range, id))
+    ) -> Result<Pending<Q>, crate::PostError> {
+        self.post_with(|qp, id| qp.post_recv_as(region, range, id))
     }
 }
 

@@ -70,6 +70,14 @@ impl<Q: PieceScheduler> std::fmt::Debug for ScheduledUdQueuePair<Q> {
 }
 
 impl<Q: PieceScheduler> ScheduledUdQueuePair<Q> {
+    /// It, as something whose completions can be waited for.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn waitable(&mut self) -> &mut dyn Waitable<Item = UdCompletion> {
+        self.inner.waitable()
+    }
+}
+
+impl<Q: PieceScheduler> ScheduledUdQueuePair<Q> {
     /// The queue pair number.
     pub fn qpn(&self) -> u32 {
         self.inner.qpn

@@ -408,6 +408,14 @@ impl UdQueuePair {
 
 crate::events::waitable_queue_pair!(UdQueuePair, UdCompletion);
 
+impl UdQueuePair {
+    /// It, as something whose completions can be waited for.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn waitable(&mut self) -> &mut dyn crate::events::Waitable<Item = UdCompletion> {
+        self
+    }
+}
+
 impl Drop for UdQueuePair {
     fn drop(&mut self) {
         self.teardown();
