@@ -219,13 +219,7 @@ pub(crate) struct Side {
     pub(crate) tenant: Option<(TenantHandle, String)>,
     pub(crate) pool_bytes: u64,
     pub(crate) is_client: bool,
-    pub(crate) window: bool,
-    pub(crate) window_target_ppm: Option<u32>,
-    pub(crate) window_floor: Option<Nanos>,
-    pub(crate) window_queue: Option<u64>,
-    pub(crate) class: Option<TrafficClass>,
-    pub(crate) ack_timeout: Option<u8>,
-    pub(crate) wait: bool,
+    pub(crate) flags: QpFlags,
 }
 
 impl Side {
@@ -245,13 +239,7 @@ impl Side {
             tenant,
             pool_bytes: a.pool_mib.unwrap_or(64) << 20,
             is_client,
-            window: a.window,
-            window_target_ppm: a.window_target_ppm,
-            window_floor: a.window_floor,
-            window_queue: a.window_queue,
-            class: a.class,
-            ack_timeout: a.ack_timeout,
-            wait: a.wait,
+            flags: a.qp_flags,
         })
     }
 
@@ -283,8 +271,8 @@ impl Side {
                 .max_recv_wr(rq)
                 .max_inline_data(inline)
                 .access(Access::REMOTE_ALL)
-                .completion_events(self.wait);
-            if let Some(exp) = self.ack_timeout {
+                .completion_events(self.flags.wait);
+            if let Some(exp) = self.flags.ack_timeout {
                 b = b.ack_timeout(exp);
             }
             if let Some((t, _)) = &self.tenant {
@@ -392,17 +380,18 @@ impl Side {
                         Some(_) => Tenancy::OfQueuePair,
                         None => Tenancy::Local {
                             id: TenantId(0),
-                            class: self.class.unwrap_or(TrafficClass::Bulk),
+                            class: self.flags.class.unwrap_or(TrafficClass::Bulk),
                         },
                     },
-                    window: self.window.then(|| {
+                    window: self.flags.window.then(|| {
                         let window = DelayWindowConfig::for_piece(p.chunk);
                         std::sync::Arc::new(DelayWindowConfig {
                             target_ratio_ppm: self
+                                .flags
                                 .window_target_ppm
                                 .unwrap_or(window.target_ratio_ppm),
-                            target_floor: self.window_floor.unwrap_or(window.target_floor),
-                            queue_bytes: self.window_queue.unwrap_or(window.queue_bytes),
+                            target_floor: self.flags.window_floor.unwrap_or(window.target_floor),
+                            queue_bytes: self.flags.window_queue.unwrap_or(window.queue_bytes),
                             ..window
                         })
                             as std::sync::Arc<dyn mtrdma::sched::WindowFactory>
@@ -421,7 +410,7 @@ impl Side {
             local,
             peer: peer.endpoint,
             out: Vec::new(),
-            wait: self.wait,
+            wait: self.flags.wait,
             window_samples: WindowSamples::default(),
         })
     }
