@@ -44,12 +44,12 @@ use std::process::ExitCode;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use mtrdma::core::{TenantHandle, TenantId, TrafficClass};
+use mtrdma::core::{TenantHandle, TrafficClass};
 use mtrdma::verbs::registry::{Registry, RegistryHost};
 use mtrdma::verbs::PollCompletions;
 use mtrdma::verbs::{
     Access, AddressHandle, Context, MemoryRegion, Opcode, PostError, ProtectionDomain,
-    ScheduleConfig, ScheduledUdQueuePair, SharedReceiveQueue, Tenancy, UdCompletion, UdEndpoint,
+    ScheduleConfig, ScheduledUdQueuePair, SharedReceiveQueue, UdCompletion, UdEndpoint,
     UdQueuePair, DEFAULT_QKEY,
 };
 
@@ -354,15 +354,8 @@ impl Site {
         Ok(match self.path {
             PathKind::Raw => Ud::Raw(Box::new(qp)),
             PathKind::Mtrdma => {
-                let tenant = match &self.tenant {
-                    Some(_) => Tenancy::OfQueuePair,
-                    None => Tenancy::Local {
-                        id: TenantId(0),
-                        class: TrafficClass::Latency,
-                    },
-                };
                 let config = ScheduleConfig {
-                    tenant,
+                    tenant: tenant::tenancy(self.tenant.as_ref(), TrafficClass::Latency),
                     ..ScheduleConfig::default()
                 };
                 Ud::Sched(Box::new(

@@ -10,7 +10,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use mtrdma::core::coordinator::register;
-use mtrdma::core::{AdmissionError, TenantHandle};
+use mtrdma::core::{AdmissionError, TenantHandle, TenantId, TrafficClass};
+use mtrdma::verbs::Tenancy;
 
 /// The tenant a running coordinator at `socket` decides for this process
 /// (none without a socket), or why it could not register.
@@ -25,6 +26,19 @@ pub fn join(socket: Option<&Path>) -> Result<Option<TenantHandle>, String> {
             })
         })
         .transpose()
+}
+
+/// A scheduled queue pair's tenant: the one its queue pair was built for,
+/// where the process joined a coordinator (`tenant`), or else tenant 0 of
+/// this process, of `class`.
+pub fn tenancy(tenant: Option<&TenantHandle>, class: TrafficClass) -> Tenancy {
+    match tenant {
+        Some(_) => Tenancy::OfQueuePair,
+        None => Tenancy::Local {
+            id: TenantId(0),
+            class,
+        },
+    }
 }
 
 /// What `create` gives, waiting out the tenant's control-path rate limit

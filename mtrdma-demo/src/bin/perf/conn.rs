@@ -374,15 +374,10 @@ impl Side {
                 qp.scheduled(ScheduleConfig {
                     chunk_bytes: p.chunk,
                     max_pieces_in_flight: p.pieces,
-                    // The queue pair's own tenant (it was built with it),
-                    // or, without a quota table, tenant 0 of this process.
-                    tenant: match &self.tenant {
-                        Some(_) => Tenancy::OfQueuePair,
-                        None => Tenancy::Local {
-                            id: TenantId(0),
-                            class: self.flags.class.unwrap_or(TrafficClass::Bulk),
-                        },
-                    },
+                    tenant: tenancy(
+                        self.tenant.as_ref().map(|(t, _)| t),
+                        self.flags.class.unwrap_or(TrafficClass::Bulk),
+                    ),
                     window: self.flags.window.then(|| {
                         let window = DelayWindowConfig::for_piece(p.chunk);
                         std::sync::Arc::new(DelayWindowConfig {

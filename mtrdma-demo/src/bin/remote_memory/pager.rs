@@ -49,18 +49,18 @@ use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use mtrdma::core::{TenantHandle, TenantId, TrafficClass};
+use mtrdma::core::{TenantHandle, TrafficClass};
 use mtrdma::sched::DelayWindowConfig;
 use mtrdma::verbs::exchange::{exchange_within, Handshake};
 use mtrdma::verbs::{
     Access, Completion, MemoryRegion, PostError, ProtectionDomain, QueuePair, RemoteRegion,
-    ScheduleConfig, ScheduledQueuePair, SendOp, Tenancy,
+    ScheduleConfig, ScheduledQueuePair, SendOp,
 };
 
 use crate::cli::{ClientArgs, NodeAddr, PathKind};
 use crate::page::{encode, verify, Rng, PAGE};
 use crate::report::Results;
-use crate::tenant::{admitted_in_time, join};
+use crate::tenant::{admitted_in_time, join, tenancy};
 use crate::{open_device, HELLO};
 use mtrdma::verbs::PollCompletions;
 
@@ -400,15 +400,7 @@ pub(crate) fn run(a: &ClientArgs) -> Result<Results, String> {
                 qp.scheduled(ScheduleConfig {
                     chunk_bytes: a.chunk,
                     max_pieces_in_flight: a.pieces,
-                    // The tenant the queue pair was built for, or without a
-                    // coordinator tenant 0 of this process.
-                    tenant: match &tenant {
-                        Some(_) => Tenancy::OfQueuePair,
-                        None => Tenancy::Local {
-                            id: TenantId(0),
-                            class: TrafficClass::Bulk,
-                        },
-                    },
+                    tenant: tenancy(tenant.as_ref(), TrafficClass::Bulk),
                     window: Some(std::sync::Arc::new(DelayWindowConfig::for_piece(a.chunk))),
                 })
                 .map_err(|e| format!("setting up the scheduled path to node {addr}: {e}"))?,
