@@ -10,5 +10,6 @@
 pub mod args;
 #[path = "../../examples/shared/lane.rs"]
 pub mod lane;
+pub mod qp;
 #[path = "../../examples/shared/tenant.rs"]
 pub mod tenant;

@@ -4,55 +4,6 @@
 use super::*;
 use mtrdma::verbs::PollCompletions;
 
-pub(crate) enum Qp {
-    Raw(QueuePair),
-    Sched(Box<ScheduledQueuePair>),
-}
-
-impl Qp {
-    pub(crate) fn post_send(
-        &mut self,
-        op: SendOp,
-        region: MemoryRegion,
-        len: usize,
-        context: u64,
-    ) -> Result<(), String> {
-        let r = match self {
-            Qp::Raw(q) => q.post_send(op, region, 0..len, context),
-            Qp::Sched(q) => q.post_send(op, region, 0..len, context),
-        };
-        r.map_err(|e| format!("posting {}: {e}", op_verb(op)))
-    }
-
-    pub(crate) fn post_recv(&mut self, region: MemoryRegion, len: usize) -> Result<(), String> {
-        let r = match self {
-            Qp::Raw(q) => q.post_recv(region, 0..len, RECV_CTX),
-            Qp::Sched(q) => q.post_recv(region, 0..len, RECV_CTX),
-        };
-        r.map_err(|e| format!("posting a receive: {e}"))
-    }
-
-    pub(crate) fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, String> {
-        let r = match self {
-            Qp::Raw(q) => q.poll(out),
-            Qp::Sched(q) => q.poll(out),
-        };
-        r.map_err(|e| format!("polling the completion queue: {e}"))
-    }
-
-    pub(crate) fn poll_wait(
-        &mut self,
-        out: &mut Vec<Completion>,
-        timeout: Duration,
-    ) -> Result<usize, String> {
-        let r = match self {
-            Qp::Raw(q) => q.poll_wait(out, timeout),
-            Qp::Sched(q) => q.poll_wait(out, timeout),
-        };
-        r.map_err(|e| format!("waiting for completions: {e}"))
-    }
-}
-
 pub(crate) fn op_verb(op: SendOp) -> &'static str {
     match op {
         SendOp::Send | SendOp::SendWithImm(_) => "a SEND",
@@ -157,6 +108,18 @@ impl WindowSamples {
 }
 
 impl Conn {
+    /// Posts `op` of the first `len` bytes of `region`, as a send.
+    pub(crate) fn post_send(
+        &mut self,
+        op: SendOp,
+        region: MemoryRegion,
+        len: usize,
+    ) -> Result<(), String> {
+        self.qp
+            .post_send(op, region, len, SEND_CTX)
+            .map_err(|e| format!("posting {}: {e}", op_verb(op)))
+    }
+
     /// Polls once: send buffers go back to the pool, receives are posted
     /// again. Returns the number of send-side completions. With `wait`
     /// and no buffer free, sleeps until a completion comes (at most
@@ -171,9 +134,13 @@ impl Conn {
     pub(crate) fn progress_blocking(&mut self, test: Test, block: bool) -> Result<usize, String> {
         let mut out = std::mem::take(&mut self.out);
         if block {
-            self.qp.poll_wait(&mut out, WAIT_SLICE)?;
+            self.qp
+                .poll_wait(&mut out, WAIT_SLICE)
+                .map_err(|e| format!("waiting for completions: {e}"))?;
         } else {
-            self.qp.poll(&mut out)?;
+            self.qp
+                .poll(&mut out)
+                .map_err(|e| format!("polling the completion queue: {e}"))?;
         }
         let mut sends = 0;
         for c in out.drain(..) {
@@ -187,7 +154,9 @@ impl Conn {
             }
             if c.context == RECV_CTX {
                 self.recvs += 1;
-                self.qp.post_recv(c.region, self.size)?;
+                self.qp
+                    .post_recv(c.region, self.size, RECV_CTX)
+                    .map_err(|e| format!("posting a receive: {e}"))?;
             } else {
                 sends += 1;
                 self.pool.push(c.region);

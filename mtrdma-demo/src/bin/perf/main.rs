@@ -73,9 +73,10 @@ use mtrdma::sched::{DelayWindowConfig, Nanos};
 use mtrdma::verbs::exchange::{exchange, Handshake};
 use mtrdma::verbs::{
     Access, Completion, Context, Endpoint, Gid, GidSelection, MemoryRegion, PreparedQueuePair,
-    ProtectionDomain, QueuePair, RemoteRegion, ScheduleConfig, ScheduledQueuePair, SendOp,
+    ProtectionDomain, RemoteRegion, ScheduleConfig, SendOp,
 };
 use mtrdma_demo::args;
+use mtrdma_demo::qp::Qp;
 use mtrdma_demo::tenant::{admitted_in_time, join, tenancy};
 
 use cli::*;

@@ -53,8 +53,7 @@ use mtrdma::core::{TenantHandle, TrafficClass};
 use mtrdma::sched::DelayWindowConfig;
 use mtrdma::verbs::exchange::{exchange_within, Handshake};
 use mtrdma::verbs::{
-    Access, Completion, MemoryRegion, PostError, ProtectionDomain, QueuePair, RemoteRegion,
-    ScheduleConfig, ScheduledQueuePair, SendOp,
+    Access, Completion, MemoryRegion, ProtectionDomain, RemoteRegion, ScheduleConfig, SendOp,
 };
 
 use crate::cli::{ClientArgs, NodeAddr, PathKind};
@@ -63,6 +62,7 @@ use crate::report::Results;
 use crate::tenant::{admitted_in_time, join, tenancy};
 use crate::{open_device, HELLO};
 use mtrdma::verbs::PollCompletions;
+use mtrdma_demo::qp::Qp;
 
 /// Local ACK timeout exponent: 4.096 us x 2^14, about 67 ms.
 const ACK_TIMEOUT: u8 = 14;
@@ -84,45 +84,6 @@ const DRAIN: Duration = Duration::from_secs(5);
 const BURST: usize = 32;
 /// Corrupt pages described on stderr (the count goes on).
 const SHOW_CORRUPT: u64 = 10;
-
-/// A queue pair the pager posts on: straight, or through the scheduler.
-enum Qp {
-    Raw(QueuePair),
-    Sched(Box<ScheduledQueuePair>),
-}
-
-impl Qp {
-    fn post(
-        &mut self,
-        op: SendOp,
-        region: MemoryRegion,
-        len: usize,
-        context: u64,
-    ) -> Result<(), PostError> {
-        match self {
-            Qp::Raw(q) => q.post_send(op, region, 0..len, context),
-            Qp::Sched(q) => q.post_send(op, region, 0..len, context),
-        }
-    }
-
-    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, mtrdma::Error> {
-        match self {
-            Qp::Raw(q) => q.poll(out),
-            Qp::Sched(q) => q.poll(out),
-        }
-    }
-
-    fn poll_wait(
-        &mut self,
-        out: &mut Vec<Completion>,
-        timeout: Duration,
-    ) -> Result<usize, mtrdma::Error> {
-        match self {
-            Qp::Raw(q) => q.poll_wait(out, timeout),
-            Qp::Sched(q) => q.poll_wait(out, timeout),
-        }
-    }
-}
 
 /// One memory node as the pager sees it.
 struct Node {
