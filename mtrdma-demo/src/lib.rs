@@ -13,3 +13,13 @@ pub mod lane;
 pub mod qp;
 #[path = "../../examples/shared/tenant.rs"]
 pub mod tenant;
+
+/// The RDMA device `name`, or without a name the first active one.
+pub fn open_device(name: Option<&str>) -> Result<mtrdma::verbs::Context, String> {
+    use mtrdma::verbs::Context;
+    match name {
+        Some(n) => Context::open(n),
+        None => Context::open_first_active(),
+    }
+    .map_err(|e| format!("opening the RDMA device: {e}"))
+}

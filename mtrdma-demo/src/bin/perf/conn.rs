@@ -193,11 +193,7 @@ pub(crate) struct Side {
 
 impl Side {
     pub(crate) fn open(a: &Args, chunk: u64, is_client: bool) -> Result<Side, String> {
-        let ctx = match &a.device {
-            Some(name) => Context::open(name),
-            None => Context::open_first_active(),
-        }
-        .map_err(|e| format!("opening the RDMA device: {e}"))?;
+        let ctx = open_device(a.device.as_deref())?;
         let pd = ctx
             .alloc_pd()
             .map_err(|e| format!("allocating a protection domain on {}: {e}", ctx.name()))?;
