@@ -8,6 +8,34 @@ use mtrdma::verbs::{
     Completion, MemoryRegion, PollCompletions, PostError, QueuePair, ScheduledQueuePair, SendOp,
 };
 
+/// Which way a harness's requests go (its `--path`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathKind {
+    /// Straight on the queue pair (`raw`).
+    Raw,
+    /// Through mtrdma's scheduler (`mtrdma`, also read as `scheduled`).
+    Mtrdma,
+}
+
+impl PathKind {
+    /// The name command lines and reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            PathKind::Raw => "raw",
+            PathKind::Mtrdma => "mtrdma",
+        }
+    }
+
+    /// The path `s` names, if it names one.
+    pub fn from_name(s: &str) -> Option<PathKind> {
+        match s {
+            "raw" => Some(PathKind::Raw),
+            "mtrdma" | "scheduled" => Some(PathKind::Mtrdma),
+            _ => None,
+        }
+    }
+}
+
 /// A connected queue pair: straight, or through the scheduler.
 #[derive(Debug)]
 pub enum Qp {

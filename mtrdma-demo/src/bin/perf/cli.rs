@@ -159,27 +159,8 @@ impl Test {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PathKind {
-    Mtrdma,
-    Raw,
-}
-
-impl PathKind {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            PathKind::Mtrdma => "mtrdma",
-            PathKind::Raw => "raw",
-        }
-    }
-
-    pub(crate) fn parse(s: &str) -> Result<PathKind, String> {
-        match s {
-            "mtrdma" | "scheduled" => Ok(PathKind::Mtrdma),
-            "raw" => Ok(PathKind::Raw),
-            _ => Err(format!("unknown path {s:?}; expected mtrdma or raw")),
-        }
-    }
+pub(crate) fn parse_path(s: &str) -> Result<PathKind, String> {
+    PathKind::from_name(s).ok_or_else(|| format!("unknown path {s:?}; expected mtrdma or raw"))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -298,7 +279,7 @@ pub(crate) fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Parsed
         match flag.as_str() {
             "-h" | "--help" => return Ok(Parsed::Help),
             "--test" => a.test = Some(Test::parse(&value()?)?),
-            "--path" => a.path = Some(PathKind::parse(&value()?)?),
+            "--path" => a.path = Some(parse_path(&value()?)?),
             "-s" | "--size" => a.size = Some(parse_size(&flag, &value()?)?),
             "-a" | "--all" => a.all = true,
             "-n" | "--iters" => a.iters = Some(parse_num(&flag, &value()?, "a count")?),

@@ -75,7 +75,7 @@ use mtrdma::verbs::{
     Access, Completion, Context, Endpoint, Gid, GidSelection, MemoryRegion, PreparedQueuePair,
     ProtectionDomain, RemoteRegion, ScheduleConfig, SendOp,
 };
-use mtrdma_demo::qp::Qp;
+use mtrdma_demo::qp::{PathKind, Qp};
 use mtrdma_demo::tenant::{admitted_in_time, join, tenancy};
 use mtrdma_demo::{args, open_device};
 
