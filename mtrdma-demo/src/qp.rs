@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use mtrdma::verbs::{
-    Completion, MemoryRegion, PollCompletions, PostError, QueuePair, ScheduledQueuePair, SendOp,
+    Completion, MemoryRegion, PollCompletions, PostError, QueuePair, ScheduleConfig,
+    ScheduledQueuePair, SendOp,
 };
 
 /// Which way a harness's requests go (its `--path`).
@@ -46,6 +47,19 @@ pub enum Qp {
 }
 
 impl Qp {
+    /// `qp` for requests on `path`: as it is, or through the scheduler as
+    /// `config` (asked for only on the scheduled path) sets it up.
+    pub fn on_path(
+        qp: QueuePair,
+        path: PathKind,
+        config: impl FnOnce() -> ScheduleConfig,
+    ) -> Result<Qp, mtrdma::Error> {
+        Ok(match path {
+            PathKind::Raw => Qp::Raw(qp),
+            PathKind::Mtrdma => Qp::Sched(Box::new(qp.scheduled(config())?)),
+        })
+    }
+
     /// Posts `op` of the first `len` bytes of `region`, tagged `context`.
     pub fn post_send(
         &mut self,

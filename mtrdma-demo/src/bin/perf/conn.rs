@@ -333,33 +333,27 @@ impl Side {
         let qp = prepared
             .connect(&peer.endpoint)
             .map_err(|e| format!("connecting to the peer: {e}"))?;
-        let qp = match p.path {
-            PathKind::Raw => Qp::Raw(qp),
-            PathKind::Mtrdma => Qp::Sched(Box::new(
-                qp.scheduled(ScheduleConfig {
-                    chunk_bytes: p.chunk,
-                    max_pieces_in_flight: p.pieces,
-                    tenant: tenancy(
-                        self.tenant.as_ref().map(|(t, _)| t),
-                        self.flags.class.unwrap_or(TrafficClass::Bulk),
-                    ),
-                    window: self.flags.window.then(|| {
-                        let window = DelayWindowConfig::for_piece(p.chunk);
-                        std::sync::Arc::new(DelayWindowConfig {
-                            target_ratio_ppm: self
-                                .flags
-                                .window_target_ppm
-                                .unwrap_or(window.target_ratio_ppm),
-                            target_floor: self.flags.window_floor.unwrap_or(window.target_floor),
-                            queue_bytes: self.flags.window_queue.unwrap_or(window.queue_bytes),
-                            ..window
-                        })
-                            as std::sync::Arc<dyn mtrdma::sched::WindowFactory>
-                    }),
-                })
-                .map_err(|e| format!("setting up the scheduled path: {e}"))?,
-            )),
-        };
+        let qp = Qp::on_path(qp, p.path, || ScheduleConfig {
+            chunk_bytes: p.chunk,
+            max_pieces_in_flight: p.pieces,
+            tenant: tenancy(
+                self.tenant.as_ref().map(|(t, _)| t),
+                self.flags.class.unwrap_or(TrafficClass::Bulk),
+            ),
+            window: self.flags.window.then(|| {
+                let window = DelayWindowConfig::for_piece(p.chunk);
+                std::sync::Arc::new(DelayWindowConfig {
+                    target_ratio_ppm: self
+                        .flags
+                        .window_target_ppm
+                        .unwrap_or(window.target_ratio_ppm),
+                    target_floor: self.flags.window_floor.unwrap_or(window.target_floor),
+                    queue_bytes: self.flags.window_queue.unwrap_or(window.queue_bytes),
+                    ..window
+                }) as std::sync::Arc<dyn mtrdma::sched::WindowFactory>
+            }),
+        })
+        .map_err(|e| format!("setting up the scheduled path: {e}"))?;
         Ok(Conn {
             qp,
             target,

@@ -56,7 +56,7 @@ use mtrdma::verbs::{
     Access, Completion, MemoryRegion, ProtectionDomain, RemoteRegion, ScheduleConfig, SendOp,
 };
 
-use crate::cli::{ClientArgs, NodeAddr, PathKind};
+use crate::cli::{ClientArgs, NodeAddr};
 use crate::page::{encode, verify, Rng, PAGE};
 use crate::report::Results;
 use crate::tenant::{admitted_in_time, join, tenancy};
@@ -355,18 +355,13 @@ pub(crate) fn run(a: &ClientArgs) -> Result<Results, String> {
         let qp = prepared
             .connect(&peer.endpoint)
             .map_err(|e| format!("connecting to node {addr}: {e}"))?;
-        let qp = match a.path {
-            PathKind::Raw => Qp::Raw(qp),
-            PathKind::Mtrdma => Qp::Sched(Box::new(
-                qp.scheduled(ScheduleConfig {
-                    chunk_bytes: a.chunk,
-                    max_pieces_in_flight: a.pieces,
-                    tenant: tenancy(tenant.as_ref(), TrafficClass::Bulk),
-                    window: Some(std::sync::Arc::new(DelayWindowConfig::for_piece(a.chunk))),
-                })
-                .map_err(|e| format!("setting up the scheduled path to node {addr}: {e}"))?,
-            )),
-        };
+        let qp = Qp::on_path(qp, a.path, || ScheduleConfig {
+            chunk_bytes: a.chunk,
+            max_pieces_in_flight: a.pieces,
+            tenant: tenancy(tenant.as_ref(), TrafficClass::Bulk),
+            window: Some(std::sync::Arc::new(DelayWindowConfig::for_piece(a.chunk))),
+        })
+        .map_err(|e| format!("setting up the scheduled path to node {addr}: {e}"))?;
         stream
             .set_nonblocking(true)
             .map_err(|e| format!("node {addr}: connection: {e}"))?;
