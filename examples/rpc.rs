@@ -47,18 +47,20 @@ use std::process::ExitCode;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use mtrdma::core::{TenantId, TrafficClass};
+use mtrdma::core::TrafficClass;
 use mtrdma::verbs::registry::{Registry, RegistryHost};
 use mtrdma::verbs::PollCompletions;
 use mtrdma::verbs::{
     Access, AddressHandle, Context, MemoryRegion, Opcode, PostError, ProtectionDomain,
-    ScheduleConfig, ScheduledUdQueuePair, SharedReceiveQueue, Tenancy, UdCompletion, UdEndpoint,
+    ScheduleConfig, ScheduledUdQueuePair, SharedReceiveQueue, UdCompletion, UdEndpoint,
     UdQueuePair, DEFAULT_QKEY,
 };
 use mtrdma::{Tenant, TenantSource};
 
 #[path = "shared/args.rs"]
 mod args;
+#[path = "shared/tenant.rs"]
+mod tenant;
 use args::Token;
 
 /// Bytes of a message's header: kind (1), 3 unused, client (4), sequence (8).
@@ -359,15 +361,8 @@ impl Site {
         Ok(match self.path {
             PathKind::Raw => Ud::Raw(Box::new(qp)),
             PathKind::Mtrdma => {
-                let tenant = match &self.tenant {
-                    Some(_) => Tenancy::OfQueuePair,
-                    None => Tenancy::Local {
-                        id: TenantId(0),
-                        class: TrafficClass::Latency,
-                    },
-                };
                 let config = ScheduleConfig {
-                    tenant,
+                    tenant: tenant::tenancy(self.tenant.as_deref(), TrafficClass::Latency),
                     ..ScheduleConfig::default()
                 };
                 Ud::Sched(Box::new(

@@ -64,6 +64,22 @@ fn sources(pd: &ProtectionDomain, n: usize, len: usize, seed: u8) -> Vec<MemoryR
         .collect()
 }
 
+/// Posts `n` requests `op` on `qp`, each of a source of its own of `len`
+/// bytes ([`sources`] from `seed`), with contexts from `first` up.
+fn post_sources(
+    qp: &mut ScheduledQueuePair,
+    pd: &ProtectionDomain,
+    op: SendOp,
+    n: usize,
+    len: usize,
+    seed: u8,
+    first: u64,
+) {
+    for (i, src) in sources(pd, n, len, seed).into_iter().enumerate() {
+        qp.post_send(op, src, 0..len, first + i as u64).unwrap();
+    }
+}
+
 fn check(done: &[Completion]) {
     for c in done {
         assert_eq!(c.status, WcStatus::Success, "request {}", c.context);
@@ -145,10 +161,7 @@ fn a_latency_request_overtakes_queued_bulk_work() {
     const LEN: usize = 1 << 20;
     let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
     let remote = target.remote().unwrap();
-    for (i, src) in sources(&pd, N, LEN, 0).into_iter().enumerate() {
-        bulk.post_send(SendOp::Write(remote), src, 0..LEN, i as u64)
-            .unwrap();
-    }
+    post_sources(&mut bulk, &pd, SendOp::Write(remote), N, LEN, 0, 0);
     let small = pd.allocate(16, Access::REMOTE_READ_WRITE).unwrap();
     let small_remote = small.remote().unwrap();
     let mut region = pd.allocate(16, Access::LOCAL).unwrap();
@@ -190,14 +203,8 @@ fn a_queue_pair_that_is_not_polled_does_not_stall_the_others() {
     const LEN: usize = 256 << 10;
     let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
     let remote = target.remote().unwrap();
-    for (i, src) in sources(&pd, 4, LEN, 10).into_iter().enumerate() {
-        idle.post_send(SendOp::Write(remote), src, 0..LEN, i as u64)
-            .unwrap();
-    }
-    for (i, src) in sources(&pd, 4, LEN, 20).into_iter().enumerate() {
-        busy.post_send(SendOp::Write(remote), src, 0..LEN, 10 + i as u64)
-            .unwrap();
-    }
+    post_sources(&mut idle, &pd, SendOp::Write(remote), 4, LEN, 10, 0);
+    post_sources(&mut busy, &pd, SendOp::Write(remote), 4, LEN, 20, 10);
     // Only `busy` is polled: the budget `idle`'s pieces hold comes back
     // anyway, and `idle`'s requests move along too.
     let done = wait(&mut busy, 4);
@@ -222,11 +229,7 @@ fn dropping_a_queue_pair_with_queued_work_frees_its_share() {
     let doomed_target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
     let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
     let (doomed_remote, remote) = (doomed_target.remote().unwrap(), target.remote().unwrap());
-    for (i, src) in sources(&pd, 8, LEN, 0).into_iter().enumerate() {
-        doomed
-            .post_send(SendOp::Write(doomed_remote), src, 0..LEN, i as u64)
-            .unwrap();
-    }
+    post_sources(&mut doomed, &pd, SendOp::Write(doomed_remote), 8, LEN, 0, 0);
     let src = pd.register(pattern(LEN, 99), Access::LOCAL).unwrap();
     other
         .post_send(SendOp::Write(remote), src, 0..LEN, 7)
@@ -302,19 +305,11 @@ fn a_stuck_queue_pair_does_not_hold_the_others_bulk_traffic() {
     const SEND: usize = 16 << 10;
     let start = Instant::now();
     // Four SENDs fill the budget.
-    for (i, src) in sources(&pd, 4, SEND, 1).into_iter().enumerate() {
-        stuck
-            .post_send(SendOp::Send, src, 0..SEND, i as u64)
-            .unwrap();
-    }
+    post_sources(&mut stuck, &pd, SendOp::Send, 4, SEND, 1, 0);
     const LEN: usize = 256 << 10;
     let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
     let remote = target.remote().unwrap();
-    for (i, src) in sources(&pd, 4, LEN, 20).into_iter().enumerate() {
-        other
-            .post_send(SendOp::Write(remote), src, 0..LEN, 10 + i as u64)
-            .unwrap();
-    }
+    post_sources(&mut other, &pd, SendOp::Write(remote), 4, LEN, 20, 10);
     let (mut done_stuck, mut done_other) = (Vec::new(), Vec::new());
     let mut other_finished = None;
     let deadline = start + Duration::from_secs(60);

@@ -26,6 +26,30 @@ fn slow_link(mbit: u64, jitter_us: u64) -> SimConfig {
     }
 }
 
+/// The probe's p99 alone on `base`'s link (ns), the whole link its own.
+fn probe_alone(base: &SimConfig) -> u64 {
+    probe_p99(&run(base, &isolation(0), &Mode::Fifo).unwrap())
+}
+
+/// What a 16 KiB latency bound lets the bulk tenants add to the probe's
+/// p99 on a link of `mbit` Mbit/s: 16 KiB on the wire (ns).
+fn allowed_by_a_16_kib_bound(mbit: u64) -> u64 {
+    16_384 * 8 * 1_000 / mbit
+}
+
+/// `tenants` run under `mode` with `config` on a link of `mbit` Mbit/s:
+/// the probe's p99 (ns), the bulk tenants' share of the link, and the
+/// whole report.
+fn p99_and_bulk_share(
+    config: &SimConfig,
+    tenants: &[TenantSpec],
+    mode: &Mode,
+    mbit: u64,
+) -> (u64, f64, Report) {
+    let r = run(config, tenants, mode).unwrap();
+    (probe_p99(&r), bulk_share(&r, mbit), r)
+}
+
 /// A tenant capped at a quarter of the link, in a process of its own next
 /// to one running free: it gets its cap (its pieces are few and paced, and
 /// its window is judged per byte, so the free tenant's many pieces do not
@@ -196,12 +220,11 @@ fn windows_that_share_their_growth_keep_the_queue_of_eight_tenants_short() {
             warmup: Nanos::from_secs(1),
             ..slow_link(mbit, 0)
         };
-        let alone = probe_p99(&run(&config, &isolation(0), &Mode::Fifo).unwrap());
+        let alone = probe_alone(&config);
         let tenants = probe_and_bulk(8);
         let excess = |config: &SimConfig| {
-            let r = run(config, &tenants, &mode).unwrap();
-            let link = bulk_share(&r, mbit);
-            (probe_p99(&r).saturating_sub(alone), link)
+            let (p99, link, _) = p99_and_bulk_share(config, &tenants, &mode, mbit);
+            (p99.saturating_sub(alone), link)
         };
         let (with, link) = excess(&config);
         let (without, _) = excess(&SimConfig {
@@ -411,8 +434,8 @@ fn windows_hold_the_latency_bound_with_one_completion_per_list() {
             publish_link_rate: true,
             ..slow_link(mbit, piece_us * 2)
         };
-        let alone = probe_p99(&run(&base, &isolation(0), &Mode::Fifo).unwrap());
-        let allowed = 16_384 * 8 * 1_000 / mbit;
+        let alone = probe_alone(&base);
+        let allowed = allowed_by_a_16_kib_bound(mbit);
         for bulk in [1u32, 4, 8] {
             let tenants = probe_and_bulk(bulk);
             let measure = |every: u32| {
@@ -420,9 +443,8 @@ fn windows_hold_the_latency_bound_with_one_completion_per_list() {
                     signal_every: every,
                     ..base.clone()
                 };
-                let r = run(&config, &tenants, &held).unwrap();
-                let link = bulk_share(&r, mbit);
-                (probe_p99(&r), link)
+                let (p99, link, _) = p99_and_bulk_share(&config, &tenants, &held, mbit);
+                (p99, link)
             };
             let (p99_all, link_all) = measure(1);
             let (p99, link) = measure(16);
@@ -471,17 +493,16 @@ fn the_one_piece_floor_is_given_only_as_far_as_the_latency_tenant_s_median_allow
             signal_every: 16,
             ..slow_link(mbit, jitter_us)
         };
-        let alone = probe_p99(&run(&base, &isolation(0), &Mode::Fifo).unwrap());
-        let allowed = 16_384 * 8 * 1_000 / mbit;
+        let alone = probe_alone(&base);
+        let allowed = allowed_by_a_16_kib_bound(mbit);
         let tenants = probe_and_bulk(bulk);
         let measure = |floor: bool| {
             let config = SimConfig {
                 piece_floor: floor,
                 ..base.clone()
             };
-            let r = run(&config, &tenants, &held).unwrap();
-            let link = bulk_share(&r, mbit);
-            (probe_p99(&r), link, r.piece_floor)
+            let (p99, link, r) = p99_and_bulk_share(&config, &tenants, &held, mbit);
+            (p99, link, r.piece_floor)
         };
         let (p99_off, link_off, none) = measure(false);
         let (p99, link, floor) = measure(true);
@@ -539,8 +560,8 @@ fn tenants_told_the_rate_they_move_fill_the_link_as_when_told_the_links() {
             piece_floor: true,
             ..slow_link(mbit, piece_us * 2)
         };
-        let alone = probe_p99(&run(&base, &isolation(0), &Mode::Fifo).unwrap());
-        let allowed = 16_384 * 8 * 1_000 / mbit;
+        let alone = probe_alone(&base);
+        let allowed = allowed_by_a_16_kib_bound(mbit);
         for n in [1u32, 4, 8] {
             let tenants = probe_and_bulk(n);
             let measure = |measured: bool| {
@@ -548,9 +569,8 @@ fn tenants_told_the_rate_they_move_fill_the_link_as_when_told_the_links() {
                     measured_link_rate: measured,
                     ..base.clone()
                 };
-                let r = run(&config, &tenants, &held).unwrap();
-                let link = bulk_share(&r, mbit);
-                (probe_p99(&r), link)
+                let (p99, link, _) = p99_and_bulk_share(&config, &tenants, &held, mbit);
+                (p99, link)
             };
             let (p99_told, link_told) = measure(false);
             let (p99, link) = measure(true);

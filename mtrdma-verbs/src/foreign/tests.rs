@@ -125,11 +125,7 @@ fn write(wr_id: u64, local: Local, signaled: bool) -> ForeignSend {
 #[test]
 fn a_long_write_goes_in_pieces_and_completes_once_with_the_programs_wr_id() {
     let mut f = fake(4096);
-    let sge = ffi::ibv_sge {
-        addr: 0x10_000,
-        length: 10_000,
-        lkey: 5,
-    };
+    let sge = sg_entry(0x10_000, 10_000, 5);
     // SAFETY: the fake provider reads no memory of a non-inline request.
     unsafe { f.fq.post(write(42, Local::Sge(sge), true)) }.unwrap();
     let (pieces, done) = complete_all(&mut f, 0);
@@ -171,11 +167,7 @@ fn a_long_write_goes_in_pieces_and_completes_once_with_the_programs_wr_id() {
 fn requests_finish_in_order_unsignaled_ones_marked_and_a_failure_kept() {
     let mut f = fake(4096);
     for (i, signaled) in [(1, false), (2, false), (3, true)] {
-        let sge = ffi::ibv_sge {
-            addr: 0x1000 * i,
-            length: 6000,
-            lkey: 1,
-        };
+        let sge = sg_entry(0x1000 * i, 6000, 1);
         // SAFETY: as above.
         unsafe { f.fq.post(write(i, Local::Sge(sge), signaled)) }.unwrap();
     }
@@ -183,11 +175,7 @@ fn requests_finish_in_order_unsignaled_ones_marked_and_a_failure_kept() {
     let ids: Vec<_> = done.iter().map(|d| (d.wr_id, d.signaled)).collect();
     assert_eq!(ids, [(1, false), (2, false), (3, true)]);
 
-    let sge = ffi::ibv_sge {
-        addr: 0x9000,
-        length: 9000,
-        lkey: 1,
-    };
+    let sge = sg_entry(0x9000, 9000, 1);
     // SAFETY: as above.
     unsafe { f.fq.post(write(7, Local::Sge(sge), false)) }.unwrap();
     let status = ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR;
@@ -208,11 +196,7 @@ fn inline_data_is_copied_and_a_scatter_list_goes_whole() {
     unsafe { f.fq.post(req) }.unwrap();
     data.fill(0);
     let list: Box<[ffi::ibv_sge]> = (0..3)
-        .map(|i| ffi::ibv_sge {
-            addr: 0x100_000 * (i + 1),
-            length: 3000,
-            lkey: 8,
-        })
+        .map(|i| sg_entry(0x100_000 * (i + 1), 3000, 8))
         .collect();
     // SAFETY: the fake provider reads no memory of a non-inline request.
     unsafe { f.fq.post(write(6, Local::List(list), true)) }.unwrap();
@@ -259,6 +243,11 @@ fn fake_for(handle: TenantHandle) -> Fake {
     Fake { _qp: qp, fq }
 }
 
+/// A scatter-gather entry of `length` bytes at `addr` in the region `lkey`.
+fn sg_entry(addr: u64, length: u32, lkey: u32) -> ffi::ibv_sge {
+    ffi::ibv_sge { addr, length, lkey }
+}
+
 fn raw_write(wr_id: u64, sge: &mut ffi::ibv_sge) -> ffi::ibv_send_wr {
     // SAFETY: all-zero is a valid work request.
     let mut wr: ffi::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
@@ -273,11 +262,7 @@ fn raw_write(wr_id: u64, sge: &mut ffi::ibv_sge) -> ffi::ibv_send_wr {
 fn a_latency_request_with_nothing_ahead_goes_direct_and_keeps_its_place() {
     let handle = tenant("latency");
     let mut f = fake_for(handle.clone());
-    let mut sge = ffi::ibv_sge {
-        addr: 0x1000,
-        length: 16,
-        lkey: 3,
-    };
+    let mut sge = sg_entry(0x1000, 16, 3);
     let wr = raw_write(11, &mut sge);
     // SAFETY: the fake provider reads no memory.
     assert_eq!(unsafe { f.fq.post_direct(&wr, false) }, Direct::Posted);
@@ -292,11 +277,7 @@ fn a_latency_request_with_nothing_ahead_goes_direct_and_keeps_its_place() {
     );
     assert_eq!(f.fq.queued(), 1);
     // A long one behind it goes through the engine, and after it.
-    let big = ffi::ibv_sge {
-        addr: 0x10_000,
-        length: 9000,
-        lkey: 3,
-    };
+    let big = sg_entry(0x10_000, 9000, 3);
     // SAFETY: as above.
     unsafe { f.fq.post(write(12, Local::Sge(big), true)) }.unwrap();
     let wr13 = raw_write(13, &mut sge);
@@ -327,11 +308,7 @@ fn a_latency_request_with_nothing_ahead_goes_direct_and_keeps_its_place() {
     let mut f = fake_for(tenant("bulk"));
     // SAFETY: as above.
     assert_eq!(unsafe { f.fq.post_direct(&wr, true) }, Direct::Posted);
-    let mut long = ffi::ibv_sge {
-        addr: 0x1000,
-        length: 8192,
-        lkey: 3,
-    };
+    let mut long = sg_entry(0x1000, 8192, 3);
     let wr_long = raw_write(14, &mut long);
     // SAFETY: as above.
     assert_eq!(unsafe { f.fq.post_direct(&wr_long, true) }, Direct::Engine);
@@ -356,11 +333,7 @@ fn a_latency_request_with_nothing_ahead_goes_direct_and_keeps_its_place() {
 #[test]
 fn unsignaled_requests_go_unsignaled_a_few_in_a_row_and_complete_with_a_later_one() {
     let mut f = fake(4096);
-    let sge = |i: u64| ffi::ibv_sge {
-        addr: 0x1000 * (i + 1),
-        length: 64,
-        lkey: 1,
-    };
+    let sge = |i: u64| sg_entry(0x1000 * (i + 1), 64, 1);
     for i in 0..20 {
         // SAFETY: the fake provider reads no memory of these.
         unsafe { f.fq.post(write(i, Local::Sge(sge(i)), false)) }.unwrap();

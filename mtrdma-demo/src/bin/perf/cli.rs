@@ -159,27 +159,8 @@ impl Test {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PathKind {
-    Mtrdma,
-    Raw,
-}
-
-impl PathKind {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            PathKind::Mtrdma => "mtrdma",
-            PathKind::Raw => "raw",
-        }
-    }
-
-    pub(crate) fn parse(s: &str) -> Result<PathKind, String> {
-        match s {
-            "mtrdma" | "scheduled" => Ok(PathKind::Mtrdma),
-            "raw" => Ok(PathKind::Raw),
-            _ => Err(format!("unknown path {s:?}; expected mtrdma or raw")),
-        }
-    }
+pub(crate) fn parse_path(s: &str) -> Result<PathKind, String> {
+    PathKind::from_name(s).ok_or_else(|| format!("unknown path {s:?}; expected mtrdma or raw"))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,15 +193,23 @@ pub(crate) struct Args {
     pub(crate) csv: Option<PathBuf>,
     pub(crate) samples: Option<PathBuf>,
     pub(crate) device: Option<String>,
+    pub(crate) qp_flags: QpFlags,
+    pub(crate) coordinator: Option<PathBuf>,
+    pub(crate) interval: Option<Duration>,
+}
+
+/// How this side builds and drives its queue pairs (`--window*`,
+/// `--class`, `--ack-timeout`, `--wait`): kept as given, for each
+/// connection [`Side::connect`] makes.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct QpFlags {
     pub(crate) window: bool,
     pub(crate) window_target_ppm: Option<u32>,
     pub(crate) window_floor: Option<Nanos>,
     pub(crate) window_queue: Option<u64>,
     pub(crate) class: Option<TrafficClass>,
     pub(crate) ack_timeout: Option<u8>,
-    pub(crate) coordinator: Option<PathBuf>,
     pub(crate) wait: bool,
-    pub(crate) interval: Option<Duration>,
 }
 
 pub(crate) enum Parsed {
@@ -290,7 +279,7 @@ pub(crate) fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Parsed
         match flag.as_str() {
             "-h" | "--help" => return Ok(Parsed::Help),
             "--test" => a.test = Some(Test::parse(&value()?)?),
-            "--path" => a.path = Some(PathKind::parse(&value()?)?),
+            "--path" => a.path = Some(parse_path(&value()?)?),
             "-s" | "--size" => a.size = Some(parse_size(&flag, &value()?)?),
             "-a" | "--all" => a.all = true,
             "-n" | "--iters" => a.iters = Some(parse_num(&flag, &value()?, "a count")?),
@@ -304,29 +293,29 @@ pub(crate) fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Parsed
             "-t" | "--tx-depth" => a.tx_depth = Some(parse_num(&flag, &value()?, "a count")?),
             "--chunk" => a.chunk = Some(parse_size(&flag, &value()?)? as u64),
             "--pieces" => a.pieces = Some(parse_num(&flag, &value()?, "a count")?),
-            "--window" => a.window = true,
+            "--window" => a.qp_flags.window = true,
             "--window-target" => {
                 let ppm: u32 = parse_num(&flag, &value()?, "parts per million")?;
                 if !(1..=100_000_000).contains(&ppm) {
                     return Err(format!("{flag}: give 1 <= PPM <= 100000000"));
                 }
-                a.window_target_ppm = Some(ppm);
+                a.qp_flags.window_target_ppm = Some(ppm);
             }
             "--window-floor" => {
                 let us: u64 = parse_num(&flag, &value()?, "microseconds")?;
                 if us > 10_000_000 {
                     return Err(format!("{flag}: give at most 10000000 us (10 s)"));
                 }
-                a.window_floor = Some(Nanos::from_micros(us));
+                a.qp_flags.window_floor = Some(Nanos::from_micros(us));
             }
             "--window-queue" => {
                 let bytes = parse_size(&flag, &value()?)? as u64;
                 if bytes == 0 {
                     return Err(format!("{flag} must be at least 1 byte"));
                 }
-                a.window_queue = Some(bytes);
+                a.qp_flags.window_queue = Some(bytes);
             }
-            "--wait" => a.wait = true,
+            "--wait" => a.qp_flags.wait = true,
             "--interval" => {
                 let us: u64 = parse_num(&flag, &value()?, "microseconds")?;
                 if !(1..=10_000_000).contains(&us) {
@@ -336,7 +325,7 @@ pub(crate) fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Parsed
             }
             "--coordinator" => a.coordinator = Some(PathBuf::from(value()?)),
             "--class" => {
-                a.class = Some(match value()?.as_str() {
+                a.qp_flags.class = Some(match value()?.as_str() {
                     "latency" => TrafficClass::Latency,
                     "bulk" => TrafficClass::Bulk,
                     other => return Err(format!("--class {other}: latency or bulk")),
@@ -347,7 +336,7 @@ pub(crate) fn parse_args(raw: impl IntoIterator<Item = String>) -> Result<Parsed
                 if exp > 31 {
                     return Err(format!("--ack-timeout {exp}: at most 31"));
                 }
-                a.ack_timeout = Some(exp);
+                a.qp_flags.ack_timeout = Some(exp);
             }
             "-I" | "--inline-size" => a.inline = Some(parse_num(&flag, &value()?, "a size")?),
             "--pool-mib" => a.pool_mib = Some(parse_num(&flag, &value()?, "MiB")?),

@@ -4,55 +4,6 @@
 use super::*;
 use mtrdma::verbs::PollCompletions;
 
-pub(crate) enum Qp {
-    Raw(QueuePair),
-    Sched(Box<ScheduledQueuePair>),
-}
-
-impl Qp {
-    pub(crate) fn post_send(
-        &mut self,
-        op: SendOp,
-        region: MemoryRegion,
-        len: usize,
-        context: u64,
-    ) -> Result<(), String> {
-        let r = match self {
-            Qp::Raw(q) => q.post_send(op, region, 0..len, context),
-            Qp::Sched(q) => q.post_send(op, region, 0..len, context),
-        };
-        r.map_err(|e| format!("posting {}: {e}", op_verb(op)))
-    }
-
-    pub(crate) fn post_recv(&mut self, region: MemoryRegion, len: usize) -> Result<(), String> {
-        let r = match self {
-            Qp::Raw(q) => q.post_recv(region, 0..len, RECV_CTX),
-            Qp::Sched(q) => q.post_recv(region, 0..len, RECV_CTX),
-        };
-        r.map_err(|e| format!("posting a receive: {e}"))
-    }
-
-    pub(crate) fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, String> {
-        let r = match self {
-            Qp::Raw(q) => q.poll(out),
-            Qp::Sched(q) => q.poll(out),
-        };
-        r.map_err(|e| format!("polling the completion queue: {e}"))
-    }
-
-    pub(crate) fn poll_wait(
-        &mut self,
-        out: &mut Vec<Completion>,
-        timeout: Duration,
-    ) -> Result<usize, String> {
-        let r = match self {
-            Qp::Raw(q) => q.poll_wait(out, timeout),
-            Qp::Sched(q) => q.poll_wait(out, timeout),
-        };
-        r.map_err(|e| format!("waiting for completions: {e}"))
-    }
-}
-
 pub(crate) fn op_verb(op: SendOp) -> &'static str {
     match op {
         SendOp::Send | SendOp::SendWithImm(_) => "a SEND",
@@ -157,6 +108,18 @@ impl WindowSamples {
 }
 
 impl Conn {
+    /// Posts `op` of the first `len` bytes of `region`, as a send.
+    pub(crate) fn post_send(
+        &mut self,
+        op: SendOp,
+        region: MemoryRegion,
+        len: usize,
+    ) -> Result<(), String> {
+        self.qp
+            .post_send(op, region, len, SEND_CTX)
+            .map_err(|e| format!("posting {}: {e}", op_verb(op)))
+    }
+
     /// Polls once: send buffers go back to the pool, receives are posted
     /// again. Returns the number of send-side completions. With `wait`
     /// and no buffer free, sleeps until a completion comes (at most
@@ -171,9 +134,13 @@ impl Conn {
     pub(crate) fn progress_blocking(&mut self, test: Test, block: bool) -> Result<usize, String> {
         let mut out = std::mem::take(&mut self.out);
         if block {
-            self.qp.poll_wait(&mut out, WAIT_SLICE)?;
+            self.qp
+                .poll_wait(&mut out, WAIT_SLICE)
+                .map_err(|e| format!("waiting for completions: {e}"))?;
         } else {
-            self.qp.poll(&mut out)?;
+            self.qp
+                .poll(&mut out)
+                .map_err(|e| format!("polling the completion queue: {e}"))?;
         }
         let mut sends = 0;
         for c in out.drain(..) {
@@ -187,7 +154,9 @@ impl Conn {
             }
             if c.context == RECV_CTX {
                 self.recvs += 1;
-                self.qp.post_recv(c.region, self.size)?;
+                self.qp
+                    .post_recv(c.region, self.size, RECV_CTX)
+                    .map_err(|e| format!("posting a receive: {e}"))?;
             } else {
                 sends += 1;
                 self.pool.push(c.region);
@@ -219,22 +188,12 @@ pub(crate) struct Side {
     pub(crate) tenant: Option<(TenantHandle, String)>,
     pub(crate) pool_bytes: u64,
     pub(crate) is_client: bool,
-    pub(crate) window: bool,
-    pub(crate) window_target_ppm: Option<u32>,
-    pub(crate) window_floor: Option<Nanos>,
-    pub(crate) window_queue: Option<u64>,
-    pub(crate) class: Option<TrafficClass>,
-    pub(crate) ack_timeout: Option<u8>,
-    pub(crate) wait: bool,
+    pub(crate) flags: QpFlags,
 }
 
 impl Side {
     pub(crate) fn open(a: &Args, chunk: u64, is_client: bool) -> Result<Side, String> {
-        let ctx = match &a.device {
-            Some(name) => Context::open(name),
-            None => Context::open_first_active(),
-        }
-        .map_err(|e| format!("opening the RDMA device: {e}"))?;
+        let ctx = open_device(a.device.as_deref())?;
         let pd = ctx
             .alloc_pd()
             .map_err(|e| format!("allocating a protection domain on {}: {e}", ctx.name()))?;
@@ -245,13 +204,7 @@ impl Side {
             tenant,
             pool_bytes: a.pool_mib.unwrap_or(64) << 20,
             is_client,
-            window: a.window,
-            window_target_ppm: a.window_target_ppm,
-            window_floor: a.window_floor,
-            window_queue: a.window_queue,
-            class: a.class,
-            ack_timeout: a.ack_timeout,
-            wait: a.wait,
+            flags: a.qp_flags,
         })
     }
 
@@ -283,8 +236,8 @@ impl Side {
                 .max_recv_wr(rq)
                 .max_inline_data(inline)
                 .access(Access::REMOTE_ALL)
-                .completion_events(self.wait);
-            if let Some(exp) = self.ack_timeout {
+                .completion_events(self.flags.wait);
+            if let Some(exp) = self.flags.ack_timeout {
                 b = b.ack_timeout(exp);
             }
             if let Some((t, _)) = &self.tenant {
@@ -380,37 +333,27 @@ impl Side {
         let qp = prepared
             .connect(&peer.endpoint)
             .map_err(|e| format!("connecting to the peer: {e}"))?;
-        let qp = match p.path {
-            PathKind::Raw => Qp::Raw(qp),
-            PathKind::Mtrdma => Qp::Sched(Box::new(
-                qp.scheduled(ScheduleConfig {
-                    chunk_bytes: p.chunk,
-                    max_pieces_in_flight: p.pieces,
-                    // The queue pair's own tenant (it was built with it),
-                    // or, without a quota table, tenant 0 of this process.
-                    tenant: match &self.tenant {
-                        Some(_) => Tenancy::OfQueuePair,
-                        None => Tenancy::Local {
-                            id: TenantId(0),
-                            class: self.class.unwrap_or(TrafficClass::Bulk),
-                        },
-                    },
-                    window: self.window.then(|| {
-                        let window = DelayWindowConfig::for_piece(p.chunk);
-                        std::sync::Arc::new(DelayWindowConfig {
-                            target_ratio_ppm: self
-                                .window_target_ppm
-                                .unwrap_or(window.target_ratio_ppm),
-                            target_floor: self.window_floor.unwrap_or(window.target_floor),
-                            queue_bytes: self.window_queue.unwrap_or(window.queue_bytes),
-                            ..window
-                        })
-                            as std::sync::Arc<dyn mtrdma::sched::WindowFactory>
-                    }),
-                })
-                .map_err(|e| format!("setting up the scheduled path: {e}"))?,
-            )),
-        };
+        let qp = Qp::on_path(qp, p.path, || ScheduleConfig {
+            chunk_bytes: p.chunk,
+            max_pieces_in_flight: p.pieces,
+            tenant: tenancy(
+                self.tenant.as_ref().map(|(t, _)| t),
+                self.flags.class.unwrap_or(TrafficClass::Bulk),
+            ),
+            window: self.flags.window.then(|| {
+                let window = DelayWindowConfig::for_piece(p.chunk);
+                std::sync::Arc::new(DelayWindowConfig {
+                    target_ratio_ppm: self
+                        .flags
+                        .window_target_ppm
+                        .unwrap_or(window.target_ratio_ppm),
+                    target_floor: self.flags.window_floor.unwrap_or(window.target_floor),
+                    queue_bytes: self.flags.window_queue.unwrap_or(window.queue_bytes),
+                    ..window
+                }) as std::sync::Arc<dyn mtrdma::sched::WindowFactory>
+            }),
+        })
+        .map_err(|e| format!("setting up the scheduled path: {e}"))?;
         Ok(Conn {
             qp,
             target,
@@ -421,7 +364,7 @@ impl Side {
             local,
             peer: peer.endpoint,
             out: Vec::new(),
-            wait: self.wait,
+            wait: self.flags.wait,
             window_samples: WindowSamples::default(),
         })
     }

@@ -73,10 +73,12 @@ use mtrdma::sched::{DelayWindowConfig, Nanos};
 use mtrdma::verbs::exchange::{exchange, Handshake};
 use mtrdma::verbs::{
     Access, Completion, Context, Endpoint, Gid, GidSelection, MemoryRegion, PreparedQueuePair,
-    ProtectionDomain, QueuePair, RemoteRegion, ScheduleConfig, ScheduledQueuePair, SendOp, Tenancy,
+    ProtectionDomain, RemoteRegion, ScheduleConfig, SendOp,
 };
 use mtrdma::{admitted_within, Tenant, TenantSource};
-use mtrdma_demo::args;
+use mtrdma_demo::qp::{PathKind, Qp};
+use mtrdma_demo::tenant::tenancy;
+use mtrdma_demo::{args, open_device};
 
 use cli::*;
 use conn::*;

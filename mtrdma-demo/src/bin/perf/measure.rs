@@ -49,7 +49,7 @@ pub(crate) fn client_bw(conn: &mut Conn, p: &Params) -> Result<Option<BwResult>,
             // Stamped before posting, as perftest does: a software
             // provider may do the whole transfer inside the post call.
             tp.push(ns_since(start));
-            conn.qp.post_send(op, r, size, SEND_CTX)?;
+            conn.post_send(op, r, size)?;
             posted += 1;
         }
         let n = conn.progress(p.test)?;
@@ -153,7 +153,7 @@ pub(crate) fn post_ping(conn: &mut Conn, test: Test, marker: u8) -> Result<(), S
     } else {
         SendOp::Send
     };
-    conn.qp.post_send(op, r, size, SEND_CTX)
+    conn.post_send(op, r, size)
 }
 
 /// Client side of a latency test: per-iteration samples in ns.
@@ -184,7 +184,7 @@ pub(crate) fn client_lat(
                 } else {
                     SendOp::Write(conn.remote)
                 };
-                conn.qp.post_send(op, r, conn.size, SEND_CTX)?;
+                conn.post_send(op, r, conn.size)?;
                 let spin_start = Instant::now();
                 // With --wait the probe sleeps while its request is out:
                 // a process that spins for its completion is, on a host

@@ -97,7 +97,7 @@ impl Params {
                 .ok_or_else(|| format!("the client sent a bad parameter {w:?}"))?;
             match k {
                 "test" => p.test = Test::parse(v)?,
-                "path" => p.path = PathKind::parse(v)?,
+                "path" => p.path = parse_path(v)?,
                 "sizes" => {
                     p.sizes = v
                         .split(',')

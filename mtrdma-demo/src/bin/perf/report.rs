@@ -98,8 +98,10 @@ pub(crate) fn lat_result(size: usize, mut samples: Vec<u64>, factor: f64) -> Opt
 pub(crate) const LINE: &str =
     "---------------------------------------------------------------------------------------";
 
-pub(crate) fn print_columns(test: Test) {
-    let columns: &[(&str, usize)] = if test.is_bw() {
+/// The table's columns, perftest's: name and width (0: the last, not
+/// padded).
+fn columns(bw: bool) -> &'static [(&'static str, usize)] {
+    if bw {
         &[
             ("#bytes", 10),
             ("#iterations", 14),
@@ -119,25 +121,49 @@ pub(crate) fn print_columns(test: Test) {
             ("99% percentile[usec]", 22),
             ("99.9% percentile[usec]", 0),
         ]
-    };
+    }
+}
+
+pub(crate) fn print_columns(test: Test) {
     let mut line = String::new();
-    for (name, width) in columns {
+    for (name, width) in columns(test.is_bw()) {
         let _ = write!(line, " {name:<width$}");
     }
     println!("{}", line.trim_end());
 }
 
-pub(crate) fn print_outcome(o: &Outcome) {
-    match o {
-        Outcome::Bw(r) => println!(
-            " {:<10} {:<14} {:<18.2} {:<20.2} {:.6}",
-            r.size, r.iters, r.peak, r.avg, r.msg_rate
-        ),
-        Outcome::Lat(r) => println!(
-            " {:<10} {:<12} {:<12.2} {:<12.2} {:<16.2} {:<12.2} {:<14.2} {:<22.2} {:.2}",
-            r.size, r.iters, r.min, r.max, r.typical, r.avg, r.stdev, r.p99, r.p999
-        ),
+impl Outcome {
+    /// The message size, the iterations and the figures measured, in the
+    /// columns' order: bandwidth peak and average (MB/sec) and message
+    /// rate (Mpps), or latency min, max, typical, average, stdev, 99% and
+    /// 99.9% percentiles (usec).
+    fn row(&self) -> (usize, u64, Vec<f64>) {
+        match self {
+            Outcome::Bw(r) => (r.size, r.iters, vec![r.peak, r.avg, r.msg_rate]),
+            Outcome::Lat(r) => (
+                r.size,
+                r.iters,
+                vec![r.min, r.max, r.typical, r.avg, r.stdev, r.p99, r.p999],
+            ),
+        }
     }
+
+    fn is_bw(&self) -> bool {
+        matches!(self, Outcome::Bw(_))
+    }
+}
+
+pub(crate) fn print_outcome(o: &Outcome) {
+    let (size, iters, figures) = o.row();
+    let columns = columns(o.is_bw());
+    let (w_size, w_iters) = (columns[0].1, columns[1].1);
+    let mut line = format!(" {size:<w_size$} {iters:<w_iters$}");
+    for (x, &(_, width)) in figures.iter().zip(&columns[2..]) {
+        // perftest's message rate has 6 decimals, all else 2.
+        let decimals = if o.is_bw() && width == 0 { 6 } else { 2 };
+        let _ = write!(line, " {x:<width$.decimals$}");
+    }
+    println!("{line}");
 }
 
 pub(crate) const CSV_HEADER: &str =
@@ -146,26 +172,34 @@ bw_peak_MBps,bw_avg_MBps,msg_rate_Mpps,t_min_us,t_max_us,t_typical_us,t_avg_us,t
 t_p99_us,t_p99_9_us";
 
 pub(crate) fn csv_line(p: &Params, device: &str, tenant: &str, o: &Outcome) -> String {
-    let pre = format!(
-        "{},{},{},{},{},{},{}",
+    let (size, iters, figures) = o.row();
+    // The three bandwidth cells then the seven latency cells; the other
+    // test's are empty.
+    let mut cells = vec![String::new(); 10];
+    if o.is_bw() {
+        for (i, (cell, x)) in cells.iter_mut().zip(&figures).enumerate() {
+            *cell = if i < 2 {
+                format!("{x:.4}")
+            } else {
+                format!("{x:.6}")
+            };
+        }
+    } else {
+        for (cell, x) in cells[3..].iter_mut().zip(&figures) {
+            *cell = format!("{x:.3}");
+        }
+    }
+    format!(
+        "{},{},{},{},{},{},{},{size},{iters},{}",
         p.test.name(),
         p.path.name(),
         device,
         tenant,
         if p.test.is_bw() { p.tx_depth } else { 1 },
         p.chunk,
-        p.pieces
-    );
-    match o {
-        Outcome::Bw(r) => format!(
-            "{pre},{},{},{:.4},{:.4},{:.6},,,,,,,",
-            r.size, r.iters, r.peak, r.avg, r.msg_rate
-        ),
-        Outcome::Lat(r) => format!(
-            "{pre},{},{},,,,{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3}",
-            r.size, r.iters, r.min, r.max, r.typical, r.avg, r.stdev, r.p99, r.p999
-        ),
-    }
+        p.pieces,
+        cells.join(",")
+    )
 }
 
 /// Appends `samples` (ns) divided by `factor`, in usec, one per line,

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::args;
+pub(crate) use mtrdma_demo::qp::PathKind;
 
 pub(crate) const HELP: &str = "\
 remote_memory: a remote-memory pager (swap-like) over RC queue pairs to memory nodes
@@ -53,23 +54,6 @@ CLIENT:
 Exit status: 0 if no page was corrupt (lost pages of a dead node are reported,
 not a failure), 2 if a page was corrupt, 1 on any other error.
 ";
-
-/// Whether the pager's requests go straight to the queue pair or through
-/// mtrdma's scheduler.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PathKind {
-    Raw,
-    Mtrdma,
-}
-
-impl PathKind {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            PathKind::Raw => "raw",
-            PathKind::Mtrdma => "mtrdma",
-        }
-    }
-}
 
 /// A memory node's settings.
 #[derive(Debug, Clone)]
@@ -240,11 +224,9 @@ fn parse_client_args(it: &mut args::Args) -> Result<Command, String> {
                 }
             }
             "--path" => {
-                path = match it.value(&flag)?.as_str() {
-                    "raw" => PathKind::Raw,
-                    "mtrdma" | "scheduled" => PathKind::Mtrdma,
-                    other => return Err(format!("--path {other:?}: raw or mtrdma")),
-                }
+                let v = it.value(&flag)?;
+                path =
+                    PathKind::from_name(&v).ok_or_else(|| format!("--path {v:?}: raw or mtrdma"))?
             }
             "--coordinator" => coordinator = Some(PathBuf::from(it.value(&flag)?)),
             "--chunk" => {

@@ -43,20 +43,10 @@ mod report;
 
 use std::process::ExitCode;
 
-use mtrdma::verbs::Context;
-use mtrdma_demo::args;
+use mtrdma_demo::{args, open_device, tenant};
 
 /// The first words of a node's greeting, then `pages N`.
 pub(crate) const HELLO: &str = "mtrdma-remote-memory/1";
-
-/// The device named, or the first active one.
-pub(crate) fn open_device(name: Option<&str>) -> Result<Context, String> {
-    match name {
-        Some(n) => Context::open(n),
-        None => Context::open_first_active(),
-    }
-    .map_err(|e| format!("opening the RDMA device: {e}"))
-}
 
 /// Runs the command line; `Ok(true)` if a page was corrupt.
 fn run() -> Result<bool, String> {

@@ -49,20 +49,21 @@ use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use mtrdma::core::{TenantHandle, TenantId, TrafficClass};
+use mtrdma::core::{TenantHandle, TrafficClass};
 use mtrdma::sched::DelayWindowConfig;
 use mtrdma::verbs::exchange::{exchange_within, Handshake};
 use mtrdma::verbs::{
-    Access, Completion, MemoryRegion, PostError, ProtectionDomain, QueuePair, RemoteRegion,
-    ScheduleConfig, ScheduledQueuePair, SendOp, Tenancy,
+    Access, Completion, MemoryRegion, ProtectionDomain, RemoteRegion, ScheduleConfig, SendOp,
 };
 
-use crate::cli::{ClientArgs, NodeAddr, PathKind};
+use crate::cli::{ClientArgs, NodeAddr};
 use crate::page::{encode, verify, Rng, PAGE};
 use crate::report::Results;
+use crate::tenant::tenancy;
 use crate::{open_device, HELLO};
 use mtrdma::verbs::PollCompletions;
 use mtrdma::{admitted_within, Tenant, TenantSource};
+use mtrdma_demo::qp::Qp;
 
 /// Local ACK timeout exponent: 4.096 us x 2^14, about 67 ms.
 const ACK_TIMEOUT: u8 = 14;
@@ -84,45 +85,6 @@ const DRAIN: Duration = Duration::from_secs(5);
 const BURST: usize = 32;
 /// Corrupt pages described on stderr (the count goes on).
 const SHOW_CORRUPT: u64 = 10;
-
-/// A queue pair the pager posts on: straight, or through the scheduler.
-enum Qp {
-    Raw(QueuePair),
-    Sched(Box<ScheduledQueuePair>),
-}
-
-impl Qp {
-    fn post(
-        &mut self,
-        op: SendOp,
-        region: MemoryRegion,
-        len: usize,
-        context: u64,
-    ) -> Result<(), PostError> {
-        match self {
-            Qp::Raw(q) => q.post_send(op, region, 0..len, context),
-            Qp::Sched(q) => q.post_send(op, region, 0..len, context),
-        }
-    }
-
-    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, mtrdma::verbs::Error> {
-        match self {
-            Qp::Raw(q) => q.poll(out),
-            Qp::Sched(q) => q.poll(out),
-        }
-    }
-
-    fn poll_wait(
-        &mut self,
-        out: &mut Vec<Completion>,
-        timeout: Duration,
-    ) -> Result<usize, mtrdma::verbs::Error> {
-        match self {
-            Qp::Raw(q) => q.poll_wait(out, timeout),
-            Qp::Sched(q) => q.poll_wait(out, timeout),
-        }
-    }
-}
 
 /// One memory node as the pager sees it.
 struct Node {
@@ -399,26 +361,13 @@ pub(crate) fn run(a: &ClientArgs) -> Result<Results, String> {
         let qp = prepared
             .connect(&peer.endpoint)
             .map_err(|e| format!("connecting to node {addr}: {e}"))?;
-        let qp = match a.path {
-            PathKind::Raw => Qp::Raw(qp),
-            PathKind::Mtrdma => Qp::Sched(Box::new(
-                qp.scheduled(ScheduleConfig {
-                    chunk_bytes: a.chunk,
-                    max_pieces_in_flight: a.pieces,
-                    // The tenant the queue pair was built for, or without a
-                    // coordinator tenant 0 of this process.
-                    tenant: match &tenant {
-                        Some(_) => Tenancy::OfQueuePair,
-                        None => Tenancy::Local {
-                            id: TenantId(0),
-                            class: TrafficClass::Bulk,
-                        },
-                    },
-                    window: Some(std::sync::Arc::new(DelayWindowConfig::for_piece(a.chunk))),
-                })
-                .map_err(|e| format!("setting up the scheduled path to node {addr}: {e}"))?,
-            )),
-        };
+        let qp = Qp::on_path(qp, a.path, || ScheduleConfig {
+            chunk_bytes: a.chunk,
+            max_pieces_in_flight: a.pieces,
+            tenant: tenancy(tenant.as_ref(), TrafficClass::Bulk),
+            window: Some(std::sync::Arc::new(DelayWindowConfig::for_piece(a.chunk))),
+        })
+        .map_err(|e| format!("setting up the scheduled path to node {addr}: {e}"))?;
         stream
             .set_nonblocking(true)
             .map_err(|e| format!("node {addr}: connection: {e}"))?;

@@ -128,7 +128,7 @@ impl Pager {
         } else {
             SendOp::Read(remote)
         };
-        match self.nodes[i].qp.post(op, buf, len, context(g, write)) {
+        match self.nodes[i].qp.post_send(op, buf, len, context(g, write)) {
             Ok(()) => {
                 if write {
                     self.nodes[i].writes += 1;
