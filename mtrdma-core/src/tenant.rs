@@ -323,15 +323,30 @@ pub fn admitted_within<T, E: RateLimited>(
 ) -> Result<T, E> {
     let deadline = Instant::now() + patience;
     loop {
-        match create() {
-            Err(e) => match e.retry_after() {
-                Some(wait) if Instant::now() < deadline => {
-                    std::thread::sleep(wait.clamp(Duration::from_millis(1), Duration::from_secs(1)))
-                }
-                _ => return Err(e),
-            },
-            ok => return ok,
+        match retry_after(create(), deadline) {
+            Ok(answer) => return answer,
+            Err(wait) => std::thread::sleep(wait),
         }
+    }
+}
+
+/// The step [`admitted_within`] (and its async form in `mtrdma-verbs`)
+/// takes after each try: the answer to hand back (`Ok`: admitted, or any
+/// error but a rate limit, or a rate limit once `deadline` has passed),
+/// or how long to wait before trying again (`Err`: what the refusal says,
+/// at least 1 ms, at most 1 s).
+pub fn retry_after<T, E: RateLimited>(
+    result: Result<T, E>,
+    deadline: Instant,
+) -> Result<Result<T, E>, Duration> {
+    match result {
+        Err(e) => match e.retry_after() {
+            Some(wait) if Instant::now() < deadline => {
+                Err(wait.clamp(Duration::from_millis(1), Duration::from_secs(1)))
+            }
+            _ => Ok(Err(e)),
+        },
+        ok => Ok(ok),
     }
 }
 

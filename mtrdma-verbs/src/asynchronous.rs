@@ -55,7 +55,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use mtrdma_core::tenant::RateLimited;
+use mtrdma_core::tenant::{retry_after, RateLimited};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -588,17 +588,9 @@ pub async fn admitted_within<T, E: RateLimited>(
 ) -> Result<T, E> {
     let deadline = Instant::now() + patience;
     loop {
-        match create() {
-            Err(e) => match e.retry_after() {
-                Some(wait) if Instant::now() < deadline => {
-                    tokio::time::sleep(
-                        wait.clamp(Duration::from_millis(1), Duration::from_secs(1)),
-                    )
-                    .await;
-                }
-                _ => return Err(e),
-            },
-            ok => return ok,
+        match retry_after(create(), deadline) {
+            Ok(answer) => return answer,
+            Err(wait) => tokio::time::sleep(wait).await,
         }
     }
 }

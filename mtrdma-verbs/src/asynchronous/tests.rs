@@ -203,3 +203,44 @@ fn dropping_futures_at_random_loses_no_region_and_frees_none_the_nic_holds() {
     assert_eq!(qp.waiting(), 0);
     assert_eq!(qp.with(|q| q.queued()), 0);
 }
+
+#[test]
+#[cfg_attr(miri, ignore = "a quota table maps shared memory, which Miri cannot")]
+fn an_async_admission_waits_out_a_rate_limit_on_the_runtimes_timer() {
+    use mtrdma_core::tenant::{Tenant, TenantSource};
+    use mtrdma_core::{LinkConfig, Policy, RateLimit, TenantEntry};
+
+    // Four queue pairs a second: after the burst, each waits about 250 ms.
+    let policy = Policy::new(
+        LinkConfig::new(1 << 30),
+        vec![TenantEntry::new(TenantId(1), "t").with_qp_create_rate(RateLimit::new(4, 1))],
+    );
+    let tenant = Tenant::join(&TenantSource::policy(policy, None)).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let (held, tries) = rt.block_on(async {
+        let mut held = Vec::new();
+        let mut tries = 0;
+        for _ in 0..3 {
+            held.push(
+                admitted_within(Duration::from_secs(5), || {
+                    tries += 1;
+                    tenant.acquire_qp()
+                })
+                .await
+                .expect("admitted within the patience"),
+            );
+        }
+        (held, tries)
+    });
+    assert_eq!(held.len(), 3);
+    assert!(
+        tries > 3,
+        "some tries were refused and tried again ({tries})"
+    );
+    // Out of patience at once: the refusal comes back as it is.
+    let refused = rt.block_on(admitted_within(Duration::ZERO, || tenant.acquire_qp()));
+    assert!(refused.unwrap_err().retry_after().is_some());
+}
