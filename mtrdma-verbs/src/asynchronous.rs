@@ -45,7 +45,7 @@
 //! # }
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::ops::Range;
@@ -244,6 +244,14 @@ impl<Q: AsyncQueue> Shared<Q> {
     }
 }
 
+/// The bit of the contexts this wrapper posts with: a completion without
+/// it is the caller's own ([`AsyncQueuePair::incoming`]).
+const OWN: u64 = 1 << 63;
+
+/// The key in `State::waiting` of the task waiting for an incoming
+/// completion (never a request's: those count up from [`OWN`]).
+const INCOMING: u64 = u64::MAX;
+
 struct State<Q: AsyncQueue> {
     qp: Q,
     /// The id the next request is posted with (its completion's context).
@@ -253,6 +261,10 @@ struct State<Q: AsyncQueue> {
     waiting: HashMap<u64, Option<Waker>>,
     /// Completions found for futures that have not taken them yet.
     done: HashMap<u64, Q::Completion>,
+    /// Completions of work requests posted with contexts of the caller's
+    /// own (receives of a shared receive queue, requests posted through
+    /// [`AsyncQueuePair::with`]), oldest first, for [`AsyncQueuePair::incoming`].
+    incoming: VecDeque<Q::Completion>,
     scratch: Vec<Q::Completion>,
     /// The scheduler's next wake-up, while it paces.
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -266,7 +278,12 @@ impl<Q: AsyncQueue> State<Q> {
         let result = self.qp.waitable().poll(&mut self.scratch);
         for c in self.scratch.drain(..) {
             let id = Q::id_of(&c);
-            if let Some(waker) = self.waiting.get_mut(&id) {
+            if id & OWN == 0 {
+                if let Some(waker) = self.waiting.get_mut(&INCOMING) {
+                    wake.extend(waker.take());
+                }
+                self.incoming.push_back(c);
+            } else if let Some(waker) = self.waiting.get_mut(&id) {
                 wake.extend(waker.take());
                 self.done.insert(id, c);
             }
@@ -322,9 +339,10 @@ impl<Q: AsyncQueue> AsyncQueuePair<Q> {
                 fd,
                 state: Mutex::new(State {
                     qp,
-                    next_id: 0,
+                    next_id: OWN,
                     waiting: HashMap::new(),
                     done: HashMap::new(),
+                    incoming: VecDeque::new(),
                     scratch: Vec::new(),
                     timer: None,
                 }),
@@ -358,7 +376,8 @@ impl<Q: AsyncQueue> AsyncQueuePair<Q> {
     ) -> Result<Pending<Q>, E> {
         let mut st = self.shared.lock();
         let id = st.next_id;
-        st.next_id = id.wrapping_add(1);
+        // Wraps within the contexts with the `OWN` bit, short of `INCOMING`.
+        st.next_id = if id + 1 == INCOMING { OWN } else { id + 1 };
         f(&mut st.qp, id)?;
         st.waiting.insert(id, None);
         Ok(Pending {
@@ -376,7 +395,21 @@ impl<Q: AsyncQueue> AsyncQueuePair<Q> {
 
     /// Requests whose futures still wait for their completion.
     pub fn waiting(&self) -> usize {
-        self.shared.lock().waiting.len()
+        let st = self.shared.lock();
+        st.waiting.len() - usize::from(st.waiting.contains_key(&INCOMING))
+    }
+
+    /// The next completion of a work request posted with a context of the
+    /// caller's own rather than through this wrapper: a receive of a
+    /// shared receive queue the queue pair takes from (its completions
+    /// come on this queue pair's completion queue), or a request posted
+    /// through [`with`](Self::with). Oldest first; one task at a time
+    /// takes them (a second one would not be woken). Contexts with the
+    /// top bit set are this wrapper's own.
+    pub fn incoming(&self) -> Incoming<Q> {
+        Incoming {
+            shared: Arc::clone(&self.shared),
+        }
     }
 }
 
@@ -431,6 +464,55 @@ impl<Q: AsyncQueue> fmt::Debug for Pending<Q> {
     }
 }
 
+/// The next incoming completion ([`AsyncQueuePair::incoming`]): a future.
+/// Dropping it loses nothing: a completion it did not take waits for the
+/// next.
+#[must_use = "a future does nothing unless awaited"]
+pub struct Incoming<Q: AsyncQueue> {
+    shared: Arc<Shared<Q>>,
+}
+
+impl<Q: AsyncQueue> fmt::Debug for Incoming<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Incoming").finish_non_exhaustive()
+    }
+}
+
+impl<Q: AsyncQueue> Future for Incoming<Q> {
+    type Output = Result<Q::Completion, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut wake = Vec::new();
+        let result = drive(
+            &self.shared,
+            INCOMING,
+            |st| st.incoming.pop_front(),
+            cx,
+            &mut wake,
+        );
+        for w in wake {
+            w.wake();
+        }
+        result
+    }
+}
+
+impl<Q: AsyncQueue> Drop for Incoming<Q> {
+    fn drop(&mut self) {
+        let mut wake = Vec::new();
+        {
+            let mut st = self.shared.lock();
+            if st.waiting.remove(&INCOMING).is_some() {
+                // It may have been the task watching the channel.
+                st.wake_all(&mut wake);
+            }
+        }
+        for w in wake {
+            w.wake();
+        }
+    }
+}
+
 /// Polls of the queue pair in one wake-up while its scheduler takes
 /// pieces' completions and posts more in their place, before the task
 /// yields to others.
@@ -445,7 +527,8 @@ impl<Q: AsyncQueue> Future for Pending<Q> {
             panic!("a request's future was polled after it resolved");
         }
         let mut wake = Vec::new();
-        let result = this.step(cx, &mut wake);
+        let id = this.id;
+        let result = drive(&this.shared, id, |st| st.done.remove(&id), cx, &mut wake);
         if result.is_ready() {
             this.finished = true;
         }
@@ -456,55 +539,32 @@ impl<Q: AsyncQueue> Future for Pending<Q> {
     }
 }
 
-impl<Q: AsyncQueue> Pending<Q> {
-    /// One poll of the future; the tasks to wake once the lock is let go
-    /// go to `wake`.
-    fn step(
-        &mut self,
-        cx: &mut Context<'_>,
-        wake: &mut Vec<Waker>,
-    ) -> Poll<Result<Q::Completion, Error>> {
-        let shared = &*self.shared;
-        let mut st = shared.lock();
-        let id = self.id;
-        let ready = |st: &mut State<Q>, wake: &mut Vec<Waker>| {
-            let c = st.done.remove(&id)?;
-            st.waiting.remove(&id);
-            // Someone else must watch the channel now.
-            st.wake_all(wake);
-            Some(c)
-        };
-        let failed = |st: &mut State<Q>, wake: &mut Vec<Waker>, e| {
-            st.waiting.remove(&id);
-            st.wake_all(wake);
-            Poll::Ready(Err(e))
-        };
-        for _ in 0..POLLS_PER_WAKE {
-            if let Some(c) = ready(&mut st, wake) {
-                return Poll::Ready(Ok(c));
-            }
-            if let Err(e) = st.collect(wake) {
-                return failed(&mut st, wake, e);
-            }
-            if let Some(c) = ready(&mut st, wake) {
-                return Poll::Ready(Ok(c));
-            }
-            if !st.qp.waitable().took() {
-                break;
-            }
-        }
-        // Nothing for it yet. Arm, then poll once more: a completion that
-        // came before the arm raises no event.
-        match st.qp.waitable().arm() {
-            Ok(Armed::Fd(_)) => {}
-            Ok(Armed::Ready) => {
-                // Nothing to sleep on: what is posted completes at the
-                // next poll.
-                st.waiting.insert(id, Some(cx.waker().clone()));
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-            Err(e) => return failed(&mut st, wake, e),
+/// One poll of a future waiting under `key` in `shared`'s books for what
+/// `take` finds there (a request's completion, or an incoming one); the
+/// tasks to wake once the lock is let go go to `wake`.
+fn drive<Q: AsyncQueue>(
+    shared: &Shared<Q>,
+    key: u64,
+    take: impl Fn(&mut State<Q>) -> Option<Q::Completion>,
+    cx: &mut Context<'_>,
+    wake: &mut Vec<Waker>,
+) -> Poll<Result<Q::Completion, Error>> {
+    let mut st = shared.lock();
+    let ready = |st: &mut State<Q>, wake: &mut Vec<Waker>| {
+        let c = take(st)?;
+        st.waiting.remove(&key);
+        // Someone else must watch the channel now.
+        st.wake_all(wake);
+        Some(c)
+    };
+    let failed = |st: &mut State<Q>, wake: &mut Vec<Waker>, e| {
+        st.waiting.remove(&key);
+        st.wake_all(wake);
+        Poll::Ready(Err(e))
+    };
+    for _ in 0..POLLS_PER_WAKE {
+        if let Some(c) = ready(&mut st, wake) {
+            return Poll::Ready(Ok(c));
         }
         if let Err(e) = st.collect(wake) {
             return failed(&mut st, wake, e);
@@ -512,43 +572,65 @@ impl<Q: AsyncQueue> Pending<Q> {
         if let Some(c) = ready(&mut st, wake) {
             return Poll::Ready(Ok(c));
         }
-        st.waiting.insert(id, Some(cx.waker().clone()));
-        if st.qp.waitable().took() {
-            // The scheduler posted more in the pieces' place: poll again
-            // soon, after the other tasks.
+        if !st.qp.waitable().took() {
+            break;
+        }
+    }
+    // Nothing for it yet. Arm, then poll once more: a completion that
+    // came before the arm raises no event.
+    match st.qp.waitable().arm() {
+        Ok(Armed::Fd(_)) => {}
+        Ok(Armed::Ready) => {
+            // Nothing to sleep on: what is posted completes at the next
+            // poll.
+            st.waiting.insert(key, Some(cx.waker().clone()));
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        if let Some(fd) = &shared.fd {
-            match fd.poll_read_ready(cx) {
-                Poll::Ready(Ok(mut guard)) => {
-                    if let Err(e) = st.qp.waitable().take_events() {
-                        return failed(&mut st, wake, e);
-                    }
-                    guard.clear_ready();
-                    cx.waker().wake_by_ref();
+        Err(e) => return failed(&mut st, wake, e),
+    }
+    if let Err(e) = st.collect(wake) {
+        return failed(&mut st, wake, e);
+    }
+    if let Some(c) = ready(&mut st, wake) {
+        return Poll::Ready(Ok(c));
+    }
+    st.waiting.insert(key, Some(cx.waker().clone()));
+    if st.qp.waitable().took() {
+        // The scheduler posted more in the pieces' place: poll again
+        // soon, after the other tasks.
+        cx.waker().wake_by_ref();
+        return Poll::Pending;
+    }
+    if let Some(fd) = &shared.fd {
+        match fd.poll_read_ready(cx) {
+            Poll::Ready(Ok(mut guard)) => {
+                if let Err(e) = st.qp.waitable().take_events() {
+                    return failed(&mut st, wake, e);
                 }
-                Poll::Ready(Err(source)) => {
-                    return failed(&mut st, wake, Error::CompletionWait { source });
-                }
-                Poll::Pending => {}
-            }
-        }
-        if let Some(at) = st.qp.waitable().poll_by() {
-            // The scheduler paces: poll again when it is due.
-            let due = tokio::time::Instant::from_std(at);
-            let timer = st
-                .timer
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
-            if timer.deadline() != due {
-                timer.as_mut().reset(due);
-            }
-            if timer.as_mut().poll(cx).is_ready() {
+                guard.clear_ready();
                 cx.waker().wake_by_ref();
             }
+            Poll::Ready(Err(source)) => {
+                return failed(&mut st, wake, Error::CompletionWait { source });
+            }
+            Poll::Pending => {}
         }
-        Poll::Pending
     }
+    if let Some(at) = st.qp.waitable().poll_by() {
+        // The scheduler paces: poll again when it is due.
+        let due = tokio::time::Instant::from_std(at);
+        let timer = st
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+        if timer.deadline() != due {
+            timer.as_mut().reset(due);
+        }
+        if timer.as_mut().poll(cx).is_ready() {
+            cx.waker().wake_by_ref();
+        }
+    }
+    Poll::Pending
 }
 
 impl<Q: AsyncQueue> Drop for Pending<Q> {

@@ -244,3 +244,28 @@ fn an_async_admission_waits_out_a_rate_limit_on_the_runtimes_timer() {
     let refused = rt.block_on(admitted_within(Duration::ZERO, || tenant.acquire_qp()));
     assert!(refused.unwrap_err().retry_after().is_some());
 }
+
+#[test]
+fn requests_posted_with_contexts_of_the_callers_own_come_as_incoming_in_order() {
+    let (qp, _nic) = watched(64);
+    for i in 0..4u64 {
+        qp.with(|q| q.post_send(SendOp::Write(REMOTE), tagged(i), 0..64, i))
+            .unwrap_or_else(|(e, _)| panic!("{e}"));
+    }
+    let mine = qp
+        .post_send(SendOp::Write(REMOTE), tagged(99), 0..64)
+        .unwrap_or_else(|(e, _)| panic!("{e}"));
+    // Its poll finds the four before it: they wait as incoming.
+    let c = resolve(mine).unwrap();
+    assert_eq!(tag(&c.region), 99);
+    for i in 0..4u64 {
+        let c = resolve(qp.incoming()).unwrap();
+        assert_eq!((c.context, tag(&c.region)), (i, i));
+    }
+    // A dropped incoming future loses nothing.
+    qp.with(|q| q.post_send(SendOp::Write(REMOTE), tagged(5), 0..64, 5))
+        .unwrap_or_else(|(e, _)| panic!("{e}"));
+    drop(qp.incoming());
+    assert_eq!(resolve(qp.incoming()).unwrap().context, 5);
+    assert_eq!(qp.waiting(), 0);
+}
