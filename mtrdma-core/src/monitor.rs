@@ -4,7 +4,7 @@
 //! mtrdma isolates tenants that use its API or its preload library. A
 //! process that calls verbs directly is invisible to the quota table: its
 //! queue pairs and memory regions were never admitted. The kernel sees
-//! them all. With the `monitor` feature, [`KernelMonitor`] loads a small
+//! them all. With the `monitor` feature, `KernelMonitor` loads a small
 //! BPF program (`bpf/monitor.bpf.c`, compiled with `clang -target bpf` when
 //! the crate is built) whose kprobes sit on the RDMA core's functions that
 //! every user-space verbs path reaches (`ib_create_qp_user`,
