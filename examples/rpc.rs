@@ -48,6 +48,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use mtrdma::core::TrafficClass;
+use mtrdma::verbs::asynchronous::{AsyncQueue, AsyncQueuePair};
 use mtrdma::verbs::registry::{Registry, RegistryHost};
 use mtrdma::verbs::PollCompletions;
 use mtrdma::verbs::{
@@ -108,6 +109,9 @@ struct Opts {
     csv: Option<PathBuf>,
     wait: Duration,
     start_file: Option<PathBuf>,
+    /// Server: each thread serves its clients as one task on a tokio
+    /// runtime of its own (`AsyncQueuePair`), not in a blocking loop.
+    asynchronous: bool,
 }
 
 const USAGE: &str = "\
@@ -131,7 +135,9 @@ options:
   --samples FILE         client: every latency in us, one per line
   --csv FILE             client: one row of figures
   --start-file FILE      client: send at the same pace, uncounted, until FILE
-                         exists, then measure for --seconds";
+                         exists, then measure for --seconds
+  --async                server: each thread serves as one task on tokio
+                         (mtrdma's AsyncQueuePair), not in a blocking loop";
 
 fn parse(mut a: args::Args) -> Result<Opts, String> {
     let mode = match a.next()? {
@@ -158,6 +164,7 @@ fn parse(mut a: args::Args) -> Result<Opts, String> {
         csv: None,
         wait: Duration::from_secs(60),
         start_file: None,
+        asynchronous: false,
     };
     while let Some(t) = a.next()? {
         let Token::Flag(f) = t else {
@@ -187,6 +194,7 @@ fn parse(mut a: args::Args) -> Result<Opts, String> {
             "--csv" => o.csv = Some(a.value(&f)?.into()),
             "--start-file" => o.start_file = Some(a.value(&f)?.into()),
             "--busy-poll" => BUSY_POLL.store(true, std::sync::atomic::Ordering::Relaxed),
+            "--async" => o.asynchronous = true,
             "--help" | "-h" => return Err(USAGE.into()),
             _ => return Err(format!("unknown flag {f}\n{USAGE}")),
         }
@@ -498,7 +506,14 @@ fn server(o: &Opts) -> Result<(), String> {
                     .map(|(_, c)| *c)
                     .collect();
                 let (site, srq) = (site.clone(), srq.clone());
-                s.spawn(move || serve(&site, qp, &srq, &mine, o.size, deadline))
+                let asynchronous = o.asynchronous;
+                s.spawn(move || {
+                    if asynchronous {
+                        serve_async(&site, qp, &srq, &mine, o.size, deadline)
+                    } else {
+                        serve(&site, qp, &srq, &mine, o.size, deadline)
+                    }
+                })
             })
             .collect();
         handles
@@ -640,6 +655,160 @@ fn serve(
             }
             _ => served.strangers += 1,
         }
+    }
+    Ok(served)
+}
+
+/// A UD queue pair the async server answers on: straight or scheduled.
+trait AnswerOn: AsyncQueue<Completion = UdCompletion> {
+    fn handle_to(&mut self, to: &UdEndpoint) -> Result<AddressHandle, mtrdma::verbs::Error>;
+
+    fn answer(
+        &mut self,
+        ah: &AddressHandle,
+        to: &UdEndpoint,
+        mr: MemoryRegion,
+        len: usize,
+        id: u64,
+    ) -> Result<(), PostError>;
+}
+
+macro_rules! answer_on {
+    ($($ty:ty),*) => {$(
+        impl AnswerOn for $ty {
+            fn handle_to(&mut self, to: &UdEndpoint) -> Result<AddressHandle, mtrdma::verbs::Error> {
+                self.address_handle(to)
+            }
+
+            fn answer(
+                &mut self,
+                ah: &AddressHandle,
+                to: &UdEndpoint,
+                mr: MemoryRegion,
+                len: usize,
+                id: u64,
+            ) -> Result<(), PostError> {
+                self.post_send(ah, to.qpn, to.qkey, mr, 0..len, id)
+            }
+        }
+    )*};
+}
+answer_on!(UdQueuePair, ScheduledUdQueuePair);
+
+/// [`serve`], as one task on a tokio runtime of this thread's own: the
+/// requests come as the queue pair's incoming completions (the shared
+/// receive queue's), each answer is a future the task keeps until its
+/// buffer comes back.
+fn serve_async(
+    site: &Site,
+    qp: Ud,
+    srq: &SharedReceiveQueue,
+    clients: &[UdEndpoint],
+    size: usize,
+    deadline: Instant,
+) -> Result<Served, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("a tokio runtime: {e}"))?;
+    match qp {
+        Ud::Raw(q) => rt.block_on(answer_all(site, *q, srq, clients, size, deadline)),
+        Ud::Sched(q) => rt.block_on(answer_all(site, *q, srq, clients, size, deadline)),
+    }
+}
+
+async fn answer_all<Q: AnswerOn>(
+    site: &Site,
+    qp: Q,
+    srq: &SharedReceiveQueue,
+    clients: &[UdEndpoint],
+    size: usize,
+    deadline: Instant,
+) -> Result<Served, String> {
+    let qp = AsyncQueuePair::new(qp).map_err(|e| format!("the async queue pair: {e}"))?;
+    let mut pool = (0..SERVER_SEND_POOL)
+        .map(|_| site.buffer(size))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut answers = tokio::task::JoinSet::new();
+    let back =
+        |done: Result<Result<UdCompletion, mtrdma::verbs::Error>, tokio::task::JoinError>| {
+            let c = done
+                .map_err(|e| format!("an answer's task: {e}"))?
+                .map_err(|e| format!("an answer: {e}"))?;
+            if !c.status.is_success() {
+                return Err(format!("an answer failed: {:?}", c.status));
+            }
+            Ok::<_, String>(c.region)
+        };
+    let mut handles: Vec<Option<AddressHandle>> = vec![None; clients.len()];
+    let mut served = Served::default();
+    let mut said_bye = vec![false; clients.len()];
+    let end = tokio::time::Instant::from_std(deadline);
+    while served.byes < clients.len() as u32 {
+        while let Some(done) = answers.try_join_next() {
+            pool.push(back(done)?);
+        }
+        let c = tokio::select! {
+            c = qp.incoming() => c.map_err(|e| format!("waiting for requests: {e}"))?,
+            _ = tokio::time::sleep_until(end) => break,
+        };
+        if !c.status.is_success() {
+            return Err(format!("a receive failed: {:?}", c.status));
+        }
+        let from = c.source;
+        let head = read_header(&c);
+        let len = c.region.len();
+        // Straight back to the shared queue: no limit event is awaited.
+        srq.post_recv(c.region, 0..len, 1)
+            .map_err(|e| format!("giving a receive back: {e}"))?;
+        let Some((k, src)) = from.and_then(|src| {
+            clients
+                .iter()
+                .position(|e| e.qpn == src.qpn && src.gid.is_some_and(|g| g.0 == e.gid))
+                .map(|k| (k, src))
+        }) else {
+            served.strangers += 1;
+            continue;
+        };
+        match head {
+            Some((BYE, _, _)) => {
+                if !said_bye[k] {
+                    said_bye[k] = true;
+                    served.byes += 1;
+                }
+            }
+            Some((REQUEST, client, seq)) => {
+                let to = UdEndpoint {
+                    qpn: src.qpn,
+                    qkey: DEFAULT_QKEY,
+                    gid: src.gid.map(|g| g.0).unwrap_or_default(),
+                    lid: 0,
+                };
+                if handles[k].is_none() {
+                    let ah = qp
+                        .with(|q| q.handle_to(&to))
+                        .map_err(|e| format!("an address handle for queue pair {}: {e}", to.qpn))?;
+                    handles[k] = Some(ah);
+                }
+                if pool.is_empty() {
+                    // Every answer buffer is out: wait for one back.
+                    let done = answers.join_next().await.expect("answers are out");
+                    pool.push(back(done)?);
+                }
+                let mut mr = pool.pop().expect("refilled above");
+                header(&mut mr, RESPONSE, client, seq)?;
+                let ah = handles[k].as_ref().expect("made above");
+                let answer = qp
+                    .post_with(|q, id| q.answer(ah, &to, mr, size, id))
+                    .map_err(|e| format!("answering client {client}: {e}"))?;
+                answers.spawn(answer);
+                served.answered += 1;
+            }
+            _ => served.strangers += 1,
+        }
+    }
+    while let Some(done) = answers.join_next().await {
+        back(done)?;
     }
     Ok(served)
 }
