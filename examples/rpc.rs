@@ -424,6 +424,70 @@ struct Served {
     byes: u32,
 }
 
+/// A request to answer: from client `k` (its place in the server's
+/// list), answered at `to`, with its own client number and sequence.
+struct Request {
+    k: usize,
+    to: UdEndpoint,
+    client: u32,
+    seq: u64,
+}
+
+impl Served {
+    /// Takes a received message: its region, to go back to the receive
+    /// queue, and the request to answer, if it is one. A bye is counted
+    /// (once per client), a message from a queue pair no client published
+    /// is a stranger's.
+    fn take(
+        &mut self,
+        c: UdCompletion,
+        clients: &[UdEndpoint],
+        said_bye: &mut [bool],
+    ) -> Result<(MemoryRegion, Option<Request>), String> {
+        if !c.status.is_success() {
+            return Err(format!("a receive failed: {:?}", c.status));
+        }
+        let head = read_header(&c);
+        // A client is the queue pair it published: its QPN and GID.
+        let Some((k, src)) = c.source.and_then(|src| {
+            clients
+                .iter()
+                .position(|e| e.qpn == src.qpn && src.gid.is_some_and(|g| g.0 == e.gid))
+                .map(|k| (k, src))
+        }) else {
+            self.strangers += 1;
+            return Ok((c.region, None));
+        };
+        let request = match head {
+            Some((BYE, _, _)) => {
+                if !said_bye[k] {
+                    said_bye[k] = true;
+                    self.byes += 1;
+                }
+                None
+            }
+            // The route back is the request's own source: the QPN from its
+            // completion, the GID from its GRH.
+            Some((REQUEST, client, seq)) => Some(Request {
+                k,
+                to: UdEndpoint {
+                    qpn: src.qpn,
+                    qkey: DEFAULT_QKEY,
+                    gid: src.gid.map(|g| g.0).unwrap_or_default(),
+                    lid: 0,
+                },
+                client,
+                seq,
+            }),
+            _ => {
+                self.strangers += 1;
+                None
+            }
+        };
+        Ok((c.region, request))
+    }
+}
+
 fn server(o: &Opts) -> Result<(), String> {
     let host = match &o.host_registry {
         Some(addr) => Some(
@@ -594,66 +658,35 @@ fn serve(
             pool.push(c.region);
             continue;
         }
-        if !c.status.is_success() {
-            return Err(format!("a receive failed: {:?}", c.status));
-        }
-        let from = c.source;
-        let head = read_header(&c);
-        let len = c.region.len();
-        srq.stock(c.region, 0..len, 1)
+        let (region, request) = served.take(c, clients, &mut said_bye)?;
+        let len = region.len();
+        srq.stock(region, 0..len, 1)
             .map_err(|e| format!("giving a receive back: {e}"))?;
-        // A client is the queue pair it published: its QPN and GID.
-        let Some((k, src)) = from.and_then(|src| {
-            clients
-                .iter()
-                .position(|e| e.qpn == src.qpn && src.gid.is_some_and(|g| g.0 == e.gid))
-                .map(|k| (k, src))
-        }) else {
-            served.strangers += 1;
-            continue;
-        };
-        match head {
-            Some((BYE, _, _)) => {
-                if !said_bye[k] {
-                    said_bye[k] = true;
-                    served.byes += 1;
-                }
+        if let Some(Request { k, to, client, seq }) = request {
+            if handles[k].is_none() {
+                handles[k] = Some(qp.address_handle(&to)?);
             }
-            Some((REQUEST, client, seq)) => {
-                // The route back is the request's own source: the QPN from
-                // its completion, the GID from its GRH.
-                let to = UdEndpoint {
-                    qpn: src.qpn,
-                    qkey: DEFAULT_QKEY,
-                    gid: src.gid.map(|g| g.0).unwrap_or_default(),
-                    lid: 0,
-                };
-                if handles[k].is_none() {
-                    handles[k] = Some(qp.address_handle(&to)?);
-                }
-                while pool.is_empty() {
-                    // Every answer buffer is in flight: take back the
-                    // sent ones, keep the rest for their turn.
-                    let mut more = Vec::new();
-                    qp.wait(&mut more, Duration::from_millis(100))?;
-                    for m in more {
-                        if m.opcode == Opcode::Recv {
-                            backlog.push_back(m);
-                        } else if m.status.is_success() {
-                            pool.push(m.region);
-                        } else {
-                            return Err(format!("an answer failed: {:?}", m.status));
-                        }
+            while pool.is_empty() {
+                // Every answer buffer is in flight: take back the
+                // sent ones, keep the rest for their turn.
+                let mut more = Vec::new();
+                qp.wait(&mut more, Duration::from_millis(100))?;
+                for m in more {
+                    if m.opcode == Opcode::Recv {
+                        backlog.push_back(m);
+                    } else if m.status.is_success() {
+                        pool.push(m.region);
+                    } else {
+                        return Err(format!("an answer failed: {:?}", m.status));
                     }
                 }
-                let mut mr = pool.pop().expect("refilled above");
-                header(&mut mr, RESPONSE, client, seq)?;
-                let ah = handles[k].as_ref().expect("made above");
-                qp.send(ah, &to, mr, size)
-                    .map_err(|e| format!("answering client {client}: {e}"))?;
-                served.answered += 1;
             }
-            _ => served.strangers += 1,
+            let mut mr = pool.pop().expect("refilled above");
+            header(&mut mr, RESPONSE, client, seq)?;
+            let ah = handles[k].as_ref().expect("made above");
+            qp.send(ah, &to, mr, size)
+                .map_err(|e| format!("answering client {client}: {e}"))?;
+            served.answered += 1;
         }
     }
     Ok(served)
@@ -752,59 +785,31 @@ async fn answer_all<Q: AnswerOn>(
             c = qp.incoming() => c.map_err(|e| format!("waiting for requests: {e}"))?,
             _ = tokio::time::sleep_until(end) => break,
         };
-        if !c.status.is_success() {
-            return Err(format!("a receive failed: {:?}", c.status));
-        }
-        let from = c.source;
-        let head = read_header(&c);
-        let len = c.region.len();
+        let (region, request) = served.take(c, clients, &mut said_bye)?;
+        let len = region.len();
         // Straight back to the shared queue: no limit event is awaited.
-        srq.post_recv(c.region, 0..len, 1)
+        srq.post_recv(region, 0..len, 1)
             .map_err(|e| format!("giving a receive back: {e}"))?;
-        let Some((k, src)) = from.and_then(|src| {
-            clients
-                .iter()
-                .position(|e| e.qpn == src.qpn && src.gid.is_some_and(|g| g.0 == e.gid))
-                .map(|k| (k, src))
-        }) else {
-            served.strangers += 1;
-            continue;
-        };
-        match head {
-            Some((BYE, _, _)) => {
-                if !said_bye[k] {
-                    said_bye[k] = true;
-                    served.byes += 1;
-                }
+        if let Some(Request { k, to, client, seq }) = request {
+            if handles[k].is_none() {
+                let ah = qp
+                    .with(|q| q.handle_to(&to))
+                    .map_err(|e| format!("an address handle for queue pair {}: {e}", to.qpn))?;
+                handles[k] = Some(ah);
             }
-            Some((REQUEST, client, seq)) => {
-                let to = UdEndpoint {
-                    qpn: src.qpn,
-                    qkey: DEFAULT_QKEY,
-                    gid: src.gid.map(|g| g.0).unwrap_or_default(),
-                    lid: 0,
-                };
-                if handles[k].is_none() {
-                    let ah = qp
-                        .with(|q| q.handle_to(&to))
-                        .map_err(|e| format!("an address handle for queue pair {}: {e}", to.qpn))?;
-                    handles[k] = Some(ah);
-                }
-                if pool.is_empty() {
-                    // Every answer buffer is out: wait for one back.
-                    let done = answers.join_next().await.expect("answers are out");
-                    pool.push(back(done)?);
-                }
-                let mut mr = pool.pop().expect("refilled above");
-                header(&mut mr, RESPONSE, client, seq)?;
-                let ah = handles[k].as_ref().expect("made above");
-                let answer = qp
-                    .post_with(|q, id| q.answer(ah, &to, mr, size, id))
-                    .map_err(|e| format!("answering client {client}: {e}"))?;
-                answers.spawn(answer);
-                served.answered += 1;
+            if pool.is_empty() {
+                // Every answer buffer is out: wait for one back.
+                let done = answers.join_next().await.expect("answers are out");
+                pool.push(back(done)?);
             }
-            _ => served.strangers += 1,
+            let mut mr = pool.pop().expect("refilled above");
+            header(&mut mr, RESPONSE, client, seq)?;
+            let ah = handles[k].as_ref().expect("made above");
+            let answer = qp
+                .post_with(|q, id| q.answer(ah, &to, mr, size, id))
+                .map_err(|e| format!("answering client {client}: {e}"))?;
+            answers.spawn(answer);
+            served.answered += 1;
         }
     }
     while let Some(done) = answers.join_next().await {
