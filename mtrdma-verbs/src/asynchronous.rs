@@ -71,9 +71,11 @@ mod sealed {
 /// A queue pair an [`AsyncQueuePair`] can drive: [`QueuePair`](crate::QueuePair),
 /// [`ScheduledQueuePair`](crate::ScheduledQueuePair),
 /// [`UdQueuePair`](crate::UdQueuePair),
-/// [`ScheduledUdQueuePair`](crate::ScheduledUdQueuePair) and, behind
-/// `test-util`, the null sink's `NullScheduled`. Sealed: its methods are
-/// the crate's own.
+/// [`ScheduledUdQueuePair`](crate::ScheduledUdQueuePair), a
+/// [`SharedCompletionQueue`](crate::SharedCompletionQueue) with all its
+/// queue pairs (one channel, one registration, for all of them) and,
+/// behind `test-util`, the null sink's `NullScheduled`. Sealed: its
+/// methods are the crate's own.
 pub trait AsyncQueue: sealed::Sealed + Send + 'static {
     /// What a request's completion hands back.
     type Completion: Send + 'static;
@@ -173,6 +175,21 @@ async_queue!([Q: crate::scheduled::PieceScheduler] crate::ScheduledQueuePair<Q>,
 async_queue!(send [Q: crate::scheduled::PieceScheduler] crate::ScheduledQueuePair<Q>, crate::MemoryRegion, crate::PostError);
 async_queue!(recv [Q: crate::scheduled::PieceScheduler] crate::ScheduledQueuePair<Q>);
 async_queue!([] crate::UdQueuePair, crate::UdCompletion);
+// Its queue pairs' completions, on one completion queue and channel; a
+// request is posted with `post_with(|cq, id| cq.post_send(qpn, ...))`.
+impl sealed::Sealed for crate::SharedCompletionQueue {}
+
+impl AsyncQueue for crate::SharedCompletionQueue {
+    type Completion = crate::SharedCompletion;
+
+    fn id_of(completion: &crate::SharedCompletion) -> u64 {
+        completion.completion.context
+    }
+
+    fn waitable(&mut self) -> &mut dyn Waitable<Item = crate::SharedCompletion> {
+        self.waitable()
+    }
+}
 async_queue!(recv [] crate::UdQueuePair);
 async_queue!([Q: crate::scheduled::PieceScheduler] crate::ScheduledUdQueuePair<Q>, crate::UdCompletion);
 async_queue!(recv [Q: crate::scheduled::PieceScheduler] crate::ScheduledUdQueuePair<Q>);

@@ -224,3 +224,60 @@ fn datagrams_posted_with_the_queue_pairs_own_send_resolve_to_their_own_regions()
         assert_eq!(qp.waiting(), 0);
     });
 }
+
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test runs it in the SoftRoCE VM"]
+fn one_registration_serves_every_queue_pair_of_a_shared_completion_queue() {
+    const N: usize = 8;
+    const LEN: usize = 1024;
+    let (ctx, pd) = device_pd();
+    let mut server = ctx
+        .shared_completion_queue()
+        .entries(2048)
+        .completion_events(true)
+        .build()
+        .unwrap();
+    let mut clients = Vec::new();
+    let mut qpns = Vec::new();
+    for _ in 0..N {
+        let prepared = pd.queue_pair().build().unwrap();
+        let me = server
+            .prepare(pd.queue_pair().max_send_wr(4).max_recv_wr(4))
+            .unwrap();
+        server.connect(me.qpn, &prepared.endpoint()).unwrap();
+        clients.push(prepared.connect(&me).unwrap());
+        qpns.push(me.qpn);
+    }
+    runtime().block_on(async {
+        let server = AsyncQueuePair::new(server).unwrap();
+        // A receive on each of the server's queue pairs, one future each.
+        let recvs: Vec<_> = qpns
+            .iter()
+            .map(|&qpn| {
+                let dst = pd.allocate(LEN, Access::LOCAL).unwrap();
+                server
+                    .post_with(|cq, id| cq.post_recv(qpn, dst, 0..LEN, id))
+                    .map_err(|e| e.error)
+                    .unwrap()
+            })
+            .collect();
+        for (i, c) in clients.iter_mut().enumerate() {
+            let src = pd.register(pattern(LEN, i as u8), Access::LOCAL).unwrap();
+            c.post_send(SendOp::Send, src, 0..LEN, i as u64).unwrap();
+        }
+        for (i, r) in recvs.into_iter().enumerate() {
+            let got = r.await.unwrap();
+            assert_eq!(got.qpn, qpns[i], "receive {i} on its own queue pair");
+            assert_eq!(got.completion.status, WcStatus::Success);
+            assert_eq!(
+                got.completion.region.as_slice(),
+                Some(&pattern(LEN, i as u8)[..])
+            );
+        }
+        assert_eq!(server.waiting(), 0);
+    });
+    for c in &mut clients {
+        let sent = common::wait(c, 1).pop().unwrap();
+        assert!(sent.status.is_success(), "{}", sent.status);
+    }
+}

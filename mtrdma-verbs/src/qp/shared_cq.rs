@@ -487,6 +487,14 @@ impl SharedCompletionQueue {
     }
 }
 
+impl SharedCompletionQueue {
+    /// It, as something whose completions can be waited for.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn waitable(&mut self) -> &mut dyn crate::events::Waitable<Item = SharedCompletion> {
+        self
+    }
+}
+
 impl crate::events::Waitable for SharedCompletionQueue {
     type Item = SharedCompletion;
 
