@@ -54,6 +54,14 @@ struct Stage {
 }
 
 pub(crate) fn run() -> Result<ExitCode> {
+    // Cargo cleans its home's caches once a day, from whichever command
+    // runs first after the day is out. One that ran beside the package
+    // verification deleted the sources that verification had unpacked
+    // from its local registry, mid-build (rustc: "No such file or
+    // directory"). Every command this one runs (they inherit the
+    // environment) leaves the caches alone; cargo's own commands outside
+    // it still clean them. Set before any thread starts.
+    std::env::set_var("CARGO_CACHE_AUTO_CLEAN_FREQUENCY", "never");
     let mut stages = Vec::new();
     let mut stage = |name, f: &mut dyn FnMut() -> Result<(bool, String, Option<TestCounts>)>| {
         println!("\n==== {name} ====");
