@@ -579,10 +579,10 @@ fn drive<Q: AsyncQueue>(
         st.wake_all(wake);
         Poll::Ready(Err(e))
     };
+    if let Some(c) = ready(&mut st, wake) {
+        return Poll::Ready(Ok(c));
+    }
     for _ in 0..POLLS_PER_WAKE {
-        if let Some(c) = ready(&mut st, wake) {
-            return Poll::Ready(Ok(c));
-        }
         if let Err(e) = st.collect(wake) {
             return failed(&mut st, wake, e);
         }

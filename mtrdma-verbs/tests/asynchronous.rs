@@ -11,12 +11,11 @@ mod common;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use common::{capped_table, device_pd, pattern};
+use common::{capped_table, device_pd, pair_with_events, pair_with_events_of, pattern};
 use mtrdma_core::TenantId;
 use mtrdma_verbs::asynchronous::{AsyncQueuePair, AsyncRecv, AsyncSend, Pending};
 use mtrdma_verbs::{
-    Access, Completion, MemoryRegion, PostError, ProtectionDomain, QueuePair, ScheduleConfig,
-    SendOp, WcStatus,
+    Access, Completion, MemoryRegion, PostError, ProtectionDomain, ScheduleConfig, SendOp, WcStatus,
 };
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -26,20 +25,12 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
-/// Two connected queue pairs on one PD, both with completion events.
-fn pair(pd: &ProtectionDomain) -> (QueuePair, QueuePair) {
-    let a = pd.queue_pair().completion_events(true).build().unwrap();
-    let b = pd.queue_pair().completion_events(true).build().unwrap();
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    (a.connect(&eb).unwrap(), b.connect(&ea).unwrap())
-}
-
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test runs it in the SoftRoCE VM"]
 fn a_receive_a_peer_sends_later_wakes_the_waiting_task() {
     const LEN: usize = 3000;
     let (_ctx, pd) = device_pd();
-    let (mut sender, receiver) = pair(&pd);
+    let (mut sender, receiver) = pair_with_events(&pd, true);
     let src = pd.register(pattern(LEN, 42), Access::LOCAL).unwrap();
     let peer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(200));
@@ -131,7 +122,7 @@ async fn exchange<A, B>(
 #[ignore = "needs an RDMA device: cargo xtask test runs it in the SoftRoCE VM"]
 fn requests_resolve_to_their_own_regions_and_dropped_futures_lose_nothing() {
     let (_ctx, pd) = device_pd();
-    let (a, b) = pair(&pd);
+    let (a, b) = pair_with_events(&pd, true);
     runtime().block_on(async {
         let (a, b) = (
             AsyncQueuePair::new(a).unwrap(),
@@ -154,15 +145,7 @@ fn a_scheduled_queue_pair_paces_on_the_runtime_and_resolves_every_request() {
     let table = capped_table(256 << 10, 2048);
     let handle = table.attach(TenantId(1)).unwrap();
     let (_ctx, pd) = device_pd();
-    let a = pd
-        .queue_pair()
-        .completion_events(true)
-        .tenant(&handle)
-        .build()
-        .unwrap();
-    let b = pd.queue_pair().completion_events(true).build().unwrap();
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    let (a, b) = pair_with_events_of(&pd, true, Some(&handle));
     let a = a.scheduled(ScheduleConfig::default()).unwrap();
     runtime().block_on(async {
         let (a, b) = (

@@ -5,41 +5,21 @@
 
 mod common;
 
-use common::{assert_at_cap, capped_table, device_pd, pattern};
+use common::{
+    assert_at_cap, capped_table, device_pd, pair_with_events, pair_with_events_of, pattern,
+};
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use mtrdma_core::{TenantHandle, TenantId, TrafficClass};
+use mtrdma_core::{TenantId, TrafficClass};
 use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{
-    Access, Completion, Error, MemoryRegion, Opcode, PieceScheduler, ProtectionDomain, QueuePair,
+    Access, Completion, Error, MemoryRegion, Opcode, PieceScheduler, ProtectionDomain,
     ScheduleConfig, ScheduledQueuePair, SendOp, SharedConfig, SharedScheduler, UdCompletion,
     WcStatus,
 };
 use rustix::time::{clock_gettime, ClockId};
-
-/// Two connected queue pairs on one PD; the first has completion events,
-/// the second too if `both`.
-fn pair_with_events(pd: &ProtectionDomain, both: bool) -> (QueuePair, QueuePair) {
-    pair_with_events_of(pd, both, None)
-}
-
-/// As [`pair_with_events`], the first created for `tenant` if given.
-fn pair_with_events_of(
-    pd: &ProtectionDomain,
-    both: bool,
-    tenant: Option<&TenantHandle>,
-) -> (QueuePair, QueuePair) {
-    let mut a = pd.queue_pair().completion_events(true);
-    if let Some(t) = tenant {
-        a = a.tenant(t);
-    }
-    let a = a.build().unwrap();
-    let b = pd.queue_pair().completion_events(both).build().unwrap();
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    (a.connect(&eb).unwrap(), b.connect(&ea).unwrap())
-}
 
 /// CPU time this thread has used.
 fn thread_cpu() -> Duration {

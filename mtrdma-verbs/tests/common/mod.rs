@@ -43,6 +43,28 @@ fn pair_with(pd: &ProtectionDomain, a: PreparedQueuePair) -> (QueuePair, QueuePa
     )
 }
 
+/// Two connected queue pairs on one PD; the first has completion events,
+/// the second too if `both`.
+pub(crate) fn pair_with_events(pd: &ProtectionDomain, both: bool) -> (QueuePair, QueuePair) {
+    pair_with_events_of(pd, both, None)
+}
+
+/// As [`pair_with_events`], the first created for `tenant` if given.
+pub(crate) fn pair_with_events_of(
+    pd: &ProtectionDomain,
+    both: bool,
+    tenant: Option<&TenantHandle>,
+) -> (QueuePair, QueuePair) {
+    let mut a = pd.queue_pair().completion_events(true);
+    if let Some(t) = tenant {
+        a = a.tenant(t);
+    }
+    let a = a.build().unwrap();
+    let b = pd.queue_pair().completion_events(both).build().unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    (a.connect(&eb).unwrap(), b.connect(&ea).unwrap())
+}
+
 /// The test device and a protection domain on it.
 pub(crate) fn device_pd() -> (Context, ProtectionDomain) {
     let ctx = device();
