@@ -125,9 +125,32 @@ fn finish(mut child: Child, limit: Duration, what: &str) -> Output {
     }
 }
 
+/// What perftest prints when its own clock calibration fails: it fits
+/// the cycle counter against `gettimeofday` and gives up when the fit's
+/// r^2 is under 0.9, which a busy emulated CPU causes now and then. The
+/// run is then the tool's failure, not the library's, and is run again.
+const CALIBRATION_FAILED: &str = "Can't produce a report";
+
+/// Runs `program` as a server and client pair (see `pair_once`), again
+/// up to twice more if perftest could not calibrate its clock.
+fn pair(program: &str, args: &[&str], dev: &str, gid: &str, way: &Way) -> (Output, Output) {
+    let mut tries = 1;
+    loop {
+        let (s, c) = pair_once(program, args, dev, gid, way);
+        let calibration_failed = [&s, &c]
+            .iter()
+            .any(|o| String::from_utf8_lossy(&o.stderr).contains(CALIBRATION_FAILED));
+        if !calibration_failed || tries == 3 {
+            return (s, c);
+        }
+        eprintln!("{program}: perftest could not calibrate its clock (try {tries}); again");
+        tries += 1;
+    }
+}
+
 /// Runs a client/server program pair (perftest, `ibv_rc_pingpong`) on
 /// `dev`, both sides `way`; returns (server, client) output.
-fn pair(program: &str, args: &[&str], dev: &str, gid: &str, way: &Way) -> (Output, Output) {
+fn pair_once(program: &str, args: &[&str], dev: &str, gid: &str, way: &Way) -> (Output, Output) {
     let port = port().to_string();
     let (dev_flag, gid_flag, port_flag) = if program == "ibv_rc_pingpong" {
         ("-d", "-g", "-p")
@@ -262,19 +285,22 @@ fn the_library_never_calls_libibverbs_through_its_own_link() {
 #[test]
 #[ignore = "needs an RDMA device (MTRDMA_TEST_DEVICE)"]
 fn perftest_reports_under_the_library_what_it_reports_without() {
-    // 64 KiB messages in 16 KiB pieces: every request is split, and
-    // perftest's own count of completions (one per 100 requests, the rest
-    // unsignaled) must still come out right.
+    // The bandwidth programs run as a bulk tenant, 64 KiB messages in 16
+    // KiB pieces: every request is split, and perftest's own count of
+    // completions (one per 100 requests, the rest unsignaled) must still
+    // come out right. The latency programs run as a latency tenant, as
+    // the demo runs them.
     let Some(dev) = device() else { return };
-    let rig = Rig::on(dev, "perftest", "", &[("MTRDMA_CHUNK", "16384")]);
-    let cases: [(&str, &[&str], usize); 5] = [
-        ("ib_write_bw", &["-s", "65536", "-n", "2000"], 3),
-        ("ib_read_bw", &["-s", "65536", "-n", "2000"], 3),
-        ("ib_send_bw", &["-s", "4096", "-n", "2000"], 3),
-        ("ib_write_lat", &["-s", "16", "-n", "2000"], 4),
-        ("ib_send_lat", &["-s", "16", "-n", "2000"], 4),
+    let bulk = Rig::on(dev.clone(), "perftest", "", &[("MTRDMA_CHUNK", "16384")]);
+    let latency = Rig::on(dev, "perftest-lat", "class = \"latency\"", &[]);
+    let cases: [(&str, &[&str], usize, &Rig); 5] = [
+        ("ib_write_bw", &["-s", "65536", "-n", "2000"], 3, &bulk),
+        ("ib_read_bw", &["-s", "65536", "-n", "2000"], 3, &bulk),
+        ("ib_send_bw", &["-s", "4096", "-n", "2000"], 3, &bulk),
+        ("ib_write_lat", &["-s", "16", "-n", "2000"], 4, &latency),
+        ("ib_send_lat", &["-s", "16", "-n", "2000"], 4, &latency),
     ];
-    for (program, args, col) in cases {
+    for (program, args, col, rig) in cases {
         let (ps, pc) = rig.pair(program, args, &Way::Plain);
         assert!(pc.status.success() && ps.status.success(), "{}", text(&pc));
         let (ls, lc) = rig.pair(program, args, &rig.preloaded);
@@ -292,9 +318,16 @@ fn perftest_reports_under_the_library_what_it_reports_without() {
             plain[col], ours[col]
         );
         // A device test, not the benchmark: a wide margin for the
-        // emulated host; the overhead target is measured by the demo.
+        // emulated host; the overhead target is measured by the demo, on
+        // an optimized build. `cargo xtask test` hands this test the
+        // optimized library (`MTRDMA_PRELOAD_LIB`); the one `cargo test`
+        // builds next to it is not optimized, and costs a 16 B round trip
+        // on the emulated host 2.2 to 3.1 times plain (the optimized one
+        // 1.1 to 1.2, docs/preload.md).
+        let optimized = std::env::var_os("MTRDMA_PRELOAD_LIB").is_some() || !cfg!(debug_assertions);
+        let most = if optimized { 2.5 } else { 4.0 };
         assert!(
-            (0.4..2.5).contains(&ratio),
+            (0.4..most).contains(&ratio),
             "{program}: {} plain against {} preloaded",
             plain[col],
             ours[col]
