@@ -73,6 +73,8 @@ const RESPONSE: u8 = 3;
 /// all its clients at once (it holds four per client when that is more).
 const SERVER_RECVS: u32 = 256;
 const CLIENT_RECVS: u32 = 8;
+/// Times a client sends its bye while no answer comes.
+const BYE_TRIES: u32 = 10;
 /// Requests each client sends before it starts counting (the server may
 /// still be waiting for other clients' names; queue pairs warm up).
 const WARMUP: u64 = 20;
@@ -424,20 +426,24 @@ struct Served {
     byes: u32,
 }
 
-/// A request to answer: from client `k` (its place in the server's
-/// list), answered at `to`, with its own client number and sequence.
+/// A message to answer, a request or a bye: from client `k` (its place
+/// in the server's list), answered at `to`, with its own client number
+/// and sequence.
 struct Request {
     k: usize,
     to: UdEndpoint,
     client: u32,
     seq: u64,
+    /// A bye: answered as a request is, but not counted as one.
+    bye: bool,
 }
 
 impl Served {
     /// Takes a received message: its region, to go back to the receive
-    /// queue, and the request to answer, if it is one. A bye is counted
-    /// (once per client), a message from a queue pair no client published
-    /// is a stranger's.
+    /// queue, and what to answer, if anything: a request, or a bye (counted
+    /// once per client, answered each time, so that a client sends its bye
+    /// again only while no answer came). A message from a queue pair no
+    /// client published is a stranger's.
     fn take(
         &mut self,
         c: UdCompletion,
@@ -458,33 +464,33 @@ impl Served {
             self.strangers += 1;
             return Ok((c.region, None));
         };
-        let request = match head {
-            Some((BYE, _, _)) => {
-                if !said_bye[k] {
-                    said_bye[k] = true;
-                    self.byes += 1;
-                }
-                None
-            }
-            // The route back is the request's own source: the QPN from its
-            // completion, the GID from its GRH.
-            Some((REQUEST, client, seq)) => Some(Request {
-                k,
-                to: UdEndpoint {
-                    qpn: src.qpn,
-                    qkey: DEFAULT_QKEY,
-                    gid: src.gid.map(|g| g.0).unwrap_or_default(),
-                    lid: 0,
-                },
-                client,
-                seq,
-            }),
+        let (kind, client, seq) = match head {
+            Some(head @ (REQUEST | BYE, _, _)) => head,
             _ => {
                 self.strangers += 1;
-                None
+                return Ok((c.region, None));
             }
         };
-        Ok((c.region, request))
+        let bye = kind == BYE;
+        if bye && !said_bye[k] {
+            said_bye[k] = true;
+            self.byes += 1;
+        }
+        // The route back is the message's own source: the QPN from its
+        // completion, the GID from its GRH.
+        let request = Request {
+            k,
+            to: UdEndpoint {
+                qpn: src.qpn,
+                qkey: DEFAULT_QKEY,
+                gid: src.gid.map(|g| g.0).unwrap_or_default(),
+                lid: 0,
+            },
+            client,
+            seq,
+            bye,
+        };
+        Ok((c.region, Some(request)))
     }
 }
 
@@ -662,7 +668,14 @@ fn serve(
         let len = region.len();
         srq.stock(region, 0..len, 1)
             .map_err(|e| format!("giving a receive back: {e}"))?;
-        if let Some(Request { k, to, client, seq }) = request {
+        if let Some(Request {
+            k,
+            to,
+            client,
+            seq,
+            bye,
+        }) = request
+        {
             if handles[k].is_none() {
                 handles[k] = Some(qp.address_handle(&to)?);
             }
@@ -686,7 +699,7 @@ fn serve(
             let ah = handles[k].as_ref().expect("made above");
             qp.send(ah, &to, mr, size)
                 .map_err(|e| format!("answering client {client}: {e}"))?;
-            served.answered += 1;
+            served.answered += u64::from(!bye);
         }
     }
     Ok(served)
@@ -790,7 +803,14 @@ async fn answer_all<Q: AnswerOn>(
         // Straight back to the shared queue: no limit event is awaited.
         srq.post_recv(region, 0..len, 1)
             .map_err(|e| format!("giving a receive back: {e}"))?;
-        if let Some(Request { k, to, client, seq }) = request {
+        if let Some(Request {
+            k,
+            to,
+            client,
+            seq,
+            bye,
+        }) = request
+        {
             if handles[k].is_none() {
                 let ah = qp
                     .with(|q| q.handle_to(&to))
@@ -809,7 +829,7 @@ async fn answer_all<Q: AnswerOn>(
                 .post_with(|q, id| q.answer(ah, &to, mr, size, id))
                 .map_err(|e| format!("answering client {client}: {e}"))?;
             answers.spawn(answer);
-            served.answered += 1;
+            served.answered += u64::from(!bye);
         }
     }
     while let Some(done) = answers.join_next().await {
@@ -918,8 +938,8 @@ fn ask(
     let mut m = Measured::default();
     let mut seq = 0u64;
     let mut done = Vec::new();
-    // One request out and its answer back; the time it took, or None when
-    // no answer came within `timeout`.
+    // One message out (a request or a bye) and its answer back; the time
+    // it took, or None when no answer came within `timeout`.
     let mut one = |qp: &mut Ud, kind: u8, timeout: Duration, m: &mut Measured| {
         seq += 1;
         let mut mr = send_buf.take().ok_or("the send buffer is still posted")?;
@@ -928,7 +948,7 @@ fn ask(
         qp.send(&ah, server, mr, o.size)
             .map_err(|e| format!("client {me} sending: {e}"))?;
         let mut answered = None;
-        while send_buf.is_none() || (kind == REQUEST && answered.is_none()) {
+        while send_buf.is_none() || answered.is_none() {
             let left = timeout.saturating_sub(sent.elapsed());
             if left.is_zero() {
                 break;
@@ -1002,10 +1022,14 @@ fn ask(
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    // The server counts its clients out; a bye is resent until it is
-    // surely there (its loss would only keep the server to its deadline).
-    for _ in 0..3 {
-        one(&mut qp, BYE, Duration::from_millis(200), &mut m)?;
+    // The server counts its clients out and answers each bye: a bye is
+    // sent again while no answer comes (a datagram may be lost), a few
+    // times (a server that heard every bye has stopped answering; one
+    // that did not waits out its deadline and says how many it missed).
+    for _ in 0..BYE_TRIES {
+        if one(&mut qp, BYE, Duration::from_millis(200), &mut m)?.is_some() {
+            break;
+        }
     }
     Ok((m, secs))
 }
