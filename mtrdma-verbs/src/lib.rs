@@ -118,7 +118,11 @@ pub use completion::{Completion, Opcode, WcStatus};
 pub use device::{device_names, Context, LinkLayer, Mtu, PortInfo, PortState};
 pub use error::Error;
 pub use gid::{Gid, GidEntry, GidSelection, GidType};
-pub use mr::{Access, MemoryRegion, RemoteRegion};
+/// Memory mappings (files, shared memory, huge pages) to register with
+/// [`ProtectionDomain::register_memory`]: the version this crate implements
+/// [`RegisterMemory`] for.
+pub use memmap2;
+pub use mr::{Access, MemoryRegion, RegisterMemory, RemoteRegion};
 pub use pd::ProtectionDomain;
 pub use poll::PollCompletions;
 pub use progress::ProgressThread;

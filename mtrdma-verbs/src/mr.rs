@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::io;
+use std::mem::ManuallyDrop;
 use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -117,15 +118,89 @@ pub struct MemoryRegion {
     len: usize,
 }
 
+/// Memory the caller owns that a registration can keep: an anonymous or
+/// file mapping, huge pages, memory from an allocator of one's own.
+/// [`ProtectionDomain::register_memory`] takes it, registers its bytes,
+/// and keeps it until the registration is released (after the last piece
+/// of the region is dropped, and after deregistration), so the NIC never
+/// reaches memory that was given back.
+///
+/// Implemented for [`memmap2::MmapMut`] (re-exported as
+/// [`mtrdma_verbs::memmap2`](crate::memmap2)), which covers mappings of
+/// files (shared memory on tmpfs, `memfd`), anonymous mappings and huge
+/// pages:
+///
+/// ```no_run
+/// use mtrdma_verbs::memmap2::MmapOptions;
+/// use mtrdma_verbs::{Access, Context};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = Context::open_first_active()?;
+/// let pd = ctx.alloc_pd()?;
+/// // 4 MiB on 2 MiB huge pages (`/proc/sys/vm/nr_hugepages` must have
+/// // them), registered; the mapping lives as long as the registration.
+/// let pages = MmapOptions::new().len(4 << 20).huge(Some(21)).map_anon()?;
+/// let region = pd.register_memory(pages, Access::REMOTE_READ_WRITE)?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A heap buffer (`Vec<u8>`, `Box<[u8]>`) is registered with
+/// [`ProtectionDomain::register`] instead.
+///
+/// # Safety
+/// [`as_mut_ptr`](Self::as_mut_ptr) and [`len`](Self::len) describe
+/// `len` bytes valid for reads and writes, which stay at that address for
+/// as long as the value lives, wherever the value is moved (they must not
+/// live inside the value, nor in a `Box` or `Vec` it holds, whose moves
+/// assert exclusive access to them), and which nothing but the
+/// registration reads or writes while it holds the value. Both return the
+/// same on every call.
+pub unsafe trait RegisterMemory: Send + Sync + 'static {
+    /// The first byte.
+    fn as_mut_ptr(&mut self) -> *mut u8;
+    /// Its length in bytes.
+    fn len(&self) -> usize;
+
+    /// Whether it has no bytes (it cannot be registered then).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+// SAFETY: a mapping's bytes are the kernel's pages at a fixed address
+// until it is unmapped, which dropping the `MmapMut` does; moving the
+// value moves only its pointer and length.
+unsafe impl RegisterMemory for memmap2::MmapMut {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        <[u8]>::as_mut_ptr(self)
+    }
+
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+}
+
+/// What holds a registration's bytes.
+enum Backing {
+    /// A boxed slice, leaked at registration and freed in `Drop` after
+    /// deregistration.
+    Boxed,
+    /// The caller's memory ([`ProtectionDomain::register_memory`]),
+    /// dropped in `Drop` after deregistration.
+    Owned(ManuallyDrop<Box<dyn RegisterMemory>>),
+}
+
 /// A registration and the buffer it covers, shared by the pieces of one
 /// region. Each piece owns a disjoint range of the buffer.
 struct Registration {
     // Field order is drop order: deregister (in `Drop`) before freeing.
     mr: NonNull<ffi::ibv_mr>,
-    /// The buffer, leaked from its box at registration and freed in
-    /// `Drop` after deregistration.
+    /// The buffer: its bytes are reached through this pointer only.
     buf: NonNull<u8>,
     len: usize,
+    /// What holds `buf`, given back in `Drop` after deregistration.
+    backing: Backing,
     access: Access,
     pd: ProtectionDomain,
     _permit: Option<OwnedMrPermit>,
@@ -149,10 +224,17 @@ impl Drop for Registration {
             tracing::error!(rc, "ibv_dereg_mr failed; leaking the buffer");
             return;
         }
-        let slice = std::ptr::slice_from_raw_parts_mut(self.buf.as_ptr(), self.len);
-        // SAFETY: `buf` came from `Box::into_raw` of a boxed slice of `len`
-        // bytes at registration, and is freed once, here.
-        drop(unsafe { Box::from_raw(slice) });
+        match &mut self.backing {
+            Backing::Boxed => {
+                let slice = std::ptr::slice_from_raw_parts_mut(self.buf.as_ptr(), self.len);
+                // SAFETY: `buf` came from `Box::into_raw` of a boxed slice of
+                // `len` bytes at registration, and is freed once, here.
+                drop(unsafe { Box::from_raw(slice) });
+            }
+            // SAFETY: dropped once, here, after deregistration; never used
+            // again.
+            Backing::Owned(owner) => unsafe { ManuallyDrop::drop(owner) },
+        }
     }
 }
 
@@ -206,42 +288,125 @@ impl ProtectionDomain {
         self.register_inner(buf, access, Some(permit))
     }
 
+    /// Registers `mem`, memory the caller owns (a mapping, huge pages),
+    /// with `access`: the region keeps `mem` until the registration is
+    /// released (see [`RegisterMemory`]). On error `mem` is dropped.
+    pub fn register_memory(
+        &self,
+        mem: impl RegisterMemory,
+        access: Access,
+    ) -> Result<MemoryRegion, Error> {
+        self.register_owned(Box::new(mem), access, None)
+    }
+
+    /// [`register_memory`](Self::register_memory) for `tenant`: admitted
+    /// against its memory-region quota and registration rate first, as
+    /// [`register_for`](Self::register_for).
+    pub fn register_memory_for(
+        &self,
+        tenant: &TenantHandle,
+        mem: impl RegisterMemory,
+        access: Access,
+    ) -> Result<MemoryRegion, Error> {
+        let permit = tenant.acquire_mr(mem.len() as u64)?.into_owned();
+        self.register_owned(Box::new(mem), access, Some(permit))
+    }
+
+    fn register_owned(
+        &self,
+        mut mem: Box<dyn RegisterMemory>,
+        access: Access,
+        permit: Option<OwnedMrPermit>,
+    ) -> Result<MemoryRegion, Error> {
+        let (ptr, len) = (mem.as_mut_ptr(), mem.len());
+        let buf = NonNull::new(ptr).ok_or(Error::EmptyRegion)?;
+        // SAFETY: `RegisterMemory`'s contract: `len` bytes at `buf`, fixed
+        // while `mem` lives, which the registration keeps until after it
+        // deregisters.
+        unsafe {
+            self.register_raw(
+                buf,
+                len,
+                Backing::Owned(ManuallyDrop::new(mem)),
+                access,
+                permit,
+            )
+        }
+    }
+
     fn register_inner(
         &self,
-        mut buf: Box<[u8]>,
+        buf: Box<[u8]>,
+        access: Access,
+        permit: Option<OwnedMrPermit>,
+    ) -> Result<MemoryRegion, Error> {
+        let len = buf.len();
+        if len == 0 {
+            return Err(Error::EmptyRegion);
+        }
+        let buf = NonNull::new(Box::into_raw(buf).cast::<u8>())
+            .expect("a boxed slice's pointer is never null");
+        // SAFETY: the box was leaked just above: its `len` bytes are the
+        // registration's, freed by it after deregistration.
+        unsafe { self.register_raw(buf, len, Backing::Boxed, access, permit) }
+    }
+
+    /// Registers the `len` bytes at `buf`, which `backing` holds, and
+    /// makes the region that keeps them; on error `backing` gives them
+    /// back at once.
+    ///
+    /// # Safety
+    /// The bytes are valid for reads and writes, stay where they are and
+    /// are reached by no one else while `backing` is held, and `backing`
+    /// is what frees them (for [`Backing::Boxed`], a leaked boxed slice of
+    /// `len` bytes at `buf`).
+    unsafe fn register_raw(
+        &self,
+        buf: NonNull<u8>,
+        len: usize,
+        backing: Backing,
         access: Access,
         permit: Option<OwnedMrPermit>,
     ) -> Result<MemoryRegion, Error> {
         let device = self.context().name().to_string();
-        if buf.is_empty() {
+        // From here on `Drop` of this unregistered registration would
+        // deregister: give the bytes back by hand on each early return.
+        let give_back = |backing: Backing| match backing {
+            Backing::Boxed => {
+                let slice = std::ptr::slice_from_raw_parts_mut(buf.as_ptr(), len);
+                // SAFETY: the caller's promise: a leaked boxed slice of
+                // `len` bytes, freed once, here.
+                drop(unsafe { Box::from_raw(slice) });
+            }
+            Backing::Owned(owner) => drop(ManuallyDrop::into_inner(owner)),
+        };
+        if len == 0 {
+            give_back(backing);
             return Err(Error::EmptyRegion);
         }
         if let Some(limit) = memlock_limit() {
-            if buf.len() as u64 > limit {
+            if len as u64 > limit {
+                give_back(backing);
                 return Err(Error::MemlockTooLow {
                     limit,
-                    needed: buf.len() as u64,
+                    needed: len as u64,
                 });
             }
         }
-        // SAFETY: the buffer is heap memory of `len` bytes that this region
-        // owns (and frees only after deregistering); the PD is alive.
-        let mr = unsafe {
-            ffi::ibv_reg_mr(
-                self.raw(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                access.flags() as i32,
-            )
-        };
+        // SAFETY: the caller's promise: `len` bytes at `buf` that this
+        // registration keeps (and gives back only after deregistering);
+        // the PD is alive.
+        let mr =
+            unsafe { ffi::ibv_reg_mr(self.raw(), buf.as_ptr().cast(), len, access.flags() as i32) };
         let Some(mr) = NonNull::new(mr) else {
             let source = io::Error::last_os_error();
+            give_back(backing);
             if source.raw_os_error() == Some(12) {
                 // ENOMEM from pinning: almost always the memlock limit.
                 if let Some(limit) = memlock_limit() {
                     return Err(Error::MemlockTooLow {
                         limit,
-                        needed: buf.len() as u64,
+                        needed: len as u64,
                     });
                 }
             }
@@ -251,15 +416,13 @@ impl ProtectionDomain {
                 source,
             });
         };
-        tracing::debug!(%device, len = buf.len(), ?access, "registered memory region");
-        let len = buf.len();
-        let buf = NonNull::new(Box::into_raw(buf).cast::<u8>())
-            .expect("a boxed slice's pointer is never null");
+        tracing::debug!(%device, len, ?access, "registered memory region");
         Ok(MemoryRegion {
             reg: Arc::new(Registration {
                 mr,
                 buf,
                 len,
+                backing,
                 access,
                 pd: self.clone(),
                 _permit: permit,

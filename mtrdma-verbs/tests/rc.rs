@@ -6,6 +6,9 @@ mod common;
 // Batches and gather lists: a file of their own.
 #[path = "rc/batch.rs"]
 mod batch;
+// Memory the caller owns (mappings, huge pages).
+#[path = "rc/memory.rs"]
+mod memory;
 
 use common::{device_pd, pair, pattern, wait};
 
