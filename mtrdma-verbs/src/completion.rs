@@ -113,6 +113,9 @@ pub enum Opcode {
     Recv,
     /// A receive consumed by a WRITE with immediate.
     RecvWithImm,
+    /// A lent piece's memory window invalidated: the piece is back and
+    /// the peer's key no longer works ([`QueuePair::take_back`](crate::QueuePair::take_back)).
+    Invalidate,
     /// Not known (the request failed before it ran).
     Unknown,
 }

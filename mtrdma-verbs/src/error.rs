@@ -130,6 +130,29 @@ pub enum Error {
         /// The remote region given.
         remote: crate::RemoteRegion,
     },
+    /// The device has no memory windows of type 2 (or refuses the right
+    /// to bind them): pieces cannot be lent ([`Access::lendable`](crate::Access::lendable)).
+    #[error(
+        "{device} has no memory windows of type 2: pieces cannot be lent; give the peer the \
+         region's own remote rights instead"
+    )]
+    MemoryWindowsUnsupported {
+        /// The device.
+        device: String,
+    },
+    /// The region's registration was not made lendable
+    /// ([`Access::lendable`](crate::Access::lendable)).
+    #[error("the region was not registered lendable (Access::LENDABLE)")]
+    NotLendable,
+    /// A piece is lent only with some remote right.
+    #[error("a piece is lent with at least one remote right (read, write or atomic)")]
+    NoRightsToLend,
+    /// No piece is lent on this queue pair under that key.
+    #[error("no piece is lent on this queue pair under remote key {rkey:#x}")]
+    NotLent {
+        /// The key asked for.
+        rkey: u32,
+    },
     /// The send queue is full.
     #[error("the send queue is full ({depth} work requests in flight); poll completions first")]
     SendQueueFull {

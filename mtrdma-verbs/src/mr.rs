@@ -25,6 +25,12 @@ pub struct Access {
     /// Peers may run atomic operations (fetch-and-add, compare-and-swap)
     /// on its 8-byte words.
     pub remote_atomic: bool,
+    /// Its pieces may be lent to a peer one at a time through memory
+    /// windows ([`QueuePair::lend`](crate::QueuePair::lend)), each with
+    /// the rights it is lent with. With no remote right of its own, a
+    /// peer reaches only the piece it was lent, and only until it is taken
+    /// back.
+    pub lendable: bool,
 }
 
 impl Access {
@@ -33,24 +39,43 @@ impl Access {
         remote_read: false,
         remote_write: false,
         remote_atomic: false,
+        lendable: false,
     };
     /// Peers may READ and WRITE.
     pub const REMOTE_READ_WRITE: Access = Access {
         remote_read: true,
         remote_write: true,
         remote_atomic: false,
+        lendable: false,
     };
     /// Peers may READ, WRITE and run atomic operations.
     pub const REMOTE_ALL: Access = Access {
         remote_read: true,
         remote_write: true,
         remote_atomic: true,
+        lendable: false,
+    };
+    /// No remote access but through the pieces lent to a peer, one at a
+    /// time, with [`QueuePair::lend`](crate::QueuePair::lend) (memory
+    /// windows of type 2).
+    pub const LENDABLE: Access = Access {
+        remote_read: false,
+        remote_write: false,
+        remote_atomic: false,
+        lendable: true,
     };
 
     /// The rights a queue pair grants its peer (remote access of each
     /// region is still checked against the region's own rights).
     pub(crate) fn qp_flags(self) -> u32 {
-        self.flags() & !ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+        self.remote_flags()
+    }
+
+    /// The remote rights alone (a queue pair's, or a memory window's).
+    pub(crate) fn remote_flags(self) -> u32 {
+        self.flags()
+            & !(ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+                | ffi::ibv_access_flags::IBV_ACCESS_MW_BIND.0)
     }
 
     fn flags(self) -> u32 {
@@ -63,6 +88,9 @@ impl Access {
         }
         if self.remote_atomic {
             flags |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
+        }
+        if self.lendable {
+            flags |= ffi::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
         }
         flags
     }
@@ -401,6 +429,13 @@ impl ProtectionDomain {
         let Some(mr) = NonNull::new(mr) else {
             let source = io::Error::last_os_error();
             give_back(backing);
+            // A device without memory windows refuses the right to bind
+            // them.
+            let errno = rustix::io::Errno::from_io_error(&source);
+            let refused = [rustix::io::Errno::INVAL, rustix::io::Errno::OPNOTSUPP];
+            if access.lendable && errno.is_some_and(|e| refused.contains(&e)) {
+                return Err(Error::MemoryWindowsUnsupported { device });
+            }
             if source.raw_os_error() == Some(12) {
                 // ENOMEM from pinning: almost always the memlock limit.
                 if let Some(limit) = memlock_limit() {
@@ -609,6 +644,11 @@ impl MemoryRegion {
 
     pub(crate) fn addr(&self) -> u64 {
         self.base() as u64
+    }
+
+    /// Its registration's verbs object.
+    pub(crate) fn raw_mr(&self) -> NonNull<ffi::ibv_mr> {
+        self.reg.mr
     }
 
     /// The descriptor a peer needs to READ or WRITE this region (this

@@ -9,6 +9,9 @@ mod batch;
 // Memory the caller owns (mappings, huge pages).
 #[path = "rc/memory.rs"]
 mod memory;
+// Pieces lent through memory windows.
+#[path = "rc/window.rs"]
+mod window;
 
 use common::{device_pd, pair, pattern, wait};
 

@@ -46,6 +46,19 @@ const DEVICE_BITS: u64 = SENT_WR | (SEQ_MASK << SEQ_SHIFT);
 /// completion reports nothing of its own.
 pub(crate) const NOP_WR: u64 = RAW_WR | SCHED_WR | 1;
 
+/// The `wr_id` of a memory window's bind ([`QueuePair::lend`]): it
+/// reports nothing of its own (the lent piece stays in the queue pair
+/// until it is taken back); a failed one is logged, and the queue pair is
+/// then in the error state.
+pub(crate) const BIND_WR: u64 = RAW_WR | SCHED_WR | 2;
+
+/// The queue pair's own `wr_id` of a device `wr_id` (its slot, for the
+/// direct path's requests).
+#[inline]
+pub(crate) fn own_wr_id(device_wr_id: u64) -> u64 {
+    device_wr_id & !DEVICE_BITS
+}
+
 /// `wr_id`s with this bit (and not [`RAW_WR`]) are pieces of a group: a
 /// batch's requests parked together ([`Books::park_group`]), the group's
 /// key in the bits under [`GROUP_ITEM_SHIFT`] and the piece's place in it
@@ -540,6 +553,12 @@ impl<R: Region> Books<R> {
             if wc.wr_id == NOP_WR {
                 return;
             }
+            if wc.wr_id == BIND_WR {
+                if !wc.status.is_success() {
+                    tracing::warn!(status = ?wc.status, "binding a memory window to lend a piece failed");
+                }
+                return;
+            }
             raw.push(RawCompletion {
                 wr_id: wc.wr_id,
                 status: wc.status,
@@ -691,6 +710,7 @@ fn opcode_of(status: WcStatus, opcode: ffi::ibv_wc_opcode::Type) -> Opcode {
         o::IBV_WC_COMP_SWAP | o::IBV_WC_FETCH_ADD => Opcode::Atomic,
         o::IBV_WC_RECV => Opcode::Recv,
         o::IBV_WC_RECV_RDMA_WITH_IMM => Opcode::RecvWithImm,
+        o::IBV_WC_LOCAL_INV => Opcode::Invalidate,
         _ => Opcode::Unknown,
     }
 }

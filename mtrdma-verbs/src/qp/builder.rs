@@ -477,6 +477,7 @@ impl QueuePairBuilder<'_> {
             destroyed: false,
             _permit: permit,
             srq: self.srq,
+            windows: None,
         };
         let attr = ffi::ibv_qp_attr {
             qp_access_flags: self.access.qp_flags(),

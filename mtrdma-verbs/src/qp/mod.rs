@@ -33,6 +33,7 @@ mod cq;
 mod shared_cq;
 mod sink;
 mod wc;
+mod window;
 mod wr;
 
 pub(crate) use batch::{Batch, Refusal};
@@ -349,6 +350,9 @@ pub struct QueuePair {
     /// The shared receive queue it receives from, if any; dropped after
     /// the queue pair is destroyed.
     srq: Option<SharedReceiveQueue>,
+    /// The pieces it lent to the peer, and their memory windows (made at
+    /// the first loan).
+    windows: Option<Box<window::Windows>>,
 }
 
 // SAFETY: the queue pair owns its verbs objects and in-flight regions;
@@ -689,6 +693,9 @@ impl Sink for QueuePair {
                     out.push(c);
                     return;
                 }
+                if let Some(windows) = &mut self.windows {
+                    windows.settle(wc.wr_id, wc.status.is_success());
+                }
                 self.books
                     .complete_device(Wc::from_raw(&wc, None), out, raw);
             })
@@ -701,6 +708,10 @@ impl Sink for QueuePair {
         }
         self.drain_and_destroy("queue pair", QueuePair::set_error, |qp| {
             qp.destroyed = true;
+            // Its windows go first: a bound one holds the queue pair.
+            if let Some(windows) = &mut qp.windows {
+                windows.free();
+            }
             // SAFETY: the QP is ours and destroyed once (guarded by
             // `destroyed`), before its CQ.
             unsafe { ffi::ibv_destroy_qp(qp.qp.as_ptr()) }
@@ -721,5 +732,10 @@ impl QueuePair {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         Sink::shutdown(self);
+        // Its windows were freed before it was destroyed: the pieces lent
+        // through them go now.
+        if let Some(windows) = &mut self.windows {
+            windows.close(self.destroyed);
+        }
     }
 }

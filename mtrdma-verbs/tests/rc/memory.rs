@@ -13,13 +13,13 @@ use super::common::{device_pd, pair, pattern, wait};
 use super::tenant;
 
 /// A mapping that says when it is given back.
-struct Watched {
+pub(super) struct Watched {
     map: MmapMut,
     dropped: Arc<AtomicBool>,
 }
 
 impl Watched {
-    fn anonymous(len: usize) -> (Watched, Arc<AtomicBool>) {
+    pub(super) fn anonymous(len: usize) -> (Watched, Arc<AtomicBool>) {
         let dropped = Arc::new(AtomicBool::new(false));
         let map = MmapMut::map_anon(len).expect("an anonymous mapping");
         let watched = Watched {
