@@ -153,6 +153,24 @@ pub enum Error {
         /// The key asked for.
         rkey: u32,
     },
+    /// Private data for rdma_cm is at most 255 bytes (and 56 over RoCE
+    /// and InfiniBand when connecting).
+    #[error("{len} bytes of private data: rdma_cm carries at most 255 (56 when connecting over RoCE or InfiniBand)")]
+    PrivateDataTooLong {
+        /// What was given.
+        len: usize,
+    },
+    /// A queue pair on another device than the connection's.
+    #[error(
+        "the connection goes through device {wanted}, but the queue pair is on {got}: build it \
+         on a protection domain of {wanted}"
+    )]
+    WrongDevice {
+        /// The connection's device.
+        wanted: String,
+        /// The queue pair's.
+        got: String,
+    },
     /// The send queue is full.
     #[error("the send queue is full ({depth} work requests in flight); poll completions first")]
     SendQueueFull {

@@ -87,6 +87,8 @@ mod macros;
 mod async_event;
 #[cfg(feature = "tokio")]
 pub mod asynchronous;
+#[cfg(feature = "rdmacm")]
+pub mod cm;
 mod completion;
 mod device;
 mod error;

@@ -24,6 +24,14 @@ pub(crate) const PACKAGES: &[(&str, &str)] = &[
     ),
     ("iproute2", "ip and rdma (creates rxe0)"),
     ("libibverbs-dev", "links libibverbs"),
+    (
+        "librdmacm-dev",
+        "links librdmacm and its header (connections by address, feature rdmacm)",
+    ),
+    (
+        "rdmacm-utils",
+        "rping and ucmatose, rdma_cm peers in the device tests",
+    ),
     ("cmake", "builds ibverbs-sys's vendored rdma-core headers"),
     ("pkg-config", "ibverbs-sys build"),
     ("libnl-3-dev", "ibverbs-sys build"),

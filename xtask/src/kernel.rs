@@ -14,7 +14,8 @@ use crate::{cpio, deps, proc};
 /// module's `depends=` field and loaded first. `crc32_generic` is loaded by
 /// name at run time by rdma_rxe (no `depends=` names it): without it
 /// `rdma link add` fails with ENOENT. `veth` and `sch_tbf` carry
-/// `--link`'s shaped link.
+/// `--link`'s shaped link. `rdma_ucm` gives programs rdma_cm
+/// (`/dev/infiniband/rdma_cm`: connections by address).
 ///
 /// The cache records this list: a cache unpacked for another list is
 /// unpacked again.
@@ -26,6 +27,7 @@ const ROOT_MODULES: &[&str] = &[
     "crc32_generic",
     "ib_uverbs",
     "rdma_rxe",
+    "rdma_ucm",
     "veth",
     "sch_tbf",
 ];

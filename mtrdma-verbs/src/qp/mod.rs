@@ -384,7 +384,7 @@ macro_rules! queue_pair_basics {
             (self.books.sends_in_flight, self.books.recvs_in_flight)
         }
 
-        fn modify(
+        pub(crate) fn modify(
             &self,
             attr: &mut ffi::ibv_qp_attr,
             mask: ffi::ibv_qp_attr_mask,
@@ -726,6 +726,13 @@ impl QueuePair {
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn waitable(&mut self) -> &mut dyn crate::events::Waitable<Item = Completion> {
         self
+    }
+}
+
+impl QueuePair {
+    /// The protection domain it was built on.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
     }
 }
 
