@@ -149,3 +149,324 @@ fn a_rejected_request_says_why_and_a_port_nobody_listens_on_is_refused() {
         "{err}"
     );
 }
+
+/// `ucmatose` (rdma-core's rdmacm-utils) with `args`, its output kept.
+fn ucmatose(args: &[&str]) -> std::process::Child {
+    std::process::Command::new("ucmatose")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("ucmatose (rdmacm-utils; `cargo xtask deps`) runs")
+}
+
+/// Waits for `child` (at most a minute); its output, and whether it
+/// succeeded.
+fn finish(child: std::process::Child) -> (bool, String) {
+    let start = std::time::Instant::now();
+    let mut child = child;
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// ucmatose's exchange: `COUNT` SENDs of `SIZE` bytes each way, the
+/// server's first.
+const COUNT: usize = 10;
+const SIZE: usize = 100;
+
+/// Posts `COUNT` receives of `SIZE` bytes on a queue pair not yet
+/// connected.
+fn with_receives(pd: &mtrdma_verbs::ProtectionDomain) -> mtrdma_verbs::PreparedQueuePair {
+    let mut qp = pd.queue_pair().build().unwrap();
+    for i in 0..COUNT {
+        let buf = pd.allocate(SIZE, Access::LOCAL).unwrap();
+        qp.post_recv(buf, 0..SIZE, i as u64).unwrap();
+    }
+    qp
+}
+
+/// `COUNT` SENDs of `SIZE` bytes on `conn`, and their completions.
+fn send_all(conn: &mut mtrdma_verbs::cm::Connection, pd: &mtrdma_verbs::ProtectionDomain) {
+    for i in 0..COUNT {
+        let msg = pd.register(pattern(SIZE, i as u8), Access::LOCAL).unwrap();
+        conn.qp()
+            .post_send(SendOp::Send, msg, 0..SIZE, 100 + i as u64)
+            .unwrap();
+    }
+    let sent = wait(conn.qp(), COUNT);
+    assert!(
+        sent.iter().all(|c| c.status == WcStatus::Success),
+        "{sent:?}"
+    );
+}
+
+/// Waits for `COUNT` receives of `SIZE` bytes on `conn`.
+fn receive_all(conn: &mut mtrdma_verbs::cm::Connection) {
+    let got = wait(conn.qp(), COUNT);
+    assert!(
+        got.iter().all(|c| c.status == WcStatus::Success
+            && c.opcode == Opcode::Recv
+            && c.byte_len as usize == SIZE),
+        "{got:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn ucmatose_as_the_server_and_as_the_client_exchanges_with_ours() {
+    let (_ctx, pd) = device_pd();
+    let ip = device_ip(&common::device_name());
+
+    // ucmatose listens; ours connects, receives its messages, replies,
+    // and sees it disconnect.
+    let port = 20_000 + (std::process::id() % 5_000) as u16;
+    let (count, size) = (COUNT.to_string(), SIZE.to_string());
+    let server = ucmatose(&[
+        "-b",
+        &ip.to_string(),
+        "-p",
+        &port.to_string(),
+        "-C",
+        &count,
+        "-S",
+        &size,
+    ]);
+    let addr = SocketAddr::new(ip.into(), port);
+    let start = std::time::Instant::now();
+    let mut conn = loop {
+        let resolved = Connector::resolve(addr, WAIT).unwrap();
+        match resolved.connect(with_receives(&pd), b"", WAIT) {
+            Ok(conn) => break conn,
+            // Not listening yet.
+            Err(ConnectError::Rejected { .. }) if start.elapsed() < WAIT => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(e) => panic!("connecting to ucmatose: {e}"),
+        }
+    };
+    receive_all(&mut conn);
+    send_all(&mut conn, &pd);
+    assert!(
+        conn.wait_disconnected(WAIT).unwrap(),
+        "ucmatose disconnected"
+    );
+    drop(conn);
+    let (ok, out) = finish(server);
+    assert!(ok && out.contains("data transfers complete"), "{out}");
+
+    // Ours listens; ucmatose connects, and the server's side is ours.
+    let (mut listener, addr) = listener();
+    let client = ucmatose(&[
+        "-s",
+        &ip.to_string(),
+        "-p",
+        &addr.port().to_string(),
+        "-C",
+        &count,
+        "-S",
+        &size,
+    ]);
+    let request = listener.next_request(WAIT).expect("ucmatose's request");
+    let mut conn = request
+        .accept(with_receives(&pd), b"", WAIT)
+        .expect("accepted");
+    send_all(&mut conn, &pd);
+    receive_all(&mut conn);
+    conn.disconnect().unwrap();
+    drop(conn);
+    let (ok, out) = finish(client);
+    assert!(ok && out.contains("data transfers complete"), "{out}");
+}
+
+/// rping's advertisement of a buffer: address, key and length, in
+/// network order (`struct rping_rdma_info`).
+fn rping_info(r: &mtrdma_verbs::RemoteRegion) -> Vec<u8> {
+    let mut b = r.addr.to_be_bytes().to_vec();
+    b.extend_from_slice(&r.rkey.to_be_bytes());
+    b.extend_from_slice(&(r.len as u32).to_be_bytes());
+    b
+}
+
+/// The buffer an rping advertisement names.
+fn rping_parse(b: &[u8]) -> mtrdma_verbs::RemoteRegion {
+    assert_eq!(b.len(), 16, "rping's advertisement is 16 bytes");
+    mtrdma_verbs::RemoteRegion {
+        addr: u64::from_be_bytes(b[0..8].try_into().unwrap()),
+        rkey: u32::from_be_bytes(b[8..12].try_into().unwrap()),
+        len: u64::from(u32::from_be_bytes(b[12..16].try_into().unwrap())),
+    }
+}
+
+/// `rping` (rdmacm-utils) with `args`, its output kept.
+fn rping(args: &[&str]) -> std::process::Child {
+    std::process::Command::new("rping")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("rping (rdmacm-utils; `cargo xtask deps`) runs")
+}
+
+/// SENDs `data` on `conn` and waits for its completion.
+fn send(
+    conn: &mut mtrdma_verbs::cm::Connection,
+    pd: &mtrdma_verbs::ProtectionDomain,
+    data: Vec<u8>,
+) {
+    let len = data.len();
+    let msg = pd.register(data, Access::LOCAL).unwrap();
+    conn.qp().post_send(SendOp::Send, msg, 0..len, 7).unwrap();
+    let done = wait(conn.qp(), 1).pop().unwrap();
+    assert_eq!(done.status, WcStatus::Success, "{done:?}");
+}
+
+/// The next message on `conn` (a receive posted again in its place).
+fn receive(conn: &mut mtrdma_verbs::cm::Connection) -> Vec<u8> {
+    let got = wait(conn.qp(), 1).pop().unwrap();
+    assert_eq!(
+        (got.status, got.opcode),
+        (WcStatus::Success, Opcode::Recv),
+        "{got:?}"
+    );
+    let bytes = got.region.read()[..got.byte_len as usize].to_vec();
+    conn.qp().post_recv(got.region, 0..64, 0).unwrap();
+    bytes
+}
+
+/// A queue pair with two receives of 64 bytes up, as rping keeps.
+fn rping_qp(pd: &mtrdma_verbs::ProtectionDomain) -> mtrdma_verbs::PreparedQueuePair {
+    let mut qp = pd.queue_pair().build().unwrap();
+    for i in 0..2 {
+        qp.post_recv(pd.allocate(64, Access::LOCAL).unwrap(), 0..64, i)
+            .unwrap();
+    }
+    qp
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn rping_as_the_server_and_as_the_client_pings_ours() {
+    const PINGS: usize = 5;
+    const LEN: usize = 64;
+    let (_ctx, pd) = device_pd();
+    let ip = device_ip(&common::device_name());
+    let pings = PINGS.to_string();
+    let len = LEN.to_string();
+
+    // rping serves; ours is the client: each ping advertises a source the
+    // server READs and a sink it WRITEs the same bytes back to.
+    let port = 25_000 + (std::process::id() % 5_000) as u16;
+    let server = rping(&[
+        "-s",
+        "-a",
+        &ip.to_string(),
+        "-p",
+        &port.to_string(),
+        "-C",
+        &pings,
+        "-S",
+        &len,
+    ]);
+    let addr = SocketAddr::new(ip.into(), port);
+    let start = std::time::Instant::now();
+    let mut conn = loop {
+        let resolved = Connector::resolve(addr, WAIT).unwrap();
+        match resolved.connect(rping_qp(&pd), b"", WAIT) {
+            Ok(conn) => break conn,
+            Err(ConnectError::Rejected { .. }) if start.elapsed() < WAIT => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(e) => panic!("connecting to rping: {e}"),
+        }
+    };
+    for ping in 0..PINGS {
+        let mut text = format!("rdma-ping-{ping}: ").into_bytes();
+        text.extend((0..LEN - text.len() - 1).map(|i| b'A' + ((i + ping) % 26) as u8));
+        text.push(0);
+        let source = pd
+            .register(
+                text.clone(),
+                Access {
+                    remote_read: true,
+                    ..Access::LOCAL
+                },
+            )
+            .unwrap();
+        let sink = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
+        send(&mut conn, &pd, rping_info(&source.remote().unwrap()));
+        assert_eq!(
+            receive(&mut conn).len(),
+            16,
+            "rping's go-ahead after its READ"
+        );
+        send(&mut conn, &pd, rping_info(&sink.remote().unwrap()));
+        assert_eq!(
+            receive(&mut conn).len(),
+            16,
+            "rping's go-ahead after its WRITE"
+        );
+        assert_eq!(sink.read(), text, "ping {ping} came back");
+    }
+    conn.disconnect().unwrap();
+    drop(conn);
+    let (ok, out) = finish(server);
+    assert!(ok, "{out}");
+
+    // Ours serves: READs what rping advertises, WRITEs it back.
+    let (mut listener, addr) = listener();
+    let client = rping(&[
+        "-c",
+        "-a",
+        &ip.to_string(),
+        "-p",
+        &addr.port().to_string(),
+        "-C",
+        &pings,
+        "-S",
+        &len,
+        "-V",
+        "-v",
+    ]);
+    let request = listener.next_request(WAIT).expect("rping's request");
+    let mut conn = request.accept(rping_qp(&pd), b"", WAIT).expect("accepted");
+    for _ in 0..PINGS {
+        let from = rping_parse(&receive(&mut conn));
+        let buf = pd.allocate(from.len as usize, Access::LOCAL).unwrap();
+        conn.qp()
+            .post_send(SendOp::Read(from), buf, 0..from.len as usize, 1)
+            .unwrap();
+        let read = wait(conn.qp(), 1).pop().unwrap();
+        assert_eq!(read.status, WcStatus::Success);
+        send(&mut conn, &pd, vec![0; 16]);
+        let to = rping_parse(&receive(&mut conn));
+        let data = read.region.read();
+        let n = data
+            .iter()
+            .position(|&b| b == 0)
+            .map_or(data.len(), |i| i + 1);
+        conn.qp()
+            .post_send(SendOp::Write(to), read.region, 0..n, 2)
+            .unwrap();
+        let wrote = wait(conn.qp(), 1).pop().unwrap();
+        assert_eq!(wrote.status, WcStatus::Success);
+        send(&mut conn, &pd, vec![0; 16]);
+    }
+    assert!(conn.wait_disconnected(WAIT).unwrap(), "rping disconnected");
+    drop(conn);
+    let (ok, out) = finish(client);
+    assert!(
+        ok && out.matches("ping data: rdma-ping-").count() == PINGS,
+        "{out}"
+    );
+}
