@@ -150,14 +150,40 @@ fn a_rejected_request_says_why_and_a_port_nobody_listens_on_is_refused() {
     );
 }
 
-/// `ucmatose` (rdma-core's rdmacm-utils) with `args`, its output kept.
-fn ucmatose(args: &[&str]) -> std::process::Child {
-    std::process::Command::new("ucmatose")
-        .args(args)
+/// One of rdma-core's rdmacm-utils (`rping`, `ucmatose`): `name`, the
+/// flags `flags` followed by `addr`'s IP address, `-p` and its port, then
+/// `rest`; its output kept.
+fn tool(name: &str, flags: &[&str], addr: SocketAddr, rest: &[&str]) -> std::process::Child {
+    let (ip, port) = (addr.ip().to_string(), addr.port().to_string());
+    std::process::Command::new(name)
+        .args(flags)
+        .args([ip.as_str(), "-p", port.as_str()])
+        .args(rest)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("ucmatose (rdmacm-utils; `cargo xtask deps`) runs")
+        .unwrap_or_else(|e| panic!("{name} (rdmacm-utils; `cargo xtask deps`) runs: {e}"))
+}
+
+/// Connects a queue pair `qp` makes to `addr`, where `what` is about to
+/// listen: asked again while the port refuses, for up to `WAIT`.
+fn connect_when_listening(
+    addr: SocketAddr,
+    qp: impl Fn() -> mtrdma_verbs::PreparedQueuePair,
+    what: &str,
+) -> mtrdma_verbs::cm::Connection {
+    let start = std::time::Instant::now();
+    loop {
+        let resolved = Connector::resolve(addr, WAIT).unwrap();
+        match resolved.connect(qp(), b"", WAIT) {
+            Ok(conn) => return conn,
+            // Not listening yet.
+            Err(ConnectError::Rejected { .. }) if start.elapsed() < WAIT => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(e) => panic!("connecting to {what}: {e}"),
+        }
+    }
 }
 
 /// Waits for `child` (at most a minute); its output, and whether it
@@ -232,29 +258,9 @@ fn ucmatose_as_the_server_and_as_the_client_exchanges_with_ours() {
     // and sees it disconnect.
     let port = 20_000 + (std::process::id() % 5_000) as u16;
     let (count, size) = (COUNT.to_string(), SIZE.to_string());
-    let server = ucmatose(&[
-        "-b",
-        &ip.to_string(),
-        "-p",
-        &port.to_string(),
-        "-C",
-        &count,
-        "-S",
-        &size,
-    ]);
     let addr = SocketAddr::new(ip.into(), port);
-    let start = std::time::Instant::now();
-    let mut conn = loop {
-        let resolved = Connector::resolve(addr, WAIT).unwrap();
-        match resolved.connect(with_receives(&pd), b"", WAIT) {
-            Ok(conn) => break conn,
-            // Not listening yet.
-            Err(ConnectError::Rejected { .. }) if start.elapsed() < WAIT => {
-                std::thread::sleep(Duration::from_millis(100))
-            }
-            Err(e) => panic!("connecting to ucmatose: {e}"),
-        }
-    };
+    let server = tool("ucmatose", &["-b"], addr, &["-C", &count, "-S", &size]);
+    let mut conn = connect_when_listening(addr, || with_receives(&pd), "ucmatose");
     receive_all(&mut conn);
     send_all(&mut conn, &pd);
     assert!(
@@ -267,16 +273,7 @@ fn ucmatose_as_the_server_and_as_the_client_exchanges_with_ours() {
 
     // Ours listens; ucmatose connects, and the server's side is ours.
     let (mut listener, addr) = listener();
-    let client = ucmatose(&[
-        "-s",
-        &ip.to_string(),
-        "-p",
-        &addr.port().to_string(),
-        "-C",
-        &count,
-        "-S",
-        &size,
-    ]);
+    let client = tool("ucmatose", &["-s"], addr, &["-C", &count, "-S", &size]);
     let request = listener.next_request(WAIT).expect("ucmatose's request");
     let mut conn = request
         .accept(with_receives(&pd), b"", WAIT)
@@ -306,16 +303,6 @@ fn rping_parse(b: &[u8]) -> mtrdma_verbs::RemoteRegion {
         rkey: u32::from_be_bytes(b[8..12].try_into().unwrap()),
         len: u64::from(u32::from_be_bytes(b[12..16].try_into().unwrap())),
     }
-}
-
-/// `rping` (rdmacm-utils) with `args`, its output kept.
-fn rping(args: &[&str]) -> std::process::Child {
-    std::process::Command::new("rping")
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("rping (rdmacm-utils; `cargo xtask deps`) runs")
 }
 
 /// SENDs `data` on `conn` and waits for its completion.
@@ -367,29 +354,9 @@ fn rping_as_the_server_and_as_the_client_pings_ours() {
     // rping serves; ours is the client: each ping advertises a source the
     // server READs and a sink it WRITEs the same bytes back to.
     let port = 25_000 + (std::process::id() % 5_000) as u16;
-    let server = rping(&[
-        "-s",
-        "-a",
-        &ip.to_string(),
-        "-p",
-        &port.to_string(),
-        "-C",
-        &pings,
-        "-S",
-        &len,
-    ]);
     let addr = SocketAddr::new(ip.into(), port);
-    let start = std::time::Instant::now();
-    let mut conn = loop {
-        let resolved = Connector::resolve(addr, WAIT).unwrap();
-        match resolved.connect(rping_qp(&pd), b"", WAIT) {
-            Ok(conn) => break conn,
-            Err(ConnectError::Rejected { .. }) if start.elapsed() < WAIT => {
-                std::thread::sleep(Duration::from_millis(100))
-            }
-            Err(e) => panic!("connecting to rping: {e}"),
-        }
-    };
+    let server = tool("rping", &["-s", "-a"], addr, &["-C", &pings, "-S", &len]);
+    let mut conn = connect_when_listening(addr, || rping_qp(&pd), "rping");
     for ping in 0..PINGS {
         let mut text = format!("rdma-ping-{ping}: ").into_bytes();
         text.extend((0..LEN - text.len() - 1).map(|i| b'A' + ((i + ping) % 26) as u8));
@@ -425,19 +392,12 @@ fn rping_as_the_server_and_as_the_client_pings_ours() {
 
     // Ours serves: READs what rping advertises, WRITEs it back.
     let (mut listener, addr) = listener();
-    let client = rping(&[
-        "-c",
-        "-a",
-        &ip.to_string(),
-        "-p",
-        &addr.port().to_string(),
-        "-C",
-        &pings,
-        "-S",
-        &len,
-        "-V",
-        "-v",
-    ]);
+    let client = tool(
+        "rping",
+        &["-c", "-a"],
+        addr,
+        &["-C", &pings, "-S", &len, "-V", "-v"],
+    );
     let request = listener.next_request(WAIT).expect("rping's request");
     let mut conn = request.accept(rping_qp(&pd), b"", WAIT).expect("accepted");
     for _ in 0..PINGS {
