@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::{capped_table, device_pd, pattern, wait};
 use mtrdma_core::TenantId;
 use mtrdma_verbs::cm::{ConnectError, Connector, Listener};
-use mtrdma_verbs::{Access, Opcode, SendOp, WcStatus};
+use mtrdma_verbs::{Access, Opcode, PollCompletions, SendOp, WcStatus};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -211,41 +211,98 @@ fn finish(child: std::process::Child) -> (bool, String) {
 const COUNT: usize = 10;
 const SIZE: usize = 100;
 
-/// Posts `COUNT` receives of `SIZE` bytes on a queue pair not yet
-/// connected.
-fn with_receives(pd: &mtrdma_verbs::ProtectionDomain) -> mtrdma_verbs::PreparedQueuePair {
+/// The contexts of receives (this and above), of SENDs, READs and WRITEs.
+const RECV: u64 = 1000;
+const SEND: u64 = 7;
+const READ: u64 = 8;
+const WRITE: u64 = 9;
+
+/// A queue pair not yet connected, with `n` receives of `len` bytes up.
+fn with_receives(
+    pd: &mtrdma_verbs::ProtectionDomain,
+    n: usize,
+    len: usize,
+) -> mtrdma_verbs::PreparedQueuePair {
     let mut qp = pd.queue_pair().build().unwrap();
-    for i in 0..COUNT {
-        let buf = pd.allocate(SIZE, Access::LOCAL).unwrap();
-        qp.post_recv(buf, 0..SIZE, i as u64).unwrap();
+    for i in 0..n {
+        let buf = pd.allocate(len, Access::LOCAL).unwrap();
+        qp.post_recv(buf, 0..len, RECV + i as u64).unwrap();
     }
     qp
 }
 
-/// `COUNT` SENDs of `SIZE` bytes on `conn`, and their completions.
-fn send_all(conn: &mut mtrdma_verbs::cm::Connection, pd: &mtrdma_verbs::ProtectionDomain) {
-    for i in 0..COUNT {
-        let msg = pd.register(pattern(SIZE, i as u8), Access::LOCAL).unwrap();
-        conn.qp()
-            .post_send(SendOp::Send, msg, 0..SIZE, 100 + i as u64)
-            .unwrap();
-    }
-    let sent = wait(conn.qp(), COUNT);
-    assert!(
-        sent.iter().all(|c| c.status == WcStatus::Success),
-        "{sent:?}"
-    );
+/// A connection's completions taken one kind at a time: a poll may bring
+/// several, of several kinds, and those not asked for wait their turn.
+struct Exchange {
+    conn: mtrdma_verbs::cm::Connection,
+    pd: mtrdma_verbs::ProtectionDomain,
+    waiting: std::collections::VecDeque<mtrdma_verbs::Completion>,
 }
 
-/// Waits for `COUNT` receives of `SIZE` bytes on `conn`.
-fn receive_all(conn: &mut mtrdma_verbs::cm::Connection) {
-    let got = wait(conn.qp(), COUNT);
-    assert!(
-        got.iter().all(|c| c.status == WcStatus::Success
-            && c.opcode == Opcode::Recv
-            && c.byte_len as usize == SIZE),
-        "{got:?}"
-    );
+impl Exchange {
+    fn new(conn: mtrdma_verbs::cm::Connection, pd: &mtrdma_verbs::ProtectionDomain) -> Exchange {
+        Exchange {
+            conn,
+            pd: pd.clone(),
+            waiting: Default::default(),
+        }
+    }
+
+    /// The next completion `want` picks (30 s at most).
+    fn next(
+        &mut self,
+        want: impl Fn(&mtrdma_verbs::Completion) -> bool,
+    ) -> mtrdma_verbs::Completion {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(i) = self.waiting.iter().position(&want) {
+                return self.waiting.remove(i).unwrap();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not in 30 s; completions waiting: {:?}",
+                self.waiting
+            );
+            let mut out = Vec::new();
+            self.conn.qp().poll(&mut out).unwrap();
+            self.waiting.extend(out);
+        }
+    }
+
+    /// The completion of the request posted with `context`, succeeded.
+    fn done(&mut self, context: u64) -> mtrdma_verbs::Completion {
+        let c = self.next(|c| c.context == context);
+        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+        c
+    }
+
+    /// SENDs `data` and waits for its completion.
+    fn send(&mut self, data: Vec<u8>) {
+        let len = data.len();
+        let msg = self.pd.register(data, Access::LOCAL).unwrap();
+        self.conn
+            .qp()
+            .post_send(SendOp::Send, msg, 0..len, SEND)
+            .unwrap();
+        self.done(SEND);
+    }
+
+    /// The next message received, its receive posted again.
+    fn receive(&mut self) -> Vec<u8> {
+        let got = self.next(|c| c.context >= RECV);
+        assert_eq!(
+            (got.status, got.opcode),
+            (WcStatus::Success, Opcode::Recv),
+            "{got:?}"
+        );
+        let bytes = got.region.read()[..got.byte_len as usize].to_vec();
+        let len = got.region.len();
+        self.conn
+            .qp()
+            .post_recv(got.region, 0..len, got.context)
+            .unwrap();
+        bytes
+    }
 }
 
 #[test]
@@ -260,14 +317,19 @@ fn ucmatose_as_the_server_and_as_the_client_exchanges_with_ours() {
     let (count, size) = (COUNT.to_string(), SIZE.to_string());
     let addr = SocketAddr::new(ip.into(), port);
     let server = tool("ucmatose", &["-b"], addr, &["-C", &count, "-S", &size]);
-    let mut conn = connect_when_listening(addr, || with_receives(&pd), "ucmatose");
-    receive_all(&mut conn);
-    send_all(&mut conn, &pd);
+    let conn = connect_when_listening(addr, || with_receives(&pd, COUNT, SIZE), "ucmatose");
+    let mut ex = Exchange::new(conn, &pd);
+    for _ in 0..COUNT {
+        assert_eq!(ex.receive().len(), SIZE);
+    }
+    for i in 0..COUNT {
+        ex.send(pattern(SIZE, i as u8));
+    }
     assert!(
-        conn.wait_disconnected(WAIT).unwrap(),
+        ex.conn.wait_disconnected(WAIT).unwrap(),
         "ucmatose disconnected"
     );
-    drop(conn);
+    drop(ex);
     let (ok, out) = finish(server);
     assert!(ok && out.contains("data transfers complete"), "{out}");
 
@@ -275,13 +337,18 @@ fn ucmatose_as_the_server_and_as_the_client_exchanges_with_ours() {
     let (mut listener, addr) = listener();
     let client = tool("ucmatose", &["-s"], addr, &["-C", &count, "-S", &size]);
     let request = listener.next_request(WAIT).expect("ucmatose's request");
-    let mut conn = request
-        .accept(with_receives(&pd), b"", WAIT)
+    let conn = request
+        .accept(with_receives(&pd, COUNT, SIZE), b"", WAIT)
         .expect("accepted");
-    send_all(&mut conn, &pd);
-    receive_all(&mut conn);
-    conn.disconnect().unwrap();
-    drop(conn);
+    let mut ex = Exchange::new(conn, &pd);
+    for i in 0..COUNT {
+        ex.send(pattern(SIZE, i as u8));
+    }
+    for _ in 0..COUNT {
+        assert_eq!(ex.receive().len(), SIZE);
+    }
+    ex.conn.disconnect().unwrap();
+    drop(ex);
     let (ok, out) = finish(client);
     assert!(ok && out.contains("data transfers complete"), "{out}");
 }
@@ -305,42 +372,6 @@ fn rping_parse(b: &[u8]) -> mtrdma_verbs::RemoteRegion {
     }
 }
 
-/// SENDs `data` on `conn` and waits for its completion.
-fn send(
-    conn: &mut mtrdma_verbs::cm::Connection,
-    pd: &mtrdma_verbs::ProtectionDomain,
-    data: Vec<u8>,
-) {
-    let len = data.len();
-    let msg = pd.register(data, Access::LOCAL).unwrap();
-    conn.qp().post_send(SendOp::Send, msg, 0..len, 7).unwrap();
-    let done = wait(conn.qp(), 1).pop().unwrap();
-    assert_eq!(done.status, WcStatus::Success, "{done:?}");
-}
-
-/// The next message on `conn` (a receive posted again in its place).
-fn receive(conn: &mut mtrdma_verbs::cm::Connection) -> Vec<u8> {
-    let got = wait(conn.qp(), 1).pop().unwrap();
-    assert_eq!(
-        (got.status, got.opcode),
-        (WcStatus::Success, Opcode::Recv),
-        "{got:?}"
-    );
-    let bytes = got.region.read()[..got.byte_len as usize].to_vec();
-    conn.qp().post_recv(got.region, 0..64, 0).unwrap();
-    bytes
-}
-
-/// A queue pair with two receives of 64 bytes up, as rping keeps.
-fn rping_qp(pd: &mtrdma_verbs::ProtectionDomain) -> mtrdma_verbs::PreparedQueuePair {
-    let mut qp = pd.queue_pair().build().unwrap();
-    for i in 0..2 {
-        qp.post_recv(pd.allocate(64, Access::LOCAL).unwrap(), 0..64, i)
-            .unwrap();
-    }
-    qp
-}
-
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn rping_as_the_server_and_as_the_client_pings_ours() {
@@ -356,37 +387,26 @@ fn rping_as_the_server_and_as_the_client_pings_ours() {
     let port = 25_000 + (std::process::id() % 5_000) as u16;
     let addr = SocketAddr::new(ip.into(), port);
     let server = tool("rping", &["-s", "-a"], addr, &["-C", &pings, "-S", &len]);
-    let mut conn = connect_when_listening(addr, || rping_qp(&pd), "rping");
+    let conn = connect_when_listening(addr, || with_receives(&pd, 2, 64), "rping");
+    let mut ex = Exchange::new(conn, &pd);
     for ping in 0..PINGS {
         let mut text = format!("rdma-ping-{ping}: ").into_bytes();
         text.extend((0..LEN - text.len() - 1).map(|i| b'A' + ((i + ping) % 26) as u8));
         text.push(0);
-        let source = pd
-            .register(
-                text.clone(),
-                Access {
-                    remote_read: true,
-                    ..Access::LOCAL
-                },
-            )
-            .unwrap();
+        let readable = Access {
+            remote_read: true,
+            ..Access::LOCAL
+        };
+        let source = pd.register(text.clone(), readable).unwrap();
         let sink = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
-        send(&mut conn, &pd, rping_info(&source.remote().unwrap()));
-        assert_eq!(
-            receive(&mut conn).len(),
-            16,
-            "rping's go-ahead after its READ"
-        );
-        send(&mut conn, &pd, rping_info(&sink.remote().unwrap()));
-        assert_eq!(
-            receive(&mut conn).len(),
-            16,
-            "rping's go-ahead after its WRITE"
-        );
+        ex.send(rping_info(&source.remote().unwrap()));
+        assert_eq!(ex.receive().len(), 16, "rping's go-ahead after its READ");
+        ex.send(rping_info(&sink.remote().unwrap()));
+        assert_eq!(ex.receive().len(), 16, "rping's go-ahead after its WRITE");
         assert_eq!(sink.read(), text, "ping {ping} came back");
     }
-    conn.disconnect().unwrap();
-    drop(conn);
+    ex.conn.disconnect().unwrap();
+    drop(ex);
     let (ok, out) = finish(server);
     assert!(ok, "{out}");
 
@@ -399,31 +419,38 @@ fn rping_as_the_server_and_as_the_client_pings_ours() {
         &["-C", &pings, "-S", &len, "-V", "-v"],
     );
     let request = listener.next_request(WAIT).expect("rping's request");
-    let mut conn = request.accept(rping_qp(&pd), b"", WAIT).expect("accepted");
+    let conn = request
+        .accept(with_receives(&pd, 2, 64), b"", WAIT)
+        .expect("accepted");
+    let mut ex = Exchange::new(conn, &pd);
     for _ in 0..PINGS {
-        let from = rping_parse(&receive(&mut conn));
-        let buf = pd.allocate(from.len as usize, Access::LOCAL).unwrap();
-        conn.qp()
-            .post_send(SendOp::Read(from), buf, 0..from.len as usize, 1)
+        let from = rping_parse(&ex.receive());
+        let n = from.len as usize;
+        let buf = pd.allocate(n, Access::LOCAL).unwrap();
+        ex.conn
+            .qp()
+            .post_send(SendOp::Read(from), buf, 0..n, READ)
             .unwrap();
-        let read = wait(conn.qp(), 1).pop().unwrap();
-        assert_eq!(read.status, WcStatus::Success);
-        send(&mut conn, &pd, vec![0; 16]);
-        let to = rping_parse(&receive(&mut conn));
+        let read = ex.done(READ);
+        ex.send(vec![0; 16]);
+        let to = rping_parse(&ex.receive());
         let data = read.region.read();
         let n = data
             .iter()
             .position(|&b| b == 0)
             .map_or(data.len(), |i| i + 1);
-        conn.qp()
-            .post_send(SendOp::Write(to), read.region, 0..n, 2)
+        ex.conn
+            .qp()
+            .post_send(SendOp::Write(to), read.region, 0..n, WRITE)
             .unwrap();
-        let wrote = wait(conn.qp(), 1).pop().unwrap();
-        assert_eq!(wrote.status, WcStatus::Success);
-        send(&mut conn, &pd, vec![0; 16]);
+        ex.done(WRITE);
+        ex.send(vec![0; 16]);
     }
-    assert!(conn.wait_disconnected(WAIT).unwrap(), "rping disconnected");
-    drop(conn);
+    assert!(
+        ex.conn.wait_disconnected(WAIT).unwrap(),
+        "rping disconnected"
+    );
+    drop(ex);
     let (ok, out) = finish(client);
     assert!(
         ok && out.matches("ping data: rdma-ping-").count() == PINGS,
