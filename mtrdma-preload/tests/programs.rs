@@ -421,3 +421,105 @@ fn the_extended_posting_api_is_scheduled_and_completes_as_posted() {
         }
     }
 }
+
+/// The IPv4 address of `device`'s port 1: its IPv4-mapped GID (rdma_cm
+/// connects by address; `localhost` is not on the RDMA device).
+fn device_ip(device: &str) -> String {
+    (0..16)
+        .filter_map(|i| {
+            std::fs::read_to_string(format!("/sys/class/infiniband/{device}/ports/1/gids/{i}")).ok()
+        })
+        .find_map(|gid| {
+            let w: Vec<u16> = gid
+                .trim()
+                .split(':')
+                .map(|x| u16::from_str_radix(x, 16).unwrap_or(0))
+                .collect();
+            (w.len() == 8 && w[..5].iter().all(|&x| x == 0) && w[5] == 0xffff).then(|| {
+                let [a, b] = w[6].to_be_bytes();
+                let [c, d] = w[7].to_be_bytes();
+                format!("{a}.{b}.{c}.{d}")
+            })
+        })
+        .unwrap_or_else(|| panic!("{device} has no IPv4 address (no IPv4-mapped GID)"))
+}
+
+/// `program` with `args` in perftest's rdma_cm mode (`-R`), server and
+/// client both `way`, the client connecting to `ip`: (server, client)
+/// output. The server listens through rdma_cm, not on a TCP port: the
+/// client asks again while the server is not listening yet.
+fn pair_rdma_cm(program: &str, args: &[&str], dev: &str, ip: &str, way: &Way) -> (Output, Output) {
+    let port = port().to_string();
+    let common = ["-R", "-d", dev, "-x", GID, "-p", &port];
+    let server = way
+        .command(program)
+        .args(common)
+        .args(args)
+        .spawn()
+        .unwrap();
+    let limit = Duration::from_secs(120);
+    let start = Instant::now();
+    let c = loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let client = way
+            .command(program)
+            .args(common)
+            .args(args)
+            .arg(ip)
+            .spawn()
+            .unwrap();
+        let c = finish(client, limit, &format!("{program} -R client"));
+        if c.status.success() || start.elapsed() > Duration::from_secs(10) {
+            break c;
+        }
+    };
+    let s = finish(server, limit, &format!("{program} -R server"));
+    (s, c)
+}
+
+#[test]
+#[ignore = "needs an RDMA device (MTRDMA_TEST_DEVICE)"]
+fn perftest_in_rdma_cm_mode_runs_under_the_library_its_queue_pairs_scheduled() {
+    // rdma_cm creates the queue pairs (rdma_create_qp, which calls
+    // ibv_create_qp): the library admits and schedules them as any other.
+    let Some(dev) = device() else { return };
+    let ip = device_ip(&dev);
+    let rig = Rig::on(dev, "perftest-rdma-cm", "", &[("MTRDMA_REPORT", "1")]);
+    let args = ["-s", "65536", "-n", "2000"];
+    let (ps, pc) = pair_rdma_cm("ib_write_bw", &args, &rig.dev, &ip, &Way::Plain);
+    assert!(
+        ps.status.success() && pc.status.success(),
+        "{}\nserver: {}",
+        text(&pc),
+        text(&ps)
+    );
+    let (ls, lc) = pair_rdma_cm("ib_write_bw", &args, &rig.dev, &ip, &rig.preloaded);
+    assert!(
+        ls.status.success() && lc.status.success(),
+        "{}\nserver: {}",
+        text(&lc),
+        text(&ls)
+    );
+    let (plain, ours) = (row(&pc), row(&lc));
+    assert_eq!(plain[..2], ours[..2], "same size and iterations");
+    let ratio = ours[3] / plain[3];
+    eprintln!(
+        "ib_write_bw -R: plain {} preloaded {} ({ratio:.2})",
+        plain[3], ours[3]
+    );
+    assert!(
+        ratio > 0.4,
+        "{} plain against {} preloaded",
+        plain[3],
+        ours[3]
+    );
+    // "mtrdma-preload: N sends on Q scheduled queue pairs, ..."
+    let report = String::from_utf8_lossy(&lc.stderr);
+    let scheduled = report
+        .lines()
+        .find_map(|l| l.split(" sends on ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|q| q.parse::<u32>().ok())
+        .unwrap_or_else(|| panic!("no report of scheduled sends in:\n{}", text(&lc)));
+    assert!(scheduled >= 1, "{}", text(&lc));
+}
