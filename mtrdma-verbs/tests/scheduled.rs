@@ -102,6 +102,47 @@ fn chunked_writes_and_reads_show_one_completion_and_move_every_byte() {
 
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_scheduled_queue_pair_lends_a_piece_and_takes_it_back_among_its_pieces() {
+    // 64 KiB WRITEs in 16 KiB pieces go on while a piece is lent; the
+    // piece comes back through the scheduled poll, with the peer's bytes.
+    const LEN: usize = 64 << 10;
+    let (_ctx, pd) = device_pd();
+    let (a, mut b) = pair(&pd);
+    let mut a = chunked(a, 16 << 10);
+    let piece = pd.allocate(4096, Access::LENDABLE).unwrap();
+    let key = a.lend(piece, Access::REMOTE_READ_WRITE).unwrap();
+    assert_eq!(a.lent(), 1);
+    let target = pd.allocate(LEN, Access::REMOTE_READ_WRITE).unwrap();
+    let src = pd.register(pattern(LEN, 3), Access::LOCAL).unwrap();
+    a.post_send(SendOp::Write(target.remote().unwrap()), src, 0..LEN, 1)
+        .unwrap();
+    // The peer writes the lent piece meanwhile.
+    let data = pd.register(pattern(4096, 8), Access::LOCAL).unwrap();
+    b.post_send(SendOp::Write(key), data, 0..4096, 2).unwrap();
+    assert_eq!(wait(&mut b, 1).pop().unwrap().status, WcStatus::Success);
+    a.take_back(&key, 3).unwrap();
+    let mut done = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while done.len() < 2 {
+        a.poll(&mut done).unwrap();
+        assert!(Instant::now() < deadline, "{done:?}");
+    }
+    let back = done.iter().find(|c| c.context == 3).expect("the piece");
+    assert_eq!(
+        (back.status, back.opcode, back.region.read()),
+        (WcStatus::Success, Opcode::Invalidate, pattern(4096, 8))
+    );
+    let write = done.iter().find(|c| c.context == 1).expect("the WRITE");
+    assert_eq!(
+        (write.status, write.byte_len),
+        (WcStatus::Success, LEN as u32)
+    );
+    assert_eq!(target.read(), pattern(LEN, 3));
+    assert_eq!(a.lent(), 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_write_with_immediate_sent_whole_shows_its_length_to_the_peer() {
     // 64 KiB in 16 KiB pieces: split, the peer's receive completion
     // reports the last piece's 16 KiB; sent whole, all 64 KiB.

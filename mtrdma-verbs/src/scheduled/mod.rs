@@ -559,6 +559,32 @@ impl<Q: PieceScheduler> ScheduledQueuePair<Q> {
         self.inner.qpn
     }
 
+    /// Lends `region` to the peer through a memory window, as
+    /// [`QueuePair::lend`] does. The bind goes to the device at once,
+    /// ahead of sends the scheduler still holds (it moves no bytes).
+    pub fn lend(
+        &mut self,
+        region: crate::MemoryRegion,
+        rights: crate::Access,
+    ) -> Result<crate::RemoteRegion, PostError> {
+        self.inner.with_sink(|qp| qp.lend(region, rights))
+    }
+
+    /// Takes back the piece lent under `lent`'s key, as
+    /// [`QueuePair::take_back`] does; the piece comes back in a completion
+    /// [`poll`](crate::PollCompletions::poll) hands out. The invalidation
+    /// goes to the device at once, ahead of sends the scheduler still
+    /// holds (none of them uses the lent piece, which the queue pair
+    /// holds).
+    pub fn take_back(&mut self, lent: &crate::RemoteRegion, context: u64) -> Result<(), Error> {
+        self.inner.with_sink(|qp| qp.take_back(lent, context))
+    }
+
+    /// Pieces lent and not yet taken back.
+    pub fn lent(&self) -> usize {
+        self.inner.with_sink_ref(|qp| qp.lent())
+    }
+
     scheduled_accessors!();
 
     crate::macros::posting_fn! {
