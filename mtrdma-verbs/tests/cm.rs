@@ -114,6 +114,11 @@ fn a_client_connects_by_address_with_private_data_and_the_bytes_move() {
 fn a_rejected_request_says_why_and_a_port_nobody_listens_on_is_refused() {
     let (_ctx, pd) = device_pd();
     let (mut listener, addr) = listener();
+    // Nobody asks yet: the wait ends, and says so.
+    match listener.next_request(Duration::from_millis(200)) {
+        Err(ConnectError::TimedOut { step, .. }) => assert!(step.contains("request"), "{step}"),
+        other => panic!("no request came: {other:?}"),
+    }
     let server = std::thread::spawn(move || {
         let request = listener.next_request(WAIT).expect("a request");
         assert!(padded(request.private_data(), b"let me in"));
