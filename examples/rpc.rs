@@ -797,7 +797,9 @@ async fn answer_all<Q: AnswerOn>(
     let mut said_bye = vec![false; clients.len()];
     // Requests that came while every answer buffer was out, oldest first.
     let mut backlog: VecDeque<UdCompletion> = VecDeque::new();
-    let end = tokio::time::Instant::from_std(deadline);
+    // One timer for the whole run, not one per request.
+    let end = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
+    tokio::pin!(end);
     // An answer's completion hands its buffer back to the pool.
     let answered = |c: UdCompletion, pool: &mut Vec<MemoryRegion>| {
         if !c.status.is_success() {
@@ -811,7 +813,7 @@ async fn answer_all<Q: AnswerOn>(
             Some(c) => c,
             None => tokio::select! {
                 c = qp.incoming() => c.map_err(|e| format!("waiting for requests: {e}"))?,
-                _ = tokio::time::sleep_until(end) => break,
+                _ = &mut end => break,
             },
         };
         if c.context == ANSWER {
