@@ -260,6 +260,18 @@ impl Id {
         }
     }
 
+    /// Whether the device is iWARP: its connection manager moves the
+    /// queue pair to RTS itself, during the connect or the accept.
+    fn iwarp(&self) -> bool {
+        // SAFETY: as in `device`.
+        unsafe {
+            let verbs = (*self.raw()).verbs;
+            !verbs.is_null()
+                && !(*verbs).device.is_null()
+                && (*(*verbs).device).transport_type == ffi::IBV_TRANSPORT_IWARP
+        }
+    }
+
     fn port_num(&self) -> u8 {
         // SAFETY: the identifier is live.
         unsafe { (*self.raw()).port_num }
@@ -626,21 +638,37 @@ impl Connector {
         // SAFETY: the route is resolved; `param` and its private data
         // outlive the call.
         if unsafe { sys::rdma_connect(self.id.raw(), &mut param) } != 0 {
-            return Err(cm_error("rdma_connect", qp.pd().context().name()).into());
+            let error = cm_error("rdma_connect", qp.pd().context().name());
+            // iWARP connects over TCP: nobody listening refuses it at once,
+            // where IB and RoCE answer with a reject.
+            if let Error::Verbs { source, .. } = &error {
+                if source.kind() == io::ErrorKind::ConnectionRefused {
+                    return Err(ConnectError::Rejected {
+                        peer: self.peer,
+                        private_data: Vec::new(),
+                    });
+                }
+            }
+            return Err(error.into());
         }
-        let answer = self.id.expect(
-            ev::RDMA_CM_EVENT_CONNECT_RESPONSE,
-            timeout,
-            self.peer,
-            "connecting",
-        )?;
-        self.id
-            .move_qp(&qp, ffi::ibv_qp_state::IBV_QPS_RTR, "RTR")?;
-        self.id
-            .move_qp(&qp, ffi::ibv_qp_state::IBV_QPS_RTS, "RTS")?;
-        // SAFETY: the queue pair is in RTS; the identifier is connecting.
-        if unsafe { sys::rdma_establish(self.id.raw()) } != 0 {
-            return Err(cm_error("rdma_establish", qp.pd().context().name()).into());
+        // IB and RoCE answer with a response, and the queue pair is moved
+        // here; iWARP's connection manager moves it and says established.
+        let iwarp = self.id.iwarp();
+        let want = if iwarp {
+            ev::RDMA_CM_EVENT_ESTABLISHED
+        } else {
+            ev::RDMA_CM_EVENT_CONNECT_RESPONSE
+        };
+        let answer = self.id.expect(want, timeout, self.peer, "connecting")?;
+        if !iwarp {
+            self.id
+                .move_qp(&qp, ffi::ibv_qp_state::IBV_QPS_RTR, "RTR")?;
+            self.id
+                .move_qp(&qp, ffi::ibv_qp_state::IBV_QPS_RTS, "RTS")?;
+            // SAFETY: the queue pair is in RTS; the identifier is connecting.
+            if unsafe { sys::rdma_establish(self.id.raw()) } != 0 {
+                return Err(cm_error("rdma_establish", qp.pd().context().name()).into());
+            }
         }
         Ok(Connection {
             qp,
@@ -766,10 +794,13 @@ impl ConnectRequest {
     ) -> Result<Connection, ConnectError> {
         let qp = qp.into_qp();
         same_device(&self.id, &qp)?;
-        self.id
-            .move_qp(&qp, ffi::ibv_qp_state::IBV_QPS_RTR, "RTR")?;
-        self.id
-            .move_qp(&qp, ffi::ibv_qp_state::IBV_QPS_RTS, "RTS")?;
+        // iWARP's connection manager moves the queue pair itself.
+        if !self.id.iwarp() {
+            self.id
+                .move_qp(&qp, ffi::ibv_qp_state::IBV_QPS_RTR, "RTR")?;
+            self.id
+                .move_qp(&qp, ffi::ibv_qp_state::IBV_QPS_RTS, "RTS")?;
+        }
         let mut param = conn_param(&qp, private_data)?;
         // SAFETY: the request's identifier; `param` outlives the call.
         if unsafe { sys::rdma_accept(self.id.raw(), &mut param) } != 0 {

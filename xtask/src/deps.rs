@@ -80,6 +80,29 @@ fn apt_update() -> Result<()> {
     proc::check(Command::new("apt-get").args(["update", "-q"]))
 }
 
+/// Installs `packages` if any is missing (as root), or says how to.
+pub(crate) fn ensure_packages(packages: &[&str], why: &str) -> Result<()> {
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "{why} needs {}; run as root: apt-get install -y {}",
+            missing.join(" "),
+            missing.join(" ")
+        );
+    }
+    apt_update_if_needed()?;
+    if !apt_install(&missing)? {
+        apt_update()?;
+        if !apt_install(&missing)? {
+            bail!("apt-get could not install {} ({why})", missing.join(" "));
+        }
+    }
+    Ok(())
+}
+
 fn apt_install(packages: &[&str]) -> Result<bool> {
     proc::status(
         Command::new("apt-get")

@@ -15,7 +15,11 @@ use crate::{cpio, deps, proc};
 /// name at run time by rdma_rxe (no `depends=` names it): without it
 /// `rdma link add` fails with ENOENT. `veth` and `sch_tbf` carry
 /// `--link`'s shaped link. `rdma_ucm` gives programs rdma_cm
-/// (`/dev/infiniband/rdma_cm`: connections by address).
+/// (`/dev/infiniband/rdma_cm`: connections by address). `siw` is
+/// SoftiWARP, the second provider: Debian's kernel package does not ship
+/// it, so it is built from Debian's kernel source for that kernel
+/// ([`build_siw`]); it loads `crc32c_generic` by name at run time, as rxe
+/// does `crc32_generic`.
 ///
 /// The cache records this list: a cache unpacked for another list is
 /// unpacked again.
@@ -28,6 +32,8 @@ const ROOT_MODULES: &[&str] = &[
     "ib_uverbs",
     "rdma_rxe",
     "rdma_ucm",
+    "crc32c_generic",
+    "siw",
     "veth",
     "sch_tbf",
 ];
@@ -162,6 +168,15 @@ fn unpack(package: &str, work: &Path, dir: &Path) -> Result<()> {
         }
     })?;
 
+    if !available.contains_key("siw") && !builtin.contains("siw") {
+        let version = modules_root
+            .file_name()
+            .and_then(|n| n.to_str())
+            .context("lib/modules/<version>")?
+            .to_string();
+        available.insert("siw".into(), build_siw(&version, work)?);
+    }
+
     let mut order = Vec::new();
     let mut seen = HashSet::new();
     for m in ROOT_MODULES {
@@ -183,6 +198,46 @@ fn unpack(package: &str, work: &Path, dir: &Path) -> Result<()> {
     fs::rename(&staging, dir)?;
     println!("vm: kernel {package} ready ({} modules)", order.len());
     Ok(())
+}
+
+/// Builds SoftiWARP's module (`siw.ko`) for the kernel `version`
+/// (`6.1.0-48-amd64`) in `work`: from Debian's kernel source for its
+/// series (`linux-source-6.1`) against its headers
+/// (`linux-headers-6.1.0-48-amd64`), both installed if missing.
+fn build_siw(version: &str, work: &Path) -> Result<PathBuf> {
+    let series = version.splitn(3, '.').take(2).collect::<Vec<_>>().join(".");
+    let (headers, source) = (
+        format!("linux-headers-{version}"),
+        format!("linux-source-{series}"),
+    );
+    deps::ensure_packages(&[&headers, &source], "building SoftiWARP (siw) for the VM")?;
+    println!("vm: building siw for {version} (the kernel package has no SoftiWARP)");
+    let src = work.join("siw-src");
+    fs::create_dir_all(&src)?;
+    let tarball = format!("/usr/src/linux-source-{series}.tar.xz");
+    proc::check(
+        Command::new("tar")
+            .arg("-xJf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(&src)
+            .args(["--wildcards", "*/drivers/infiniband/sw/siw/*"]),
+    )?;
+    let dir = fs::read_dir(&src)?
+        .flatten()
+        .map(|e| e.path().join("drivers/infiniband/sw/siw"))
+        .find(|p| p.is_dir())
+        .with_context(|| format!("no drivers/infiniband/sw/siw in {tarball}"))?;
+    proc::check(
+        Command::new("make")
+            .arg("-C")
+            .arg(format!("/usr/src/linux-headers-{version}"))
+            .arg(format!("M={}", dir.display()))
+            .args(["CONFIG_RDMA_SIW=m", "modules"]),
+    )?;
+    let ko = dir.join("siw.ko");
+    anyhow::ensure!(ko.exists(), "building siw left no {}", ko.display());
+    Ok(ko)
 }
 
 /// `ROOT_MODULES` as the cache records them, one a line.

@@ -349,6 +349,25 @@ fn device_tests(preload: proc::Background) -> Result<(bool, String, Option<TestC
             bin = proc::shell_quote(bin),
         );
     }
+    // The second provider: SoftiWARP (siw0, which the VM sets up) connects
+    // only through rdma_cm, so the rdma_cm tests are the device tests that
+    // apply to it; the others connect by exchanging endpoints, which
+    // iWARP cannot.
+    if let Some(cm) = binaries
+        .iter()
+        .find(|b| b.rsplit('/').next().is_some_and(|n| n.starts_with("cm-")))
+    {
+        let _ = writeln!(
+            script,
+            "if [ -e /sys/class/infiniband/siw0 ]; then\n\
+             echo '==> {name} on siw0 (SoftiWARP)'\n\
+             MTRDMA_TEST_DEVICE=siw0 {bin} --ignored --test-threads=1 --color never || status=1\n\
+             elif [ -n \"${{MTRDMA_VM:-}}\" ]; then echo 'siw0 (SoftiWARP) is missing in the VM'; status=1\n\
+             else echo 'no siw0: the rdma_cm tests did not run on SoftiWARP'; fi",
+            name = cm.rsplit('/').next().unwrap_or(cm),
+            bin = proc::shell_quote(cm),
+        );
+    }
     // The soak (in the VM's boot, before the device tests) fails the stage
     // too.
     script.push_str(

@@ -313,6 +313,15 @@ step 'bring eth0 up' ip link set eth0 up
 step 'add 10.0.2.15 to eth0' ip addr add 10.0.2.15/24 dev eth0
 step 'rdma link add rxe0' rdma link add rxe0 type rxe netdev eth0
 wait_active rxe0
+# SoftiWARP, the second provider, on a netdev of its own (one end of a
+# veth pair, 10.0.3.1): rdma_cm resolves that address to siw0, and
+# 10.0.2.15 to rxe0.
+if [ -d /sys/module/siw ]; then
+    ip link add siwa type veth peer name siwb && ip addr add 10.0.3.1/24 dev siwa \
+        && ip link set siwa up && ip link set siwb up \
+        && rdma link add siw0 type siw netdev siwa \
+        || echo "mtrdma-vm: SoftiWARP (siw0 on siwa) could not be set up" >&2
+fi
 {link_setup}ulimit -l unlimited
 {env}export TMPDIR="$JOB/scratch"
 export MTRDMA_VM=1
