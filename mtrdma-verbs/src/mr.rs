@@ -219,6 +219,27 @@ enum Backing {
     Owned(ManuallyDrop<Box<dyn RegisterMemory>>),
 }
 
+impl Backing {
+    /// Gives back the `len` bytes at `buf` that it holds.
+    ///
+    /// # Safety
+    /// Called once, when nothing reaches the bytes any more (never
+    /// registered, or deregistered); for [`Backing::Boxed`], `buf` is a
+    /// leaked boxed slice of `len` bytes. The value is not used after.
+    unsafe fn free(&mut self, buf: NonNull<u8>, len: usize) {
+        match self {
+            Backing::Boxed => {
+                let slice = std::ptr::slice_from_raw_parts_mut(buf.as_ptr(), len);
+                // SAFETY: the caller's promise: a leaked boxed slice of
+                // `len` bytes, freed once, here.
+                drop(unsafe { Box::from_raw(slice) });
+            }
+            // SAFETY: the caller's promise: dropped once, here.
+            Backing::Owned(owner) => unsafe { ManuallyDrop::drop(owner) },
+        }
+    }
+}
+
 /// A registration and the buffer it covers, shared by the pieces of one
 /// region. Each piece owns a disjoint range of the buffer.
 struct Registration {
@@ -252,17 +273,9 @@ impl Drop for Registration {
             tracing::error!(rc, "ibv_dereg_mr failed; leaking the buffer");
             return;
         }
-        match &mut self.backing {
-            Backing::Boxed => {
-                let slice = std::ptr::slice_from_raw_parts_mut(self.buf.as_ptr(), self.len);
-                // SAFETY: `buf` came from `Box::into_raw` of a boxed slice of
-                // `len` bytes at registration, and is freed once, here.
-                drop(unsafe { Box::from_raw(slice) });
-            }
-            // SAFETY: dropped once, here, after deregistration; never used
-            // again.
-            Backing::Owned(owner) => unsafe { ManuallyDrop::drop(owner) },
-        }
+        // SAFETY: deregistered; `backing` holds `buf` as registered, and
+        // is freed once, here.
+        unsafe { self.backing.free(self.buf, self.len) };
     }
 }
 
@@ -369,9 +382,6 @@ impl ProtectionDomain {
         permit: Option<OwnedMrPermit>,
     ) -> Result<MemoryRegion, Error> {
         let len = buf.len();
-        if len == 0 {
-            return Err(Error::EmptyRegion);
-        }
         let buf = NonNull::new(Box::into_raw(buf).cast::<u8>())
             .expect("a boxed slice's pointer is never null");
         // SAFETY: the box was leaked just above: its `len` bytes are the
@@ -397,24 +407,17 @@ impl ProtectionDomain {
         permit: Option<OwnedMrPermit>,
     ) -> Result<MemoryRegion, Error> {
         let device = self.context().name().to_string();
-        // From here on `Drop` of this unregistered registration would
-        // deregister: give the bytes back by hand on each early return.
-        let give_back = |backing: Backing| match backing {
-            Backing::Boxed => {
-                let slice = std::ptr::slice_from_raw_parts_mut(buf.as_ptr(), len);
-                // SAFETY: the caller's promise: a leaked boxed slice of
-                // `len` bytes, freed once, here.
-                drop(unsafe { Box::from_raw(slice) });
-            }
-            Backing::Owned(owner) => drop(ManuallyDrop::into_inner(owner)),
-        };
+        // Nothing registered yet: each early return gives the bytes back.
+        let mut backing = backing;
+        // SAFETY: the caller's promise for `buf`; once, on an early return.
+        let give_back = |b: &mut Backing| unsafe { b.free(buf, len) };
         if len == 0 {
-            give_back(backing);
+            give_back(&mut backing);
             return Err(Error::EmptyRegion);
         }
         if let Some(limit) = memlock_limit() {
             if len as u64 > limit {
-                give_back(backing);
+                give_back(&mut backing);
                 return Err(Error::MemlockTooLow {
                     limit,
                     needed: len as u64,
@@ -428,7 +431,7 @@ impl ProtectionDomain {
             unsafe { ffi::ibv_reg_mr(self.raw(), buf.as_ptr().cast(), len, access.flags() as i32) };
         let Some(mr) = NonNull::new(mr) else {
             let source = io::Error::last_os_error();
-            give_back(backing);
+            give_back(&mut backing);
             // A device without memory windows refuses the right to bind
             // them.
             let errno = rustix::io::Errno::from_io_error(&source);
