@@ -15,50 +15,9 @@ use mtrdma_verbs::{Access, Opcode, PollCompletions, SendOp, WcStatus};
 
 const WAIT: Duration = Duration::from_secs(10);
 
-/// The IPv4 address of `device`'s port 1: its IPv4-mapped GID (RoCE), or
-/// else its network device's address (iWARP, whose GIDs are MAC-based).
+/// The IPv4 address of `device`'s port 1 (loopback through the device).
 fn device_ip(device: &str) -> Ipv4Addr {
-    let port = format!("/sys/class/infiniband/{device}/ports/1");
-    let mapped = (0..16)
-        .filter_map(|i| std::fs::read_to_string(format!("{port}/gids/{i}")).ok())
-        .find_map(|gid| {
-            let words: Vec<u16> = gid
-                .trim()
-                .split(':')
-                .map(|w| u16::from_str_radix(w, 16).unwrap_or(0))
-                .collect();
-            (words.len() == 8 && words[..5].iter().all(|&w| w == 0) && words[5] == 0xffff).then(
-                || {
-                    let [a, b] = words[6].to_be_bytes();
-                    let [c, d] = words[7].to_be_bytes();
-                    Ipv4Addr::new(a, b, c, d)
-                },
-            )
-        });
-    mapped
-        .or_else(|| {
-            // "link DEV/1 state ACTIVE ... netdev NAME"
-            let link = std::process::Command::new("rdma")
-                .args(["link", "show", &format!("{device}/1")])
-                .output()
-                .ok()?;
-            let link = String::from_utf8_lossy(&link.stdout).into_owned();
-            let netdev = link
-                .split_whitespace()
-                .skip_while(|w| *w != "netdev")
-                .nth(1)?;
-            let out = std::process::Command::new("ip")
-                .args(["-o", "-4", "addr", "show", "dev", netdev])
-                .output()
-                .ok()?;
-            // "N: NAME    inet A.B.C.D/NN ..."
-            let text = String::from_utf8_lossy(&out.stdout);
-            let word = text
-                .split_whitespace()
-                .skip_while(|w| *w != "inet")
-                .nth(1)?;
-            word.split('/').next()?.parse().ok()
-        })
+    mtrdma_verbs::testing::device_ipv4(device)
         .unwrap_or_else(|| panic!("{device} has no IPv4 address"))
 }
 

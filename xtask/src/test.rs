@@ -45,6 +45,10 @@ const PRELOAD_WAIT: Duration = Duration::from_secs(20 * 60);
 /// The device tests' budget inside the VM.
 const VM_TIMEOUT: Duration = Duration::from_secs(40 * 60);
 
+/// The device tests run on SoftiWARP as well, as (test binary, name
+/// filter): those that connect through rdma_cm.
+const SIW_TESTS: [(&str, &str); 2] = [("cm-", ""), ("programs-", "rdma_cm")];
+
 struct Stage {
     name: &'static str,
     ok: bool,
@@ -350,22 +354,26 @@ fn device_tests(preload: proc::Background) -> Result<(bool, String, Option<TestC
         );
     }
     // The second provider: SoftiWARP (siw0, which the VM sets up) connects
-    // only through rdma_cm, so the rdma_cm tests are the device tests that
-    // apply to it; the others connect by exchanging endpoints, which
-    // iWARP cannot.
-    if let Some(cm) = binaries
-        .iter()
-        .find(|b| b.rsplit('/').next().is_some_and(|n| n.starts_with("cm-")))
-    {
+    // only through rdma_cm, so the device tests that apply to it are the
+    // rdma_cm ones: the library's own connections, and perftest's rdma_cm
+    // mode under the preload library. The others connect by exchanging
+    // endpoints, which iWARP cannot.
+    for (prefix, filter) in SIW_TESTS {
+        let Some(bin) = binaries
+            .iter()
+            .find(|b| b.rsplit('/').next().is_some_and(|n| n.starts_with(prefix)))
+        else {
+            continue;
+        };
         let _ = writeln!(
             script,
             "if [ -e /sys/class/infiniband/siw0 ]; then\n\
-             echo '==> {name} on siw0 (SoftiWARP)'\n\
-             MTRDMA_TEST_DEVICE=siw0 {bin} --ignored --test-threads=1 --color never || status=1\n\
+             echo '==> {name} {filter} on siw0 (SoftiWARP)'\n\
+             MTRDMA_TEST_DEVICE=siw0 {bin} {filter} --ignored --test-threads=1 --color never || status=1\n\
              elif [ -n \"${{MTRDMA_VM:-}}\" ]; then echo 'siw0 (SoftiWARP) is missing in the VM'; status=1\n\
-             else echo 'no siw0: the rdma_cm tests did not run on SoftiWARP'; fi",
-            name = cm.rsplit('/').next().unwrap_or(cm),
-            bin = proc::shell_quote(cm),
+             else echo 'no siw0: {name} did not run on SoftiWARP'; fi",
+            name = bin.rsplit('/').next().unwrap_or(bin),
+            bin = proc::shell_quote(bin),
         );
     }
     // The soak (in the VM's boot, before the device tests) fails the stage

@@ -666,3 +666,49 @@ impl Sink for NullSink {
 mod scheduled;
 
 pub use scheduled::*;
+
+/// The IPv4 address of `device`'s port 1, to connect to it through
+/// rdma_cm in a device test: its IPv4-mapped GID (RoCE), or else the
+/// address of the network device it is bound to (iWARP, whose GIDs are
+/// built from its MAC address; found with iproute2's `rdma link` and
+/// `ip`). `None` if it has neither.
+pub fn device_ipv4(device: &str) -> Option<std::net::Ipv4Addr> {
+    let port = format!("/sys/class/infiniband/{device}/ports/1");
+    let mapped = (0..16)
+        .filter_map(|i| std::fs::read_to_string(format!("{port}/gids/{i}")).ok())
+        .find_map(|gid| {
+            let words: Vec<u16> = gid
+                .trim()
+                .split(':')
+                .map(|w| u16::from_str_radix(w, 16).unwrap_or(0))
+                .collect();
+            let v4 = words.len() == 8 && words[..5].iter().all(|&w| w == 0) && words[5] == 0xffff;
+            v4.then(|| {
+                let [a, b] = words[6].to_be_bytes();
+                let [c, d] = words[7].to_be_bytes();
+                std::net::Ipv4Addr::new(a, b, c, d)
+            })
+        });
+    mapped.or_else(|| {
+        let run = |program: &str, args: &[&str]| -> Option<String> {
+            let out = std::process::Command::new(program)
+                .args(args)
+                .output()
+                .ok()?;
+            Some(String::from_utf8_lossy(&out.stdout).into_owned())
+        };
+        // "link DEV/1 state ACTIVE ... netdev NAME"
+        let link = run("rdma", &["link", "show", &format!("{device}/1")])?;
+        let netdev = link
+            .split_whitespace()
+            .skip_while(|w| *w != "netdev")
+            .nth(1)?;
+        // "N: NAME    inet A.B.C.D/NN ..."
+        let addr = run("ip", &["-o", "-4", "addr", "show", "dev", netdev])?;
+        let word = addr
+            .split_whitespace()
+            .skip_while(|w| *w != "inet")
+            .nth(1)?;
+        word.split('/').next()?.parse().ok()
+    })
+}
