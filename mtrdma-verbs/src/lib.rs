@@ -100,6 +100,7 @@ pub mod exchange;
 #[doc(hidden)]
 pub mod foreign;
 mod gid;
+mod lease;
 mod mr;
 mod pd;
 mod poll;
@@ -120,6 +121,7 @@ pub use completion::{Completion, Opcode, WcStatus};
 pub use device::{device_names, Context, LinkLayer, Mtu, PortInfo, PortState};
 pub use error::Error;
 pub use gid::{Gid, GidEntry, GidSelection, GidType};
+pub use lease::Lease;
 /// Memory mappings (files, shared memory, huge pages) to register with
 /// [`ProtectionDomain::register_memory`]: the version this crate implements
 /// [`RegisterMemory`] for.

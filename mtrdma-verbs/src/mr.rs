@@ -78,7 +78,7 @@ impl Access {
                 | ffi::ibv_access_flags::IBV_ACCESS_MW_BIND.0)
     }
 
-    fn flags(self) -> u32 {
+    pub(crate) fn flags(self) -> u32 {
         let mut flags = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
         if self.remote_read {
             flags |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
@@ -300,6 +300,31 @@ fn memlock_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Memlock).current
 }
 
+/// What a failed `ibv_reg_mr` of `len` bytes with `access` on `device`
+/// means, from its `errno` (`source`).
+pub(crate) fn reg_mr_error(source: io::Error, len: usize, access: Access, device: String) -> Error {
+    // A device without memory windows refuses the right to bind them.
+    let errno = rustix::io::Errno::from_io_error(&source);
+    let refused = [rustix::io::Errno::INVAL, rustix::io::Errno::OPNOTSUPP];
+    if access.lendable && errno.is_some_and(|e| refused.contains(&e)) {
+        return Error::MemoryWindowsUnsupported { device };
+    }
+    if source.raw_os_error() == Some(12) {
+        // ENOMEM from pinning: almost always the memlock limit.
+        if let Some(limit) = memlock_limit() {
+            return Error::MemlockTooLow {
+                limit,
+                needed: len as u64,
+            };
+        }
+    }
+    Error::Verbs {
+        call: "ibv_reg_mr",
+        device,
+        source,
+    }
+}
+
 impl ProtectionDomain {
     /// Registers `buf` (a `Vec<u8>`, boxed slice, ...) with `access`.
     pub fn register(
@@ -432,27 +457,7 @@ impl ProtectionDomain {
         let Some(mr) = NonNull::new(mr) else {
             let source = io::Error::last_os_error();
             give_back(&mut backing);
-            // A device without memory windows refuses the right to bind
-            // them.
-            let errno = rustix::io::Errno::from_io_error(&source);
-            let refused = [rustix::io::Errno::INVAL, rustix::io::Errno::OPNOTSUPP];
-            if access.lendable && errno.is_some_and(|e| refused.contains(&e)) {
-                return Err(Error::MemoryWindowsUnsupported { device });
-            }
-            if source.raw_os_error() == Some(12) {
-                // ENOMEM from pinning: almost always the memlock limit.
-                if let Some(limit) = memlock_limit() {
-                    return Err(Error::MemlockTooLow {
-                        limit,
-                        needed: len as u64,
-                    });
-                }
-            }
-            return Err(Error::Verbs {
-                call: "ibv_reg_mr",
-                device,
-                source,
-            });
+            return Err(reg_mr_error(source, len, access, device));
         };
         tracing::debug!(%device, len, ?access, "registered memory region");
         Ok(MemoryRegion {
@@ -483,7 +488,7 @@ impl MemoryRegion {
     }
 
     /// The first byte of this piece.
-    fn base(&self) -> *mut u8 {
+    pub(crate) fn base(&self) -> *mut u8 {
         // SAFETY: `offset < reg.len` (a piece is never empty and lies in
         // the buffer), so the result is in bounds of the allocation.
         unsafe { self.reg.buf.as_ptr().add(self.offset) }

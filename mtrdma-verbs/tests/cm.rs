@@ -9,9 +9,11 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use common::{capped_table, device_pd, pattern, wait};
-use mtrdma_core::TenantId;
-use mtrdma_verbs::cm::{ConnectError, Connector, Listener};
-use mtrdma_verbs::{Access, Opcode, PollCompletions, SendOp, WcStatus};
+use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantEntry, TenantId};
+use mtrdma_verbs::cm::{ConnectError, Connection, Connector, Listener};
+use mtrdma_verbs::{
+    Access, Error, Opcode, PollCompletions, ProtectionDomain, RemoteRegion, SendOp, WcStatus,
+};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -444,4 +446,163 @@ fn rping_as_the_server_and_as_the_client_pings_ours() {
         ok && out.matches("ping data: rdma-ping-").count() == PINGS,
         "{out}"
     );
+}
+
+/// A connection on the test device through rdma_cm, both ends on `pd`:
+/// (the client's end, the server's).
+fn connected(pd: &ProtectionDomain) -> (Connection, Connection) {
+    let (mut listener, addr) = listener();
+    let server_pd = pd.clone();
+    let server = std::thread::spawn(move || {
+        let request = listener.next_request(WAIT).expect("a request");
+        let qp = server_pd.queue_pair().build().unwrap();
+        request.accept(qp, b"", WAIT).expect("accepted")
+    });
+    let qp = pd.queue_pair().build().unwrap();
+    let client = Connector::resolve(addr, WAIT)
+        .expect("resolved")
+        .connect(qp, b"", WAIT)
+        .expect("connected");
+    (client, server.join().unwrap())
+}
+
+/// Whether the test device is iWARP.
+fn iwarp() -> bool {
+    let dev = common::device_name();
+    std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/node_type"))
+        .is_ok_and(|t| t.contains("RNIC"))
+}
+
+/// `op` of `len` bytes from or into `local` over a new connection on
+/// `pd` (a refused request ends its connection, so each has one of its
+/// own): its status, and `local` back.
+fn over_new_connection(
+    pd: &ProtectionDomain,
+    op: SendOp,
+    local: mtrdma_verbs::MemoryRegion,
+) -> (WcStatus, mtrdma_verbs::MemoryRegion) {
+    let (mut peer, _owner) = connected(pd);
+    let len = local.len();
+    peer.qp().post_send(op, local, 0..len, 1).unwrap();
+    let done = wait(peer.qp(), 1).pop().unwrap();
+    (done.status, done.region)
+}
+
+/// Whether a READ of `from` is refused, landing none of its bytes. IB and
+/// RoCE report a remote access error; iWARP's responder terminates the
+/// connection, which flushes the READ.
+fn read_refused(pd: &ProtectionDomain, from: RemoteRegion, what: &str) -> bool {
+    let into = pd.allocate(from.len as usize, Access::LOCAL).unwrap();
+    let (status, into) = over_new_connection(pd, SendOp::Read(from), into);
+    let refusals: &[WcStatus] = if iwarp() {
+        &[WcStatus::RemoteAccess, WcStatus::Flushed]
+    } else {
+        &[WcStatus::RemoteAccess]
+    };
+    assert!(refusals.contains(&status), "{what}: {status:?}");
+    into.read().iter().all(|&b| b == 0)
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_leased_piece_is_all_a_peer_reaches_and_only_until_it_is_taken_back() {
+    // Pieces of 4 KiB of a registration with no remote right of its own,
+    // one of them leased: the peer READs and WRITEs it through the
+    // lease's key, and nothing else, on rxe (whose memory windows are not
+    // bounded) and on SoftiWARP (which has none).
+    const PIECE: usize = 4096;
+    let (_ctx, pd) = device_pd();
+    let policy = Policy::new(
+        LinkConfig::new(1_000_000_000),
+        vec![TenantEntry::new(TenantId(1), "lender").with_max_mr_bytes(PIECE as u64 + 1)],
+    );
+    let table = QuotaTable::embedded(&policy).unwrap();
+    let tenant = table.table().attach(TenantId(1)).unwrap();
+    let mr_bytes = || table.table().usage().unwrap()[0].mr_bytes.0;
+    let mut pieces = pd
+        .allocate(4 * PIECE, Access::LOCAL)
+        .unwrap()
+        .into_pieces(PIECE)
+        .unwrap();
+    for (i, p) in pieces.iter_mut().enumerate() {
+        p.write_at(0, &pattern(PIECE, i as u8)).unwrap();
+    }
+    let p1 = pieces.remove(1);
+    let own_key = p1.rkey();
+    let lease = p1.lease_for(&tenant, Access::REMOTE_READ_WRITE).unwrap();
+    let key = lease.remote();
+    assert_eq!(
+        (key.len, lease.len(), mr_bytes()),
+        (PIECE as u64, PIECE, PIECE as u64)
+    );
+
+    // The piece, both ways.
+    let (mut peer, _owner) = connected(&pd);
+    let into = pd.allocate(PIECE, Access::LOCAL).unwrap();
+    peer.qp()
+        .post_send(SendOp::Read(key), into, 0..PIECE, 1)
+        .unwrap();
+    let got = wait(peer.qp(), 1).pop().unwrap();
+    assert_eq!(
+        (got.status, got.region.read()),
+        (WcStatus::Success, pattern(PIECE, 1))
+    );
+    let from = pd.register(pattern(PIECE, 9), Access::LOCAL).unwrap();
+    peer.qp()
+        .post_send(SendOp::Write(key), from, 0..PIECE, 2)
+        .unwrap();
+    assert_eq!(wait(peer.qp(), 1).pop().unwrap().status, WcStatus::Success);
+    drop((peer, _owner));
+
+    // The next piece under the lease's key, and one byte past the piece:
+    // refused. The registration's own key reaches nothing either.
+    let next = RemoteRegion {
+        addr: key.addr + PIECE as u64,
+        ..key
+    };
+    assert!(read_refused(&pd, next, "the next piece"));
+    let past = RemoteRegion {
+        addr: key.addr + 1,
+        ..key
+    };
+    assert!(read_refused(&pd, past, "one byte past the piece"));
+    // The registration's own key: a WRITE. (Not a READ: SoftiWARP sends
+    // a READ's bytes from any registration of the protection domain
+    // without checking its remote rights, `siw_qp_sq_proc_tx` in
+    // `drivers/infiniband/sw/siw/siw_qp_tx.c`.) An iWARP WRITE completes
+    // once sent, before the peer refuses it: the piece's bytes, below,
+    // show it landed nothing.
+    let own = RemoteRegion {
+        rkey: own_key,
+        ..key
+    };
+    let from = pd.register(pattern(PIECE, 0xee), Access::LOCAL).unwrap();
+    let (status, _) = over_new_connection(&pd, SendOp::Write(own), from);
+    if !iwarp() {
+        assert_eq!(status, WcStatus::RemoteAccess, "the registration's own key");
+    }
+
+    // Taken back: the peer's bytes, the quota back, the key dead.
+    let piece = lease.take_back().unwrap();
+    assert_eq!((piece.read(), mr_bytes()), (pattern(PIECE, 9), 0));
+    assert!(read_refused(&pd, key, "the key, taken back"));
+
+    // Refused with the piece handed back: no remote right, and over the
+    // tenant's quota (two pieces are more than it allows).
+    let refused = piece.lease(Access::LOCAL).unwrap_err();
+    assert!(matches!(*refused.error, Error::NoRightsToLend), "{refused}");
+    let pair = refused.region.join(pieces.remove(1)).unwrap();
+    let refused = pair
+        .lease_for(&tenant, Access::REMOTE_READ_WRITE)
+        .unwrap_err();
+    assert!(matches!(*refused.error, Error::Admission(_)), "{refused}");
+    assert_eq!((refused.region.len(), mr_bytes()), (2 * PIECE, 0));
+    // Dropped, a lease gives its quota back.
+    let lease = pieces
+        .remove(0)
+        .lease_for(&tenant, Access::REMOTE_READ_WRITE)
+        .unwrap();
+    assert_eq!(mr_bytes(), PIECE as u64);
+    drop(lease);
+    assert_eq!(mr_bytes(), 0);
 }

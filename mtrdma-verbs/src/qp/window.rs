@@ -139,7 +139,8 @@ impl QueuePair {
     /// taken back ([`take_back`](Self::take_back)); the window's bounds
     /// keep it to this piece on devices that enforce them, as the verbs
     /// specification asks (rxe does not: it checks a window's accesses
-    /// against the whole registration). Until then the queue pair holds
+    /// against the whole registration; a [`Lease`](crate::Lease) is
+    /// bounded on every device). Until then the queue pair holds
     /// the piece; dropping the queue pair revokes the key and frees it.
     ///
     /// The bind is a work request on the send queue: requests posted after
