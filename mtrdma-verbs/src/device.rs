@@ -184,6 +184,10 @@ struct ContextInner {
     ctx: *mut ffi::ibv_context,
     name: String,
     port_count: u8,
+    /// The device speaks iWARP ([`Context::is_iwarp`]).
+    iwarp: bool,
+    /// The device runs atomic operations ([`Context::has_atomics`]).
+    atomics: bool,
 }
 
 // SAFETY: an `ibv_context` may be used from any thread: libibverbs
@@ -274,6 +278,9 @@ impl Context {
             ctx,
             name,
             port_count: 0,
+            // SAFETY: `dev` is live (the caller's promise).
+            iwarp: unsafe { (*dev).transport_type } == ffi::IBV_TRANSPORT_IWARP,
+            atomics: false,
         };
         let mut attr = ffi::ibv_device_attr::default();
         // SAFETY: `ctx` is open and `attr` is a valid, writable struct.
@@ -283,10 +290,11 @@ impl Context {
             return Err(Error::Verbs {
                 call: "ibv_query_device",
                 device: inner.name.clone(),
-                source: io::Error::from_raw_os_error(rc),
+                source: crate::error::errno(rc),
             });
         }
         inner.port_count = attr.phys_port_cnt;
+        inner.atomics = attr.atomic_cap != ffi::IBV_ATOMIC_NONE;
         tracing::debug!(device = %inner.name, ports = inner.port_count, "opened RDMA device");
         Ok(Context {
             inner: Arc::new(inner),
@@ -311,6 +319,19 @@ impl Context {
     pub fn max_sge(&self) -> Result<u32, Error> {
         let attrs = crate::qp::device_attrs(self)?;
         Ok(u32::try_from(attrs.max_sge).unwrap_or(0))
+    }
+
+    /// Whether the device speaks iWARP (SoftiWARP, Chelsio, Intel's iWARP
+    /// mode): it connects only through rdma_cm (the `cm` module), and its
+    /// requests carry no immediate data.
+    pub fn is_iwarp(&self) -> bool {
+        self.inner.iwarp
+    }
+
+    /// Whether the device runs atomic operations (fetch-and-add,
+    /// compare-and-swap): its `atomic_cap` is not `IBV_ATOMIC_NONE`.
+    pub fn has_atomics(&self) -> bool {
+        self.inner.atomics
     }
 
     /// How many ports the device has (they are numbered from 1).
@@ -347,7 +368,7 @@ impl Context {
             return Err(Error::Verbs {
                 call: "ibv_query_port",
                 device: self.inner.name.clone(),
-                source: io::Error::from_raw_os_error(rc),
+                source: crate::error::errno(rc),
             });
         }
         let link_layer = match u32::from(attr.link_layer) {

@@ -134,11 +134,24 @@ pub enum Error {
     /// to bind them): pieces cannot be lent ([`Access::lendable`](crate::Access::lendable)).
     #[error(
         "{device} has no memory windows of type 2: pieces cannot be lent; give the peer the \
-         region's own remote rights instead"
+         region's own remote rights, or lease the piece (MemoryRegion::lease)"
     )]
     MemoryWindowsUnsupported {
         /// The device.
         device: String,
+    },
+    /// The device refused a request of a kind it does not run: immediate
+    /// data on iWARP, atomic operations on a device without them
+    /// ([`Context::is_iwarp`](crate::Context::is_iwarp),
+    /// [`Context::has_atomics`](crate::Context::has_atomics)).
+    #[error("{device} does not run {operation}: {why}")]
+    OperationUnsupported {
+        /// The device.
+        device: String,
+        /// What it does not run.
+        operation: &'static str,
+        /// Why.
+        why: &'static str,
     },
     /// The region's registration was not made lendable
     /// ([`Access::lendable`](crate::Access::lendable)).
@@ -425,4 +438,10 @@ impl mtrdma_core::tenant::RateLimited for Error {
             _ => None,
         }
     }
+}
+
+/// The error a verbs call's return code `rc` names: an `errno`, which
+/// libibverbs returns positive and some providers (SoftiWARP's) negative.
+pub(crate) fn errno(rc: i32) -> io::Error {
+    io::Error::from_raw_os_error(rc.saturating_abs())
 }

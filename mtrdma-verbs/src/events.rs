@@ -136,7 +136,7 @@ impl Cq {
         };
         if rc != 0 {
             // Providers return a positive errno (or its negation).
-            return Err(("ibv_req_notify_cq", io::Error::from_raw_os_error(rc.abs())));
+            return Err(("ibv_req_notify_cq", crate::error::errno(rc)));
         }
         self.armed.set(true);
         Ok(Armed::Fd(events.fd().as_raw_fd()))

@@ -33,7 +33,6 @@
 //! program asked for one, not one per request.
 
 use std::ffi::c_int;
-use std::io;
 use std::ops::Range;
 use std::time::Instant;
 
@@ -496,7 +495,7 @@ impl Sink for ForeignSink {
             return Err(Error::Verbs {
                 call: "ibv_post_send",
                 device: format!("queue pair {}", self.qpn),
-                source: io::Error::from_raw_os_error(rc),
+                source: crate::error::errno(rc),
             });
         }
         Ok(())

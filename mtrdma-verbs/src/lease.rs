@@ -207,7 +207,7 @@ impl Lease {
         if rc == 0 {
             return Ok(());
         }
-        let source = io::Error::from_raw_os_error(rc);
+        let source = crate::error::errno(rc);
         tracing::error!(rc, "ibv_dereg_mr of a lease failed; leaking its piece");
         Err(Error::Verbs {
             call: "ibv_dereg_mr",

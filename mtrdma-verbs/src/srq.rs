@@ -686,7 +686,7 @@ impl SrqInner {
             Error::Verbs {
                 call: "ibv_post_srq_recv",
                 device: self.pd.context().name().to_string(),
-                source: io::Error::from_raw_os_error(rc.abs()),
+                source: crate::error::errno(rc),
             },
             back,
         ))
@@ -728,7 +728,7 @@ impl SrqInner {
             return Err(Error::Verbs {
                 call: "ibv_modify_srq (IBV_SRQ_LIMIT)",
                 device: self.pd.context().name().to_string(),
-                source: io::Error::from_raw_os_error(rc.abs()),
+                source: crate::error::errno(rc),
             });
         }
         state.level.armed = true;

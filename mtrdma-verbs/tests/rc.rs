@@ -171,8 +171,7 @@ fn atomics_change_the_peers_word_and_return_what_it_held() {
     let (_ctx, pd) = device_pd();
     let a = pd.queue_pair().build().unwrap();
     let b = pd.queue_pair().access(Access::REMOTE_ALL).build().unwrap();
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let (mut a, _b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    let (mut a, _b) = common::connect(a, b);
     let word = pd
         .register(40u64.to_ne_bytes().to_vec(), Access::REMOTE_ALL)
         .unwrap();
@@ -250,13 +249,10 @@ fn atomics_change_the_peers_word_and_return_what_it_held() {
     let (_table, tenant) = tenant(4, 1 << 20);
     let s = pd.queue_pair().tenant(&tenant).build().unwrap();
     let t = pd.queue_pair().access(Access::REMOTE_ALL).build().unwrap();
-    let (es, et) = (s.endpoint(), t.endpoint());
+    let (s, _t) = common::connect(s, t);
     let mut s = s
-        .connect(&et)
-        .unwrap()
         .scheduled(mtrdma_verbs::ScheduleConfig::default())
         .unwrap();
-    let _t = t.connect(&es).unwrap();
     s.post_send(SendOp::FetchAdd(remote, 5), local, 0..8, 10)
         .unwrap();
     let c = wait(&mut s, 1).pop().unwrap();
@@ -412,8 +408,7 @@ fn small_sends_go_inline_and_arrive_intact() {
     let (_ctx, pd) = device_pd();
     let a = pd.queue_pair().max_inline_data(64).build().unwrap();
     let b = pd.queue_pair().max_inline_data(64).build().unwrap();
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let (mut a, mut b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    let (mut a, mut b) = common::connect(a, b);
     let target = pd.allocate(256, Access::REMOTE_READ_WRITE).unwrap();
     let remote = target.remote().unwrap();
     // Inline (16 and 64 B) and not (65 and 256 B), WRITE and SEND.
@@ -556,8 +551,7 @@ fn a_send_to_a_peer_without_receives_fails_after_bounded_retries() {
             b = b.min_rnr_timer(code);
         }
         let b = b.build().unwrap();
-        let (ea, eb) = (a.endpoint(), b.endpoint());
-        let (mut a, _b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+        let (mut a, _b) = common::connect(a, b);
         let start = Instant::now();
         for i in 0..3u64 {
             let src = pd.register(pattern(64, i as u8), Access::LOCAL).unwrap();
@@ -583,4 +577,70 @@ fn a_send_to_a_peer_without_receives_fails_after_bounded_retries() {
         );
         assert_eq!(a.in_flight(), (0, 0));
     }
+}
+
+/// Immediate data and atomic operations where the device runs them; where
+/// it does not (iWARP has no immediate data; SoftiWARP has no atomics
+/// either) a clear refusal, the region handed back, the queue pair still
+/// working.
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn requests_of_a_kind_the_device_does_not_run_are_refused_by_name() {
+    let (ctx, pd) = device_pd();
+    eprintln!(
+        "{}: iWARP {}, atomics {}",
+        ctx.name(),
+        ctx.is_iwarp(),
+        ctx.has_atomics()
+    );
+    let a = pd.queue_pair().build().unwrap();
+    let b = pd.queue_pair().access(Access::REMOTE_ALL).build().unwrap();
+    let (mut a, mut b) = common::connect(a, b);
+    let word = pd.allocate(8, Access::REMOTE_ALL).unwrap();
+    let remote = word.remote().unwrap();
+    // Receives for the two requests with immediate data, and the SEND.
+    for i in 0..3 {
+        let recv = pd.allocate(64, Access::LOCAL).unwrap();
+        b.post_recv(recv, 0..64, i).unwrap();
+    }
+    let ops = [
+        (SendOp::SendWithImm(5), !ctx.is_iwarp(), "immediate data"),
+        (
+            SendOp::WriteWithImm(remote, 6),
+            !ctx.is_iwarp(),
+            "immediate data",
+        ),
+        (
+            SendOp::FetchAdd(remote, 1),
+            ctx.has_atomics(),
+            "atomic operations",
+        ),
+    ];
+    for (i, (op, runs, what)) in ops.into_iter().enumerate() {
+        let local = pd.allocate(8, Access::LOCAL).unwrap();
+        match a.post_send(op, local, 0..8, i as u64) {
+            Ok(()) => {
+                assert!(runs, "{what} posted on a device without them");
+                let done = wait(&mut a, 1).pop().unwrap();
+                assert_eq!(done.status, WcStatus::Success, "{what}");
+            }
+            Err(refused) => {
+                assert!(!runs, "{what} refused: {refused}");
+                match *refused.error {
+                    Error::OperationUnsupported { operation, .. } => assert_eq!(operation, what),
+                    ref other => panic!("{what}: {other}"),
+                }
+                assert_eq!(refused.region.len(), 8, "the region comes back");
+            }
+        }
+    }
+    // The queue pair still works: a SEND.
+    let local = pd.register(pattern(64, 3), Access::LOCAL).unwrap();
+    a.post_send(SendOp::Send, local, 0..64, 9).unwrap();
+    assert_eq!(wait(&mut a, 1).pop().unwrap().status, WcStatus::Success);
+    // The peer's receives: one per request with immediate data that ran,
+    // and the SEND's last.
+    let imm = if ctx.is_iwarp() { 0 } else { 2 };
+    let got = wait(&mut b, imm + 1).pop().unwrap();
+    assert_eq!(got.region.read()[..64], pattern(64, 3)[..]);
 }

@@ -463,8 +463,7 @@ fn gather_pair(
 ) -> (mtrdma_verbs::ScheduledQueuePair, mtrdma_verbs::QueuePair) {
     let a = pd.queue_pair().max_send_sge(3).build().unwrap();
     let b = pd.queue_pair().build().unwrap();
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let (a, b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    let (a, b) = common::connect(a, b);
     let a = chunked(a, 4096);
     (a, b)
 }

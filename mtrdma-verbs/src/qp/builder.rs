@@ -630,7 +630,7 @@ pub(crate) fn device_attrs(ctx: &crate::Context) -> Result<ffi::ibv_device_attr,
         return Err(Error::Verbs {
             call: "ibv_query_device",
             device: ctx.name().to_string(),
-            source: io::Error::from_raw_os_error(rc),
+            source: crate::error::errno(rc),
         });
     }
     Ok(attr)
@@ -702,7 +702,7 @@ pub(crate) fn modify_qp(
     Err(Error::Transition {
         to,
         attrs,
-        source: io::Error::from_raw_os_error(rc),
+        source: crate::error::errno(rc),
         hint,
     })
 }

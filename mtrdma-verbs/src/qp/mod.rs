@@ -517,7 +517,7 @@ impl QueuePair {
             let rc = unsafe { post_recv_wr(self.qp, slot as u64, &mut sge, num_sge) };
             if rc != 0 {
                 let slot = self.books.unpark(slot).expect("just parked");
-                let error = self.verbs_error(("ibv_post_recv", io::Error::from_raw_os_error(rc)));
+                let error = self.verbs_error(("ibv_post_recv", crate::error::errno(rc)));
                 return refuse(error, slot.region);
             }
             self.books.recvs_in_flight += 1;
@@ -624,11 +624,13 @@ pub(crate) unsafe fn post_send_list<R: Region>(
             None => libc_enosys(),
         }
     };
-    if rc == 0 {
+    if rc == 0 && bad.is_null() {
         return Ok(());
     }
     // The provider points `bad` at the refused request (`ibv_post_send(3)`);
-    // those before it were taken.
+    // those before it were taken. (SoftiWARP's provider can return 0 with
+    // `bad` set, when ringing the doorbell for the requests it took
+    // overwrote the refusal: that is a refusal too.)
     let mut taken = 0;
     let mut at = first;
     while !bad.is_null() && !at.is_null() && at != bad {
@@ -641,6 +643,8 @@ pub(crate) unsafe fn post_send_list<R: Region>(
         taken = 0;
         at = first;
     }
+    // SAFETY: `at` is null or one of the list's requests.
+    let refused = unsafe { at.as_ref() }.map(|wr| wr.opcode);
     // The numbered ones (a group's pieces are not, [`Books::tag_send`])
     // of those not taken are forgotten.
     let mut untaken = 0;
@@ -650,14 +654,45 @@ pub(crate) unsafe fn post_send_list<R: Region>(
         at = this.next;
     }
     books.untag_sends(untaken);
-    Err((
-        taken,
-        Error::Verbs {
-            call: "ibv_post_send",
-            device: pd.context().name().to_string(),
-            source: io::Error::from_raw_os_error(rc),
-        },
-    ))
+    Err((taken, refusal_error(pd.context(), rc, refused)))
+}
+
+/// Why the provider refused a request of `opcode` with return code `rc`
+/// (0 if it returned success and pointed at the request all the same): a
+/// kind of request the device does not run, said as such, or the
+/// provider's `errno`.
+fn refusal_error(ctx: &crate::Context, rc: i32, opcode: Option<ffi::ibv_wr_opcode::Type>) -> Error {
+    use ffi::ibv_wr_opcode::*;
+    let device = ctx.name().to_string();
+    let unsupported = match opcode {
+        Some(IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM) if ctx.is_iwarp() => {
+            Some(("immediate data", "iWARP carries none"))
+        }
+        Some(IBV_WR_ATOMIC_FETCH_AND_ADD | IBV_WR_ATOMIC_CMP_AND_SWP) if !ctx.has_atomics() => {
+            Some((
+                "atomic operations",
+                "its atomic capability is IBV_ATOMIC_NONE",
+            ))
+        }
+        _ => None,
+    };
+    if let Some((operation, why)) = unsupported {
+        return Error::OperationUnsupported {
+            device,
+            operation,
+            why,
+        };
+    }
+    let source = if rc == 0 {
+        io::Error::other("the provider refused the request but returned success")
+    } else {
+        crate::error::errno(rc)
+    };
+    Error::Verbs {
+        call: "ibv_post_send",
+        device,
+        source,
+    }
 }
 
 impl Sink for QueuePair {

@@ -480,7 +480,7 @@ impl SharedCompletionQueue {
             return Err(Error::Verbs {
                 call: "ibv_destroy_qp",
                 device: self.ctx.name().to_string(),
-                source: io::Error::from_raw_os_error(rc.abs()),
+                source: crate::error::errno(rc),
             });
         }
         Ok(mine)

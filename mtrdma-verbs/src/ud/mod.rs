@@ -375,7 +375,7 @@ impl UdQueuePair {
             if rc != 0 {
                 self.free_cells.push(cell);
                 let slot = self.books.unpark(slot).expect("just parked");
-                let error = self.verbs_error(("ibv_post_recv", io::Error::from_raw_os_error(rc)));
+                let error = self.verbs_error(("ibv_post_recv", crate::error::errno(rc)));
                 return refuse(error, slot.region.region);
             }
             self.books.recvs_in_flight += 1;

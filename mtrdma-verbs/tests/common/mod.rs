@@ -35,12 +35,7 @@ pub(crate) fn pair_of(pd: &ProtectionDomain, tenant: &TenantHandle) -> (QueuePai
 }
 
 fn pair_with(pd: &ProtectionDomain, a: PreparedQueuePair) -> (QueuePair, QueuePair) {
-    let b = pd.queue_pair().build().expect("build B");
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    (
-        a.connect(&eb).expect("connect A"),
-        b.connect(&ea).expect("connect B"),
-    )
+    connect(a, pd.queue_pair().build().expect("build B"))
 }
 
 /// Two connected queue pairs on one PD; the first has completion events,
@@ -61,8 +56,57 @@ pub(crate) fn pair_with_events_of(
     }
     let a = a.build().unwrap();
     let b = pd.queue_pair().completion_events(both).build().unwrap();
+    connect(a, b)
+}
+
+/// Whether the test device is iWARP, which connects only through rdma_cm.
+pub(crate) fn iwarp() -> bool {
+    let dev = device_name();
+    std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/node_type"))
+        .is_ok_and(|t| t.contains("RNIC"))
+}
+
+/// Connects `a` and `b` to each other: by exchanging their endpoints, or,
+/// on an iWARP device, through rdma_cm on the device's own address (with
+/// the `rdmacm` feature; without it iWARP cannot connect).
+pub(crate) fn connect(a: PreparedQueuePair, b: PreparedQueuePair) -> (QueuePair, QueuePair) {
+    #[cfg(feature = "rdmacm")]
+    if iwarp() {
+        return connect_by_address(a, b);
+    }
     let (ea, eb) = (a.endpoint(), b.endpoint());
-    (a.connect(&eb).unwrap(), b.connect(&ea).unwrap())
+    (
+        a.connect(&eb).expect("connect A"),
+        b.connect(&ea).expect("connect B"),
+    )
+}
+
+/// [`connect`] through rdma_cm: `b` accepts on a port of the device's
+/// address, `a` connects to it. The connections' identifiers are kept
+/// for the rest of the test process (a connection lasts as long as its
+/// identifier, and the queue pairs go to the test).
+#[cfg(feature = "rdmacm")]
+fn connect_by_address(a: PreparedQueuePair, b: PreparedQueuePair) -> (QueuePair, QueuePair) {
+    use mtrdma_verbs::cm::{ConnectionGuard, Connector, Listener};
+    use std::net::SocketAddr;
+    use std::sync::Mutex;
+    static KEPT: Mutex<Vec<ConnectionGuard>> = Mutex::new(Vec::new());
+    const WAIT: Duration = Duration::from_secs(10);
+    let ip = mtrdma_verbs::testing::device_ipv4(&device_name()).expect("the device's address");
+    let mut listener = Listener::bind(SocketAddr::new(ip.into(), 0)).expect("listen");
+    let addr = listener.local_addr().expect("bound");
+    let server = std::thread::spawn(move || {
+        let request = listener.next_request(WAIT).expect("a request");
+        request.accept(b, b"", WAIT).expect("accept")
+    });
+    let a = Connector::resolve(addr, WAIT)
+        .expect("resolve")
+        .connect(a, b"", WAIT)
+        .expect("connect");
+    let b = server.join().expect("the accepting thread");
+    let ((a, ga), (b, gb)) = (a.into_parts(), b.into_parts());
+    KEPT.lock().unwrap().extend([ga, gb]);
+    (a, b)
 }
 
 /// The test device and a protection domain on it.

@@ -92,8 +92,7 @@ fn a_batch_goes_in_one_call_and_every_request_comes_back_once() {
 fn gather_pair(pd: &mtrdma_verbs::ProtectionDomain, sges: u32) -> (QueuePair, QueuePair) {
     let a = pd.queue_pair().max_send_sge(sges).build().expect("build A");
     let b = pd.queue_pair().build().expect("build B");
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    (a.connect(&eb).unwrap(), b.connect(&ea).unwrap())
+    super::common::connect(a, b)
 }
 
 /// Three regions of different sizes (their bytes `pattern(len, seed)`),
