@@ -12,8 +12,8 @@ use mtrdma_core::{LinkConfig, Policy, QuotaTable, RateLimit, TenantEntry, Tenant
 use mtrdma_sched::FifoScheduler;
 use mtrdma_verbs::PollCompletions;
 use mtrdma_verbs::{
-    Access, MemoryRegion, Opcode, PieceScheduler, QueuePair, ScheduleConfig, ScheduledQueuePair,
-    SendOp, SharedConfig, SharedScheduler, WcStatus,
+    Access, Error, MemoryRegion, Opcode, PieceScheduler, QueuePair, ScheduleConfig,
+    ScheduledQueuePair, SendOp, SharedConfig, SharedScheduler, WcStatus,
 };
 
 /// `qp` scheduled on its own as tenant 0's bulk traffic, in pieces of
@@ -29,7 +29,7 @@ fn chunked(qp: QueuePair, chunk_bytes: u64) -> ScheduledQueuePair {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn chunked_writes_and_reads_show_one_completion_and_move_every_byte() {
-    let (_ctx, pd) = device_pd();
+    let (ctx, pd) = device_pd();
     let (a, mut b) = pair(&pd);
     let mut a = chunked(a, 64 << 10);
     for (i, &len) in [1usize, 65_535, 65_536, 65_537, (1 << 20) + 7, 8 << 20]
@@ -69,19 +69,25 @@ fn chunked_writes_and_reads_show_one_completion_and_move_every_byte() {
             "chunked READ of {len} B"
         );
 
-        // WRITE with immediate: the peer sees one receive, after all the data.
-        let note = pd.allocate(1, Access::LOCAL).unwrap();
-        b.post_recv(note, 0..1, 3).unwrap();
+        // WRITE with immediate: the peer sees one receive, after all the
+        // data. iWARP carries no immediate data: refused before anything is
+        // queued.
         let src = pd
             .register(pattern(len, seed ^ 0x55), Access::LOCAL)
             .unwrap();
-        a.post_send(
-            SendOp::WriteWithImm(remote, 7_000 + i as u32),
-            src,
-            0..len,
-            4,
-        )
-        .unwrap();
+        let op = SendOp::WriteWithImm(remote, 7_000 + i as u32);
+        if ctx.is_iwarp() {
+            let refused = a.post_send(op, src, 0..len, 4).unwrap_err();
+            assert!(
+                matches!(*refused.error, Error::OperationUnsupported { .. }),
+                "{refused}"
+            );
+            assert_eq!((refused.region.len(), a.queued()), (len, 0));
+            continue;
+        }
+        let note = pd.allocate(1, Access::LOCAL).unwrap();
+        b.post_recv(note, 0..1, 3).unwrap();
+        a.post_send(op, src, 0..len, 4).unwrap();
         assert_eq!(wait(&mut a, 1).len(), 1);
         let got = wait(&mut b, 1).pop().unwrap();
         assert_eq!(

@@ -290,6 +290,9 @@ impl<'a, S: Sink> Batch<'a, S> {
                 Ok(gather) => gather,
                 Err(error) => return Err((error, parts)),
             };
+            if let Some(error) = self.sink.unsupported(op, gather.sges.len()) {
+                return Err((error, parts));
+            }
             if let Err(error) = self.check_room() {
                 return Err((error, parts));
             }

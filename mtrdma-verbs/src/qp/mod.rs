@@ -644,7 +644,7 @@ pub(crate) unsafe fn post_send_list<R: Region>(
         at = first;
     }
     // SAFETY: `at` is null or one of the list's requests.
-    let refused = unsafe { at.as_ref() }.map(|wr| wr.opcode);
+    let refused = unsafe { at.as_ref() }.map(|wr| (wr.opcode, wr.num_sge));
     // The numbered ones (a group's pieces are not, [`Books::tag_send`])
     // of those not taken are forgotten.
     let mut untaken = 0;
@@ -657,32 +657,19 @@ pub(crate) unsafe fn post_send_list<R: Region>(
     Err((taken, refusal_error(pd.context(), rc, refused)))
 }
 
-/// Why the provider refused a request of `opcode` with return code `rc`
-/// (0 if it returned success and pointed at the request all the same): a
-/// kind of request the device does not run, said as such, or the
-/// provider's `errno`.
-fn refusal_error(ctx: &crate::Context, rc: i32, opcode: Option<ffi::ibv_wr_opcode::Type>) -> Error {
-    use ffi::ibv_wr_opcode::*;
-    let device = ctx.name().to_string();
-    let unsupported = match opcode {
-        Some(IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM) if ctx.is_iwarp() => {
-            Some(("immediate data", "iWARP carries none"))
-        }
-        Some(IBV_WR_ATOMIC_FETCH_AND_ADD | IBV_WR_ATOMIC_CMP_AND_SWP) if !ctx.has_atomics() => {
-            Some((
-                "atomic operations",
-                "its atomic capability is IBV_ATOMIC_NONE",
-            ))
-        }
-        _ => None,
-    };
-    if let Some((operation, why)) = unsupported {
-        return Error::OperationUnsupported {
-            device,
-            operation,
-            why,
-        };
+/// Why the provider refused a request of (opcode, scatter entries)
+/// `refused` with return code `rc` (0 if it returned success and pointed
+/// at the request all the same): a kind of request the device does not
+/// run, said as such, or the provider's `errno`.
+fn refusal_error(
+    ctx: &crate::Context,
+    rc: i32,
+    refused: Option<(ffi::ibv_wr_opcode::Type, i32)>,
+) -> Error {
+    if let Some(error) = refused.and_then(|(opcode, sges)| unsupported(ctx, opcode, sges)) {
+        return error;
     }
+    let device = ctx.name().to_string();
     let source = if rc == 0 {
         io::Error::other("the provider refused the request but returned success")
     } else {
@@ -695,8 +682,44 @@ fn refusal_error(ctx: &crate::Context, rc: i32, opcode: Option<ffi::ibv_wr_opcod
     }
 }
 
+/// A request of `opcode` with `sges` scatter entries, if `ctx`'s device
+/// does not run it: immediate data on iWARP, a READ into several entries
+/// on iWARP, atomic operations without an atomic capability. Checked
+/// before a scheduled request is accepted, and when a device refuses a
+/// direct one.
+pub(crate) fn unsupported(
+    ctx: &crate::Context,
+    opcode: ffi::ibv_wr_opcode::Type,
+    sges: i32,
+) -> Option<Error> {
+    use ffi::ibv_wr_opcode::*;
+    let (operation, why) = match opcode {
+        IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM if ctx.is_iwarp() => {
+            ("immediate data", "iWARP carries none")
+        }
+        IBV_WR_RDMA_READ if sges > 1 && ctx.is_iwarp() => (
+            "READs into several regions",
+            "iWARP reads into one scatter entry",
+        ),
+        IBV_WR_ATOMIC_FETCH_AND_ADD | IBV_WR_ATOMIC_CMP_AND_SWP if !ctx.has_atomics() => (
+            "atomic operations",
+            "its atomic capability is IBV_ATOMIC_NONE",
+        ),
+        _ => return None,
+    };
+    Some(Error::OperationUnsupported {
+        device: ctx.name().to_string(),
+        operation,
+        why,
+    })
+}
+
 impl Sink for QueuePair {
     sink_books!(queue pair of MemoryRegion);
+
+    fn device(&self) -> Option<&crate::Context> {
+        Some(self.pd.context())
+    }
 
     unsafe fn post_wr_list(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<(), (usize, Error)> {
         let max_inline = self.max_inline;

@@ -82,6 +82,22 @@ pub(crate) trait Sink: Send + 'static {
     /// The queue pair number.
     fn qpn(&self) -> u32;
 
+    /// The device it is on, if it is a device's (for what the device does
+    /// not run, [`unsupported`](crate::qp::unsupported)).
+    fn device(&self) -> Option<&crate::Context> {
+        None
+    }
+
+    /// `op` on `sges` scatter entries, if the device does not run it
+    /// ([`unsupported`](crate::qp::unsupported)): checked before posting
+    /// a gather, since SoftiWARP's provider takes a READ into several
+    /// entries and fills only the first.
+    fn unsupported(&self, op: SendOp, sges: usize) -> Option<Error> {
+        let ctx = self.device()?;
+        let sges = i32::try_from(sges).unwrap_or(i32::MAX);
+        crate::qp::unsupported(ctx, op.lower(true).0, sges)
+    }
+
     /// Its bookkeeping.
     fn books(&self) -> &Books<Self::Region>;
 
@@ -140,9 +156,10 @@ pub(crate) trait Sink: Send + 'static {
     ) -> Result<usize, Error>;
 
     /// Flushes every outstanding request, waits for them, and destroys the
-    /// queue pair. Returns whether everything was drained: only then may
-    /// the buffers of raw requests be freed. Runs once; later calls return
-    /// the first answer.
+    /// queue pair. Returns whether the device is done with every request
+    /// (drained, or the queue pair destroyed): only then may the buffers
+    /// of raw requests be freed. Runs once; later calls return the first
+    /// answer.
     fn shutdown(&mut self) -> bool;
 
     /// [`Error::NoCompletionEvents`] unless it can be waited for (see
@@ -159,9 +176,11 @@ pub(crate) trait Sink: Send + 'static {
     /// A device queue pair's teardown: moves it to the error state with
     /// `set_error` if requests are outstanding, waits (5 s at most) for
     /// every one of them to complete, and destroys it with `destroy` (which
-    /// returns `ibv_destroy_qp`'s code). Returns whether everything was
-    /// drained; if not, or if the destroy failed, every parked region is
-    /// leaked, never freed while the NIC may still reach it.
+    /// returns `ibv_destroy_qp`'s code). Returns whether the device is done
+    /// with every request: drained, or destroyed (a destroyed queue pair's
+    /// requests are the device's no more). If the destroy failed, every
+    /// parked region is leaked, never freed while the NIC may still reach
+    /// it.
     fn drain_and_destroy(
         &mut self,
         what: &'static str,
@@ -187,16 +206,30 @@ pub(crate) trait Sink: Send + 'static {
         let drained = self.books().outstanding() == 0;
         tracing::debug!(outstanding, drained, "destroying {what}");
         let rc = destroy(self);
-        if rc != 0 || !drained {
+        if rc != 0 {
             tracing::error!(
                 rc,
                 drained,
-                "{what} teardown incomplete; leaking in-flight buffers"
+                "{what} teardown failed; leaking in-flight buffers"
             );
             for region in self.books_mut().drain_regions() {
                 std::mem::forget(region);
             }
             return false;
+        }
+        if !drained {
+            // Destroyed, the queue pair's requests are the device's no
+            // more: what it never reported (SoftiWARP does not flush
+            // requests posted once the queue pair is in the error state)
+            // is freed now.
+            tracing::warn!(
+                outstanding = self.books().outstanding(),
+                "{what}: requests the device never completed are given back after destroying it"
+            );
+            let books = self.books_mut();
+            books.drain_regions().for_each(drop);
+            books.sends_in_flight = 0;
+            books.recvs_in_flight = 0;
         }
         true
     }
@@ -377,6 +410,9 @@ pub(crate) trait Sink: Send + 'static {
             Ok(gather) => gather,
             Err(error) => return Err((error, parts)),
         };
+        if let Some(error) = self.unsupported(op, gather.sges.len()) {
+            return Err((error, parts));
+        }
         let (regions, ranges): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
         let raw = match self.books_mut().park_gather(op, regions, &gather, context) {
             Ok(raw) => raw,

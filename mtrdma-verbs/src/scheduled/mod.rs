@@ -393,6 +393,7 @@ impl<S: Sink, Q: PieceScheduler> Shared<S, Q> {
         let who = Who::of(&sink, config.tenant)?;
         let qpn = sink.qpn();
         let sq_room = sink.send_room();
+        let device = sink.device().cloned();
         let side = Arc::new(Side {
             qp: Mutex::new(sink),
             book: Mutex::new(Book::default()),
@@ -417,6 +418,7 @@ impl<S: Sink, Q: PieceScheduler> Shared<S, Q> {
             class,
         };
         Ok(Scheduled {
+            device,
             way: Way::Attached(attached),
             qpn,
             tenant,

@@ -18,6 +18,9 @@ pub(crate) struct Scheduled<S: Sink, Q: PieceScheduler> {
     pub(crate) qpn: u32,
     pub(crate) tenant: TenantId,
     pub(crate) class: TrafficClass,
+    /// Its device (none for a null sink): a request of a kind the device
+    /// does not run is refused before the scheduler accepts it.
+    pub(crate) device: Option<crate::Context>,
 }
 
 /// How a queue pair reaches its engine.
@@ -53,9 +56,11 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         )?;
         engine.set_solo();
         let qpn = sink.qpn();
+        let device = sink.device().cloned();
         let (member, tenant, class) =
             engine.add_member(None, qpn, sink.send_room(), who, config)?;
         Ok(Scheduled {
+            device,
             way: Way::Solo(Box::new(Solo {
                 engine,
                 sink,
@@ -119,6 +124,15 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         }
     }
 
+    /// `op` on `sges` regions, if the device does not run it
+    /// ([`unsupported`](crate::qp::unsupported)).
+    #[inline]
+    pub(crate) fn unsupported(&self, op: SendOp, sges: usize) -> Option<Error> {
+        let ctx = self.device.as_ref()?;
+        let sges = i32::try_from(sges).unwrap_or(i32::MAX);
+        crate::qp::unsupported(ctx, op.lower(true).0, sges)
+    }
+
     /// See [`ScheduledQueuePair::post_send`].
     #[inline]
     pub(crate) fn post_send(
@@ -133,6 +147,9 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
             Ok(sge) => sge,
             Err(error) => return Err((error, region)),
         };
+        if let Some(error) = self.unsupported(op, 1) {
+            return Err((error, region));
+        }
         match &mut self.way {
             Way::Solo(solo) => solo.post_send(op, whole, region, range, sge, context),
             Way::Attached(a) => {
@@ -151,6 +168,9 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         /// See [`ScheduledQueuePair::post_send_gather`].
         pub(crate) fn post_gather(&mut self, op: SendOp)
             posts gather (parts, context) for S::Region {
+            if let Some(error) = self.unsupported(op, parts.len()) {
+                return Err((error, parts));
+            }
             let (request, ranges) = self.gather_request(op, parts, context)?;
             let result = match &mut self.way {
                 Way::Solo(solo) => solo.post_request(request),
@@ -371,6 +391,9 @@ impl<'a, S: Sink, Q: PieceScheduler> Batched<'a, S, Q> {
         /// See [`ScheduledBatch::post_send`].
         pub(crate) fn push(&mut self, op: SendOp)
             posts (region, range, context) for S::Region {
+            if let Some(error) = self.qp.unsupported(op, 1) {
+                return Err((error, region));
+            }
             self.requests
                 .push(Request::checked(op, region, range, context)?);
             Ok(())
@@ -381,6 +404,9 @@ impl<'a, S: Sink, Q: PieceScheduler> Batched<'a, S, Q> {
         /// See [`ScheduledBatch::post_send_gather`].
         pub(crate) fn push_gather(&mut self, op: SendOp)
             posts gather (parts, context) for S::Region {
+            if let Some(error) = self.qp.unsupported(op, parts.len()) {
+                return Err((error, parts));
+            }
             let (request, _) = self.qp.gather_request(op, parts, context)?;
             self.requests.push(request);
             Ok(())
