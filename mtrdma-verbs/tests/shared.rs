@@ -296,8 +296,7 @@ fn a_stuck_queue_pair_does_not_hold_the_others_bulk_traffic() {
     // between retries (7 tries: about 4.6 s before the SEND fails).
     let a = pd.queue_pair().build().unwrap();
     let b = pd.queue_pair().min_rnr_timer(0).build().unwrap();
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let (a, _b) = (a.connect(&eb).unwrap(), b.connect(&ea).unwrap());
+    let (a, _b) = common::connect(a, b);
     let mut stuck = attach(a, &shared, 1, TrafficClass::Bulk);
     let (c, _pc) = pair(&pd);
     let mut other = attach(c, &shared, 2, TrafficClass::Bulk);

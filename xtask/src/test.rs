@@ -47,18 +47,21 @@ const VM_TIMEOUT: Duration = Duration::from_secs(40 * 60);
 
 /// The device tests run on SoftiWARP as well, as (test binary, name
 /// filter): the rdma_cm ones, the preload library under perftest's rdma_cm
-/// mode, and the reliable-connected data path, direct and scheduled
-/// (their queue pairs connect through rdma_cm on iWARP).
-const SIW_TESTS: [(&str, &str); 4] = [
+/// mode, the reliable-connected data path, direct and scheduled, its
+/// completion events and the shared scheduler (their queue pairs connect
+/// through rdma_cm on iWARP).
+const SIW_TESTS: [(&str, &str); 6] = [
     ("cm-", ""),
     ("programs-", "rdma_cm"),
     ("rc-", ""),
     ("scheduled-", ""),
+    ("events-", ""),
+    ("shared-", ""),
 ];
 
 /// Device tests that do not apply to SoftiWARP, as (test, why): they are
 /// skipped there and listed as not applicable.
-const SIW_NOT_APPLICABLE: [(&str, &str); 9] = [
+const SIW_NOT_APPLICABLE: [(&str, &str); 11] = [
     (
         "atomics_change_the_peers_word_and_return_what_it_held",
         "no atomic operations",
@@ -67,6 +70,11 @@ const SIW_NOT_APPLICABLE: [(&str, &str); 9] = [
         "a_send_to_a_peer_without_receives_fails_after_bounded_retries",
         "iWARP has no receiver-not-ready retries",
     ),
+    (
+        "a_stuck_queue_pair_does_not_hold_the_others_bulk_traffic",
+        "iWARP has no receiver-not-ready retries",
+    ),
+    ("a_ud_datagram_wakes_a_waiting_server", "iWARP has no datagrams"),
     (
         "window::a_peer_reaches_a_lent_piece_through_its_own_connection_until_it_is_taken_back",
         "no memory windows",
@@ -413,8 +421,8 @@ fn device_tests(preload: proc::Background) -> Result<(bool, String, Option<TestC
     // only through rdma_cm. The tests run on it (SIW_TESTS) connect that
     // way there; what it lacks is skipped and listed as not applicable
     // (SIW_NOT_APPLICABLE). The other device tests (UD, shared receive and
-    // completion queues, events, async) connect by exchanging endpoints
-    // and are not run on it.
+    // completion queues, async) connect by exchanging endpoints and are
+    // not run on it.
     let skips: String = SIW_NOT_APPLICABLE
         .iter()
         .map(|(test, _)| format!(" --skip {test}"))

@@ -654,10 +654,21 @@ pub(crate) fn create_qp(
     // SAFETY: the PD (and the CQs `init` names) are alive; `init` is a
     // valid attribute set, and the call writes the granted caps back.
     let qp = unsafe { ffi::ibv_create_qp(pd.raw(), init) };
-    NonNull::new(qp).ok_or_else(|| Error::Verbs {
-        call: "ibv_create_qp",
-        device: pd.context().name().to_string(),
-        source: io::Error::last_os_error(),
+    NonNull::new(qp).ok_or_else(|| {
+        let source = io::Error::last_os_error();
+        let ctx = pd.context();
+        if init.qp_type == ffi::ibv_qp_type::IBV_QPT_UD && ctx.is_iwarp() {
+            return Error::OperationUnsupported {
+                device: ctx.name().to_string(),
+                operation: "unreliable datagram queue pairs",
+                why: "iWARP connects reliable queue pairs only",
+            };
+        }
+        Error::Verbs {
+            call: "ibv_create_qp",
+            device: ctx.name().to_string(),
+            source,
+        }
     })
 }
 

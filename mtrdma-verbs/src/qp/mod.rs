@@ -334,7 +334,8 @@ refusal! {
 ///
 /// Posting moves the region into the queue pair; [`poll`](crate::PollCompletions::poll)
 /// returns it in the completion. Dropping the queue pair with work in flight
-/// moves it to the error state, waits for every request to be flushed, and
+/// moves it to the error state, waits for every request to be flushed (or,
+/// what the device never flushes, for the queue pair to be destroyed), and
 /// only then frees the regions, so the NIC never touches freed memory.
 pub struct QueuePair {
     qp: NonNull<ffi::ibv_qp>,

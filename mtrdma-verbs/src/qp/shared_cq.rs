@@ -390,8 +390,9 @@ impl SharedCompletionQueue {
     /// completions of its own requests found meanwhile (flushed ones
     /// included, their regions handed back); other queue pairs'
     /// completions found meanwhile come at the next [`poll`](crate::PollCompletions::poll).
-    /// If the queue pair could not be drained or destroyed, its in-flight
-    /// regions are leaked, never freed while the NIC may reach them.
+    /// What the device never completed is freed once the queue pair is
+    /// destroyed; if it could not be destroyed, its in-flight regions are
+    /// leaked, never freed while the NIC may reach them.
     pub fn remove(&mut self, qpn: u32) -> Result<Vec<Completion>, Error> {
         let member = self.member(qpn)?;
         let qp = member.qp();
@@ -450,16 +451,23 @@ impl SharedCompletionQueue {
             rc,
             "removed a queue pair from a shared completion queue"
         );
-        if rc != 0 || !drained {
+        if rc != 0 {
             tracing::error!(
                 qpn,
                 rc,
                 drained,
-                "queue pair teardown incomplete; leaking in-flight buffers"
+                "queue pair teardown failed; leaking in-flight buffers"
             );
             for region in qp.books.drain_regions() {
                 std::mem::forget(region);
             }
+        } else if !drained {
+            // Destroyed, its requests are the device's no more (as a
+            // queue pair's own teardown, `Sink::drain_and_destroy`).
+            tracing::warn!(
+                qpn,
+                "requests the device never completed are given back after destroying the queue pair"
+            );
         }
         let srq = qp.srq.clone();
         self.committed -= self.own.remove(&qpn).unwrap_or(0);

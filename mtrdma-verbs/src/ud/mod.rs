@@ -64,7 +64,8 @@ pub use completion::{UdCompletion, UdSource};
 /// pair registers once, which takes the GRH, the second the caller's range.
 /// Dropping the queue pair with work in
 /// flight moves it to the error state, waits for every request to be
-/// flushed, and only then frees the regions.
+/// flushed (or, what the device never flushes, for the queue pair to be
+/// destroyed), and only then frees the regions.
 ///
 /// ```no_run
 /// use mtrdma_verbs::{Access, Context, PollCompletions, UdCompletion};
@@ -384,10 +385,10 @@ impl UdQueuePair {
     }
 
     /// Flushes every outstanding request, waits (5 s at most) for the NIC
-    /// to complete them all, and destroys the queue pair. If that fails the
-    /// in-flight regions and the GRH buffer are leaked, never freed while
-    /// the NIC may reach them. Runs once; returns whether everything was
-    /// drained (later calls give the first answer).
+    /// to complete them all, and destroys the queue pair. If the destroy
+    /// fails the in-flight regions and the GRH buffer are leaked, never
+    /// freed while the NIC may reach them. Runs once; returns whether the
+    /// NIC is done with them (later calls give the first answer).
     fn teardown(&mut self) -> bool {
         if self.destroyed {
             return self.books.outstanding() == 0;
@@ -399,7 +400,7 @@ impl UdQueuePair {
             unsafe { ffi::ibv_destroy_qp(qp.qp.as_ptr()) }
         });
         if !drained {
-            // The NIC may still write GRHs into it.
+            // The destroy failed: the NIC may still write GRHs into it.
             std::mem::forget(self.grh.take());
         }
         drained
