@@ -7,7 +7,8 @@
 //! for a tenant if it is one: admitted against its quota and scheduled as
 //! its own); rdma_cm carries the connection's exchange (addresses, queue
 //! pair numbers, PSNs, private data), and its attributes move the queue
-//! pair to RTR and RTS.
+//! pair to RTR and RTS. A server of many connections accepts them onto
+//! one [`SharedCompletionQueue`] ([`ConnectRequest::accept_on`]).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -43,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use ibverbs_sys as ffi;
 
-use crate::{Error, PreparedQueuePair, QueuePair};
+use crate::{Error, PreparedQueuePair, QueuePair, QueuePairBuilder, SharedCompletionQueue};
 
 #[allow(
     non_camel_case_types,
@@ -552,6 +553,21 @@ impl Connection {
     }
 }
 
+/// A connection accepted onto a shared completion queue
+/// ([`ConnectRequest::accept_on`]).
+#[derive(Debug)]
+pub struct Accepted {
+    /// The queue pair's number on the shared completion queue.
+    pub qpn: u32,
+    /// The peer's address.
+    pub peer: SocketAddr,
+    /// What the peer sent with its request (padded with zeros to the
+    /// transport's size).
+    pub private_data: Vec<u8>,
+    /// Keeps the connection: drop it after the queue pair is removed.
+    pub guard: ConnectionGuard,
+}
+
 /// Keeps a connection's rdma_cm identifier (and with it the connection)
 /// after its queue pair was taken ([`Connection::into_parts`]); drop it
 /// after the queue pair.
@@ -787,21 +803,36 @@ impl ConnectRequest {
     /// `private_data`, and waits up to `timeout` for the connection to be
     /// established.
     pub fn accept(
-        mut self,
+        self,
         qp: PreparedQueuePair,
         private_data: &[u8],
         timeout: Duration,
     ) -> Result<Connection, ConnectError> {
         let qp = qp.into_qp();
-        same_device(&self.id, &qp)?;
+        let (id, peer, private_data) = self.accept_in_place(&qp, private_data, timeout)?;
+        Ok(Connection {
+            qp,
+            id,
+            peer,
+            private_data,
+        })
+    }
+
+    /// Accepts with `qp`, which stays where it is; returns the
+    /// connection's identifier, the peer and its private data.
+    fn accept_in_place(
+        mut self,
+        qp: &QueuePair,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<(Id, SocketAddr, Vec<u8>), ConnectError> {
+        same_device(&self.id, qp)?;
         // iWARP's connection manager moves the queue pair itself.
         if !self.id.iwarp() {
-            self.id
-                .move_qp(&qp, ffi::ibv_qp_state::IBV_QPS_RTR, "RTR")?;
-            self.id
-                .move_qp(&qp, ffi::ibv_qp_state::IBV_QPS_RTS, "RTS")?;
+            self.id.move_qp(qp, ffi::ibv_qp_state::IBV_QPS_RTR, "RTR")?;
+            self.id.move_qp(qp, ffi::ibv_qp_state::IBV_QPS_RTS, "RTS")?;
         }
-        let mut param = conn_param(&qp, private_data)?;
+        let mut param = conn_param(qp, private_data)?;
         // SAFETY: the request's identifier; `param` outlives the call.
         if unsafe { sys::rdma_accept(self.id.raw(), &mut param) } != 0 {
             return Err(cm_error("rdma_accept", qp.pd().context().name()).into());
@@ -812,12 +843,47 @@ impl ConnectRequest {
             self.peer,
             "accepting",
         )?;
-        Ok(Connection {
-            qp,
-            id: self.id,
-            peer: self.peer,
-            private_data: self.private_data,
-        })
+        Ok((self.id, self.peer, self.private_data))
+    }
+
+    /// Accepts with a queue pair built from `builder` on `server`, a
+    /// shared completion queue (usually with a
+    /// [`srq`](crate::QueuePairBuilder::srq), so that a server's
+    /// connections take receives from one queue and complete on one
+    /// queue and one channel), answering `private_data`, and waits up to
+    /// `timeout` for the connection to be established. The queue pair
+    /// lives in `server` under the returned [`Accepted::qpn`], posted to
+    /// and polled there as one it [`connect`](SharedCompletionQueue::connect)ed;
+    /// the connection lasts while [`Accepted::guard`] is kept: drop it
+    /// after [`remove`](SharedCompletionQueue::remove)ing the queue pair.
+    /// On failure the queue pair is removed again.
+    pub fn accept_on(
+        self,
+        server: &mut SharedCompletionQueue,
+        builder: QueuePairBuilder<'_>,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<Accepted, ConnectError> {
+        let qpn = server.prepare(builder)?.qpn;
+        let accepted = match server.prepared(qpn) {
+            Some(qp) => self.accept_in_place(qp, private_data, timeout),
+            None => Err(Error::NoSuchQueuePair { qpn }.into()),
+        };
+        match accepted {
+            Ok((id, peer, private_data)) => {
+                server.mark_connected(qpn);
+                Ok(Accepted {
+                    qpn,
+                    peer,
+                    private_data,
+                    guard: ConnectionGuard { _id: id },
+                })
+            }
+            Err(error) => {
+                let _ = server.remove(qpn);
+                Err(error)
+            }
+        }
     }
 
     /// Refuses the request, with `private_data` for the peer.

@@ -606,3 +606,96 @@ fn a_leased_piece_is_all_a_peer_reaches_and_only_until_it_is_taken_back() {
     drop(lease);
     assert_eq!(mr_bytes(), 0);
 }
+
+#[test]
+#[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
+fn a_server_accepts_its_clients_onto_one_completion_queue_and_one_receive_queue() {
+    // Eight clients connect by address; the server accepts each onto one
+    // shared completion queue, taking receives from one shared receive
+    // queue, and answers each request on the connection it came from.
+    const CLIENTS: usize = 8;
+    const MSG: usize = 64;
+    let (ctx, pd) = device_pd();
+    let srq = pd.shared_receive_queue().max_wr(32).build().unwrap();
+    for i in 0..16 {
+        let buf = pd.allocate(MSG, Access::LOCAL).unwrap();
+        srq.post_recv(buf, 0..MSG, i).unwrap();
+    }
+    let mut server = ctx.shared_completion_queue().entries(512).build().unwrap();
+    let (mut listener, addr) = listener();
+    let client_pd = pd.clone();
+    let clients = std::thread::spawn(move || {
+        (0..CLIENTS)
+            .map(|i| {
+                let mut qp = client_pd.queue_pair().build().unwrap();
+                let answer = client_pd.allocate(MSG, Access::LOCAL).unwrap();
+                qp.post_recv(answer, 0..MSG, 1).unwrap();
+                Connector::resolve(addr, WAIT)
+                    .expect("resolved")
+                    .connect(qp, &[i as u8], WAIT)
+                    .expect("connected")
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut client_of = std::collections::HashMap::new();
+    let mut guards = Vec::new();
+    for _ in 0..CLIENTS {
+        let request = listener.next_request(WAIT).expect("a request");
+        let accepted = request
+            .accept_on(
+                &mut server,
+                pd.queue_pair().srq(&srq).max_send_wr(8),
+                b"",
+                WAIT,
+            )
+            .expect("accepted");
+        client_of.insert(accepted.qpn, accepted.private_data[0]);
+        guards.push(accepted.guard);
+    }
+    assert_eq!(server.len(), CLIENTS);
+    let mut clients = clients.join().unwrap();
+    for (i, c) in clients.iter_mut().enumerate() {
+        let msg = pd.register(vec![i as u8; MSG], Access::LOCAL).unwrap();
+        c.qp().post_send(SendOp::Send, msg, 0..MSG, 2).unwrap();
+    }
+    // Each request answered on its own connection, its buffer back to the
+    // shared receive queue.
+    let (mut heard, mut answered) = (0, 0);
+    let mut done = Vec::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    while heard < CLIENTS || answered < CLIENTS {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{heard} heard, {answered} answered"
+        );
+        server.poll(&mut done).unwrap();
+        for c in done.drain(..) {
+            assert_eq!(c.completion.status, WcStatus::Success);
+            if c.completion.opcode == Opcode::Recv {
+                let who = c.completion.region.read()[0];
+                assert_eq!(client_of[&c.qpn], who, "on the connection it came from");
+                let answer = pd.register(vec![who + 100; MSG], Access::LOCAL).unwrap();
+                server
+                    .post_send(c.qpn, SendOp::Send, answer, 0..MSG, 3)
+                    .unwrap();
+                let context = c.completion.context;
+                srq.stock(c.completion.region, 0..MSG, context).unwrap();
+                heard += 1;
+            } else {
+                answered += 1;
+            }
+        }
+    }
+    for (i, c) in clients.iter_mut().enumerate() {
+        let got = wait(c.qp(), 2);
+        let answer = got.iter().find(|g| g.opcode == Opcode::Recv).unwrap();
+        assert_eq!(answer.region.read(), vec![i as u8 + 100; MSG]);
+    }
+    // Torn down: each queue pair removed, then its connection.
+    let qpns: Vec<u32> = server.qpns().collect();
+    for qpn in qpns {
+        server.remove(qpn).unwrap();
+    }
+    drop(guards);
+    assert!(server.is_empty());
+}

@@ -304,11 +304,27 @@ impl SharedCompletionQueue {
             };
         };
         prepared.ready(remote)?;
+        self.mark_connected(qpn);
+        Ok(())
+    }
+
+    /// Queue pair `qpn`, if it is prepared and not yet connected.
+    #[cfg_attr(not(feature = "rdmacm"), allow(dead_code))]
+    pub(crate) fn prepared(&self, qpn: u32) -> Option<&QueuePair> {
+        match self.members.get(&qpn) {
+            Some(Member::Prepared(prepared)) => Some(prepared.qp_ref()),
+            _ => None,
+        }
+    }
+
+    /// Queue pair `qpn` was connected elsewhere (by rdma_cm): it is
+    /// posted to from now on.
+    #[cfg_attr(not(feature = "rdmacm"), allow(dead_code))]
+    pub(crate) fn mark_connected(&mut self, qpn: u32) {
         if let Some(Member::Prepared(prepared)) = self.members.remove(&qpn) {
             self.members
                 .insert(qpn, Member::Connected(prepared.into_qp()));
         }
-        Ok(())
     }
 
     crate::macros::posting_fn! {
