@@ -188,6 +188,8 @@ struct ContextInner {
     iwarp: bool,
     /// The device runs atomic operations ([`Context::has_atomics`]).
     atomics: bool,
+    /// The most scatter entries a READ lands in (`max_sge_rd`).
+    max_sge_rd: u32,
 }
 
 // SAFETY: an `ibv_context` may be used from any thread: libibverbs
@@ -281,6 +283,7 @@ impl Context {
             // SAFETY: `dev` is live (the caller's promise).
             iwarp: unsafe { (*dev).transport_type } == ffi::IBV_TRANSPORT_IWARP,
             atomics: false,
+            max_sge_rd: 0,
         };
         let mut attr = ffi::ibv_device_attr::default();
         // SAFETY: `ctx` is open and `attr` is a valid, writable struct.
@@ -295,6 +298,7 @@ impl Context {
         }
         inner.port_count = attr.phys_port_cnt;
         inner.atomics = attr.atomic_cap != ffi::IBV_ATOMIC_NONE;
+        inner.max_sge_rd = u32::try_from(attr.max_sge_rd).unwrap_or(0);
         tracing::debug!(device = %inner.name, ports = inner.port_count, "opened RDMA device");
         Ok(Context {
             inner: Arc::new(inner),
@@ -332,6 +336,13 @@ impl Context {
     /// compare-and-swap): its `atomic_cap` is not `IBV_ATOMIC_NONE`.
     pub fn has_atomics(&self) -> bool {
         self.inner.atomics
+    }
+
+    /// The most regions one READ may land in (the device's `max_sge_rd`:
+    /// 1 on iWARP, whose READ response names one buffer; 0 where the
+    /// device does not say).
+    pub fn max_read_sge(&self) -> u32 {
+        self.inner.max_sge_rd
     }
 
     /// How many ports the device has (they are numbered from 1).

@@ -224,12 +224,10 @@ fn one_registration_serves_every_queue_pair_of_a_shared_completion_queue() {
     let mut qpns = Vec::new();
     for _ in 0..N {
         let prepared = pd.queue_pair().build().unwrap();
-        let me = server
-            .prepare(pd.queue_pair().max_send_wr(4).max_recv_wr(4))
-            .unwrap();
-        server.connect(me.qpn, &prepared.endpoint()).unwrap();
-        clients.push(prepared.connect(&me).unwrap());
-        qpns.push(me.qpn);
+        let builder = pd.queue_pair().max_send_wr(4).max_recv_wr(4);
+        let (qpn, client) = common::connect_on(&mut server, builder, prepared);
+        clients.push(client);
+        qpns.push(qpn);
     }
     runtime().block_on(async {
         let server = AsyncQueuePair::new(server).unwrap();

@@ -103,12 +103,12 @@ fn one_thread_answers_64_rc_clients_through_one_srq_one_cq_and_one_channel() {
         prepared
             .post_recv(pd.allocate(MSG, Access::LOCAL).unwrap(), 0..MSG, 0)
             .unwrap();
-        let me = server
-            .prepare(pd.queue_pair().srq(&srq).max_send_wr(4))
-            .unwrap();
-        server.connect(me.qpn, &prepared.endpoint()).unwrap();
-        let qp = prepared.connect(&me).unwrap();
-        qpn_of.insert(i as u32, me.qpn);
+        let (qpn, qp) = common::connect_on(
+            &mut server,
+            pd.queue_pair().srq(&srq).max_send_wr(4),
+            prepared,
+        );
+        qpn_of.insert(i as u32, qpn);
         clients.push(Client {
             qp,
             send: Some(pd.allocate(MSG, Access::LOCAL).unwrap()),
@@ -251,13 +251,11 @@ fn one_thread_answers_64_rc_clients_through_one_srq_one_cq_and_one_channel() {
 #[test]
 #[ignore = "needs an RDMA device named by MTRDMA_TEST_DEVICE"]
 fn a_queue_pair_with_its_own_cq_takes_receives_from_the_srq_and_gives_them_back_on_drop() {
-    let (_ctx, pd) = device_pd();
+    let (ctx, pd) = device_pd();
     let srq = srq_of(&pd, 8, 0, false);
     let a = pd.queue_pair().srq(&srq).build().unwrap();
     let b = pd.queue_pair().build().unwrap();
-    let (ea, eb) = (a.endpoint(), b.endpoint());
-    let mut a = a.connect(&eb).unwrap();
-    let mut b = b.connect(&ea).unwrap();
+    let (mut a, mut b) = common::connect(a, b);
     for i in 0..4 {
         let mut mr = pd.allocate(64, Access::LOCAL).unwrap();
         mr.write_at(0, &[0xee; 64]).unwrap();
@@ -270,7 +268,10 @@ fn a_queue_pair_with_its_own_cq_takes_receives_from_the_srq_and_gives_them_back_
     );
     let mut msg = pd.allocate(32, Access::LOCAL).unwrap();
     msg.write_at(0, &[7; 32]).unwrap();
-    b.post_send(SendOp::SendWithImm(9), msg, 0..20, 5).unwrap();
+    // (No immediate data on iWARP.)
+    let imm = (!ctx.is_iwarp()).then_some(9);
+    let op = imm.map_or(SendOp::Send, SendOp::SendWithImm);
+    b.post_send(op, msg, 0..20, 5).unwrap();
     let mut got = Vec::new();
     let start = Instant::now();
     while got.is_empty() {
@@ -280,7 +281,7 @@ fn a_queue_pair_with_its_own_cq_takes_receives_from_the_srq_and_gives_them_back_
     let c = got.pop().unwrap();
     assert_eq!(
         (c.status, c.opcode, c.byte_len, c.imm),
-        (WcStatus::Success, Opcode::Recv, 20, Some(9))
+        (WcStatus::Success, Opcode::Recv, 20, imm)
     );
     assert!((100..104).contains(&c.context));
     let bytes = c.region.read();

@@ -48,20 +48,22 @@ const VM_TIMEOUT: Duration = Duration::from_secs(40 * 60);
 /// The device tests run on SoftiWARP as well, as (test binary, name
 /// filter): the rdma_cm ones, the preload library under perftest's rdma_cm
 /// mode, the reliable-connected data path, direct and scheduled, its
-/// completion events and the shared scheduler (their queue pairs connect
-/// through rdma_cm on iWARP).
-const SIW_TESTS: [(&str, &str); 6] = [
+/// completion events, the shared scheduler, shared receive queues and the
+/// async API (their queue pairs connect through rdma_cm on iWARP).
+const SIW_TESTS: [(&str, &str); 8] = [
     ("cm-", ""),
     ("programs-", "rdma_cm"),
     ("rc-", ""),
     ("scheduled-", ""),
     ("events-", ""),
     ("shared-", ""),
+    ("srq-", ""),
+    ("asynchronous-", ""),
 ];
 
 /// Device tests that do not apply to SoftiWARP, as (test, why): they are
 /// skipped there and listed as not applicable.
-const SIW_NOT_APPLICABLE: [(&str, &str); 11] = [
+const SIW_NOT_APPLICABLE: [(&str, &str); 15] = [
     (
         "atomics_change_the_peers_word_and_return_what_it_held",
         "no atomic operations",
@@ -75,6 +77,22 @@ const SIW_NOT_APPLICABLE: [(&str, &str); 11] = [
         "iWARP has no receiver-not-ready retries",
     ),
     ("a_ud_datagram_wakes_a_waiting_server", "iWARP has no datagrams"),
+    (
+        "ud_queue_pairs_share_one_srq_and_each_receive_names_its_source",
+        "iWARP has no datagrams",
+    ),
+    (
+        "datagrams_posted_with_the_queue_pairs_own_send_resolve_to_their_own_regions",
+        "iWARP has no datagrams",
+    ),
+    (
+        "one_thread_answers_64_rc_clients_through_one_srq_one_cq_and_one_channel",
+        "SoftiWARP in the VM refuses one of the 64 clients' completion queues (ibv_create_cq: EAGAIN); eight clients onto one shared completion queue and receive queue run in cm's tests",
+    ),
+    (
+        "removing_a_queue_pair_hands_back_its_flushed_requests",
+        "it posts on a queue pair before connecting it by endpoint, which iWARP cannot",
+    ),
     (
         "window::a_peer_reaches_a_lent_piece_through_its_own_connection_until_it_is_taken_back",
         "no memory windows",
@@ -420,9 +438,9 @@ fn device_tests(preload: proc::Background) -> Result<(bool, String, Option<TestC
     // The second provider: SoftiWARP (siw0, which the VM sets up) connects
     // only through rdma_cm. The tests run on it (SIW_TESTS) connect that
     // way there; what it lacks is skipped and listed as not applicable
-    // (SIW_NOT_APPLICABLE). The other device tests (UD, shared receive and
-    // completion queues, async) connect by exchanging endpoints and are
-    // not run on it.
+    // (SIW_NOT_APPLICABLE). The other device tests (UD, and those of the
+    // applications and the preload library) connect by exchanging
+    // endpoints and are not run on it.
     let skips: String = SIW_NOT_APPLICABLE
         .iter()
         .map(|(test, _)| format!(" --skip {test}"))

@@ -684,8 +684,8 @@ fn refusal_error(
 }
 
 /// A request of `opcode` with `sges` scatter entries, if `ctx`'s device
-/// does not run it: immediate data on iWARP, a READ into several entries
-/// on iWARP, atomic operations without an atomic capability. Checked
+/// does not run it: immediate data on iWARP, a READ into more entries
+/// than its `max_sge_rd`, atomic operations without an atomic capability. Checked
 /// before a scheduled request is accepted, and when a device refuses a
 /// direct one.
 pub(crate) fn unsupported(
@@ -698,10 +698,16 @@ pub(crate) fn unsupported(
         IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM if ctx.is_iwarp() => {
             ("immediate data", "iWARP carries none")
         }
-        IBV_WR_RDMA_READ if sges > 1 && ctx.is_iwarp() => (
-            "READs into several regions",
-            "iWARP reads into one scatter entry",
-        ),
+        IBV_WR_RDMA_READ
+            if sges > 1
+                && ctx.max_read_sge() > 0
+                && i64::from(sges) > i64::from(ctx.max_read_sge()) =>
+        {
+            (
+                "READs into that many regions",
+                "more than its max_sge_rd (1 on iWARP)",
+            )
+        }
         IBV_WR_ATOMIC_FETCH_AND_ADD | IBV_WR_ATOMIC_CMP_AND_SWP if !ctx.has_atomics() => (
             "atomic operations",
             "its atomic capability is IBV_ATOMIC_NONE",

@@ -81,29 +81,89 @@ pub(crate) fn connect(a: PreparedQueuePair, b: PreparedQueuePair) -> (QueuePair,
     )
 }
 
+/// Builds a queue pair from `builder` on `server` and connects `client`
+/// to it: by exchanging endpoints, or, on an iWARP device, through rdma_cm
+/// (the server accepting onto its shared completion queue). Returns the
+/// server's queue pair number and the client's queue pair.
+pub(crate) fn connect_on(
+    server: &mut mtrdma_verbs::SharedCompletionQueue,
+    builder: mtrdma_verbs::QueuePairBuilder<'_>,
+    client: PreparedQueuePair,
+) -> (u32, QueuePair) {
+    #[cfg(feature = "rdmacm")]
+    if iwarp() {
+        return connect_on_by_address(server, builder, client);
+    }
+    let me = server.prepare(builder).expect("prepare on the server");
+    server
+        .connect(me.qpn, &client.endpoint())
+        .expect("connect the server's side");
+    (me.qpn, client.connect(&me).expect("connect the client"))
+}
+
+/// The identifiers of the connections made through rdma_cm, kept for the
+/// rest of the test process (a connection lasts as long as its
+/// identifier, and the queue pairs go to the test).
+#[cfg(feature = "rdmacm")]
+static KEPT: std::sync::Mutex<Vec<mtrdma_verbs::cm::ConnectionGuard>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// A listener on the test device's own address, and the address.
+#[cfg(feature = "rdmacm")]
+fn listen() -> (mtrdma_verbs::cm::Listener, std::net::SocketAddr) {
+    let ip = mtrdma_verbs::testing::device_ipv4(&device_name()).expect("the device's address");
+    let listener =
+        mtrdma_verbs::cm::Listener::bind(std::net::SocketAddr::new(ip.into(), 0)).expect("listen");
+    let addr = listener.local_addr().expect("bound");
+    (listener, addr)
+}
+
+/// `client` connected to `addr` through rdma_cm, on a thread of its own.
+#[cfg(feature = "rdmacm")]
+fn connect_from_thread(
+    client: PreparedQueuePair,
+    addr: std::net::SocketAddr,
+) -> std::thread::JoinHandle<mtrdma_verbs::cm::Connection> {
+    std::thread::spawn(move || {
+        mtrdma_verbs::cm::Connector::resolve(addr, CM_WAIT)
+            .expect("resolve")
+            .connect(client, b"", CM_WAIT)
+            .expect("connect")
+    })
+}
+
+#[cfg(feature = "rdmacm")]
+const CM_WAIT: Duration = Duration::from_secs(10);
+
+/// [`connect_on`] through rdma_cm.
+#[cfg(feature = "rdmacm")]
+fn connect_on_by_address(
+    server: &mut mtrdma_verbs::SharedCompletionQueue,
+    builder: mtrdma_verbs::QueuePairBuilder<'_>,
+    client: PreparedQueuePair,
+) -> (u32, QueuePair) {
+    let (mut listener, addr) = listen();
+    let client = connect_from_thread(client, addr);
+    let request = listener.next_request(CM_WAIT).expect("a request");
+    let accepted = request
+        .accept_on(server, builder, b"", CM_WAIT)
+        .expect("accept");
+    let (qp, guard) = client.join().expect("the connecting thread").into_parts();
+    KEPT.lock().unwrap().extend([accepted.guard, guard]);
+    (accepted.qpn, qp)
+}
+
 /// [`connect`] through rdma_cm: `b` accepts on a port of the device's
 /// address, `a` connects to it. The connections' identifiers are kept
 /// for the rest of the test process (a connection lasts as long as its
 /// identifier, and the queue pairs go to the test).
 #[cfg(feature = "rdmacm")]
 fn connect_by_address(a: PreparedQueuePair, b: PreparedQueuePair) -> (QueuePair, QueuePair) {
-    use mtrdma_verbs::cm::{ConnectionGuard, Connector, Listener};
-    use std::net::SocketAddr;
-    use std::sync::Mutex;
-    static KEPT: Mutex<Vec<ConnectionGuard>> = Mutex::new(Vec::new());
-    const WAIT: Duration = Duration::from_secs(10);
-    let ip = mtrdma_verbs::testing::device_ipv4(&device_name()).expect("the device's address");
-    let mut listener = Listener::bind(SocketAddr::new(ip.into(), 0)).expect("listen");
-    let addr = listener.local_addr().expect("bound");
-    let server = std::thread::spawn(move || {
-        let request = listener.next_request(WAIT).expect("a request");
-        request.accept(b, b"", WAIT).expect("accept")
-    });
-    let a = Connector::resolve(addr, WAIT)
-        .expect("resolve")
-        .connect(a, b"", WAIT)
-        .expect("connect");
-    let b = server.join().expect("the accepting thread");
+    let (mut listener, addr) = listen();
+    let a = connect_from_thread(a, addr);
+    let request = listener.next_request(CM_WAIT).expect("a request");
+    let b = request.accept(b, b"", CM_WAIT).expect("accept");
+    let a = a.join().expect("the connecting thread");
     let ((a, ga), (b, gb)) = (a.into_parts(), b.into_parts());
     KEPT.lock().unwrap().extend([ga, gb]);
     (a, b)
