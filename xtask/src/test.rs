@@ -435,38 +435,7 @@ fn device_tests(preload: proc::Background) -> Result<(bool, String, Option<TestC
             bin = proc::shell_quote(bin),
         );
     }
-    // The second provider: SoftiWARP (siw0, which the VM sets up) connects
-    // only through rdma_cm. The tests run on it (SIW_TESTS) connect that
-    // way there; what it lacks is skipped and listed as not applicable
-    // (SIW_NOT_APPLICABLE). The other device tests (UD, and those of the
-    // applications and the preload library) connect by exchanging
-    // endpoints and are not run on it.
-    let skips: String = SIW_NOT_APPLICABLE
-        .iter()
-        .map(|(test, _)| format!(" --skip {test}"))
-        .collect();
-    for (prefix, filter) in SIW_TESTS {
-        let Some(bin) = binaries
-            .iter()
-            .find(|b| b.rsplit('/').next().is_some_and(|n| n.starts_with(prefix)))
-        else {
-            continue;
-        };
-        let _ = writeln!(
-            script,
-            "if [ -e /sys/class/infiniband/siw0 ]; then\n\
-             echo '==> {name} {filter} on siw0 (SoftiWARP)'\n\
-             MTRDMA_TEST_DEVICE=siw0 {bin} {filter} --ignored --test-threads=1 --color never{skips} || status=1\n\
-             elif [ -n \"${{MTRDMA_VM:-}}\" ]; then echo 'siw0 (SoftiWARP) is missing in the VM'; status=1\n\
-             else echo 'no siw0: {name} did not run on SoftiWARP'; fi",
-            name = bin.rsplit('/').next().unwrap_or(bin),
-            bin = proc::shell_quote(bin),
-        );
-    }
-    script.push_str("echo 'not applicable on siw0 (SoftiWARP), not run there:'\n");
-    for (test, why) in SIW_NOT_APPLICABLE {
-        let _ = writeln!(script, "echo '  {test}: {why}'");
-    }
+    script.push_str(&siw_script(&binaries));
     // The soak (in the VM's boot, before the device tests) fails the stage
     // too.
     script.push_str(
@@ -615,8 +584,75 @@ fn executables(messages: &str, kind: Option<&str>) -> Vec<String> {
     bins
 }
 
+/// The device stage's part on SoftiWARP: each of `binaries` that
+/// `SIW_TESTS` names run on siw0 with the tests that do not apply skipped,
+/// then the list of those, each with why (a shell script's lines).
+fn siw_script(binaries: &[String]) -> String {
+    let mut script = String::new();
+    // The second provider: SoftiWARP (siw0, which the VM sets up) connects
+    // only through rdma_cm. The tests run on it (SIW_TESTS) connect that
+    // way there; what it lacks is skipped and listed as not applicable
+    // (SIW_NOT_APPLICABLE). The other device tests (UD, and those of the
+    // applications and the preload library) connect by exchanging
+    // endpoints and are not run on it.
+    let skips: String = SIW_NOT_APPLICABLE
+        .iter()
+        .map(|(test, _)| format!(" --skip {test}"))
+        .collect();
+    for (prefix, filter) in SIW_TESTS {
+        let Some(bin) = binaries
+            .iter()
+            .find(|b| b.rsplit('/').next().is_some_and(|n| n.starts_with(prefix)))
+        else {
+            continue;
+        };
+        let _ = writeln!(
+            script,
+            "if [ -e /sys/class/infiniband/siw0 ]; then\n\
+             echo '==> {name} {filter} on siw0 (SoftiWARP)'\n\
+             MTRDMA_TEST_DEVICE=siw0 {bin} {filter} --ignored --test-threads=1 --color never{skips} || status=1\n\
+             elif [ -n \"${{MTRDMA_VM:-}}\" ]; then echo 'siw0 (SoftiWARP) is missing in the VM'; status=1\n\
+             else echo 'no siw0: {name} did not run on SoftiWARP'; fi",
+            name = bin.rsplit('/').next().unwrap_or(bin),
+            bin = proc::shell_quote(bin),
+        );
+    }
+    script.push_str("echo 'not applicable on siw0 (SoftiWARP), not run there:'\n");
+    for (test, why) in SIW_NOT_APPLICABLE {
+        let line = format!("  {test}: {why}");
+        let _ = writeln!(script, "echo {}", proc::shell_quote(&line));
+    }
+    script
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_softiwarp_script_is_valid_shell_and_names_every_test_that_does_not_apply() {
+        let binaries = vec!["/t/deps/rc-1".to_string(), "/t/deps/cm-2".to_string()];
+        let script = super::siw_script(&binaries);
+        let checked = std::process::Command::new("sh")
+            .args(["-n", "-c", &script])
+            .output()
+            .expect("sh runs");
+        assert!(
+            checked.status.success(),
+            "{}\n{script}",
+            String::from_utf8_lossy(&checked.stderr)
+        );
+        // The list, run as it is (no siw0 here, no MTRDMA_VM: the test
+        // binaries are not run), says each test and why, word for word.
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .env_remove("MTRDMA_VM")
+            .output()
+            .expect("sh runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        for (test, why) in super::SIW_NOT_APPLICABLE {
+            assert!(text.contains(&format!("  {test}: {why}\n")), "{text}");
+        }
+    }
+
     #[test]
     fn only_test_executables_of_the_kind_asked_for_are_run() {
         let artifact = |kind: &str, exe: &str, test: bool| {
