@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use common::{capped_table, device_pd, pattern, wait};
 use mtrdma_core::{LinkConfig, Policy, QuotaTable, TenantEntry, TenantId};
-use mtrdma_verbs::cm::{ConnectError, Connection, Connector, Listener};
+use mtrdma_verbs::cm::{ConnectError, Connector, Listener};
 use mtrdma_verbs::{
-    Access, Error, Opcode, PollCompletions, ProtectionDomain, RemoteRegion, SendOp, WcStatus,
+    Access, Error, Opcode, PollCompletions, ProtectionDomain, QueuePair, RemoteRegion, SendOp,
+    WcStatus,
 };
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -448,29 +449,11 @@ fn rping_as_the_server_and_as_the_client_pings_ours() {
     );
 }
 
-/// A connection on the test device through rdma_cm, both ends on `pd`:
-/// (the client's end, the server's).
-fn connected(pd: &ProtectionDomain) -> (Connection, Connection) {
-    let (mut listener, addr) = listener();
-    let server_pd = pd.clone();
-    let server = std::thread::spawn(move || {
-        let request = listener.next_request(WAIT).expect("a request");
-        let qp = server_pd.queue_pair().build().unwrap();
-        request.accept(qp, b"", WAIT).expect("accepted")
-    });
-    let qp = pd.queue_pair().build().unwrap();
-    let client = Connector::resolve(addr, WAIT)
-        .expect("resolved")
-        .connect(qp, b"", WAIT)
-        .expect("connected");
-    (client, server.join().unwrap())
-}
-
-/// Whether the test device is iWARP.
-fn iwarp() -> bool {
-    let dev = common::device_name();
-    std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/node_type"))
-        .is_ok_and(|t| t.contains("RNIC"))
+/// Two queue pairs on `pd` connected to each other through rdma_cm on the
+/// test device's address: (the client's, the server's).
+fn connected(pd: &ProtectionDomain) -> (QueuePair, QueuePair) {
+    let build = || pd.queue_pair().build().unwrap();
+    common::connect_by_address(build(), build())
 }
 
 /// `op` of `len` bytes from or into `local` over a new connection on
@@ -483,8 +466,8 @@ fn over_new_connection(
 ) -> (WcStatus, mtrdma_verbs::MemoryRegion) {
     let (mut peer, _owner) = connected(pd);
     let len = local.len();
-    peer.qp().post_send(op, local, 0..len, 1).unwrap();
-    let done = wait(peer.qp(), 1).pop().unwrap();
+    peer.post_send(op, local, 0..len, 1).unwrap();
+    let done = wait(&mut peer, 1).pop().unwrap();
     (done.status, done.region)
 }
 
@@ -494,7 +477,7 @@ fn over_new_connection(
 fn read_refused(pd: &ProtectionDomain, from: RemoteRegion, what: &str) -> bool {
     let into = pd.allocate(from.len as usize, Access::LOCAL).unwrap();
     let (status, into) = over_new_connection(pd, SendOp::Read(from), into);
-    let refusals: &[WcStatus] = if iwarp() {
+    let refusals: &[WcStatus] = if common::iwarp() {
         &[WcStatus::RemoteAccess, WcStatus::Flushed]
     } else {
         &[WcStatus::RemoteAccess]
@@ -539,19 +522,17 @@ fn a_leased_piece_is_all_a_peer_reaches_and_only_until_it_is_taken_back() {
     // The piece, both ways.
     let (mut peer, _owner) = connected(&pd);
     let into = pd.allocate(PIECE, Access::LOCAL).unwrap();
-    peer.qp()
-        .post_send(SendOp::Read(key), into, 0..PIECE, 1)
+    peer.post_send(SendOp::Read(key), into, 0..PIECE, 1)
         .unwrap();
-    let got = wait(peer.qp(), 1).pop().unwrap();
+    let got = wait(&mut peer, 1).pop().unwrap();
     assert_eq!(
         (got.status, got.region.read()),
         (WcStatus::Success, pattern(PIECE, 1))
     );
     let from = pd.register(pattern(PIECE, 9), Access::LOCAL).unwrap();
-    peer.qp()
-        .post_send(SendOp::Write(key), from, 0..PIECE, 2)
+    peer.post_send(SendOp::Write(key), from, 0..PIECE, 2)
         .unwrap();
-    assert_eq!(wait(peer.qp(), 1).pop().unwrap().status, WcStatus::Success);
+    assert_eq!(wait(&mut peer, 1).pop().unwrap().status, WcStatus::Success);
     drop((peer, _owner));
 
     // The next piece under the lease's key, and one byte past the piece:
@@ -578,7 +559,7 @@ fn a_leased_piece_is_all_a_peer_reaches_and_only_until_it_is_taken_back() {
     };
     let from = pd.register(pattern(PIECE, 0xee), Access::LOCAL).unwrap();
     let (status, _) = over_new_connection(&pd, SendOp::Write(own), from);
-    if !iwarp() {
+    if !common::iwarp() {
         assert_eq!(status, WcStatus::RemoteAccess, "the registration's own key");
     }
 

@@ -43,7 +43,7 @@ pub(crate) use books::*;
 pub use builder::*;
 pub(crate) use cq::*;
 use refusal::refusal_error;
-pub(crate) use refusal::unsupported;
+pub(crate) use refusal::unsupported_op;
 pub use shared_cq::*;
 pub(crate) use sink::*;
 pub(crate) use wc::RawWc;

@@ -37,11 +37,7 @@ pub(super) fn refusal_error(
 /// than its `max_sge_rd`, atomic operations without an atomic capability. Checked
 /// before a scheduled request is accepted, and when a device refuses a
 /// direct one.
-pub(crate) fn unsupported(
-    ctx: &crate::Context,
-    opcode: ffi::ibv_wr_opcode::Type,
-    sges: i32,
-) -> Option<Error> {
+fn unsupported(ctx: &crate::Context, opcode: ffi::ibv_wr_opcode::Type, sges: i32) -> Option<Error> {
     use ffi::ibv_wr_opcode::*;
     let (operation, why) = match opcode {
         IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM if ctx.is_iwarp() => {
@@ -68,4 +64,16 @@ pub(crate) fn unsupported(
         operation,
         why,
     })
+}
+
+/// [`unsupported`] for `op` on `sges` regions: what a scheduled queue
+/// pair checks before accepting a request, and a sink before posting a
+/// gather.
+pub(crate) fn unsupported_op(
+    ctx: &crate::Context,
+    op: crate::SendOp,
+    sges: usize,
+) -> Option<Error> {
+    let sges = i32::try_from(sges).unwrap_or(i32::MAX);
+    unsupported(ctx, op.lower(true).0, sges)
 }

@@ -83,19 +83,17 @@ pub(crate) trait Sink: Send + 'static {
     fn qpn(&self) -> u32;
 
     /// The device it is on, if it is a device's (for what the device does
-    /// not run, [`unsupported`](crate::qp::unsupported)).
+    /// not run, [`unsupported_op`](crate::qp::unsupported_op)).
     fn device(&self) -> Option<&crate::Context> {
         None
     }
 
     /// `op` on `sges` scatter entries, if the device does not run it
-    /// ([`unsupported`](crate::qp::unsupported)): checked before posting
+    /// ([`unsupported_op`](crate::qp::unsupported_op)): checked before posting
     /// a gather, since SoftiWARP's provider takes a READ into several
     /// entries and fills only the first.
     fn unsupported(&self, op: SendOp, sges: usize) -> Option<Error> {
-        let ctx = self.device()?;
-        let sges = i32::try_from(sges).unwrap_or(i32::MAX);
-        crate::qp::unsupported(ctx, op.lower(true).0, sges)
+        crate::qp::unsupported_op(self.device()?, op, sges)
     }
 
     /// Its bookkeeping.

@@ -125,12 +125,10 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
     }
 
     /// `op` on `sges` regions, if the device does not run it
-    /// ([`unsupported`](crate::qp::unsupported)).
+    /// ([`unsupported_op`](crate::qp::unsupported_op)).
     #[inline]
     pub(crate) fn unsupported(&self, op: SendOp, sges: usize) -> Option<Error> {
-        let ctx = self.device.as_ref()?;
-        let sges = i32::try_from(sges).unwrap_or(i32::MAX);
-        crate::qp::unsupported(ctx, op.lower(true).0, sges)
+        crate::qp::unsupported_op(self.device.as_ref()?, op, sges)
     }
 
     /// See [`ScheduledQueuePair::post_send`].

@@ -158,7 +158,10 @@ fn connect_on_by_address(
 /// for the rest of the test process (a connection lasts as long as its
 /// identifier, and the queue pairs go to the test).
 #[cfg(feature = "rdmacm")]
-fn connect_by_address(a: PreparedQueuePair, b: PreparedQueuePair) -> (QueuePair, QueuePair) {
+pub(crate) fn connect_by_address(
+    a: PreparedQueuePair,
+    b: PreparedQueuePair,
+) -> (QueuePair, QueuePair) {
     let (mut listener, addr) = listen();
     let a = connect_from_thread(a, addr);
     let request = listener.next_request(CM_WAIT).expect("a request");
