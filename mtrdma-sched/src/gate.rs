@@ -378,6 +378,10 @@ impl GrantOrder {
             let mut k = 0;
             while k < self.order[c].len() {
                 match post(self.order[c][k]) {
+                    Post::Posted if k == 0 => {
+                        // Usually the first: no shifting of the rest.
+                        self.order[c].pop_front();
+                    }
                     Post::Posted => {
                         self.order[c].remove(k);
                     }
@@ -407,9 +411,13 @@ impl GrantOrder {
         }
         match post(key) {
             Post::Posted => {
-                // The lane's earliest piece went: its first entry goes.
-                if let Some(at) = self.order[c].iter().rposition(|&k| k == key) {
-                    self.order[c].remove(at);
+                // The lane's earliest piece went: one of its entries goes
+                // (they all name the lane); the newest, usually the last.
+                let order = &mut self.order[c];
+                if order.back() == Some(&key) {
+                    order.pop_back();
+                } else if let Some(at) = order.iter().rposition(|&k| k == key) {
+                    order.remove(at);
                 }
             }
             Post::Held => {}

@@ -157,8 +157,74 @@ pub(crate) struct Refusal<R> {
 /// when it is submitted; their work requests are built as they are added.
 pub(crate) struct Batch<'a, S: Sink> {
     sink: &'a mut S,
+    list: List<S::Region>,
+}
+
+/// What a batch the device refused part of leaves: how many of its
+/// requests were posted (its first ones), why the next was not, and the
+/// requests not posted, in order.
+pub(crate) type Unposted<R> = (usize, Error, Vec<Grouped<R>>);
+
+impl<'a, S: Sink> Batch<'a, S> {
+    pub(crate) fn new(sink: &'a mut S) -> Self {
+        let list = List::new(sink.books_mut(), false);
+        Batch { sink, list }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    crate::macros::posting_fn! {
+        /// Adds a request (see [`PostBatch::post_send`]).
+        pub(crate) fn push(&mut self, op: SendOp)
+            posts (region, range, context) for S::Region {
+            match check_send(op, &region, &range) {
+                Ok(sge) => self.list.push_checked(self.sink.books(), op, region, sge, context),
+                Err(error) => Err((error, region)),
+            }
+        }
+    }
+
+    crate::macros::posting_fn! {
+        /// Adds a gather request (see [`PostBatch::post_send_gather`]).
+        pub(crate) fn push_gather(&mut self, op: SendOp)
+            posts gather (parts, context) for S::Region {
+            self.list.push_gather(&*self.sink, op, parts, context)
+        }
+    }
+
+    /// Posts the batch as lists of up to [`LIST_MAX`] work requests (see
+    /// [`PostBatch::submit`] and, for which of them ask for a completion,
+    /// [`Sink::post_list`]).
+    pub(crate) fn submit(self) -> Result<(), Refusal<S::Region>> {
+        let Batch { sink, list } = self;
+        list.post(sink).map_err(|(posted, error, refused)| Refusal {
+            posted,
+            not_posted: refused.len(),
+            error: Box::new(error),
+            refused: refused
+                .into_iter()
+                .flat_map(Grouped::into_entries)
+                .collect(),
+        })
+    }
+
+    /// Posts nothing; hands the requests back (see [`PostBatch::cancel`]).
+    pub(crate) fn cancel(self) -> Vec<(u64, S::Region)> {
+        let Batch { sink, list } = self;
+        list.cancel(sink.books_mut())
+    }
+}
+
+/// A batch's requests, apart from the queue pair it goes to (which each
+/// call names): what a [`Batch`] builds, and what a scheduled queue pair's
+/// batch builds for the requests its engine lets go at once. Dropped
+/// without [`post`](Self::post) or [`cancel`](Self::cancel), it posts
+/// nothing and frees its regions (its room is not kept for the next).
+pub(crate) struct List<R> {
     /// Its requests, in order, with their regions.
-    pieces: Vec<Grouped<S::Region>>,
+    pieces: Vec<Grouped<R>>,
     /// Their work requests and scatter entries (the books' [`ListScratch`],
     /// handed back when the batch is done).
     scratch: ListScratch,
@@ -169,48 +235,34 @@ pub(crate) struct Batch<'a, S: Sink> {
     /// completion (a UD queue pair cannot post the zero-length WRITE that
     /// closes a list cut short).
     all_signaled: bool,
-    /// Posted for a scheduled queue pair ([`Batch::scheduled`]).
+    /// Posted for a scheduled queue pair: each completion also reports a
+    /// raw completion [`PARKED_DONE`], as for a request parked alone with
+    /// [`SCHED_WR`].
     sched: bool,
 }
 
-/// What a batch the device refused part of leaves: how many of its
-/// requests were posted (its first ones), why the next was not, and the
-/// requests not posted, in order.
-pub(crate) type Unposted<R> = (usize, Error, Vec<Grouped<R>>);
-
-impl<'a, S: Sink> Batch<'a, S> {
-    pub(crate) fn new(sink: &'a mut S) -> Self {
-        let books = sink.books_mut();
-        let pieces = books.group_queue();
-        let scratch = books.take_list_scratch();
-        Batch {
-            sink,
-            pieces,
-            scratch,
+impl<R: Region> List<R> {
+    /// An empty list, with the room `books` kept from the last one;
+    /// `sched`: see [`List::sched`].
+    #[inline]
+    pub(crate) fn new(books: &mut Books<R>, sched: bool) -> Self {
+        List {
+            pieces: books.group_queue(),
+            scratch: books.take_list_scratch(),
             lists: Vec::new(),
             all_signaled: false,
-            sched: false,
+            sched,
         }
-    }
-
-    /// A batch a scheduled queue pair posts for requests its engine lets
-    /// go at once: each completion also reports a raw completion
-    /// [`PARKED_DONE`], as for a request parked alone with [`SCHED_WR`].
-    pub(crate) fn scheduled(sink: &'a mut S) -> Self {
-        let mut batch = Batch::new(sink);
-        batch.sched = true;
-        batch
     }
 
     pub(crate) fn len(&self) -> usize {
         self.pieces.len()
     }
 
-    /// Refuses one more request if the send queue has no room for the
-    /// batch with it.
+    /// Refuses one more request if the send queue `books` keeps has no
+    /// room for the list with it.
     #[inline]
-    fn check_room(&self) -> Result<(), Error> {
-        let books = self.sink.books();
+    fn check_room(&self, books: &Books<R>) -> Result<(), Error> {
         let room = (books.max_send_wr as usize).min(GROUP_MAX);
         if books.sends_in_flight as usize + self.pieces.len() >= room {
             return Err(Error::SendQueueFull {
@@ -220,28 +272,18 @@ impl<'a, S: Sink> Batch<'a, S> {
         Ok(())
     }
 
-    crate::macros::posting_fn! {
-        /// Adds a request (see [`PostBatch::post_send`]).
-        pub(crate) fn push(&mut self, op: SendOp)
-            posts (region, range, context) for S::Region {
-            match check_send(op, &region, &range) {
-                Ok(sge) => self.push_checked(op, region, sge, context),
-                Err(error) => Err((error, region)),
-            }
-        }
-    }
-
-    /// Adds a request `check_send` found to be `sge` (see
-    /// [`PostBatch::post_send`]).
+    /// Adds a request `check_send` found to be `sge`, for the queue pair
+    /// whose books are `books` (see [`PostBatch::post_send`]).
     #[inline]
     pub(crate) fn push_checked(
         &mut self,
+        books: &Books<R>,
         op: SendOp,
-        region: S::Region,
+        region: R,
         sge: ffi::ibv_sge,
         context: u64,
-    ) -> Result<(), (Error, S::Region)> {
-        if let Err(error) = self.check_room() {
+    ) -> Result<(), (Error, R)> {
+        if let Err(error) = self.check_room(books) {
             return Err((error, region));
         }
         let extra = region.extra(true, true);
@@ -249,7 +291,7 @@ impl<'a, S: Sink> Batch<'a, S> {
         Ok(())
     }
 
-    /// Adds a request the batch has room for: its work request, on `sge`
+    /// Adds a request the list has room for: its work request, on `sge`
     /// (its first scatter entry) with what its first region adds
     /// (`extra`), and its regions, `len` bytes in all.
     #[inline]
@@ -257,8 +299,8 @@ impl<'a, S: Sink> Batch<'a, S> {
     fn add(
         &mut self,
         op: SendOp,
-        region: S::Region,
-        rest: Vec<S::Region>,
+        region: R,
+        rest: Vec<R>,
         sge: ffi::ibv_sge,
         extra: Extra,
         len: u32,
@@ -268,7 +310,7 @@ impl<'a, S: Sink> Batch<'a, S> {
         self.all_signaled |= ud.is_some();
         let raw = RawSend::new(0, op, true, sge, ud, extra, false);
         let mut entry = sge;
-        push_in_place(&mut self.scratch.wrs, send_wr(&raw, &mut entry, true));
+        push_send_wr(&mut self.scratch.wrs, &raw, &mut entry, true);
         push_in_place(&mut self.scratch.sges, sge);
         push_in_place(
             &mut self.pieces,
@@ -282,62 +324,59 @@ impl<'a, S: Sink> Batch<'a, S> {
         );
     }
 
-    crate::macros::posting_fn! {
-        /// Adds a gather request (see [`PostBatch::post_send_gather`]).
-        pub(crate) fn push_gather(&mut self, op: SendOp)
-            posts gather (parts, context) for S::Region {
-            let gather = match check_gather(op, &parts, self.sink.books().max_send_sge) {
-                Ok(gather) => gather,
-                Err(error) => return Err((error, parts)),
-            };
-            if let Some(error) = self.sink.unsupported(op, gather.sges.len()) {
-                return Err((error, parts));
-            }
-            if let Err(error) = self.check_room() {
-                return Err((error, parts));
-            }
-            let mut regions = parts.into_iter().map(|(region, _)| region);
-            let Some(region) = regions.next() else {
-                return Err((Error::EmptyGather, Vec::new()));
-            };
-            let rest: Vec<S::Region> = regions.collect();
-            let mut extra = region.extra(true, true);
-            let sge = gather.first_entry(&mut extra);
-            self.add(op, region, rest, sge, extra, gather.len, context);
-            if gather.sges.len() > 1 {
-                // Moving the list keeps its entries where they are, where the
-                // work request points.
-                self.lists.push(gather.sges);
-            }
-            Ok(())
+    /// Adds a gather request for `sink` (see [`PostBatch::post_send_gather`]).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn push_gather<S: Sink<Region = R>>(
+        &mut self,
+        sink: &S,
+        op: SendOp,
+        parts: Vec<(R, Range<usize>)>,
+        context: u64,
+    ) -> Result<(), (Error, Vec<(R, Range<usize>)>)> {
+        let gather = match check_gather(op, &parts, sink.books().max_send_sge) {
+            Ok(gather) => gather,
+            Err(error) => return Err((error, parts)),
+        };
+        if let Some(error) = sink.unsupported(op, gather.sges.len()) {
+            return Err((error, parts));
         }
+        if let Err(error) = self.check_room(sink.books()) {
+            return Err((error, parts));
+        }
+        let mut regions = parts.into_iter().map(|(region, _)| region);
+        let Some(region) = regions.next() else {
+            return Err((Error::EmptyGather, Vec::new()));
+        };
+        let rest: Vec<R> = regions.collect();
+        let mut extra = region.extra(true, true);
+        let sge = gather.first_entry(&mut extra);
+        self.add(op, region, rest, sge, extra, gather.len, context);
+        if gather.sges.len() > 1 {
+            // Moving the list keeps its entries where they are, where the
+            // work request points.
+            self.lists.push(gather.sges);
+        }
+        Ok(())
     }
 
-    /// Posts the batch as lists of up to [`LIST_MAX`] work requests (see
-    /// [`PostBatch::submit`] and, for which of them ask for a completion,
-    /// [`Sink::post_list`]).
-    pub(crate) fn submit(self) -> Result<(), Refusal<S::Region>> {
-        self.post().map_err(|(posted, error, refused)| Refusal {
-            posted,
-            not_posted: refused.len(),
-            error: Box::new(error),
-            refused: refused
-                .into_iter()
-                .flat_map(Grouped::into_entries)
-                .collect(),
-        })
+    /// Posts the list on `sink` as lists of up to [`LIST_MAX`] work
+    /// requests (see [`PostBatch::submit`] and, for which of them ask for a
+    /// completion, [`Sink::post_list`]), handing back the requests not
+    /// posted as they were added.
+    pub(crate) fn post<S: Sink<Region = R>>(mut self, sink: &mut S) -> Result<(), Unposted<R>> {
+        let result = self.post_on(sink);
+        sink.books_mut().keep_list_scratch(self.scratch);
+        result
     }
 
-    /// [`submit`](Self::submit), handing back the requests not posted as
-    /// they were added.
-    pub(crate) fn post(mut self) -> Result<(), Unposted<S::Region>> {
+    fn post_on<S: Sink<Region = R>>(&mut self, sink: &mut S) -> Result<(), Unposted<R>> {
         let n = self.scratch.wrs.len();
         if n == 0 {
             return Ok(());
         }
         let pieces = std::mem::take(&mut self.pieces);
-        let key = self.sink.books_mut().park_group(pieces, self.sched);
-        let quiet_ok = !self.all_signaled && self.sink.quiet_lists();
+        let key = sink.books_mut().park_group(pieces, self.sched);
+        let quiet_ok = !self.all_signaled && sink.quiet_lists();
         let signaled = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         // The links and scatter pointers all come from one pointer to
         // each vector: a reference taken to the vector after a pointer
@@ -349,6 +388,8 @@ impl<'a, S: Sink> Batch<'a, S> {
         while done < n {
             let len = (n - done).min(LIST_MAX);
             let every = len.div_ceil(2).clamp(1, SIGNAL_EVERY);
+            // Pieces left before the next that asks for its completion.
+            let mut to_signal = every;
             for i in 0..len {
                 let at = done + i;
                 // SAFETY: `at < n`, the length of `self.scratch.wrs`, which does
@@ -360,8 +401,10 @@ impl<'a, S: Sink> Batch<'a, S> {
                     // n`), and does not change while the list is used.
                     wr.sg_list = unsafe { sges.add(at) };
                 }
-                if !quiet_ok || i + 1 == len || (i + 1) % every == 0 {
+                to_signal -= 1;
+                if !quiet_ok || i + 1 == len || to_signal == 0 {
                     wr.send_flags |= signaled;
+                    to_signal = every;
                 }
                 wr.next = if i + 1 < len {
                     // SAFETY: `at + 1 < n`, as above.
@@ -375,20 +418,19 @@ impl<'a, S: Sink> Batch<'a, S> {
             // in `self.scratch.sges` or `self.lists`, which outlive the call (the
             // device copies them); their buffers are the group's regions,
             // parked in the books until their completions are polled.
-            let result = unsafe { self.sink.post_wr_list(&mut *wrs.add(done)) };
+            let result = unsafe { sink.post_wr_list(&mut *wrs.add(done)) };
             let taken = match &result {
                 Ok(()) => len,
                 Err((taken, _)) => *taken,
             };
-            self.sink.books_mut().sends_in_flight += taken as u32;
+            sink.books_mut().sends_in_flight += taken as u32;
             if let Err((_, error)) = result {
                 let posted = done + taken;
                 // SAFETY: `posted - 1 < n`, as above.
                 if taken > 0 && unsafe { (*wrs.add(posted - 1)).send_flags } & signaled == 0 {
-                    self.sink
-                        .report_quiet(group_wr_id(key, posted - 1) | GROUP_NOP);
+                    sink.report_quiet(group_wr_id(key, posted - 1) | GROUP_NOP);
                 }
-                let refused = self.sink.books_mut().unpark_group_from(key, posted);
+                let refused = sink.books_mut().unpark_group_from(key, posted);
                 return Err((posted, error, refused));
             }
             done += len;
@@ -396,21 +438,24 @@ impl<'a, S: Sink> Batch<'a, S> {
         Ok(())
     }
 
-    /// Posts nothing; hands the requests back (see [`PostBatch::cancel`]).
-    pub(crate) fn cancel(mut self) -> Vec<(u64, S::Region)> {
-        self.pieces
+    /// Posts nothing; hands the requests back, in order (see
+    /// [`PostBatch::cancel`]), keeping the list's room in `books`.
+    pub(crate) fn cancel(mut self, books: &mut Books<R>) -> Vec<(u64, R)> {
+        let back = self
+            .pieces
             .drain(..)
             .flat_map(Grouped::into_entries)
-            .collect()
+            .collect();
+        self.release(books);
+        back
     }
-}
 
-impl<S: Sink> Drop for Batch<'_, S> {
-    fn drop(&mut self) {
-        // Never posted: the regions may be freed.
-        let pieces = std::mem::take(&mut self.pieces);
-        let scratch = std::mem::take(&mut self.scratch);
-        let books = self.sink.books_mut();
+    /// Drops the requests (never posted: the regions may be freed), keeping
+    /// the list's room in `books` for the next.
+    pub(crate) fn release(self, books: &mut Books<R>) {
+        let List {
+            pieces, scratch, ..
+        } = self;
         books.keep_list_scratch(scratch);
         if pieces.capacity() > 0 {
             books.recycle(pieces);

@@ -256,20 +256,55 @@ pub(crate) fn wc_opcode_of(opcode: ffi::ibv_wr_opcode::Type) -> ffi::ibv_wc_opco
 
 /// The verbs work request for `raw`, its scatter list in `sge`; signaled
 /// unless `quiet` or its region asks otherwise ([`Extra::quiet`]).
+#[inline(always)]
 pub(crate) fn send_wr(raw: &RawSend, sge: &mut ffi::ibv_sge, quiet: bool) -> ffi::ibv_send_wr {
-    let mut wr = ffi::ibv_send_wr {
-        wr_id: raw.wr_id,
-        next: std::ptr::null_mut(),
-        sg_list: sge,
-        num_sge: i32::from(sge.length > 0),
-        opcode: raw.opcode,
-        send_flags: if raw.extra.quiet || quiet {
-            raw.extra.flags
-        } else {
-            ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 | raw.extra.flags
-        },
-        // SAFETY: all-zero is a valid value of this plain C struct.
-        ..unsafe { MaybeUninit::zeroed().assume_init() }
+    let mut wr = MaybeUninit::uninit();
+    write_send_wr(&mut wr, raw, sge, quiet);
+    // SAFETY: `write_send_wr` initialised every byte.
+    unsafe { wr.assume_init() }
+}
+
+/// Appends [`send_wr`]`(raw, sge, quiet)` to `v`, built where it is to
+/// stay (a work request is 128 bytes: built elsewhere and copied in, it
+/// costs a batch's request as much again).
+#[inline(always)]
+pub(crate) fn push_send_wr(
+    v: &mut Vec<ffi::ibv_send_wr>,
+    raw: &RawSend,
+    sge: &mut ffi::ibv_sge,
+    quiet: bool,
+) {
+    v.reserve(1);
+    let len = v.len();
+    write_send_wr(&mut v.spare_capacity_mut()[0], raw, sge, quiet);
+    // SAFETY: the element at `len` was just initialised, within the room
+    // `reserve(1)` left.
+    unsafe { v.set_len(len + 1) };
+}
+
+/// Builds [`send_wr`]`(raw, sge, quiet)` in `dst`, every byte of it.
+#[inline(always)]
+fn write_send_wr(
+    dst: &mut MaybeUninit<ffi::ibv_send_wr>,
+    raw: &RawSend,
+    sge: &mut ffi::ibv_sge,
+    quiet: bool,
+) {
+    let length = sge.length;
+    // SAFETY: all-zero is a valid value of this plain C struct; after
+    // this every byte is initialised.
+    let wr = unsafe {
+        dst.as_mut_ptr().write_bytes(0, 1);
+        dst.assume_init_mut()
+    };
+    wr.wr_id = raw.wr_id;
+    wr.sg_list = sge;
+    wr.num_sge = i32::from(length > 0);
+    wr.opcode = raw.opcode;
+    wr.send_flags = if raw.extra.quiet || quiet {
+        raw.extra.flags
+    } else {
+        ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 | raw.extra.flags
     };
     if raw.extra.num_sge > 1 {
         wr.sg_list = raw.extra.sg_list as *mut ffi::ibv_sge;
@@ -299,5 +334,4 @@ pub(crate) fn send_wr(raw: &RawSend, sge: &mut ffi::ibv_sge, quiet: bool) -> ffi
             remote_qkey: ud.qkey,
         };
     }
-    wr
 }

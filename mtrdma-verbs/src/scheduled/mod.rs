@@ -50,7 +50,7 @@ use mtrdma_sched::{Nanos, Protection, Scheduler, TenantPolicy, TenantScheduler, 
 use crate::completion::{Completion, WcStatus};
 use crate::events::{Armed, Waitable};
 use crate::qp::{
-    check_gather, check_send, push_in_place, Batch, Gather, GatherError, PostError, QueuePair,
+    check_gather, check_send, push_in_place, Gather, GatherError, List, PostError, QueuePair,
     RawCompletion, RawSend, Refusal, Region, SendOp, Sink, SCHED_WR,
 };
 
@@ -67,10 +67,10 @@ pub(crate) use engine::default_scheduler;
 use engine::{Engine, Member};
 pub use ledger::PieceRef;
 use ledger::{Book, Gathered, Message, Side, PARKED};
+#[cfg(any(test, feature = "test-util"))]
+pub(crate) use paths::Batched;
 pub(crate) use paths::Scheduled;
 use paths::*;
-#[cfg(any(test, feature = "test-util"))]
-pub(crate) use paths::{Batched, Request};
 pub use ud::ScheduledUdQueuePair;
 
 /// Writes the [`PollCompletions`](crate::PollCompletions) impl of a

@@ -220,21 +220,6 @@ impl<S: Sink, Q: PieceScheduler> Scheduled<S, Q> {
         Ok((request, ranges))
     }
 
-    /// Accepts `requests` together (see [`ScheduledBatch::submit`]): the
-    /// pieces decided meanwhile go to the NIC as one list.
-    pub(crate) fn post_batch(
-        &mut self,
-        requests: Vec<Request<S::Region>>,
-    ) -> Result<(), Refusal<S::Region>> {
-        match &mut self.way {
-            Way::Solo(solo) => solo.post_batch(requests),
-            Way::Attached(a) => {
-                let member = a.member;
-                a.with_engine(|e| accept_all(e, member, requests))
-            }
-        }
-    }
-
     /// See [`ScheduledQueuePair::poll`].
     #[inline]
     pub(crate) fn poll(&mut self, out: &mut Vec<Done<S>>) -> Result<usize, Error> {
@@ -308,20 +293,6 @@ impl<R: Region> Request<R> {
         }
     }
 
-    /// A request whose range and remote region `check_send` accepts; on
-    /// refusal the region comes back with the error.
-    pub(crate) fn checked(
-        op: SendOp,
-        region: R,
-        range: Range<usize>,
-        context: u64,
-    ) -> Result<Request<R>, (Error, R)> {
-        match check_send(op, &region, &range) {
-            Ok(sge) => Ok(Request::single(op, region, range, sge, context)),
-            Err(error) => Err((error, region)),
-        }
-    }
-
     /// Its regions, in order (a gather request's all), each with its
     /// context: how a request not posted is handed back.
     pub(crate) fn into_entries(self) -> impl Iterator<Item = (u64, R)> {
@@ -367,22 +338,38 @@ impl<R: Region> Request<R> {
 
 /// Send-side requests to be accepted together on a scheduled queue pair
 /// of any [`Sink`]: what [`ScheduledBatch`] is.
+///
+/// On a queue pair with an engine of its own, the leading requests the
+/// engine lets go at once (`may_park`, judged as each is added, after
+/// those before it are counted, as for as many single posts) are built
+/// into one list of work requests as they are added, and counted by the
+/// engine then; the rest (from the first it does not let go, or the first
+/// gather request, on) are accepted by the engine in order at
+/// [`submit`](Self::submit), as are all of a shared engine's.
 pub(crate) struct Batched<'a, S: Sink, Q: PieceScheduler> {
     qp: &'a mut Scheduled<S, Q>,
+    /// The leading requests let go at once, and what each asked for (to
+    /// hand one the queue pair refuses to the engine after all).
+    parked: Option<(List<S::Region>, Vec<Asked>)>,
+    /// The rest, in order.
     requests: Vec<Request<S::Region>>,
 }
+
+/// What a parked request of a batch asked for.
+pub(super) type Asked = (SendOp, Range<usize>, ffi::ibv_sge);
 
 impl<'a, S: Sink, Q: PieceScheduler> Batched<'a, S, Q> {
     pub(crate) fn new(qp: &'a mut Scheduled<S, Q>) -> Self {
         Batched {
             qp,
+            parked: None,
             requests: Vec::new(),
         }
     }
 
     /// Requests in the batch.
     pub(crate) fn len(&self) -> usize {
-        self.requests.len()
+        self.parked.as_ref().map_or(0, |(list, _)| list.len()) + self.requests.len()
     }
 
     crate::macros::posting_fn! {
@@ -392,8 +379,21 @@ impl<'a, S: Sink, Q: PieceScheduler> Batched<'a, S, Q> {
             if let Some(error) = self.qp.unsupported(op, 1) {
                 return Err((error, region));
             }
+            let sge = match check_send(op, &region, &range) {
+                Ok(sge) => sge,
+                Err(error) => return Err((error, region)),
+            };
+            let region = match &mut self.qp.way {
+                Way::Solo(solo) if self.requests.is_empty() => {
+                    match solo.park_in(&mut self.parked, op, region, &range, sge, context) {
+                        Ok(()) => return Ok(()),
+                        Err(region) => region,
+                    }
+                }
+                _ => region,
+            };
             self.requests
-                .push(Request::checked(op, region, range, context)?);
+                .push(Request::single(op, region, range, sge, context));
             Ok(())
         }
     }
@@ -412,16 +412,49 @@ impl<'a, S: Sink, Q: PieceScheduler> Batched<'a, S, Q> {
     }
 
     /// See [`ScheduledBatch::submit`].
-    pub(crate) fn submit(self) -> Result<(), Refusal<S::Region>> {
-        self.qp.post_batch(self.requests)
+    pub(crate) fn submit(mut self) -> Result<(), Refusal<S::Region>> {
+        let parked = self.parked.take();
+        let requests = std::mem::take(&mut self.requests);
+        match &mut self.qp.way {
+            Way::Solo(solo) => solo.post_batch(parked, requests),
+            Way::Attached(a) => {
+                debug_assert!(parked.is_none(), "only a solo queue pair parks");
+                let member = a.member;
+                a.with_engine(|e| accept_all(e, member, requests))
+            }
+        }
     }
 
     /// See [`ScheduledBatch::cancel`].
-    pub(crate) fn cancel(self) -> Vec<(u64, S::Region)> {
-        self.requests
-            .into_iter()
-            .flat_map(Request::into_entries)
-            .collect()
+    pub(crate) fn cancel(mut self) -> Vec<(u64, S::Region)> {
+        let mut back = self.unpark();
+        back.extend(
+            std::mem::take(&mut self.requests)
+                .into_iter()
+                .flat_map(Request::into_entries),
+        );
+        back
+    }
+
+    /// Takes the parked requests back out of the engine's count, and
+    /// hands their regions back in order.
+    fn unpark(&mut self) -> Vec<(u64, S::Region)> {
+        let (Some((list, asked)), Way::Solo(solo)) = (self.parked.take(), &mut self.qp.way) else {
+            return Vec::new();
+        };
+        for _ in 0..list.len() {
+            solo.engine.parked_done(solo.member);
+        }
+        solo.keep_asked(asked);
+        list.cancel(solo.sink.books_mut())
+    }
+}
+
+impl<S: Sink, Q: PieceScheduler> Drop for Batched<'_, S, Q> {
+    fn drop(&mut self) {
+        // Never submitted: nothing was posted, and the regions may be
+        // freed.
+        drop(self.unpark());
     }
 }
 

@@ -31,10 +31,10 @@ use mtrdma_sched::{ManualClock, TenantPolicy};
 
 use crate::completion::{Opcode, WcStatus};
 use crate::events::Armed;
-use crate::qp::{own_region_completion, Batch, Books, RawCompletion, Region, SendOp, Sink, Wc};
-use crate::scheduled::{
-    default_scheduler, solo_parts, Batched, EngineClock, Request, Scheduled, Shared,
+use crate::qp::{
+    own_region_completion, Batch, Books, RawCompletion, Refusal, Region, SendOp, Sink, Wc,
 };
+use crate::scheduled::{default_scheduler, solo_parts, Batched, EngineClock, Scheduled, Shared};
 use crate::{DefaultScheduler, PieceScheduler};
 use crate::{Error, ScheduleConfig, SharedConfig};
 
@@ -402,19 +402,7 @@ impl NullSink {
         &mut self,
         requests: impl IntoIterator<Item = (SendOp, HeapRegion, Range<usize>, u64)>,
     ) -> Result<(), BatchRefused> {
-        let mut batch = Batch::new(self);
-        let mut requests = requests.into_iter();
-        while let Some((op, region, range, context)) = requests.next() {
-            if let Err((error, region)) = batch.push(op, region, range, context) {
-                let mut refused = batch.cancel();
-                refused.push((context, region));
-                refused.extend(requests.map(|(_, region, _, context)| (context, region)));
-                return Err((error, refused));
-            }
-        }
-        batch
-            .submit()
-            .map_err(|refusal| (*refusal.error, refusal.refused))
+        post_all(Batch::new(self), requests)
     }
 
     /// What [`QueuePair::poll`](crate::QueuePair::poll) does: up to 32
@@ -553,6 +541,62 @@ impl NullSink {
             signaled,
         }
     }
+}
+
+/// A request of a batch on the host: (operation, region, range, context).
+type HostRequest = (SendOp, HeapRegion, Range<usize>, u64);
+
+/// A batch on the host: what [`NullSink::post_batch`] and
+/// [`NullScheduled::post_batch`] fill and submit.
+trait HostBatch: Sized {
+    fn push(&mut self, request: HostRequest) -> Result<(), (Error, HeapRegion)>;
+    fn cancel(self) -> Vec<(u64, HeapRegion)>;
+    fn submit(self) -> Result<(), Refusal<HeapRegion>>;
+}
+
+/// Writes [`HostBatch`] for a batch type whose own methods are named so.
+macro_rules! host_batch {
+    ($ty:ty $(, $q:ident)?) => {
+        impl<$($q: crate::PieceScheduler)?> HostBatch for $ty {
+            fn push(&mut self, (op, region, range, context): HostRequest) -> Result<(), (Error, HeapRegion)> {
+                <$ty>::push(self, op, region, range, context)
+            }
+
+            fn cancel(self) -> Vec<(u64, HeapRegion)> {
+                <$ty>::cancel(self)
+            }
+
+            fn submit(self) -> Result<(), Refusal<HeapRegion>> {
+                <$ty>::submit(self)
+            }
+        }
+    };
+}
+
+host_batch!(Batch<'_, NullSink>);
+host_batch!(Batched<'_, NullSink, Q>, Q);
+
+/// Adds `requests` (operation, region, range, context) to `batch` in
+/// order and submits it. On refusal (of one request, when it is added;
+/// or by the device), the error and the requests not posted, as (context,
+/// region).
+fn post_all(
+    mut batch: impl HostBatch,
+    requests: impl IntoIterator<Item = HostRequest>,
+) -> Result<(), BatchRefused> {
+    let mut requests = requests.into_iter();
+    while let Some(request) = requests.next() {
+        let context = request.3;
+        if let Err((error, region)) = batch.push(request) {
+            let mut refused = batch.cancel();
+            refused.push((context, region));
+            refused.extend(requests.map(|(_, region, _, context)| (context, region)));
+            return Err((error, refused));
+        }
+    }
+    batch
+        .submit()
+        .map_err(|refusal| (*refusal.error, refusal.refused))
 }
 
 /// A request in the null sink's ring: what its completion reports.

@@ -149,23 +149,7 @@ impl<Q: PieceScheduler> NullScheduled<Q> {
         &mut self,
         requests: impl IntoIterator<Item = (SendOp, HeapRegion, Range<usize>, u64)>,
     ) -> Result<(), BatchRefused> {
-        let mut requests = requests.into_iter();
-        let mut checked = Vec::with_capacity(requests.size_hint().0);
-        while let Some((op, region, range, context)) = requests.next() {
-            match Request::checked(op, region, range, context) {
-                Ok(request) => checked.push(request),
-                Err((error, region)) => {
-                    let mut refused: Vec<_> =
-                        checked.into_iter().map(|r| (r.context, r.region)).collect();
-                    refused.push((context, region));
-                    refused.extend(requests.map(|(_, region, _, context)| (context, region)));
-                    return Err((error, refused));
-                }
-            }
-        }
-        self.inner
-            .post_batch(checked)
-            .map_err(|refusal| (*refusal.error, refusal.refused))
+        super::post_all(Batched::new(&mut self.inner), requests)
     }
 
     /// See [`ScheduledQueuePair::batch`](crate::ScheduledQueuePair::batch).

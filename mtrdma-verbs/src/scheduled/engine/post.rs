@@ -45,9 +45,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             let ud = msg.region.datagram();
             let raw = RawSend::new(wr_id, msg.op, true, sge, ud, extra, false);
             msg.pieces_out += 1;
-            if let Some(raw) = self.launch(member, raw, grant.len) {
-                self.own_pieces.push(raw);
-            }
+            self.launch_decided(member, raw, grant.len);
             return;
         }
         let Some(mut sge) = msg.region.sge(&(msg.start..msg.start + msg.len as usize)) else {
@@ -70,8 +68,18 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             *addr += grant.offset;
         }
         msg.pieces_out += 1;
-        if let Some(raw) = self.launch(member, raw, grant.len) {
-            self.own_pieces.push(raw);
+        self.launch_decided(member, raw, grant.len);
+    }
+
+    /// [`launch`](Self::launch) of a piece the engine decided: if the
+    /// caller posts it, it joins `own_pieces` (moved once: a piece is
+    /// large enough that each copy is a call to `memcpy`).
+    #[inline(always)]
+    fn launch_decided(&mut self, member: usize, raw: RawSend, len: u64) {
+        if self.sent(member, raw.wr_id, len) {
+            push_in_place(&mut self.own_pieces, raw);
+        } else {
+            self.deliver(member, raw);
         }
     }
 
@@ -87,7 +95,20 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         raw: RawSend,
         len: u64,
     ) -> Option<RawSend> {
-        let message = (raw.wr_id & !RAW_WR) as usize;
+        if self.sent(member, raw.wr_id, len) {
+            return Some(raw);
+        }
+        self.deliver(member, raw);
+        None
+    }
+
+    /// Counts piece `wr_id` of `len` bytes as in flight on `member`'s
+    /// queue pair; whether the caller posts it (its queue pair's owner
+    /// holds the engine, or has no side), else [`deliver`](Self::deliver)
+    /// hands it to the side.
+    #[inline]
+    fn sent(&mut self, member: usize, wr_id: u64, len: u64) -> bool {
+        let message = (wr_id & !RAW_WR) as usize;
         let (clock, offset) = (&self.clock, self.shared_offset);
         let m = self
             .members
@@ -100,11 +121,19 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         if let Some(q) = &m.quota {
             q.record_posted(len, 1);
         }
-        let side = match &m.side {
+        match &m.side {
             // Its owner holds the engine and posts it on the way out; no
             // piece of it waits in the book (that would set the mail).
-            Some(side) if member != self.caller || side.mail.load(Ordering::Acquire) => side,
-            _ => return Some(raw),
+            Some(side) => member == self.caller && !side.mail.load(Ordering::Acquire),
+            None => true,
+        }
+    }
+
+    /// Leaves `raw`, counted by [`sent`](Self::sent), in `member`'s side's
+    /// book for its owner to post.
+    fn deliver(&mut self, member: usize, raw: RawSend) {
+        let Some(side) = self.members.get(member).and_then(|m| m.side.as_ref()) else {
+            return;
         };
         let now = self.clock.now().0;
         side.deliver(|book| {
@@ -116,6 +145,5 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         if !self.flush.iter().any(|s| Arc::ptr_eq(s, side)) {
             self.flush.push(Arc::clone(side));
         }
-        None
     }
 }

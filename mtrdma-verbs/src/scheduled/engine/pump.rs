@@ -39,6 +39,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         let Some(len) = m.lane.pending().front().map(|g| g.len) else {
             return Post::Held;
         };
+        let limited = m.quota.is_some();
         if self.gate.budget_holds(&m.lane, len) {
             return Post::Budget;
         }
@@ -57,7 +58,8 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
             }
             Admit::AfterCompletion => return Post::Held,
         }
-        if !self.rate_allows(member, len) {
+        // (Only a tenant's queue pair has a shared rate limit.)
+        if limited && !self.rate_allows(member, len) {
             let m = self.member(member);
             if let Some(q) = &m.quota {
                 let wait = m.retry_at.saturating_sub(q.now_ns());

@@ -20,12 +20,11 @@ pub(in crate::scheduled) struct Solo<S: Sink, Q: PieceScheduler> {
     pub(in crate::scheduled) batch: BatchScratch,
 }
 
-/// What each request [`Solo::post_batch`] parked asked for (to hand a
-/// request the queue pair refuses to the engine after all). Empty between
-/// batches; only its room is kept.
+/// Room kept between batches: what each request a batch parked asked
+/// for (see [`Batched`]). Empty between batches.
 #[derive(Default)]
 pub(in crate::scheduled) struct BatchScratch {
-    asked: Vec<(SendOp, Range<usize>, ffi::ibv_sge)>,
+    asked: Vec<Asked>,
 }
 
 impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
@@ -87,59 +86,80 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
         self.post_accepted(result)
     }
 
-    /// [`Scheduled::post_batch`] on a queue pair of its own: the leading
-    /// requests the engine lets go at once (`may_park`, judged after each
-    /// one is counted, as for as many single posts) are parked in the
-    /// queue pair's books and posted as one list, as a direct batch; the
-    /// rest go through the engine, whose pieces follow as lists of their
-    /// own.
+    /// Adds a request of a batch to its `parked` list if the engine lets
+    /// it go at once (`may_park`, with the batch's requests parked so far
+    /// counted) and the send queue has room for the list with it; counts
+    /// it then. Otherwise hands the region back: the request goes through
+    /// the engine at submit.
+    #[inline]
+    pub(in crate::scheduled) fn park_in(
+        &mut self,
+        parked: &mut Option<(List<S::Region>, Vec<Asked>)>,
+        op: SendOp,
+        region: S::Region,
+        range: &Range<usize>,
+        sge: ffi::ibv_sge,
+        context: u64,
+    ) -> Result<(), S::Region> {
+        if !self.engine.may_park(self.member, op, u64::from(sge.length)) {
+            return Err(region);
+        }
+        let (list, asked) = parked.get_or_insert_with(|| {
+            (
+                List::new(self.sink.books_mut(), true),
+                std::mem::take(&mut self.batch.asked),
+            )
+        });
+        match list.push_checked(self.sink.books(), op, region, sge, context) {
+            Ok(()) => {
+                self.engine.parked(self.member, sge.length);
+                push_in_place(asked, (op, range.clone(), sge));
+                Ok(())
+            }
+            // No room in the send queue: through the engine.
+            Err((_, region)) => Err(region),
+        }
+    }
+
+    /// Keeps the room of a batch's `asked` for the next.
+    pub(in crate::scheduled) fn keep_asked(&mut self, mut asked: Vec<Asked>) {
+        asked.clear();
+        self.batch.asked = asked;
+    }
+
+    /// [`Batched::submit`] on a queue pair of its own: the leading
+    /// requests parked as they were added go to the NIC as one list, as a
+    /// direct batch; the rest go through the engine, whose pieces follow
+    /// as lists of their own.
     pub(in crate::scheduled) fn post_batch(
         &mut self,
-        requests: Vec<Request<S::Region>>,
+        parked: Option<(List<S::Region>, Vec<Asked>)>,
+        mut requests: Vec<Request<S::Region>>,
     ) -> Result<(), Refusal<S::Region>> {
-        let mut requests = requests.into_iter();
-        let mut asked = std::mem::take(&mut self.batch.asked);
-        debug_assert!(asked.is_empty());
-        let mut batch = Batch::scheduled(&mut self.sink);
-        let mut next = None;
-        for r in requests.by_ref() {
-            let len = r.sge.length;
-            // A gather request goes through the engine, whole, as its
-            // single post does; so do those after it, to keep their order.
-            if r.gather.is_some() || !self.engine.may_park(self.member, r.op, u64::from(len)) {
-                next = Some(r);
-                break;
+        let mut posted = 0;
+        if let Some((list, mut asked)) = parked {
+            posted = list.len();
+            if let Err((taken, _, unposted)) = list.post(&mut self.sink) {
+                // Refused by the queue pair: uncounted, and through the
+                // engine ahead of the rest (whose refused pieces complete
+                // as failed at the next poll), as a refused single post.
+                posted = taken;
+                let back: Vec<_> = unposted
+                    .into_iter()
+                    .zip(asked.drain(taken..))
+                    .map(|(piece, (op, range, sge))| {
+                        self.engine.parked_done(self.member);
+                        Request::single(op, piece.region, range, sge, piece.context)
+                    })
+                    .collect();
+                requests.splice(0..0, back);
             }
-            let (op, sge, context) = (r.op, r.sge, r.context);
-            match batch.push_checked(op, r.region, sge, context) {
-                Ok(()) => {
-                    self.engine.parked(self.member, len);
-                    push_in_place(&mut asked, (op, r.range, sge));
-                }
-                Err((_, region)) => {
-                    // No room in the send queue: through the engine.
-                    next = Some(Request::single(op, region, r.range, sge, context));
-                    break;
-                }
-            }
+            self.keep_asked(asked);
         }
-        let mut back = Vec::new();
-        let mut posted = batch.len();
-        if let Err((taken, _, unposted)) = batch.post() {
-            // Refused by the queue pair: uncounted, and through the engine
-            // (whose refused pieces complete as failed at the next poll),
-            // as a refused single post.
-            posted = taken;
-            for (piece, (op, range, sge)) in unposted.into_iter().zip(asked.drain(taken..)) {
-                self.engine.parked_done(self.member);
-                back.push(Request::single(op, piece.region, range, sge, piece.context));
-            }
+        if requests.is_empty() {
+            return Ok(());
         }
-        asked.clear();
-        self.batch = BatchScratch { asked };
-        back.extend(next);
-        back.extend(requests);
-        let result = accept_all(&mut self.engine, self.member, back).map_err(|mut refusal| {
+        let result = accept_all(&mut self.engine, self.member, requests).map_err(|mut refusal| {
             refusal.posted += posted;
             refusal
         });

@@ -384,15 +384,21 @@ fn a_scheduled_batch_is_accepted_together_and_completes_request_by_request() {
     }
 }
 
-#[test]
-fn a_scheduled_batch_past_what_may_go_at_once_or_cut_by_the_device_loses_nothing() {
-    // Four may go at once (the rest wait for the engine); then the
-    // device refuses the third of the list, and then everything.
+/// A scheduled queue pair (on a recording null sink) that may have four
+/// pieces in the NIC at once.
+fn four_at_once() -> NullScheduled {
     let four = ScheduleConfig {
         max_pieces_in_flight: 4,
         ..bulk0()
     };
-    let mut qp = scheduled(NullSink::new(1, 64).recording(), four).unwrap();
+    scheduled(NullSink::new(1, 64).recording(), four).unwrap()
+}
+
+#[test]
+fn a_scheduled_batch_past_what_may_go_at_once_or_cut_by_the_device_loses_nothing() {
+    // Four may go at once (the rest wait for the engine); then the
+    // device refuses the third of the list, and then everything.
+    let mut qp = four_at_once();
     qp.post_batch(writes(16)).unwrap();
     assert!(qp.queued() > 0, "the engine holds what may not go yet");
     let done = drain(&mut qp, 16);
@@ -430,4 +436,34 @@ fn a_scheduled_batch_past_what_may_go_at_once_or_cut_by_the_device_loses_nothing
     assert!(done.iter().all(|c| c.status != WcStatus::Success));
     assert_eq!(qp.queued(), 0);
     assert_eq!(qp.with_sink(|s| s.sends_in_flight()), 0);
+}
+
+#[test]
+fn a_scheduled_batch_dropped_unsubmitted_posts_nothing_and_holds_no_room() {
+    // The requests a batch lets go at once are counted as they are added;
+    // a batch dropped unsubmitted must give that room back, or the queue
+    // pair would stall.
+    let mut qp = four_at_once();
+    for round in 0..3 {
+        let mut batch = qp.batch();
+        for i in 0..4 {
+            batch
+                .post_send(SendOp::Write(REMOTE), tagged(i), 0..64, i)
+                .unwrap();
+        }
+        assert_eq!(batch.len(), 4);
+        drop(batch);
+        assert_eq!(qp.queued(), 0, "round {round}");
+        assert!(qp.with_sink(NullSink::take_log).is_empty(), "round {round}");
+    }
+    qp.post_batch(writes(4)).unwrap();
+    assert_eq!(
+        qp.with_sink(NullSink::take_log).len(),
+        4,
+        "all four go to the NIC at once"
+    );
+    let done = drain(&mut qp, 4);
+    assert_eq!(tags(&done), own_tags(0..4));
+    assert!(done.iter().all(|c| c.status == WcStatus::Success));
+    assert_eq!(qp.queued(), 0);
 }
