@@ -279,8 +279,11 @@ impl Region for ForeignBuf {
 
     #[inline]
     fn datagram(&self) -> Option<UdDest> {
-        self.ud.map(|d| UdDest {
-            ah: d.ah as usize,
+        // A null address handle names no destination: the work request
+        // then carries none, as the program gave it.
+        let d = self.ud?;
+        Some(UdDest {
+            ah: std::num::NonZeroUsize::new(d.ah as usize)?,
             qpn: d.qpn,
             qkey: d.qkey,
         })

@@ -85,10 +85,12 @@ pub(crate) struct Extra {
 
 /// Where a UD send goes: the address handle (its address; the request's
 /// region keeps the handle alive until the completion), the remote queue
-/// pair and its Q_Key.
+/// pair and its Q_Key. (The address is never null, which keeps an
+/// `Option<UdDest>`, and so a [`RawSend`], within 128 bytes: copied
+/// without a call to `memcpy`.)
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct UdDest {
-    pub(crate) ah: usize,
+    pub(crate) ah: std::num::NonZeroUsize,
     pub(crate) qpn: u32,
     pub(crate) qkey: u32,
 }
@@ -329,7 +331,7 @@ fn write_send_wr(
     }
     if let Some(ud) = raw.ud {
         wr.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
-            ah: ud.ah as *mut ffi::ibv_ah,
+            ah: ud.ah.get() as *mut ffi::ibv_ah,
             remote_qpn: ud.qpn,
             remote_qkey: ud.qkey,
         };

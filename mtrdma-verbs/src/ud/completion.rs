@@ -160,7 +160,7 @@ impl Region for UdRegion {
     fn datagram(&self) -> Option<UdDest> {
         match &self.kind {
             UdKind::Send(d) => Some(UdDest {
-                ah: d.ah.raw() as usize,
+                ah: std::num::NonZeroUsize::new(d.ah.raw() as usize)?,
                 qpn: d.qpn,
                 qkey: d.qkey,
             }),
