@@ -822,8 +822,11 @@ async fn answer_all<Q: AnswerOn>(
         }
         let (region, request) = served.take(c, clients, &mut said_bye)?;
         let len = region.len();
-        // Straight back to the shared queue: no limit event is awaited.
-        srq.post_recv(region, 0..len, 1)
+        // Back to the queue's reserve, as the blocking server gives it:
+        // posted with the rest of the reserve (one doorbell) once the queue
+        // runs below its limit, which the queue pair's polls notice on
+        // their own (they read the limit event, or refill at once).
+        srq.stock(region, 0..len, 1)
             .map_err(|e| format!("giving a receive back: {e}"))?;
         let Some(Request {
             k,
