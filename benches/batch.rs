@@ -29,9 +29,12 @@
 //! instruction count that repeats whatever else the machine is doing,
 //! run one path alone under callgrind: `valgrind --tool=callgrind
 //! target/release/deps/batch-HASH --path scheduled_batch16 --iterations
-//! 10000` (the executable `cargo bench --bench batch --no-run` names, not
+//! 20000` (the executable `cargo bench --bench batch --no-run` names, not
 //! the `.d` file beside it; and the same for `scheduled_single`), and
-//! compare the totals.
+//! compare what `callgrind_annotate --inclusive=yes` counts inside
+//! `batch::Rig::run`, divided by the pieces (20,000 x 16): that leaves out
+//! start-up and the clock's calibration, whose count varies from run to
+//! run.
 //!
 //! [`QueuePair::post_send`]: mtrdma::verbs::QueuePair::post_send
 //! [`QueuePair::batch`]: mtrdma::verbs::QueuePair::batch
