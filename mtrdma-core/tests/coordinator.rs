@@ -125,6 +125,52 @@ fn reloads_a_changed_policy_and_keeps_the_old_one_when_the_new_is_bad() {
     drop((held, third));
 }
 
+/// A policy in a Kubernetes ConfigMap volume: `policy.toml` links to
+/// `..data/policy.toml`, and `..data` to a directory of the update. An
+/// update writes a new directory and renames a new `..data` link over the
+/// old one. Here the new file has the old one's size and modification
+/// time, so only the file the path now resolves to tells the change.
+#[test]
+fn reloads_a_policy_whose_configmap_volume_swapped_its_data_link() {
+    use std::os::unix::fs::symlink;
+    let s = Setup::new("configmap", TWO);
+    let update = |dir: &str, policy: &str| {
+        let at = s.dir.join(dir);
+        std::fs::create_dir(&at).unwrap();
+        std::fs::write(at.join("policy.toml"), policy).unwrap();
+        at.join("policy.toml")
+    };
+    let first = update("..2026_11_29_10_00_00.1", TWO);
+    symlink("..2026_11_29_10_00_00.1", s.dir.join("..data")).unwrap();
+    std::fs::remove_file(&s.config.policy_path).unwrap();
+    symlink("..data/policy.toml", &s.config.policy_path).unwrap();
+
+    let mut c = Coordinator::start(s.config.clone()).unwrap();
+    let tenant = c.table().attach(TenantId(1)).unwrap();
+    let held: Vec<_> = (0..2).map(|_| tenant.acquire_qp().unwrap()).collect();
+    assert!(tenant.acquire_qp().is_err());
+
+    let raised = TWO.replace("max_qps = 2", "max_qps = 3");
+    assert_eq!(raised.len(), TWO.len());
+    let second = update("..2026_11_29_10_05_00.2", &raised);
+    let then = std::fs::metadata(&first).unwrap().modified().unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&second)
+        .unwrap()
+        .set_modified(then)
+        .unwrap();
+    symlink("..2026_11_29_10_05_00.2", s.dir.join("..data_tmp")).unwrap();
+    std::fs::rename(s.dir.join("..data_tmp"), s.dir.join("..data")).unwrap();
+
+    let report = tick_until_reload(&mut c);
+    assert!(report.reloaded, "{report:?}");
+    let third = tenant
+        .acquire_qp()
+        .expect("the raised quota applies to a running tenant");
+    drop((held, third));
+}
+
 /// A coordinator of `TWO`, and a handle of each of its tenants.
 /// A coordinator started on `s`, and its table: the coordinator's own
 /// view (on a coordinated table only it may attach a process as a tenant

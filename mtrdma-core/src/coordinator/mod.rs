@@ -157,7 +157,8 @@ pub struct Coordinator {
     config: CoordinatorConfig,
     table: TableOwner,
     policy: Policy,
-    policy_mtime: Option<SystemTime>,
+    /// The policy file as it was when last read.
+    policy_stamp: Option<FileStamp>,
     listener: UnixListener,
     reload_requested: Arc<AtomicBool>,
     /// The fair rates, gains, link estimate and floor: what the
@@ -232,15 +233,38 @@ impl Pending {
     }
 }
 
-/// How often [`Coordinator::tick`] looks at the policy file's modification
-/// time and for dead processes. Both cost system calls per look (a
+/// How often [`Coordinator::tick`] looks at the policy file (which file
+/// its path names, its size and modification time) and for dead
+/// processes. Both cost system calls per look (a
 /// `/proc/PID/stat` read per live process), which at every 5 ms tick took
 /// a coordinator on an emulated CPU past a third of a core; a reload asked
 /// for with [`Coordinator::reload_flag`] (SIGHUP) is not delayed.
 pub const HOUSEKEEPING_INTERVAL_NS: u64 = 250_000_000;
 
-fn mtime(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+/// What tells that the policy file changed without reading it: the file
+/// its path resolves to (device and inode), its size and its modification
+/// time. The file itself matters as much as the time: a Kubernetes
+/// ConfigMap volume updates by writing a new directory and swapping a
+/// `..data` symbolic link to it, and a file copied with its times kept
+/// (`cp -p`, `rsync -t`) may carry the old one's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+/// The stamp of the file `path` resolves to (`None`: it cannot be read).
+fn stamp(path: &Path) -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(FileStamp {
+        dev: m.dev(),
+        ino: m.ino(),
+        len: m.len(),
+        modified: m.modified().ok(),
+    })
 }
 
 impl Coordinator {
@@ -249,7 +273,7 @@ impl Coordinator {
     /// registrations.
     pub fn start(config: CoordinatorConfig) -> Result<Coordinator, CoordinatorError> {
         let policy = Policy::from_file(&config.policy_path)?;
-        let policy_mtime = mtime(&config.policy_path);
+        let policy_stamp = stamp(&config.policy_path);
         let listener = bind(&config.socket)?;
         let table = match QuotaTable::take_over(&config.table) {
             Ok(table) => {
@@ -280,7 +304,7 @@ impl Coordinator {
             config,
             table,
             policy,
-            policy_mtime,
+            policy_stamp,
             listener,
             reload_requested: Arc::new(AtomicBool::new(false)),
             shares: Shares::default(),
@@ -311,7 +335,7 @@ impl Coordinator {
     /// Re-reads the policy file and publishes it. Running tenants keep
     /// their slots and live state. On error the previous policy stays.
     pub fn reload(&mut self) -> Result<(), CoordinatorError> {
-        self.policy_mtime = mtime(&self.config.policy_path);
+        self.policy_stamp = stamp(&self.config.policy_path);
         let policy = Policy::from_file(&self.config.policy_path)?;
         self.table.publish(&policy)?;
         tracing::info!(tenants = policy.tenants.len(), "policy reloaded");
@@ -632,7 +656,7 @@ impl Coordinator {
         if housekeeping {
             self.last_housekeeping_ns = now_ns.max(1);
         }
-        let changed = housekeeping && mtime(&self.config.policy_path) != self.policy_mtime;
+        let changed = housekeeping && stamp(&self.config.policy_path) != self.policy_stamp;
         if self.reload_requested.swap(false, Ordering::AcqRel) || changed {
             match self.reload() {
                 Ok(()) => report.reloaded = true,
