@@ -48,6 +48,7 @@ mod book {
         Preload = "preload.md";
         Coordinator = "coordinator.md";
         Applications = "applications.md";
+        Kubernetes = "kubernetes.md";
         Architecture = "architecture.md";
         Security = "security.md";
         Monitor = "monitor.md";

@@ -255,6 +255,26 @@ struct FileStamp {
     modified: Option<SystemTime>,
 }
 
+/// Why a registration of `peer` is refused when no tenant matches it. A
+/// cgroup path that begins with `/..` lies outside the coordinator's
+/// cgroup namespace (a coordinator in a container of its own sees the
+/// other containers' cgroups so): no cgroup rule can match it, and the
+/// answer says how to run the coordinator so that one can.
+fn no_tenant_matches(peer: &PeerCredentials) -> String {
+    let cgroup = peer.cgroup.as_deref().unwrap_or("(none)");
+    let mut why = format!(
+        "no tenant of the policy matches uid {} gid {} cgroup {cgroup}",
+        peer.uid, peer.gid
+    );
+    if cgroup.starts_with("/..") {
+        why.push_str(
+            " (a path outside the coordinator's cgroup namespace: run the coordinator \
+             in the host's, e.g. `nsenter --target 1 --cgroup`, for cgroup rules to match)",
+        );
+    }
+    why
+}
+
 /// The stamp of the file `path` resolves to (`None`: it cannot be read).
 fn stamp(path: &Path) -> Option<FileStamp> {
     use std::os::unix::fs::MetadataExt;
@@ -471,14 +491,7 @@ impl Coordinator {
         let tenant = self
             .policy
             .tenant_for_peer(&peer)
-            .ok_or_else(|| {
-                format!(
-                    "no tenant of the policy matches uid {} gid {} cgroup {}",
-                    peer.uid,
-                    peer.gid,
-                    peer.cgroup.as_deref().unwrap_or("(none)")
-                )
-            })?
+            .ok_or_else(|| no_tenant_matches(&peer))?
             .id;
         let process = ProcessId::of(pid).ok_or_else(|| format!("process {pid} is gone"))?;
         let own_pid =
@@ -717,5 +730,29 @@ impl Coordinator {
             QuotaTable::remove(&self.config.table)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_says_when_the_peers_cgroup_is_outside_the_coordinators_namespace() {
+        let peer = |cgroup: Option<&str>| PeerCredentials {
+            pid: 7,
+            uid: 1000,
+            gid: 2000,
+            cgroup: cgroup.map(str::to_string),
+        };
+        let inside = no_tenant_matches(&peer(Some("/kubepods.slice/kv")));
+        assert_eq!(
+            inside,
+            "no tenant of the policy matches uid 1000 gid 2000 cgroup /kubepods.slice/kv"
+        );
+        let outside = no_tenant_matches(&peer(Some("/../../kubepods-besteffort.slice/x.scope")));
+        assert!(outside.contains("outside the coordinator's cgroup namespace"));
+        assert!(outside.contains("nsenter --target 1 --cgroup"));
+        assert!(no_tenant_matches(&peer(None)).ends_with("cgroup (none)"));
     }
 }
