@@ -55,18 +55,26 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
     /// owner from the queue pair's poll).
     #[inline]
     pub(in crate::scheduled) fn parked_done(&mut self, member: usize) {
+        self.parked_done_n(member, 1);
+    }
+
+    /// Counts `n` parked requests as finished.
+    #[inline]
+    pub(in crate::scheduled) fn parked_done_n(&mut self, member: usize, n: usize) {
         let m = self
             .members
             .get_mut(member)
             .expect("a queue pair's member entry lives as long as it does");
-        let done = self
-            .gate
-            .completed(&mut m.lane, PARKED, || Nanos(0), Nanos::ZERO);
-        if done.is_none() {
-            tracing::error!("completion for a parked request that is not in flight");
-            return;
+        for _ in 0..n {
+            let done = self
+                .gate
+                .completed(&mut m.lane, PARKED, || Nanos(0), Nanos::ZERO);
+            if done.is_none() {
+                tracing::error!("completion for a parked request that is not in flight");
+                return;
+            }
+            m.accepted -= 1;
         }
-        m.accepted -= 1;
     }
 
     /// Accepts a request whose range `check_send` found to be `sge`:

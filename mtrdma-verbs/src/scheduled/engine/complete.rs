@@ -39,12 +39,21 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
     /// their requests.
     #[inline]
     pub(in crate::scheduled) fn process(&mut self, member: usize, raw: &[RawCompletion]) {
-        for c in raw {
+        let mut at = 0;
+        while let Some(c) = raw.get(at) {
             if c.wr_id == PARKED_DONE {
-                self.parked_done(member);
+                // A batch's requests report together: one look-up of the
+                // member for the run.
+                let run = raw[at..]
+                    .iter()
+                    .take_while(|c| c.wr_id == PARKED_DONE)
+                    .count();
+                self.parked_done_n(member, run);
+                at += run;
             } else {
                 let message = (c.wr_id & !RAW_WR) as usize;
                 self.piece_done(member, message, c.status, c.sampled);
+                at += 1;
             }
         }
     }
