@@ -78,8 +78,14 @@ pub(crate) fn script(s: &Settings, rounds: &str, perf: &str, preload: &str, xtas
          if [ \"$how\" = plain ]; then set -- \"$tool\" -d rxe0 -x 1 \"$@\"\n\
          else set -- env LD_PRELOAD={preload} MTRDMA_POLICY=\"$TMPDIR/preload-$how.toml\" \"$tool\" -d rxe0 -x 1 \"$@\"; fi\n\
          \"$@\" > \"$TMPDIR/$file.server\" 2>&1 &\n\
-         sleep 1\n\
+         server=$!\n\
+         # the client once the server listens on perftest's port (18515),\n\
+         # up to 30 s (the preloaded server, a debug build, took over the\n\
+         # second once waited, and its client gave up)\n\
+         for i in $(seq 300); do grep -qE \":$(printf %04X 18515) [0-9A-F]+:0000 0A\" /proc/net/tcp /proc/net/tcp6 2>/dev/null && break; sleep 0.1; done\n\
          \"$@\" localhost > {rounds}/$file.txt 2>&1; rc=$?\n\
+         # a client that failed leaves its server waiting for it\n\
+         [ $rc = 0 ] || kill $server 2>/dev/null\n\
          wait\n\
          # perftest gives no report when it cannot calibrate the CPU's clock\n\
          # (now and then under emulation): a round without this figure\n\
@@ -470,6 +476,22 @@ mod tests {
                 vec![65536.0, 1.0, 0.0, bw(way, k), 0.0]
             })
         }
+    }
+
+    #[test]
+    fn the_rounds_script_is_valid_shell_and_waits_for_the_server_to_listen() {
+        let script = script(&FULL, "/tmp/r", "/t/perf", "/t/lib.so", "/t/xtask");
+        let checked = std::process::Command::new("sh")
+            .args(["-n", "-c", &script])
+            .output()
+            .expect("sh runs");
+        assert!(
+            checked.status.success(),
+            "{}\n{script}",
+            String::from_utf8_lossy(&checked.stderr)
+        );
+        assert!(script.contains("/proc/net/tcp"), "{script}");
+        assert!(!script.contains("sleep 1\n"), "{script}");
     }
 
     #[test]
