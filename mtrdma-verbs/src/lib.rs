@@ -141,6 +141,6 @@ pub use scheduled::{
 };
 pub use srq::{SharedReceiveQueue, SharedReceiveQueueBuilder};
 pub use ud::{
-    AddressHandle, UdCompletion, UdEndpoint, UdQueuePair, UdQueuePairBuilder, UdSource,
+    AddressHandle, UdBatch, UdCompletion, UdEndpoint, UdQueuePair, UdQueuePairBuilder, UdSource,
     DEFAULT_QKEY, GRH_BYTES,
 };

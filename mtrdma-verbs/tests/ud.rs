@@ -17,6 +17,9 @@ mod common;
 // Gather lists: a file of their own.
 #[path = "ud/gather.rs"]
 mod gather;
+// Batches of datagrams.
+#[path = "ud/batch.rs"]
+mod batch;
 
 /// Polls until `n` completions arrive (10 s at most), and no more.
 fn wait(qp: &mut UdQueuePair, n: usize) -> Vec<UdCompletion> {

@@ -4,6 +4,30 @@
 
 use super::*;
 
+/// The `Debug` output of a batch type `$name` over a [`Batch`] on `$qp`,
+/// and `$qp`'s `batch` method, documented by the attributes given.
+macro_rules! batch_of {
+    ($name:ident for $qp:ty; $(#[$doc:meta])*) => {
+        impl ::std::fmt::Debug for $name<'_> {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field("requests", &self.inner.len())
+                    .finish()
+            }
+        }
+
+        impl $qp {
+            $(#[$doc])*
+            pub fn batch(&mut self) -> $name<'_> {
+                $name {
+                    inner: $crate::qp::Batch::new(self),
+                }
+            }
+        }
+    };
+}
+pub(crate) use batch_of;
+
 /// Several send-side requests that go to the NIC together
 /// ([`QueuePair::batch`]): one `ibv_post_send` call with a linked list of
 /// work requests (one doorbell), and two completions for the batch (its
@@ -51,22 +75,10 @@ pub struct PostBatch<'qp> {
     inner: Batch<'qp, QueuePair>,
 }
 
-impl fmt::Debug for PostBatch<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostBatch")
-            .field("requests", &self.inner.len())
-            .finish()
-    }
-}
-
-impl QueuePair {
+batch_of! {
+    PostBatch for QueuePair;
     /// Starts a batch of send-side requests posted together (see
     /// [`PostBatch`]).
-    pub fn batch(&mut self) -> PostBatch<'_> {
-        PostBatch {
-            inner: Batch::new(self),
-        }
-    }
 }
 
 impl PostBatch<'_> {
@@ -114,11 +126,21 @@ pub struct BatchError {
 
 impl BatchError {
     pub(crate) fn new(refusal: Refusal<MemoryRegion>) -> BatchError {
+        BatchError::of(refusal, std::convert::identity)
+    }
+
+    /// The error of a refused batch of regions of another kind, each
+    /// handed back as the caller's [`MemoryRegion`] (`region`).
+    pub(crate) fn of<R>(refusal: Refusal<R>, region: impl Fn(R) -> MemoryRegion) -> BatchError {
         BatchError {
             posted: refusal.posted,
             not_posted: refusal.not_posted,
             error: refusal.error,
-            refused: refusal.refused,
+            refused: refusal
+                .refused
+                .into_iter()
+                .map(|(context, r)| (context, region(r)))
+                .collect(),
         }
     }
 }
@@ -192,6 +214,23 @@ impl<'a, S: Sink> Batch<'a, S> {
             posts gather (parts, context) for S::Region {
             self.list.push_gather(&*self.sink, op, parts, context)
         }
+    }
+
+    /// The queue pair the batch goes to (to check a request against it).
+    pub(crate) fn sink(&self) -> &S {
+        self.sink
+    }
+
+    /// Adds a request the caller checked, whose scatter entry is `sge`.
+    pub(crate) fn push_checked(
+        &mut self,
+        op: SendOp,
+        region: S::Region,
+        sge: ffi::ibv_sge,
+        context: u64,
+    ) -> Result<(), (Error, S::Region)> {
+        self.list
+            .push_checked(self.sink.books(), op, region, sge, context)
     }
 
     /// Posts the batch as lists of up to [`LIST_MAX`] work requests (see

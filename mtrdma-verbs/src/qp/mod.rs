@@ -37,7 +37,7 @@ mod wc;
 mod window;
 mod wr;
 
-pub(crate) use batch::{Batch, List, Refusal};
+pub(crate) use batch::{batch_of, Batch, List, Refusal};
 pub use batch::{BatchError, PostBatch};
 pub(crate) use books::*;
 pub use builder::*;

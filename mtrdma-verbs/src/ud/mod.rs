@@ -42,12 +42,14 @@ pub const GRH_BYTES: usize = 40;
 pub const DEFAULT_QKEY: u32 = 0x1111_1111;
 
 mod address;
+mod batch;
 mod builder;
 mod completion;
 mod sink;
 
 use address::create_ah;
 pub use address::{AddressHandle, UdEndpoint};
+pub use batch::UdBatch;
 pub use builder::UdQueuePairBuilder;
 pub(crate) use completion::*;
 pub use completion::{UdCompletion, UdSource};
