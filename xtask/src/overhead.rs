@@ -481,15 +481,7 @@ mod tests {
     #[test]
     fn the_rounds_script_is_valid_shell_and_waits_for_the_server_to_listen() {
         let script = script(&FULL, "/tmp/r", "/t/perf", "/t/lib.so", "/t/xtask");
-        let checked = std::process::Command::new("sh")
-            .args(["-n", "-c", &script])
-            .output()
-            .expect("sh runs");
-        assert!(
-            checked.status.success(),
-            "{}\n{script}",
-            String::from_utf8_lossy(&checked.stderr)
-        );
+        crate::proc::assert_valid_shell(&script);
         assert!(script.contains("/proc/net/tcp"), "{script}");
         assert!(!script.contains("sleep 1\n"), "{script}");
     }

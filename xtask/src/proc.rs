@@ -249,6 +249,21 @@ impl TestCounts {
     }
 }
 
+/// Panics unless `script` is valid shell (`sh -n`), with the shell's
+/// complaint and the script (for the tests of the scripts xtask writes).
+#[cfg(test)]
+pub(crate) fn assert_valid_shell(script: &str) {
+    let checked = Command::new("sh")
+        .args(["-n", "-c", script])
+        .output()
+        .expect("sh runs");
+    assert!(
+        checked.status.success(),
+        "{}\n{script}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

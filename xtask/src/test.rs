@@ -631,15 +631,7 @@ mod tests {
     fn the_softiwarp_script_is_valid_shell_and_names_every_test_that_does_not_apply() {
         let binaries = vec!["/t/deps/rc-1".to_string(), "/t/deps/cm-2".to_string()];
         let script = super::siw_script(&binaries);
-        let checked = std::process::Command::new("sh")
-            .args(["-n", "-c", &script])
-            .output()
-            .expect("sh runs");
-        assert!(
-            checked.status.success(),
-            "{}\n{script}",
-            String::from_utf8_lossy(&checked.stderr)
-        );
+        crate::proc::assert_valid_shell(&script);
         // The list, run as it is (no siw0 here, no MTRDMA_VM: the test
         // binaries are not run), says each test and why, word for word.
         let out = std::process::Command::new("sh")
