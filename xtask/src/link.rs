@@ -298,7 +298,7 @@ impl Link {
              tc qdisc del dev {a} root 2>/dev/null\n\
              tc qdisc del dev {b} root 2>/dev/null\n\
              {perf} --server --device {RECEIVER} -p {port} > \"$TMPDIR/calibration.server\" 2>&1 &\n\
-             for i in $(seq 100); do grep -q \":$(printf %04X {port}) \" /proc/net/tcp && break; sleep 0.1; done\n\
+             {listening}\n\
              {perf} --connect 127.0.0.1 --device {SENDER} -p {port} --test write_bw -s 1048576 \
              -D {CALIBRATION_SECS} --path raw --wait --ack-timeout 20 > \"$TMPDIR/calibration.client\" 2>&1\n\
              wait\n\
@@ -309,6 +309,7 @@ impl Link {
              {probe}\
              {shape}",
             shape = self.shape_from_measurement(choice, report),
+            listening = proc::wait_listening_sh(port, 100),
         )
     }
 
@@ -347,7 +348,7 @@ impl Link {
              server=$!\n\
              # until the server listens (state 0A: an earlier probe's closed\n\
              # connection on the port does not count)\n\
-             for i in $(seq 100); do grep -q \":$(printf %04X {port}) 00000000:0000 0A\" /proc/net/tcp && break; sleep 0.1; done\n\
+             {listening}\n\
              {tool} -d {SENDER} 127.0.0.1 > \"$TMPDIR/link-probe.client\" 2>&1; rc=$?\n\
              [ $rc -eq 0 ] || kill $server 2>/dev/null\n\
              wait $server\n\
@@ -359,7 +360,8 @@ impl Link {
              done\n\
              echo \"link: ib_write_bw failed twice at $rate bit/s: cannot find the rate it fills; stopping\" >&2\n\
              exit 125\n\
-             }}\n"
+             }}\n",
+            listening = proc::wait_listening_sh(port, 100),
         )
     }
 
@@ -963,10 +965,7 @@ mod tests {
             "{script}"
         );
         // The server listening, not a closed connection on its port.
-        assert!(
-            script.contains(":$(printf %04X 17998) 00000000:0000 0A"),
-            "{script}"
-        );
+        assert!(script.contains(":464E 0+:0000 0A"), "{script}");
         assert!(script.contains(": > /out/link-rate.txt\n"), "{script}");
         assert!(
             script.contains("export MTRDMA_LINK_RATE_BPS=$rate MTRDMA_LINK_RATE=\"${rate}bit\"")

@@ -15,6 +15,8 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use crate::proc;
+
 /// How long the overhead measurements run.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Settings {
@@ -48,6 +50,8 @@ pub(crate) const SHORT: Settings = Settings {
 };
 
 const BW_SIZE: u32 = 65_536;
+/// The TCP port perftest's server listens on by default.
+const PERFTEST_PORT: u32 = 18_515;
 
 /// The figures with a target: (label, test, numerator path, column,
 /// target, whether the ratio must be at least the target).
@@ -79,10 +83,10 @@ pub(crate) fn script(s: &Settings, rounds: &str, perf: &str, preload: &str, xtas
          else set -- env LD_PRELOAD={preload} MTRDMA_POLICY=\"$TMPDIR/preload-$how.toml\" \"$tool\" -d rxe0 -x 1 \"$@\"; fi\n\
          \"$@\" > \"$TMPDIR/$file.server\" 2>&1 &\n\
          server=$!\n\
-         # the client once the server listens on perftest's port (18515),\n\
+         # the client once the server listens on perftest's port,\n\
          # up to 30 s (the preloaded server, a debug build, took over the\n\
          # second once waited, and its client gave up)\n\
-         for i in $(seq 300); do grep -qE \":$(printf %04X 18515) [0-9A-F]+:0000 0A\" /proc/net/tcp /proc/net/tcp6 2>/dev/null && break; sleep 0.1; done\n\
+         {listening}\n\
          \"$@\" localhost > {rounds}/$file.txt 2>&1; rc=$?\n\
          # a client that failed leaves its server waiting for it\n\
          [ $rc = 0 ] || kill $server 2>/dev/null\n\
@@ -118,6 +122,7 @@ pub(crate) fn script(s: &Settings, rounds: &str, perf: &str, preload: &str, xtas
          echo \"== overhead, round $k: perftest, perf raw, perf mtrdma, perftest preloaded ==\"\n\
          round $k\n",
         max = s.max_rounds,
+        listening = proc::wait_listening_sh(PERFTEST_PORT, 300),
     );
     if s.judged {
         let _ = writeln!(

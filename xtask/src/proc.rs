@@ -249,6 +249,18 @@ impl TestCounts {
     }
 }
 
+/// A shell line that waits, up to `tenths` tenths of a second, until a
+/// socket listens on TCP `port` (IPv4 or IPv6: state 0A and a remote
+/// address of zeros in `/proc/net/tcp*`, so that an earlier connection's
+/// closed socket on the port does not count): the client of a server started in the
+/// background goes once it can connect, not after a guessed sleep.
+pub(crate) fn wait_listening_sh(port: u32, tenths: u32) -> String {
+    format!(
+        "for i in $(seq {tenths}); do grep -qE \":{port:04X} 0+:0000 0A\" \
+         /proc/net/tcp /proc/net/tcp6 2>/dev/null && break; sleep 0.1; done"
+    )
+}
+
 /// Panics unless `script` is valid shell (`sh -n`), with the shell's
 /// complaint and the script (for the tests of the scripts xtask writes).
 #[cfg(test)]
