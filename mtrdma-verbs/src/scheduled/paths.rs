@@ -442,9 +442,7 @@ impl<'a, S: Sink, Q: PieceScheduler> Batched<'a, S, Q> {
         let (Some((list, asked)), Way::Solo(solo)) = (self.parked.take(), &mut self.qp.way) else {
             return Vec::new();
         };
-        for _ in 0..list.len() {
-            solo.engine.parked_done(solo.member);
-        }
+        solo.engine.parked_done(solo.member, list.len());
         solo.keep_asked(asked);
         list.cancel(solo.sink.books_mut())
     }

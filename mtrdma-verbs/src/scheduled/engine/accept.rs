@@ -51,16 +51,11 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         m.accepted += 1;
     }
 
-    /// Counts one parked request as finished (its completion went to the
-    /// owner from the queue pair's poll).
+    /// Counts `n` parked requests as finished (their completions went to
+    /// the owner from the queue pair's poll, or the queue pair never took
+    /// them).
     #[inline]
-    pub(in crate::scheduled) fn parked_done(&mut self, member: usize) {
-        self.parked_done_n(member, 1);
-    }
-
-    /// Counts `n` parked requests as finished.
-    #[inline]
-    pub(in crate::scheduled) fn parked_done_n(&mut self, member: usize, n: usize) {
+    pub(in crate::scheduled) fn parked_done(&mut self, member: usize, n: usize) {
         let m = self
             .members
             .get_mut(member)

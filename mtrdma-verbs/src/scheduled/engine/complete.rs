@@ -48,7 +48,7 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
                     .iter()
                     .take_while(|c| c.wr_id == PARKED_DONE)
                     .count();
-                self.parked_done_n(member, run);
+                self.parked_done(member, run);
                 at += run;
             } else {
                 let message = (c.wr_id & !RAW_WR) as usize;

@@ -144,11 +144,11 @@ impl<S: Sink, Q: PieceScheduler> Solo<S, Q> {
                 // engine ahead of the rest (whose refused pieces complete
                 // as failed at the next poll), as a refused single post.
                 posted = taken;
+                self.engine.parked_done(self.member, unposted.len());
                 let back: Vec<_> = unposted
                     .into_iter()
                     .zip(asked.drain(taken..))
                     .map(|(piece, (op, range, sge))| {
-                        self.engine.parked_done(self.member);
                         Request::single(op, piece.region, range, sge, piece.context)
                     })
                     .collect();
