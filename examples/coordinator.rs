@@ -26,11 +26,26 @@
 //! back) at S s`, S the seconds since the coordinator started). These lines
 //! come with `--quiet` too.
 //!
+//! With `--etcd ENDPOINTS` it joins the coordinators of other hosts through
+//! etcd (`mtrdma::core::cluster::etcd`): it applies the cluster's policy
+//! from etcd within a second of a change (the `--policy` file is the policy
+//! until etcd gives one), publishes what its tenants want under a lease
+//! that ends with it, and holds each cluster-wide tenant to its host's
+//! share of the tenant's `cluster_cap` (or of `[cluster] capacity`). Without
+//! etcd it keeps its last policy and shares and says so (`etcd lost: ...`).
+//!
 //! ```text
 //! cargo run --release --example coordinator -- --policy examples/policy.toml
 //!     [--table NAME] [--socket PATH] [--capacity N (tenants)] [--processes N (per tenant)] [--quiet]
 //!     [--no-window-gains] [--no-piece-floor] [--monitor]
+//!     [--etcd URL,URL,... [--etcd-prefix /mtrdma/] [--host NAME] [--etcd-ttl SECONDS]]
+//! cargo run --example coordinator -- put-policy FILE --etcd URL,... [--etcd-prefix P]
+//! cargo run --example coordinator -- hosts --etcd URL,... [--etcd-prefix P]
 //! ```
+//!
+//! `put-policy` checks a policy file and makes it the cluster's; `hosts`
+//! shows what every host reports: the policy revision it applies, and per
+//! cluster-wide tenant what it wants there and the share it gives it.
 //!
 //! Tenant processes then call `mtrdma::core::coordinator::register(socket)`.
 
@@ -43,6 +58,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mtrdma::core::cluster::etcd::{self, Cluster, ClusterNews, EtcdConfig};
+use mtrdma::core::cluster::ALL;
 use mtrdma::core::coordinator::{Coordinator, CoordinatorConfig, LinkView};
 use mtrdma::core::monitor::{CgroupPaths, KernelCounts, KernelMonitor, KernelView};
 use mtrdma::core::table::TenantUsage;
@@ -60,6 +77,68 @@ struct Args {
     piece_floor: bool,
     /// Whether to load the kernel monitor.
     monitor: bool,
+    /// Where to share with other hosts' coordinators.
+    etcd: Option<EtcdConfig>,
+}
+
+/// This machine's host name.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// `put-policy FILE` or `hosts`, with `--etcd` and `--etcd-prefix`.
+fn command(name: &str, args: Vec<String>) -> Result<(), String> {
+    let mut it = args::Args::from_args(args);
+    let (mut file, mut endpoints, mut prefix) = (None, None, etcd::DEFAULT_PREFIX.to_string());
+    while let Some(token) = it.next()? {
+        match token {
+            args::Token::Value(v) if name == "put-policy" && file.is_none() => file = Some(v),
+            args::Token::Value(v) => return Err(format!("unexpected argument {v}")),
+            args::Token::Flag(flag) => match flag.as_str() {
+                "--etcd" => endpoints = Some(etcd::split_endpoints(&it.value(&flag)?)),
+                "--etcd-prefix" => prefix = it.value(&flag)?,
+                other => return Err(format!("unknown flag {other}")),
+            },
+        }
+    }
+    let endpoints = endpoints.ok_or("--etcd URL,... is required")?;
+    if name == "put-policy" {
+        let file = file.ok_or("put-policy FILE: the policy file is missing")?;
+        let text = std::fs::read_to_string(&file).map_err(|e| format!("{file}: {e}"))?;
+        let revision = etcd::put_policy(&endpoints, &prefix, &text).map_err(|e| e.to_string())?;
+        println!("the cluster's policy is {file} (etcd revision {revision})");
+        return Ok(());
+    }
+    let (reports, unreadable) =
+        etcd::host_reports(&endpoints, &prefix).map_err(|e| e.to_string())?;
+    for why in unreadable {
+        println!("unreadable: {why}");
+    }
+    if reports.is_empty() {
+        println!("no host reports under {prefix}");
+    }
+    for r in &reports {
+        println!("host {}: policy revision {}", r.host, r.policy_revision);
+        for (id, want) in &r.demands {
+            let share = r.shares.get(id).copied().unwrap_or(0);
+            let want = if *want == ALL {
+                "all it can get".to_string()
+            } else {
+                format!("{:.1} Mbit/s", mbit(*want))
+            };
+            println!(
+                "  tenant {id}: wants {want}, share {:.1} Mbit/s",
+                mbit(share)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn mbit(bytes_per_sec: u64) -> f64 {
+    bytes_per_sec as f64 * 8.0 / 1e6
 }
 
 fn default_socket(table: &str) -> PathBuf {
@@ -81,6 +160,7 @@ fn parse() -> Result<Args, String> {
     let mut window_gains = true;
     let mut piece_floor = true;
     let mut monitor = false;
+    let (mut endpoints, mut prefix, mut host, mut ttl) = (None, None, None, None);
     let mut it = args::Args::from_env();
     while let Some(flag) = it.next_flag(|v| format!("unexpected argument {v}"))? {
         match flag.as_str() {
@@ -93,9 +173,25 @@ fn parse() -> Result<Args, String> {
             "--no-window-gains" => window_gains = false,
             "--no-piece-floor" => piece_floor = false,
             "--monitor" => monitor = true,
+            "--etcd" => endpoints = Some(it.value(&flag)?),
+            "--etcd-prefix" => prefix = Some(it.value(&flag)?),
+            "--host" => host = Some(it.value(&flag)?),
+            "--etcd-ttl" => ttl = Some(it.parse(&flag)?),
             other => return Err(format!("unknown flag {other}")),
         }
     }
+    let etcd = match endpoints {
+        Some(endpoints) => {
+            let mut config = EtcdConfig::new(&endpoints, host.unwrap_or_else(host_name));
+            config.prefix = prefix.unwrap_or(config.prefix);
+            config.ttl_secs = ttl.unwrap_or(config.ttl_secs);
+            Some(config)
+        }
+        None if prefix.is_some() || host.is_some() || ttl.is_some() => {
+            return Err("--etcd-prefix, --host and --etcd-ttl go with --etcd".into())
+        }
+        None => None,
+    };
     let policy_path = policy.ok_or("--policy FILE is required (see examples/policy.toml)")?;
     let socket = socket.unwrap_or_else(|| default_socket(&table));
     Ok(Args {
@@ -110,7 +206,41 @@ fn parse() -> Result<Args, String> {
         window_gains,
         piece_floor,
         monitor,
+        etcd,
     })
+}
+
+/// What a cluster step said, as lines.
+fn print_news(news: &ClusterNews, cluster: &Cluster, policy: &Policy) {
+    if news.connected {
+        println!(
+            "etcd: connected as {}, {} other hosts",
+            cluster.member().host(),
+            cluster.member().others().count()
+        );
+    }
+    if let Some(why) = &news.lost {
+        println!(
+            "etcd lost ({why}): keeping the last policy and shares, trying again every second"
+        );
+    }
+    if let Some(revision) = news.policy_applied {
+        println!(
+            "policy from etcd (revision {revision}) applied: {} tenants, {} limited across hosts",
+            policy.tenants.len(),
+            policy.cluster.tenants.len()
+        );
+    }
+    if let Some(why) = &news.policy_refused {
+        println!("{why}");
+    }
+    for why in &news.unreadable {
+        println!("etcd: unreadable: {why}");
+    }
+    if !news.hosts_changed.is_empty() {
+        let others: Vec<&str> = cluster.member().others().map(|r| r.host.as_str()).collect();
+        println!("etcd: other hosts now: {}", others.join(", "));
+    }
 }
 
 fn gbps(bytes_per_sec: f64) -> f64 {
@@ -280,6 +410,10 @@ impl KernelReport {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut argv = std::env::args().skip(1);
+    if let Some(name) = argv.next().filter(|a| a == "put-policy" || a == "hosts") {
+        return Ok(command(&name, argv.collect())?);
+    }
     let args = parse()?;
     if let Some(dir) = args.config.socket.parent() {
         std::fs::create_dir_all(dir)?;
@@ -320,6 +454,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None
     };
 
+    let mut cluster = match args.etcd {
+        Some(config) => {
+            println!(
+                "etcd: joining {} as host {:?} under {}",
+                config.endpoints.join(","),
+                config.host,
+                config.prefix
+            );
+            Some(Cluster::start(config)?)
+        }
+        None => None,
+    };
+
     let mut last_print = Instant::now();
     let started = last_print;
     let mut last_usage = coordinator.usage();
@@ -327,6 +474,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     while !stop.load(Ordering::Acquire) {
         let now = coordinator.table().now_ns();
         let report = coordinator.tick(now);
+        if let Some(cluster) = cluster.as_mut() {
+            let news = cluster.step(&mut coordinator, now);
+            print_news(&news, cluster, coordinator.policy());
+        }
         for (slot, tenant) in &report.registered {
             println!(
                 "registered a process as {tenant} (process slot {slot}) at {:.3} s",
@@ -388,6 +539,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let interval = u64::from(coordinator.policy().link.recompute_interval_ms);
         coordinator.wait(Duration::from_millis(interval.max(1)));
+    }
+    if let Some(cluster) = cluster {
+        cluster.leave();
     }
     println!("stopping: removing the table and the socket");
     coordinator.shutdown(true)?;

@@ -49,6 +49,7 @@ mod book {
         Coordinator = "coordinator.md";
         Applications = "applications.md";
         Kubernetes = "kubernetes.md";
+        Cluster = "cluster.md";
         Architecture = "architecture.md";
         Security = "security.md";
         Monitor = "monitor.md";

@@ -7,6 +7,7 @@
 //! step) are `mtrdma-sched`'s, re-exported here.
 
 pub mod clock;
+pub mod cluster;
 pub mod coordinator;
 mod fairshare;
 mod link_observer;
@@ -23,7 +24,7 @@ pub use mtrdma_sched::{
     MAX_WEIGHT,
 };
 pub use policy::{
-    LinkConfig, MatchRule, PeerCredentials, Policy, PolicyError, TenantChoiceError, TenantEntry,
-    TenantRef,
+    ClusterPolicy, ClusterTenant, LinkConfig, MatchRule, PeerCredentials, Policy, PolicyError,
+    TenantChoiceError, TenantEntry, TenantRef,
 };
 pub use table::{AdmissionError, QuotaTable, TableError, TableOwner, TenantHandle};

@@ -81,6 +81,37 @@ pub struct Policy {
     /// not hold (`[link] exempt` in the file): the operator exempts a
     /// tenant by naming it here, and nowhere else can.
     pub exempt: Vec<String>,
+    /// Limits that hold across hosts (`[cluster]`, and the tenants'
+    /// `cluster_cap` and `cluster_weight`): read by coordinators that
+    /// share through etcd ([`crate::cluster`]); a coordinator alone holds
+    /// only its host's limits.
+    pub cluster: ClusterPolicy,
+}
+
+/// What a policy limits across hosts ([`Policy::cluster`]). Each host's
+/// coordinator gives its host a share of every limit here, by the demand
+/// every host reports ([`crate::cluster::host_shares`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterPolicy {
+    /// Bytes per second that the cluster-wide tenants share together,
+    /// weighted max-min fair by their cluster weights (`[cluster]
+    /// capacity`); `None`: each holds its own cap, and no more.
+    pub capacity: Option<u64>,
+    /// The tenants limited across hosts, in file order.
+    pub tenants: Vec<ClusterTenant>,
+}
+
+/// One tenant's limits across hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterTenant {
+    /// The tenant (of [`Policy::tenants`]).
+    pub id: TenantId,
+    /// Bytes per second it may move on all hosts together
+    /// (`cluster_cap`).
+    pub cap: Option<u64>,
+    /// Its share of [`ClusterPolicy::capacity`] against the other
+    /// cluster-wide tenants (`cluster_weight`; default its weight).
+    pub weight: u32,
 }
 
 /// The link shared by all tenants.
@@ -388,7 +419,15 @@ impl Policy {
             link,
             tenants,
             exempt: Vec::new(),
+            cluster: ClusterPolicy::default(),
         }
+    }
+
+    /// The same policy with `cluster`'s limits across hosts
+    /// ([`cluster`](Self::cluster)).
+    pub fn with_cluster(mut self, cluster: ClusterPolicy) -> Policy {
+        self.cluster = cluster;
+        self
     }
 
     /// The same policy with the tenants named in `names` exempt from the

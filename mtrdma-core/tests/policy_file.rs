@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use mtrdma_core::{
-    LinkConfig, MatchRule, PeerCredentials, Policy, PolicyError, RateLimit, TenantEntry, TenantId,
-    TenantRef, TrafficClass,
+    ClusterPolicy, ClusterTenant, LinkConfig, MatchRule, PeerCredentials, Policy, PolicyError,
+    RateLimit, TenantEntry, TenantId, TenantRef, TrafficClass,
 };
 use proptest::prelude::*;
 
@@ -60,7 +60,15 @@ fn example_file_parses_to_expected_values() {
             TenantEntry::new(TenantId(3), "batch"),
         ],
     )
-    .with_exempt(["backup"]);
+    .with_exempt(["backup"])
+    .with_cluster(ClusterPolicy {
+        capacity: None,
+        tenants: vec![ClusterTenant {
+            id: TenantId(2),
+            cap: Some(2_500_000_000),
+            weight: 1,
+        }],
+    });
     assert_eq!(policy, expected);
     assert_eq!(policy.validate().ok(), Some(()));
 }
@@ -136,6 +144,79 @@ fn a_bad_latency_bound_or_exemption_is_refused_with_what_to_write() {
     assert!(e.contains("add latency_bound"), "{e}");
     let e = error(&with_link("exempt = \"kv\""));
     assert!(e.contains("exempt"), "{e}");
+}
+
+#[test]
+fn limits_across_hosts_are_read_and_checked() {
+    let text = format!(
+        "[cluster]\ncapacity = \"400Mbit\"\n{}",
+        one_tenant("cluster_weight = 3\n")
+    );
+    let policy = Policy::from_toml_str(&text).unwrap();
+    assert_eq!(
+        policy.cluster,
+        ClusterPolicy {
+            capacity: Some(50_000_000),
+            tenants: vec![ClusterTenant {
+                id: TenantId(1),
+                cap: None,
+                weight: 3,
+            }],
+        }
+    );
+    let capped =
+        Policy::from_toml_str(&one_tenant("weight = 2\ncluster_cap = \"8Mbit\"\n")).unwrap();
+    assert_eq!(
+        capped.cluster.tenants,
+        [ClusterTenant {
+            id: TenantId(1),
+            cap: Some(1_000_000),
+            weight: 2,
+        }],
+        "the cluster weight is the tenant's weight unless given"
+    );
+    assert!(Policy::from_toml_str(&one_tenant(""))
+        .unwrap()
+        .cluster
+        .tenants
+        .is_empty());
+    assert_eq!(
+        error(&one_tenant("cluster_weight = 2\n")),
+        "tenant \"kv\": field cluster_weight: a cluster weight shares [cluster] capacity, which \
+         the policy does not give; add [cluster] capacity = \"...\", or give the tenant a cluster_cap"
+    );
+    assert!(error(&one_tenant("cluster_weight = 0\n"))
+        .contains("field cluster_weight: 0 is out of range"));
+    assert!(error(&one_tenant("cluster_cap = \"fast\"\n")).contains("field cluster_cap"));
+    // Built in code: the limits name tenants of the policy, once each.
+    let across = |id| ClusterTenant {
+        id: TenantId(id),
+        cap: Some(1),
+        weight: 1,
+    };
+    let built = |tenants| {
+        Policy::new(
+            LinkConfig::new(1),
+            vec![TenantEntry::new(TenantId(1), "kv")],
+        )
+        .with_cluster(ClusterPolicy {
+            capacity: None,
+            tenants,
+        })
+    };
+    assert!(built(vec![across(1)]).validate().is_ok());
+    assert!(built(vec![across(9)])
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("does not define"));
+    assert!(built(vec![across(1), across(1)])
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("twice"));
+    assert!(error(&format!("[cluster]\nspeed = 1\n{}", one_tenant("")))
+        .contains("\"speed\" is not a setting in [cluster]; the settings are capacity"));
 }
 
 #[test]
@@ -228,7 +309,7 @@ fn an_unknown_tenant_field_is_named() {
         error(&one_tenant("max_qp = 8\n")),
         "tenant \"kv\": field max_qp: \"max_qp\" is not a setting of a tenant; the settings are \
          id, name, class, weight, rate, wr_rate, max_qps, max_mr_bytes, max_outstanding_wr, \
-         qp_create_rate, mr_reg_rate, match"
+         qp_create_rate, mr_reg_rate, cluster_cap, cluster_weight, match"
     );
 }
 
@@ -249,7 +330,7 @@ fn unknown_fields_elsewhere_are_named() {
     not_a_link_setting("speed", "1");
     assert_eq!(
         error(&format!("tenants = []\n{LINK}")),
-        "field tenants: \"tenants\" is not a setting at the top level; the settings are link, tenant"
+        "field tenants: \"tenants\" is not a setting at the top level; the settings are link, cluster, tenant"
     );
     assert_eq!(
         error(&one_tenant("rate = { rate = 1, brust = 2 }\n")),

@@ -39,6 +39,15 @@ pub(crate) const PACKAGES: &[(&str, &str)] = &[
     ("clang", "bindgen in ibverbs-sys"),
     ("libclang-dev", "bindgen in ibverbs-sys"),
     ("fonts-dejavu-core", "the font of the demo's PNG pictures"),
+    (
+        "protobuf-compiler",
+        "protoc, which etcd's client (feature etcd) builds its gRPC code with",
+    ),
+    (
+        "etcd-server",
+        "the three-member etcd cluster of the cluster tests",
+    ),
+    ("etcd-client", "etcdctl, which the cluster tests write with"),
 ];
 
 fn installed(package: &str) -> bool {

@@ -22,6 +22,7 @@ pub(crate) const TARGETS: &[&str] = &[
     "registration",
     "registry_wire",
     "data_path",
+    "host_reports",
 ];
 
 fn has_nightly() -> bool {

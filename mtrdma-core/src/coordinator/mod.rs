@@ -16,7 +16,7 @@
 //! rates (fail-static); a restarted coordinator takes the table over
 //! ([`QuotaTable::take_over`]) and they carry on.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io::{Read, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -177,6 +177,12 @@ pub struct Coordinator {
     policy_fd: OwnedFd,
     /// The tenants found bypassing mtrdma by the last kernel view.
     bypassing: HashSet<TenantId>,
+    /// Whether the policy comes from the file (and reloads when it
+    /// changes), or was given by [`Coordinator::apply_policy`].
+    policy_from_file: bool,
+    /// What the cluster-wide tenants wanted on this host at the last
+    /// recomputation ([`Coordinator::cluster_demand`]).
+    cluster_demand: BTreeMap<u32, u64>,
 }
 
 /// How long a connection to the registration socket has to send its
@@ -333,6 +339,8 @@ impl Coordinator {
             pending: Vec::new(),
             policy_fd,
             bypassing: HashSet::new(),
+            policy_from_file: true,
+            cluster_demand: BTreeMap::new(),
         })
     }
 
@@ -350,6 +358,41 @@ impl Coordinator {
     /// SIGHUP handler).
     pub fn reload_flag(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.reload_requested)
+    }
+
+    /// Publishes `policy` in place of the one in force, as a reload does,
+    /// and stops watching the policy file: the policy now comes from
+    /// elsewhere (a cluster's store, [`crate::cluster::etcd`]). On error
+    /// the previous policy stays.
+    pub fn apply_policy(&mut self, policy: Policy) -> Result<(), CoordinatorError> {
+        policy.validate()?;
+        self.table.publish(&policy)?;
+        tracing::info!(tenants = policy.tenants.len(), "policy applied");
+        self.policy = policy;
+        self.policy_from_file = false;
+        Ok(())
+    }
+
+    /// This host's shares of the cluster-wide tenants' limits (bytes per
+    /// second by tenant id, from [`crate::cluster::host_shares`]): each
+    /// caps its tenant's fair rate from the next recomputation on, with
+    /// its own cap. A cluster-wide tenant left out is not capped by the
+    /// cluster.
+    pub fn set_cluster_shares(&mut self, shares: BTreeMap<u32, u64>) {
+        self.shares.set_cluster_shares(shares);
+    }
+
+    /// What each cluster-wide tenant of the policy with processes on this
+    /// host wanted at the last recomputation, bytes per second
+    /// ([`crate::cluster::ALL`]: all it could get; within its own cap),
+    /// by tenant id: what this host reports to the others.
+    pub fn cluster_demand(&self) -> BTreeMap<u32, u64> {
+        self.policy
+            .cluster
+            .tenants
+            .iter()
+            .filter_map(|t| Some((t.id.0, *self.cluster_demand.get(&t.id.0)?)))
+            .collect()
     }
 
     /// Re-reads the policy file and publishes it. Running tenants keep
@@ -551,6 +594,23 @@ impl Coordinator {
             self.table.set_sharing_weight(link.sharing_weight);
         }
         let mut out = Vec::with_capacity(step.tenants.len());
+        self.cluster_demand = if self.policy.cluster.tenants.is_empty() {
+            BTreeMap::new()
+        } else {
+            // Only the tenants with processes here are this host's to
+            // report.
+            let present: HashSet<TenantId> = self
+                .table
+                .attached_processes()
+                .into_iter()
+                .map(|(tenant, _)| tenant)
+                .collect();
+            step.tenants
+                .iter()
+                .filter(|d| present.contains(&d.id))
+                .map(|d| (d.id.0, d.wants))
+                .collect()
+        };
         for d in &step.tenants {
             self.table.set_fair_rate(d.slot, d.fair_rate.max(1));
             self.table.set_window_gain(d.slot, d.window_gain);
@@ -669,8 +729,11 @@ impl Coordinator {
         if housekeeping {
             self.last_housekeeping_ns = now_ns.max(1);
         }
-        let changed = housekeeping && stamp(&self.config.policy_path) != self.policy_stamp;
-        if self.reload_requested.swap(false, Ordering::AcqRel) || changed {
+        let changed = housekeeping
+            && self.policy_from_file
+            && stamp(&self.config.policy_path) != self.policy_stamp;
+        let asked = self.reload_requested.swap(false, Ordering::AcqRel) && self.policy_from_file;
+        if asked || changed {
             match self.reload() {
                 Ok(()) => report.reloaded = true,
                 Err(e) => {

@@ -5,7 +5,7 @@
 //! one-piece floor's permits. It is fed the counters and the time and
 //! touches nothing else, so it runs in virtual time in tests.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::fairshare::{weighted_max_min, Demand};
 use crate::link_observer::{LinkObserver, LinkSignals};
@@ -43,6 +43,10 @@ pub(crate) struct Decision {
     pub(crate) slot: u32,
     /// Its rate, bytes per second.
     pub(crate) fair_rate: u64,
+    /// What it wanted, bytes per second, within its own caps but not its
+    /// host's share of a cluster-wide one ([`crate::cluster::ALL`]: all it
+    /// can get): what the host reports of it to the cluster.
+    pub(crate) wants: u64,
     /// The gain on its windows' growth, ppm (0: none).
     pub(crate) window_gain: u32,
     /// Its one-piece floor permit (`Permit::to_word`).
@@ -90,6 +94,9 @@ pub(crate) struct Shares {
     /// to the first of them, so that one that comes does not take it from
     /// one that has it.
     floor_order: Vec<TenantId>,
+    /// This host's shares of cluster-wide limits, bytes per second, by
+    /// tenant id.
+    cluster_shares: BTreeMap<u32, u64>,
 }
 
 impl Default for Shares {
@@ -102,6 +109,7 @@ impl Default for Shares {
             floor: Some(FloorControl::default()),
             windows_seen: HashMap::new(),
             floor_order: Vec::new(),
+            cluster_shares: BTreeMap::new(),
         }
     }
 }
@@ -110,6 +118,12 @@ impl Shares {
     /// When the last recomputation ran (0: never).
     pub(crate) fn last_ns(&self) -> u64 {
         self.last_ns
+    }
+
+    /// This host's shares of cluster-wide limits (bytes per second by
+    /// tenant id), which cap those tenants' rates from the next step on.
+    pub(crate) fn set_cluster_shares(&mut self, shares: BTreeMap<u32, u64>) {
+        self.cluster_shares = shares;
     }
 
     /// The gains on, or off (every gain 1).
@@ -141,7 +155,9 @@ impl Shares {
 
     /// Recomputes from `readings` (the policy's tenants in id order) at
     /// `now_ns`, on `link` (the policy's), the table holding
-    /// `estimate_before` as the link estimate.
+    /// `estimate_before` as the link estimate, each tenant with a share of
+    /// a cluster-wide limit ([`Shares::set_cluster_shares`]) held to it
+    /// too.
     ///
     /// A tenant with bytes waiting in its backlog wants all it can get (up
     /// to its cap); one without wants what it sent, with 25% headroom to
@@ -161,6 +177,7 @@ impl Shares {
         self.last_ns = now_ns;
         let per_sec = |bytes: u64| (u128::from(bytes) * 1_000_000_000 / u128::from(elapsed)) as u64;
         let mut demands = Vec::with_capacity(readings.len());
+        let mut wants = Vec::with_capacity(readings.len());
         let mut moved = Vec::with_capacity(readings.len());
         let mut signals = LinkSignals::default();
         for r in readings {
@@ -193,9 +210,14 @@ impl Shares {
                 let b = u128::from(c.per_second) * u128::from(bytes) / u128::from(wrs);
                 u64::try_from(b).unwrap_or(u64::MAX)
             });
-            let cap = match (t.schedule.byte_cap.map(|c| c.per_second), by_wrs) {
+            let own_cap = match (t.schedule.byte_cap.map(|c| c.per_second), by_wrs) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
+            };
+            wants.push(own_cap.map_or(demand, |c| demand.min(c)));
+            let cap = match (own_cap, self.cluster_shares.get(&t.id.0)) {
+                (Some(a), Some(&b)) => Some(a.min(b)),
+                (a, b) => a.or(b.copied()),
             };
             demands.push(Demand {
                 weight: t.schedule.weight,
@@ -257,7 +279,8 @@ impl Shares {
             .zip(&demands)
             .zip(rates)
             .zip(floor_permits)
-            .map(|(((r, d), rate), permit)| {
+            .zip(wants)
+            .map(|((((r, d), rate), permit), wants)| {
                 // Its weighted share among the active tenants (with itself
                 // counted in if idle), within its cap.
                 let w = u128::from(d.weight.max(1));
@@ -272,6 +295,7 @@ impl Shares {
                     id: r.entry.id,
                     slot: r.slot,
                     fair_rate: rate.max(share),
+                    wants,
                     window_gain: self.gains.as_ref().map_or(0, |g| g.gain(r.entry.id)),
                     floor_permit: permit.to_word(),
                 }
@@ -463,6 +487,40 @@ mod tests {
                 assert_eq!(rates(&got), vec![100_000_000, CAPACITY - 100_000_000]);
             }
         }
+    }
+
+    #[test]
+    fn a_hosts_share_of_a_cluster_cap_holds_its_tenant_with_its_own_cap() {
+        let a = TenantEntry::new(TenantId(1), "a").with_rate(RateLimit::new(300_000_000, 1 << 16));
+        let b = TenantEntry::new(TenantId(2), "b");
+        let mut s = Shares::default();
+        s.set_cluster_shares([(1, 200_000_000)].into_iter().collect());
+        for t in 1..=2 {
+            let busy = counters(t << 20, 1 << 20, 0);
+            let got = s.step(
+                t * SEC,
+                &link(),
+                None,
+                &[reading(&a, 0, busy), reading(&b, 1, busy)],
+            );
+            if t == 2 {
+                assert_eq!(rates(&got), vec![200_000_000, CAPACITY - 200_000_000]);
+                // What it reports wanting is within its own cap, not the
+                // cluster's share (which the others' demands decide).
+                assert_eq!(got.tenants[0].wants, 300_000_000);
+                assert_eq!(got.tenants[1].wants, crate::cluster::ALL);
+            }
+        }
+        // A share above its own cap: the own cap holds.
+        s.set_cluster_shares([(1, 500_000_000)].into_iter().collect());
+        let busy = counters(3 << 20, 1 << 20, 0);
+        let got = s.step(
+            3 * SEC,
+            &link(),
+            None,
+            &[reading(&a, 0, busy), reading(&b, 1, busy)],
+        );
+        assert_eq!(got.tenants[0].fair_rate, 300_000_000);
     }
 
     #[test]

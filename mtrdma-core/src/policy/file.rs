@@ -21,7 +21,10 @@ use toml::de::{DeTable, DeValue};
 use super::error::quote;
 use super::units::{self, Kind, UnitError};
 use super::validate::name_problem;
-use super::{LinkConfig, MatchRule, Policy, PolicyError, RateLimit, TenantEntry, TenantRef};
+use super::{
+    ClusterPolicy, ClusterTenant, LinkConfig, MatchRule, Policy, PolicyError, RateLimit,
+    TenantEntry, TenantRef,
+};
 use crate::{TenantId, TenantPolicy, TrafficClass, MAX_WEIGHT};
 
 /// Parses `text` into a policy, without [`Policy::validate`].
@@ -63,7 +66,8 @@ fn syntax_error(text: &str, e: &toml::de::Error) -> PolicyError {
 // ---------------------------------------------------------------------------
 // Step 2a: known keys.
 
-const TOP_KEYS: &[&str] = &["link", "tenant"];
+const TOP_KEYS: &[&str] = &["link", "cluster", "tenant"];
+const CLUSTER_KEYS: &[&str] = &["capacity"];
 const LINK_KEYS: &[&str] = &[
     "capacity",
     "recompute_interval_ms",
@@ -82,6 +86,8 @@ const TENANT_KEYS: &[&str] = &[
     "max_outstanding_wr",
     "qp_create_rate",
     "mr_reg_rate",
+    "cluster_cap",
+    "cluster_weight",
     "match",
 ];
 const RATE_KEYS: &[&str] = &["rate", "burst"];
@@ -93,6 +99,9 @@ fn check_keys(root: &DeTable<'_>) -> Result<(), PolicyError> {
     unknown_key(root, TOP_KEYS, None, "", "at the top level")?;
     if let Some(DeValue::Table(link)) = root.get("link").map(|v| v.get_ref()) {
         unknown_key(link, LINK_KEYS, None, "link.", "in [link]")?;
+    }
+    if let Some(DeValue::Table(cluster)) = root.get("cluster").map(|v| v.get_ref()) {
+        unknown_key(cluster, CLUSTER_KEYS, None, "cluster.", "in [cluster]")?;
     }
     let tenants = match root.get("tenant").map(|v| v.get_ref()) {
         Some(DeValue::Array(tenants)) => tenants,
@@ -258,6 +267,7 @@ fn located_error(root: &DeTable<'_>, e: &toml::de::Error) -> PolicyError {
 #[serde(deny_unknown_fields, expecting = "a policy document")]
 struct RawPolicy {
     link: Option<RawLink>,
+    cluster: Option<RawCluster>,
     #[serde(default)]
     tenant: Vec<RawTenant>,
 }
@@ -269,6 +279,12 @@ struct RawLink {
     recompute_interval_ms: Option<Whole>,
     latency_bound: Option<Quantity>,
     exempt: Option<Vec<String>>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [cluster] table")]
+struct RawCluster {
+    capacity: Option<Quantity>,
 }
 
 #[derive(serde::Deserialize)]
@@ -285,6 +301,8 @@ struct RawTenant {
     max_outstanding_wr: Option<Whole>,
     qp_create_rate: Option<RawRate<Whole>>,
     mr_reg_rate: Option<RawRate<Whole>>,
+    cluster_cap: Option<Quantity>,
+    cluster_weight: Option<Whole>,
     #[serde(default, rename = "match")]
     matches: Vec<RawMatch>,
 }
@@ -472,16 +490,24 @@ impl RawPolicy {
                     "add a [link] section with the link's capacity, e.g. capacity = \"100Gbit\"",
                 )),
             };
-        let tenants = self
-            .tenant
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| t.convert(i))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut cluster = ClusterPolicy {
+            capacity: match self.cluster.and_then(|c| c.capacity) {
+                Some(c) => Some(quantity(&c, Kind::ByteRate, None, "cluster.capacity")?),
+                None => None,
+            },
+            tenants: Vec::new(),
+        };
+        let mut tenants = Vec::with_capacity(self.tenant.len());
+        for (i, t) in self.tenant.into_iter().enumerate() {
+            let (entry, across) = t.convert(i)?;
+            cluster.tenants.extend(across);
+            tenants.push(entry);
+        }
         Ok(Policy {
             link,
             tenants,
             exempt,
+            cluster,
         })
     }
 }
@@ -538,7 +564,8 @@ impl RawTenant {
         }
     }
 
-    fn convert(self, index: usize) -> Result<TenantEntry, PolicyError> {
+    /// The tenant, and its limits across hosts if it sets any.
+    fn convert(self, index: usize) -> Result<(TenantEntry, Option<ClusterTenant>), PolicyError> {
         let who = self.reference(index);
         let who = Some(&who);
         let id = match &self.id {
@@ -600,7 +627,20 @@ impl RawTenant {
             .enumerate()
             .map(|(j, rule)| rule.convert(j, who))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(TenantEntry {
+        let cluster_cap = match &self.cluster_cap {
+            Some(v) => Some(quantity(v, Kind::ByteRate, who, "cluster_cap")?),
+            None => None,
+        };
+        let cluster_weight = match &self.cluster_weight {
+            Some(w) => Some(ranged(w, 1, MAX_WEIGHT, who, "cluster_weight")?),
+            None => None,
+        };
+        let across = (cluster_cap.is_some() || cluster_weight.is_some()).then(|| ClusterTenant {
+            id,
+            cap: cluster_cap,
+            weight: cluster_weight.unwrap_or(weight),
+        });
+        let entry = TenantEntry {
             id,
             name,
             class: match self.class {
@@ -618,7 +658,8 @@ impl RawTenant {
             qp_create_rate,
             mr_reg_rate,
             matches,
-        })
+        };
+        Ok((entry, across))
     }
 }
 

@@ -45,7 +45,50 @@ pub(super) fn policy(policy: &Policy) -> Result<(), PolicyError> {
             ));
         }
     }
-    exempt(policy)
+    exempt(policy)?;
+    cluster(policy)
+}
+
+/// The limits across hosts name tenants of the policy, once each, and a
+/// cluster weight has a cluster capacity to share.
+fn cluster(policy: &Policy) -> Result<(), PolicyError> {
+    let mut seen = HashMap::with_capacity(policy.cluster.tenants.len());
+    for c in &policy.cluster.tenants {
+        let Some(t) = policy.tenant(c.id) else {
+            return Err(PolicyError::invalid(
+                Some(&TenantRef::Id(c.id)),
+                "cluster_cap",
+                "limits across hosts are given to a tenant the policy does not define",
+            ));
+        };
+        let who = Some(TenantRef::Name(t.name.clone()));
+        if seen.insert(c.id, ()).is_some() {
+            return Err(PolicyError::invalid(
+                who.as_ref(),
+                "cluster_cap",
+                "the tenant's limits across hosts are given twice",
+            ));
+        }
+        if !(1..=MAX_WEIGHT).contains(&c.weight) {
+            return Err(PolicyError::invalid(
+                who.as_ref(),
+                "cluster_weight",
+                format!(
+                    "{} is out of range; use a whole number from 1 to {MAX_WEIGHT}",
+                    c.weight
+                ),
+            ));
+        }
+        if c.cap.is_none() && policy.cluster.capacity.is_none() {
+            return Err(PolicyError::invalid(
+                who.as_ref(),
+                "cluster_weight",
+                "a cluster weight shares [cluster] capacity, which the policy does not give; \
+                 add [cluster] capacity = \"...\", or give the tenant a cluster_cap",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A latency bound's exemptions name tenants of the policy, once each.
