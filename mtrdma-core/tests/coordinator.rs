@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mtrdma_core::coordinator::{self, Coordinator, CoordinatorConfig, CoordinatorError};
+use mtrdma_core::coordinator::{self, Coordinator, CoordinatorError};
 use mtrdma_core::table::FAIR_RATE_TOLERANCE_NS;
 use mtrdma_core::{QuotaTable, TenantHandle, TenantId};
 
@@ -23,50 +23,9 @@ macro_rules! policy_file {
 #[path = "coordinator/windows.rs"]
 mod windows;
 
-struct Setup {
-    dir: PathBuf,
-    config: CoordinatorConfig,
-}
-
-impl Setup {
-    fn new(tag: &str, policy: &str) -> Setup {
-        let name = format!("coord-{tag}-{}", std::process::id());
-        let dir = std::env::temp_dir().join(&name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let policy_path = dir.join("policy.toml");
-        std::fs::write(&policy_path, policy).unwrap();
-        Setup {
-            config: CoordinatorConfig {
-                table: name,
-                socket: dir.join("sock"),
-                policy_path,
-                capacity: 8,
-                processes: 8,
-            },
-            dir,
-        }
-    }
-
-    fn write_policy(&self, policy: &str) {
-        // A new modification time even on coarse-grained file systems.
-        let path: &Path = &self.config.policy_path;
-        std::fs::write(path, policy).unwrap();
-        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(2);
-        std::fs::File::options()
-            .write(true)
-            .open(path)
-            .unwrap()
-            .set_modified(later)
-            .unwrap();
-    }
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        let _ = QuotaTable::remove(&self.config.table);
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+#[path = "common/setup.rs"]
+mod setup;
+use setup::Setup;
 
 const TWO: &str = policy_file!(
     r#"

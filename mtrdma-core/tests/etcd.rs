@@ -5,14 +5,13 @@
 //! Run with `cargo test -p mtrdma-core --features etcd --test etcd`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mtrdma_core::cluster::etcd::{self, Cluster, ClusterNews, EtcdConfig, EtcdError, LocalEtcd};
 use mtrdma_core::cluster::ALL;
-use mtrdma_core::coordinator::{Coordinator, CoordinatorConfig};
-use mtrdma_core::{ClusterPolicy, ClusterTenant, QuotaTable, TenantId};
+use mtrdma_core::coordinator::Coordinator;
+use mtrdma_core::{ClusterPolicy, ClusterTenant, TenantId};
 
 /// A three-member etcd cluster for test `tag`.
 fn etcd(tag: &str) -> LocalEtcd {
@@ -52,38 +51,9 @@ fn policy(max_qps: u32) -> String {
     )
 }
 
-/// A coordinator on the file policy `policy(2)`, in a directory of its own.
-struct Setup {
-    dir: PathBuf,
-    config: CoordinatorConfig,
-}
-
-impl Setup {
-    fn new(tag: &str) -> Setup {
-        let name = format!("etcd-{tag}-{}", std::process::id());
-        let dir = std::env::temp_dir().join(&name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let policy_path = dir.join("policy.toml");
-        std::fs::write(&policy_path, policy(2)).unwrap();
-        Setup {
-            config: CoordinatorConfig {
-                table: name,
-                socket: dir.join("sock"),
-                policy_path,
-                capacity: 8,
-                processes: 8,
-            },
-            dir,
-        }
-    }
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        let _ = QuotaTable::remove(&self.config.table);
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+#[path = "common/setup.rs"]
+mod setup;
+use setup::Setup;
 
 /// Ticks the coordinator and steps its cluster until `done` holds of what
 /// a step said (each step's news goes to `seen` too), for at most
@@ -116,7 +86,7 @@ fn until(
 #[test]
 fn a_coordinator_applies_the_clusters_policy_within_a_second_and_keeps_it_while_etcd_is_away() {
     let mut etcd = etcd("policy");
-    let s = Setup::new("policy");
+    let s = Setup::new("etcd-policy", &policy(2));
     let mut c = Coordinator::start(s.config.clone()).unwrap();
     let mut cluster = Cluster::start(config(&etcd, "/p/", "a")).unwrap();
     let tenant = c.table().attach(TenantId(1)).unwrap();

@@ -267,20 +267,7 @@ fn isolation(scenario: &str, header: &str) -> (String, std::path::PathBuf) {
             );
         },
         format!("mtrdma-{scenario}-{}", std::process::id()),
-        |out_dir| {
-            let out = Command::new(ISOLATION)
-                .args(["--link", "--scenarios", scenario, "--seconds", "2", "--out"])
-                .arg(out_dir)
-                .output()
-                .expect("start isolation");
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            assert!(
-                out.status.success(),
-                "isolation failed:\n{text}\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            text
-        },
+        |out_dir| run_isolation(scenario, "2", out_dir),
     );
     let section: Vec<&str> = text
         .lines()
@@ -291,6 +278,30 @@ fn isolation(scenario: &str, header: &str) -> (String, std::path::PathBuf) {
         .collect();
     assert!(!section.is_empty(), "no section {header:?} in:\n{text}");
     (section.join("\n"), out_dir)
+}
+
+/// `isolation --link --scenarios SCENARIO --seconds SECS --out OUT_DIR`:
+/// what it printed, which must be a success.
+fn run_isolation(scenario: &str, secs: &str, out_dir: &std::path::Path) -> String {
+    let out = Command::new(ISOLATION)
+        .args([
+            "--link",
+            "--scenarios",
+            scenario,
+            "--seconds",
+            secs,
+            "--out",
+        ])
+        .arg(out_dir)
+        .output()
+        .expect("start isolation");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "isolation failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
 }
 
 /// [`isolation`]'s `scenario` on the VM's shared link, or `None` on a
@@ -444,4 +455,63 @@ fn the_latency_tenant_s_delays_give_the_bulk_tenants_the_one_piece_floor() {
         given.iter().any(|&(n, of)| n >= 1 && n <= of),
         "the coordinator never gave a bulk tenant the floor; its floor lines: {given:?}"
     );
+}
+
+/// Cluster-wide shares on the link (`isolation --link --scenarios
+/// cluster`): each end of the link a host with its own coordinator, joined
+/// through a three-member etcd. A tenant's one sender has the whole
+/// cluster-wide cap, two senders on the two hosts split it, two tenants of
+/// equal cluster weight share the cluster's capacity evenly, and a killed
+/// coordinator's share goes to the other host. The demo's report gives
+/// the figures against the targets (within 2% of the cap, Jain 0.99);
+/// here, bounds a broken split cannot meet on a noisy emulated host.
+#[test]
+#[ignore = "needs the VM's shared link (cargo xtask vm --link RATE)"]
+fn cluster_wide_caps_and_weights_hold_across_the_links_two_hosts() {
+    if link().is_none() {
+        return;
+    }
+    let out_dir = std::env::temp_dir().join(format!("mtrdma-cluster-{}", std::process::id()));
+    let text = run_isolation("cluster", "3", &out_dir);
+    // rxa MB/s, rxb MB/s, sum / cap of the row starting with `case`.
+    let row = |case: &str| -> (f64, f64, f64) {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(case))
+            .unwrap_or_else(|| panic!("no row {case:?} in:\n{text}"));
+        let w: Vec<f64> = line[case.len()..]
+            .split_whitespace()
+            .take(4)
+            .map(|v| v.parse().unwrap_or_else(|_| panic!("a number in {line:?}")))
+            .collect();
+        (w[0], w[1], w[3])
+    };
+    let (_, alone, alone_of_cap) = row("cap, rxb's sender alone");
+    assert!(
+        (0.9..=1.1).contains(&alone_of_cap),
+        "alone: {alone_of_cap} of the cap\n{text}"
+    );
+    let (a, b, both_of_cap) = row("cap, a sender on each host");
+    assert!(
+        (0.9..=1.1).contains(&both_of_cap),
+        "both: {both_of_cap} of the cap\n{text}"
+    );
+    for host in [a, b] {
+        assert!(
+            (0.35 * alone..=0.65 * alone).contains(&host),
+            "each host about half the cap: {a} and {b} MB/s, the cap {alone}\n{text}"
+        );
+    }
+    let (one, two, _) = row("capacity, tenant one on rxa, two on rxb");
+    let jain = mtrdma::sched::stats::jain_index(&[one, two]);
+    assert!(
+        jain >= 0.95,
+        "equal weights across hosts: {one} and {two} MB/s\n{text}"
+    );
+    let (alive, _, alive_of_cap) = row("cap, rxb's coordinator killed");
+    assert!(
+        alive_of_cap >= 0.85,
+        "the surviving host takes the whole cap: {alive} MB/s, {alive_of_cap} of it\n{text}"
+    );
+    let _ = std::fs::remove_dir_all(&out_dir);
 }

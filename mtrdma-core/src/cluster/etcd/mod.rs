@@ -265,9 +265,13 @@ async fn run(
     // did ends, the next is tried at once and etcd counts as lost only if
     // it fails (a member that stops moves the client to another).
     let mut was_up = false;
-    let mut attempt = 0;
+    // Hosts start at members of their own (by their name), so that a
+    // cluster's hosts spread over etcd's members.
+    let mut attempt = config.host.bytes().fold(0usize, |h, b| {
+        h.wrapping_mul(31).wrapping_add(usize::from(b))
+    });
     loop {
-        attempt += 1;
+        attempt = attempt.wrapping_add(1);
         let ended = session(
             &config,
             attempt,
@@ -321,7 +325,7 @@ fn options() -> ConnectOptions {
 async fn connect_any(endpoints: &[String], start: usize) -> Result<Client, etcd_client::Error> {
     let mut last = etcd_client::Error::InvalidArgs("no etcd endpoint given".into());
     for i in 0..endpoints.len() {
-        let endpoint = &endpoints[(start + i) % endpoints.len()];
+        let endpoint = &endpoints[start.wrapping_add(i) % endpoints.len()];
         let attempt = async {
             let mut client = Client::connect([endpoint], Some(options())).await?;
             client.status().await?;

@@ -98,6 +98,7 @@ on the VM's shared link (cargo xtask vm --link RATE), tenants as processes:
     [--pager-first (apps: in the mtrdma run the pager starts before the RPC service, not after)]
     [--scenarios latency,hogs,weights,cap,storm,attack,apps] [--cap-share 0.25]
     [--scenarios soak --soak-seconds S (default 60): churn that must leave nothing behind; not among the defaults]
+    [--scenarios cluster: a coordinator for each end of the link, joined through etcd: cluster-wide caps and weights; not among the defaults]
 the link demo's storm tenant (--rnr: SENDs to a peer on --peer-device that posts no receives;
        isolation --storm-tenant --device NAME --seconds S [--coordinator SOCKET] [--rnr --peer-device NAME]
     [--mr-sweep (registrations of 1 KiB to 64 MiB in turn, each in a protection domain of its own)]
@@ -107,8 +108,10 @@ pub(crate) const SCENARIOS: [&str; 4] = ["latency", "weights", "cap", "storm"];
 pub(crate) const LINK_SCENARIOS: [&str; 7] = [
     "latency", "hogs", "weights", "cap", "storm", "attack", "apps",
 ];
-/// Link scenarios run only when named: the soak (`cargo xtask soak`).
-pub(crate) const LINK_SCENARIOS_NAMED: [&str; 1] = ["soak"];
+/// Link scenarios run only when named: the soak (`cargo xtask soak`), and
+/// cluster-wide shares through etcd (a coordinator for each end of the
+/// link).
+pub(crate) const LINK_SCENARIOS_NAMED: [&str; 2] = ["soak", "cluster"];
 
 pub(crate) fn parse() -> Result<Args, String> {
     let mut args = Args {

@@ -35,6 +35,7 @@ use crate::plot::{self, BarGroup, LatencySeries};
 use crate::progress::Progress;
 
 mod apps;
+mod cluster;
 mod measure;
 mod scenarios;
 mod soak;
@@ -709,6 +710,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
             "attack" => scenario_attack(&mut site, r),
             "apps" => apps::scenario_apps(&mut site, r),
             "soak" => soak::scenario_soak(&mut site, r),
+            "cluster" => cluster::scenario_cluster(&mut site, r),
             _ => unreachable!("checked in parse"),
         }
     });

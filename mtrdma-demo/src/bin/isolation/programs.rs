@@ -54,6 +54,7 @@ pub(crate) const PROGRAMS: &[Program] = &[
         // The link run's coordinator, whose tenants every scenario's are.
         scenarios: &[
             "link", "latency", "hogs", "weights", "cap", "storm", "attack", "apps", "soak",
+            "cluster",
         ],
     },
     Program {
@@ -69,6 +70,7 @@ pub(crate) const PROGRAMS: &[Program] = &[
             "storm",
             "attack",
             "soak",
+            "cluster",
         ],
     },
     Program {

@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// The longest a piece held by its tenant's shared rate limit waits before
+/// the limit is looked at again: a rate raised meanwhile lets it go within
+/// this, not when the rate it was refused at would have.
+pub(in crate::scheduled) const RATE_RECHECK_NS: u64 = 10_000_000;
+
 impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
     /// Queues a granted piece behind its queue pair's other pending ones;
     /// returns its member, unless its queue pair was detached.
@@ -88,7 +93,11 @@ impl<S: Sink, Q: PieceScheduler> Engine<S, Q> {
         match q.check_rate(now, len, 1) {
             Ok(()) => true,
             Err(at) => {
-                m.retry_at = at;
+                // Looked at again within RATE_RECHECK_NS however far off
+                // the rate puts it: the coordinator may raise the rate
+                // meanwhile (a fair rate that was tiny while the tenant
+                // was idle, a host's share of a cluster-wide cap).
+                m.retry_at = at.min(now.saturating_add(RATE_RECHECK_NS));
                 false
             }
         }

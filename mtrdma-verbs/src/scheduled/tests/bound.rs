@@ -309,6 +309,80 @@ fn a_cap_set_on_the_shared_scheduler_holds_back_requests_sent_one_at_a_time() {
     drop(qp);
 }
 
+/// A piece held back by its tenant's fair rate goes soon after the
+/// coordinator raises the rate, not when the old rate would have let it
+/// (4 s here): a tenant idle at a tiny rate that starts to send, a host's
+/// share of a cluster-wide cap that grows.
+#[test]
+fn a_piece_held_by_its_tenants_fair_rate_goes_soon_after_the_rate_is_raised() {
+    use mtrdma_core::coordinator::{Coordinator, CoordinatorConfig};
+    let name = format!("raised-{}", std::process::id());
+    let dir = std::env::temp_dir().join(&name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = |capacity: u64| {
+        Policy::new(
+            LinkConfig::new(capacity),
+            vec![mtrdma_core::TenantEntry::new(TenantId(1), "t")],
+        )
+    };
+    let policy_path = dir.join("policy.toml");
+    std::fs::write(
+        &policy_path,
+        "[link]\ncapacity = 1024\n\n[[tenant]]\nid = 1\nname = \"t\"\n",
+    )
+    .unwrap();
+    let mut c = Coordinator::start(CoordinatorConfig {
+        table: name.clone(),
+        socket: dir.join("sock"),
+        policy_path,
+        capacity: 4,
+        processes: 4,
+    })
+    .unwrap();
+    let sink = NullSink::new(1, 16).with_tenant(c.table().attach(TenantId(1)).unwrap());
+    let config = ScheduleConfig {
+        chunk_bytes: 4096,
+        ..ScheduleConfig::default()
+    };
+    let mut qp = scheduled(sink, config).unwrap();
+    // 1 KiB/s: the first piece goes, the second waits 4 s.
+    c.recompute(c.table().now_ns());
+    post(
+        &mut qp,
+        SendOp::Write(REMOTE),
+        HeapRegion::new(4096),
+        4096,
+        0,
+    );
+    drain(&mut qp, 1);
+    post(
+        &mut qp,
+        SendOp::Write(REMOTE),
+        HeapRegion::new(4096),
+        4096,
+        1,
+    );
+    let mut out = Vec::new();
+    qp.poll(&mut out).unwrap();
+    assert!(out.is_empty(), "held at 1 KiB/s");
+    c.apply_policy(policy(1 << 30)).unwrap();
+    c.recompute(c.table().now_ns());
+    let raised = std::time::Instant::now();
+    while out.is_empty() && raised.elapsed() < Duration::from_secs(10) {
+        qp.poll(&mut out).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let took = raised.elapsed();
+    assert_eq!(out.len(), 1);
+    assert!(
+        took < Duration::from_secs(1),
+        "went {took:?} after the rate was raised"
+    );
+    drop(qp);
+    c.shutdown(true).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A long request paced by its tenant's cap whose second piece fails
 /// reports at once, not after the cap has paced out the rest (8 s
 /// here: 62 more pieces of 1 KiB at 8 KiB/s).

@@ -325,16 +325,22 @@ impl Site<'_> {
     /// Bytes each registered tenant has posted so far, by name, from the
     /// coordinator's quota table (none if it cannot be read).
     pub(super) fn posted(&self) -> Vec<(String, u64)> {
-        mtrdma::core::QuotaTable::open(&self.table)
-            .and_then(|t| t.usage())
-            .map(|usage| {
-                usage
-                    .into_iter()
-                    .map(|u| (u.name, u.bytes_posted))
-                    .collect()
-            })
-            .unwrap_or_default()
+        posted_in(&self.table)
     }
+}
+
+/// Bytes each registered tenant of quota table `table` has posted so far,
+/// by name (none if it cannot be read).
+pub(super) fn posted_in(table: &str) -> Vec<(String, u64)> {
+    mtrdma::core::QuotaTable::open(table)
+        .and_then(|t| t.usage())
+        .map(|usage| {
+            usage
+                .into_iter()
+                .map(|u| (u.name, u.bytes_posted))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// What a flooding attacker posts: 8-byte RDMA WRITEs, READs or atomic

@@ -698,6 +698,8 @@ pub(super) fn planned(scenario: &str, args: &Args) -> usize {
         "apps" => 4,
         // A check after every round.
         "soak" => soak::rounds(args.soak_seconds),
+        // etcd, one host alone, both, equal weights, a coordinator killed.
+        "cluster" => 5,
         _ => 0,
     }
 }
