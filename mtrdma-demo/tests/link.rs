@@ -461,8 +461,8 @@ fn the_latency_tenant_s_delays_give_the_bulk_tenants_the_one_piece_floor() {
 /// cluster`): each end of the link a host with its own coordinator, joined
 /// through a three-member etcd. A tenant's one sender has the whole
 /// cluster-wide cap, two senders on the two hosts split it, two tenants of
-/// equal cluster weight share the cluster's capacity evenly, and a killed
-/// coordinator's share goes to the other host. The demo's report gives
+/// equal cluster weight share the cluster's capacity evenly, and a lost
+/// host's share goes to the other host once its lease runs out. The demo's report gives
 /// the figures against the targets (within 2% of the cap, Jain 0.99);
 /// here, bounds a broken split cannot meet on a noisy emulated host.
 #[test]
@@ -479,11 +479,13 @@ fn cluster_wide_caps_and_weights_hold_across_the_links_two_hosts() {
             .lines()
             .find(|l| l.starts_with(case))
             .unwrap_or_else(|| panic!("no row {case:?} in:\n{text}"));
+        // The case's words, then its four numbers.
         let w: Vec<f64> = line[case.len()..]
             .split_whitespace()
+            .filter_map(|v| v.parse().ok())
             .take(4)
-            .map(|v| v.parse().unwrap_or_else(|_| panic!("a number in {line:?}")))
             .collect();
+        assert_eq!(w.len(), 4, "four numbers in {line:?}");
         (w[0], w[1], w[3])
     };
     let (_, alone, alone_of_cap) = row("cap, rxb's sender alone");
@@ -508,7 +510,7 @@ fn cluster_wide_caps_and_weights_hold_across_the_links_two_hosts() {
         jain >= 0.95,
         "equal weights across hosts: {one} and {two} MB/s\n{text}"
     );
-    let (alive, _, alive_of_cap) = row("cap, rxb's coordinator killed");
+    let (alive, _, alive_of_cap) = row("cap, rxb's host lost");
     assert!(
         alive_of_cap >= 0.85,
         "the surviving host takes the whole cap: {alive} MB/s, {alive_of_cap} of it\n{text}"

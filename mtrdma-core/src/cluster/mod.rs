@@ -92,8 +92,15 @@ pub fn host_shares(
     own: &BTreeMap<u32, u64>,
     others: &[&HostReport],
 ) -> BTreeMap<u32, u64> {
-    let limits: HashMap<u32, &ClusterTenant> =
-        cluster.tenants.iter().map(|t| (t.id.0, t)).collect();
+    // Only this host's tenants need a share; with a cluster capacity,
+    // every cluster-wide tenant's demand decides the parts.
+    let all = cluster.capacity.is_some();
+    let limits: HashMap<u32, &ClusterTenant> = cluster
+        .tenants
+        .iter()
+        .filter(|t| all || own.contains_key(&t.id.0))
+        .map(|t| (t.id.0, t))
+        .collect();
     // Every host's demands, this one's included, in name order.
     let mut hosts: Vec<(&str, &BTreeMap<u32, u64>)> = others
         .iter()
@@ -103,9 +110,9 @@ pub fn host_shares(
     hosts.push((me, own));
     hosts.sort_by(|a, b| a.0.cmp(b.0));
     hosts.dedup_by(|a, b| a.0 == b.0);
-    // Per cluster-wide tenant, the hosts that report it and what each
-    // wants there (within the tenant's cap), in host name order.
-    let mut reporting: HashMap<u32, Vec<(&str, u64)>> = HashMap::new();
+    // Per tenant, the hosts that report it and what each wants there
+    // (within the tenant's cap), in host name order.
+    let mut reporting: HashMap<u32, Vec<(&str, u64)>> = HashMap::with_capacity(limits.len());
     for (name, demands) in &hosts {
         for (&id, &d) in demands.iter() {
             if let Some(t) = limits.get(&id) {
@@ -131,9 +138,8 @@ pub fn host_shares(
             let parts = weighted_max_min(capacity, &totals);
             cluster.tenants.iter().map(|t| t.id.0).zip(parts).collect()
         }
-        None => cluster
-            .tenants
-            .iter()
+        None => limits
+            .values()
             .map(|t| (t.id.0, t.cap.unwrap_or(0)))
             .collect(),
     };
@@ -204,6 +210,11 @@ pub struct Member {
     /// as they were last computed (no limit is lifted, none tightened).
     connected: bool,
     shares: BTreeMap<u32, u64>,
+    /// What the shares were last computed from (this host's demands and
+    /// the policy's limits), and whether a report came or went since:
+    /// unchanged, they are not computed again.
+    computed_from: Option<(BTreeMap<u32, u64>, ClusterPolicy)>,
+    heard_since: bool,
 }
 
 impl Member {
@@ -218,6 +229,8 @@ impl Member {
             last_publish_ns: 0,
             connected: false,
             shares: BTreeMap::new(),
+            computed_from: None,
+            heard_since: true,
         }
     }
 
@@ -231,6 +244,7 @@ impl Member {
     /// is published afresh.
     pub fn connected(&mut self, reports: Vec<HostReport>) {
         self.connected = true;
+        self.heard_since = true;
         self.published = None;
         self.others = reports
             .into_iter()
@@ -242,6 +256,7 @@ impl Member {
     /// The store was lost: the shares hold as they are until it is back.
     pub fn disconnected(&mut self) {
         self.connected = false;
+        self.heard_since = true;
     }
 
     /// Whether the store is reachable.
@@ -252,6 +267,7 @@ impl Member {
     /// Another host's report, new or changed.
     pub fn heard(&mut self, report: HostReport) {
         if report.host != self.host {
+            self.heard_since = true;
             self.others.insert(report.host.clone(), report);
         }
     }
@@ -259,7 +275,7 @@ impl Member {
     /// Another host's report is gone (its lease ended: the host's
     /// coordinator stopped or died).
     pub fn gone(&mut self, host: &str) {
-        self.others.remove(host);
+        self.heard_since |= self.others.remove(host).is_some();
     }
 
     /// The other hosts, as last heard.
@@ -275,6 +291,16 @@ impl Member {
         cluster: &ClusterPolicy,
         own: &BTreeMap<u32, u64>,
     ) -> &BTreeMap<u32, u64> {
+        let same = !self.heard_since
+            && self
+                .computed_from
+                .as_ref()
+                .is_some_and(|(d, c)| d == own && c == cluster);
+        if same {
+            return &self.shares;
+        }
+        self.heard_since = false;
+        self.computed_from = Some((own.clone(), cluster.clone()));
         let others: Vec<&HostReport> = self.others.values().collect();
         let fresh = host_shares(cluster, &self.host, own, &others);
         if self.connected || self.shares.is_empty() {

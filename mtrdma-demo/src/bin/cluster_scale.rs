@@ -10,7 +10,8 @@
 //!    (its hosts' shares added up, against the cap);
 //! 2. steady: the writes etcd takes while no demand moves (etcd's own
 //!    count, `etcd_mvcc_put_total`), a second after the last step;
-//! 3. one tenant in a hundred wants a tenth of its cap on its first host:
+//! 3. about one tenant in a hundred wants a tenth of its cap on its first
+//!    host:
 //!    the time until every host's shares follow, and the writes it took;
 //! 4. one host's member stops without a word (its lease runs out): the
 //!    time until its tenants' other hosts take its shares.
@@ -66,6 +67,12 @@ fn parse() -> Result<Options, String> {
     Ok(o)
 }
 
+/// Whether tenant `t` is one of those whose demand moves (about one in a
+/// hundred, their first hosts spread over the cluster).
+fn moves(t: u32) -> bool {
+    t % 97 == 0
+}
+
 /// The hosts of tenant `t`: `per` of them, spread over `hosts`.
 fn hosts_of(t: u32, hosts: usize, per: usize) -> Vec<usize> {
     (0..per)
@@ -98,6 +105,9 @@ struct Sim {
     published: u64,
     /// The slowest round of all members so far.
     slowest_round: Duration,
+    /// Rounds so far, and their time added up.
+    rounds: u32,
+    round_time: Duration,
 }
 
 impl Sim {
@@ -113,6 +123,8 @@ impl Sim {
             self.published += u64::from(published);
         }
         self.slowest_round = self.slowest_round.max(began.elapsed());
+        self.rounds += 1;
+        self.round_time += began.elapsed();
         std::thread::sleep(Duration::from_millis(2));
     }
 
@@ -210,6 +222,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         start: Instant::now(),
         published: 0,
         slowest_round: Duration::ZERO,
+        rounds: 0,
+        round_time: Duration::ZERO,
     };
     let per = o.per_tenant as u64;
     // The even split, within a byte: the first hosts in name order carry
@@ -249,7 +263,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // 3. One tenant in a hundred wants a tenth of its cap on its first host.
-    let changed: Vec<u32> = (1..=o.tenants).filter(|t| t % 100 == 0).collect();
+    let changed: Vec<u32> = (1..=o.tenants).filter(|&t| moves(t)).collect();
     for &t in &changed {
         let first = hosts_of(t, o.hosts, o.per_tenant)[0];
         sim.demands[first].insert(t, CAP / 10);
@@ -259,7 +273,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let hosts_cfg = (o.hosts, o.per_tenant);
     let after_change = move |t: u32, h: usize| {
         let hosts = hosts_of(t, hosts_cfg.0, hosts_cfg.1);
-        if t % 100 != 0 {
+        if !moves(t) {
             return even_or_less(t, h);
         }
         if h == hosts[0] {
@@ -300,7 +314,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             v
         };
         let wanted = |x: usize| {
-            if t % 100 == 0 && x == hosts[0] {
+            if moves(t) && x == hosts[0] {
                 CAP / 10
             } else {
                 ALL
@@ -325,8 +339,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         100.0 * sim.worst_cap_error()
     );
     println!(
-        "the slowest round of all {} members took {:.1} ms",
+        "a round of all {} members took {:.1} ms on average, {:.1} ms at the slowest (the simulation's own time, part of the times above)",
         o.hosts,
+        sim.round_time.as_secs_f64() * 1e3 / f64::from(sim.rounds.max(1)),
         sim.slowest_round.as_secs_f64() * 1e3
     );
     for m in sim.members.into_iter().flatten() {
