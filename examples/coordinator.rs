@@ -33,12 +33,15 @@
 //! that ends with it, and holds each cluster-wide tenant to its host's
 //! share of the tenant's `cluster_cap` (or of `[cluster] capacity`). Without
 //! etcd it keeps its last policy and shares and says so (`etcd lost: ...`).
+//! With `--etcd-cache FILE` it keeps etcd's last policy there, and one
+//! started while etcd is away starts from it rather than from `--policy`.
 //!
 //! ```text
 //! cargo run --release --example coordinator -- --policy examples/policy.toml
 //!     [--table NAME] [--socket PATH] [--capacity N (tenants)] [--processes N (per tenant)] [--quiet]
 //!     [--no-window-gains] [--no-piece-floor] [--monitor]
-//!     [--etcd URL,URL,... [--etcd-prefix /mtrdma/] [--host NAME] [--etcd-ttl SECONDS]]
+//!     [--etcd URL,URL,... [--etcd-prefix /mtrdma/] [--host NAME] [--etcd-ttl SECONDS]
+//!      [--etcd-cache FILE]]
 //! cargo run --example coordinator -- put-policy FILE --etcd URL,... [--etcd-prefix P]
 //! cargo run --example coordinator -- hosts --etcd URL,... [--etcd-prefix P]
 //! ```
@@ -161,6 +164,7 @@ fn parse() -> Result<Args, String> {
     let mut piece_floor = true;
     let mut monitor = false;
     let (mut endpoints, mut prefix, mut host, mut ttl) = (None, None, None, None);
+    let mut cache = None;
     let mut it = args::Args::from_env();
     while let Some(flag) = it.next_flag(|v| format!("unexpected argument {v}"))? {
         match flag.as_str() {
@@ -177,6 +181,7 @@ fn parse() -> Result<Args, String> {
             "--etcd-prefix" => prefix = Some(it.value(&flag)?),
             "--host" => host = Some(it.value(&flag)?),
             "--etcd-ttl" => ttl = Some(it.parse(&flag)?),
+            "--etcd-cache" => cache = Some(PathBuf::from(it.value(&flag)?)),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -185,10 +190,11 @@ fn parse() -> Result<Args, String> {
             let mut config = EtcdConfig::new(&endpoints, host.unwrap_or_else(host_name));
             config.prefix = prefix.unwrap_or(config.prefix);
             config.ttl_secs = ttl.unwrap_or(config.ttl_secs);
+            config.cache = cache;
             Some(config)
         }
-        None if prefix.is_some() || host.is_some() || ttl.is_some() => {
-            return Err("--etcd-prefix, --host and --etcd-ttl go with --etcd".into())
+        None if prefix.is_some() || host.is_some() || ttl.is_some() || cache.is_some() => {
+            return Err("--etcd-prefix, --host, --etcd-ttl and --etcd-cache go with --etcd".into())
         }
         None => None,
     };
@@ -236,6 +242,9 @@ fn print_news(news: &ClusterNews, cluster: &Cluster, policy: &Policy) {
     }
     for why in &news.unreadable {
         println!("etcd: unreadable: {why}");
+    }
+    if let Some(why) = &news.cache_failed {
+        println!("etcd: {why}");
     }
     if !news.hosts_changed.is_empty() {
         let others: Vec<&str> = cluster.member().others().map(|r| r.host.as_str()).collect();
@@ -462,6 +471,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 config.host,
                 config.prefix
             );
+            // The last policy etcd gave, kept: the limits to hold until
+            // etcd answers.
+            let kept = config.cache.as_deref().and_then(etcd::cached_policy);
+            if let Some((revision, text)) = kept {
+                coordinator.apply_policy(Policy::from_toml_str(&text)?)?;
+                println!("policy kept from etcd (revision {revision}) applied until etcd answers");
+            }
             Some(Cluster::start(config)?)
         }
         None => None,

@@ -39,6 +39,7 @@ fn config(etcd: &LocalEtcd, prefix: &str, host: &str) -> EtcdConfig {
         prefix: prefix.into(),
         host: host.into(),
         ttl_secs: 2,
+        cache: None,
     }
 }
 
@@ -88,7 +89,10 @@ fn a_coordinator_applies_the_clusters_policy_within_a_second_and_keeps_it_while_
     let mut etcd = etcd("policy");
     let s = Setup::new("etcd-policy", &policy(2));
     let mut c = Coordinator::start(s.config.clone()).unwrap();
-    let mut cluster = Cluster::start(config(&etcd, "/p/", "a")).unwrap();
+    let cache = s.dir.join("from-etcd.toml");
+    let mut kept = config(&etcd, "/p/", "a");
+    kept.cache = Some(cache.clone());
+    let mut cluster = Cluster::start(kept).unwrap();
     let tenant = c.table().attach(TenantId(1)).unwrap();
     let mut held: Vec<_> = (0..2).map(|_| tenant.acquire_qp().unwrap()).collect();
     assert!(tenant.acquire_qp().is_err(), "the file's quota");
@@ -156,6 +160,37 @@ fn a_coordinator_applies_the_clusters_policy_within_a_second_and_keeps_it_while_
     }
     assert_eq!(c.policy().tenants[0].max_qps, 4);
     assert!(tenant.acquire_qp().is_err(), "no limit lifted without etcd");
+
+    // A coordinator started now, on its own file's policy, starts from
+    // the policy etcd last gave (kept in the cache file).
+    let (revision, text) = etcd::cached_policy(&cache).expect("the last policy applied is kept");
+    assert_eq!(
+        (revision, text.as_str()),
+        (cluster.policy_revision(), policy(4).as_str())
+    );
+    let again = Setup::new("etcd-restarted", &policy(2));
+    let mut restarted = Coordinator::start(again.config.clone()).unwrap();
+    restarted
+        .apply_policy(mtrdma_core::Policy::from_toml_str(&text).unwrap())
+        .unwrap();
+    assert_eq!(restarted.policy().tenants[0].max_qps, 4);
+    let mut rejoined = config(&etcd, "/p/", "a2");
+    rejoined.cache = Some(cache.clone());
+    let rejoined = Cluster::start(rejoined).unwrap();
+    assert_eq!(
+        rejoined.policy_revision(),
+        revision,
+        "etcd's copy is not applied again"
+    );
+    rejoined.leave();
+    restarted.shutdown(true).unwrap();
+    // A kept file that is not a policy is not one.
+    std::fs::write(
+        &cache,
+        "# mtrdma: the cluster's policy from etcd, revision 9\n[link]\n",
+    )
+    .unwrap();
+    assert_eq!(etcd::cached_policy(&cache), None);
 
     // Back: the coordinator reconnects on its own and hears what changed.
     etcd.resume(&[0, 1, 2]).unwrap();

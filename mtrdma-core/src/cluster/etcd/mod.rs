@@ -18,9 +18,13 @@
 //! **Fail-static.** While etcd cannot be reached, the coordinator keeps
 //! the last policy it applied and every share as it was (no tenant is
 //! stopped, no limit lifted), says so ([`ClusterNews::lost`]), and tries
-//! again every second. Back, it reads the whole prefix afresh.
+//! again every second. Back, it reads the whole prefix afresh. With a
+//! cache file ([`EtcdConfig::cache`]) the last policy applied also
+//! outlives the coordinator: one started while etcd is away starts from
+//! it ([`cached_policy`]).
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -61,6 +65,10 @@ pub struct EtcdConfig {
     pub host: String,
     /// The time to live of the host's report's lease, seconds (at least 2).
     pub ttl_secs: i64,
+    /// A file that keeps the last policy applied from etcd, so that a
+    /// coordinator started while etcd is away starts from it
+    /// ([`cached_policy`]) rather than from its own file (`None`: none).
+    pub cache: Option<PathBuf>,
 }
 
 impl EtcdConfig {
@@ -72,6 +80,7 @@ impl EtcdConfig {
             prefix: DEFAULT_PREFIX.into(),
             host: host.into(),
             ttl_secs: DEFAULT_TTL_SECS,
+            cache: None,
         }
     }
 
@@ -585,6 +594,30 @@ pub fn host_reports(
     Ok((reports, unreadable))
 }
 
+/// The first line of a kept policy: its etcd revision.
+const CACHE_HEADER: &str = "# mtrdma: the cluster's policy from etcd, revision ";
+
+/// Keeps `text`, etcd's policy at `revision`, in `path` (written whole
+/// beside it, then renamed over it).
+fn keep_policy(path: &Path, revision: i64, text: &str) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".new");
+    std::fs::write(&tmp, format!("{CACHE_HEADER}{revision}\n{text}"))?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The policy a [`Cluster`] kept in `path` (its etcd revision and text),
+/// if there is one and it is a valid policy: what a coordinator started
+/// while etcd is away applies, so that it holds the limits etcd last gave
+/// rather than its own file's.
+pub fn cached_policy(path: &Path) -> Option<(i64, String)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let (first, policy) = text.split_once('\n')?;
+    let revision = first.strip_prefix(CACHE_HEADER)?.trim().parse().ok()?;
+    Policy::from_toml_str(policy).ok()?;
+    Some((revision, policy.to_string()))
+}
+
 /// What one [`Cluster::step`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ClusterNews {
@@ -600,6 +633,8 @@ pub struct ClusterNews {
     pub hosts_changed: Vec<String>,
     /// Things under the prefix that could not be read.
     pub unreadable: Vec<String>,
+    /// The policy applied could not be kept in the cache file: why.
+    pub cache_failed: Option<String>,
     /// Whether this host's report was written.
     pub published: bool,
 }
@@ -612,6 +647,8 @@ pub struct Cluster {
     member: Member,
     /// The revision of the policy applied from etcd (0: the file's).
     policy_revision: i64,
+    /// Where the last policy applied from etcd is kept.
+    cache: Option<PathBuf>,
 }
 
 impl Cluster {
@@ -621,10 +658,18 @@ impl Cluster {
     /// As [`EtcdLink::start`].
     pub fn start(config: EtcdConfig) -> Result<Cluster, EtcdError> {
         let member = Member::new(config.host.clone());
+        let cache = config.cache.clone();
+        // A cached policy is the one a coordinator starts from: etcd's
+        // copy of the same revision is not applied again.
+        let policy_revision = cache
+            .as_deref()
+            .and_then(cached_policy)
+            .map_or(0, |(revision, _)| revision);
         Ok(Cluster {
             link: EtcdLink::start(config)?,
             member,
-            policy_revision: 0,
+            policy_revision,
+            cache,
         })
     }
 
@@ -730,6 +775,14 @@ impl Cluster {
             Ok(()) => {
                 self.policy_revision = revision;
                 news.policy_applied = Some(revision);
+                if let Some(path) = &self.cache {
+                    if let Err(e) = keep_policy(path, revision, text) {
+                        news.cache_failed = Some(format!(
+                            "the policy applied was not kept in {}: {e}",
+                            path.display()
+                        ));
+                    }
+                }
             }
             Err(why) => {
                 news.policy_refused = Some(format!(

@@ -212,6 +212,42 @@ pub(super) fn scenario_cluster(site: &mut Site<'_>, r: &mut Report) -> Result<()
     result
 }
 
+/// Puts `text` into etcd as the cluster's policy and waits until both
+/// hosts' coordinators said they applied their `nth` policy from etcd.
+fn apply(
+    site: &Site<'_>,
+    hosts: &[Host; 2],
+    put: &dyn Fn(&str) -> Result<(), String>,
+    text: &str,
+    nth: usize,
+) -> Result<(), String> {
+    put(text)?;
+    for h in hosts {
+        let log = site.logs.join(format!("coordinator-{}.out", h.name));
+        said(&log, "policy from etcd", nth)?;
+    }
+    Ok(())
+}
+
+/// A sender on each host, in cgroups `cgroups`, as tenants `names`: what
+/// each moved over the measurement's window.
+fn both(
+    site: &mut Site<'_>,
+    hosts: &[Host; 2],
+    cgroups: [&str; 2],
+    names: [&str; 2],
+) -> Result<Vec<f64>, String> {
+    let (secs, lead) = (site.args.seconds, site.args.warmup);
+    let run_secs = secs + 2.0 * lead.as_secs_f64();
+    let (a, sa) = site.cluster_sender(&hosts[0], cgroups[0], run_secs)?;
+    let (b, sb) = site.cluster_sender(&hosts[1], cgroups[1], run_secs)?;
+    let got = rates(hosts, &[(0, names[0]), (1, names[1])], lead, secs);
+    for p in [a, b, sa, sb] {
+        p.wait()?;
+    }
+    Ok(got)
+}
+
 fn measure_cluster(
     site: &mut Site<'_>,
     r: &mut Report,
@@ -264,12 +300,12 @@ fn measure_cluster(
     );
 
     println!("{}", site.progress.borrow_mut().measurement("cluster-both"));
-    let (a, sa) = site.cluster_sender(&hosts[0], "cluster-shared-rxa", run_secs)?;
-    let (b, sb) = site.cluster_sender(&hosts[1], "cluster-shared-rxb", run_secs)?;
-    let got = rates(hosts, &[(0, "shared"), (1, "shared")], lead, secs);
-    for p in [a, b, sa, sb] {
-        p.wait()?;
-    }
+    let got = both(
+        site,
+        hosts,
+        ["cluster-shared-rxa", "cluster-shared-rxb"],
+        ["shared"; 2],
+    )?;
     row(
         r,
         "cap, a sender on each host",
@@ -299,20 +335,8 @@ fn measure_cluster(
         "{}",
         site.progress.borrow_mut().measurement("cluster-weights")
     );
-    put(&policy(cap, true))?;
-    for h in hosts.iter() {
-        said(
-            &site.logs.join(format!("coordinator-{}.out", h.name)),
-            "policy from etcd",
-            2,
-        )?;
-    }
-    let (one, s1) = site.cluster_sender(&hosts[0], "cluster-one", run_secs)?;
-    let (two, s2) = site.cluster_sender(&hosts[1], "cluster-two", run_secs)?;
-    let got = rates(hosts, &[(0, "one"), (1, "two")], lead, secs);
-    for p in [one, two, s1, s2] {
-        p.wait()?;
-    }
+    apply(site, hosts, put, &policy(cap, true), 2)?;
+    let got = both(site, hosts, ["cluster-one", "cluster-two"], ["one", "two"])?;
     let jain = jain_index(&got);
     row(
         r,
@@ -336,14 +360,7 @@ fn measure_cluster(
 
     // 3. rxb is lost with both senders running.
     println!("{}", site.progress.borrow_mut().measurement("cluster-dead"));
-    put(&policy(cap, false))?;
-    for h in hosts.iter() {
-        said(
-            &site.logs.join(format!("coordinator-{}.out", h.name)),
-            "policy from etcd",
-            3,
-        )?;
-    }
+    apply(site, hosts, put, &policy(cap, false), 3)?;
     let dead_secs = run_secs + TTL_SECS as f64 + 1.0;
     let (a, sa) = site.cluster_sender(&hosts[0], "cluster-shared-rxa", dead_secs)?;
     let (b, sb) = site.cluster_sender(&hosts[1], "cluster-shared-rxb", dead_secs)?;
