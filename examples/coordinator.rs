@@ -471,14 +471,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 config.host,
                 config.prefix
             );
+            let mut cluster = Cluster::start(config)?;
             // The last policy etcd gave, kept: the limits to hold until
             // etcd answers.
-            let kept = config.cache.as_deref().and_then(etcd::cached_policy);
-            if let Some((revision, text)) = kept {
-                coordinator.apply_policy(Policy::from_toml_str(&text)?)?;
-                println!("policy kept from etcd (revision {revision}) applied until etcd answers");
+            if let Some(kept) = cluster.take_kept_policy() {
+                coordinator.apply_policy(kept)?;
+                println!(
+                    "policy kept from etcd (revision {}) applied until etcd answers",
+                    cluster.policy_revision()
+                );
             }
-            Some(Cluster::start(config)?)
+            Some(cluster)
         }
         None => None,
     };

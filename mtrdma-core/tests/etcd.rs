@@ -163,25 +163,28 @@ fn a_coordinator_applies_the_clusters_policy_within_a_second_and_keeps_it_while_
 
     // A coordinator started now, on its own file's policy, starts from
     // the policy etcd last gave (kept in the cache file).
-    let (revision, text) = etcd::cached_policy(&cache).expect("the last policy applied is kept");
+    let (revision, kept) = etcd::cached_policy(&cache).expect("the last policy applied is kept");
     assert_eq!(
-        (revision, text.as_str()),
-        (cluster.policy_revision(), policy(4).as_str())
+        (revision, &kept),
+        (
+            cluster.policy_revision(),
+            &mtrdma_core::Policy::from_toml_str(&policy(4)).unwrap()
+        )
     );
     let again = Setup::new("etcd-restarted", &policy(2));
     let mut restarted = Coordinator::start(again.config.clone()).unwrap();
-    restarted
-        .apply_policy(mtrdma_core::Policy::from_toml_str(&text).unwrap())
-        .unwrap();
-    assert_eq!(restarted.policy().tenants[0].max_qps, 4);
     let mut rejoined = config(&etcd, "/p/", "a2");
     rejoined.cache = Some(cache.clone());
-    let rejoined = Cluster::start(rejoined).unwrap();
+    let mut rejoined = Cluster::start(rejoined).unwrap();
     assert_eq!(
         rejoined.policy_revision(),
         revision,
         "etcd's copy is not applied again"
     );
+    let kept = rejoined.take_kept_policy().expect("the kept policy, once");
+    assert_eq!(rejoined.take_kept_policy(), None);
+    restarted.apply_policy(kept).unwrap();
+    assert_eq!(restarted.policy().tenants[0].max_qps, 4);
     rejoined.leave();
     restarted.shutdown(true).unwrap();
     // A kept file that is not a policy is not one.

@@ -21,7 +21,7 @@
 //! again every second. Back, it reads the whole prefix afresh. With a
 //! cache file ([`EtcdConfig::cache`]) the last policy applied also
 //! outlives the coordinator: one started while etcd is away starts from
-//! it ([`cached_policy`]).
+//! it ([`Cluster::take_kept_policy`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -380,19 +380,9 @@ async fn session(
     let revision = snapshot.header().map_or(0, |h| h.revision());
     let policy_key = config.policy_key();
     let hosts = hosts_prefix(&config.prefix);
-    let mut policy = None;
-    let mut found = Vec::new();
-    for kv in snapshot.kvs() {
-        match classify(kv.key(), &policy_key, &hosts) {
-            Key::Policy => policy = Some((kv.mod_revision(), text(kv.value()))),
-            Key::Host(name) => match HostReport::from_json(name, kv.value()) {
-                Ok(r) => found.push(r),
-                Err(why) => {
-                    let _ = heard.send(Heard::Unreadable(why));
-                }
-            },
-            Key::Other => {}
-        }
+    let (policy, found, unreadable) = read_prefix(snapshot.kvs(), &policy_key, &hosts);
+    for why in unreadable {
+        let _ = heard.send(Heard::Unreadable(why));
     }
     // Reports queued while disconnected are stale: the member publishes
     // afresh once it hears of the connection.
@@ -503,6 +493,26 @@ fn classify<'a>(key: &'a [u8], policy_key: &str, hosts: &str) -> Key<'a> {
     }
 }
 
+/// What `kvs` (read under the prefix) hold: the policy (its revision and
+/// text), the hosts' reports that could be read, and why the others could
+/// not.
+type PrefixRead = (Option<(i64, String)>, Vec<HostReport>, Vec<String>);
+
+fn read_prefix(kvs: &[etcd_client::KeyValue], policy_key: &str, hosts: &str) -> PrefixRead {
+    let (mut policy, mut reports, mut unreadable) = (None, Vec::new(), Vec::new());
+    for kv in kvs {
+        match classify(kv.key(), policy_key, hosts) {
+            Key::Policy => policy = Some((kv.mod_revision(), text(kv.value()))),
+            Key::Host(name) => match HostReport::from_json(name, kv.value()) {
+                Ok(r) => reports.push(r),
+                Err(why) => unreadable.push(why),
+            },
+            Key::Other => {}
+        }
+    }
+    (policy, reports, unreadable)
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -580,16 +590,7 @@ pub fn host_reports(
                 .await
         }
     }))?;
-    let mut reports = Vec::new();
-    let mut unreadable = Vec::new();
-    for kv in got.kvs() {
-        if let Key::Host(name) = classify(kv.key(), "", &hosts) {
-            match HostReport::from_json(name, kv.value()) {
-                Ok(r) => reports.push(r),
-                Err(why) => unreadable.push(why),
-            }
-        }
-    }
+    let (_, mut reports, unreadable) = read_prefix(got.kvs(), &policy_key(prefix), &hosts);
     reports.sort_by(|a, b| a.host.cmp(&b.host));
     Ok((reports, unreadable))
 }
@@ -610,12 +611,11 @@ fn keep_policy(path: &Path, revision: i64, text: &str) -> std::io::Result<()> {
 /// if there is one and it is a valid policy: what a coordinator started
 /// while etcd is away applies, so that it holds the limits etcd last gave
 /// rather than its own file's.
-pub fn cached_policy(path: &Path) -> Option<(i64, String)> {
+pub fn cached_policy(path: &Path) -> Option<(i64, Policy)> {
     let text = std::fs::read_to_string(path).ok()?;
     let (first, policy) = text.split_once('\n')?;
     let revision = first.strip_prefix(CACHE_HEADER)?.trim().parse().ok()?;
-    Policy::from_toml_str(policy).ok()?;
-    Some((revision, policy.to_string()))
+    Some((revision, Policy::from_toml_str(policy).ok()?))
 }
 
 /// What one [`Cluster::step`] did.
@@ -649,6 +649,8 @@ pub struct Cluster {
     policy_revision: i64,
     /// Where the last policy applied from etcd is kept.
     cache: Option<PathBuf>,
+    /// The policy found kept there at the start, until taken.
+    kept: Option<Policy>,
 }
 
 impl Cluster {
@@ -661,16 +663,22 @@ impl Cluster {
         let cache = config.cache.clone();
         // A cached policy is the one a coordinator starts from: etcd's
         // copy of the same revision is not applied again.
-        let policy_revision = cache
-            .as_deref()
-            .and_then(cached_policy)
-            .map_or(0, |(revision, _)| revision);
+        let kept = cache.as_deref().and_then(cached_policy);
         Ok(Cluster {
             link: EtcdLink::start(config)?,
             member,
-            policy_revision,
+            policy_revision: kept.as_ref().map_or(0, |(revision, _)| *revision),
             cache,
+            kept: kept.map(|(_, policy)| policy),
         })
+    }
+
+    /// The policy kept in the cache file when this member started (see
+    /// [`EtcdConfig::cache`]), once: what a coordinator started while etcd
+    /// is away applies until etcd answers. Its revision is
+    /// [`Cluster::policy_revision`].
+    pub fn take_kept_policy(&mut self) -> Option<Policy> {
+        self.kept.take()
     }
 
     /// The other hosts and what they reported.
