@@ -243,6 +243,32 @@ impl Drop for Proc {
 }
 
 impl Proc {
+    /// Waits until its output holds `text` `count` times (a progress
+    /// line), for at most `patience`; an error if it ends first.
+    fn wait_said(&mut self, text: &str, count: usize, patience: Duration) -> Result<(), String> {
+        let start = Instant::now();
+        loop {
+            let said = std::fs::read_to_string(&self.stdout).unwrap_or_default();
+            if said.matches(text).count() >= count {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let err = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+                return Err(format!(
+                    "{} ended ({status}) before {text:?}:\n{said}\n{err}",
+                    self.name
+                ));
+            }
+            if start.elapsed() > patience {
+                return Err(format!(
+                    "{}: no {text:?} (x{count}) after {patience:?}:\n{said}",
+                    self.name
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn wait(self) -> Result<String, String> {
         self.wait_tolerating(None)
     }

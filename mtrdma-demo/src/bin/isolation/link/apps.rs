@@ -86,28 +86,6 @@ struct AppRun {
     pager_posted: Option<f64>,
 }
 
-/// Waits until `path` holds `text` (a process's progress line), or the
-/// process ends.
-fn wait_for_line(p: &mut Proc, path: &Path, text: &str) -> Result<(), String> {
-    let start = Instant::now();
-    loop {
-        if std::fs::read_to_string(path).is_ok_and(|t| t.contains(text)) {
-            return Ok(());
-        }
-        if let Ok(Some(status)) = p.child.try_wait() {
-            let err = std::fs::read_to_string(&p.stderr).unwrap_or_default();
-            return Err(format!(
-                "{} ended ({status}) before {text:?}:\n{err}",
-                p.name
-            ));
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            return Err(format!("{}: no {text:?} after 120 s", p.name));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 impl Site<'_> {
     /// `program` at a raised CPU priority (`nice -n RPC_NICE`), the same
     /// in every run. Not the probe's real-time priority: the service's
@@ -179,8 +157,7 @@ impl Site<'_> {
         .arg(&csv);
         self.coordinated(&mut cmd, way);
         let mut pager = self.spawn("pager", Some("pager"), cmd)?;
-        let out = pager.stdout.clone();
-        wait_for_line(&mut pager, &out, "initial fill")?;
+        pager.wait_said("initial fill", 1, Duration::from_secs(120))?;
         // The pager reaches its pace before anything is measured.
         std::thread::sleep(Duration::from_millis(1500));
         Ok(PagerRun { nodes, pager, csv })

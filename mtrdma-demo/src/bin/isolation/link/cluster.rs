@@ -115,22 +115,20 @@ impl Site<'_> {
     }
 }
 
-/// Waits until `log` has `count` lines containing `what`, for at most 30 s.
-fn said(log: &Path, what: &str, count: usize) -> Result<(), String> {
-    let start = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if text.matches(what).count() >= count {
-            return Ok(());
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            return Err(format!(
-                "{} did not say {what:?} within 30 s:\n{text}",
-                log.display()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(50));
+/// How long a coordinator has to say it applied a policy from etcd.
+const APPLY_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Waits until every host's coordinator said it applied its `nth` policy
+/// from etcd.
+fn applied(hosts: &mut [Host; 2], nth: usize) -> Result<(), String> {
+    for h in hosts.iter_mut() {
+        let c = h
+            .coordinator
+            .as_mut()
+            .ok_or_else(|| format!("{}'s coordinator is not running", h.name))?;
+        c.wait_said("policy from etcd", nth, APPLY_PATIENCE)?;
     }
+    Ok(())
 }
 
 /// Bytes per second each of `who` (host index, tenant name) posted from
@@ -190,13 +188,7 @@ pub(super) fn scenario_cluster(site: &mut Site<'_>, r: &mut Report) -> Result<()
     for h in hosts.iter_mut() {
         site.cluster_coordinator(h, &local, &joined)?;
     }
-    for h in &hosts {
-        said(
-            &logs.join(format!("coordinator-{}.out", h.name)),
-            "policy from etcd",
-            1,
-        )?;
-    }
+    applied(&mut hosts, 1)?;
     let result = measure_cluster(site, r, &mut hosts, cap, &put);
     for h in hosts.iter_mut() {
         if let Some(c) = h.coordinator.take() {
@@ -215,18 +207,13 @@ pub(super) fn scenario_cluster(site: &mut Site<'_>, r: &mut Report) -> Result<()
 /// Puts `text` into etcd as the cluster's policy and waits until both
 /// hosts' coordinators said they applied their `nth` policy from etcd.
 fn apply(
-    site: &Site<'_>,
-    hosts: &[Host; 2],
+    hosts: &mut [Host; 2],
     put: &dyn Fn(&str) -> Result<(), String>,
     text: &str,
     nth: usize,
 ) -> Result<(), String> {
     put(text)?;
-    for h in hosts {
-        let log = site.logs.join(format!("coordinator-{}.out", h.name));
-        said(&log, "policy from etcd", nth)?;
-    }
-    Ok(())
+    applied(hosts, nth)
 }
 
 /// A sender on each host, in cgroups `cgroups`, as tenants `names`: what
@@ -335,7 +322,7 @@ fn measure_cluster(
         "{}",
         site.progress.borrow_mut().measurement("cluster-weights")
     );
-    apply(site, hosts, put, &policy(cap, true), 2)?;
+    apply(hosts, put, &policy(cap, true), 2)?;
     let got = both(site, hosts, ["cluster-one", "cluster-two"], ["one", "two"])?;
     let jain = jain_index(&got);
     row(
@@ -360,7 +347,7 @@ fn measure_cluster(
 
     // 3. rxb is lost with both senders running.
     println!("{}", site.progress.borrow_mut().measurement("cluster-dead"));
-    apply(site, hosts, put, &policy(cap, false), 3)?;
+    apply(hosts, put, &policy(cap, false), 3)?;
     let dead_secs = run_secs + TTL_SECS as f64 + 1.0;
     let (a, sa) = site.cluster_sender(&hosts[0], "cluster-shared-rxa", dead_secs)?;
     let (b, sb) = site.cluster_sender(&hosts[1], "cluster-shared-rxb", dead_secs)?;
