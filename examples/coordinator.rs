@@ -114,27 +114,38 @@ fn command(name: &str, args: Vec<String>) -> Result<(), String> {
         println!("the cluster's policy is {file} (etcd revision {revision})");
         return Ok(());
     }
-    let (reports, unreadable) =
-        etcd::host_reports(&endpoints, &prefix).map_err(|e| e.to_string())?;
-    for why in unreadable {
+    let view = etcd::hosts(&endpoints, &prefix).map_err(|e| e.to_string())?;
+    for why in &view.unreadable {
         println!("unreadable: {why}");
     }
-    if reports.is_empty() {
+    match &view.policy {
+        None => println!("no policy in etcd under {prefix}: each host applies its own file"),
+        Some((revision, Ok(_))) => println!("the cluster's policy: etcd revision {revision}"),
+        Some((revision, Err(why))) => {
+            println!("the cluster's policy at etcd revision {revision} is not valid: {why}")
+        }
+    }
+    if view.reports.is_empty() {
         println!("no host reports under {prefix}");
     }
-    for r in &reports {
+    for r in &view.reports {
         println!("host {}: policy revision {}", r.host, r.policy_revision);
+        // Every host computes the same shares from the same reports: these
+        // are the host's own, under etcd's policy.
+        let shares = view.shares(&r.host);
         for (id, want) in &r.demands {
-            let share = r.shares.get(id).copied().unwrap_or(0);
             let want = if *want == ALL {
                 "all it can get".to_string()
             } else {
                 format!("{:.1} Mbit/s", mbit(*want))
             };
-            println!(
-                "  tenant {id}: wants {want}, share {:.1} Mbit/s",
-                mbit(share)
-            );
+            match shares.as_ref().map(|s| s.get(id).copied().unwrap_or(0)) {
+                Some(share) => println!(
+                    "  tenant {id}: wants {want}, share {:.1} Mbit/s",
+                    mbit(share)
+                ),
+                None => println!("  tenant {id}: wants {want}"),
+            }
         }
     }
     Ok(())

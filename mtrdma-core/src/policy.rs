@@ -65,6 +65,7 @@ mod units;
 mod validate;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::{RateLimit, TenantId, TenantPolicy, TrafficClass};
 
@@ -84,8 +85,10 @@ pub struct Policy {
     /// Limits that hold across hosts (`[cluster]`, and the tenants'
     /// `cluster_cap` and `cluster_weight`): read by coordinators that
     /// share through etcd ([`crate::cluster`]); a coordinator alone holds
-    /// only its host's limits.
-    pub cluster: ClusterPolicy,
+    /// only its host's limits. Shared, so that a coordinator's cluster
+    /// member sees at once (the same allocation) that the policy it last
+    /// computed shares from has not changed.
+    pub cluster: Arc<ClusterPolicy>,
 }
 
 /// What a policy limits across hosts ([`Policy::cluster`]). Each host's
@@ -419,14 +422,14 @@ impl Policy {
             link,
             tenants,
             exempt: Vec::new(),
-            cluster: ClusterPolicy::default(),
+            cluster: Arc::default(),
         }
     }
 
     /// The same policy with `cluster`'s limits across hosts
     /// ([`cluster`](Self::cluster)).
     pub fn with_cluster(mut self, cluster: ClusterPolicy) -> Policy {
-        self.cluster = cluster;
+        self.cluster = Arc::new(cluster);
         self
     }
 

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mtrdma_core::cluster::etcd::{self, Cluster, ClusterNews, EtcdConfig, EtcdError, LocalEtcd};
@@ -215,7 +216,7 @@ fn a_coordinator_applies_the_clusters_policy_within_a_second_and_keeps_it_while_
 /// holds of their shares: how long it took.
 fn shares_until(
     hosts: &mut [(&mut Cluster, u64)],
-    cluster_policy: &ClusterPolicy,
+    cluster_policy: &Arc<ClusterPolicy>,
     patience: Duration,
     mut done: impl FnMut(&[u64]) -> bool,
 ) -> Duration {
@@ -227,8 +228,8 @@ fn shares_until(
         for (cluster, demand) in hosts.iter_mut() {
             cluster.hear(|_| Ok(()));
             let want: BTreeMap<u32, u64> = [(1, *demand)].into_iter().collect();
-            let (shares, _) = cluster.share(cluster_policy, &want, now);
-            last.push(shares[&1]);
+            cluster.share(cluster_policy, &want, now);
+            last.push(cluster.member().current_shares()[&1]);
         }
         if done(&last) {
             return start.elapsed();
@@ -244,14 +245,14 @@ fn shares_until(
 #[test]
 fn hosts_share_a_cluster_cap_by_demand_and_a_dead_hosts_share_goes_to_the_others() {
     let mut etcd = etcd("shares");
-    let cap = ClusterPolicy {
+    let cap = Arc::new(ClusterPolicy {
         capacity: None,
         tenants: vec![ClusterTenant {
             id: TenantId(1),
             cap: Some(100 * MB),
             weight: 1,
         }],
-    };
+    });
     let mut a = Cluster::start(config(&etcd, "/s/", "a")).unwrap();
     let mut b = Cluster::start(config(&etcd, "/s/", "b")).unwrap();
     let second = Duration::from_secs(1);
@@ -265,12 +266,28 @@ fn hosts_share_a_cluster_cap_by_demand_and_a_dead_hosts_share_goes_to_the_others
     });
     eprintln!("shares converged {took:?} after a demand change");
     assert!(took < second, "converged after {took:?}");
-    // What every host reports, as an operator sees it.
-    let (reports, unreadable) = etcd::host_reports(&etcd.endpoints(), "/s/").unwrap();
-    assert!(unreadable.is_empty());
-    let hosts: Vec<&str> = reports.iter().map(|r| r.host.as_str()).collect();
+    // What every host reports, as an operator sees it: without a policy
+    // in etcd, the demands only; with the same limits in etcd's policy,
+    // each host's shares as the hosts themselves computed them.
+    let view = etcd::hosts(&etcd.endpoints(), "/s/").unwrap();
+    assert!(view.unreadable.is_empty() && view.policy.is_none());
+    let hosts: Vec<&str> = view.reports.iter().map(|r| r.host.as_str()).collect();
     assert_eq!(hosts, ["a", "b"]);
-    assert_eq!(reports[1].demands[&1], 20 * MB);
+    assert_eq!(view.reports[1].demands[&1], 20 * MB);
+    assert_eq!(view.shares("a"), None);
+    let policy = "[link]\ncapacity = \"100Gbit\"\n\
+                  [[tenant]]\nid = 1\nname = \"spread\"\ncluster_cap = \"800Mbit\"\n";
+    let revision = etcd::put_policy(&etcd.endpoints(), "/s/", policy).unwrap();
+    let view = etcd::hosts(&etcd.endpoints(), "/s/").unwrap();
+    assert!(matches!(&view.policy, Some((r, Ok(c))) if *r == revision && **c == *cap));
+    for (host, share) in [("a", 80 * MB), ("b", 20 * MB)] {
+        assert_eq!(
+            view.shares(host),
+            Some([(1, share)].into_iter().collect()),
+            "{host}'s share as the operator sees it"
+        );
+    }
+    assert_eq!(view.shares("nobody"), None);
 
     // b's coordinator dies: its lease runs out and a has the whole cap.
     b.abandon();
@@ -308,14 +325,14 @@ fn hosts_share_a_cluster_cap_by_demand_and_a_dead_hosts_share_goes_to_the_others
 #[test]
 fn a_leaving_host_gives_its_share_back_at_once() {
     let etcd = etcd("leave");
-    let cap = ClusterPolicy {
+    let cap = Arc::new(ClusterPolicy {
         capacity: Some(300 * MB),
         tenants: vec![ClusterTenant {
             id: TenantId(1),
             cap: None,
             weight: 1,
         }],
-    };
+    });
     let mut a = Cluster::start(config(&etcd, "/l/", "a")).unwrap();
     let mut b = Cluster::start(config(&etcd, "/l/", "b")).unwrap();
     let long = Duration::from_secs(10);

@@ -154,7 +154,7 @@ fn limits_across_hosts_are_read_and_checked() {
     );
     let policy = Policy::from_toml_str(&text).unwrap();
     assert_eq!(
-        policy.cluster,
+        *policy.cluster,
         ClusterPolicy {
             capacity: Some(50_000_000),
             tenants: vec![ClusterTenant {

@@ -28,7 +28,8 @@
 //! after the last, and etcd's watch delivers it), so for that long the
 //! tenant's shares may add up to more than its part.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use crate::fairshare::{weighted_max_min, Demand};
 use crate::policy::{ClusterPolicy, ClusterTenant};
@@ -39,9 +40,11 @@ pub mod etcd;
 /// A demand that means "all it can get" (a tenant with work waiting).
 pub const ALL: u64 = u64::MAX;
 
-/// What one host reports: its tenants' demands, and the shares it
-/// computed from everyone's (for operators; the other hosts use the
-/// demands only).
+/// What one host reports: its tenants' demands. Its shares are not in it:
+/// every host computes every host's shares from the same reports (and an
+/// operator's view does too, [`host_shares`]), so a host's report changes,
+/// and is written, only when its own demands do, not when another host's
+/// demand moves its shares.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HostReport {
     /// The host's name (unique in the cluster).
@@ -49,9 +52,6 @@ pub struct HostReport {
     /// Per cluster-wide tenant (by id), bytes per second it wants on this
     /// host ([`ALL`]: all it can get).
     pub demands: BTreeMap<u32, u64>,
-    /// Per cluster-wide tenant, the share this host gives it, bytes per
-    /// second.
-    pub shares: BTreeMap<u32, u64>,
     /// The revision of the policy the host applies (0: its own file).
     pub policy_revision: i64,
 }
@@ -83,74 +83,187 @@ impl HostReport {
 /// This host's share of the limit of each cluster-wide tenant in `own`
 /// (this host's demands, bytes per second by tenant id: the tenants with
 /// processes here), from `own` and `others` (the reports of the other
-/// hosts; one of `me`'s own name is ignored). See the module docs for the
-/// rule. A tenant is split among the hosts that report it; a tenant in
-/// `own` that the policy does not limit across hosts gets no share.
+/// hosts; one of `me`'s own name is ignored, and of two of one name the
+/// first counts). See the module docs for the rule. A tenant is split
+/// among the hosts that report it; a tenant in `own` that the policy does
+/// not limit across hosts gets no share.
 pub fn host_shares(
     cluster: &ClusterPolicy,
     me: &str,
     own: &BTreeMap<u32, u64>,
     others: &[&HostReport],
 ) -> BTreeMap<u32, u64> {
-    // Only this host's tenants need a share; with a cluster capacity,
-    // every cluster-wide tenant's demand decides the parts.
-    let all = cluster.capacity.is_some();
-    let limits: HashMap<u32, &ClusterTenant> = cluster
-        .tenants
-        .iter()
-        .filter(|t| all || own.contains_key(&t.id.0))
-        .map(|t| (t.id.0, t))
-        .collect();
-    // Every host's demands, this one's included, in name order.
-    let mut hosts: Vec<(&str, &BTreeMap<u32, u64>)> = others
-        .iter()
-        .filter(|r| r.host != me)
-        .map(|r| (r.host.as_str(), &r.demands))
-        .collect();
-    hosts.push((me, own));
-    hosts.sort_by(|a, b| a.0.cmp(b.0));
-    hosts.dedup_by(|a, b| a.0 == b.0);
-    // Per tenant, the hosts that report it and what each wants there
-    // (within the tenant's cap), in host name order.
-    let mut reporting: HashMap<u32, Vec<(&str, u64)>> = HashMap::with_capacity(limits.len());
-    for (name, demands) in &hosts {
-        for (&id, &d) in demands.iter() {
-            if let Some(t) = limits.get(&id) {
-                let d = t.cap.map_or(d, |c| d.min(c));
-                reporting.entry(id).or_default().push((name, d));
+    let mut hosts: BTreeMap<&str, &HostReport> = BTreeMap::new();
+    for r in others {
+        if r.host != me {
+            hosts.entry(r.host.as_str()).or_insert(r);
+        }
+    }
+    let mut index = DemandIndex::default();
+    index.rebuild(DemandIndex::wanted(cluster, own), hosts.values().copied());
+    index.shares(cluster, &Limits::of(cluster), me, own)
+}
+
+/// The cluster-wide tenants of a policy by id.
+#[derive(Debug, Default)]
+struct Limits(HashMap<u32, ClusterTenant>);
+
+impl Limits {
+    fn of(cluster: &ClusterPolicy) -> Limits {
+        Limits(cluster.tenants.iter().map(|t| (t.id.0, *t)).collect())
+    }
+}
+
+/// The other hosts' demands by tenant: per tenant, each host that reports
+/// it and what it wants there, in host name order. Kept as reports come,
+/// change and go (a changed report touches only the demands that moved),
+/// so that a host's shares are computed from its own tenants' entries,
+/// not by reading every report again.
+#[derive(Debug, Default)]
+struct DemandIndex {
+    tenants: HashMap<u32, Vec<(Arc<str>, u64)>>,
+    /// The tenants kept: this host's, or (`None`) all, when a cluster
+    /// capacity makes every tenant's demand count.
+    kept: Option<BTreeSet<u32>>,
+}
+
+impl DemandIndex {
+    /// The tenants an index must keep to compute shares for `own` under
+    /// `cluster`.
+    fn wanted(cluster: &ClusterPolicy, own: &BTreeMap<u32, u64>) -> Option<BTreeSet<u32>> {
+        cluster
+            .capacity
+            .is_none()
+            .then(|| own.keys().copied().collect())
+    }
+
+    /// Whether the index keeps what `wanted` asks for.
+    fn keeps(&self, wanted: &Option<BTreeSet<u32>>) -> bool {
+        self.kept == *wanted
+    }
+
+    /// The index of `reports` (one a host), keeping `kept`.
+    fn rebuild<'a>(
+        &mut self,
+        kept: Option<BTreeSet<u32>>,
+        reports: impl Iterator<Item = &'a HostReport>,
+    ) {
+        self.tenants.clear();
+        self.kept = kept;
+        for r in reports {
+            self.update(&r.host, None, Some(&r.demands));
+        }
+    }
+
+    /// `host`'s report went from `old` to `new` (`None`: no report).
+    fn update(
+        &mut self,
+        host: &str,
+        old: Option<&BTreeMap<u32, u64>>,
+        new: Option<&BTreeMap<u32, u64>>,
+    ) {
+        let empty = BTreeMap::new();
+        let (old, new) = (old.unwrap_or(&empty), new.unwrap_or(&empty));
+        let mut name: Option<Arc<str>> = None;
+        let (mut a, mut b) = (old.iter().peekable(), new.iter().peekable());
+        loop {
+            // The next tenant of either, and what each says of it.
+            let (id, was, now) = match (a.peek(), b.peek()) {
+                (None, None) => break,
+                (Some(&(&i, &x)), Some(&(&j, &y))) if i == j => {
+                    a.next();
+                    b.next();
+                    (i, Some(x), Some(y))
+                }
+                (Some(&(&i, &x)), Some(&(&j, _))) if i < j => {
+                    a.next();
+                    (i, Some(x), None)
+                }
+                (Some(&(&i, &x)), None) => {
+                    a.next();
+                    (i, Some(x), None)
+                }
+                (_, Some(&(&j, &y))) => {
+                    b.next();
+                    (j, None, Some(y))
+                }
+            };
+            if was == now || self.kept.as_ref().is_some_and(|k| !k.contains(&id)) {
+                continue;
+            }
+            let list = self.tenants.entry(id).or_default();
+            let at = list.binary_search_by(|(h, _)| (**h).cmp(host));
+            match (at, now) {
+                (Ok(i), Some(d)) => list[i].1 = d,
+                (Ok(i), None) => {
+                    list.remove(i);
+                }
+                (Err(i), Some(d)) => {
+                    let name = name.get_or_insert_with(|| Arc::from(host));
+                    list.insert(i, (Arc::clone(name), d));
+                }
+                (Err(_), None) => {}
+            }
+            if list.is_empty() {
+                self.tenants.remove(&id);
             }
         }
     }
-    // Each tenant's part of the cluster.
-    let part_of: HashMap<u32, u64> = match cluster.capacity {
-        Some(capacity) => {
+
+    /// `me`'s shares of `cluster`'s limits (`limits`, by id) for its
+    /// tenants `own`, the others wanting what the index holds.
+    fn shares(
+        &self,
+        cluster: &ClusterPolicy,
+        limits: &Limits,
+        me: &str,
+        own: &BTreeMap<u32, u64>,
+    ) -> BTreeMap<u32, u64> {
+        // Every host that reports tenant `t`, this one included, and what
+        // each wants there within the tenant's cap, in host name order.
+        let reporting = |t: &ClusterTenant, mine: Option<u64>| -> Vec<(&str, u64)> {
+            let within = |d: u64| t.cap.map_or(d, |c| d.min(c));
+            let mut hosts: Vec<(&str, u64)> = self
+                .tenants
+                .get(&t.id.0)
+                .map(|l| l.iter().map(|(h, d)| (&**h, within(*d))).collect())
+                .unwrap_or_default();
+            if let Some(d) = mine {
+                let at = hosts.partition_point(|&(h, _)| h < me);
+                hosts.insert(at, (me, within(d)));
+            }
+            hosts
+        };
+        // Each tenant's part of the cluster: with a capacity, by every
+        // cluster-wide tenant's demand.
+        let parts: Option<HashMap<u32, u64>> = cluster.capacity.map(|capacity| {
             let totals: Vec<Demand> = cluster
                 .tenants
                 .iter()
                 .map(|t| Demand {
                     weight: t.weight,
-                    demand: reporting.get(&t.id.0).map_or(0, |hs| {
-                        hs.iter().fold(0u64, |sum, &(_, d)| sum.saturating_add(d))
-                    }),
+                    demand: reporting(t, own.get(&t.id.0).copied())
+                        .iter()
+                        .fold(0u64, |sum, &(_, d)| sum.saturating_add(d)),
                     cap: t.cap,
                 })
                 .collect();
             let parts = weighted_max_min(capacity, &totals);
             cluster.tenants.iter().map(|t| t.id.0).zip(parts).collect()
+        });
+        let mut out = BTreeMap::new();
+        for (&id, &d) in own {
+            let Some(t) = limits.0.get(&id) else {
+                continue;
+            };
+            let part = match &parts {
+                Some(parts) => parts.get(&id).copied().unwrap_or(0),
+                None => t.cap.unwrap_or(0),
+            };
+            out.insert(id, split(part, &reporting(t, Some(d)), me));
         }
-        None => limits
-            .values()
-            .map(|t| (t.id.0, t.cap.unwrap_or(0)))
-            .collect(),
-    };
-    let mut out = BTreeMap::new();
-    for &id in own.keys() {
-        let (Some(hosts), Some(&part)) = (reporting.get(&id), part_of.get(&id)) else {
-            continue;
-        };
-        out.insert(id, split(part, hosts, me));
+        out
     }
-    out
 }
 
 /// `me`'s part of `part`, split among `hosts` (name and demand, in name
@@ -190,10 +303,11 @@ pub const MIN_PUBLISH_INTERVAL_NS: u64 = 200_000_000;
 /// reports as last heard, this host's demands, and when its report is worth
 /// publishing again.
 ///
-/// Writes are bounded: a report goes out when a demand or a share moved by
-/// more than an eighth (or to or from idle or "all"), or the policy
-/// changed, at most every [`MIN_PUBLISH_INTERVAL_NS`], and once after each
-/// (re)connection. With steady demands a host writes nothing: its report
+/// Writes are bounded: a report goes out when a demand moved by more than
+/// an eighth (or to or from idle or "all"), or the policy changed, at
+/// most every [`MIN_PUBLISH_INTERVAL_NS`], and once after each
+/// (re)connection. Another host's demand moving this host's shares writes
+/// nothing here. With steady demands a host writes nothing: its report
 /// stays under its lease (kept alive by one keep-alive a third of the
 /// lease's time to live). So etcd takes at most 5 writes a second per
 /// host, whatever its number of tenants (one report holds them all), and
@@ -202,6 +316,10 @@ pub const MIN_PUBLISH_INTERVAL_NS: u64 = 200_000_000;
 pub struct Member {
     host: String,
     others: BTreeMap<String, HostReport>,
+    /// The others' demands by tenant.
+    index: DemandIndex,
+    /// The limits of the policy last computed with, by id.
+    limits: Limits,
     /// What was last published (`None`: nothing since the last
     /// connection).
     published: Option<HostReport>,
@@ -210,10 +328,15 @@ pub struct Member {
     /// as they were last computed (no limit is lifted, none tightened).
     connected: bool,
     shares: BTreeMap<u32, u64>,
+    /// How many times the shares changed: a caller that keeps a copy
+    /// takes a new one only when this moved.
+    changes: u64,
     /// What the shares were last computed from (this host's demands and
     /// the policy's limits), and whether a report came or went since:
-    /// unchanged, they are not computed again.
-    computed_from: Option<(BTreeMap<u32, u64>, ClusterPolicy)>,
+    /// unchanged, they are not computed again. The policy is held, so
+    /// the same allocation is the same policy, known without comparing
+    /// its tenants.
+    computed_from: Option<(BTreeMap<u32, u64>, Arc<ClusterPolicy>)>,
     heard_since: bool,
 }
 
@@ -225,10 +348,17 @@ impl Member {
         Member {
             host: host.into(),
             others: BTreeMap::new(),
+            // Nothing kept until the first shares say which tenants.
+            index: DemandIndex {
+                kept: Some(BTreeSet::new()),
+                ..DemandIndex::default()
+            },
+            limits: Limits::default(),
             published: None,
             last_publish_ns: 0,
             connected: false,
             shares: BTreeMap::new(),
+            changes: 0,
             computed_from: None,
             heard_since: true,
         }
@@ -251,6 +381,8 @@ impl Member {
             .filter(|r| r.host != self.host)
             .map(|r| (r.host.clone(), r))
             .collect();
+        let kept = self.index.kept.take();
+        self.index.rebuild(kept, self.others.values());
     }
 
     /// The store was lost: the shares hold as they are until it is back.
@@ -266,16 +398,22 @@ impl Member {
 
     /// Another host's report, new or changed.
     pub fn heard(&mut self, report: HostReport) {
-        if report.host != self.host {
-            self.heard_since = true;
-            self.others.insert(report.host.clone(), report);
+        if report.host == self.host {
+            return;
         }
+        self.heard_since = true;
+        let old = self.others.get(&report.host).map(|r| &r.demands);
+        self.index.update(&report.host, old, Some(&report.demands));
+        self.others.insert(report.host.clone(), report);
     }
 
     /// Another host's report is gone (its lease ended: the host's
     /// coordinator stopped or died).
     pub fn gone(&mut self, host: &str) {
-        self.heard_since |= self.others.remove(host).is_some();
+        if let Some(old) = self.others.remove(host) {
+            self.index.update(host, Some(&old.demands), None);
+            self.heard_since = true;
+        }
     }
 
     /// The other hosts, as last heard.
@@ -288,40 +426,64 @@ impl Member {
     /// tenants still cluster-wide), and `None` for the others.
     pub fn shares(
         &mut self,
-        cluster: &ClusterPolicy,
+        cluster: &Arc<ClusterPolicy>,
         own: &BTreeMap<u32, u64>,
     ) -> &BTreeMap<u32, u64> {
-        let same = !self.heard_since
-            && self
-                .computed_from
-                .as_ref()
-                .is_some_and(|(d, c)| d == own && c == cluster);
-        if same {
-            return &self.shares;
+        if !self.heard_since {
+            if let Some((demands, policy)) = &mut self.computed_from {
+                if demands == own && (Arc::ptr_eq(policy, cluster) || **policy == **cluster) {
+                    // An equal policy in another allocation (a reload of
+                    // the same file) is held from now on, so that the
+                    // next call knows it at once.
+                    *policy = Arc::clone(cluster);
+                    return &self.shares;
+                }
+            }
         }
         self.heard_since = false;
-        self.computed_from = Some((own.clone(), cluster.clone()));
-        let others: Vec<&HostReport> = self.others.values().collect();
-        let fresh = host_shares(cluster, &self.host, own, &others);
-        if self.connected || self.shares.is_empty() {
-            self.shares = fresh;
-        } else {
+        let same_policy = self
+            .computed_from
+            .as_ref()
+            .is_some_and(|(_, policy)| Arc::ptr_eq(policy, cluster));
+        if !same_policy {
+            self.limits = Limits::of(cluster);
+        }
+        let wanted = DemandIndex::wanted(cluster, own);
+        if !self.index.keeps(&wanted) {
+            self.index.rebuild(wanted, self.others.values());
+        }
+        self.computed_from = Some((own.clone(), Arc::clone(cluster)));
+        let mut fresh = self.index.shares(cluster, &self.limits, &self.host, own);
+        if !self.connected && !self.shares.is_empty() {
             // Frozen: keep the last, for tenants still limited; one new to
             // the policy takes its fresh share.
-            let mut kept = fresh;
-            for (id, share) in kept.iter_mut() {
+            for (id, share) in fresh.iter_mut() {
                 if let Some(&last) = self.shares.get(id) {
                     *share = last;
                 }
             }
-            self.shares = kept;
+        }
+        if fresh != self.shares {
+            self.shares = fresh;
+            self.changes += 1;
         }
         &self.shares
     }
 
+    /// The shares as [`Member::shares`] last computed them.
+    pub fn current_shares(&self) -> &BTreeMap<u32, u64> {
+        &self.shares
+    }
+
+    /// How many times [`Member::shares`] changed the shares: the same
+    /// count, the same shares.
+    pub fn share_changes(&self) -> u64 {
+        self.changes
+    }
+
     /// The report to publish at `now_ns`, if it is worth a write: the
-    /// demands `own`, the shares last computed, the policy revision
-    /// applied. Counts it as published.
+    /// demands `own` and the policy revision applied. Counts it as
+    /// published.
     pub fn to_publish(
         &mut self,
         now_ns: u64,
@@ -335,9 +497,7 @@ impl Member {
             None => true,
             Some(last) => {
                 now_ns.saturating_sub(self.last_publish_ns) >= MIN_PUBLISH_INTERVAL_NS
-                    && (last.policy_revision != policy_revision
-                        || moved(&last.demands, own)
-                        || moved(&last.shares, &self.shares))
+                    && (last.policy_revision != policy_revision || moved(&last.demands, own))
             }
         };
         if !due {
@@ -346,7 +506,6 @@ impl Member {
         let report = HostReport {
             host: self.host.clone(),
             demands: own.clone(),
-            shares: self.shares.clone(),
             policy_revision,
         };
         self.published = Some(report.clone());

@@ -21,7 +21,6 @@ fn report(host: &str, pairs: &[(u32, u64)]) -> HostReport {
     HostReport {
         host: host.into(),
         demands: demands(pairs),
-        shares: BTreeMap::new(),
         policy_revision: 0,
     }
 }
@@ -139,14 +138,53 @@ fn a_report_is_published_on_a_real_change_and_at_most_every_interval() {
     );
 }
 
-#[test]
-fn without_the_store_the_shares_hold_as_they_were() {
-    let cluster = ClusterPolicy {
+/// Tenant 1 capped at 100 Mbit/s across hosts, and host `a`'s member,
+/// connected, with `b` wanting all it can get of it.
+fn a_beside_busy_b() -> (Arc<ClusterPolicy>, Member) {
+    let cluster = Arc::new(ClusterPolicy {
         capacity: None,
         tenants: vec![capped(1, 100 * MBIT)],
-    };
+    });
     let mut m = Member::new("a");
     m.connected(vec![report("b", &[(1, ALL)])]);
+    (cluster, m)
+}
+
+#[test]
+fn another_hosts_demand_moves_the_shares_but_writes_no_report_here() {
+    let (cluster, mut m) = a_beside_busy_b();
+    let own = demands(&[(1, ALL)]);
+    assert_eq!(m.shares(&cluster, &own)[&1], 50 * MBIT);
+    let changes = m.share_changes();
+    assert!(
+        m.to_publish(1, &own, 0).is_some(),
+        "published on connecting"
+    );
+    m.heard(report("b", &[(1, 10 * MBIT)]));
+    assert_eq!(m.shares(&cluster, &own)[&1], 90 * MBIT);
+    assert_eq!(m.share_changes(), changes + 1, "the shares changed once");
+    assert_eq!(
+        m.to_publish(1 + MIN_PUBLISH_INTERVAL_NS, &own, 0),
+        None,
+        "its own demands did not move"
+    );
+    // The same policy again, in another allocation (a reload of the same
+    // file): the same shares, no change counted.
+    let reloaded = Arc::new((*cluster).clone());
+    assert_eq!(m.shares(&reloaded, &own)[&1], 90 * MBIT);
+    assert_eq!(m.share_changes(), changes + 1);
+    // A new cap is seen, whatever the allocation.
+    let raised = Arc::new(ClusterPolicy {
+        capacity: None,
+        tenants: vec![capped(1, 200 * MBIT)],
+    });
+    assert_eq!(m.shares(&raised, &own)[&1], 190 * MBIT);
+    assert_eq!(m.share_changes(), changes + 2);
+}
+
+#[test]
+fn without_the_store_the_shares_hold_as_they_were() {
+    let (cluster, mut m) = a_beside_busy_b();
     assert_eq!(m.shares(&cluster, &demands(&[(1, ALL)]))[&1], 50 * MBIT);
     m.disconnected();
     m.gone("b");
@@ -201,6 +239,62 @@ proptest! {
                     prop_assert!(o <= s + 1 || o <= wants[j], "{:?} {:?}", wants, shares);
                 }
             }
+        }
+    }
+}
+
+/// One step of a member's life: another host's report comes (host, its
+/// demands of tenants 1 to 3), or goes, or this host's own tenants
+/// change.
+#[derive(Debug, Clone)]
+enum Step {
+    Report(u8, Vec<(u32, u64)>),
+    Gone(u8),
+    Own(Vec<(u32, u64)>),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let demand = prop_oneof![Just(ALL), Just(0u64), 1u64..300 * MBIT];
+    prop_oneof![
+        3 => (0u8..5, proptest::collection::vec((1u32..4, demand), 0..4))
+            .prop_map(|(h, d)| Step::Report(h, d)),
+        1 => (0u8..5).prop_map(Step::Gone),
+        1 => proptest::collection::vec((1u32..4, prop_oneof![Just(ALL), 0u64..300 * MBIT]), 0..3)
+            .prop_map(Step::Own),
+    ]
+}
+
+proptest! {
+    /// A member keeps the others' demands by tenant as reports come, change
+    /// and go, and its own tenants change; whatever the order, its shares
+    /// are those computed afresh from the reports it holds, with and
+    /// without a cluster capacity.
+    #[test]
+    fn a_members_shares_follow_its_reports_as_if_computed_afresh(
+        steps in proptest::collection::vec(step(), 1..40),
+        own in proptest::collection::vec((1u32..4, prop_oneof![Just(ALL), 0u64..300 * MBIT]), 1..3),
+        capacity in proptest::option::of(1u64..500 * MBIT),
+    ) {
+        let cluster = Arc::new(ClusterPolicy {
+            capacity,
+            tenants: vec![capped(1, 100 * MBIT), capped(2, 200 * MBIT), capped(3, 50 * MBIT)],
+        });
+        let mut own = demands(&own);
+        let mut m = Member::new("h2");
+        m.connected(Vec::new());
+        for step in steps {
+            match step {
+                // h2 is the member itself: a report of its name is not
+                // another host's.
+                Step::Report(h, d) => m.heard(report(&format!("h{h}"), &d)),
+                Step::Gone(h) => m.gone(&format!("h{h}")),
+                Step::Own(d) => own = demands(&d),
+            }
+            let others: Vec<HostReport> = m.others().cloned().collect();
+            prop_assert!(others.iter().all(|r| r.host != "h2"));
+            let refs: Vec<&HostReport> = others.iter().collect();
+            let afresh = host_shares(&cluster, "h2", &own, &refs);
+            prop_assert_eq!(m.shares(&cluster, &own), &afresh);
         }
     }
 }

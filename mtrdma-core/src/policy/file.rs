@@ -507,7 +507,7 @@ impl RawPolicy {
             link,
             tenants,
             exempt,
-            cluster,
+            cluster: cluster.into(),
         })
     }
 }

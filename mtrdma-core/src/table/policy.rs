@@ -455,7 +455,7 @@ pub(super) fn decode(
         exempt: exempt.into_iter().map(|(_, name)| name).collect(),
         // Limits across hosts stay with the coordinator: they reach the
         // tenants as their hosts' fair rates.
-        cluster: crate::ClusterPolicy::default(),
+        cluster: std::sync::Arc::default(),
     };
     policy.validate()?;
     // A bulk tenant the bound holds must have its settings published: a

@@ -27,6 +27,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mtrdma::core::cluster::etcd::{Cluster, EtcdConfig, LocalEtcd};
@@ -99,7 +100,7 @@ struct Sim {
     members: Vec<Option<Cluster>>,
     demands: Vec<BTreeMap<u32, u64>>,
     shares: Vec<BTreeMap<u32, u64>>,
-    policy: ClusterPolicy,
+    policy: Arc<ClusterPolicy>,
     start: Instant,
     /// Reports written by the members so far.
     published: u64,
@@ -119,7 +120,9 @@ impl Sim {
             let Some(m) = member else { continue };
             m.hear(|_| Ok(()));
             let (shares, published) = m.share(&self.policy, &self.demands[h], now);
-            self.shares[h] = shares;
+            if let Some(shares) = shares {
+                self.shares[h] = shares;
+            }
             self.published += u64::from(published);
         }
         self.slowest_round = self.slowest_round.max(began.elapsed());
@@ -182,7 +185,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("mtrdma-cluster-scale-{}", std::process::id()));
     let etcd = LocalEtcd::start(&dir, "scale")?;
     let endpoints = etcd.endpoints();
-    let policy = ClusterPolicy {
+    let policy = Arc::new(ClusterPolicy {
         capacity: None,
         tenants: (1..=o.tenants)
             .map(|t| ClusterTenant {
@@ -191,7 +194,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 weight: 1,
             })
             .collect(),
-    };
+    });
     let mut demands = vec![BTreeMap::new(); o.hosts];
     for t in 1..=o.tenants {
         for h in hosts_of(t, o.hosts, o.per_tenant) {

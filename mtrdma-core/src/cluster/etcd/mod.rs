@@ -25,14 +25,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
-use super::{HostReport, Member};
+use super::{host_shares, HostReport, Member};
 
 mod local;
 use crate::coordinator::Coordinator;
@@ -572,27 +572,64 @@ where
     }
 }
 
-/// Every host's report under `prefix`, in name order, and what could not
-/// be read.
+/// What an operator sees of the cluster ([`hosts`]): every host's report,
+/// and the policy in etcd, from which each host's shares follow.
+#[derive(Debug, Clone)]
+pub struct HostsView {
+    /// Every host's report, in name order.
+    pub reports: Vec<HostReport>,
+    /// Why the other keys under `hosts/` could not be read.
+    pub unreadable: Vec<String>,
+    /// The cluster's policy in etcd: its revision, and its limits across
+    /// hosts, or why it is not a valid policy. `None`: no policy in etcd
+    /// (each coordinator applies its own file).
+    pub policy: Option<(i64, Result<Arc<ClusterPolicy>, String>)>,
+}
+
+impl HostsView {
+    /// `host`'s shares (bytes per second by tenant id) as it computes them
+    /// from these reports under the policy in etcd: every host computes
+    /// the same from the same reports. `None` without a valid policy in
+    /// etcd, or for a host with no report.
+    pub fn shares(&self, host: &str) -> Option<BTreeMap<u32, u64>> {
+        let (_, Ok(cluster)) = self.policy.as_ref()? else {
+            return None;
+        };
+        let me = self.reports.iter().find(|r| r.host == host)?;
+        let all: Vec<&HostReport> = self.reports.iter().collect();
+        Some(host_shares(cluster, host, &me.demands, &all))
+    }
+}
+
+/// Every host's report under `prefix`, and the policy in etcd: what an
+/// operator's view of the cluster needs.
 ///
 /// # Errors
 /// [`EtcdError::Etcd`] when etcd cannot be reached.
-pub fn host_reports(
-    endpoints: &[String],
-    prefix: &str,
-) -> Result<(Vec<HostReport>, Vec<String>), EtcdError> {
-    let hosts = hosts_prefix(prefix);
+pub fn hosts(endpoints: &[String], prefix: &str) -> Result<HostsView, EtcdError> {
+    let owned = prefix.to_string();
     let got = runtime()?.block_on(patiently(endpoints, |mut client| {
-        let hosts = hosts.clone();
+        let prefix = owned.clone();
         async move {
             client
-                .get(hosts, Some(GetOptions::new().with_prefix()))
+                .get(prefix, Some(GetOptions::new().with_prefix()))
                 .await
         }
     }))?;
-    let (_, mut reports, unreadable) = read_prefix(got.kvs(), &policy_key(prefix), &hosts);
+    let (policy, mut reports, unreadable) =
+        read_prefix(got.kvs(), &policy_key(prefix), &hosts_prefix(prefix));
     reports.sort_by(|a, b| a.host.cmp(&b.host));
-    Ok((reports, unreadable))
+    let policy = policy.map(|(revision, text)| {
+        let read = Policy::from_toml_str(&text)
+            .map(|p| p.cluster)
+            .map_err(|e| e.to_string());
+        (revision, read)
+    });
+    Ok(HostsView {
+        reports,
+        unreadable,
+        policy,
+    })
 }
 
 /// The first line of a kept policy: its etcd revision.
@@ -651,6 +688,9 @@ pub struct Cluster {
     cache: Option<PathBuf>,
     /// The policy found kept there at the start, until taken.
     kept: Option<Policy>,
+    /// The shares last handed out by [`Cluster::share`], by
+    /// [`Member::share_changes`] (`None`: none yet).
+    shares_given: Option<u64>,
 }
 
 impl Cluster {
@@ -670,6 +710,7 @@ impl Cluster {
             policy_revision: kept.as_ref().map_or(0, |(revision, _)| *revision),
             cache,
             kept: kept.map(|(_, policy)| policy),
+            shares_given: None,
         })
     }
 
@@ -699,8 +740,11 @@ impl Cluster {
         let mut news =
             self.hear(|policy| coordinator.apply_policy(policy).map_err(|e| e.to_string()));
         let demand = coordinator.cluster_demand();
-        let (shares, published) = self.share(&coordinator.policy().cluster, &demand, now_ns);
-        coordinator.set_cluster_shares(shares);
+        let cluster = Arc::clone(&coordinator.policy().cluster);
+        let (shares, published) = self.share(&cluster, &demand, now_ns);
+        if let Some(shares) = shares {
+            coordinator.set_cluster_shares(shares);
+        }
         news.published = published;
         news
     }
@@ -750,15 +794,20 @@ impl Cluster {
     }
 
     /// This host's shares of `cluster`'s limits at `now_ns`, this host
-    /// wanting `demand` (bytes per second by tenant id); publishes the
+    /// wanting `demand` (bytes per second by tenant id), if they changed
+    /// since the last call (the first call gives them); publishes the
     /// demand when it moved enough (the second value: whether it did).
     pub fn share(
         &mut self,
-        cluster: &ClusterPolicy,
+        cluster: &Arc<ClusterPolicy>,
         demand: &BTreeMap<u32, u64>,
         now_ns: u64,
-    ) -> (BTreeMap<u32, u64>, bool) {
-        let shares = self.member.shares(cluster, demand).clone();
+    ) -> (Option<BTreeMap<u32, u64>>, bool) {
+        self.member.shares(cluster, demand);
+        let changes = self.member.share_changes();
+        let shares =
+            (self.shares_given != Some(changes)).then(|| self.member.current_shares().clone());
+        self.shares_given = Some(changes);
         let report = self.member.to_publish(now_ns, demand, self.policy_revision);
         if let Some(report) = &report {
             self.link.publish(report);
@@ -810,16 +859,4 @@ impl Cluster {
     pub fn abandon(self) {
         self.link.abandon();
     }
-}
-
-/// The shares of a cluster-wide tenant as every host last reported them,
-/// per host, for an operator's view.
-pub fn shares_by_host(reports: &[HostReport]) -> BTreeMap<u32, Vec<(String, u64)>> {
-    let mut out: BTreeMap<u32, Vec<(String, u64)>> = BTreeMap::new();
-    for r in reports {
-        for (&id, &share) in &r.shares {
-            out.entry(id).or_default().push((r.host.clone(), share));
-        }
-    }
-    out
 }
