@@ -271,3 +271,44 @@ fn the_isolation_demo_runs_every_scenario_and_writes_tables_csv_and_pictures() {
         std::fs::remove_dir_all(&out_dir).ok();
     }
 }
+
+/// `cluster_scale` at a small scale (six hosts, 200 tenants on three
+/// hosts each; needs `etcd`, which `cargo xtask deps` installs): every
+/// step ends with every host's shares right and each cap's sum exact;
+/// nothing is written while demands hold still; a demand change writes
+/// one report per host whose demand moved (tenants 97 and 194, each on
+/// its first host), not one per host whose shares it moved.
+#[test]
+fn cluster_scale_converges_exactly_and_writes_only_what_moved() {
+    let out = run(Command::new(env!("CARGO_BIN_EXE_cluster_scale")).args([
+        "--hosts",
+        "6",
+        "--tenants",
+        "200",
+        "--per-tenant",
+        "3",
+        "--ttl",
+        "2",
+        "--steady",
+        "0.5",
+    ]));
+    for step in [
+        "1. all joined and even",
+        "3. 2 tenants' demand moved",
+        "4. a host's member stopped",
+    ] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(step))
+            .unwrap_or_else(|| panic!("no step {step:?} in:\n{out}"));
+        assert!(line.ends_with("cap error 0.0000%"), "{line}");
+    }
+    assert!(
+        out.contains("0.0 writes/s to etcd (0 reports written)"),
+        "steady demands write nothing:\n{out}"
+    );
+    assert!(
+        out.contains("2 writes to etcd (2 reports)"),
+        "one write per host whose demand moved:\n{out}"
+    );
+}

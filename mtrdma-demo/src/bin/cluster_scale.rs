@@ -12,13 +12,16 @@
 //!    count, `etcd_mvcc_put_total`), a second after the last step;
 //! 3. about one tenant in a hundred wants a tenth of its cap on its first
 //!    host:
-//!    the time until every host's shares follow, and the writes it took;
+//!    the time until every host's shares follow, the writes it took, and
+//!    the members' CPU time until then (per host: what one host's
+//!    coordinator spends on it, where the simulation spends it 200 times
+//!    over on two CPUs);
 //! 4. one host's member stops without a word (its lease runs out): the
 //!    time until its tenants' other hosts take its shares.
 //!
 //! ```text
 //! cargo run --release -p mtrdma-demo --bin cluster_scale -- \
-//!     [--hosts 200] [--tenants 10000] [--per-tenant 3] [--ttl 5]
+//!     [--hosts 200] [--tenants 10000] [--per-tenant 3] [--ttl 5] [--steady 5]
 //! ```
 //!
 //! The members are stepped in turn by one thread, as each host's
@@ -43,6 +46,8 @@ struct Options {
     tenants: u32,
     per_tenant: usize,
     ttl: i64,
+    /// How long the steady step counts etcd's writes.
+    steady: Duration,
 }
 
 fn parse() -> Result<Options, String> {
@@ -51,6 +56,7 @@ fn parse() -> Result<Options, String> {
         tenants: 10_000,
         per_tenant: 3,
         ttl: 5,
+        steady: Duration::from_secs(5),
     };
     let mut it = Args::from_env();
     while let Some(flag) = it.next_flag(|v| format!("unexpected argument {v}"))? {
@@ -59,6 +65,10 @@ fn parse() -> Result<Options, String> {
             "--tenants" => o.tenants = it.parse(&flag)?,
             "--per-tenant" => o.per_tenant = it.parse(&flag)?,
             "--ttl" => o.ttl = it.parse(&flag)?,
+            "--steady" => {
+                o.steady = Duration::try_from_secs_f64(it.parse(&flag)?)
+                    .map_err(|e| format!("--steady: {e}"))?
+            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -93,6 +103,12 @@ fn puts(endpoint: &str) -> Result<u64, String> {
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map(|v| v as u64)
         .ok_or_else(|| "no etcd_mvcc_put_total in the metrics".into())
+}
+
+/// The CPU time this process (every member's thread) has used so far.
+fn cpu_seconds() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
 /// The members, what each host wants, and what each was last given.
@@ -255,7 +271,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let puts_before = puts(&endpoints[0])?;
     let published_before = sim.published;
     let steady = Instant::now();
-    while steady.elapsed() < Duration::from_secs(5) {
+    while steady.elapsed() < o.steady {
         sim.round();
     }
     let secs = steady.elapsed().as_secs_f64();
@@ -273,6 +289,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let puts_before = puts(&endpoints[0])?;
     let published_before = sim.published;
+    let cpu_before = cpu_seconds();
     let hosts_cfg = (o.hosts, o.per_tenant);
     let after_change = move |t: u32, h: usize| {
         let hosts = hosts_of(t, hosts_cfg.0, hosts_cfg.1);
@@ -292,6 +309,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rest / n + u64::from(rank < rest % n)
     };
     let took = sim.until(Duration::from_secs(60), after_change)?;
+    let cpu = cpu_seconds() - cpu_before;
     println!(
         "3. {} tenants' demand moved on one host each: every host followed in {:.3} s; {} writes to etcd ({} reports); cap error {:.4}%",
         changed.len(),
@@ -299,6 +317,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         puts(&endpoints[0])? - puts_before,
         sim.published - published_before,
         100.0 * sim.worst_cap_error()
+    );
+    println!(
+        "   the members' CPU time until then: {cpu:.2} s in all (etcd's own not counted), {:.1} ms a host: what one host's coordinator spends on the change",
+        cpu * 1e3 / o.hosts as f64
     );
 
     // 4. Host 0's member stops without revoking its lease.
