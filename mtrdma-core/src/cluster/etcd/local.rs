@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{runtime, EtcdError};
+use super::commands::runtime;
+use super::EtcdError;
 
 /// How long a member has to answer after it starts.
 const START_PATIENCE: Duration = Duration::from_secs(30);
