@@ -122,6 +122,7 @@ commands:
 ";
 
 fn main() -> ExitCode {
+    proc::configure_only_cmake();
     let args: Vec<String> = std::env::args().skip(1).collect();
     match run(&args) {
         Ok(code) => code,

@@ -14,6 +14,24 @@ pub(crate) fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The cmake that the builds xtask runs use (`CMAKE`, which ibverbs-sys's
+/// build script, through the cmake crate, runs): one that configures
+/// rdma-core and skips building it (see the script). Set for this process
+/// and so for every build it starts, unless `CMAKE` names one already.
+pub(crate) fn configure_only_cmake() {
+    if std::env::var_os("CMAKE").is_none() {
+        let script = cmake_configure_only();
+        if script.exists() {
+            std::env::set_var("CMAKE", script);
+        }
+    }
+}
+
+/// `xtask/cmake-configure-only`.
+fn cmake_configure_only() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("cmake-configure-only")
+}
+
 /// Cargo's target directory.
 pub(crate) fn target_dir() -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
@@ -279,6 +297,40 @@ pub(crate) fn assert_valid_shell(script: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_configure_only_cmake_skips_the_build_and_is_cmake_otherwise() {
+        let script = cmake_configure_only();
+        let dir = std::env::temp_dir().join(format!("xtask-cmake-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("CMakeLists.txt"),
+            "cmake_minimum_required(VERSION 3.10)\nproject(probe NONE)\n\
+             file(WRITE ${CMAKE_BINARY_DIR}/configured \"\")\n\
+             add_custom_target(built ALL COMMAND ${CMAKE_COMMAND} -E touch ${CMAKE_BINARY_DIR}/built)\n",
+        )
+        .unwrap();
+        let build = dir.join("build");
+        let run = |args: &[&str]| {
+            let out = Command::new(&script)
+                .args(args)
+                .output()
+                .expect("the script runs");
+            assert!(out.status.success(), "{args:?}: {out:?}");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        assert!(run(&["--version"]).starts_with("cmake version"));
+        run(&[
+            "-S",
+            &dir.display().to_string(),
+            "-B",
+            &build.display().to_string(),
+        ]);
+        assert!(build.join("configured").exists(), "configured");
+        run(&["--build", &build.display().to_string()]);
+        assert!(!build.join("built").exists(), "not built");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn sums_libtest_result_lines() {
