@@ -7,6 +7,9 @@
 use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
 
+mod common;
+use common::files_under;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -104,18 +107,6 @@ fn normal(path: &Path) -> PathBuf {
     out
 }
 
-/// Every Markdown file under `dir`.
-fn pages_under(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let path = entry.expect("a directory entry").path();
-        if path.is_dir() {
-            pages_under(&path, out);
-        } else if path.extension().is_some_and(|e| e == "md") {
-            out.push(path);
-        }
-    }
-}
-
 /// The pages `docs/SUMMARY.md` lists, relative to `docs/`.
 fn summary() -> Vec<String> {
     links(&read(&root().join("docs/SUMMARY.md")))
@@ -166,7 +157,7 @@ fn every_page_the_summary_lists_exists_and_every_page_is_listed() {
         );
     }
     let mut all = Vec::new();
-    pages_under(&docs, &mut all);
+    files_under(&docs, "md", &mut all);
     // The summary itself, and the example the crate's front page, the
     // README and the "Using it" page include.
     let not_pages = ["SUMMARY.md", "using-from-rust.md"].map(|p| docs.join(p));
@@ -195,7 +186,7 @@ fn every_page_of_the_book_is_a_doctest() {
 #[test]
 fn every_link_in_the_book_and_the_readme_leads_somewhere() {
     let mut files = vec![root().join("README.md")];
-    pages_under(&root().join("docs"), &mut files);
+    files_under(&root().join("docs"), "md", &mut files);
     let broken: Vec<String> = files.iter().flat_map(|f| broken_links(f)).collect();
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }

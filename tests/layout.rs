@@ -2,7 +2,10 @@
 //! is over 800 lines (split a module by what its parts do before it
 //! grows past that).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+mod common;
+use common::files_under;
 
 /// The library crates' sources: the facade's `src/` and each published
 /// member's.
@@ -16,23 +19,12 @@ const LIBRARY_SOURCES: [&str; 5] = [
 
 const MOST_LINES: usize = 800;
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
-
 #[test]
 fn no_library_source_file_is_over_800_lines() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     for dir in LIBRARY_SOURCES {
-        rust_files(&root.join(dir), &mut files);
+        files_under(&root.join(dir), "rs", &mut files);
     }
     assert!(files.len() > 50, "the library's sources were found");
     let long: Vec<String> = files

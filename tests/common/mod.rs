@@ -1,12 +1,13 @@
 //! What the device tests share (the root package's, and mtrdma-demo's,
 //! which include this file): the test device, finding the examples that
 //! `cargo test` builds, running a program, reading perftest-style result
-//! rows, and a memcached of a test's own.
+//! rows, a memcached of a test's own, and the files of the tree the
+//! checks of the book and the layout read.
 
 // Each test binary uses a part of it.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The RDMA device the device tests run on.
 pub(crate) fn device() -> String {
@@ -208,5 +209,17 @@ impl Memcached {
 impl Drop for Memcached {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Every file under `dir` (recursively) whose name ends in `.ext`.
+pub(crate) fn files_under(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            files_under(&path, ext, out);
+        } else if path.extension().is_some_and(|e| e == ext) {
+            out.push(path);
+        }
     }
 }
