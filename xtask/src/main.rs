@@ -138,6 +138,12 @@ fn run(args: &[String]) -> Result<ExitCode> {
         eprint!("{USAGE}");
         return Ok(ExitCode::from(2));
     };
+    if matches!(rest.first().map(String::as_str), Some("--help" | "-h")) {
+        if let Some(text) = usage_of(cmd) {
+            print!("usage: cargo xtask {text}");
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
     match cmd.as_str() {
         "deps" => {
             no_args(cmd, rest)?;
@@ -178,6 +184,30 @@ fn run(args: &[String]) -> Result<ExitCode> {
             bail!("unknown command {other:?}")
         }
     }
+}
+
+/// The part of [`USAGE`] about `cmd` (its lines, from the one that names
+/// it to the next command's), if it is a command.
+fn usage_of(cmd: &str) -> Option<String> {
+    let is_command_line = |line: &str| {
+        line.strip_prefix("  ")
+            .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_alphabetic()))
+    };
+    let mut lines = USAGE.lines().skip_while(|line| {
+        !(is_command_line(line) && line[2..].split_whitespace().next() == Some(cmd))
+    });
+    let first = lines.next()?.trim_start();
+    // The command and its words, then what it does on a line of its own,
+    // as the lines after it are indented.
+    let mut text = match first.split_once("  ") {
+        Some((synopsis, what)) => format!("{synopsis}\n{:26}{}\n", "", what.trim_start()),
+        None => format!("{first}\n"),
+    };
+    for line in lines.take_while(|line| !is_command_line(line)) {
+        text.push_str(line);
+        text.push('\n');
+    }
+    Some(text)
 }
 
 fn no_args(cmd: &str, rest: &[String]) -> Result<()> {
@@ -248,6 +278,22 @@ mod tests {
 
     fn args(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_commands_help_is_its_own_part_of_the_usage() {
+        let demo = usage_of("demo").expect("demo is a command");
+        assert!(demo.starts_with("demo [--full|--short]"), "{demo}");
+        assert!(demo.contains("--full (about 20 minutes)"), "{demo}");
+        assert!(!demo.contains("soak [--minutes N]"), "{demo}");
+        let vm = usage_of("vm").expect("vm is a command");
+        assert!(vm.contains("--link-mtu BYTES"), "{vm}");
+        assert!(!vm.contains("install the Debian packages"), "{vm}");
+        assert!(usage_of("nothing").is_none());
+        // Every command the usage names has a part of its own.
+        for cmd in ["deps", "vm", "test", "demo", "soak", "fuzz", "bench-device"] {
+            assert!(usage_of(cmd).is_some(), "{cmd}");
+        }
     }
 
     #[test]
