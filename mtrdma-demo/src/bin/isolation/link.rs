@@ -39,7 +39,7 @@ mod cluster;
 mod measure;
 mod scenarios;
 mod soak;
-use crate::{lat, Args, Lat, Report, Way};
+use crate::{figure_cell, lat, Args, Lat, Report, Way};
 use measure::*;
 use mtrdma::sched::stats::jain_index;
 use scenarios::*;

@@ -73,6 +73,16 @@ impl Lat {
     }
 }
 
+/// A figure of a table `width` characters wide with three decimals, or
+/// `-` where there is none (NaN: the free tenant of the cap's alone row).
+pub(crate) fn figure_cell(v: f64, width: usize) -> String {
+    if v.is_nan() {
+        format!("{:>width$}", "-")
+    } else {
+        format!("{v:>width$.3}")
+    }
+}
+
 pub(crate) fn lat(samples: &[f64]) -> Lat {
     let mut s = samples.to_vec();
     s.sort_by(f64::total_cmp);

@@ -261,10 +261,10 @@ pub(crate) fn scenario_cap(demo: &Demo<'_>, r: &mut Report) -> Result<(), String
         let capped = m.bulk_mbps[0];
         let free = m.bulk_mbps.get(1).copied().unwrap_or(f64::NAN);
         r.say(format!(
-            "{:<12} {:>12.3} {:>12.3} {:>14.3}",
+            "{:<12} {:>12.3} {} {:>14.3}",
             way.name(),
             capped,
-            free,
+            figure_cell(free, 12),
             capped / cap
         ));
         r.figure("cap", way, &format!("{cap}"), "capped", "mbps", capped);

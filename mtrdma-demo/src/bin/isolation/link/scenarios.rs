@@ -475,7 +475,8 @@ pub(super) fn scenario_cap(site: &mut Site<'_>, r: &mut Report) -> Result<(), St
         let free = m.bulk.get(1).map_or(f64::NAN, |b| b.1);
         let off = (capped / cap - 1.0).abs();
         r.say(format!(
-            "{label:<12} {capped:>12.3} {free:>12.3} {:>14.3}{}",
+            "{label:<12} {capped:>12.3} {} {:>14.3}{}",
+            figure_cell(free, 12),
             capped / cap,
             if label == "unprotected" {
                 String::new()
