@@ -285,6 +285,11 @@ struct State<Q: AsyncQueue> {
     scratch: Vec<Q::Completion>,
     /// The scheduler's next wake-up, while it paces.
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The key in `waiting` of the future whose task last registered for
+    /// the channel's readiness and the timer: their registrations keep
+    /// only the last task's waker, so when that future goes, one other
+    /// must take over ([`State::leave`]).
+    watcher: Option<u64>,
 }
 
 impl<Q: AsyncQueue> State<Q> {
@@ -308,10 +313,19 @@ impl<Q: AsyncQueue> State<Q> {
         result.map(drop)
     }
 
-    /// Every waiting task: one of them takes over watching the channel
-    /// and the timer (whose registrations keep only the last task).
-    fn wake_all(&mut self, wake: &mut Vec<Waker>) {
-        wake.extend(self.waiting.values_mut().filter_map(Option::take));
+    /// The future under `key` waits no more (it resolved, failed or was
+    /// dropped). If its task was the one registered for the channel and
+    /// the timer, one other sleeping task is woken to take over (it
+    /// registers when it finds nothing for itself); the others sleep on.
+    /// Waking every waiting task instead would poll each of them again
+    /// for every request that resolves: with a task per request, the
+    /// polls would grow with the square of the requests in flight.
+    fn leave(&mut self, key: u64, wake: &mut Vec<Waker>) {
+        self.waiting.remove(&key);
+        if self.watcher == Some(key) {
+            self.watcher = None;
+            wake.extend(self.waiting.values_mut().find_map(Option::take));
+        }
     }
 }
 
@@ -362,6 +376,7 @@ impl<Q: AsyncQueue> AsyncQueuePair<Q> {
                     incoming: VecDeque::new(),
                     scratch: Vec::new(),
                     timer: None,
+                    watcher: None,
                 }),
             }),
         })
@@ -426,6 +441,26 @@ impl<Q: AsyncQueue> AsyncQueuePair<Q> {
     pub fn incoming(&self) -> Incoming<Q> {
         Incoming {
             shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Waits for at least one incoming completion (as
+    /// [`incoming`](Self::incoming) does), then moves it and every other
+    /// one already found, up to `limit` in all, to the end of `out`,
+    /// oldest first; resolves to how many it moved. As tokio's
+    /// `mpsc::Receiver::recv_many`: a server takes what came in one wake
+    /// together, and can answer it together (a batch, one doorbell). A
+    /// `limit` of 0 resolves to 0 at once. Dropping the future loses
+    /// nothing.
+    pub fn incoming_many<'a>(
+        &self,
+        out: &'a mut Vec<Q::Completion>,
+        limit: usize,
+    ) -> IncomingMany<'a, Q> {
+        IncomingMany {
+            next: self.incoming(),
+            out,
+            limit,
         }
     }
 }
@@ -514,15 +549,49 @@ impl<Q: AsyncQueue> Future for Incoming<Q> {
     }
 }
 
+/// The incoming completions found in one wake
+/// ([`AsyncQueuePair::incoming_many`]): a future.
+#[must_use = "a future does nothing unless awaited"]
+pub struct IncomingMany<'a, Q: AsyncQueue> {
+    next: Incoming<Q>,
+    out: &'a mut Vec<Q::Completion>,
+    limit: usize,
+}
+
+impl<Q: AsyncQueue> fmt::Debug for IncomingMany<'_, Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IncomingMany")
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Q: AsyncQueue> Future for IncomingMany<'_, Q> {
+    type Output = Result<usize, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if this.limit == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        let first = match Pin::new(&mut this.next).poll(cx) {
+            Poll::Ready(Ok(c)) => c,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        };
+        this.out.push(first);
+        let mut st = this.next.shared.lock();
+        let more = st.incoming.len().min(this.limit - 1);
+        this.out.extend(st.incoming.drain(..more));
+        Poll::Ready(Ok(more + 1))
+    }
+}
+
 impl<Q: AsyncQueue> Drop for Incoming<Q> {
     fn drop(&mut self) {
         let mut wake = Vec::new();
         {
-            let mut st = self.shared.lock();
-            if st.waiting.remove(&INCOMING).is_some() {
-                // It may have been the task watching the channel.
-                st.wake_all(&mut wake);
-            }
+            self.shared.lock().leave(INCOMING, &mut wake);
         }
         for w in wake {
             w.wake();
@@ -569,14 +638,11 @@ fn drive<Q: AsyncQueue>(
     let mut st = shared.lock();
     let ready = |st: &mut State<Q>, wake: &mut Vec<Waker>| {
         let c = take(st)?;
-        st.waiting.remove(&key);
-        // Someone else must watch the channel now.
-        st.wake_all(wake);
+        st.leave(key, wake);
         Some(c)
     };
     let failed = |st: &mut State<Q>, wake: &mut Vec<Waker>, e| {
-        st.waiting.remove(&key);
-        st.wake_all(wake);
+        st.leave(key, wake);
         Poll::Ready(Err(e))
     };
     if let Some(c) = ready(&mut st, wake) {
@@ -619,6 +685,9 @@ fn drive<Q: AsyncQueue>(
         cx.waker().wake_by_ref();
         return Poll::Pending;
     }
+    // This task registers for the channel and the timer below: it is
+    // their watcher now.
+    st.watcher = Some(key);
     if let Some(fd) = &shared.fd {
         match fd.poll_read_ready(cx) {
             Poll::Ready(Ok(mut guard)) => {
@@ -658,14 +727,11 @@ impl<Q: AsyncQueue> Drop for Pending<Q> {
         let mut wake = Vec::new();
         let dropped = {
             let mut st = self.shared.lock();
-            st.waiting.remove(&self.id);
+            st.leave(self.id, &mut wake);
             // The request may still be in the NIC: its region stays in
             // the books until its completion is polled, and is dropped
             // then. One already found is dropped here, after the lock.
-            let found = st.done.remove(&self.id);
-            // It may have been the task watching the channel.
-            st.wake_all(&mut wake);
-            found
+            st.done.remove(&self.id)
         };
         drop(dropped);
         for w in wake {

@@ -269,3 +269,35 @@ fn requests_posted_with_contexts_of_the_callers_own_come_as_incoming_in_order() 
     assert_eq!(resolve(qp.incoming()).unwrap().context, 5);
     assert_eq!(qp.waiting(), 0);
 }
+
+#[test]
+fn incoming_many_takes_what_one_wake_found_up_to_its_limit_in_order() {
+    let (qp, _nic) = watched(64);
+    for i in 0..7u64 {
+        qp.with(|q| q.post_send(SendOp::Write(REMOTE), tagged(i), 0..64, i))
+            .unwrap_or_else(|(e, _)| panic!("{e}"));
+    }
+    let mut out = Vec::new();
+    // A limit of 0 takes nothing and does not wait.
+    assert!(matches!(
+        poll_once(&mut qp.incoming_many(&mut out, 0)),
+        Poll::Ready(Ok(0))
+    ));
+    // The first wake finds all seven; a limit of 3 takes the oldest three,
+    // after what `out` held.
+    out.push(resolve(qp.incoming()).unwrap());
+    assert_eq!(resolve(qp.incoming_many(&mut out, 3)).unwrap(), 3);
+    assert_eq!(resolve(qp.incoming_many(&mut out, 64)).unwrap(), 3);
+    let got: Vec<(u64, u64)> = out.iter().map(|c| (c.context, tag(&c.region))).collect();
+    assert_eq!(got, (0..7u64).map(|i| (i, i)).collect::<Vec<_>>());
+    // Nothing left: the future waits, and dropping it loses nothing.
+    let mut more = Vec::new();
+    let mut waiting = qp.incoming_many(&mut more, 8);
+    assert!(poll_once(&mut waiting).is_pending());
+    drop(waiting);
+    qp.with(|q| q.post_send(SendOp::Write(REMOTE), tagged(7), 0..64, 7))
+        .unwrap_or_else(|(e, _)| panic!("{e}"));
+    assert_eq!(resolve(qp.incoming_many(&mut more, 8)).unwrap(), 1);
+    assert_eq!(more[0].context, 7);
+    assert_eq!(qp.waiting(), 0);
+}
