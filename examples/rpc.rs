@@ -87,6 +87,8 @@ static BUSY_POLL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool:
 const SERVER_SEND_POOL: usize = 64;
 /// The context of the async server's answers (its receives carry 1).
 const ANSWER: u64 = 2;
+/// The most completions the async server takes from one wake.
+const INCOMING_AT_ONCE: usize = 256;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum PathKind {
@@ -259,19 +261,6 @@ impl Ud {
             Ud::Sched(q) => q.address_handle(to),
         }
         .map_err(|e| format!("an address handle for queue pair {}: {e}", to.qpn))
-    }
-
-    fn send(
-        &mut self,
-        ah: &AddressHandle,
-        to: &UdEndpoint,
-        mr: MemoryRegion,
-        len: usize,
-    ) -> Result<(), PostError> {
-        match self {
-            Ud::Raw(q) => q.post_send(ah, to.qpn, to.qkey, mr, 0..len, 0),
-            Ud::Sched(q) => q.post_send(ah, to.qpn, to.qkey, mr, 0..len, 0),
-        }
     }
 
     fn recv(&mut self, mr: MemoryRegion) -> Result<(), String> {
@@ -656,64 +645,90 @@ fn serve(
     let mut served = Served::default();
     // Completions not handled yet, oldest first.
     let mut backlog: VecDeque<UdCompletion> = VecDeque::new();
+    let mut answers: Vec<Answer> = Vec::new();
     let mut said_bye = vec![false; clients.len()];
+    let mut more = Vec::new();
     while served.byes < clients.len() as u32 {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             break;
         }
-        let Some(c) = backlog.pop_front() else {
-            let mut more = Vec::new();
+        if backlog.is_empty() {
             qp.wait(&mut more, left.min(Duration::from_millis(200)))?;
-            backlog.extend(more);
-            continue;
-        };
-        if c.opcode != Opcode::Recv {
-            if !c.status.is_success() {
-                return Err(format!("an answer failed: {:?}", c.status));
-            }
-            pool.push(c.region);
+            backlog.extend(more.drain(..));
             continue;
         }
-        let (region, request) = served.take(c, clients, &mut said_bye)?;
-        let len = region.len();
-        srq.stock(region, 0..len, 1)
-            .map_err(|e| format!("giving a receive back: {e}"))?;
-        if let Some(Request {
-            k,
-            to,
-            client,
-            seq,
-            bye,
-        }) = request
-        {
-            if handles[k].is_none() {
-                handles[k] = Some(qp.address_handle(&to)?);
+        // Everything one wait found is answered together: one batch.
+        while let Some(c) = backlog.pop_front() {
+            if c.opcode != Opcode::Recv {
+                pool.push(sent_back(c)?);
+                continue;
             }
-            while pool.is_empty() {
-                // Every answer buffer is in flight: take back the
-                // sent ones, keep the rest for their turn.
-                let mut more = Vec::new();
-                qp.wait(&mut more, Duration::from_millis(100))?;
-                for m in more {
-                    if m.opcode == Opcode::Recv {
-                        backlog.push_back(m);
-                    } else if m.status.is_success() {
-                        pool.push(m.region);
-                    } else {
-                        return Err(format!("an answer failed: {:?}", m.status));
+            let (region, request) = served.take(c, clients, &mut said_bye)?;
+            let len = region.len();
+            srq.stock(region, 0..len, 1)
+                .map_err(|e| format!("giving a receive back: {e}"))?;
+            let Some(request) = request else {
+                continue;
+            };
+            if handles[request.k].is_none() {
+                handles[request.k] = Some(qp.handle_to(&request.to).map_err(|e| {
+                    format!("an address handle for queue pair {}: {e}", request.to.qpn)
+                })?);
+            }
+            if pool.is_empty() {
+                // Every answer buffer is in flight or waits here: post the
+                // waiting ones, then take sent ones back, keeping the
+                // requests for their turn.
+                qp.answer_all(&handles, &mut answers, size, 0)?;
+                while pool.is_empty() {
+                    qp.wait(&mut more, Duration::from_millis(100))?;
+                    for m in more.drain(..) {
+                        if m.opcode == Opcode::Recv {
+                            backlog.push_back(m);
+                        } else {
+                            pool.push(sent_back(m)?);
+                        }
                     }
                 }
             }
-            let mut mr = pool.pop().expect("refilled above");
-            header(&mut mr, RESPONSE, client, seq)?;
-            let ah = handles[k].as_ref().expect("made above");
-            qp.send(ah, &to, mr, size)
-                .map_err(|e| format!("answering client {client}: {e}"))?;
-            served.answered += u64::from(!bye);
+            answers.push(Answer::new(&request, pool.pop().expect("refilled above"))?);
+            served.answered += u64::from(!request.bye);
         }
+        qp.answer_all(&handles, &mut answers, size, 0)?;
     }
     Ok(served)
+}
+
+/// An answer's buffer, back from its completion.
+fn sent_back(c: UdCompletion) -> Result<MemoryRegion, String> {
+    if !c.status.is_success() {
+        return Err(format!("an answer failed: {:?}", c.status));
+    }
+    Ok(c.region)
+}
+
+/// An answer written and waiting to be posted with the others of its
+/// wake.
+struct Answer {
+    /// The client's place (its address handle's).
+    k: usize,
+    to: UdEndpoint,
+    client: u32,
+    mr: MemoryRegion,
+}
+
+impl Answer {
+    /// The answer to `request` in `mr`.
+    fn new(request: &Request, mut mr: MemoryRegion) -> Result<Answer, String> {
+        header(&mut mr, RESPONSE, request.client, request.seq)?;
+        Ok(Answer {
+            k: request.k,
+            to: request.to,
+            client: request.client,
+            mr,
+        })
+    }
 }
 
 /// The CPU time this process has used (every thread's).
@@ -722,8 +737,9 @@ fn process_cpu() -> Duration {
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
-/// A UD queue pair the async server answers on: straight or scheduled.
-trait AnswerOn: AsyncQueue<Completion = UdCompletion> {
+/// A UD queue pair the servers answer on (and the clients ask on):
+/// straight or scheduled.
+trait Answers {
     fn handle_to(&mut self, to: &UdEndpoint) -> Result<AddressHandle, mtrdma::verbs::Error>;
 
     fn answer(
@@ -734,29 +750,124 @@ trait AnswerOn: AsyncQueue<Completion = UdCompletion> {
         len: usize,
         id: u64,
     ) -> Result<(), PostError>;
-}
 
-macro_rules! answer_on {
-    ($($ty:ty),*) => {$(
-        impl AnswerOn for $ty {
-            fn handle_to(&mut self, to: &UdEndpoint) -> Result<AddressHandle, mtrdma::verbs::Error> {
-                self.address_handle(to)
-            }
-
-            fn answer(
-                &mut self,
-                ah: &AddressHandle,
-                to: &UdEndpoint,
-                mr: MemoryRegion,
-                len: usize,
-                id: u64,
-            ) -> Result<(), PostError> {
-                self.post_send(ah, to.qpn, to.qkey, mr, 0..len, id)
-            }
+    /// Posts `answers` (`len` bytes each, completing with context `id`),
+    /// each to its client's handle in `handles`, and empties it: one at a
+    /// time here; as one batch (one doorbell) where the queue pair has
+    /// batches.
+    fn answer_all(
+        &mut self,
+        handles: &[Option<AddressHandle>],
+        answers: &mut Vec<Answer>,
+        len: usize,
+        id: u64,
+    ) -> Result<(), String> {
+        for a in answers.drain(..) {
+            let ah = handles[a.k].as_ref().expect("made with the request");
+            self.answer(ah, &a.to, a.mr, len, id)
+                .map_err(|e| format!("answering client {}: {e}", a.client))?;
         }
-    )*};
+        Ok(())
+    }
 }
-answer_on!(UdQueuePair, ScheduledUdQueuePair);
+
+impl Answers for UdQueuePair {
+    fn handle_to(&mut self, to: &UdEndpoint) -> Result<AddressHandle, mtrdma::verbs::Error> {
+        self.address_handle(to)
+    }
+
+    fn answer(
+        &mut self,
+        ah: &AddressHandle,
+        to: &UdEndpoint,
+        mr: MemoryRegion,
+        len: usize,
+        id: u64,
+    ) -> Result<(), PostError> {
+        self.post_send(ah, to.qpn, to.qkey, mr, 0..len, id)
+    }
+
+    fn answer_all(
+        &mut self,
+        handles: &[Option<AddressHandle>],
+        answers: &mut Vec<Answer>,
+        len: usize,
+        id: u64,
+    ) -> Result<(), String> {
+        if answers.is_empty() {
+            return Ok(());
+        }
+        let n = answers.len();
+        let mut batch = self.batch();
+        for a in answers.drain(..) {
+            let ah = handles[a.k].as_ref().expect("made with the request");
+            batch
+                .post_send(ah, a.to.qpn, a.to.qkey, a.mr, 0..len, id)
+                .map_err(|e| format!("answering client {}: {e}", a.client))?;
+        }
+        batch
+            .submit()
+            .map_err(|e| format!("posting {n} answers: {e}"))
+    }
+}
+
+impl Answers for ScheduledUdQueuePair {
+    fn handle_to(&mut self, to: &UdEndpoint) -> Result<AddressHandle, mtrdma::verbs::Error> {
+        self.address_handle(to)
+    }
+
+    fn answer(
+        &mut self,
+        ah: &AddressHandle,
+        to: &UdEndpoint,
+        mr: MemoryRegion,
+        len: usize,
+        id: u64,
+    ) -> Result<(), PostError> {
+        self.post_send(ah, to.qpn, to.qkey, mr, 0..len, id)
+    }
+}
+
+impl Answers for Ud {
+    fn handle_to(&mut self, to: &UdEndpoint) -> Result<AddressHandle, mtrdma::verbs::Error> {
+        match self {
+            Ud::Raw(q) => q.handle_to(to),
+            Ud::Sched(q) => q.handle_to(to),
+        }
+    }
+
+    fn answer(
+        &mut self,
+        ah: &AddressHandle,
+        to: &UdEndpoint,
+        mr: MemoryRegion,
+        len: usize,
+        id: u64,
+    ) -> Result<(), PostError> {
+        match self {
+            Ud::Raw(q) => q.answer(ah, to, mr, len, id),
+            Ud::Sched(q) => q.answer(ah, to, mr, len, id),
+        }
+    }
+
+    fn answer_all(
+        &mut self,
+        handles: &[Option<AddressHandle>],
+        answers: &mut Vec<Answer>,
+        len: usize,
+        id: u64,
+    ) -> Result<(), String> {
+        match self {
+            Ud::Raw(q) => q.answer_all(handles, answers, len, id),
+            Ud::Sched(q) => q.answer_all(handles, answers, len, id),
+        }
+    }
+}
+
+/// A queue pair the async server answers on.
+trait AnswerOn: AsyncQueue<Completion = UdCompletion> + Answers {}
+
+impl<Q: AsyncQueue<Completion = UdCompletion> + Answers> AnswerOn for Q {}
 
 /// [`serve`], as one task on a tokio runtime of this thread's own: the
 /// requests come as the queue pair's incoming completions (the shared
@@ -795,77 +906,73 @@ async fn answer_all<Q: AnswerOn>(
     let mut handles: Vec<Option<AddressHandle>> = vec![None; clients.len()];
     let mut served = Served::default();
     let mut said_bye = vec![false; clients.len()];
-    // Requests that came while every answer buffer was out, oldest first.
+    // Completions not handled yet, oldest first.
     let mut backlog: VecDeque<UdCompletion> = VecDeque::new();
+    let mut answers: Vec<Answer> = Vec::new();
+    let mut found = Vec::new();
     // One timer for the whole run, not one per request.
     let end = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
     tokio::pin!(end);
-    // An answer's completion hands its buffer back to the pool.
-    let answered = |c: UdCompletion, pool: &mut Vec<MemoryRegion>| {
-        if !c.status.is_success() {
-            return Err(format!("an answer failed: {:?}", c.status));
-        }
-        pool.push(c.region);
-        Ok(())
-    };
     while served.byes < clients.len() as u32 {
-        let c = match backlog.pop_front() {
-            Some(c) => c,
-            None => tokio::select! {
-                c = qp.incoming() => c.map_err(|e| format!("waiting for requests: {e}"))?,
+        if backlog.is_empty() {
+            // Every completion one wake found: the requests' answers go
+            // out together, one batch.
+            tokio::select! {
+                n = qp.incoming_many(&mut found, INCOMING_AT_ONCE) => {
+                    n.map_err(|e| format!("waiting for requests: {e}"))?;
+                }
                 _ = &mut end => break,
-            },
-        };
-        if c.context == ANSWER {
-            answered(c, &mut pool)?;
-            continue;
-        }
-        let (region, request) = served.take(c, clients, &mut said_bye)?;
-        let len = region.len();
-        // Back to the queue's reserve, as the blocking server gives it:
-        // posted with the rest of the reserve (one doorbell) once the queue
-        // runs below its limit, which the queue pair's polls notice on
-        // their own (they read the limit event, or refill at once).
-        srq.stock(region, 0..len, 1)
-            .map_err(|e| format!("giving a receive back: {e}"))?;
-        let Some(Request {
-            k,
-            to,
-            client,
-            seq,
-            bye,
-        }) = request
-        else {
-            continue;
-        };
-        if handles[k].is_none() {
-            let ah = qp
-                .with(|q| q.handle_to(&to))
-                .map_err(|e| format!("an address handle for queue pair {}: {e}", to.qpn))?;
-            handles[k] = Some(ah);
-        }
-        while pool.is_empty() {
-            // Every answer buffer is out: take completions until one is
-            // back, keeping the requests for their turn.
-            let c = qp
-                .incoming()
-                .await
-                .map_err(|e| format!("waiting for answers: {e}"))?;
-            if c.context == ANSWER {
-                answered(c, &mut pool)?;
-            } else {
-                backlog.push_back(c);
             }
+            backlog.extend(found.drain(..));
         }
-        let mut mr = pool.pop().expect("refilled above");
-        header(&mut mr, RESPONSE, client, seq)?;
-        let ah = handles[k].as_ref().expect("made above");
-        // Posted with a context of this server's own: the completion comes
-        // through `incoming`, as the requests do, with no future or task
-        // per answer.
-        qp.with(|q| q.answer(ah, &to, mr, size, ANSWER))
-            .map_err(|e| format!("answering client {client}: {e}"))?;
-        served.answered += u64::from(!bye);
+        while let Some(c) = backlog.pop_front() {
+            if c.context == ANSWER {
+                pool.push(sent_back(c)?);
+                continue;
+            }
+            let (region, request) = served.take(c, clients, &mut said_bye)?;
+            let len = region.len();
+            // Back to the queue's reserve, as the blocking server gives
+            // it: posted with the rest of the reserve (one doorbell) once
+            // the queue runs below its limit, which the queue pair's polls
+            // notice on their own (they read the limit event, or refill at
+            // once).
+            srq.stock(region, 0..len, 1)
+                .map_err(|e| format!("giving a receive back: {e}"))?;
+            let Some(request) = request else {
+                continue;
+            };
+            if handles[request.k].is_none() {
+                let ah = qp.with(|q| q.handle_to(&request.to)).map_err(|e| {
+                    format!("an address handle for queue pair {}: {e}", request.to.qpn)
+                })?;
+                handles[request.k] = Some(ah);
+            }
+            if pool.is_empty() {
+                // Every answer buffer is out or waits here: post the
+                // waiting ones, then take completions until one is back,
+                // keeping the requests for their turn.
+                qp.with(|q| q.answer_all(&handles, &mut answers, size, ANSWER))?;
+                while pool.is_empty() {
+                    qp.incoming_many(&mut found, INCOMING_AT_ONCE)
+                        .await
+                        .map_err(|e| format!("waiting for answers: {e}"))?;
+                    for c in found.drain(..) {
+                        if c.context == ANSWER {
+                            pool.push(sent_back(c)?);
+                        } else {
+                            backlog.push_back(c);
+                        }
+                    }
+                }
+            }
+            answers.push(Answer::new(&request, pool.pop().expect("refilled above"))?);
+            served.answered += u64::from(!request.bye);
+        }
+        // Posted with a context of this server's own: the completions
+        // come through `incoming`, as the requests do, with no future or
+        // task per answer.
+        qp.with(|q| q.answer_all(&handles, &mut answers, size, ANSWER))?;
     }
     // The last answers go out before the queue pair does.
     let settle = tokio::time::Instant::now() + Duration::from_secs(1);
@@ -875,7 +982,7 @@ async fn answer_all<Q: AnswerOn>(
             _ = tokio::time::sleep_until(settle) => break,
         };
         if c.context == ANSWER {
-            answered(c, &mut pool)?;
+            pool.push(sent_back(c)?);
         }
     }
     Ok(served)
@@ -988,7 +1095,7 @@ fn ask(
         let mut mr = send_buf.take().ok_or("the send buffer is still posted")?;
         header(&mut mr, kind, me, seq)?;
         let sent = Instant::now();
-        qp.send(&ah, server, mr, o.size)
+        qp.answer(&ah, server, mr, o.size, 0)
             .map_err(|e| format!("client {me} sending: {e}"))?;
         let mut answered = None;
         while send_buf.is_none() || answered.is_none() {
