@@ -263,6 +263,14 @@ impl Ud {
         .map_err(|e| format!("an address handle for queue pair {}: {e}", to.qpn))
     }
 
+    /// The queue pair, to answer (or ask) on.
+    fn answers(&mut self) -> &mut dyn Answers {
+        match self {
+            Ud::Raw(q) => &mut **q,
+            Ud::Sched(q) => &mut **q,
+        }
+    }
+
     fn recv(&mut self, mr: MemoryRegion) -> Result<(), String> {
         let len = mr.len();
         match self {
@@ -636,19 +644,11 @@ fn serve(
     size: usize,
     deadline: Instant,
 ) -> Result<Served, String> {
-    let mut pool = (0..SERVER_SEND_POOL)
-        .map(|_| site.buffer(size))
-        .collect::<Result<Vec<_>, _>>()?;
-    // An address handle per client, made from the GID and QPN of its
-    // first request (its published endpoint says which are clients).
-    let mut handles: Vec<Option<AddressHandle>> = vec![None; clients.len()];
-    let mut served = Served::default();
+    let mut desk = Desk::new(site, clients.len(), size)?;
     // Completions not handled yet, oldest first.
     let mut backlog: VecDeque<UdCompletion> = VecDeque::new();
-    let mut answers: Vec<Answer> = Vec::new();
-    let mut said_bye = vec![false; clients.len()];
     let mut more = Vec::new();
-    while served.byes < clients.len() as u32 {
+    while desk.served.byes < clients.len() as u32 {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             break;
@@ -661,43 +661,110 @@ fn serve(
         // Everything one wait found is answered together: one batch.
         while let Some(c) = backlog.pop_front() {
             if c.opcode != Opcode::Recv {
-                pool.push(sent_back(c)?);
+                desk.pool.push(sent_back(c)?);
                 continue;
             }
-            let (region, request) = served.take(c, clients, &mut said_bye)?;
-            let len = region.len();
-            srq.stock(region, 0..len, 1)
-                .map_err(|e| format!("giving a receive back: {e}"))?;
-            let Some(request) = request else {
+            let handle_to = |to: &UdEndpoint| qp.answers().handle_to(to);
+            let Some(request) = desk.take(c, clients, srq, handle_to)? else {
                 continue;
             };
-            if handles[request.k].is_none() {
-                handles[request.k] = Some(qp.handle_to(&request.to).map_err(|e| {
-                    format!("an address handle for queue pair {}: {e}", request.to.qpn)
-                })?);
-            }
-            if pool.is_empty() {
+            if desk.pool.is_empty() {
                 // Every answer buffer is in flight or waits here: post the
                 // waiting ones, then take sent ones back, keeping the
                 // requests for their turn.
-                qp.answer_all(&handles, &mut answers, size, 0)?;
-                while pool.is_empty() {
+                desk.post(qp.answers(), 0)?;
+                while desk.pool.is_empty() {
                     qp.wait(&mut more, Duration::from_millis(100))?;
                     for m in more.drain(..) {
                         if m.opcode == Opcode::Recv {
                             backlog.push_back(m);
                         } else {
-                            pool.push(sent_back(m)?);
+                            desk.pool.push(sent_back(m)?);
                         }
                     }
                 }
             }
-            answers.push(Answer::new(&request, pool.pop().expect("refilled above"))?);
-            served.answered += u64::from(!request.bye);
+            desk.answer(&request)?;
         }
-        qp.answer_all(&handles, &mut answers, size, 0)?;
+        desk.post(qp.answers(), 0)?;
     }
-    Ok(served)
+    Ok(desk.served)
+}
+
+/// What a server thread keeps while it answers: its answer buffers, the
+/// clients' address handles, the answers of this wake, and what it
+/// served.
+struct Desk {
+    /// Answer buffers not in flight.
+    pool: Vec<MemoryRegion>,
+    /// An address handle per client, made from the GID and QPN of its
+    /// first request (its published endpoint says which are clients).
+    handles: Vec<Option<AddressHandle>>,
+    /// Answers written and waiting to go out with the others of their
+    /// wake.
+    answers: Vec<Answer>,
+    served: Served,
+    said_bye: Vec<bool>,
+    size: usize,
+}
+
+impl Desk {
+    /// A desk for `clients` clients, with its answer buffers of `size`
+    /// bytes.
+    fn new(site: &Site, clients: usize, size: usize) -> Result<Desk, String> {
+        Ok(Desk {
+            pool: (0..SERVER_SEND_POOL)
+                .map(|_| site.buffer(size))
+                .collect::<Result<Vec<_>, _>>()?,
+            handles: vec![None; clients],
+            answers: Vec::new(),
+            served: Served::default(),
+            said_bye: vec![false; clients],
+            size,
+        })
+    }
+
+    /// A received message: its buffer goes back to the receive queue's
+    /// reserve (posted with the rest of the reserve, one doorbell, once
+    /// the queue runs below its limit, which the queue pair's polls
+    /// notice), a new client gets its address handle (made by
+    /// `handle_to`), and the request to answer, if any, comes back.
+    fn take(
+        &mut self,
+        c: UdCompletion,
+        clients: &[UdEndpoint],
+        srq: &SharedReceiveQueue,
+        handle_to: impl FnOnce(&UdEndpoint) -> Result<AddressHandle, mtrdma::verbs::Error>,
+    ) -> Result<Option<Request>, String> {
+        let (region, request) = self.served.take(c, clients, &mut self.said_bye)?;
+        let len = region.len();
+        srq.stock(region, 0..len, 1)
+            .map_err(|e| format!("giving a receive back: {e}"))?;
+        let Some(request) = request else {
+            return Ok(None);
+        };
+        if self.handles[request.k].is_none() {
+            let ah = handle_to(&request.to)
+                .map_err(|e| format!("an address handle for queue pair {}: {e}", request.to.qpn))?;
+            self.handles[request.k] = Some(ah);
+        }
+        Ok(Some(request))
+    }
+
+    /// Writes the answer to `request` into a free buffer (the pool must
+    /// have one), to go out with the wake's others.
+    fn answer(&mut self, request: &Request) -> Result<(), String> {
+        let mr = self.pool.pop().expect("a free answer buffer");
+        self.answers.push(Answer::new(request, mr)?);
+        self.served.answered += u64::from(!request.bye);
+        Ok(())
+    }
+
+    /// Posts the answers written so far on `qp` (see
+    /// [`Answers::answer_all`]), completing with context `id`.
+    fn post<A: Answers + ?Sized>(&mut self, qp: &mut A, id: u64) -> Result<(), String> {
+        qp.answer_all(&self.handles, &mut self.answers, self.size, id)
+    }
 }
 
 /// An answer's buffer, back from its completion.
@@ -771,22 +838,34 @@ trait Answers {
     }
 }
 
-impl Answers for UdQueuePair {
-    fn handle_to(&mut self, to: &UdEndpoint) -> Result<AddressHandle, mtrdma::verbs::Error> {
-        self.address_handle(to)
-    }
+/// Writes [`Answers`] for a queue pair type with the methods of that
+/// name, and the `extra` methods given.
+macro_rules! answers {
+    ($ty:ty { $($extra:item)* }) => {
+        impl Answers for $ty {
+            fn handle_to(&mut self, to: &UdEndpoint) -> Result<AddressHandle, mtrdma::verbs::Error> {
+                self.address_handle(to)
+            }
 
-    fn answer(
-        &mut self,
-        ah: &AddressHandle,
-        to: &UdEndpoint,
-        mr: MemoryRegion,
-        len: usize,
-        id: u64,
-    ) -> Result<(), PostError> {
-        self.post_send(ah, to.qpn, to.qkey, mr, 0..len, id)
-    }
+            fn answer(
+                &mut self,
+                ah: &AddressHandle,
+                to: &UdEndpoint,
+                mr: MemoryRegion,
+                len: usize,
+                id: u64,
+            ) -> Result<(), PostError> {
+                self.post_send(ah, to.qpn, to.qkey, mr, 0..len, id)
+            }
 
+            $($extra)*
+        }
+    };
+}
+
+answers!(ScheduledUdQueuePair {});
+
+answers!(UdQueuePair {
     fn answer_all(
         &mut self,
         handles: &[Option<AddressHandle>],
@@ -809,60 +888,7 @@ impl Answers for UdQueuePair {
             .submit()
             .map_err(|e| format!("posting {n} answers: {e}"))
     }
-}
-
-impl Answers for ScheduledUdQueuePair {
-    fn handle_to(&mut self, to: &UdEndpoint) -> Result<AddressHandle, mtrdma::verbs::Error> {
-        self.address_handle(to)
-    }
-
-    fn answer(
-        &mut self,
-        ah: &AddressHandle,
-        to: &UdEndpoint,
-        mr: MemoryRegion,
-        len: usize,
-        id: u64,
-    ) -> Result<(), PostError> {
-        self.post_send(ah, to.qpn, to.qkey, mr, 0..len, id)
-    }
-}
-
-impl Answers for Ud {
-    fn handle_to(&mut self, to: &UdEndpoint) -> Result<AddressHandle, mtrdma::verbs::Error> {
-        match self {
-            Ud::Raw(q) => q.handle_to(to),
-            Ud::Sched(q) => q.handle_to(to),
-        }
-    }
-
-    fn answer(
-        &mut self,
-        ah: &AddressHandle,
-        to: &UdEndpoint,
-        mr: MemoryRegion,
-        len: usize,
-        id: u64,
-    ) -> Result<(), PostError> {
-        match self {
-            Ud::Raw(q) => q.answer(ah, to, mr, len, id),
-            Ud::Sched(q) => q.answer(ah, to, mr, len, id),
-        }
-    }
-
-    fn answer_all(
-        &mut self,
-        handles: &[Option<AddressHandle>],
-        answers: &mut Vec<Answer>,
-        len: usize,
-        id: u64,
-    ) -> Result<(), String> {
-        match self {
-            Ud::Raw(q) => q.answer_all(handles, answers, len, id),
-            Ud::Sched(q) => q.answer_all(handles, answers, len, id),
-        }
-    }
-}
+});
 
 /// A queue pair the async server answers on.
 trait AnswerOn: AsyncQueue<Completion = UdCompletion> + Answers {}
@@ -900,20 +926,14 @@ async fn answer_all<Q: AnswerOn>(
     deadline: Instant,
 ) -> Result<Served, String> {
     let qp = AsyncQueuePair::new(qp).map_err(|e| format!("the async queue pair: {e}"))?;
-    let mut pool = (0..SERVER_SEND_POOL)
-        .map(|_| site.buffer(size))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut handles: Vec<Option<AddressHandle>> = vec![None; clients.len()];
-    let mut served = Served::default();
-    let mut said_bye = vec![false; clients.len()];
+    let mut desk = Desk::new(site, clients.len(), size)?;
     // Completions not handled yet, oldest first.
     let mut backlog: VecDeque<UdCompletion> = VecDeque::new();
-    let mut answers: Vec<Answer> = Vec::new();
     let mut found = Vec::new();
     // One timer for the whole run, not one per request.
     let end = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
     tokio::pin!(end);
-    while served.byes < clients.len() as u32 {
+    while desk.served.byes < clients.len() as u32 {
         if backlog.is_empty() {
             // Every completion one wake found: the requests' answers go
             // out together, one batch.
@@ -927,65 +947,50 @@ async fn answer_all<Q: AnswerOn>(
         }
         while let Some(c) = backlog.pop_front() {
             if c.context == ANSWER {
-                pool.push(sent_back(c)?);
+                desk.pool.push(sent_back(c)?);
                 continue;
             }
-            let (region, request) = served.take(c, clients, &mut said_bye)?;
-            let len = region.len();
-            // Back to the queue's reserve, as the blocking server gives
-            // it: posted with the rest of the reserve (one doorbell) once
-            // the queue runs below its limit, which the queue pair's polls
-            // notice on their own (they read the limit event, or refill at
-            // once).
-            srq.stock(region, 0..len, 1)
-                .map_err(|e| format!("giving a receive back: {e}"))?;
-            let Some(request) = request else {
+            let handle_to = |to: &UdEndpoint| qp.with(|q| q.handle_to(to));
+            let Some(request) = desk.take(c, clients, srq, handle_to)? else {
                 continue;
             };
-            if handles[request.k].is_none() {
-                let ah = qp.with(|q| q.handle_to(&request.to)).map_err(|e| {
-                    format!("an address handle for queue pair {}: {e}", request.to.qpn)
-                })?;
-                handles[request.k] = Some(ah);
-            }
-            if pool.is_empty() {
+            if desk.pool.is_empty() {
                 // Every answer buffer is out or waits here: post the
                 // waiting ones, then take completions until one is back,
                 // keeping the requests for their turn.
-                qp.with(|q| q.answer_all(&handles, &mut answers, size, ANSWER))?;
-                while pool.is_empty() {
+                qp.with(|q| desk.post(q, ANSWER))?;
+                while desk.pool.is_empty() {
                     qp.incoming_many(&mut found, INCOMING_AT_ONCE)
                         .await
                         .map_err(|e| format!("waiting for answers: {e}"))?;
                     for c in found.drain(..) {
                         if c.context == ANSWER {
-                            pool.push(sent_back(c)?);
+                            desk.pool.push(sent_back(c)?);
                         } else {
                             backlog.push_back(c);
                         }
                     }
                 }
             }
-            answers.push(Answer::new(&request, pool.pop().expect("refilled above"))?);
-            served.answered += u64::from(!request.bye);
+            desk.answer(&request)?;
         }
         // Posted with a context of this server's own: the completions
         // come through `incoming`, as the requests do, with no future or
         // task per answer.
-        qp.with(|q| q.answer_all(&handles, &mut answers, size, ANSWER))?;
+        qp.with(|q| desk.post(q, ANSWER))?;
     }
     // The last answers go out before the queue pair does.
     let settle = tokio::time::Instant::now() + Duration::from_secs(1);
-    while pool.len() < SERVER_SEND_POOL {
+    while desk.pool.len() < SERVER_SEND_POOL {
         let c = tokio::select! {
             c = qp.incoming() => c.map_err(|e| format!("waiting for answers: {e}"))?,
             _ = tokio::time::sleep_until(settle) => break,
         };
         if c.context == ANSWER {
-            pool.push(sent_back(c)?);
+            desk.pool.push(sent_back(c)?);
         }
     }
-    Ok(served)
+    Ok(desk.served)
 }
 
 // ---------------------------------------------------------------- client
@@ -1095,7 +1100,8 @@ fn ask(
         let mut mr = send_buf.take().ok_or("the send buffer is still posted")?;
         header(&mut mr, kind, me, seq)?;
         let sent = Instant::now();
-        qp.answer(&ah, server, mr, o.size, 0)
+        qp.answers()
+            .answer(&ah, server, mr, o.size, 0)
             .map_err(|e| format!("client {me} sending: {e}"))?;
         let mut answered = None;
         while send_buf.is_none() || answered.is_none() {
