@@ -234,6 +234,14 @@ pub trait Waitable {
     /// completions the next poll finds came that much before it ran
     /// (zero: the next poll's are on time).
     fn woke_late(&mut self, _late: Duration) {}
+
+    /// Whether [`woke_late`](Self::woke_late) is of use to it (a
+    /// scheduled queue pair's delay window judges its pieces without the
+    /// host's wait): [`poll_wait`] reads the thread's run-queue time
+    /// around a sleep, two reads of `/proc`, only then. False by default.
+    fn wants_lateness(&self) -> bool {
+        false
+    }
 }
 
 /// This thread's total wait on a CPU run queue so far (the second field of
@@ -313,7 +321,11 @@ pub(crate) fn poll_wait<W: Waitable + ?Sized>(
             // next arm costs nothing) and may have posted more.
             continue;
         }
-        let waited = runqueue_wait();
+        let waited = if w.wants_lateness() {
+            runqueue_wait()
+        } else {
+            None
+        };
         let side = w.side_fd();
         // SAFETY: `fd` is the completion channel of a completion queue `w`
         // owns (directly, or through an `Arc` it holds); the channel is
@@ -327,8 +339,8 @@ pub(crate) fn poll_wait<W: Waitable + ?Sized>(
         if ready {
             w.take_events()?;
         }
-        if let (Some(a), Some(b)) = (waited, runqueue_wait()) {
-            w.woke_late(Duration::from_nanos(b.saturating_sub(a)));
+        if let Some(late) = waited.and_then(|a| runqueue_wait().map(|b| b.saturating_sub(a))) {
+            w.woke_late(Duration::from_nanos(late));
         }
     }
 }
@@ -438,7 +450,93 @@ pub(crate) use waitable_queue_pair;
 
 #[cfg(test)]
 mod tests {
-    use super::runqueue_wait;
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    use std::time::Duration;
+
+    use super::{poll_wait, runqueue_wait, Armed, Waitable};
+    use crate::Error;
+
+    /// A completion channel stood in for by a socket: a byte written to
+    /// its other end is an event, and the completion a poll then finds.
+    struct Channel {
+        events: UnixStream,
+        ready: bool,
+        lateness: bool,
+        /// What `woke_late` was told, in order.
+        late: Vec<Duration>,
+    }
+
+    impl Waitable for Channel {
+        type Item = u8;
+
+        fn poll(&mut self, out: &mut Vec<u8>) -> Result<usize, Error> {
+            let found = std::mem::take(&mut self.ready);
+            if found {
+                out.push(1);
+            }
+            Ok(usize::from(found))
+        }
+
+        fn check_events(&mut self) -> Result<(), Error> {
+            Ok(())
+        }
+
+        fn arm(&mut self) -> Result<Armed, Error> {
+            Ok(Armed::Fd(self.events.as_raw_fd()))
+        }
+
+        fn take_events(&mut self) -> Result<(), Error> {
+            let mut byte = [0u8];
+            self.events.read_exact(&mut byte).unwrap();
+            self.ready = true;
+            Ok(())
+        }
+
+        fn woke_late(&mut self, late: Duration) {
+            self.late.push(late);
+        }
+
+        fn wants_lateness(&self) -> bool {
+            self.lateness
+        }
+    }
+
+    #[test]
+    fn a_sleep_is_timed_on_the_run_queue_only_for_what_wants_it() {
+        for lateness in [false, true] {
+            let (events, mut peer) = UnixStream::pair().unwrap();
+            let mut channel = Channel {
+                events,
+                ready: false,
+                lateness,
+                late: Vec::new(),
+            };
+            let event = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                peer.write_all(&[1]).unwrap();
+                peer
+            });
+            let mut out = Vec::new();
+            assert_eq!(
+                poll_wait(&mut channel, &mut out, Duration::from_secs(10)).unwrap(),
+                1
+            );
+            drop(event.join().unwrap());
+            // Each poll after a wake-up says "on time" (zero); a sleep's
+            // own lateness is measured and told only where it is wanted
+            // (the measure reads /proc twice).
+            let measured = channel.late.len() - channel.late.iter().filter(|d| d.is_zero()).count();
+            assert!(measured <= usize::from(lateness), "{:?}", channel.late);
+            assert_eq!(
+                channel.late.len(),
+                if lateness { 3 } else { 2 },
+                "lateness wanted: {lateness}; told {:?}",
+                channel.late
+            );
+        }
+    }
 
     #[test]
     fn reads_the_threads_own_run_queue_wait() {

@@ -238,6 +238,10 @@ impl<S: Sink, Q: PieceScheduler> Waitable for Solo<S, Q> {
     fn woke_late(&mut self, late: Duration) {
         self.engine.woke_late(late);
     }
+
+    fn wants_lateness(&self) -> bool {
+        true
+    }
 }
 
 impl<S: Sink, Q: PieceScheduler> Drop for Solo<S, Q> {
