@@ -64,7 +64,7 @@ pub(crate) fn service(ctx: &Context) -> Result<u32, Error> {
         // SAFETY: the context is open; `event` is writable.
         let rc = unsafe { ffi::ibv_get_async_event(ctx.raw(), &mut event) };
         if rc != 0 {
-            let e = io::Error::last_os_error();
+            let e = crate::error::verbs_errno();
             return match e.kind() {
                 io::ErrorKind::WouldBlock => Ok(taken),
                 io::ErrorKind::Interrupted => continue,

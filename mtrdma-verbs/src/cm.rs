@@ -110,7 +110,7 @@ fn cm_error(call: &'static str, device: &str) -> Error {
     Error::Verbs {
         call,
         device: device.to_string(),
-        source: io::Error::last_os_error(),
+        source: crate::error::verbs_errno(),
     }
 }
 

@@ -26,7 +26,7 @@ impl DeviceList {
             return Err(Error::Verbs {
                 call: "ibv_get_device_list",
                 device: "(all)".into(),
-                source: io::Error::last_os_error(),
+                source: crate::error::verbs_errno(),
             });
         }
         Ok(DeviceList {
@@ -273,7 +273,7 @@ impl Context {
             return Err(Error::Verbs {
                 call: "ibv_open_device",
                 device: name,
-                source: io::Error::last_os_error(),
+                source: crate::error::verbs_errno(),
             });
         }
         let mut inner = ContextInner {

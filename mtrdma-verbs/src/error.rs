@@ -2,6 +2,23 @@
 
 use std::io;
 
+/// What a verbs call that failed left in `errno`, as the error's source.
+/// A provider that fails without setting it would be reported as "Success
+/// (os error 0)"; SoftiWARP's `ibv_create_qp` did in the VM, for one of
+/// 64 clients' queue pairs. That is said as it is instead.
+pub(crate) fn verbs_errno() -> io::Error {
+    errno_said(io::Error::last_os_error())
+}
+
+/// `e`, unless it is errno 0: then an error that says no reason was given.
+fn errno_said(e: io::Error) -> io::Error {
+    if e.raw_os_error() == Some(0) {
+        io::Error::other("the provider failed without setting errno")
+    } else {
+        e
+    }
+}
+
 /// Why a verbs operation failed, with what to do about it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -444,4 +461,22 @@ impl mtrdma_core::tenant::RateLimited for Error {
 /// libibverbs returns positive and some providers (SoftiWARP's) negative.
 pub(crate) fn errno(rc: i32) -> io::Error {
     io::Error::from_raw_os_error(rc.saturating_abs())
+}
+
+#[cfg(test)]
+mod errno_tests {
+    use super::errno_said;
+    use std::io;
+
+    #[test]
+    fn an_unset_errno_is_said_as_such_and_a_set_one_is_kept() {
+        let unset = errno_said(io::Error::from_raw_os_error(0));
+        assert_eq!(unset.raw_os_error(), None);
+        assert_eq!(
+            unset.to_string(),
+            "the provider failed without setting errno"
+        );
+        let set = errno_said(io::Error::from_raw_os_error(12));
+        assert_eq!(set.raw_os_error(), Some(12));
+    }
 }

@@ -45,7 +45,10 @@ impl CompChannel {
         // as long as the channel lives: it is dropped after the channel).
         let raw = unsafe { ffi::ibv_create_comp_channel(ctx.raw()) };
         let Some(raw) = NonNull::new(raw) else {
-            return Err(verbs("ibv_create_comp_channel", io::Error::last_os_error()));
+            return Err(verbs(
+                "ibv_create_comp_channel",
+                crate::error::verbs_errno(),
+            ));
         };
         let channel = CompChannel { raw };
         let fd = channel.fd();
@@ -161,7 +164,7 @@ impl Cq {
             // `context` are writable.
             let rc = unsafe { ffi::ibv_get_cq_event(events.raw(), &mut cq, &mut context) };
             if rc != 0 {
-                let e = io::Error::last_os_error();
+                let e = crate::error::verbs_errno();
                 return match e.kind() {
                     io::ErrorKind::WouldBlock => Ok(0),
                     io::ErrorKind::Interrupted => continue,

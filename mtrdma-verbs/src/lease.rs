@@ -2,7 +2,6 @@
 //! key bounded on every device, revoked when the piece is taken back.
 
 use std::fmt;
-use std::io;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
@@ -132,7 +131,7 @@ impl Lease {
             )
         };
         let Some(mr) = NonNull::new(mr) else {
-            let source = io::Error::last_os_error();
+            let source = crate::error::verbs_errno();
             let device = pd.context().name().to_string();
             return Err((reg_mr_error(source, piece.len(), rights, device), piece));
         };

@@ -455,7 +455,7 @@ impl ProtectionDomain {
         let mr =
             unsafe { ffi::ibv_reg_mr(self.raw(), buf.as_ptr().cast(), len, access.flags() as i32) };
         let Some(mr) = NonNull::new(mr) else {
-            let source = io::Error::last_os_error();
+            let source = crate::error::verbs_errno();
             give_back(&mut backing);
             return Err(reg_mr_error(source, len, access, device));
         };

@@ -1,7 +1,6 @@
 //! Protection domains.
 
 use std::fmt;
-use std::io;
 use std::sync::Arc;
 
 use ibverbs_sys as ffi;
@@ -54,7 +53,7 @@ impl Context {
             return Err(Error::Verbs {
                 call: "ibv_alloc_pd",
                 device: self.name().to_string(),
-                source: io::Error::last_os_error(),
+                source: crate::error::verbs_errno(),
             });
         }
         Ok(ProtectionDomain {

@@ -51,7 +51,6 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::io;
 use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -187,7 +186,7 @@ impl SharedReceiveQueueBuilder<'_> {
             return Err(Error::Verbs {
                 call: "ibv_create_srq",
                 device: device(),
-                source: io::Error::last_os_error(),
+                source: crate::error::verbs_errno(),
             });
         };
         let inner = Arc::new(SrqInner {

@@ -655,7 +655,7 @@ pub(crate) fn create_qp(
     // valid attribute set, and the call writes the granted caps back.
     let qp = unsafe { ffi::ibv_create_qp(pd.raw(), init) };
     NonNull::new(qp).ok_or_else(|| {
-        let source = io::Error::last_os_error();
+        let source = crate::error::verbs_errno();
         let ctx = pd.context();
         if init.qp_type == ffi::ibv_qp_type::IBV_QPT_UD && ctx.is_iwarp() {
             return Error::OperationUnsupported {

@@ -47,7 +47,7 @@ impl Cq {
             None => Err(Error::Verbs {
                 call: "ibv_create_cq",
                 device: ctx.name().to_string(),
-                source: io::Error::last_os_error(),
+                source: crate::error::verbs_errno(),
             }),
         }
     }

@@ -98,7 +98,7 @@ pub(super) fn create_ah(
         return Err(Error::Verbs {
             call: "ibv_create_ah",
             device: pd.context().name().to_string(),
-            source: io::Error::last_os_error(),
+            source: crate::error::verbs_errno(),
         });
     };
     Ok(AddressHandle {
