@@ -245,12 +245,18 @@ fn an_async_admission_waits_out_a_rate_limit_on_the_runtimes_timer() {
     assert!(refused.unwrap_err().retry_after().is_some());
 }
 
+/// Posts a WRITE tagged `i` with the caller's own context `i`, through
+/// the queue pair itself: its completion comes as incoming.
+fn post_own(qp: &AsyncQueuePair<NullScheduled>, i: u64) {
+    qp.with(|q| q.post_send(SendOp::Write(REMOTE), tagged(i), 0..64, i))
+        .unwrap_or_else(|(e, _)| panic!("{e}"));
+}
+
 #[test]
 fn requests_posted_with_contexts_of_the_callers_own_come_as_incoming_in_order() {
     let (qp, _nic) = watched(64);
     for i in 0..4u64 {
-        qp.with(|q| q.post_send(SendOp::Write(REMOTE), tagged(i), 0..64, i))
-            .unwrap_or_else(|(e, _)| panic!("{e}"));
+        post_own(&qp, i);
     }
     let mine = qp
         .post_send(SendOp::Write(REMOTE), tagged(99), 0..64)
@@ -263,8 +269,7 @@ fn requests_posted_with_contexts_of_the_callers_own_come_as_incoming_in_order() 
         assert_eq!((c.context, tag(&c.region)), (i, i));
     }
     // A dropped incoming future loses nothing.
-    qp.with(|q| q.post_send(SendOp::Write(REMOTE), tagged(5), 0..64, 5))
-        .unwrap_or_else(|(e, _)| panic!("{e}"));
+    post_own(&qp, 5);
     drop(qp.incoming());
     assert_eq!(resolve(qp.incoming()).unwrap().context, 5);
     assert_eq!(qp.waiting(), 0);
@@ -274,8 +279,7 @@ fn requests_posted_with_contexts_of_the_callers_own_come_as_incoming_in_order() 
 fn incoming_many_takes_what_one_wake_found_up_to_its_limit_in_order() {
     let (qp, _nic) = watched(64);
     for i in 0..7u64 {
-        qp.with(|q| q.post_send(SendOp::Write(REMOTE), tagged(i), 0..64, i))
-            .unwrap_or_else(|(e, _)| panic!("{e}"));
+        post_own(&qp, i);
     }
     let mut out = Vec::new();
     // A limit of 0 takes nothing and does not wait.
@@ -295,8 +299,7 @@ fn incoming_many_takes_what_one_wake_found_up_to_its_limit_in_order() {
     let mut waiting = qp.incoming_many(&mut more, 8);
     assert!(poll_once(&mut waiting).is_pending());
     drop(waiting);
-    qp.with(|q| q.post_send(SendOp::Write(REMOTE), tagged(7), 0..64, 7))
-        .unwrap_or_else(|(e, _)| panic!("{e}"));
+    post_own(&qp, 7);
     assert_eq!(resolve(qp.incoming_many(&mut more, 8)).unwrap(), 1);
     assert_eq!(more[0].context, 7);
     assert_eq!(qp.waiting(), 0);
