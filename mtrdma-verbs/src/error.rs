@@ -4,8 +4,9 @@ use std::io;
 
 /// What a verbs call that failed left in `errno`, as the error's source.
 /// A provider that fails without setting it would be reported as "Success
-/// (os error 0)"; SoftiWARP's `ibv_create_qp` did in the VM, for one of
-/// 64 clients' queue pairs. That is said as it is instead.
+/// (os error 0)"; SoftiWARP's `ibv_create_qp` does when the kernel maps
+/// the queue at offset 0x90000, which its user library takes for "no
+/// key". That is said as it is instead.
 pub(crate) fn verbs_errno() -> io::Error {
     errno_said(io::Error::last_os_error())
 }
