@@ -255,14 +255,6 @@ impl Ud {
         }
     }
 
-    fn address_handle(&mut self, to: &UdEndpoint) -> Result<AddressHandle, String> {
-        match self {
-            Ud::Raw(q) => q.address_handle(to),
-            Ud::Sched(q) => q.address_handle(to),
-        }
-        .map_err(|e| format!("an address handle for queue pair {}: {e}", to.qpn))
-    }
-
     /// The queue pair, to answer (or ask) on.
     fn answers(&mut self) -> &mut dyn Answers {
         match self {
@@ -734,7 +726,7 @@ impl Desk {
         c: UdCompletion,
         clients: &[UdEndpoint],
         srq: &SharedReceiveQueue,
-        handle_to: impl FnOnce(&UdEndpoint) -> Result<AddressHandle, mtrdma::verbs::Error>,
+        handle_to: impl FnOnce(&UdEndpoint) -> Result<AddressHandle, String>,
     ) -> Result<Option<Request>, String> {
         let (region, request) = self.served.take(c, clients, &mut self.said_bye)?;
         let len = region.len();
@@ -744,9 +736,7 @@ impl Desk {
             return Ok(None);
         };
         if self.handles[request.k].is_none() {
-            let ah = handle_to(&request.to)
-                .map_err(|e| format!("an address handle for queue pair {}: {e}", request.to.qpn))?;
-            self.handles[request.k] = Some(ah);
+            self.handles[request.k] = Some(handle_to(&request.to)?);
         }
         Ok(Some(request))
     }
@@ -761,9 +751,9 @@ impl Desk {
     }
 
     /// Posts the answers written so far on `qp` (see
-    /// [`Answers::answer_all`]), completing with context `id`.
+    /// [`Answers::post_answers`]), completing with context `id`.
     fn post<A: Answers + ?Sized>(&mut self, qp: &mut A, id: u64) -> Result<(), String> {
-        qp.answer_all(&self.handles, &mut self.answers, self.size, id)
+        qp.post_answers(&self.handles, &mut self.answers, self.size, id)
     }
 }
 
@@ -807,7 +797,8 @@ fn process_cpu() -> Duration {
 /// A UD queue pair the servers answer on (and the clients ask on):
 /// straight or scheduled.
 trait Answers {
-    fn handle_to(&mut self, to: &UdEndpoint) -> Result<AddressHandle, mtrdma::verbs::Error>;
+    /// An address handle to `to`.
+    fn handle_to(&mut self, to: &UdEndpoint) -> Result<AddressHandle, String>;
 
     fn answer(
         &mut self,
@@ -822,7 +813,7 @@ trait Answers {
     /// each to its client's handle in `handles`, and empties it: one at a
     /// time here; as one batch (one doorbell) where the queue pair has
     /// batches.
-    fn answer_all(
+    fn post_answers(
         &mut self,
         handles: &[Option<AddressHandle>],
         answers: &mut Vec<Answer>,
@@ -843,8 +834,9 @@ trait Answers {
 macro_rules! answers {
     ($ty:ty { $($extra:item)* }) => {
         impl Answers for $ty {
-            fn handle_to(&mut self, to: &UdEndpoint) -> Result<AddressHandle, mtrdma::verbs::Error> {
+            fn handle_to(&mut self, to: &UdEndpoint) -> Result<AddressHandle, String> {
                 self.address_handle(to)
+                    .map_err(|e| format!("an address handle for queue pair {}: {e}", to.qpn))
             }
 
             fn answer(
@@ -866,7 +858,7 @@ macro_rules! answers {
 answers!(ScheduledUdQueuePair {});
 
 answers!(UdQueuePair {
-    fn answer_all(
+    fn post_answers(
         &mut self,
         handles: &[Option<AddressHandle>],
         answers: &mut Vec<Answer>,
@@ -1088,7 +1080,7 @@ fn ask(
     o: &Opts,
     start_line: &Barrier,
 ) -> Result<(Measured, f64), String> {
-    let ah = qp.address_handle(server)?;
+    let ah = qp.answers().handle_to(server)?;
     let mut send_buf = Some(site.buffer(o.size)?);
     let mut m = Measured::default();
     let mut seq = 0u64;
