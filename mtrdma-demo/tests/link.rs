@@ -14,6 +14,7 @@ use std::time::Duration;
 // Not every test file uses all of what the tests share.
 mod common;
 use common::{demo_run, result_row, ISOLATION, PERF};
+use mtrdma_demo::{probe_realtime_works, PROBE_PRIORITY};
 
 /// The link's sender and receiver devices, or `None` (said on stderr)
 /// outside the VM when no link is set up (a real host has no such pair).
@@ -91,36 +92,11 @@ fn unprotected_p99(sender: &str, receiver: &str) -> f64 {
     *P99.get_or_init(|| p99_next_to_bulk(sender, receiver, port, &["-s", "1M", "--path", "raw"]))
 }
 
-/// The latency probe's real-time CPU priority (`chrt -f`), as in the link
-/// demo (`isolation --link`'s `PROBE_PRIORITY`).
-const PROBE_PRIORITY: &str = "50";
-
 /// `perf`, at [`PROBE_PRIORITY`] when `chrt` works here (it does in the
-/// VM, as root), else at normal priority, said once on stderr. On the
-/// emulated host the NIC is software on the same two CPUs as the bulk
-/// tenants: at normal priority the probe's 500 us sleeps ended 2.3 to
-/// 3.5 ms late at p99 next to two bulk tenants under the bound (debug
-/// build), most of its p99, so its tail measured the CPU scheduler and not
-/// the queue at the link that the tests are about. At real-time priority
-/// they ended 0.3 ms late at p99.
+/// VM, as root), else at normal priority, said once on stderr.
 fn probe_perf() -> Command {
-    static CHRT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let works = *CHRT.get_or_init(|| {
-        let ok = Command::new("chrt")
-            .args(["-f", PROBE_PRIORITY, "true"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            eprintln!(
-                "cannot run the latency probe at real-time priority (chrt -f {PROBE_PRIORITY}): \
-                 its tail measures the CPU scheduler as much as the link"
-            );
-        }
-        ok
-    });
-    if works {
+    static REALTIME: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *REALTIME.get_or_init(|| probe_realtime_works("link tests")) {
         let mut chrt = Command::new("chrt");
         chrt.args(["-f", PROBE_PRIORITY, PERF]);
         chrt

@@ -42,20 +42,11 @@ mod soak;
 use crate::{figure_cell, lat, Args, Lat, Report, Way};
 use measure::*;
 use mtrdma::sched::stats::jain_index;
+use mtrdma_demo::{probe_realtime_works, PROBE_PRIORITY};
 use scenarios::*;
 
 /// The cgroup every demo tenant's cgroup is created under.
 const CGROUP_ROOT: &str = "/sys/fs/cgroup/mtrdma-demo";
-/// The latency probe's real-time CPU priority (`chrt -f`), the same in
-/// every way it is measured (alone, unprotected, with mtrdma). On the
-/// emulated host the NIC is software on the same two CPUs as eight or more
-/// tenant processes; at normal priority the probe waits for a CPU for
-/// milliseconds (its 500 us sleeps ended 0.8 ms late at the median and
-/// 9 ms at p99 next to 8 bulk tenants with mtrdma), so its p99 measured
-/// the CPU scheduler, not the link. A latency-critical service on such a
-/// host gets a CPU of its own or a priority; the softirq threads that do
-/// rxe's work run at the same priority (see the VM's link setup).
-const PROBE_PRIORITY: &str = "50";
 /// The capped tenant's burst, in pieces (see `policy_toml`).
 const CAP_BURST_PIECES: u64 = 64;
 /// The control-path storm's policy rate (QP creations and MR registrations
@@ -646,18 +637,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         &logs.join("coordinator.log"),
     )?;
     let started = Instant::now();
-    let probe_realtime = Command::new("chrt")
-        .args(["-f", PROBE_PRIORITY, "true"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !probe_realtime {
-        eprintln!(
-            "isolation: warning: cannot run the latency probe at real-time priority (chrt -f {PROBE_PRIORITY}); \
-             its tail then measures the CPU scheduler as much as the link"
-        );
-    }
+    let probe_realtime = probe_realtime_works("isolation");
     r.say(format!(
         "\nmtrdma on the shared link: {} -> {} shaped to {:.0} Mbit/s ({:.2} MB/s); every tenant a process in its own cgroup, \
          registered with the coordinator; {} s per measurement; bulk with mtrdma: {} ({} B pieces{}){}; \
