@@ -455,6 +455,11 @@ pub(super) fn scenario_cap(site: &mut Site<'_>, r: &mut Report) -> Result<(), St
         "{:<12} {:>12} {:>12} {:>14}",
         "way", "capped MB/s", "free MB/s", "capped / cap"
     ));
+    r.say(
+        "(mtrdma: what each tenant posted in the measured seconds, after the senders' lead, from the quota \
+         table's counters: the cap's rate, not its burst, which a short run's own average would count; \
+         unprotected tenants are not registered: each one's average over its own run)",
+    );
     for (label, runs) in [
         ("alone", vec![("capped", Way::Mtrdma)]),
         (
@@ -471,8 +476,16 @@ pub(super) fn scenario_cap(site: &mut Site<'_>, r: &mut Report) -> Result<(), St
             ..Run::default()
         };
         let m = site.measure(&format!("cap-{label}"), &run)?;
-        let capped = m.bulk[0].1;
-        let free = m.bulk.get(1).map_or(f64::NAN, |b| b.1);
+        // The cap's burst (64 pieces) is spent in the senders' lead: over a
+        // 7 s run at 50 Mbit/s it added 2.2% to the capped tenant's own
+        // average, which a token bucket allows and a rate is not.
+        let rates = if m.bulk_window.len() == run.bulk.len() {
+            &m.bulk_window
+        } else {
+            &m.bulk
+        };
+        let capped = rates[0].1;
+        let free = rates.get(1).map_or(f64::NAN, |b| b.1);
         let off = (capped / cap - 1.0).abs();
         r.say(format!(
             "{label:<12} {capped:>12.3} {} {:>14.3}{}",
