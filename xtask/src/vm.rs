@@ -41,6 +41,13 @@ pub(crate) struct Options {
     pub(crate) cpus: u32,
     /// The shared bottleneck link between `rxa` and `rxb`, if any.
     pub(crate) link: Option<Link>,
+    /// Boot the guest with `idle=poll`: an idle vCPU spins instead of
+    /// halting. Under TCG a halted vCPU takes long to wake: a latency
+    /// probe alone on the link had a p99 of 1.1 to 1.4 ms, and 0.19 to
+    /// 0.21 ms with `idle=poll` (three runs each, 16 B WRITEs every
+    /// 500 us at real-time priority, 120 Mbit/s). The vCPUs then keep
+    /// the host's CPUs busy the whole boot, so it is an option.
+    pub(crate) idle_poll: bool,
 }
 
 impl Default for Options {
@@ -52,8 +59,18 @@ impl Default for Options {
             memory_mib: 2048,
             cpus: 2,
             link: None,
+            idle_poll: std::env::var("MTRDMA_VM_IDLE_POLL").is_ok_and(|v| v == "1"),
         }
     }
+}
+
+/// The guest kernel's command line for `opts`.
+pub(crate) fn kernel_cmdline(opts: &Options) -> String {
+    let mut line = String::from("console=ttyS0 panic=-1 loglevel=3 tsc=reliable clocksource=tsc");
+    if opts.idle_poll {
+        line.push_str(" idle=poll");
+    }
+    line
 }
 
 /// What to run in the guest: a POSIX shell script body.
@@ -173,10 +190,7 @@ pub(crate) fn run(opts: &Options, job: &Job) -> Result<Outcome> {
     cmd.arg("-smp").arg(opts.cpus.to_string());
     cmd.arg("-kernel").arg(&kernel.vmlinuz);
     cmd.arg("-initrd").arg(&initramfs);
-    cmd.args([
-        "-append",
-        "console=ttyS0 panic=-1 loglevel=3 tsc=reliable clocksource=tsc",
-    ]);
+    cmd.arg("-append").arg(kernel_cmdline(opts));
     cmd.arg("-serial")
         .arg(format!("file:{}", dir.join("console.log").display()));
     cmd.arg("-virtfs")
