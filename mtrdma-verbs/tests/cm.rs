@@ -4,6 +4,9 @@
 //! test` runs them in the SoftRoCE VM.
 
 mod common;
+// perftest's rdma_cm mode as a peer: a file of its own.
+#[path = "cm/perftest.rs"]
+mod perftest;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
