@@ -136,7 +136,7 @@ fn p99_next_to_bulk(sender: &str, receiver: &str, port: u16, way: &[&str]) -> f6
             "20",
         ];
         bulk_args.extend_from_slice(way);
-        children.push(spawn(&mut client(Command::new(PERF), port + i, &bulk_args)));
+        children.push(spawn(&mut client(perf(&[]), port + i, &bulk_args)));
     }
     wait_for_bulk(sender);
     let out = client(

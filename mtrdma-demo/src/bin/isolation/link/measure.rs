@@ -405,15 +405,22 @@ impl Measured {
         self.bulk.iter().map(|(_, v)| v).sum()
     }
 
-    /// What the `n` bulk senders moved together while the probe ran: from
-    /// the quota table's counters if all of them are registered, else
-    /// their own averages over their runs.
-    pub(super) fn bulk_rate(&self, n: usize) -> f64 {
+    /// (tenant, MB/s) of the `n` bulk senders: what each posted while the
+    /// probe ran, from the quota table's counters, if all of them are
+    /// registered ([`bulk_window`](Self::bulk_window)), else their own
+    /// averages over their runs ([`bulk`](Self::bulk)).
+    pub(super) fn bulk_rates(&self, n: usize) -> &[(String, f64)] {
         if n > 0 && self.bulk_window.len() == n {
-            self.bulk_window.iter().map(|(_, v)| v).sum()
+            &self.bulk_window
         } else {
-            self.bulk_total()
+            &self.bulk
         }
+    }
+
+    /// What the `n` bulk senders moved together while the probe ran (see
+    /// [`bulk_rates`](Self::bulk_rates)).
+    pub(super) fn bulk_rate(&self, n: usize) -> f64 {
+        self.bulk_rates(n).iter().map(|(_, v)| v).sum()
     }
 }
 

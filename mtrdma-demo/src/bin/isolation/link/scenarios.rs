@@ -371,11 +371,7 @@ pub(super) fn scenario_weights(site: &mut Site<'_>, r: &mut Report) -> Result<()
         // With mtrdma, what each tenant posted over the same seconds (the
         // quota table's counters); unprotected tenants are not registered,
         // so their own averages over their runs.
-        let rates = if m.bulk_window.len() == run.bulk.len() {
-            &m.bulk_window
-        } else {
-            &m.bulk
-        };
+        let rates = m.bulk_rates(run.bulk.len());
         let total: f64 = rates.iter().map(|(_, x)| x).sum();
         let v: Vec<f64> = rates.iter().map(|(_, x)| *x).collect();
         let shares: Vec<f64> = v.iter().map(|x| x / total).collect();
@@ -479,11 +475,7 @@ pub(super) fn scenario_cap(site: &mut Site<'_>, r: &mut Report) -> Result<(), St
         // The cap's burst (64 pieces) is spent in the senders' lead: over a
         // 7 s run at 50 Mbit/s it added 2.2% to the capped tenant's own
         // average, which a token bucket allows and a rate is not.
-        let rates = if m.bulk_window.len() == run.bulk.len() {
-            &m.bulk_window
-        } else {
-            &m.bulk
-        };
+        let rates = m.bulk_rates(run.bulk.len());
         let capped = rates[0].1;
         let free = rates.get(1).map_or(f64::NAN, |b| b.1);
         let off = (capped / cap - 1.0).abs();
