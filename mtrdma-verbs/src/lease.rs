@@ -29,7 +29,7 @@ use crate::{Access, Error, MemoryRegion, PostError, RemoteRegion};
 /// Against [`QueuePair::lend`](crate::QueuePair::lend) (memory windows of
 /// type 2): a window binds in a work request on the send queue, without a
 /// system call, and its key works only through the queue pair it was bound
-/// on, but its bounds are the device's to enforce and rxe does not (it
+/// on, but its bounds are the device's to enforce and stock rxe does not (it
 /// checks a window's accesses against the whole registration under it),
 /// and some devices (SoftiWARP) have no windows. A lease costs a
 /// registration (a system call, and the pages pinned again) and its key

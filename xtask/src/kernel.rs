@@ -19,10 +19,11 @@ use crate::{cpio, deps, proc};
 /// SoftiWARP, the second provider: Debian's kernel package does not ship
 /// it, so it is built from Debian's kernel source for that kernel
 /// ([`build_siw`]); it loads `crc32c_generic` by name at run time, as rxe
-/// does `crc32_generic`.
+/// does `crc32_generic`. `rdma_rxe` is built from the same source with its
+/// memory windows bounded ([`build_rxe`]).
 ///
-/// The cache records this list: a cache unpacked for another list is
-/// unpacked again.
+/// The cache records this list and [`BUILT`]: a cache unpacked for
+/// another is unpacked again.
 const ROOT_MODULES: &[&str] = &[
     "virtio_pci",
     "virtio_net",
@@ -39,8 +40,34 @@ const ROOT_MODULES: &[&str] = &[
 ];
 
 /// The file in a cached kernel's directory that holds the `ROOT_MODULES`
-/// it was unpacked for.
+/// it was unpacked for, and [`BUILT`].
 const ROOTS_FILE: &str = "root-modules";
+
+/// The modules built from Debian's kernel source rather than taken from
+/// the package, each with how (a line of [`ROOTS_FILE`], after the
+/// modules).
+const BUILT: &[&str] = &[
+    "# siw: built from source",
+    "# rdma_rxe: built from source, memory windows bounded",
+];
+
+/// rxe's responder (`check_rkey` in `rxe_resp.c`) checks an access
+/// through a memory window against the memory region under the window, not
+/// against the window: a key lent for one piece reaches the whole
+/// registration. The verbs specification bounds a window's key to the
+/// window, as devices that have windows do. After the line that sets a
+/// zero-based window's offset, and before the region's reference is taken
+/// (so the error path drops the window's only), the access is checked
+/// against the window's bounds.
+const RXE_WINDOW_ANCHOR: &str =
+    "\t\tif (mw->access & IB_ZERO_BASED)\n\t\t\tqp->resp.offset = mw->addr;\n";
+const RXE_WINDOW_CHECK: &str = "\n\t\t/* mtrdma's VM: a window's key reaches the window only. */\n\
+\t\tif (va + qp->resp.offset < mw->addr || resid > mw->length ||\n\
+\t\t    va + qp->resp.offset - mw->addr > mw->length - resid) {\n\
+\t\t\tmr = NULL;\n\
+\t\t\tstate = RESPST_ERR_RKEY_VIOLATION;\n\
+\t\t\tgoto err;\n\
+\t\t}\n";
 
 /// The Debian meta-package that names the current kernel image package.
 const META_PACKAGE: &str = "linux-image-amd64";
@@ -168,14 +195,14 @@ fn unpack(package: &str, work: &Path, dir: &Path) -> Result<()> {
         }
     })?;
 
+    let version = modules_root
+        .file_name()
+        .and_then(|n| n.to_str())
+        .context("lib/modules/<version>")?;
     if !available.contains_key("siw") && !builtin.contains("siw") {
-        let version = modules_root
-            .file_name()
-            .and_then(|n| n.to_str())
-            .context("lib/modules/<version>")?
-            .to_string();
-        available.insert("siw".into(), build_siw(&version, work)?);
+        available.insert("siw".into(), build_siw(version, work)?);
     }
+    available.insert("rdma_rxe".into(), build_rxe(version, work)?);
 
     let mut order = Vec::new();
     let mut seen = HashSet::new();
@@ -201,51 +228,105 @@ fn unpack(package: &str, work: &Path, dir: &Path) -> Result<()> {
 }
 
 /// Builds SoftiWARP's module (`siw.ko`) for the kernel `version`
-/// (`6.1.0-48-amd64`) in `work`: from Debian's kernel source for its
-/// series (`linux-source-6.1`) against its headers
-/// (`linux-headers-6.1.0-48-amd64`), both installed if missing.
+/// (`6.1.0-48-amd64`) in `work` (see [`build_module`]).
 fn build_siw(version: &str, work: &Path) -> Result<PathBuf> {
+    println!("vm: building siw for {version} (the kernel package has no SoftiWARP)");
+    build_module(version, work, "siw", "CONFIG_RDMA_SIW", "siw", |_| Ok(()))
+}
+
+/// Builds rxe's module (`rdma_rxe.ko`) for the kernel `version` in `work`
+/// with its memory windows bounded ([`RXE_WINDOW_CHECK`]; see
+/// [`build_module`]).
+fn build_rxe(version: &str, work: &Path) -> Result<PathBuf> {
+    println!("vm: building rdma_rxe for {version} (its memory windows bounded)");
+    build_module(version, work, "rxe", "CONFIG_RDMA_RXE", "rdma_rxe", |dir| {
+        let file = dir.join("rxe_resp.c");
+        let source = fs::read_to_string(&file)?;
+        fs::write(&file, bound_windows(&source)?)?;
+        Ok(())
+    })
+}
+
+/// `rxe_resp.c`'s `source` with [`RXE_WINDOW_CHECK`] after
+/// [`RXE_WINDOW_ANCHOR`], which must stand in it once.
+fn bound_windows(source: &str) -> Result<String> {
+    let mut at = source.match_indices(RXE_WINDOW_ANCHOR).map(|(i, _)| i);
+    let (Some(i), None) = (at.next(), at.next()) else {
+        bail!(
+            "rxe_resp.c does not set a zero-based window's offset once as rxe 6.1 does; \
+             the check of a window's bounds has no place to go"
+        );
+    };
+    let end = i + RXE_WINDOW_ANCHOR.len();
+    Ok(format!(
+        "{}{RXE_WINDOW_CHECK}{}",
+        &source[..end],
+        &source[end..]
+    ))
+}
+
+/// Builds the module `ko` (`ko.ko`) of `drivers/infiniband/sw/<driver>`
+/// for the kernel `version` (`6.1.0-48-amd64`) in `work`: from Debian's
+/// kernel source for its series (`linux-source-6.1`), changed by `edit`
+/// (given the driver's folder), against its headers
+/// (`linux-headers-6.1.0-48-amd64`), both installed if missing; its debug
+/// sections stripped, as the package's modules are.
+fn build_module(
+    version: &str,
+    work: &Path,
+    driver: &str,
+    config: &str,
+    ko: &str,
+    edit: impl FnOnce(&Path) -> Result<()>,
+) -> Result<PathBuf> {
     let series = version.splitn(3, '.').take(2).collect::<Vec<_>>().join(".");
     let (headers, source) = (
         format!("linux-headers-{version}"),
         format!("linux-source-{series}"),
     );
-    deps::ensure_packages(&[&headers, &source], "building SoftiWARP (siw) for the VM")?;
-    println!("vm: building siw for {version} (the kernel package has no SoftiWARP)");
-    let src = work.join("siw-src");
+    deps::ensure_packages(&[&headers, &source], &format!("building {ko} for the VM"))?;
+    let src = work.join(format!("{driver}-src"));
     fs::create_dir_all(&src)?;
     let tarball = format!("/usr/src/linux-source-{series}.tar.xz");
+    let tree = format!("drivers/infiniband/sw/{driver}");
     proc::check(
         Command::new("tar")
             .arg("-xJf")
             .arg(&tarball)
             .arg("-C")
             .arg(&src)
-            .args(["--wildcards", "*/drivers/infiniband/sw/siw/*"]),
+            .args(["--wildcards", &format!("*/{tree}/*")]),
     )?;
     let dir = fs::read_dir(&src)?
         .flatten()
-        .map(|e| e.path().join("drivers/infiniband/sw/siw"))
+        .map(|e| e.path().join(&tree))
         .find(|p| p.is_dir())
-        .with_context(|| format!("no drivers/infiniband/sw/siw in {tarball}"))?;
+        .with_context(|| format!("no {tree} in {tarball}"))?;
+    edit(&dir)?;
     proc::check(
         Command::new("make")
             .arg("-C")
             .arg(format!("/usr/src/linux-headers-{version}"))
             .arg(format!("M={}", dir.display()))
-            .args(["CONFIG_RDMA_SIW=m", "modules"]),
+            .args([&format!("{config}=m"), "modules"]),
     )?;
-    let ko = dir.join("siw.ko");
-    anyhow::ensure!(ko.exists(), "building siw left no {}", ko.display());
+    let ko = dir.join(format!("{ko}.ko"));
+    anyhow::ensure!(ko.exists(), "the build left no {}", ko.display());
+    proc::check(Command::new("strip").arg("--strip-debug").arg(&ko))?;
     Ok(ko)
 }
 
 /// `ROOT_MODULES` as the cache records them, one a line.
 fn roots_text() -> String {
-    ROOT_MODULES.iter().map(|m| format!("{m}\n")).collect()
+    ROOT_MODULES
+        .iter()
+        .chain(BUILT)
+        .map(|m| format!("{m}\n"))
+        .collect()
 }
 
-/// How a cache's modules differ from today's `ROOT_MODULES`: `recorded`
+/// How a cache's modules differ from today's `ROOT_MODULES` and
+/// [`BUILT`]: `recorded`
 /// is its record of them (none in a cache made before the record existed),
 /// `loaded` its load order.
 fn module_change(recorded: Option<&str>, loaded: &str) -> String {
@@ -259,11 +340,19 @@ fn module_change(recorded: Option<&str>, loaded: &str) -> String {
         Some(_) => has
             .iter()
             .copied()
-            .filter(|m| !ROOT_MODULES.contains(m))
+            .filter(|m| !m.starts_with('#') && !ROOT_MODULES.contains(m))
             .collect(),
         None => Vec::new(),
     };
     extra.sort_unstable();
+    let built_otherwise: Vec<&str> = match recorded {
+        Some(_) => BUILT
+            .iter()
+            .filter(|b| !has.contains(*b))
+            .map(|b| b.trim_start_matches("# "))
+            .collect(),
+        None => Vec::new(),
+    };
     let mut parts = Vec::new();
     if recorded.is_none() {
         parts.push("made before the cache recorded its modules".to_string());
@@ -273,6 +362,9 @@ fn module_change(recorded: Option<&str>, loaded: &str) -> String {
     }
     if !extra.is_empty() {
         parts.push(format!("has {} no longer needed", extra.join(", ")));
+    }
+    if !built_otherwise.is_empty() {
+        parts.push(format!("not {}", built_otherwise.join("; ")));
     }
     if parts.is_empty() {
         parts.push("the module order changed".to_string());
@@ -484,7 +576,43 @@ mod tests {
             module_change(Some(&roots_text()), ""),
             "the module order changed"
         );
-        assert!(roots_text().lines().eq(ROOT_MODULES.iter().copied()));
+        assert!(roots_text()
+            .lines()
+            .eq(ROOT_MODULES.iter().chain(BUILT).copied()));
+        // A cache whose modules were built otherwise (before rxe's windows
+        // were bounded) is unpacked again, and says why.
+        let recorded: String = ROOT_MODULES.iter().map(|m| format!("{m}\n")).collect();
+        let said = module_change(Some(&recorded), "");
+        assert!(
+            said.starts_with(
+                "not siw: built from source; rdma_rxe: built from source, memory windows bounded"
+            ),
+            "{said}"
+        );
+    }
+
+    #[test]
+    fn rxe_is_given_the_check_of_a_windows_bounds_once_in_the_place_for_it() {
+        // The lines of rxe 6.1's `check_rkey` around the place.
+        let source = "\t\tmr = mw->mr;\n\
+                      \t\tif (mw->access & IB_ZERO_BASED)\n\
+                      \t\t\tqp->resp.offset = mw->addr;\n\
+                      \n\
+                      \t\trxe_get(mr);\n";
+        let bounded = bound_windows(source).unwrap();
+        assert_eq!(bounded.matches("mw->length - resid").count(), 1);
+        let check = bounded.find("mw->length - resid").unwrap();
+        assert!(bounded.find("qp->resp.offset = mw->addr;").unwrap() < check);
+        assert!(
+            check < bounded.find("rxe_get(mr)").unwrap(),
+            "before the region's reference"
+        );
+        assert!(bounded.starts_with(source.split("\n\n").next().unwrap()));
+        // A source without the place, or with it twice, is refused.
+        for other in ["int x;\n".to_string(), format!("{source}{source}")] {
+            let err = bound_windows(&other).unwrap_err().to_string();
+            assert!(err.contains("no place to go"), "{err}");
+        }
     }
 
     #[test]

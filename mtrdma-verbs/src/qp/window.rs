@@ -138,7 +138,7 @@ impl QueuePair {
     /// them only through this queue pair, and only until the piece is
     /// taken back ([`take_back`](Self::take_back)); the window's bounds
     /// keep it to this piece on devices that enforce them, as the verbs
-    /// specification asks (rxe does not: it checks a window's accesses
+    /// specification asks (stock rxe does not: it checks a window's accesses
     /// against the whole registration; a [`Lease`](crate::Lease) is
     /// bounded on every device). Until then the queue pair holds
     /// the piece; dropping the queue pair revokes the key and frees it.
