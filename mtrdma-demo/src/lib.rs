@@ -56,3 +56,79 @@ pub fn probe_realtime_works(who: &str) -> bool {
     }
     works
 }
+
+/// The ports the harnesses' servers listen on: below the kernel's range of
+/// ephemeral ports (`net.ipv4.ip_local_port_range`, 32768 and up by
+/// default), from which every outgoing TCP connection (etcd's clients,
+/// perf's clients, the registry's) takes its local port. A server told a
+/// port in that range can find it held by such a connection and fail to
+/// bind it.
+pub const SERVER_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// The first port of [`SERVER_PORTS`] after `after` (wrapping to its
+/// start) that no TCP socket of this host holds, in any state (by
+/// `/proc/net/tcp` and `tcp6`).
+pub fn next_free_port(after: u16) -> u16 {
+    let held = held_ports();
+    let span = SERVER_PORTS.end - SERVER_PORTS.start;
+    let from = after.saturating_sub(SERVER_PORTS.start) % span;
+    (1..=span)
+        .map(|i| SERVER_PORTS.start + (from + i) % span)
+        .find(|p| !held.contains(p))
+        .unwrap_or(SERVER_PORTS.start + (from + 1) % span)
+}
+
+/// The local ports of this host's TCP sockets, in any state.
+fn held_ports() -> std::collections::HashSet<u16> {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(local_port)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The local port of a line of `/proc/net/tcp` (`  0: 0100007F:4E20 ...`).
+fn local_port(line: &str) -> Option<u16> {
+    let local = line.split_whitespace().nth(1)?;
+    u16::from_str_radix(local.rsplit(':').next()?, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_ports_stay_below_the_ephemeral_range_and_skip_held_ones() {
+        // Below this host's ephemeral ports.
+        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+        let low: u16 = range.split_whitespace().next().unwrap().parse().unwrap();
+        assert!(SERVER_PORTS.end <= low, "ephemeral ports from {low}");
+        assert_eq!(
+            local_port("   0: 0100007F:4E21 00000000:0000 0A 00000000:00000000"),
+            Some(0x4E21)
+        );
+        assert_eq!(local_port("  sl  local_address rem_address"), None);
+        // Held here: a listener's port is passed over.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let held = listener.local_addr().unwrap().port();
+        if SERVER_PORTS.contains(&held) {
+            assert_ne!(next_free_port(held - 1), held);
+        }
+        // Within the range, wrapping at its end, from anywhere.
+        for after in [0, 20_000, 25_000, 31_999, 40_000, u16::MAX] {
+            let p = next_free_port(after);
+            assert!(SERVER_PORTS.contains(&p), "{after} -> {p}");
+        }
+        assert!(
+            next_free_port(31_999) - SERVER_PORTS.start < 100,
+            "wraps to the start"
+        );
+        drop(listener);
+    }
+}

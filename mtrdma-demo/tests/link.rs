@@ -85,10 +85,11 @@ fn wait_for_bulk(sender: &str) {
 
 /// The latency tenant's p99 (us) next to unprotected bulk tenants (raw
 /// 1 MiB WRITEs): the baseline of the tests below, measured once in a
-/// test process (on ports 32,000 and up).
+/// test process (on ports 28,000 and up, below the ephemeral ports, as
+/// `mtrdma_demo::SERVER_PORTS`).
 fn unprotected_p99(sender: &str, receiver: &str) -> f64 {
     static P99: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let port = 32_000 + (std::process::id() % 1_000) as u16 * 4;
+    let port = 28_000 + (std::process::id() % 1_000) as u16 * 4;
     *P99.get_or_init(|| p99_next_to_bulk(sender, receiver, port, &["-s", "1M", "--path", "raw"]))
 }
 

@@ -288,8 +288,10 @@ impl Proc {
 }
 
 /// Waits until a TCP socket listens on `port` (servers on a busy emulated
-/// CPU take a while to start; a client that comes too early fails).
-fn wait_listening(port: u16) -> Result<(), String> {
+/// CPU take a while to start; a client that comes too early fails). With
+/// `server`, the process that is to listen there: if it ends first, says
+/// so with what it wrote on stderr.
+fn wait_listening(port: u16, mut server: Option<&mut Proc>) -> Result<(), String> {
     let want = format!(":{port:04X} ");
     let start = Instant::now();
     loop {
@@ -305,6 +307,16 @@ fn wait_listening(port: u16) -> Result<(), String> {
         });
         if listening {
             return Ok(());
+        }
+        if let Some(p) = server.as_deref_mut() {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                let err = std::fs::read_to_string(&p.stderr).unwrap_or_default();
+                return Err(format!(
+                    "{} ended ({status}) before it listened on port {port}: {}",
+                    p.name,
+                    err.trim_end()
+                ));
+            }
         }
         if start.elapsed() > Duration::from_secs(20) {
             return Err(format!("no server listens on port {port} after 20 s"));
@@ -358,8 +370,10 @@ fn cgroup_procs(name: &str) -> Result<File, String> {
 }
 
 impl Site<'_> {
+    /// A port for a server of the run: the next of
+    /// [`mtrdma_demo::SERVER_PORTS`] that no socket holds.
     fn port(&mut self) -> u16 {
-        self.next_port += 1;
+        self.next_port = mtrdma_demo::next_free_port(self.next_port);
         self.next_port
     }
 
@@ -701,7 +715,7 @@ pub(crate) fn run(args: &Args, link: &LinkSpec, r: &mut Report) -> Result<(), St
         coordinator_started: started,
         coordinator_restarts: 0,
         logs,
-        next_port: 20_000 + (std::process::id() % 1_000) as u16 * 20,
+        next_port: mtrdma_demo::SERVER_PORTS.start + (std::process::id() % 500) as u16 * 20,
         netdev: netdev_of(&link.sender)?,
         probe_realtime,
         pager_pages: apps::PAGER_WORKING_SET,

@@ -120,9 +120,10 @@ impl Site<'_> {
             cmd.args(["node", "--device", &self.link.receiver, "-p"])
                 .arg(port.to_string())
                 .args(["--pages", &(self.pager_pages / 2).to_string()]);
-            nodes.push(self.spawn(&format!("node{i}"), None, cmd)?);
+            let mut node = self.spawn(&format!("node{i}"), None, cmd)?;
+            wait_listening(port, Some(&mut node))?;
+            nodes.push(node);
             addrs.push(format!("127.0.0.1:{port}"));
-            wait_listening(port)?;
         }
         Ok((nodes, addrs))
     }
@@ -344,7 +345,7 @@ impl Memcached {
                 )
             })?;
         let m = Memcached(child);
-        wait_listening(port)?;
+        wait_listening(port, None)?;
         Ok((m, format!("127.0.0.1:{port}")))
     }
 }

@@ -94,8 +94,8 @@ impl Site<'_> {
         server
             .args(["--server", "--device", &host.receiver, "-p"])
             .arg(port.to_string());
-        let server = self.spawn(&format!("{cgroup}-server"), None, server)?;
-        wait_listening(port)?;
+        let mut server = self.spawn(&format!("{cgroup}-server"), None, server)?;
+        wait_listening(port, Some(&mut server))?;
         let pool_mib = (2 * self.args.msg).div_ceil(1 << 20).max(1);
         let mut cmd = self.perf()?;
         cmd.args(["--connect", "127.0.0.1", "--device", &host.sender, "-p"])

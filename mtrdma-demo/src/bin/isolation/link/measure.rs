@@ -41,12 +41,12 @@ impl Site<'_> {
                 .args(["-D", &format!("{}", bulk_secs.ceil() as u64)]);
             hog_servers.push((self.spawn(&format!("hog{i}-server"), None, cmd)?, port));
         }
-        let ports = probe_port
-            .iter()
-            .chain(&bulk_ports)
-            .chain(hog_servers.iter().map(|(_, p)| p));
-        for &port in ports {
-            wait_listening(port)?;
+        let ports = probe_port.iter().chain(&bulk_ports);
+        for (server, &port) in servers.iter_mut().zip(ports) {
+            wait_listening(port, Some(server))?;
+        }
+        for (server, port) in &mut hog_servers {
+            wait_listening(*port, Some(server))?;
         }
         for ((name, way), port) in run.bulk.iter().zip(&bulk_ports) {
             let csv = self.logs.join(format!("{name}.csv"));
@@ -149,8 +149,8 @@ impl Site<'_> {
         let flood = match run.flood {
             None => None,
             Some((kind, way)) => {
-                let (server, port) = self.server("attacker")?;
-                wait_listening(port)?;
+                let (mut server, port) = self.server("attacker")?;
+                wait_listening(port, Some(&mut server))?;
                 let csv = self.logs.join("attacker.csv");
                 let mut a: Vec<String> = [
                     "--test",

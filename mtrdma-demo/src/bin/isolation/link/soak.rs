@@ -141,8 +141,8 @@ pub(super) fn scenario_soak(site: &mut Site<'_>, r: &mut Report) -> Result<(), S
         for (i, _) in SIZES.iter().enumerate() {
             servers.push(site.server(&format!("bulk{i}"))?);
         }
-        for (_, port) in &servers {
-            wait_listening(*port)?;
+        for (server, port) in &mut servers {
+            wait_listening(*port, Some(server))?;
         }
         let mut tenants = Vec::new();
         for (i, ((_, port), size)) in servers.iter().zip(SIZES).enumerate() {
