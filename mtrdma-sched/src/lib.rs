@@ -111,6 +111,9 @@ pub use descriptor::{Dequeue, Descriptor, Grant, Opcode};
 pub use error::{ConfigError, RejectReason, Rejected};
 pub use fifo::FifoScheduler;
 pub use gcra::{gcra_decide, gcra_shared, EmissionInterval, Gcra, RateLimit};
+// Shared by the workspace's crates (the preload library's maps, the async
+// wrapper's books), not part of the scheduling API.
+#[doc(hidden)]
 pub use id_hash::IdHasher;
 pub use policy::{SchedulerConfig, TenantPolicy, MAX_QUANTUM, MAX_WEIGHT};
 pub use protection::Protection;

@@ -48,6 +48,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
+use std::hash::BuildHasherDefault;
 use std::ops::Range;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
@@ -56,6 +57,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use mtrdma_core::tenant::{retry_after, RateLimited};
+use mtrdma_sched::IdHasher;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -261,6 +263,11 @@ impl<Q: AsyncQueue> Shared<Q> {
     }
 }
 
+/// A map keyed by the ids this wrapper gives requests (counted up by
+/// itself, never chosen by a peer): hashed with one multiplication, not
+/// SipHash, as it is looked up for every completion.
+type ById<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
 /// The bit of the contexts this wrapper posts with: a completion without
 /// it is the caller's own ([`AsyncQueuePair::incoming`]).
 const OWN: u64 = 1 << 63;
@@ -275,9 +282,9 @@ struct State<Q: AsyncQueue> {
     next_id: u64,
     /// The requests whose futures still wait, and the task to wake when
     /// their completion is found.
-    waiting: HashMap<u64, Option<Waker>>,
+    waiting: ById<Option<Waker>>,
     /// Completions found for futures that have not taken them yet.
-    done: HashMap<u64, Q::Completion>,
+    done: ById<Q::Completion>,
     /// Completions of work requests posted with contexts of the caller's
     /// own (receives of a shared receive queue, requests posted through
     /// [`AsyncQueuePair::with`]), oldest first, for [`AsyncQueuePair::incoming`].
@@ -298,19 +305,50 @@ impl<Q: AsyncQueue> State<Q> {
     /// more is dropped, its region with it (the NIC is done with it).
     fn collect(&mut self, wake: &mut Vec<Waker>) -> Result<(), Error> {
         let result = self.qp.waitable().poll(&mut self.scratch);
+        self.route(None, wake);
+        result.map(drop)
+    }
+
+    /// Hands out what the last poll put in `scratch`: each request's
+    /// completion to its future (see [`collect`](Self::collect)); the
+    /// incoming ones, oldest first, to the end of `out` while it has room
+    /// (the `Vec`, and how many more it may take), then to `incoming`.
+    /// Says how many went to `out`.
+    fn route(
+        &mut self,
+        mut out: Option<(&mut Vec<Q::Completion>, usize)>,
+        wake: &mut Vec<Waker>,
+    ) -> usize {
+        if let Some((out, room)) = &mut out {
+            // Only incoming ones, and room for them all: one copy.
+            let n = self.scratch.len();
+            if n <= *room && self.scratch.iter().all(|c| Q::id_of(c) & OWN == 0) {
+                out.append(&mut self.scratch);
+                return n;
+            }
+        }
+        let (mut moved, queued) = (0, self.incoming.len());
         for c in self.scratch.drain(..) {
             let id = Q::id_of(&c);
             if id & OWN == 0 {
-                if let Some(waker) = self.waiting.get_mut(&INCOMING) {
-                    wake.extend(waker.take());
+                match &mut out {
+                    Some((out, room)) if moved < *room => {
+                        out.push(c);
+                        moved += 1;
+                    }
+                    _ => self.incoming.push_back(c),
                 }
-                self.incoming.push_back(c);
             } else if let Some(waker) = self.waiting.get_mut(&id) {
                 wake.extend(waker.take());
                 self.done.insert(id, c);
             }
         }
-        result.map(drop)
+        if self.incoming.len() > queued {
+            if let Some(waker) = self.waiting.get_mut(&INCOMING) {
+                wake.extend(waker.take());
+            }
+        }
+        moved
     }
 
     /// The future under `key` waits no more (it resolved, failed or was
@@ -371,8 +409,8 @@ impl<Q: AsyncQueue> AsyncQueuePair<Q> {
                 state: Mutex::new(State {
                     qp,
                     next_id: OWN,
-                    waiting: HashMap::new(),
-                    done: HashMap::new(),
+                    waiting: ById::default(),
+                    done: ById::default(),
                     incoming: VecDeque::new(),
                     scratch: Vec::new(),
                     timer: None,
@@ -574,6 +612,36 @@ impl<Q: AsyncQueue> Future for IncomingMany<'_, Q> {
         if this.limit == 0 {
             return Poll::Ready(Ok(0));
         }
+        // What was found already, or what one poll finds, straight into
+        // `out` (not through `incoming`: one move a completion, not three).
+        let mut wake = Vec::new();
+        let moved = {
+            let mut guard = this.next.shared.lock();
+            let st = &mut *guard;
+            let queued = st.incoming.len().min(this.limit);
+            this.out.extend(st.incoming.drain(..queued));
+            if queued > 0 {
+                Ok(queued)
+            } else {
+                match st.qp.waitable().poll(&mut st.scratch) {
+                    Ok(_) => Ok(st.route(Some((this.out, this.limit)), &mut wake)),
+                    Err(e) => {
+                        // As `collect`: what the poll found waits for the
+                        // next call, and this one says the error.
+                        st.route(None, &mut wake);
+                        Err(e)
+                    }
+                }
+            }
+        };
+        for w in wake {
+            w.wake();
+        }
+        match moved {
+            Ok(0) => {}
+            done => return Poll::Ready(done),
+        }
+        // Nothing yet: wait as `incoming` does.
         let first = match Pin::new(&mut this.next).poll(cx) {
             Poll::Ready(Ok(c)) => c,
             Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
