@@ -28,7 +28,7 @@
 //! --path async_incoming --iterations 20000` (the executable `cargo bench
 //! --bench asynchronous --no-run` names), and compare what
 //! `callgrind_annotate --inclusive=yes` counts inside
-//! `asynchronous::Rig::run`, divided by the completions (20,000 x 16).
+//! `<asynchronous::Rig as asynchronous::common::Paths>::run`, divided by the completions (20,000 x 16).
 
 #[allow(dead_code)]
 mod common;
@@ -37,15 +37,13 @@ use std::future::Future;
 use std::hint::black_box;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
 
-use criterion::{Criterion, Throughput};
 use mtrdma::core::{TenantId, TrafficClass};
 use mtrdma::verbs::asynchronous::AsyncQueuePair;
 use mtrdma::verbs::testing::{self, HeapRegion, HostCompletion, NullScheduled, NullSink};
 use mtrdma::verbs::{ScheduleConfig, SendOp};
 
-use common::{BYTES, DEPTH, REMOTE, ROUNDS};
+use common::{bench_main, each_in_turn, median, median_ratio, Paths, BYTES, DEPTH, REMOTE, ROUNDS};
 
 /// Requests per iteration.
 const N: usize = 16;
@@ -118,6 +116,11 @@ impl Rig {
             _runtime: runtime,
         }
     }
+}
+
+impl Paths for Rig {
+    const PATHS: &'static [&'static str] = &PATHS;
+    const ITEMS: usize = N;
 
     /// One iteration of `path`: 16 WRITEs posted and their regions back.
     fn run(&mut self, path: &str) {
@@ -154,79 +157,26 @@ impl Rig {
         self.regions
             .extend(self.out.drain(..).map(|c| black_box(c.region)));
     }
-}
 
-/// ns per completion of `path`, over `iters` iterations.
-fn time(rig: &mut Rig, path: &str, iters: u32) -> f64 {
-    let start = Instant::now();
-    for _ in 0..iters {
-        rig.run(path);
-    }
-    start.elapsed().as_nanos() as f64 / f64::from(iters) / N as f64
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Every path in turn, round after round: the medians of each path's ns
-/// per completion and of each async path's ratio to the blocking one.
-fn paired(rig: &mut Rig) {
-    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); PATHS.len()];
-    for round in 0..=ROUNDS {
-        let this: Vec<f64> = PATHS.iter().map(|p| time(rig, p, ROUND_ITERS)).collect();
-        if round == 0 {
-            continue; // warm-up
+    /// Every path in turn, round after round: the medians of each path's ns
+    /// per completion and of each async path's ratio to the blocking one.
+    fn paired(&mut self) {
+        let ns = each_in_turn(&PATHS, |p| self.time(p, ROUND_ITERS));
+        println!(
+            "\npaired rounds ({ROUNDS} x {ROUND_ITERS} iterations of {N} completions per path), ns per completion (medians):"
+        );
+        for (i, (path, all)) in PATHS.iter().zip(&ns).enumerate() {
+            let ratio = median_ratio(all, &ns[0]);
+            let against = if i == 0 {
+                String::new()
+            } else {
+                format!("  ({ratio:.2}x {})", PATHS[0])
+            };
+            println!("  {path:<16} {:>7.1}{against}", median(&mut all.clone()));
         }
-        for (all, t) in ns.iter_mut().zip(this) {
-            all.push(t);
-        }
-    }
-    println!(
-        "\npaired rounds ({ROUNDS} x {ROUND_ITERS} iterations of {N} completions per path), ns per completion (medians):"
-    );
-    for (i, (path, all)) in PATHS.iter().zip(&ns).enumerate() {
-        let mut ratio: Vec<f64> = all.iter().zip(&ns[0]).map(|(a, b)| a / b).collect();
-        let ratio = median(&mut ratio);
-        let against = if i == 0 {
-            String::new()
-        } else {
-            format!("  ({ratio:.2}x {})", PATHS[0])
-        };
-        println!("  {path:<16} {:>7.1}{against}", median(&mut all.clone()));
     }
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let mut rig = Rig::new();
-    if let Some(path) = value("--path") {
-        // One path alone, for callgrind.
-        let iters: u32 = value("--iterations")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(10_000);
-        let ns = time(&mut rig, &path, iters);
-        println!("{path}: {iters} iterations of {N} completions, {ns:.1} ns per completion");
-        return;
-    }
-    let mut c = Criterion::default().configure_from_args();
-    {
-        let mut group = c.benchmark_group("asynchronous");
-        group.throughput(Throughput::Elements(N as u64));
-        for path in PATHS {
-            group.bench_function(path, |b| b.iter(|| rig.run(path)));
-        }
-        group.finish();
-    }
-    let has = |flag: &str| args.iter().any(|a| a == flag);
-    if has("--bench") && !has("--list") && !has("--profile-time") {
-        paired(&mut rig);
-    }
+    bench_main(&mut Rig::new(), "asynchronous", "completion");
 }

@@ -32,7 +32,7 @@
 //! 20000` (the executable `cargo bench --bench batch --no-run` names, not
 //! the `.d` file beside it; and the same for `scheduled_single`), and
 //! compare what `callgrind_annotate --inclusive=yes` counts inside
-//! `batch::Rig::run`, divided by the pieces (20,000 x 16): that leaves out
+//! `<batch::Rig as batch::common::Paths>::run`, divided by the pieces (20,000 x 16): that leaves out
 //! start-up and the clock's calibration, whose count varies from run to
 //! run.
 //!
@@ -45,14 +45,14 @@
 mod common;
 
 use std::hint::black_box;
-use std::time::Instant;
 
-use criterion::{Criterion, Throughput};
 use mtrdma::core::{TenantId, TrafficClass};
 use mtrdma::verbs::testing::{self, HeapRegion, HostCompletion, NullScheduled, NullSink};
 use mtrdma::verbs::{ScheduleConfig, SendOp};
 
-use common::{verdict, BYTES, DEPTH, REMOTE, ROUNDS};
+use common::{
+    bench_main, each_in_turn, median, median_ratio, verdict, Paths, BYTES, DEPTH, REMOTE, ROUNDS,
+};
 
 /// Requests (or pieces) per iteration, and in a batch.
 const N: usize = 16;
@@ -143,6 +143,11 @@ impl Rig {
             }
         }
     }
+}
+
+impl Paths for Rig {
+    const PATHS: &'static [&'static str] = &PATHS;
+    const ITEMS: usize = N;
 
     /// One iteration of `path`: 16 pieces posted and completed.
     fn run(&mut self, path: &str) {
@@ -165,92 +170,29 @@ impl Rig {
             other => panic!("no path {other}"),
         }
     }
-}
 
-fn groups(c: &mut Criterion, rig: &mut Rig) {
-    let mut group = c.benchmark_group("batch");
-    // Per piece.
-    group.throughput(Throughput::Elements(N as u64));
-    for path in PATHS {
-        group.bench_function(path, |b| b.iter(|| rig.run(path)));
-    }
-    group.finish();
-}
-
-/// ns per piece of `path`, over `iters` iterations.
-fn time(rig: &mut Rig, path: &str, iters: u32) -> f64 {
-    let start = Instant::now();
-    for _ in 0..iters {
-        rig.run(path);
-    }
-    start.elapsed().as_nanos() as f64 / f64::from(iters) / N as f64
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Every path in turn, round after round; the medians of each path's ns
-/// per piece and of the ratios batch / single in each round.
-fn paired(rig: &mut Rig) {
-    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); PATHS.len()];
-    for round in 0..=ROUNDS {
-        let this: Vec<f64> = PATHS.iter().map(|p| time(rig, p, ROUND_ITERS)).collect();
-        if round == 0 {
-            continue; // warm-up
+    /// Every path in turn, round after round; the medians of each path's ns
+    /// per piece and of the ratios batch / single in each round.
+    fn paired(&mut self) {
+        let ns = each_in_turn(&PATHS, |p| self.time(p, ROUND_ITERS));
+        println!("\npaired rounds ({ROUNDS} x {ROUND_ITERS} iterations of {N} pieces per path), ns per piece (medians):");
+        for (path, all) in PATHS.iter().zip(&ns) {
+            println!("  {path:<18} {:>7.1}", median(&mut all.clone()));
         }
-        for (all, t) in ns.iter_mut().zip(this) {
-            all.push(t);
+        for (name, batch, single) in [
+            ("direct: batch of 16 / one per post", 1, 0),
+            ("scheduled: batch of 16 / one per post", 3, 2),
+            ("scheduled: one request in 16 pieces / one per post", 4, 2),
+        ] {
+            let r = median_ratio(&ns[batch], &ns[single]);
+            println!(
+                "  {name}: {r:.2} (target at most {TARGET}: {})",
+                verdict(r, TARGET)
+            );
         }
-    }
-    println!("\npaired rounds ({ROUNDS} x {ROUND_ITERS} iterations of {N} pieces per path), ns per piece (medians):");
-    for (path, all) in PATHS.iter().zip(&ns) {
-        println!("  {path:<18} {:>7.1}", median(&mut all.clone()));
-    }
-    let ratio = |batch: usize, single: usize| {
-        let mut r: Vec<f64> = ns[batch]
-            .iter()
-            .zip(&ns[single])
-            .map(|(b, s)| b / s)
-            .collect();
-        median(&mut r)
-    };
-    for (name, batch, single) in [
-        ("direct: batch of 16 / one per post", 1, 0),
-        ("scheduled: batch of 16 / one per post", 3, 2),
-        ("scheduled: one request in 16 pieces / one per post", 4, 2),
-    ] {
-        let r = ratio(batch, single);
-        println!(
-            "  {name}: {r:.2} (target at most {TARGET}: {})",
-            verdict(r, TARGET)
-        );
     }
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let mut rig = Rig::new();
-    if let Some(path) = value("--path") {
-        // One path alone, for callgrind.
-        let iters: u32 = value("--iterations")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(10_000);
-        let ns = time(&mut rig, &path, iters);
-        println!("{path}: {iters} iterations of {N} pieces, {ns:.1} ns per piece");
-        return;
-    }
-    let mut c = Criterion::default().configure_from_args();
-    groups(&mut c, &mut rig);
-    let has = |flag: &str| args.iter().any(|a| a == flag);
-    if has("--bench") && !has("--list") && !has("--profile-time") {
-        paired(&mut rig);
-    }
+    bench_main(&mut Rig::new(), "batch", "piece");
 }

@@ -146,3 +146,107 @@ pub(crate) fn verdict(value: f64, target: f64) -> &'static str {
         "NOT met"
     }
 }
+
+/// The median of `v` (its middle value, the upper one of an even count),
+/// sorting it.
+pub(crate) fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The median of the round-by-round ratios `a / b` (paired rounds).
+pub(crate) fn median_ratio(a: &[f64], b: &[f64]) -> f64 {
+    let mut r: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
+    median(&mut r)
+}
+
+/// ns per item of `iters` calls of `f`, each moving `items` items.
+pub(crate) fn ns_per_item(iters: u32, items: usize, mut f: impl FnMut()) -> f64 {
+    let start = Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    start.elapsed().as_nanos() as f64 / f64::from(iters) / items as f64
+}
+
+/// Every one of `paths` in turn (`time` measures one), round after round,
+/// [`ROUNDS`] rounds after one of warm-up: each path's figures, one a
+/// round.
+pub(crate) fn each_in_turn(paths: &[&str], mut time: impl FnMut(&str) -> f64) -> Vec<Vec<f64>> {
+    let mut all: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
+    for round in 0..=ROUNDS {
+        let this: Vec<f64> = paths.iter().map(|p| time(p)).collect();
+        if round == 0 {
+            continue; // warm-up
+        }
+        for (figures, t) in all.iter_mut().zip(this) {
+            figures.push(t);
+        }
+    }
+    all
+}
+
+/// `--path P [--iterations N]` on the command line: the path to run
+/// alone (for callgrind) and how many iterations (10,000 by default).
+pub(crate) fn path_alone(args: &[String]) -> Option<(String, u32)> {
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let path = value("--path")?;
+    let iters = value("--iterations")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    Some((path, iters))
+}
+
+/// Whether criterion was asked to run the benches (not to list them or
+/// to profile): the paired rounds run after its groups only then.
+pub(crate) fn benching(args: &[String]) -> bool {
+    let has = |flag: &str| args.iter().any(|a| a == flag);
+    has("--bench") && !has("--list") && !has("--profile-time")
+}
+
+/// A bench of paths on the null sink, each iteration moving `ITEMS`
+/// items (pieces, completions), run by [`bench_main`].
+pub(crate) trait Paths {
+    /// The paths, in the order of the summary.
+    const PATHS: &'static [&'static str];
+    /// Items moved per iteration.
+    const ITEMS: usize;
+    /// One iteration of `path`.
+    fn run(&mut self, path: &str);
+    /// The paired rounds' summary, after criterion's groups.
+    fn paired(&mut self);
+
+    /// ns per item of `path`, over `iters` iterations.
+    fn time(&mut self, path: &str, iters: u32) -> f64 {
+        ns_per_item(iters, Self::ITEMS, || self.run(path))
+    }
+}
+
+/// A null-sink bench's `main`: with `--path P [--iterations N]`, that path
+/// alone (for callgrind); otherwise criterion's group `group` of every
+/// path, then the paired rounds. An `item` is what an iteration moves
+/// `R::ITEMS` of ("piece").
+pub(crate) fn bench_main<R: Paths>(rig: &mut R, group: &str, item: &str) {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some((path, iters)) = path_alone(&args) {
+        let ns = rig.time(&path, iters);
+        let n = R::ITEMS;
+        println!("{path}: {iters} iterations of {n} {item}s, {ns:.1} ns per {item}");
+        return;
+    }
+    let mut c = criterion::Criterion::default().configure_from_args();
+    let mut group = c.benchmark_group(group);
+    group.throughput(criterion::Throughput::Elements(R::ITEMS as u64));
+    for &path in R::PATHS {
+        group.bench_function(path, |b| b.iter(|| rig.run(path)));
+    }
+    group.finish();
+    if benching(&args) {
+        rig.paired();
+    }
+}
