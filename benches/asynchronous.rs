@@ -28,7 +28,8 @@
 //! --path async_incoming --iterations 20000` (the executable `cargo bench
 //! --bench asynchronous --no-run` names), and compare what
 //! `callgrind_annotate --inclusive=yes` counts inside
-//! `<asynchronous::Rig as asynchronous::common::Paths>::run`, divided by the completions (20,000 x 16).
+//! `<asynchronous::Rig as asynchronous::common::Paths>::run`, divided by
+//! the completions (20,000 x 16).
 
 #[allow(dead_code)]
 mod common;

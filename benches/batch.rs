@@ -32,9 +32,9 @@
 //! 20000` (the executable `cargo bench --bench batch --no-run` names, not
 //! the `.d` file beside it; and the same for `scheduled_single`), and
 //! compare what `callgrind_annotate --inclusive=yes` counts inside
-//! `<batch::Rig as batch::common::Paths>::run`, divided by the pieces (20,000 x 16): that leaves out
-//! start-up and the clock's calibration, whose count varies from run to
-//! run.
+//! `<batch::Rig as batch::common::Paths>::run`, divided by the pieces
+//! (20,000 x 16): that leaves out start-up and the clock's calibration,
+//! whose count varies from run to run.
 //!
 //! [`QueuePair::post_send`]: mtrdma::verbs::QueuePair::post_send
 //! [`QueuePair::batch`]: mtrdma::verbs::QueuePair::batch
