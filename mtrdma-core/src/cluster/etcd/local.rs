@@ -25,9 +25,33 @@ pub struct LocalEtcd {
     clients: Vec<String>,
 }
 
-/// A free TCP port on loopback (the kernel's choice, let go at once).
+/// The ports the members listen on: below the kernel's ephemeral ports
+/// (`net.ipv4.ip_local_port_range`, 32768 and up by default), from which
+/// every outgoing connection takes its local port, the members' own
+/// dialling of each other included. A port picked there and let go could
+/// be taken by one of those before its member binds it, and the member
+/// would never answer. (The link demo's servers use 20,000 and up.)
+const PORTS: std::ops::Range<u16> = 12_000..20_000;
+
+/// A port of [`PORTS`] free on loopback now (bound and let go), each call
+/// another: from a place set by the process id, so that clusters of other
+/// processes start elsewhere.
 fn free_port() -> Result<u16, EtcdError> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static TRIED: AtomicU16 = AtomicU16::new(0);
+    let span = PORTS.end - PORTS.start;
+    let from = (std::process::id() % u32::from(span)) as u16;
+    for _ in 0..span {
+        let k = TRIED.fetch_add(1, Ordering::Relaxed) % span;
+        let port = PORTS.start + (from + k) % span;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(EtcdError::Config(format!(
+        "no free port on loopback in {}..{} for etcd's members",
+        PORTS.start, PORTS.end
+    )))
 }
 
 impl LocalEtcd {
@@ -176,5 +200,24 @@ impl Drop for LocalEtcd {
             self.stop(i);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_listen_below_the_ephemeral_ports_on_ports_free_when_picked() {
+        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+        let low: u16 = range.split_whitespace().next().unwrap().parse().unwrap();
+        assert!(PORTS.end <= low, "ephemeral ports from {low}");
+        let a = free_port().unwrap();
+        // Held: the next pick passes it over.
+        let _held = TcpListener::bind(("127.0.0.1", a)).unwrap();
+        let b = free_port().unwrap();
+        assert!(PORTS.contains(&a) && PORTS.contains(&b));
+        assert_ne!(a, b);
+        assert!(TcpListener::bind(("127.0.0.1", b)).is_ok(), "{b} is free");
     }
 }
