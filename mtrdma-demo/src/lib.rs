@@ -106,8 +106,7 @@ mod tests {
     #[test]
     fn server_ports_stay_below_the_ephemeral_range_and_skip_held_ones() {
         // Below this host's ephemeral ports.
-        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
-        let low: u16 = range.split_whitespace().next().unwrap().parse().unwrap();
+        let low = mtrdma::core::cluster::etcd::first_ephemeral_port();
         assert!(SERVER_PORTS.end <= low, "ephemeral ports from {low}");
         assert_eq!(
             local_port("   0: 0100007F:4E21 00000000:0000 0A 00000000:00000000"),

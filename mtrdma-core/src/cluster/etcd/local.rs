@@ -33,6 +33,18 @@ pub struct LocalEtcd {
 /// would never answer. (The link demo's servers use 20,000 and up.)
 const PORTS: std::ops::Range<u16> = 12_000..20_000;
 
+/// The first of this host's ephemeral ports (the low end of
+/// `net.ipv4.ip_local_port_range`; Linux's default, 32768, where it
+/// cannot be read). Outgoing connections take their local ports from there
+/// up, so a server that must find its port still free when it binds it
+/// listens below it, as [`LocalEtcd`]'s members do.
+pub fn first_ephemeral_port() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
 /// A port of [`PORTS`] free on loopback now (bound and let go), each call
 /// another: from a place set by the process id, so that clusters of other
 /// processes start elsewhere.
@@ -209,8 +221,7 @@ mod tests {
 
     #[test]
     fn members_listen_below_the_ephemeral_ports_on_ports_free_when_picked() {
-        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
-        let low: u16 = range.split_whitespace().next().unwrap().parse().unwrap();
+        let low = first_ephemeral_port();
         assert!(PORTS.end <= low, "ephemeral ports from {low}");
         let a = free_port().unwrap();
         // Held: the next pick passes it over.

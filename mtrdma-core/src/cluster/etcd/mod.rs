@@ -42,7 +42,7 @@ use crate::policy::{ClusterPolicy, Policy};
 pub use cache::cached_policy;
 use cache::keep_policy;
 pub use commands::{hosts, put_policy, HostsView};
-pub use local::LocalEtcd;
+pub use local::{first_ephemeral_port, LocalEtcd};
 
 /// The prefix of mtrdma's keys when none is given.
 pub const DEFAULT_PREFIX: &str = "/mtrdma/";
